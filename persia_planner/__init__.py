@@ -1,0 +1,55 @@
+"""persia-planner: place huge embedding tables on GPU HBM, host DDR and parameter servers.
+
+The public API is small::
+
+    from persia_planner import load_model, load_topology, plan
+    p = plan(load_model("model.yaml"), load_topology("topology.yaml"))
+    p.save("plan.json")
+
+Nothing here imports torch; the TorchRec export and the training modules import it lazily.
+"""
+
+from persia_planner.constants import CostConstants
+from persia_planner.cost import Cost, CostModel
+from persia_planner.errors import CapacityError, ErrorKind, PlannerError, SpecError
+from persia_planner.placement import Mode, Shard, Sharding, Storage, TablePlacement, Tier
+from persia_planner.plan import Plan, load_plan, validate
+from persia_planner.planner import Planner, plan
+from persia_planner.search import GreedyLocalSearch, SearchConfig
+from persia_planner.specs import DenseSpec, DType, ModelSpec, Optimizer, TableSpec, load_model
+from persia_planner.topology import Topology, load_topology
+from persia_planner.units import Quantity, parse
+
+__all__ = [
+    "CapacityError",
+    "Cost",
+    "CostConstants",
+    "CostModel",
+    "DType",
+    "DenseSpec",
+    "ErrorKind",
+    "GreedyLocalSearch",
+    "Mode",
+    "ModelSpec",
+    "Optimizer",
+    "Plan",
+    "Planner",
+    "PlannerError",
+    "Quantity",
+    "SearchConfig",
+    "Shard",
+    "Sharding",
+    "SpecError",
+    "Storage",
+    "TablePlacement",
+    "TableSpec",
+    "Tier",
+    "Topology",
+    "load_model",
+    "load_plan",
+    "load_topology",
+    "parse",
+    "plan",
+    "validate",
+]
+__version__ = "0.1.0"

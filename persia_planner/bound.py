@@ -1,0 +1,293 @@
+"""A lower bound on the step time that no plan can beat under the same cost model.
+
+Derivation (Lagrangian relaxation). For any plan, let
+
+- ``S``   = the fixed dense time plus the synchronous embedding time, averaged over GPUs (step >= max_g sync_g >= S);
+- ``A_r`` = the time of an asynchronous resource r with its work spread perfectly: the parameter servers' DDR
+  and NICs (summed bandwidth), the switch, the busiest host NIC, the slowest PCIe link (max_g async_g >= A_r);
+- ``N``   = the trainer hosts' NIC time (all-to-all + parameter-server traffic), averaged over hosts
+  (step >= max_h nic_h >= N).
+
+Then, for any weights on the simplex, ``step >= lam_S * (S + [K == 0] A_r) + lam_r * A_r + lam_N * N`` (with K the
+staleness: at K = 0 async work adds to the sync path instead of overlapping it). Each of S, A_r and N is a sum over
+tables of a term that depends only on the table's *tier*, taken at its smallest over every device and sharding of
+that tier (lookup bytes at the tier's fastest bandwidth; pooled output at the cheapest all-to-all owner). Capacity
+of the aggregate HBM, trainer DDR and PS DDR is priced into the objective with multipliers mu >= 0:
+
+    L(lam, mu) = lam_S * fixed + sum_t min_o [ c_t(o; lam) + mu . mem_t(o) ] - mu . capacity
+
+which is a valid lower bound for every (lam, mu) (weak duality). We take the best of a small grid over lam with
+golden-section refinement, maximising over each mu by ternary search (L is concave in mu) only where its capacity
+binds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from persia_planner.cost import CostModel, zipf_hit_rate
+from persia_planner.placement import Tier, cache_bytes
+
+__all__ = ["LowerBound", "TierChoice", "lower_bound", "lower_bound_ms"]
+
+_ASYNC = 5  # ps_ddr, ps_nic, switch, busiest host nic, slowest pcie
+
+
+def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per table x tier option, each summed over GPUs (T x O): sync time counting the GPU's own memory path, sync
+    time counting its host's shared DDR instead; async terms (R x T x O); NIC terms; memory (3 x T x O).
+
+    Option columns: hbm, ddr, hbm_cache for each cache fraction, data_parallel, ps.
+    """
+    lay, c, dtype = cost.layout, cost.constants, cost.dtype
+    G, H = lay.n_gpus, lay.n_hosts
+    tables = cost.model.tables
+    fractions = list(c.cache_fractions)
+    n_opt = 3 + len(fractions) + 1
+    dp, ps = 2 + len(fractions), 3 + len(fractions)
+    T = len(tables)
+    sync = np.full((T, n_opt), np.inf)
+    sync_ddr = np.zeros((T, n_opt))
+    asyn = np.zeros((_ASYNC, T, n_opt))
+    nic = np.zeros((T, n_opt))
+    mem = np.zeros((3, T, n_opt))  # hbm, trainer ddr, ps ddr
+
+    rows = np.array([t.rows for t in tables], dtype=float)
+    dims = np.array([t.dim for t in tables], dtype=float)
+    sizes = np.array([t.bytes(dtype) for t in tables], dtype=float)
+    moved = np.array([cost.moved_bytes(t, cost.batch * t.pooling_factor, t.dim) for t in tables])
+    out_bytes = cost.batch * dims * dtype.n_bytes
+    nic_cols = cost.a2a[:, lay.nic_sync]
+    out = out_bytes * float(cost.a2a_gpu_sum.min())
+    out_nic = out_bytes * float(nic_cols.sum(axis=1).min()) / H
+    hbm_bw, uvm_bw = float(cost.hbm_bw.max()), float(cost.uvm_bw.max())
+    # GPU-ms (summed over GPUs) per byte of a host's DDR traffic: every GPU of the host waits on it.
+    host_ddr = float(np.min(cost.gpus_per_host / cost.host_ddr_bw))
+
+    sync[:, 0] = moved / hbm_bw + out
+    mem[0, :, 0] = sizes
+    sync[:, 1] = moved / uvm_bw + out
+    sync_ddr[:, :dp] = out[:, None]
+    sync_ddr[:, 1] += moved * host_ddr
+    mem[1, :, 1] = sizes
+    nic[:, :dp] = out_nic[:, None]
+    for j, f in enumerate(fractions):
+        hit = np.array([zipf_hit_rate(t.zipf_alpha, t.rows, f) for t in tables])
+        sync[:, 2 + j] = hit * moved / hbm_bw + (1 - hit) * moved / uvm_bw + out
+        sync_ddr[:, 2 + j] += (1 - hit) * moved * host_ddr
+        mem[0, :, 2 + j] = [cache_bytes(int(r), int(d), f, dtype) for r, d in zip(rows, dims, strict=True)]
+        mem[1, :, 2 + j] = sizes
+    # data-parallel: a replica on every GPU, whose gradients join the all-reduce.
+    dp_ok = sizes <= cost.capacities()[lay.hbm].min()
+    replica = np.array([cost.replica_moved_bytes(t) for t in tables]) * float((1 / cost.hbm_bw).sum())
+    allreduce = 4.0 * rows * dims * float(cost.allreduce_ms_per_byte.sum())
+    sync[:, dp] = np.where(dp_ok, replica + allreduce, np.inf)
+    sync_ddr[:, dp] = allreduce
+    mem[0, :, dp] = sizes * G
+    if lay.n_servers:
+        row_traffic = np.array([t.pooling_factor for t in tables]) * (dims * dtype.n_bytes + c.id_bytes)
+        traffic = 2 * cost.batch * row_traffic
+        sync[:, ps] = 0.0
+        asyn[0, :, ps] = moved / float(cost.ps_ddr_bw.sum())
+        asyn[1, :, ps] = traffic / float(cost.ps_nic_bw.sum())
+        asyn[2, :, ps] = traffic / cost.switch_bw
+        asyn[3, :, ps] = traffic / G * float(np.max(cost.gpus_per_host / cost.nic_bw))
+        asyn[4, :, ps] = traffic / G / float(cost.pcie_bw.min())
+        nic[:, ps] = traffic / G * float(np.mean(cost.gpus_per_host / cost.nic_bw))
+        mem[2, :, ps] = sizes
+    return sync, sync_ddr, asyn, nic, mem
+
+
+def lower_bound(cost: CostModel) -> LowerBound:
+    """A lower bound (ms) on the step time of any plan of ``cost.model`` on ``cost.topology``, with the tier
+    assignment of the relaxation's best solution (a Lagrangian hint the search starts from)."""
+    lay = cost.layout
+    sync, sync_ddr, asyn, nic, mem = _table_terms(cost)
+    feasible = np.isfinite(sync)
+    sync_avg = np.where(feasible, sync / lay.n_gpus, 0.0)
+    ddr_avg = np.where(feasible, sync_ddr / lay.n_gpus, 0.0)
+    fixed = float(
+        np.mean(cost.dense_ms + cost.dense_grad_bytes * cost.allreduce_ms_per_byte + cost.allreduce_latency_ms)
+    )
+    caps = cost.capacities()
+    capacity = np.array([caps[lay.hbm].sum(), caps[lay.ddr].sum(), caps[lay.ps_mem].sum()])
+    # A capacity that even the most memory-hungry option of every table cannot exceed never binds: price 0.
+    binding = [k for k in range(3) if capacity[k] < float(mem[k].max(axis=1).sum())]
+    rows = np.arange(len(sync))
+    positive = mem[mem > 0]
+    mem_scale = float(positive.min()) if positive.size else 1.0
+
+    def evaluate(terms: np.ndarray, w_fixed: float, mu: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        c = np.where(feasible, terms + np.tensordot(mu, mem, axes=1), np.inf)
+        pick = np.argmin(c, axis=1)
+        value = w_fixed * fixed + float(c[rows, pick].sum()) - float(mu @ capacity)
+        used = mem[:, rows, pick].sum(axis=1)
+        return value, used - capacity, pick
+
+    warm = np.zeros(3)  # prices of the previous weights: neighbouring weights have nearby optimal prices
+
+    def maximise(terms: np.ndarray, w_fixed: float) -> tuple[float, np.ndarray]:
+        """max over mu >= 0 by bisection on the subgradient (L is concave, piecewise linear in each price), two
+        rounds over the binding capacities, warm-started from the previous call's prices.
+
+        Returns the best bound seen and the tables' cheapest options at the final prices, each price on the side
+        where its capacity holds (so the picks make a near-feasible start for the search)."""
+        mu = warm.copy()
+        value, slope, pick = evaluate(terms, w_fixed, mu)
+        # No price above (largest term / smallest memory) changes a pick: the search range ends there.
+        log_top = np.log10(max(float(np.abs(terms[feasible]).max(initial=0.0)), 1e-12) / mem_scale) + 1
+        full_range = (log_top - 17, log_top)
+        for _ in range(2 if len(binding) > 1 else 1):
+            for k in binding:
+                if slope[k] <= 0 and mu[k] == 0:
+                    continue
+                if mu[k] > 0:
+                    lo, hi = np.log10(mu[k]) - 2, np.log10(mu[k]) + 2
+                    mu[k] = 10**lo
+                    v_lo, sl_lo, _ = evaluate(terms, w_fixed, mu)
+                    mu[k] = 10**hi
+                    v_hi, sl_hi, _ = evaluate(terms, w_fixed, mu)
+                    value = max(value, v_lo, v_hi)
+                    if not (sl_lo[k] > 0 >= sl_hi[k]):
+                        lo, hi = full_range
+                else:
+                    lo, hi = full_range
+                for _ in range(13):
+                    mid = (lo + hi) / 2
+                    mu[k] = 10**mid
+                    v, sl, _ = evaluate(terms, w_fixed, mu)
+                    value = max(value, v)
+                    lo, hi = (mid, hi) if sl[k] > 0 else (lo, mid)
+                mu[k] = 10**hi
+                v, slope, pick = evaluate(terms, w_fixed, mu)
+                value = max(value, v)
+        warm[:] = mu
+        return value, pick
+
+    synchronous = cost.model.staleness == 0
+    used = [r for r in range(_ASYNC) if asyn[r].max(initial=0.0) > 0]
+    # Linear functionals F_j (per-table terms, weight of the fixed dense time) with step >= F_j for every plan.
+    functionals: list[tuple[np.ndarray, float]] = []
+    if synchronous and used:
+        strongest = max(used, key=lambda r: float(asyn[r].max(axis=1).sum()))
+        functionals.append((sync_avg + asyn[strongest], 1.0))
+        functionals.append((ddr_avg + asyn[strongest], 1.0))
+    else:
+        functionals.append((sync_avg, 1.0))
+        functionals.append((ddr_avg, 1.0))
+        functionals.extend((asyn[r], 0.0) for r in used)
+    functionals.append((nic, 0.0))
+
+    def combination(weights: np.ndarray) -> tuple[np.ndarray, float]:
+        terms = sum(w * f[0] for w, f in zip(weights, functionals, strict=True) if w > 0)
+        w_fixed = sum(w * f[1] for w, f in zip(weights, functionals, strict=True))
+        return np.asarray(terms) + np.zeros_like(sync_avg), w_fixed
+
+    def combined(weights: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        value, pick = maximise(*combination(weights))
+        return value, pick, warm.copy()
+
+    def repair(pick: np.ndarray, terms: np.ndarray) -> np.ndarray:
+        """Make the relaxation's picks fit: while a capacity is over, move the tables that free its bytes at the
+        least extra cost per byte to their cheapest option that uses less of it."""
+        pick = pick.copy()
+        cost_now = np.where(feasible, terms, np.inf)
+        for _ in range(4):
+            over = mem[:, rows, pick].sum(axis=1) - capacity
+            if np.all(over <= 0):
+                break
+            full = over >= 0
+            for k in np.flatnonzero(over > 0):
+                held = mem[k, rows, pick]
+                # Never push bytes into another capacity that is already full.
+                grows_full = np.any(full[:, None, None] & (mem > mem[:, rows, pick][:, :, None]), axis=0)
+                alternative = np.where((mem[k] < held[:, None]) & ~grows_full, cost_now, np.inf)
+                alt = np.argmin(alternative, axis=1)
+                extra = alternative[rows, alt] - cost_now[rows, pick]
+                freed = held - mem[k, rows, alt]
+                ratio = np.where((freed > 0) & np.isfinite(extra), extra / np.maximum(freed, 1e-300), np.inf)
+                order = np.argsort(ratio, kind="stable")
+                enough = int(np.searchsorted(np.cumsum(freed[order]), over[k])) + 1
+                moved = order[:enough][np.isfinite(ratio[order[:enough]])]
+                pick[moved] = alt[moved]
+        return pick
+
+    # A functional that stays below the trivial bound even at its largest cannot lift a combination much: drop it.
+    functionals = [
+        f for f in functionals if f[1] > 0 or float(np.where(feasible, f[0], -np.inf).max(axis=1).sum()) > fixed
+    ]
+    # Search the simplex of weights: the best pair (sync, one other), then a local pattern search over all.
+    n = len(functionals)
+    best_w = np.eye(n)[0]
+    best, best_pick, best_mu = combined(best_w)
+    for j in range(1, n):
+        for w in (0.3, 0.6, 0.85):
+            weights = np.zeros(n)
+            weights[0], weights[j] = w, 1 - w
+            value, pick, mu = combined(weights)
+            if value > best:
+                best, best_w, best_pick, best_mu = value, weights, pick, mu
+    step = 0.1
+    while step > 0.03:
+        improved = False
+        for i in range(n):
+            for j in range(n):
+                if i == j or best_w[j] < step / 2:
+                    continue
+                weights = best_w.copy()
+                moved = min(step, weights[j])
+                weights[i] += moved
+                weights[j] -= moved
+                value, pick, mu = combined(weights)
+                if value > best * (1 + 1e-9):
+                    best, best_w, best_pick, best_mu, improved = value, weights, pick, mu, True
+        if not improved:
+            step /= 2
+    best_pick = repair(best_pick, combination(best_w)[0])
+    choices = _choices(cost)
+    preferred = {t.name: choices[int(p)] for t, p in zip(cost.model.tables, best_pick, strict=True)}
+    return LowerBound(max(best, fixed), preferred, tuple(float(m) for m in best_mu))
+
+
+@dataclass(frozen=True)
+class TierChoice:
+    """A tier-level option of the relaxation (devices and sharding left open)."""
+
+    tier: Tier
+    cache_fraction: float = 0.0
+    replicated: bool = False
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """The bound, and hints for the search from the relaxation's best solution.
+
+    Attributes:
+        value_ms: The bound.
+        preferred: Per table, the tier the relaxation gives it (repaired to fit the aggregate capacities).
+        prices: Marginal step-time value (ms per byte) of aggregate HBM, trainer DDR and PS DDR.
+    """
+
+    value_ms: float
+    preferred: Mapping[str, TierChoice]
+    prices: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+def _choices(cost: CostModel) -> list[TierChoice]:
+    """The option columns of ``_table_terms``, in order."""
+    fractions = cost.constants.cache_fractions
+    return [
+        TierChoice(Tier.HBM),
+        TierChoice(Tier.DDR),
+        *(TierChoice(Tier.HBM_CACHE, f) for f in fractions),
+        TierChoice(Tier.HBM, replicated=True),
+        TierChoice(Tier.PS),
+    ]
+
+
+def lower_bound_ms(cost: CostModel) -> float:
+    """The bound alone (see :func:`lower_bound`)."""
+    return lower_bound(cost).value_ms

@@ -1,0 +1,74 @@
+"""Every calibration constant of the cost model, in one place.
+
+Each may be overridden from topology.yaml under ``constants:`` (e.g. after calibrating on real hardware).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CostConstants"]
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """Efficiency factors (achieved / peak) and planner reservations.
+
+    Attributes:
+        hbm_efficiency: Fraction of HBM peak bandwidth that fbgemm's TBE lookups/updates reach.
+        uvm_efficiency: Fraction of the GPU<->host path bandwidth reached by UVM reads/writes of DDR rows.
+        nvlink_efficiency: Fraction of NVLink bandwidth reached by all-to-all / all-reduce.
+        nic_efficiency: Fraction of NIC / switch bandwidth reached by collectives and PS traffic.
+        ps_efficiency: Fraction of a parameter server's DDR bandwidth reached by hash lookups and updates.
+        tflops_efficiency: Fraction of peak TFLOPS reached by the dense MLP.
+        update_passes: Bytes moved by the backward + optimizer update per looked-up row, in units of the row's
+            weight bytes (read grad, read+write weights) on top of reading+writing the optimizer state.
+        id_bytes: Bytes per id sent to a parameter server (uint64 ids).
+        hbm_reserve_fraction: Share of each GPU's HBM the planner leaves free (activations, buffers, cache slack).
+        ddr_reserve_fraction: Share of each trainer host's DDR left free (OS, data loader, pinned buffers).
+        ps_reserve_fraction: Share of each parameter server's DDR left free (hash-table overhead, checkpoints).
+        cache_fractions: HBM cache sizes (share of a table's rows) the search may choose for ``hbm_cache``.
+    """
+
+    hbm_efficiency: float = 0.6
+    uvm_efficiency: float = 0.5
+    nvlink_efficiency: float = 0.7
+    nic_efficiency: float = 0.8
+    ps_efficiency: float = 0.4
+    tflops_efficiency: float = 0.5
+    update_passes: float = 3.0
+    id_bytes: int = 8
+    hbm_reserve_fraction: float = 0.1
+    ddr_reserve_fraction: float = 0.1
+    ps_reserve_fraction: float = 0.2
+    cache_fractions: tuple[float, ...] = (0.05, 0.2)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def replace(self, overrides: dict[str, Any]) -> CostConstants:
+        """A copy with ``overrides`` applied (unknown names raise ``KeyError``)."""
+        unknown = set(overrides) - set(self.names())
+        if unknown:
+            raise KeyError(sorted(unknown)[0])
+        values = dict(overrides)
+        if "cache_fractions" in values:
+            values["cache_fractions"] = tuple(float(x) for x in values["cache_fractions"])
+        return dataclasses.replace(self, **values)
+
+    def validate(self) -> str | None:
+        """Return a problem description, or None when every constant is in range."""
+        for name in self.names():
+            value = getattr(self, name)
+            if name == "cache_fractions":
+                if not value or any(not 0 < x < 1 for x in value):
+                    return f"cache_fractions must be numbers in (0, 1), got {list(value)}"
+            elif name.endswith("reserve_fraction"):
+                if not 0 <= value < 1:
+                    return f"{name} must be in [0, 1), got {value}"
+            elif value <= 0:
+                return f"{name} must be > 0, got {value}"
+        return None

@@ -1,0 +1,477 @@
+"""The analytic cost model: what a step costs for a given placement, on a given topology.
+
+Every formula lives here (CONTRIBUTING.md quotes them). Time is in milliseconds, sizes in bytes.
+
+The model keeps a *load vector* per plan: for every resource (each GPU's memory path, NVLink and PCIe; each trainer
+host's DDR and NIC; each parameter server's NIC and DDR; the switch) the milliseconds of work per step placed on it.
+Every shard adds a fixed vector to it, so plans are scored by summing vectors, and the search scores a shard on
+every GPU at once with one matrix. :meth:`CostModel.step` turns a load vector into the step time:
+
+    sync_g  = max(emb_g, ddr_host(g)) + nvlink_g + nic_sync_host(g) + dense_g + allreduce_g
+    async_g = max(pcie_g, nic_async_host(g), max_p ps_nic_p, max_p ps_ddr_p, switch) + rtt / max(K, 1)
+    step_g  = sync_g + async_g            if staleness K == 0
+            = max(sync_g, async_g)        if K >= 1 (async work overlaps the dense step)
+    step    = max(max_g step_g, max_h (nic_sync_h + nic_async_h))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from persia_planner.placement import Shard, Sharding, Storage, TablePlacement, Tier
+from persia_planner.specs import DType, ModelSpec, TableSpec
+from persia_planner.topology import Topology
+
+__all__ = ["Cost", "CostModel", "Estimate", "Layout", "zipf_hit_rate"]
+
+MS = 1e3  # seconds -> milliseconds
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Work a table adds per step.
+
+    Attributes:
+        sync_ms: GPU time on the synchronous critical path, averaged over GPUs.
+        async_ms: Time on the busiest asynchronous (parameter-server) resource.
+    """
+
+    sync_ms: float = 0.0
+    async_ms: float = 0.0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.sync_ms + other.sync_ms, self.async_ms + other.async_ms)
+
+    def __sub__(self, other: Cost) -> Cost:
+        return Cost(self.sync_ms - other.sync_ms, self.async_ms - other.async_ms)
+
+    def __mul__(self, factor: float) -> Cost:
+        return Cost(self.sync_ms * factor, self.async_ms * factor)
+
+    @property
+    def total_ms(self) -> float:
+        return self.sync_ms + self.async_ms
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Index ranges of the load vector (time, ms) and the memory vector (bytes)."""
+
+    n_gpus: int
+    n_hosts: int
+    n_servers: int
+
+    @property
+    def emb(self) -> slice:
+        return slice(0, self.n_gpus)
+
+    @property
+    def nvlink(self) -> slice:
+        return slice(self.n_gpus, 2 * self.n_gpus)
+
+    @property
+    def pcie(self) -> slice:
+        return slice(2 * self.n_gpus, 3 * self.n_gpus)
+
+    def _host(self, k: int) -> slice:
+        start = 3 * self.n_gpus + k * self.n_hosts
+        return slice(start, start + self.n_hosts)
+
+    @property
+    def host_ddr(self) -> slice:
+        return self._host(0)
+
+    @property
+    def nic_sync(self) -> slice:
+        return self._host(1)
+
+    @property
+    def nic_async(self) -> slice:
+        return self._host(2)
+
+    def _server(self, k: int) -> slice:
+        start = 3 * self.n_gpus + 3 * self.n_hosts + k * self.n_servers
+        return slice(start, start + self.n_servers)
+
+    @property
+    def ps_nic(self) -> slice:
+        return self._server(0)
+
+    @property
+    def ps_ddr(self) -> slice:
+        return self._server(1)
+
+    @property
+    def switch(self) -> int:
+        return 3 * self.n_gpus + 3 * self.n_hosts + 2 * self.n_servers
+
+    @property
+    def dp_bytes(self) -> int:
+        """Not a time: gradient bytes of data-parallel tables, all-reduced with the dense gradients."""
+        return self.switch + 1
+
+    @property
+    def size(self) -> int:
+        return self.dp_bytes + 1
+
+    # memory vector
+    @property
+    def hbm(self) -> slice:
+        return slice(0, self.n_gpus)
+
+    @property
+    def ddr(self) -> slice:
+        return slice(self.n_gpus, self.n_gpus + self.n_hosts)
+
+    @property
+    def ps_mem(self) -> slice:
+        return slice(self.n_gpus + self.n_hosts, self.n_gpus + self.n_hosts + self.n_servers)
+
+    @property
+    def mem_size(self) -> int:
+        return self.n_gpus + self.n_hosts + self.n_servers
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A scored plan: the step time and its parts per GPU (ms).
+
+    Attributes:
+        step_ms: Estimated time of one training step (the slowest GPU's critical path, or a saturated NIC).
+        per_gpu: Arrays over GPUs: ``emb``, ``a2a``, ``dense``, ``allreduce``, ``sync``, ``async``, ``step``.
+        host_nic_ms: Per trainer host, NIC time (sync + async).
+        server_ms: Per parameter server, its busiest resource (NIC or DDR).
+        samples_per_s: Global batch / step time.
+    """
+
+    step_ms: float
+    per_gpu: Mapping[str, np.ndarray]
+    host_nic_ms: np.ndarray
+    server_ms: np.ndarray
+    samples_per_s: float
+
+
+def zipf_hit_rate(alpha: float, rows: int, fraction: float) -> float:
+    """Share of lookups that hit a cache of the ``fraction`` hottest rows, for Zipf(alpha) ids over ``rows``.
+
+    Uses the generalised harmonic number H(n, a) ~ 1 + (n^(1-a) - 1) / (1 - a) (1 + ln n at a = 1):
+    hit = H(k, a) / H(n, a) with k = fraction * rows. Uniform ids (a = 0) give hit = fraction.
+    """
+    if fraction <= 0:
+        return 0.0
+    if fraction >= 1:
+        return 1.0
+    k = max(1.0, fraction * rows)
+
+    def harmonic(n: float) -> float:
+        if abs(alpha - 1.0) < 1e-9:
+            return 1.0 + math.log(n)
+        return 1.0 + (n ** (1.0 - alpha) - 1.0) / (1.0 - alpha)
+
+    if alpha <= 0:
+        return k / rows
+    return min(1.0, harmonic(k) / harmonic(rows))
+
+
+class CostModel:
+    """Scores placements of ``model`` on ``topology``.
+
+    Args:
+        model: The model (batch, dtype, tables, dense part, staleness).
+        topology: The cluster; its ``constants`` hold the efficiency factors.
+    """
+
+    def __init__(self, model: ModelSpec, topology: Topology):
+        self.model = model
+        self.topology = topology
+        self.constants = c = topology.constants
+        self.dtype: DType = model.embedding_dtype
+        self.layout = lay = Layout(len(topology.gpus), len(topology.trainers), len(topology.servers))
+        gpus, hosts, servers = topology.gpus, topology.trainers, topology.servers
+        host_index = {h.name: i for i, h in enumerate(hosts)}
+        self.gpu_host = np.array([host_index[g.host] for g in gpus])
+        self.gpus_per_host = np.array([len(h.gpus) for h in hosts])
+        n_g = self.gpus_per_host[self.gpu_host]
+        G = lay.n_gpus
+        self.batch = model.batch_size
+        self.local_batch = model.batch_size / G
+
+        # Effective bandwidths (bytes/ms).
+        self.hbm_bw = np.array([g.hbm_bandwidth for g in gpus]) * c.hbm_efficiency / MS
+        self.pcie_bw = np.array([g.pcie_bandwidth for g in gpus]) * c.nic_efficiency / MS
+        self.uvm_bw = (
+            np.array([min(g.pcie_bandwidth, hosts[host_index[g.host]].ddr_bandwidth) for g in gpus])
+            * c.uvm_efficiency
+            / MS
+        )
+        self.nvlink_bw = np.array([g.nvlink_bandwidth for g in gpus]) * c.nvlink_efficiency / MS
+        self.host_ddr_bw = np.array([h.ddr_bandwidth for h in hosts]) * c.uvm_efficiency / MS
+        self.nic_bw = np.array([h.nic_bandwidth for h in hosts]) * c.nic_efficiency / MS
+        self.ps_nic_bw = np.array([s.nic_bandwidth for s in servers]) * c.nic_efficiency / MS
+        self.ps_ddr_bw = np.array([s.ddr_bandwidth for s in servers]) * c.ps_efficiency / MS
+        self.switch_bw = topology.switch_bandwidth * c.nic_efficiency / MS
+
+        # Dense part: forward + 2x backward FLOPs on the local batch; hierarchical ring all-reduce of fp32 grads.
+        tflops = np.array([g.tflops for g in gpus]) * c.tflops_efficiency / MS
+        self.dense_ms = 3.0 * model.dense.flops_per_sample * self.local_batch / tflops
+        self.dense_grad_bytes = 4.0 * model.dense.parameters
+        H = lay.n_hosts
+        nic_of_gpu = self.nic_bw[self.gpu_host]
+        self.allreduce_ms_per_byte = 2 * (n_g - 1) / n_g / self.nvlink_bw + 2 * (H - 1) / H / nic_of_gpu
+        latency_ms = topology.latency_s * MS if H + lay.n_servers > 1 else 0.0
+        self.allreduce_latency_ms = 2 * (H - 1) * latency_ms
+        self._fixed_sync_ms = (
+            self.dense_ms + self.dense_grad_bytes * self.allreduce_ms_per_byte + (self.allreduce_latency_ms)
+        )
+        self.rtt_ms = 2 * max((topology.path_latency(gpus[0].name, s.name) for s in servers), default=0.0) * MS
+
+        # All-to-all pattern per owner GPU: ms on every resource per byte of pooled output (forward + backward).
+        # The owner sends each other GPU 1/G of the output forward and receives as much backward; links are full
+        # duplex, so a link's time is (sent + received) / 2 / bandwidth.
+        self.a2a = np.zeros((G, lay.size))
+        nvl, nic = lay.nvlink, lay.nic_sync
+        for g in range(G):
+            h = self.gpu_host[g]
+            mates = np.flatnonzero(self.gpu_host == h)
+            self.a2a[g, nvl.start + mates] = 1.0 / G / self.nvlink_bw[mates]
+            self.a2a[g, nvl.start + g] = (n_g[g] - 1) / G / self.nvlink_bw[g]
+            self.a2a[g, nic] = self.gpus_per_host / G / self.nic_bw
+            self.a2a[g, nic.start + h] = (G - n_g[g]) / G / self.nic_bw[h]
+        # Table-row-wise: partial sums are reduce-scattered inside the host over NVLink first, then the host's
+        # reduced output leaves like a table-wise shard's, split over the host's GPUs.
+        self.a2a_twrw = self.a2a / n_g[:, None]
+        self.a2a_twrw[np.arange(G), nvl.start + np.arange(G)] += (n_g - 1) / n_g / self.nvlink_bw
+
+        # Sum over GPUs of the sync time a byte of output adds (each GPU's a2a includes its host's NIC time).
+        visible = np.zeros(lay.size)
+        visible[nvl] = 1.0
+        visible[nic] = self.gpus_per_host
+        self.a2a_gpu_sum = self.a2a @ visible
+
+    # ---- per-shard work ---------------------------------------------------------------------------------------
+    def moved_bytes(self, table: TableSpec, lookups: float, cols: int) -> float:
+        """Bytes a lookup-and-update pass moves in the shard's memory: read the rows, then the backward pass
+        and optimizer (``update_passes`` x the weights, read + write of the optimizer state)."""
+        state = table.row_bytes(self.dtype, cols) - cols * self.dtype.n_bytes
+        return lookups * (cols * self.dtype.n_bytes * (1 + self.constants.update_passes) + 2 * state)
+
+    def range_shard_loads(
+        self,
+        table: TableSpec,
+        rows_fraction: float | np.ndarray,
+        cols: int,
+        tier: Tier,
+        gpus: np.ndarray,
+        *,
+        cache_fraction: float = 0.0,
+        twrw: bool = False,
+    ) -> np.ndarray:
+        """Load vectors (one row per candidate GPU in ``gpus``) of a range shard placed on that GPU.
+
+        ``rows_fraction`` is the share of the table's rows (and so of its lookups) in the shard: one number, or
+        one per candidate.
+        """
+        lay = self.layout
+        lookups = self.batch * table.pooling_factor * rows_fraction
+        moved = self.moved_bytes(table, lookups, cols)
+        out_bytes = self.batch * cols * self.dtype.n_bytes
+        loads = (self.a2a_twrw if twrw else self.a2a)[gpus] * out_bytes
+        idx = np.arange(len(gpus))
+        hosts = self.gpu_host[gpus]
+        if tier is Tier.HBM:
+            loads[idx, lay.emb.start + gpus] += moved / self.hbm_bw[gpus]
+        else:
+            hit = zipf_hit_rate(table.zipf_alpha, table.rows, cache_fraction) if tier is Tier.HBM_CACHE else 0.0
+            loads[idx, lay.emb.start + gpus] += hit * moved / self.hbm_bw[gpus] + (1 - hit) * moved / self.uvm_bw[gpus]
+            loads[idx, lay.host_ddr.start + hosts] += (1 - hit) * moved / self.host_ddr_bw[hosts]
+        return loads
+
+    def replica_moved_bytes(self, table: TableSpec) -> float:
+        """Bytes one data-parallel replica moves per step: its local lookups and their gradients, then the dense
+        optimizer's update of every row."""
+        weights = table.dim * self.dtype.n_bytes
+        state = table.row_bytes(self.dtype) - weights
+        lookups = self.local_batch * table.pooling_factor
+        return 2 * lookups * weights + table.rows * (weights * self.constants.update_passes + 2 * state)
+
+    def replica_loads(self, table: TableSpec) -> np.ndarray:
+        """Load vector of one data-parallel replica on each GPU (row g = replica on GPU g)."""
+        lay = self.layout
+        moved = self.replica_moved_bytes(table)
+        loads = np.zeros((lay.n_gpus, lay.size))
+        g = np.arange(lay.n_gpus)
+        loads[g, lay.emb.start + g] = moved / self.hbm_bw
+        loads[:, lay.dp_bytes] = 4.0 * table.rows * table.dim / lay.n_gpus
+        return loads
+
+    def ps_table_loads(self, table: TableSpec, shares: np.ndarray) -> np.ndarray:
+        """Load vector of a table hashed over the parameter servers, ``shares[p]`` of its ids on server p.
+
+        Every GPU fetches the rows of its local batch and pushes their gradients (ids travel too).
+        """
+        lay = self.layout
+        loads = np.zeros(lay.size)
+        total = float(shares.sum())
+        row_traffic = table.pooling_factor * (table.dim * self.dtype.n_bytes + self.constants.id_bytes)
+        per_gpu = 2 * self.local_batch * row_traffic * total
+        loads[lay.pcie] = per_gpu / self.pcie_bw
+        loads[lay.nic_async] = per_gpu * self.gpus_per_host / self.nic_bw
+        loads[lay.ps_nic] = 2 * self.batch * row_traffic * shares / self.ps_nic_bw
+        moved = self.moved_bytes(table, self.batch * table.pooling_factor, table.dim)
+        loads[lay.ps_ddr] = moved * shares / self.ps_ddr_bw
+        loads[lay.switch] = 2 * self.batch * row_traffic * total / self.switch_bw
+        return loads
+
+    def server_index(self, name: str) -> int:
+        for i, server in enumerate(self.topology.servers):
+            if server.name == name:
+                return i
+        raise KeyError(name)
+
+    def placement_loads(self, table: TableSpec, placement: TablePlacement) -> tuple[np.ndarray, np.ndarray]:
+        """(load vector, memory vector) of a whole table placement (the sum over its shards)."""
+        lay = self.layout
+        mem = np.zeros(lay.mem_size)
+        shards = placement.shards
+        if placement.sharding is Sharding.DATA_PARALLEL:
+            gpus = np.array([self.topology.gpu_index(s.device) for s in shards])
+            mem[lay.hbm.start + gpus] = [s.bytes for s in shards]
+            return self.replica_loads(table)[gpus].sum(axis=0), mem
+        if placement.sharding is Sharding.PS_HASH:
+            shares = np.zeros(lay.n_servers)
+            for s in shards:
+                p = self.server_index(s.device)
+                shares[p] += s.row_fraction(table) * s.n_cols / table.dim
+                mem[lay.ps_mem.start + p] += s.bytes
+            return self.ps_table_loads(table, shares), mem
+        loads = np.zeros(lay.size)
+        twrw = placement.sharding is Sharding.TABLE_ROW_WISE
+        groups: dict[tuple[int, Tier, float], list[Shard]] = {}
+        for s in shards:
+            groups.setdefault((s.n_cols, s.tier, s.cache_fraction or 0.0), []).append(s)
+            g = self.topology.gpu_index(s.device)
+            storage = s.storage(table, self.dtype)
+            mem[lay.hbm.start + g] += storage.hbm_bytes
+            mem[lay.ddr.start + self.gpu_host[g]] += storage.ddr_bytes
+        for (cols, tier, fraction), group in groups.items():
+            gpus = np.array([self.topology.gpu_index(s.device) for s in group])
+            fractions = np.array([s.row_fraction(table) for s in group])
+            loads += self.range_shard_loads(table, fractions, cols, tier, gpus, cache_fraction=fraction, twrw=twrw).sum(
+                axis=0
+            )
+        return loads, mem
+
+    # ---- the step -----------------------------------------------------------------------------------------
+    def fixed_loads(self) -> np.ndarray:
+        """The load vector of an empty plan."""
+        return np.zeros(self.layout.size)
+
+    def step_parts(self, loads: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-GPU parts of the step for a batch of load vectors (shape ``(k, L)`` -> arrays ``(k, G)``)."""
+        lay = self.layout
+        loads = np.atleast_2d(loads)
+        hosts = self.gpu_host
+        emb = np.maximum(loads[:, lay.emb], loads[:, lay.host_ddr][:, hosts])
+        a2a = loads[:, lay.nvlink] + loads[:, lay.nic_sync][:, hosts]
+        grad_bytes = self.dense_grad_bytes + loads[:, lay.dp_bytes]
+        allreduce = grad_bytes[:, None] * self.allreduce_ms_per_byte[None, :] + self.allreduce_latency_ms
+        dense = np.broadcast_to(self.dense_ms, emb.shape)
+        sync = emb + a2a + dense + allreduce
+        async_ = self._async(loads)
+        step = sync + async_ if self.model.staleness == 0 else np.maximum(sync, async_)
+        return {
+            "emb": emb,
+            "a2a": a2a,
+            "dense": dense,
+            "allreduce": allreduce,
+            "sync": sync,
+            "async": async_,
+            "step": step,
+        }
+
+    def _async(self, loads: np.ndarray) -> np.ndarray:
+        """Per-GPU async (parameter-server) time, ``(k, L)`` -> ``(k, G)``."""
+        lay = self.layout
+        if lay.n_servers == 0:
+            return np.zeros((loads.shape[0], lay.n_gpus))
+        shared = np.maximum(
+            np.maximum(loads[:, lay.ps_nic].max(axis=1), loads[:, lay.ps_ddr].max(axis=1)), loads[:, lay.switch]
+        )
+        has_ps = loads[:, lay.ps_ddr].sum(axis=1) > 0
+        rtt = np.where(has_ps, self.rtt_ms / max(self.model.staleness, 1), 0.0)
+        async_ = np.maximum(loads[:, lay.pcie], loads[:, lay.nic_async][:, self.gpu_host])
+        return np.maximum(async_, shared[:, None]) + rtt[:, None]
+
+    def gpu_step_ms(self, loads: np.ndarray) -> np.ndarray:
+        """Per-GPU step time only (the search's hot path): ``(k, L)`` -> ``(k, G)``. Same formula as
+        :meth:`step_parts`."""
+        lay = self.layout
+        hosts = self.gpu_host
+        sync = np.maximum(loads[:, lay.emb], loads[:, lay.host_ddr][:, hosts])
+        sync += loads[:, lay.nvlink]
+        sync += loads[:, lay.nic_sync][:, hosts]
+        sync += self._fixed_sync_ms
+        sync += loads[:, lay.dp_bytes, None] * self.allreduce_ms_per_byte
+        if lay.n_servers == 0:
+            return sync
+        async_ = self._async(loads)
+        return sync + async_ if self.model.staleness == 0 else np.maximum(sync, async_)
+
+    def step_ms(self, loads: np.ndarray) -> np.ndarray:
+        """Step time (ms) for a batch of load vectors, shape ``(k, L)`` -> ``(k,)``."""
+        lay = self.layout
+        loads = np.atleast_2d(loads)
+        gpu_step = self.gpu_step_ms(loads).max(axis=1)
+        nic = (loads[:, lay.nic_sync] + loads[:, lay.nic_async]).max(axis=1, initial=0.0)
+        return np.maximum(gpu_step, nic)
+
+    def estimate(self, loads: np.ndarray) -> Estimate:
+        """Score one load vector."""
+        lay = self.layout
+        parts = {k: v[0] for k, v in self.step_parts(loads[None, :]).items()}
+        step = float(self.step_ms(loads[None, :])[0])
+        server = np.maximum(loads[lay.ps_nic], loads[lay.ps_ddr])
+        return Estimate(
+            step,
+            parts,
+            loads[lay.nic_sync] + loads[lay.nic_async],
+            server,
+            self.batch / step * MS if step > 0 else math.inf,
+        )
+
+    def evaluate(self, model_placements: Mapping[str, TablePlacement]) -> tuple[Estimate, np.ndarray]:
+        """Score a full placement: (estimate, memory vector)."""
+        loads = self.fixed_loads()
+        mem = np.zeros(self.layout.mem_size)
+        for table in self.model.tables:
+            table_loads, table_mem = self.placement_loads(table, model_placements[table.name])
+            loads += table_loads
+            mem += table_mem
+        return self.estimate(loads), mem
+
+    def table_cost(self, loads: np.ndarray) -> Cost:
+        """Summarise a table's load vector as a :class:`Cost` (sync GPU-ms averaged over GPUs, async bottleneck)."""
+        lay = self.layout
+        per_gpu = loads[lay.emb] + loads[lay.nvlink] + loads[lay.nic_sync][self.gpu_host]
+        per_gpu = per_gpu + loads[lay.dp_bytes] * self.allreduce_ms_per_byte
+        async_ms = max(loads[lay.ps_nic].max(initial=0.0), loads[lay.ps_ddr].max(initial=0.0), loads[lay.switch])
+        return Cost(float(per_gpu.mean()), float(async_ms))
+
+    def capacities(self) -> np.ndarray:
+        """Usable bytes per memory slot (capacity minus the planner's reservation)."""
+        topo = self.topology
+        return np.array(
+            [topo.hbm_capacity(g) for g in topo.gpus]
+            + [topo.ddr_capacity(h) for h in topo.trainers]
+            + [topo.ddr_capacity(s) for s in topo.servers],
+            dtype=float,
+        )
+
+    def storage_of(self, mem: np.ndarray) -> Storage:
+        """Total HBM and DDR bytes of a memory vector."""
+        lay = self.layout
+        return Storage(int(mem[lay.hbm].sum()), int(mem[lay.ddr].sum() + mem[lay.ps_mem].sum()))

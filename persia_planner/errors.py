@@ -1,0 +1,62 @@
+"""Typed errors. Raised deep, printed once at the edge (the CLI prints ``str(err)``: one line, with the fix)."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["CapacityError", "ErrorKind", "PlannerError", "SpecError"]
+
+
+class ErrorKind(enum.StrEnum):
+    """What went wrong, for callers that branch on it."""
+
+    INPUT = "input"  # a YAML/JSON file or an argument is malformed
+    CAPACITY = "capacity"  # the model does not fit the topology
+    INVALID_PLAN = "invalid_plan"  # a plan.json breaks coverage or capacity rules
+    UNSUPPORTED = "unsupported"  # a valid request this build cannot serve
+
+
+class PlannerError(Exception):
+    """Base error of the planner.
+
+    Attributes:
+        kind: The category of the error.
+        message: What is wrong, naming the field / device and the numbers.
+        fixes: Suggested changes that would make the request succeed.
+    """
+
+    def __init__(self, message: str, *, kind: ErrorKind = ErrorKind.INPUT, fixes: tuple[str, ...] = ()):
+        self.kind = kind
+        self.message = message
+        self.fixes = tuple(fixes)
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        if not self.fixes:
+            return self.message
+        return f"{self.message}; fix: {' or '.join(self.fixes)}"
+
+
+class SpecError(PlannerError):
+    """An input file is malformed. The message names the file, the key path and the bad value."""
+
+    def __init__(self, source: str, path: str, problem: str, *, fixes: tuple[str, ...] = ()):
+        self.source = source
+        self.path = path
+        self.problem = problem
+        where = f"{source}: {path}: " if path else f"{source}: "
+        super().__init__(where + problem, kind=ErrorKind.INPUT, fixes=fixes)
+
+
+class CapacityError(PlannerError):
+    """Nothing fits: names the short resource and by how many bytes.
+
+    Attributes:
+        resource: The capacity that is short (e.g. ``"PS DDR"``, ``"trainer0 DDR"``).
+        short_bytes: How many bytes are missing after the stated reservation.
+    """
+
+    def __init__(self, resource: str, short_bytes: int, message: str, fixes: tuple[str, ...]):
+        self.resource = resource
+        self.short_bytes = int(short_bytes)
+        super().__init__(message, kind=ErrorKind.CAPACITY, fixes=fixes)

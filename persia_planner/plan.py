@@ -1,0 +1,363 @@
+"""The plan: value object, plan.json (formats.md, ``persia-plan/1``) and ``validate``."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from persia_planner.cost import CostModel, Estimate
+from persia_planner.errors import ErrorKind, PlannerError, SpecError
+from persia_planner.placement import Mode, Shard, Sharding, TablePlacement, Tier
+from persia_planner.specs import ModelSpec
+from persia_planner.topology import Topology
+from persia_planner.units import format_bytes
+
+__all__ = ["FORMAT", "DeviceUsage", "Plan", "load_plan", "usage_of", "validate"]
+
+FORMAT = "persia-plan/1"
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """What a plan puts on one device (GPU, trainer host or parameter server)."""
+
+    hbm_bytes: int
+    ddr_bytes: int
+    cost_ms: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement of every table, with its estimate.
+
+    Attributes:
+        model: Model name.
+        topology: Topology name.
+        tables: Placement per table name, in model order.
+        devices: Usage per device name.
+        step_ms: Estimated step time under the cost model.
+        lower_bound_ms: A bound no plan can beat under the same cost model (see ``bound.py``).
+        samples_per_s: Global batch / step time.
+        alternatives: For the largest tables, the step time under other options (explanations; not in JSON).
+    """
+
+    model: str
+    topology: str
+    tables: Mapping[str, TablePlacement]
+    devices: Mapping[str, DeviceUsage]
+    step_ms: float
+    lower_bound_ms: float
+    samples_per_s: float
+    alternatives: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def quality(self) -> float:
+        """Estimated step time / lower bound (1.0 is provably optimal under the model)."""
+        return self.step_ms / self.lower_bound_ms if self.lower_bound_ms > 0 else float("inf")
+
+    def remote_tables(self) -> list[str]:
+        """Names of the tables sent to the parameter servers."""
+        return [name for name, p in self.tables.items() if p.mode is Mode.ASYNC]
+
+    # ---- JSON -----------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "topology": self.topology,
+            "tables": {name: _placement_to_dict(p) for name, p in self.tables.items()},
+            "devices": {
+                name: {"hbm_bytes": u.hbm_bytes, "ddr_bytes": u.ddr_bytes, "cost_ms": round(u.cost_ms, 4)}
+                for name, u in self.devices.items()
+            },
+            "estimate": {
+                "step_ms": round(self.step_ms, 4),
+                "lower_bound_ms": round(self.lower_bound_ms, 4),
+                "samples_per_s": round(self.samples_per_s, 1),
+            },
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        """Write plan.json atomically (a crash never leaves a half-written plan)."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.to_json() + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "plan.json") -> Plan:
+        """Read plan.json content; structural errors name the key path."""
+        if not isinstance(data, Mapping):
+            raise SpecError(source, "", "expected a JSON object")
+        if data.get("format") != FORMAT:
+            raise SpecError(
+                source,
+                "format",
+                f"expected {FORMAT!r}, got {data.get('format')!r}",
+                fixes=("re-run 'persia plan' to write a current plan",),
+            )
+        try:
+            tables = {name: _placement_from_dict(p) for name, p in data["tables"].items()}
+            devices = {
+                name: DeviceUsage(int(u.get("hbm_bytes", 0)), int(u.get("ddr_bytes", 0)), float(u.get("cost_ms", 0)))
+                for name, u in data.get("devices", {}).items()
+            }
+            estimate = data.get("estimate", {})
+            return cls(
+                str(data.get("model", "")),
+                str(data.get("topology", "")),
+                tables,
+                devices,
+                float(estimate.get("step_ms", 0.0)),
+                float(estimate.get("lower_bound_ms", 0.0)),
+                float(estimate.get("samples_per_s", 0.0)),
+            )
+        except KeyError as err:
+            raise SpecError(source, str(err.args[0]), "required key is missing") from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise SpecError(source, "tables", f"malformed plan entry ({err})") from None
+
+
+def _placement_to_dict(p: TablePlacement) -> dict[str, Any]:
+    shards = []
+    for s in p.shards:
+        item: dict[str, Any] = {}
+        if s.rows is not None:
+            item["rows"] = list(s.rows)
+        if s.hash is not None:
+            item["hash"] = list(s.hash)
+        item.update({"cols": list(s.cols), "tier": s.tier.value, "device": s.device, "bytes": s.bytes})
+        if s.cache_fraction is not None:
+            item["cache_fraction"] = s.cache_fraction
+        if s.replica:
+            item["replica"] = True
+        shards.append(item)
+    return {"sharding": p.sharding.value, "mode": p.mode.value, "shards": shards}
+
+
+def _placement_from_dict(data: Mapping[str, Any]) -> TablePlacement:
+    shards = tuple(
+        Shard(
+            device=str(s["device"]),
+            tier=Tier(s["tier"]),
+            cols=_pair(s["cols"]),
+            bytes=int(s["bytes"]),
+            rows=_pair(s["rows"]) if "rows" in s else None,
+            hash=_pair(s["hash"]) if "hash" in s else None,
+            cache_fraction=float(s["cache_fraction"]) if "cache_fraction" in s else None,
+            replica=bool(s.get("replica", False)),
+        )
+        for s in data["shards"]
+    )
+    placement = TablePlacement(Sharding(data["sharding"]), shards)
+    if "mode" in data and Mode(data["mode"]) is not placement.mode:
+        raise ValueError(f"mode {data['mode']!r} does not match sharding {data['sharding']!r}")
+    return placement
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    a, b = value
+    return int(a), int(b)
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan.json file."""
+    source = Path(path).name
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpecError(source, "", "file not found", fixes=("check the path",)) from None
+    except json.JSONDecodeError as err:
+        raise SpecError(source, "", f"malformed JSON at line {err.lineno}: {err.msg}") from None
+    return Plan.from_dict(data, source)
+
+
+def usage_of(
+    cost: CostModel, estimate: Estimate, mem: np.ndarray, placements: Mapping[str, TablePlacement]
+) -> dict[str, DeviceUsage]:
+    """Per-device usage: each GPU (its HBM, the DDR its ddr/hbm_cache shards hold, its step ms), each trainer host
+    (DDR summed over its GPUs, NIC ms) and each parameter server (DDR, busiest resource ms)."""
+    lay, topo = cost.layout, cost.topology
+    gpu_ddr: dict[str, int] = {}
+    for table in cost.model.tables:
+        for shard in placements[table.name].shards:
+            if shard.tier in (Tier.DDR, Tier.HBM_CACHE):
+                gpu_ddr[shard.device] = gpu_ddr.get(shard.device, 0) + shard.bytes
+    usage: dict[str, DeviceUsage] = {}
+    for g, gpu in enumerate(topo.gpus):
+        usage[gpu.name] = DeviceUsage(
+            int(mem[lay.hbm.start + g]), gpu_ddr.get(gpu.name, 0), float(estimate.per_gpu["step"][g])
+        )
+    for h, host in enumerate(topo.trainers):
+        usage[host.name] = DeviceUsage(0, int(mem[lay.ddr.start + h]), float(estimate.host_nic_ms[h]))
+    for p, server in enumerate(topo.servers):
+        usage[server.name] = DeviceUsage(0, int(mem[lay.ps_mem.start + p]), float(estimate.server_ms[p]))
+    return usage
+
+
+def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
+    """Re-check a plan against its model and topology.
+
+    Checks: every table is placed exactly once (range shards tile rows x cols; hash buckets each once per column
+    range; replicas on every GPU), tiers match devices and sharding types, shard bytes are right, and no GPU, host
+    or parameter server exceeds its capacity minus the reservation.
+
+    Returns:
+        Problems found, one line each; empty when the plan is valid.
+    """
+    problems: list[str] = []
+    cost = CostModel(model, topology)
+    names = {t.name for t in model.tables}
+    for extra in sorted(set(plan.tables) - names):
+        problems.append(f"plan places table {extra!r} that the model does not have")
+    mem = np.zeros(cost.layout.mem_size)
+    for table in model.tables:
+        placement = plan.tables.get(table.name)
+        if placement is None:
+            problems.append(f"table {table.name!r} is not placed")
+            continue
+        table_problems = _check_table(table, placement, topology, cost)
+        problems.extend(f"table {table.name!r}: {p}" for p in table_problems)
+        if not table_problems:
+            mem += cost.placement_loads(table, placement)[1]
+    caps = cost.capacities()
+    slots = (
+        [(g.name, "HBM") for g in topology.gpus]
+        + [(h.name, "DDR") for h in topology.trainers]
+        + [(s.name, "DDR") for s in topology.servers]
+    )
+    for (name, kind), used, cap in zip(slots, mem, caps, strict=True):
+        if used > cap + 0.5:
+            problems.append(
+                f"{name} {kind} holds {format_bytes(used)}, over its usable {format_bytes(cap)} "
+                f"(short by {format_bytes(used - cap)})"
+            )
+    return problems
+
+
+def _check_table(table, placement: TablePlacement, topology: Topology, cost: CostModel) -> list[str]:
+    problems: list[str] = []
+    s = placement.sharding
+    if not placement.shards:
+        return ["has no shards"]
+    gpu_names = {g.name for g in topology.gpus}
+    server_names = {p.name for p in topology.servers}
+    for i, shard in enumerate(placement.shards):
+        if shard.tier is Tier.PS:
+            if shard.device not in server_names:
+                problems.append(f"shard {i} is on tier ps but {shard.device!r} is not a parameter server")
+            if s is not Sharding.PS_HASH:
+                problems.append(f"shard {i} is on tier ps but the sharding is {s.value}")
+        elif shard.device not in gpu_names:
+            problems.append(f"shard {i} is on tier {shard.tier.value} but {shard.device!r} is not a GPU")
+        if shard.tier is Tier.HBM_CACHE and not (shard.cache_fraction and 0 < shard.cache_fraction < 1):
+            problems.append(f"shard {i} is hbm_cache without a cache_fraction in (0, 1)")
+        if not (0 <= shard.cols[0] < shard.cols[1] <= table.dim):
+            problems.append(f"shard {i} cols {list(shard.cols)} are outside [0, {table.dim})")
+        if shard.rows is not None and not (0 <= shard.rows[0] < shard.rows[1] <= table.rows):
+            problems.append(f"shard {i} rows {list(shard.rows)} are outside [0, {table.rows})")
+    if problems:
+        return problems
+    if s is Sharding.PS_HASH:
+        problems += _check_hash(table, placement)
+    elif s is Sharding.DATA_PARALLEL:
+        devices = [sh.device for sh in placement.shards]
+        if sorted(devices) != sorted(gpu_names) or not all(sh.replica for sh in placement.shards):
+            problems.append("data_parallel needs one replica on every GPU")
+        if any(sh.tier is not Tier.HBM for sh in placement.shards):
+            problems.append("data_parallel replicas must be in hbm")
+        if any(sh.rows != (0, table.rows) or sh.cols != (0, table.dim) for sh in placement.shards):
+            problems.append("data_parallel replicas must hold the whole table")
+    else:
+        problems += _check_tiling(table, placement)
+        problems += _check_shape(table, placement, topology)
+    for i, shard in enumerate(placement.shards):
+        expected = shard.n_rows(table) * table.row_bytes(cost.dtype, shard.n_cols)
+        if shard.bytes != expected:
+            problems.append(f"shard {i} bytes {shard.bytes} != {expected} (rows x (cols x dtype + state))")
+    return problems
+
+
+def _check_hash(table, placement: TablePlacement) -> list[str]:
+    by_cols: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for shard in placement.shards:
+        if shard.hash is None:
+            return ["ps_hash shards need 'hash': [bucket, buckets]"]
+        by_cols.setdefault(shard.cols, []).append(shard.hash)
+    problems = _cols_tile(table, list(by_cols))
+    for cols, buckets in by_cols.items():
+        n = {b[1] for b in buckets}
+        if len(n) != 1 or sorted(b[0] for b in buckets) != list(range(next(iter(n)))):
+            problems.append(f"cols {list(cols)}: hash buckets {sorted(buckets)} are not each of 0..n-1 once")
+    return problems
+
+
+def _cols_tile(table, ranges: list[tuple[int, int]]) -> list[str]:
+    ranges = sorted(ranges)
+    edge = 0
+    for a, b in ranges:
+        if a != edge:
+            return [f"column ranges {ranges} do not tile [0, {table.dim}) exactly once"]
+        edge = b
+    return [] if edge == table.dim else [f"column ranges {ranges} do not tile [0, {table.dim}) exactly once"]
+
+
+def _check_tiling(table, placement: TablePlacement) -> list[str]:
+    """Rectangles tile rows x cols exactly once: per column cut, the row ranges chain from 0 to rows."""
+    shards = placement.shards
+    if any(s.rows is None for s in shards):
+        return ["range shardings need 'rows' on every shard"]
+    cuts = sorted({c for s in shards for c in s.cols})
+    if cuts[0] != 0 or cuts[-1] != table.dim:
+        return [f"columns do not cover [0, {table.dim})"]
+    for lo, hi in itertools.pairwise(cuts):
+        covering = sorted(s.rows for s in shards if s.cols[0] <= lo and hi <= s.cols[1])  # type: ignore[type-var]
+        edge = 0
+        for a, b in covering:
+            if a != edge:
+                return [f"rows x cols [{lo}, {hi}) are covered {'twice' if a < edge else 'with a gap'} near row {a}"]
+            edge = b
+        if edge != table.rows:
+            return [f"rows of cols [{lo}, {hi}) end at {edge}, not {table.rows}"]
+    return []
+
+
+def _check_shape(table, placement: TablePlacement, topology: Topology) -> list[str]:
+    s, shards = placement.sharding, placement.shards
+    full_rows = all(sh.rows == (0, table.rows) for sh in shards)
+    full_cols = all(sh.cols == (0, table.dim) for sh in shards)
+    hosts = {topology.host(topology.gpus[topology.gpu_index(sh.device)].host).name for sh in shards}
+    tiers = {sh.tier for sh in shards}
+    problems = []
+    if len(tiers) > 1:
+        problems.append(f"shards mix tiers {sorted(t.value for t in tiers)}")
+    if s is Sharding.TABLE_WISE and len(shards) != 1:
+        problems.append("table_wise has exactly one shard")
+    if s in (Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE) and not full_rows:
+        problems.append(f"{s.value} shards must hold every row")
+    if s in (Sharding.ROW_WISE, Sharding.TABLE_ROW_WISE) and not full_cols:
+        problems.append(f"{s.value} shards must hold every column")
+    if s in (Sharding.TABLE_ROW_WISE, Sharding.TABLE_COLUMN_WISE) and len(hosts) != 1:
+        problems.append(f"{s.value} shards must stay on one host, found {sorted(hosts)}")
+    return problems
+
+
+def require_valid(plan: Plan, model: ModelSpec, topology: Topology) -> None:
+    """Raise :class:`PlannerError` (kind ``invalid_plan``) naming the first problem and how many there are."""
+    problems = validate(plan, model, topology)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise PlannerError(
+            f"invalid plan: {problems[0]}{more}",
+            kind=ErrorKind.INVALID_PLAN,
+            fixes=("re-run 'persia plan' for this model and topology",),
+        )

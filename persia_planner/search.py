@@ -1,0 +1,703 @@
+"""The search: which option (sharding type x tier) and which devices each table gets.
+
+Construction is greedy by *heat density* (lookup bytes per stored byte, hottest first, so the hottest bytes take
+the fastest memory); every option of a table is scored on every device at once (one matrix per option) and the best
+feasible one is kept. Improvement is local search: the tables loading the bottleneck are removed and re-inserted at
+their best option given everything else, while the step time drops. Ties are broken by a seeded RNG, so a seed
+fixes the plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from persia_planner.bound import LowerBound, TierChoice
+from persia_planner.cost import CostModel
+from persia_planner.errors import CapacityError
+from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, cache_bytes
+from persia_planner.specs import TableSpec
+from persia_planner.units import format_bytes
+
+__all__ = ["GreedyLocalSearch", "Option", "SearchConfig", "SearchResult", "Searcher"]
+
+# Data-parallel replicas are only worth it for tiny tables; beyond this share of a GPU's HBM they are not tried.
+_DP_MAX_HBM_SHARE = 0.002
+# Up to this many tables, construction also runs without the lower bound's hint and keeps the better start.
+_BOTH_STARTS_MAX_TABLES = 300
+# Devices scored per shard placement beyond the least-loaded GPU of every host.
+_CANDIDATES = 8
+# Column-wise splits are tried for tables whose single-GPU work exceeds this share of the current mean GPU load.
+_HOT_SHARE = 0.25
+_MIN_COLS = 16
+
+
+@dataclass(frozen=True)
+class Option:
+    """A way to place a table, before devices are chosen."""
+
+    sharding: Sharding
+    tier: Tier
+    cache_fraction: float = 0.0
+    splits: int = 1
+
+    def describe(self) -> str:
+        tier = f"{self.tier.value}({self.cache_fraction:g})" if self.tier is Tier.HBM_CACHE else self.tier.value
+        splits = f" x{self.splits}" if self.splits > 1 else ""
+        return f"{self.sharding.value}{splits} on {tier}"
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Knobs of the search.
+
+    Attributes:
+        seed: Seeds tie-breaking; the same seed gives the same plan.
+        improve_time_s: Wall-clock budget of the local-search phase.
+        improve_rounds: At most this many accepted moves.
+        shardings: Sharding types the search may use.
+        tiers: Tiers the search may use.
+        explain_top: How many of the largest tables get a next-best alternative in the explanation.
+    """
+
+    seed: int = 0
+    improve_time_s: float = 5.0
+    improve_rounds: int = 2000
+    shardings: frozenset[Sharding] = frozenset(Sharding)
+    tiers: frozenset[Tier] = frozenset(Tier)
+    explain_top: int = 10
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """What a table would cost elsewhere: the step time with it placed by ``option`` and the rest unchanged."""
+
+    option: Option
+    step_ms: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The outcome of a search: a placement per table, and for the largest tables, their alternatives."""
+
+    placements: dict[str, TablePlacement]
+    options: dict[str, Option]
+    alternatives: dict[str, tuple[Alternative, ...]] = field(default_factory=dict)
+    construct_s: float = 0.0
+    improve_s: float = 0.0
+    moves: int = 0
+
+
+class Searcher(Protocol):
+    """A search stage: assigns every table of the cost model's model an option and devices.
+
+    ``hint`` (optional) is the lower bound, whose relaxation suggests a tier per table and prices for memory.
+    """
+
+    def search(self, cost: CostModel, hint: LowerBound | None = None) -> SearchResult: ...
+
+
+@dataclass
+class _Choice:
+    option: Option
+    gpus: tuple[int, ...]  # shard devices (GPU indices) in shard order; empty for ps
+    loads: np.ndarray
+    mem: np.ndarray
+
+
+class GreedyLocalSearch:
+    """Greedy construction by heat density, then bottleneck-driven local search.
+
+    Args:
+        config: Search knobs; defaults are good for up to ~10k tables.
+    """
+
+    def __init__(self, config: SearchConfig | None = None):
+        self.config = config or SearchConfig()
+
+    # ---- public ---------------------------------------------------------------------------------------------
+    def search(self, cost: CostModel, hint: LowerBound | None = None) -> SearchResult:
+        """Construct greedily (from the hint, and on small models also without it: the better start wins), then
+        improve."""
+        started = time.perf_counter()
+        runs = []
+        starts = [hint] if hint else []
+        if not hint or len(cost.model.tables) <= _BOTH_STARTS_MAX_TABLES:
+            starts.append(None)
+        for start_hint in starts:
+            run = _Run(cost, self.config, start_hint.prices if start_hint else None)
+            try:
+                run.construct(start_hint.preferred if start_hint else None)
+            except CapacityError:
+                if start_hint is None and not runs:
+                    raise
+                if start_hint is not None and None not in starts:
+                    starts.append(None)  # the hint did not fit: fall back to the plain greedy
+                continue
+            runs.append(run)
+        run = min(runs, key=lambda r: float(r.score(r.loads)[0]))
+        # A second pass in the light of the first: each table decides knowing the load the rest will bring.
+        second = _Run(cost, self.config)
+        try:
+            second.construct(None, previous=run)
+            if float(second.score(second.loads)[0]) < float(run.score(run.loads)[0]):
+                run = second
+        except CapacityError:
+            pass
+        constructed = time.perf_counter()
+        moves = run.improve(deadline=constructed + self.config.improve_time_s)
+        improved = time.perf_counter()
+        alternatives = run.alternatives(self.config.explain_top)
+        placements = {t.name: run.placement(t) for t in cost.model.tables}
+        options = {name: choice.option for name, choice in run.choices.items()}
+        return SearchResult(placements, options, alternatives, constructed - started, improved - constructed, moves)
+
+
+class _Run:
+    """Mutable state of one search (kept private: the result is frozen)."""
+
+    def __init__(self, cost: CostModel, config: SearchConfig, prices: Sequence[float] | None = None):
+        self.cost = cost
+        self.config = config
+        self.lay = cost.layout
+        self.rng = np.random.default_rng(config.seed)
+        self.loads = cost.fixed_loads()
+        self.mem = np.zeros(self.lay.mem_size)
+        self.cap = cost.capacities()
+        self.choices: dict[str, _Choice] = {}
+        self.specs = {t.name: t for t in cost.model.tables}
+        topo = cost.topology
+        self.host_gpus = [np.flatnonzero(cost.gpu_host == h) for h in range(self.lay.n_hosts)]
+        self.min_hbm = min(topo.hbm_capacity(g) for g in topo.gpus)
+        self.dtype = cost.dtype
+        self._gpu_step: np.ndarray | None = None
+        # Construction charges memory at the relaxation's prices, so a choice that saves a little time but eats
+        # scarce memory (a replica on every GPU, HBM for a cold table) pays for the room it takes from others.
+        self.mem_price = np.zeros(self.lay.mem_size)
+        self.pricing = prices is not None
+        if prices is not None:
+            self.mem_price[self.lay.hbm] = prices[0]
+            self.mem_price[self.lay.ddr] = prices[1]
+            self.mem_price[self.lay.ps_mem] = prices[2]
+
+    @property
+    def gpu_step(self) -> np.ndarray:
+        """Current step time per GPU (cached until the state changes)."""
+        if self._gpu_step is None:
+            self._gpu_step = self.cost.gpu_step_ms(self.loads[None, :])[0]
+        return self._gpu_step
+
+    def candidates(self, exclude: Sequence[int] = ()) -> np.ndarray:
+        """GPUs worth scoring for one more shard: the least-loaded GPU of every host plus the least-loaded overall.
+
+        Scoring all GPUs gives the same choice almost always (a shard's own work goes to its GPU, its all-to-all
+        pattern depends only on its host), at a fraction of the cost on large clusters.
+        """
+        step = self.gpu_step.copy()
+        step[list(exclude)] = np.inf
+        order = np.lexsort((step, self.cost.gpu_host))  # by host, then load
+        firsts = order[np.r_[True, np.diff(self.cost.gpu_host[order]) != 0]]
+        top = np.argsort(step, kind="stable")[:_CANDIDATES]
+        picked = np.union1d(firsts, top)
+        return picked[np.isfinite(step[picked])]
+
+    # ---- scoring --------------------------------------------------------------------------------------------
+    def score(self, loads: np.ndarray) -> np.ndarray:
+        """Step time plus a small balance term (an 8-norm of GPU step times) that breaks ties between devices."""
+        loads = np.atleast_2d(loads)
+        parts = self.cost.gpu_step_ms(loads)
+        step = np.maximum(
+            parts.max(axis=1), (loads[:, self.lay.nic_sync] + loads[:, self.lay.nic_async]).max(axis=1, initial=0.0)
+        )
+        scale = np.maximum(parts.max(axis=1, keepdims=True), 1e-12)
+        balance = scale[:, 0] * np.mean((parts / scale) ** 8, axis=1) ** (1 / 8)
+        return step + 0.05 * balance
+
+    def fits(self, mem: np.ndarray) -> np.ndarray:
+        mem = np.atleast_2d(mem)
+        return np.all(self.mem[None, :] + mem <= self.cap[None, :] + 0.5, axis=1)
+
+    # ---- options --------------------------------------------------------------------------------------------
+    def options(self, table: TableSpec) -> list[Option]:
+        """Options worth scoring for ``table`` now (prunes those that are dominated or cannot fit)."""
+        cfg, lay = self.config, self.lay
+        opts: list[Option] = []
+        size = table.bytes(self.dtype)
+        free_hbm = self.cap[lay.hbm] - self.mem[lay.hbm]
+        free_ddr = self.cap[lay.ddr] - self.mem[lay.ddr]
+        tiers = [t for t in (Tier.HBM, Tier.HBM_CACHE, Tier.DDR) if t in cfg.tiers]
+        fits_one_hbm = size <= free_hbm.max()
+        for tier in tiers:
+            # Slower local tiers only matter once the table no longer fits in one GPU's free HBM.
+            if tier is not Tier.HBM and fits_one_hbm and Tier.HBM in tiers:
+                continue
+            fractions = self.cost.constants.cache_fractions if tier is Tier.HBM_CACHE else (0.0,)
+            for fraction in fractions:
+                opts.extend(self._local_options(table, tier, fraction, size, free_hbm, free_ddr))
+        if (
+            Sharding.DATA_PARALLEL in cfg.shardings
+            and Tier.HBM in cfg.tiers
+            and size <= _DP_MAX_HBM_SHARE * (self.min_hbm)
+        ):
+            opts.append(Option(Sharding.DATA_PARALLEL, Tier.HBM))
+        if Sharding.PS_HASH in cfg.shardings and Tier.PS in cfg.tiers and self.lay.n_servers:
+            opts.append(Option(Sharding.PS_HASH, Tier.PS))
+        return opts
+
+    def _local_options(
+        self, table: TableSpec, tier: Tier, fraction: float, size: int, free_hbm: np.ndarray, free_ddr: np.ndarray
+    ) -> list[Option]:
+        shardings = self.config.shardings
+        opts: list[Option] = []
+        hbm_need = size if tier is Tier.HBM else cache_bytes(table.rows, table.dim, fraction, self.dtype)
+        ddr_need = 0 if tier is Tier.HBM else size
+        # Room for a 1/k piece on k distinct GPUs: the k-th largest free HBM (DDR is per host; checked in best()).
+        hbm_sorted = np.sort(free_hbm)[::-1]
+
+        def room(k: int) -> bool:
+            return k <= len(hbm_sorted) and hbm_need / k <= hbm_sorted[k - 1] and ddr_need <= free_ddr.sum()
+
+        one_gpu = room(1) and ddr_need <= free_ddr.max()
+        if one_gpu and Sharding.TABLE_WISE in shardings:
+            opts.append(Option(Sharding.TABLE_WISE, tier, fraction))
+        hot = self._is_hot(table, tier)
+        if not (hot or not one_gpu):
+            return opts
+        min_host = min(len(g) for g in self.host_gpus)
+        for splits in (2, 4, 8):
+            cols = table.dim // splits
+            if table.dim % splits or cols < _MIN_COLS or not room(splits):
+                continue
+            if Sharding.COLUMN_WISE in shardings:
+                opts.append(Option(Sharding.COLUMN_WISE, tier, fraction, splits))
+            if Sharding.TABLE_COLUMN_WISE in shardings and splits <= min_host:
+                opts.append(Option(Sharding.TABLE_COLUMN_WISE, tier, fraction, splits))
+        if Sharding.ROW_WISE in shardings and self.lay.n_gpus > 1 and hbm_need / self.lay.n_gpus <= hbm_sorted[-1]:
+            opts.append(Option(Sharding.ROW_WISE, tier, fraction))
+        if Sharding.TABLE_ROW_WISE in shardings and max(len(g) for g in self.host_gpus) > 1 and room(min_host):
+            opts.append(Option(Sharding.TABLE_ROW_WISE, tier, fraction))
+        return opts
+
+    def _is_hot(self, table: TableSpec, tier: Tier) -> bool:
+        work = self.cost.moved_bytes(table, self.cost.batch * table.pooling_factor, table.dim)
+        bw = self.cost.hbm_bw.min() if tier is Tier.HBM else self.cost.uvm_bw.min()
+        return work / bw > _HOT_SHARE * max(float(self.gpu_step.mean()), 1e-9)
+
+    # ---- candidates: every placement of one option, as rows of load / memory matrices ------------------------
+    def _shard_mem(
+        self, table: TableSpec, option: Option, gpus: np.ndarray, rows: int | np.ndarray, cols: int
+    ) -> np.ndarray:
+        """Memory vectors (one row per GPU in ``gpus``) of a shard of ``rows`` rows and ``cols`` columns."""
+        mem = np.zeros((len(gpus), self.lay.mem_size))
+        rows = np.broadcast_to(np.asarray(rows, dtype=float), (len(gpus),))
+        size = rows * table.row_bytes(self.dtype, cols)
+        idx = np.arange(len(gpus))
+        if option.tier is Tier.HBM:
+            mem[idx, self.lay.hbm.start + gpus] = size
+        else:
+            if option.tier is Tier.HBM_CACHE:
+                cached = np.ceil(rows * option.cache_fraction) * cols * self.dtype.n_bytes
+                mem[idx, self.lay.hbm.start + gpus] = cached
+            mem[idx, self.lay.ddr.start + self.cost.gpu_host[gpus]] = size
+        return mem
+
+    def _range(
+        self, table: TableSpec, option: Option, gpus: np.ndarray, rows: int, cols: int, twrw: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        loads = self.cost.range_shard_loads(
+            table, rows / table.rows, cols, option.tier, gpus, cache_fraction=option.cache_fraction, twrw=twrw
+        )
+        return loads, self._shard_mem(table, option, gpus, rows, cols)
+
+    def best(self, table: TableSpec, option: Option) -> _Choice | None:
+        """The best feasible devices for ``option`` given the current state, or None if it cannot fit."""
+        G, lay = self.lay.n_gpus, self.lay
+        all_gpus = np.arange(G)
+        s = option.sharding
+        if s in (Sharding.TABLE_WISE, Sharding.COLUMN_WISE):
+            chosen: list[int] = []
+            loads, mem = np.zeros(lay.size), np.zeros(lay.mem_size)
+            cols = table.dim // option.splits
+            for _ in range(option.splits):
+                gpus = self.candidates(exclude=chosen)
+                cand_l, cand_m = self._range(table, option, gpus, table.rows, cols)
+                cand_l += loads
+                cand_m += mem
+                ok = self.fits(cand_m)
+                if not ok.any():
+                    # The least-loaded GPUs are full: fall back to every GPU with room.
+                    gpus = np.setdiff1d(all_gpus, chosen)
+                    cand_l, cand_m = self._range(table, option, gpus, table.rows, cols)
+                    cand_l += loads
+                    cand_m += mem
+                    ok = self.fits(cand_m)
+                    if not ok.any():
+                        return None
+                i = self._pick(self.score(self.loads + cand_l), ok)
+                chosen.append(int(gpus[i]))
+                loads, mem = cand_l[i], cand_m[i]
+            return _Choice(option, tuple(chosen), loads, mem)
+        if s in (Sharding.TABLE_COLUMN_WISE, Sharding.TABLE_ROW_WISE):
+            cands = []
+            for gpus in self.host_gpus:
+                if s is Sharding.TABLE_COLUMN_WISE:
+                    order = gpus[np.argsort(self.gpu_step[gpus], kind="stable")]
+                    gpus = order[: option.splits]
+                    if len(gpus) < option.splits:
+                        continue
+                    part_l, part_m = self._range(table, option, gpus, table.rows, table.dim // option.splits)
+                else:
+                    part_l, part_m = self._row_split(table, option, gpus, twrw=True)
+                cands.append((tuple(int(g) for g in gpus), part_l.sum(axis=0), part_m.sum(axis=0)))
+            if not cands:
+                return None
+            loads = np.array([c[1] for c in cands])
+            mem = np.array([c[2] for c in cands])
+            ok = self.fits(mem)
+            if not ok.any():
+                return None
+            i = self._pick(self.score(self.loads + loads), ok)
+            return _Choice(option, cands[i][0], loads[i], mem[i])
+        if s is Sharding.ROW_WISE:
+            part_l, part_m = self._row_split(table, option, all_gpus)
+            loads, mem = part_l.sum(axis=0), part_m.sum(axis=0)
+            return _Choice(option, tuple(range(G)), loads, mem) if self.fits(mem)[0] else None
+        if s is Sharding.DATA_PARALLEL:
+            loads = self.cost.replica_loads(table).sum(axis=0)
+            mem = np.zeros(lay.mem_size)
+            mem[lay.hbm] = table.bytes(self.dtype)
+            return _Choice(option, tuple(range(G)), loads, mem) if self.fits(mem)[0] else None
+        # ps_hash: every server holds one bucket; shares follow the bucket row counts.
+        shares = self._ps_rows(table) / table.rows
+        loads = self.cost.ps_table_loads(table, shares)
+        mem = np.zeros(lay.mem_size)
+        mem[lay.ps_mem] = self._ps_rows(table) * table.row_bytes(self.dtype)
+        return _Choice(option, (), loads, mem) if self.fits(mem)[0] else None
+
+    def _row_split(self, table: TableSpec, option: Option, gpus: np.ndarray, twrw: bool = False):
+        rows = np.array(_split(table.rows, len(gpus)))
+        loads = self.cost.range_shard_loads(
+            table, rows / table.rows, table.dim, option.tier, gpus, cache_fraction=option.cache_fraction, twrw=twrw
+        )
+        return loads, self._shard_mem(table, option, gpus, rows, table.dim)
+
+    def _ps_rows(self, table: TableSpec) -> np.ndarray:
+        return np.array(_split(table.rows, self.lay.n_servers), dtype=float)
+
+    def _pick(self, scores: np.ndarray, ok: np.ndarray) -> int:
+        scores = np.where(ok, scores, np.inf)
+        best = scores.min()
+        ties = np.flatnonzero(scores <= best * (1 + 1e-12))
+        return int(ties[0] if len(ties) == 1 else self.rng.choice(ties))
+
+    # ---- construction and improvement -------------------------------------------------------------------------
+    def best_choice(
+        self, table: TableSpec, hint: TierChoice | None = None
+    ) -> tuple[_Choice | None, list[tuple[_Choice, float]]]:
+        """The best option for ``table`` now (only the hinted tier's options while one of them fits)."""
+        options = self.options(table)
+        if hint is not None:
+            hinted = [o for o in options if _matches(o, hint)]
+            if hinted:
+                choice, scored = self.best_choice_of(table, hinted)
+                if choice is not None:
+                    return choice, scored
+        return self.best_choice_of(table, options)
+
+    def best_choice_of(
+        self, table: TableSpec, options: list[Option]
+    ) -> tuple[_Choice | None, list[tuple[_Choice, float]]]:
+        scored = []
+        for option in options:
+            choice = self.best(table, option)
+            if choice is not None:
+                value = float(self.score(self.loads + choice.loads)[0])
+                if self.pricing:
+                    value += float(choice.mem @ self.mem_price)
+                scored.append((choice, value))
+        if not scored:
+            return None, []
+        scored.sort(key=lambda item: item[1])
+        return scored[0][0], scored
+
+    def add(self, name: str, choice: _Choice) -> None:
+        self._gpu_step = None
+        self.choices[name] = choice
+        self.loads = self.loads + choice.loads
+        self.mem = self.mem + choice.mem
+
+    def remove(self, name: str) -> _Choice:
+        choice = self.choices.pop(name)
+        self._gpu_step = None
+        self.loads = self.loads - choice.loads
+        self.mem = self.mem - choice.mem
+        return choice
+
+    def construct(self, hint: Mapping[str, TierChoice] | None = None, previous: _Run | None = None) -> None:
+        """Place every table, hottest bytes first (prices, if any, apply only here).
+
+        With ``previous`` (an earlier construction), every table not yet placed still counts with its load from
+        that run: early choices then see how busy each resource will be (the parameter servers are not idle just
+        because the colder tables have not been placed yet)."""
+        tables = list(self.cost.model.tables)
+        density = np.array([t.pooling_factor / t.row_bytes(self.dtype) / t.rows for t in tables])
+        order = np.argsort(-density, kind="stable")
+        if previous is not None:
+            self.loads = previous.loads.copy()
+            self._gpu_step = None
+        for i in order:
+            table = tables[i]
+            if previous is not None:
+                self.loads = self.loads - previous.choices[table.name].loads
+            choice, _ = self.best_choice(table, hint.get(table.name) if hint else None)
+            if choice is None:
+                raise self._capacity_error(table)
+            self.add(table.name, choice)
+        self.pricing = False
+
+    def improve(self, deadline: float) -> int:
+        """Local search from the bottleneck, while the score drops. Returns the accepted moves.
+
+        Moves, for each table loading the bottleneck: re-insert it at its best option (others fixed); or, when the
+        faster tier is full, *swap* it in: evict the coldest tables of one GPU (host) that hold enough bytes, place
+        it there, and re-insert the evicted tables at their best options.
+        """
+        tables = {t.name: t for t in self.cost.model.tables}
+        moves = 0
+        tried: set[tuple[str, str, float]] = set()
+        while moves < self.config.improve_rounds and time.perf_counter() < deadline:
+            current = float(self.score(self.loads)[0])
+            improved = False
+            # Re-insertion is tried on the tables with the most load on the bottleneck; swapping in on those with the
+            # most load per byte (they relieve it most for the room they take).
+            candidates = [(n, self._reinsert) for n in self._bottleneck_tables()] + [
+                (n, self._swap_in) for n in self._bottleneck_tables(per_byte=True)
+            ]
+            for name, move in candidates:
+                if time.perf_counter() >= deadline:
+                    break
+                key = (name, move.__name__, round(current, 9))
+                if key in tried:
+                    continue
+                tried.add(key)
+                if move(tables, name, current):
+                    moves += 1
+                    improved = True
+                    break
+            if not improved:
+                break
+        return moves
+
+    def _reinsert(self, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
+        old = self.remove(name)
+        choice, _ = self.best_choice(tables[name])
+        if choice is not None and float(self.score(self.loads + choice.loads)[0]) < current * (1 - 1e-9):
+            self.add(name, choice)
+            return True
+        self.add(name, old)
+        return False
+
+    def _swap_in(self, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
+        table = tables[name]
+        tier = self.choices[name].option.tier
+        target = {Tier.PS: Tier.DDR, Tier.DDR: Tier.HBM, Tier.HBM_CACHE: Tier.HBM}.get(tier)
+        if target is None or (target is Tier.DDR and Tier.DDR not in self.config.tiers):
+            return False
+        evict = self._coldest_room(table, target)
+        if tier is Tier.PS and Tier.HBM in self.config.tiers:
+            # From the parameter servers, HBM is better still when one GPU can make room.
+            in_hbm = self._coldest_room(table, Tier.HBM)
+            if in_hbm is not None:
+                evict, target = in_hbm, Tier.HBM
+        if evict is None:
+            return False
+        saved = {n: self.remove(n) for n in [name, *evict]}
+        options = [o for o in self.options(table) if o.tier is target and o.sharding is not Sharding.DATA_PARALLEL]
+        choice, _ = self.best_choice_of(table, options)
+        placed: list[str] = []
+        if choice is not None:
+            self.add(name, choice)
+            placed.append(name)
+            for other in evict:
+                other_choice, _ = self.best_choice(tables[other])
+                if other_choice is None:
+                    break
+                self.add(other, other_choice)
+                placed.append(other)
+            if len(placed) == len(saved) and float(self.score(self.loads)[0]) < current * (1 - 1e-9):
+                return True
+        for n in placed:
+            self.remove(n)
+        for n, old in saved.items():
+            self.add(n, old)
+        return False
+
+    def _coldest_room(self, table: TableSpec, tier: Tier, max_evict: int = 32) -> list[str] | None:
+        """The colder table-wise tables of ``tier`` on one GPU (HBM) or host (DDR) whose bytes, with the free
+        room there, fit ``table``: the set with the least traffic per step ([] when there is room already), or None
+        when no GPU / host can make room."""
+        lay, dtype = self.lay, self.dtype
+        size = table.bytes(dtype)
+        heat = table.pooling_factor / table.rows
+        by_slot: dict[int, list[tuple[float, int, str]]] = {}
+        for other, choice in self.choices.items():
+            o = choice.option
+            if o.sharding is not Sharding.TABLE_WISE or o.tier is not tier:
+                continue
+            spec = self.specs[other]
+            other_heat = spec.pooling_factor / spec.rows
+            if other_heat >= heat:
+                continue
+            g = choice.gpus[0]
+            slot = g if tier is Tier.HBM else int(self.cost.gpu_host[g])
+            by_slot.setdefault(slot, []).append((other_heat * spec.rows, spec.bytes(dtype), other))
+        if tier is Tier.HBM:
+            free = self.cap[lay.hbm] - self.mem[lay.hbm]
+        else:
+            free = self.cap[lay.ddr] - self.mem[lay.ddr]
+        if free.max() >= size:
+            return []
+        best: tuple[float, list[str]] | None = None
+        for slot, items in by_slot.items():
+            items.sort()
+            room, traffic, chosen = float(free[slot]), 0.0, []
+            for lookups, n_bytes, other in items[:max_evict]:
+                if room >= size:
+                    break
+                room += n_bytes
+                traffic += lookups
+                chosen.append(other)
+            if room >= size and (best is None or traffic < best[0]):
+                best = (traffic, chosen)
+        return best[1] if best else None
+
+    def _bottleneck_tables(self, limit: int = 12, per_byte: bool = False) -> list[str]:
+        """Tables with the most load (or load per stored byte) on the resource that sets the step time."""
+        lay = self.lay
+        parts = self.cost.step_parts(self.loads)
+        g = int(np.argmax(parts["step"][0]))
+        host = self.cost.gpu_host[g]
+        nic_total = self.loads[lay.nic_sync] + self.loads[lay.nic_async]
+        if nic_total.max(initial=0.0) >= parts["step"][0][g]:
+            h = int(np.argmax(nic_total))
+            columns = np.r_[lay.nic_sync.start + h, lay.nic_async.start + h]
+        elif parts["async"][0][g] >= parts["sync"][0][g]:
+            columns = np.r_[lay.ps_nic, lay.ps_ddr, lay.switch, lay.nic_async.start + host, lay.pcie.start + g]
+        else:
+            columns = np.r_[
+                lay.emb.start + g,
+                lay.nvlink.start + g,
+                lay.nic_sync.start + host,
+                lay.host_ddr.start + host,
+                lay.dp_bytes,
+            ]
+        names = list(self.choices)
+        unit = np.where(columns == lay.dp_bytes, self.cost.allreduce_ms_per_byte[g], 1.0)
+        weights = np.array([self.choices[n].loads[columns] @ unit for n in names])
+        if per_byte:
+            weights = weights / np.array([self.specs[n].bytes(self.dtype) for n in names])
+        weights = weights + self.rng.random(len(names)) * 1e-15  # seeded tie-break
+        top = np.argsort(-weights, kind="stable")[:limit]
+        return [names[i] for i in top if weights[i] > 0]
+
+    def alternatives(self, top: int) -> dict[str, tuple[Alternative, ...]]:
+        """For the ``top`` largest tables: the best step time under each other option, others unchanged."""
+        tables = sorted(self.cost.model.tables, key=lambda t: -t.bytes(self.dtype))[:top]
+        result = {}
+        for table in tables:
+            old = self.remove(table.name)
+            _, scored = self.best_choice(table)
+            self.add(table.name, old)
+            seen: dict[tuple[Sharding, Tier], Alternative] = {}
+            for choice, _ in scored:
+                key = (choice.option.sharding, choice.option.tier)
+                step = float(self.cost.step_ms(self.loads - old.loads + choice.loads)[0])
+                if key not in seen or step < seen[key].step_ms:
+                    seen[key] = Alternative(choice.option, step)
+            result[table.name] = tuple(sorted(seen.values(), key=lambda a: a.step_ms))
+        return result
+
+    def _capacity_error(self, table: TableSpec) -> CapacityError:
+        lay, size = self.lay, table.bytes(self.dtype)
+        free = {
+            "GPU HBM": float((self.cap[lay.hbm] - self.mem[lay.hbm]).sum()),
+            "trainer DDR": float((self.cap[lay.ddr] - self.mem[lay.ddr]).sum()),
+            "PS DDR": float((self.cap[lay.ps_mem] - self.mem[lay.ps_mem]).sum()),
+        }
+        resource = "PS DDR" if self.lay.n_servers else max(free, key=free.get)
+        short = int(size - free[resource])
+        fixes = (
+            "add parameter servers or more DDR per server"
+            if self.lay.n_servers
+            else "add parameter servers (hosts with role: parameter_server)",
+            "use embedding_dtype: fp16 or fewer rows",
+            "lower the reserve fractions under 'constants:' in topology.yaml",
+        )
+        return CapacityError(
+            resource,
+            max(short, 0),
+            f"table {table.name!r} ({format_bytes(size)}) fits nowhere: {resource} has "
+            f"{format_bytes(max(free[resource], 0))} free after placing the hotter tables "
+            f"(short by {format_bytes(max(short, 0))})",
+            fixes,
+        )
+
+    # ---- results --------------------------------------------------------------------------------------------
+    def placement(self, table: TableSpec) -> TablePlacement:
+        choice = self.choices[table.name]
+        return build_placement(self.cost, table, choice.option, choice.gpus)
+
+
+def _matches(option: Option, hint: TierChoice) -> bool:
+    if hint.replicated:
+        return option.sharding is Sharding.DATA_PARALLEL
+    return (
+        option.tier is hint.tier
+        and option.sharding is not Sharding.DATA_PARALLEL
+        and (hint.tier is not Tier.HBM_CACHE or option.cache_fraction == hint.cache_fraction)
+    )
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` near-equal integers (the first ones one larger)."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    edges = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return [(int(a), int(b)) for a, b in itertools.pairwise(edges)]
+
+
+def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Sequence[int]) -> TablePlacement:
+    """Turn an option and its devices into shards with row/column ranges and byte counts."""
+    topo, dtype = cost.topology, cost.dtype
+    names = [topo.gpus[g].name for g in gpus]
+    fraction = option.cache_fraction if option.tier is Tier.HBM_CACHE else None
+    s = option.sharding
+
+    def shard(device: str, rows: tuple[int, int], cols: tuple[int, int], replica: bool = False) -> Shard:
+        n_bytes = (rows[1] - rows[0]) * table.row_bytes(dtype, cols[1] - cols[0])
+        return Shard(device, option.tier, cols, n_bytes, rows=rows, cache_fraction=fraction, replica=replica)
+
+    full_rows, full_cols = (0, table.rows), (0, table.dim)
+    if s is Sharding.PS_HASH:
+        n = len(topo.servers)
+        rows = _split(table.rows, n)
+        shards = tuple(
+            Shard(server.name, Tier.PS, full_cols, rows[i] * table.row_bytes(dtype), hash=(i, n))
+            for i, server in enumerate(topo.servers)
+        )
+        return TablePlacement(s, shards)
+    if s is Sharding.DATA_PARALLEL:
+        return TablePlacement(s, tuple(shard(d, full_rows, full_cols, replica=True) for d in names))
+    if s in (Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE, Sharding.TABLE_WISE):
+        cols = _bounds(_split(table.dim, len(names)))
+        return TablePlacement(s, tuple(shard(d, full_rows, c) for d, c in zip(names, cols, strict=True)))
+    rows = _bounds(_split(table.rows, len(names)))
+    return TablePlacement(s, tuple(shard(d, r, full_cols) for d, r in zip(names, rows, strict=True)))

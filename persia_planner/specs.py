@@ -1,0 +1,247 @@
+"""What is being placed: embedding tables and the dense network (model.yaml, or TorchRec configs)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from persia_planner._fields import Fields, load_yaml
+from persia_planner.errors import SpecError
+from persia_planner.units import Quantity
+
+__all__ = ["DType", "DenseSpec", "ModelSpec", "Optimizer", "TableSpec", "load_model"]
+
+DEFAULT_STALENESS = 4
+
+
+class DType(enum.StrEnum):
+    """Embedding weight dtype."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @property
+    def n_bytes(self) -> int:
+        return 4 if self is DType.FP32 else 2
+
+
+class Optimizer(enum.StrEnum):
+    """Sparse optimizer of a table; decides the optimizer state held per row."""
+
+    SGD = "sgd"
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAGRAD = "adagrad"
+    ADAM = "adam"
+
+    def state_bytes_per_row(self, dim: int, dtype: DType) -> int:
+        """Optimizer state bytes per row (formats.md): sgd 0, rowwise_adagrad 1 fp32, adagrad dim, adam 2*dim."""
+        if self is Optimizer.SGD:
+            return 0
+        if self is Optimizer.ROWWISE_ADAGRAD:
+            return 4
+        if self is Optimizer.ADAGRAD:
+            return dim * dtype.n_bytes
+        return 2 * dim * dtype.n_bytes
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table.
+
+    Attributes:
+        name: Table name (unique in the model).
+        rows: Number of embeddings (``num_embeddings``).
+        dim: Embedding dimension.
+        pooling_factor: Mean ids per sample looked up in this table.
+        optimizer: Sparse optimizer.
+        zipf_alpha: Access skew of ids; 0 means uniform.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    pooling_factor: float = 1.0
+    optimizer: Optimizer = Optimizer.ROWWISE_ADAGRAD
+    zipf_alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rows <= 0 or self.dim <= 0:
+            raise ValueError(f"table {self.name!r}: rows and dim must be > 0")
+
+    def row_bytes(self, dtype: DType, cols: int | None = None) -> int:
+        """Bytes per row (weights + optimizer state) for ``cols`` of the table's columns (default: all).
+
+        Row-wise state (one fp32 per row) is kept whole by every column shard, as fbgemm does.
+        """
+        cols = self.dim if cols is None else cols
+        if self.optimizer is Optimizer.ROWWISE_ADAGRAD:
+            state = 4
+        else:
+            state = self.optimizer.state_bytes_per_row(cols, dtype)
+        return cols * dtype.n_bytes + state
+
+    def bytes(self, dtype: DType) -> int:
+        """Bytes of the whole table: rows x (dim x dtype bytes + state bytes)."""
+        return self.rows * self.row_bytes(dtype)
+
+    @property
+    def parameters(self) -> int:
+        return self.rows * self.dim
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """The dense network, trained data-parallel.
+
+    Attributes:
+        parameters: Dense parameter count (its gradients are all-reduced every step in fp32).
+        flops_per_sample: Forward FLOPs per sample; backward counts as 2x.
+    """
+
+    parameters: int = 0
+    flops_per_sample: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A whole model: tables, dense part, batch.
+
+    Attributes:
+        name: Model name, copied into plan.json.
+        batch_size: Global samples per training step.
+        tables: The embedding tables, in file order.
+        dense: The dense network.
+        embedding_dtype: Weight dtype of every table.
+        staleness: Persia's embedding staleness K: how many steps async (PS) work may lag; 0 = synchronous.
+    """
+
+    name: str
+    batch_size: int
+    tables: tuple[TableSpec, ...]
+    dense: DenseSpec = field(default_factory=DenseSpec)
+    embedding_dtype: DType = DType.FP32
+    staleness: int = DEFAULT_STALENESS
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"table name {dup!r} appears twice")
+
+    def table(self, name: str) -> TableSpec:
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise KeyError(name)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.bytes(self.embedding_dtype) for t in self.tables)
+
+    @property
+    def embedding_parameters(self) -> int:
+        return sum(t.parameters for t in self.tables)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "model.yaml") -> ModelSpec:
+        """Build from parsed model.yaml content; errors name ``source`` and the key path."""
+        top = Fields(data, source, "")
+        name = top.take_str("name", default="model")
+        batch_size = top.take_positive("batch_size", Quantity.COUNT)
+        dtype = top.take_enum("embedding_dtype", DType, default=DType.FP32)
+        staleness = top.take("staleness", Quantity.COUNT, default=DEFAULT_STALENESS)
+        tables: list[TableSpec] = []
+        seen: dict[str, str] = {}
+        for _, item in top.take_list("tables"):
+            for table in _read_tables(item):
+                if table.name in seen:
+                    raise item.error(
+                        "name", f"table name {table.name!r} is already used by {seen[table.name]}", ("rename it",)
+                    )
+                seen[table.name] = item.path
+                tables.append(table)
+        if not tables:
+            raise top.error("tables", "the model has no tables", fixes=("add at least one table",))
+        dense_fields = top.sub("dense", default=None)
+        dense = DenseSpec()
+        if dense_fields is not None:
+            dense = DenseSpec(
+                parameters=dense_fields.take("parameters", Quantity.COUNT, default=0),
+                flops_per_sample=dense_fields.take("flops_per_sample", Quantity.NUMBER, default=0.0),
+            )
+            dense_fields.finish()
+        top.finish()
+        return cls(name, batch_size, tuple(tables), dense, dtype, staleness)
+
+    @classmethod
+    def from_torchrec(
+        cls,
+        tables: Any,
+        batch_size: int,
+        *,
+        name: str = "torchrec-model",
+        dense: DenseSpec | None = None,
+        pooling_factors: Mapping[str, float] | None = None,
+        optimizer: Optimizer = Optimizer.ROWWISE_ADAGRAD,
+    ) -> ModelSpec:
+        """Build from a TorchRec ``EmbeddingBagCollection`` or a list of ``EmbeddingBagConfig``.
+
+        Works with modules on the meta device: only the configs are read, never the weights.
+
+        Args:
+            tables: An ``EmbeddingBagCollection`` (anything with ``embedding_bag_configs()``) or configs.
+            batch_size: Global batch size.
+            name: Model name for the plan.
+            dense: The dense part, if known.
+            pooling_factors: Mean ids per sample per table name (default 1.0).
+            optimizer: Sparse optimizer of every table.
+        """
+        configs = tables.embedding_bag_configs() if hasattr(tables, "embedding_bag_configs") else list(tables)
+        pooling_factors = dict(pooling_factors or {})
+        dtype = DType.FP32
+        specs = []
+        for config in configs:
+            data_type = str(getattr(config, "data_type", "FP32")).rsplit(".", 1)[-1].lower()
+            if data_type in {d.value for d in DType}:
+                dtype = DType(data_type)
+            specs.append(
+                TableSpec(
+                    name=config.name,
+                    rows=int(config.num_embeddings),
+                    dim=int(config.embedding_dim),
+                    pooling_factor=float(pooling_factors.get(config.name, 1.0)),
+                    optimizer=optimizer,
+                )
+            )
+        return cls(name, int(batch_size), tuple(specs), dense or DenseSpec(), dtype)
+
+
+def _read_tables(item: Fields) -> Iterable[TableSpec]:
+    name = item.take_str("name")
+    rows = item.take_positive("rows", Quantity.COUNT)
+    dim = item.take_positive("dim", Quantity.COUNT)
+    pooling = item.take("pooling_factor", Quantity.NUMBER, default=1.0)
+    optimizer = item.take_enum("optimizer", Optimizer, default=Optimizer.ROWWISE_ADAGRAD)
+    alpha = item.take("zipf_alpha", Quantity.NUMBER, default=0.0)
+    count = item.take_positive("count", Quantity.COUNT, default=1)
+    item.finish()
+    if not name:
+        raise item.error("name", "table name is empty")
+    names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
+    return [TableSpec(n, rows, dim, pooling, optimizer, alpha) for n in names]
+
+
+def load_model(path: str | Path) -> ModelSpec:
+    """Load and validate a model.yaml.
+
+    Raises:
+        SpecError: Malformed YAML, unknown key, bad unit or value; the message names the file and key path.
+    """
+    data, source = load_yaml(path)
+    if data is None:
+        raise SpecError(source, "", "file is empty", fixes=("see formats.md for the model.yaml keys",))
+    return ModelSpec.from_dict(data, Path(source).name)

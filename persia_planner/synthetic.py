@@ -1,0 +1,56 @@
+"""Generated models and topologies, for benchmarks, property tests and tutorials."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from persia_planner.specs import DenseSpec, DType, ModelSpec, Optimizer, TableSpec
+from persia_planner.topology import Topology
+
+__all__ = ["random_model", "random_topology"]
+
+
+def random_model(
+    n_tables: int,
+    *,
+    seed: int = 0,
+    rows_range: tuple[float, float] = (1e3, 1e9),
+    dims: tuple[int, ...] = (32, 64, 128),
+    batch_size: int = 65536,
+    staleness: int = 4,
+    dtype: DType = DType.FP32,
+) -> ModelSpec:
+    """A model of ``n_tables`` tables: rows log-uniform in ``rows_range``, dim drawn from ``dims``, pooling factor
+    log-uniform in [1, 50], Zipf alpha uniform in [0, 1.2], row-wise Adagrad; a DLRM-sized dense part."""
+    rng = np.random.default_rng(seed)
+    lo, hi = np.log(rows_range[0]), np.log(rows_range[1])
+    rows = np.exp(rng.uniform(lo, hi, n_tables)).astype(np.int64)
+    dim = rng.choice(dims, n_tables)
+    pooling = np.exp(rng.uniform(0, np.log(50), n_tables))
+    alpha = rng.uniform(0, 1.2, n_tables)
+    tables = tuple(
+        TableSpec(
+            f"t{i}",
+            int(max(rows[i], 1)),
+            int(dim[i]),
+            round(float(pooling[i]), 3),
+            Optimizer.ROWWISE_ADAGRAD,
+            round(float(alpha[i]), 3),
+        )
+        for i in range(n_tables)
+    )
+    dense = DenseSpec(parameters=5_000_000, flops_per_sample=30_000_000)
+    return ModelSpec(f"generated-{n_tables}-s{seed}", batch_size, tables, dense, dtype, staleness)
+
+
+def random_topology(
+    *, trainers: int = 8, gpus_per_trainer: int = 8, servers: int = 8, ps_ddr_bytes: int = 64 * 1024**4
+) -> Topology:
+    """The benchmark cluster: H100-class trainers (80 GiB HBM, 2 TiB DDR) and large-memory parameter servers."""
+    return Topology.simple(
+        trainers=trainers,
+        gpus_per_trainer=gpus_per_trainer,
+        servers=servers,
+        ps_ddr_bytes=ps_ddr_bytes,
+        name=f"{trainers}x{gpus_per_trainer}+{servers}ps",
+    )

@@ -1,0 +1,141 @@
+"""One parser for every human-written quantity: sizes, bandwidths, durations and counts.
+
+Sizes: integers (bytes) or ``B KB MB GB TB`` (powers of 1000) and ``KiB MiB GiB TiB`` (powers of 1024).
+Bandwidths: ``B/s`` forms (``3.35TB/s``, ``900GiB/s``) and bit forms (``400Gbps``, ``25Gb/s``); returned in bytes/s.
+Durations: ``ns us ms s`` (``5us``); returned in seconds. Counts: ``40_000_000``, ``1e9``, ``4M`` is *not* a count.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+
+__all__ = ["Quantity", "UnitError", "format_bytes", "format_rate", "parse"]
+
+
+class Quantity(enum.StrEnum):
+    """The kinds of quantity a field can hold."""
+
+    SIZE = "size"
+    BANDWIDTH = "bandwidth"
+    DURATION = "duration"
+    COUNT = "count"
+    NUMBER = "number"
+
+
+class UnitError(ValueError):
+    """A value could not be read as the quantity its field needs. The message says what would be accepted."""
+
+
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "pb": 1000**5,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+    "pib": 1024**5,
+}
+_BIT_UNITS = {"bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_NUMBER = r"[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9]+)?"
+_QUANTITY_RE = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-zµ/]*)\s*$")
+
+_EXAMPLES = {
+    Quantity.SIZE: "an integer byte count or a size like '80GiB' or '1.5TB'",
+    Quantity.BANDWIDTH: "a bandwidth like '64GB/s', '900GiB/s' or '400Gbps'",
+    Quantity.DURATION: "a duration like '5us' or '2ms'",
+    Quantity.COUNT: "a whole number like 40_000_000 or 1e9",
+    Quantity.NUMBER: "a number like 1.05",
+}
+
+
+def _split(value: str, kind: Quantity) -> tuple[float, str]:
+    match = _QUANTITY_RE.match(value)
+    if not match:
+        raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
+    number = float(match.group(1).replace("_", ""))
+    return number, match.group(2)
+
+
+def _scale(value: str, kind: Quantity) -> float:
+    number, unit = _split(value, kind)
+    key = unit.lower()
+    if kind is Quantity.SIZE:
+        if unit == "":
+            return number
+        if key in _SIZE_UNITS:
+            return number * _SIZE_UNITS[key]
+    elif kind is Quantity.BANDWIDTH:
+        if key.endswith("/s") and key[:-2] in _SIZE_UNITS:
+            # "Gb/s" (lower-case b after a prefix) means bits, as network people write it.
+            prefix = unit[:-2]
+            if prefix.endswith("b") and prefix != "b" and not prefix.lower().endswith("ib"):
+                return number * _BIT_UNITS[prefix.lower() + "ps"] / 8
+            return number * _SIZE_UNITS[key[:-2]]
+        if key in _BIT_UNITS:
+            # "GBps" with a capital B is bytes; "Gbps" is bits.
+            per_bit = 1 if len(unit) >= 3 and unit[-3] == "B" else 8
+            return number * _BIT_UNITS[key] / per_bit
+    elif kind is Quantity.DURATION:
+        if key in _DURATION_UNITS:
+            return number * _DURATION_UNITS[key]
+    elif unit == "":
+        return number
+    raise UnitError(f"unknown unit {unit!r} in {value!r}; expected {_EXAMPLES[kind]}")
+
+
+def parse(value: object, kind: Quantity) -> float:
+    """Parse a human-written quantity into base units.
+
+    Args:
+        value: What the user wrote: an int/float (already in base units) or a string with a unit.
+        kind: Which quantity the field holds; decides the accepted units.
+
+    Returns:
+        Bytes for sizes, bytes/s for bandwidths, seconds for durations, the number for counts. Sizes and counts
+        come back as ``int``.
+
+    Raises:
+        UnitError: The value is malformed, has an unknown unit, is negative, or is not whole where it must be.
+    """
+    if isinstance(value, bool) or value is None:
+        raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        number = _scale(value, kind)
+    else:
+        raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
+    if not math.isfinite(number) or number < 0:
+        raise UnitError(f"{value!r} must be a finite, non-negative {kind.value}")
+    if kind in (Quantity.SIZE, Quantity.COUNT):
+        if number != int(number):
+            raise UnitError(f"{value!r} is not a whole number of {'bytes' if kind is Quantity.SIZE else 'items'}")
+        return int(number)
+    return number
+
+
+def format_bytes(n_bytes: float) -> str:
+    """Format a byte count with a binary unit, e.g. ``'74.5 GiB'``."""
+    value = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """Format a bandwidth in decimal units, e.g. ``'64.0 GB/s'``."""
+    value = float(bytes_per_s)
+    for unit in ("B/s", "KB/s", "MB/s", "GB/s", "TB/s"):
+        if abs(value) < 1000 or unit == "TB/s":
+            return f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
