@@ -16,6 +16,7 @@ every GPU at once with one matrix. :meth:`CostModel.step` turns a load vector in
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,15 +66,15 @@ class Layout:
     n_hosts: int
     n_servers: int
 
-    @property
+    @functools.cached_property
     def emb(self) -> slice:
         return slice(0, self.n_gpus)
 
-    @property
+    @functools.cached_property
     def nvlink(self) -> slice:
         return slice(self.n_gpus, 2 * self.n_gpus)
 
-    @property
+    @functools.cached_property
     def pcie(self) -> slice:
         return slice(2 * self.n_gpus, 3 * self.n_gpus)
 
@@ -81,15 +82,15 @@ class Layout:
         start = 3 * self.n_gpus + k * self.n_hosts
         return slice(start, start + self.n_hosts)
 
-    @property
+    @functools.cached_property
     def host_ddr(self) -> slice:
         return self._host(0)
 
-    @property
+    @functools.cached_property
     def nic_sync(self) -> slice:
         return self._host(1)
 
-    @property
+    @functools.cached_property
     def nic_async(self) -> slice:
         return self._host(2)
 
@@ -97,41 +98,41 @@ class Layout:
         start = 3 * self.n_gpus + 3 * self.n_hosts + k * self.n_servers
         return slice(start, start + self.n_servers)
 
-    @property
+    @functools.cached_property
     def ps_nic(self) -> slice:
         return self._server(0)
 
-    @property
+    @functools.cached_property
     def ps_ddr(self) -> slice:
         return self._server(1)
 
-    @property
+    @functools.cached_property
     def switch(self) -> int:
         return 3 * self.n_gpus + 3 * self.n_hosts + 2 * self.n_servers
 
-    @property
+    @functools.cached_property
     def dp_bytes(self) -> int:
         """Not a time: gradient bytes of data-parallel tables, all-reduced with the dense gradients."""
         return self.switch + 1
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
         return self.dp_bytes + 1
 
     # memory vector
-    @property
+    @functools.cached_property
     def hbm(self) -> slice:
         return slice(0, self.n_gpus)
 
-    @property
+    @functools.cached_property
     def ddr(self) -> slice:
         return slice(self.n_gpus, self.n_gpus + self.n_hosts)
 
-    @property
+    @functools.cached_property
     def ps_mem(self) -> slice:
         return slice(self.n_gpus + self.n_hosts, self.n_gpus + self.n_hosts + self.n_servers)
 
-    @property
+    @functools.cached_property
     def mem_size(self) -> int:
         return self.n_gpus + self.n_hosts + self.n_servers
 

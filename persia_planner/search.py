@@ -141,14 +141,18 @@ class GreedyLocalSearch:
                 continue
             runs.append(run)
         run = min(runs, key=lambda r: float(r.score(r.loads)[0]))
-        # A second pass in the light of the first: each table decides knowing the load the rest will bring.
-        second = _Run(cost, self.config)
-        try:
-            second.construct(None, previous=run)
+        # Second passes in the light of the first: each table decides knowing the load the rest will bring, with
+        # and without the relaxation's hint; the best construction goes on to local search.
+        seconds = [None, hint] if hint else [None]
+        base = run
+        for second_hint in seconds:
+            second = _Run(cost, self.config, second_hint.prices if second_hint else None)
+            try:
+                second.construct(second_hint.preferred if second_hint else None, previous=base)
+            except CapacityError:
+                continue
             if float(second.score(second.loads)[0]) < float(run.score(run.loads)[0]):
                 run = second
-        except CapacityError:
-            pass
         constructed = time.perf_counter()
         moves = run.improve(deadline=constructed + self.config.improve_time_s)
         improved = time.perf_counter()
@@ -176,6 +180,7 @@ class _Run:
         self.min_hbm = min(topo.hbm_capacity(g) for g in topo.gpus)
         self.dtype = cost.dtype
         self._gpu_step: np.ndarray | None = None
+        self._candidates: np.ndarray | None = None
         # Construction charges memory at the relaxation's prices, so a choice that saves a little time but eats
         # scarce memory (a replica on every GPU, HBM for a cold table) pays for the room it takes from others.
         self.mem_price = np.zeros(self.lay.mem_size)
@@ -198,13 +203,18 @@ class _Run:
         Scoring all GPUs gives the same choice almost always (a shard's own work goes to its GPU, its all-to-all
         pattern depends only on its host), at a fraction of the cost on large clusters.
         """
+        if not exclude and self._candidates is not None:
+            return self._candidates
         step = self.gpu_step.copy()
         step[list(exclude)] = np.inf
         order = np.lexsort((step, self.cost.gpu_host))  # by host, then load
         firsts = order[np.r_[True, np.diff(self.cost.gpu_host[order]) != 0]]
         top = np.argsort(step, kind="stable")[:_CANDIDATES]
         picked = np.union1d(firsts, top)
-        return picked[np.isfinite(step[picked])]
+        picked = picked[np.isfinite(step[picked])]
+        if not exclude:
+            self._candidates = picked
+        return picked
 
     # ---- scoring --------------------------------------------------------------------------------------------
     def score(self, loads: np.ndarray) -> np.ndarray:
@@ -265,8 +275,8 @@ class _Run:
         one_gpu = room(1) and ddr_need <= free_ddr.max()
         if one_gpu and Sharding.TABLE_WISE in shardings:
             opts.append(Option(Sharding.TABLE_WISE, tier, fraction))
-        hot = self._is_hot(table, tier)
-        if not (hot or not one_gpu):
+        # Split options only for hot tables, tables too big for one GPU, or when table-wise is not allowed.
+        if one_gpu and Sharding.TABLE_WISE in shardings and not self._is_hot(table, tier):
             return opts
         min_host = min(len(g) for g in self.host_gpus)
         for splits in (2, 4, 8):
@@ -426,14 +436,14 @@ class _Run:
         return scored[0][0], scored
 
     def add(self, name: str, choice: _Choice) -> None:
-        self._gpu_step = None
+        self._gpu_step = self._candidates = None
         self.choices[name] = choice
         self.loads = self.loads + choice.loads
         self.mem = self.mem + choice.mem
 
     def remove(self, name: str) -> _Choice:
         choice = self.choices.pop(name)
-        self._gpu_step = None
+        self._gpu_step = self._candidates = None
         self.loads = self.loads - choice.loads
         self.mem = self.mem - choice.mem
         return choice
@@ -447,9 +457,16 @@ class _Run:
         tables = list(self.cost.model.tables)
         density = np.array([t.pooling_factor / t.row_bytes(self.dtype) / t.rows for t in tables])
         order = np.argsort(-density, kind="stable")
+        if hint:
+            # The hint already says which tables deserve fast memory; what remains is packing: the big tables
+            # that must be split go first, largest first, while every GPU still has room for its even share.
+            sizes = np.array([t.bytes(self.dtype) for t in tables], dtype=float)
+            big = sizes > self.min_hbm
+            by_size = np.argsort(-sizes, kind="stable")
+            order = np.concatenate([by_size[big[by_size]], order[~big[order]]])
         if previous is not None:
             self.loads = previous.loads.copy()
-            self._gpu_step = None
+            self._gpu_step = self._candidates = None
         for i in order:
             table = tables[i]
             if previous is not None:

@@ -1,0 +1,167 @@
+"""Each cost term against a hand computation (efficiencies set to 1 so the numbers are round)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from persia_planner import ModelSpec, Topology
+from persia_planner.cost import CostModel, zipf_hit_rate
+from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
+from persia_planner.search import Option, build_placement
+
+ONE = {
+    k: 1.0
+    for k in (
+        "hbm_efficiency",
+        "uvm_efficiency",
+        "nvlink_efficiency",
+        "nic_efficiency",
+        "ps_efficiency",
+        "tflops_efficiency",
+    )
+}
+TOPO = {
+    "hosts": [
+        {
+            "name": "h",
+            "ddr": "1TB",
+            "ddr_bandwidth": "20GB/s",
+            "nic_bandwidth": "10GB/s",
+            "gpus": {
+                "count": 2,
+                "hbm": "10GB",
+                "hbm_bandwidth": "1000GB/s",
+                "tflops": 100,
+                "pcie_bandwidth": "10GB/s",
+                "nvlink_bandwidth": "100GB/s",
+            },
+        },
+        {"name": "ps", "role": "parameter_server", "ddr": "1TB", "ddr_bandwidth": "50GB/s", "nic_bandwidth": "10GB/s"},
+    ],
+    "network": {"latency": "10us"},
+    "constants": {**ONE, "update_passes": 3},
+}
+
+
+def model(staleness=4):
+    return ModelSpec.from_dict(
+        {
+            "batch_size": 1000,
+            "staleness": staleness,
+            "tables": [
+                {"name": "a", "rows": 1000, "dim": 10, "pooling_factor": 2, "optimizer": "sgd"},
+                {"name": "b", "rows": 1000, "dim": 10, "pooling_factor": 2, "optimizer": "sgd"},
+            ],
+            "dense": {"parameters": 1_000_000, "flops_per_sample": 1_000_000},
+        }
+    )
+
+
+@pytest.fixture
+def cost():
+    return CostModel(model(), Topology.from_dict(TOPO))
+
+
+def test_moved_bytes(cost):
+    # 2000 lookups x (10 cols x 4 B x (1 read + 3 update passes) + 2 x 0 state bytes)
+    assert cost.moved_bytes(cost.model.tables[0], 2000, 10) == 320_000
+
+
+def test_hbm_lookup_and_all_to_all(cost):
+    lay = cost.layout
+    loads = cost.range_shard_loads(cost.model.tables[0], 1.0, 10, Tier.HBM, np.array([0]))[0]
+    assert loads[lay.emb.start] == pytest.approx(320_000 / 1e9)  # HBM: 1e9 B/ms
+    # pooled output 1000 x 10 x 4 = 40,000 B; owner sends/receives 1/2 over NVLink (1e8 B/ms), full duplex
+    assert loads[lay.nvlink.start] == pytest.approx(40_000 * 0.5 / 1e8)
+    assert loads[lay.nvlink.start + 1] == pytest.approx(40_000 * 0.5 / 1e8)
+    assert loads[lay.nic_sync].sum() == 0  # one host: nothing crosses the NIC
+    assert loads[lay.host_ddr].sum() == 0
+
+
+def test_ddr_and_cache_tiers(cost):
+    lay = cost.layout
+    t = cost.model.tables[0]
+    ddr = cost.range_shard_loads(t, 1.0, 10, Tier.DDR, np.array([1]))[0]
+    assert ddr[lay.emb.start + 1] == pytest.approx(320_000 / 1e7)  # UVM: min(PCIe 10, DDR 20) GB/s
+    assert ddr[lay.host_ddr.start] == pytest.approx(320_000 / 2e7)
+    cache = cost.range_shard_loads(t, 1.0, 10, Tier.HBM_CACHE, np.array([1]), cache_fraction=0.2)[0]
+    # uniform ids (alpha 0): hit rate = cache fraction
+    assert cache[lay.emb.start + 1] == pytest.approx(0.2 * 320_000 / 1e9 + 0.8 * 320_000 / 1e7)
+    assert cache[lay.host_ddr.start] == pytest.approx(0.8 * 320_000 / 2e7)
+
+
+def test_parameter_server_terms(cost):
+    lay = cost.layout
+    loads = cost.ps_table_loads(cost.model.tables[1], np.array([1.0]))
+    # per GPU: 500 samples x 2 ids x (40 B row + 8 B id), fetched and pushed
+    per_gpu = 2 * 500 * 2 * 48
+    assert loads[lay.pcie] == pytest.approx([per_gpu / 1e7] * 2)
+    assert loads[lay.nic_async.start] == pytest.approx(2 * per_gpu / 1e7)
+    assert loads[lay.ps_nic.start] == pytest.approx(2 * per_gpu / 1e7)
+    assert loads[lay.ps_ddr.start] == pytest.approx(320_000 / 5e7)
+    assert loads[lay.switch] == 0  # unlimited switch
+
+
+def test_replica_terms(cost):
+    lay = cost.layout
+    r = cost.replica_loads(cost.model.tables[0])
+    # 2 x 500 x 2 lookups x 40 B + 1000 rows x 40 B x 3 passes
+    assert r[0, lay.emb.start] == pytest.approx(200_000 / 1e9)
+    assert r[:, lay.dp_bytes].sum() == pytest.approx(4 * 1000 * 10)
+
+
+def test_dense_and_allreduce(cost):
+    # 3 x 1e6 flops x 500 samples / 1e11 flop/ms; ring over 2 GPUs: 2 x 1/2 x 4e6 B / 1e8 B/ms
+    assert cost.dense_ms == pytest.approx([0.015, 0.015])
+    assert cost.dense_grad_bytes * cost.allreduce_ms_per_byte == pytest.approx([0.04, 0.04])
+
+
+def plan_a_hbm_b_ps(cost):
+    t = {x.name: x for x in cost.model.tables}
+    return {
+        "a": build_placement(cost, t["a"], Option(Sharding.TABLE_WISE, Tier.HBM), [0]),
+        "b": build_placement(cost, t["b"], Option(Sharding.PS_HASH, Tier.PS), []),
+    }
+
+
+def test_step_overlaps_async_work(cost):
+    est, mem = cost.evaluate(plan_a_hbm_b_ps(cost))
+    sync0 = 3.2e-4 + 2e-4 + 0.015 + 0.04
+    async_ = max(0.0096, 0.0192, 0.0192, 0.0064) + 2 * 0.01 / 4  # + round trip / staleness
+    assert est.per_gpu["sync"][0] == pytest.approx(sync0)
+    assert est.per_gpu["async"][0] == pytest.approx(async_)
+    assert est.step_ms == pytest.approx(max(sync0, async_))
+    assert est.samples_per_s == pytest.approx(1000 / sync0 * 1e3)
+    assert mem[cost.layout.hbm.start] == 1000 * 40
+    assert mem[cost.layout.ps_mem.start] == 1000 * 40
+
+
+def test_staleness_zero_adds_async_work():
+    cost = CostModel(model(staleness=0), Topology.from_dict(TOPO))
+    est, _ = cost.evaluate(plan_a_hbm_b_ps(cost))
+    assert est.step_ms == pytest.approx(3.2e-4 + 2e-4 + 0.015 + 0.04 + 0.0192 + 2 * 0.01)
+
+
+def test_placement_loads_equal_shard_sum(cost):
+    t = cost.model.tables[0]
+    rw = build_placement(cost, t, Option(Sharding.ROW_WISE, Tier.HBM), [0, 1])
+    loads, mem = cost.placement_loads(t, rw)
+    expected = cost.range_shard_loads(t, np.array([0.5, 0.5]), 10, Tier.HBM, np.array([0, 1])).sum(axis=0)
+    assert loads == pytest.approx(expected)
+    assert mem[cost.layout.hbm].tolist() == [500 * 40, 500 * 40]
+    hand = TablePlacement(Sharding.TABLE_WISE, (Shard("h0/gpu1", Tier.HBM, (0, 10), 40_000, rows=(0, 1000)),))
+    assert cost.placement_loads(t, hand)[1][cost.layout.hbm.start + 1] == 40_000
+
+
+@pytest.mark.parametrize(
+    ("alpha", "rows", "fraction", "expected"),
+    [(0.0, 1000, 0.2, 0.2), (1.0, 1000, 0.1, (1 + math.log(100)) / (1 + math.log(1000))), (2.0, 10**6, 0.5, None)],
+)
+def test_zipf_hit_rate(alpha, rows, fraction, expected):
+    hit = zipf_hit_rate(alpha, rows, fraction)
+    if expected is None:
+        assert 0.99 < hit <= 1.0  # very skewed: half the rows hold nearly every access
+    else:
+        assert hit == pytest.approx(expected)
+    assert zipf_hit_rate(alpha, rows, 0.0) == 0.0 and zipf_hit_rate(alpha, rows, 1.0) == 1.0

@@ -1,0 +1,137 @@
+import dataclasses
+import json
+
+import pytest
+
+from persia_planner import ModelSpec, SpecError, Topology, load_plan, plan, validate
+from persia_planner.placement import Sharding, TablePlacement, Tier
+from persia_planner.plan import Plan
+
+MODEL = ModelSpec.from_dict(
+    {
+        "name": "m",
+        "batch_size": 8192,
+        "tables": [
+            {"name": "big", "rows": 3_000_000_000, "dim": 64, "zipf_alpha": 1.1},
+            {"name": "mid", "rows": 20_000_000, "dim": 128, "pooling_factor": 10},
+            {"name": "small", "rows": 500, "dim": 16},
+        ],
+        "dense": {"parameters": 1_000_000, "flops_per_sample": 1e7},
+    }
+)
+TOPO = Topology.from_dict(
+    {
+        "name": "t",
+        "hosts": [
+            {
+                "name": "trainer",
+                "count": 2,
+                "ddr": "256GiB",
+                "ddr_bandwidth": "100GB/s",
+                "nic_bandwidth": "25GB/s",
+                "gpus": {
+                    "count": 2,
+                    "hbm": "16GiB",
+                    "hbm_bandwidth": "900GB/s",
+                    "tflops": 100,
+                    "pcie_bandwidth": "32GB/s",
+                },
+            },
+            {
+                "name": "ps",
+                "count": 2,
+                "role": "parameter_server",
+                "ddr": "2TiB",
+                "ddr_bandwidth": "100GB/s",
+                "nic_bandwidth": "25GB/s",
+            },
+        ],
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def the_plan():
+    return plan(MODEL, TOPO, improve_time_s=1.0)
+
+
+def test_json_has_the_contract_keys(the_plan):
+    data = json.loads(the_plan.to_json())
+    assert data["format"] == "persia-plan/1"
+    assert (data["model"], data["topology"]) == ("m", "t")
+    assert set(data["estimate"]) == {"step_ms", "lower_bound_ms", "samples_per_s"}
+    assert set(data["tables"]) == {"big", "mid", "small"}
+    big = data["tables"]["big"]
+    assert big["sharding"] == "ps_hash" and big["mode"] == "async"
+    assert [s["hash"] for s in big["shards"]] == [[0, 2], [1, 2]]
+    assert {s["device"] for s in big["shards"]} == {"ps0", "ps1"}
+    assert sum(s["bytes"] for s in big["shards"]) == 3_000_000_000 * (64 * 4 + 4)
+    for name, table in data["tables"].items():
+        for shard in table["shards"]:
+            assert set(shard) <= {"rows", "hash", "cols", "tier", "device", "bytes", "cache_fraction", "replica"}, name
+    gpu = data["devices"]["trainer0/gpu0"]
+    assert set(gpu) == {"hbm_bytes", "ddr_bytes", "cost_ms"}
+    assert data["estimate"]["lower_bound_ms"] <= data["estimate"]["step_ms"]
+
+
+def test_save_and_load_round_trip(the_plan, tmp_path):
+    path = tmp_path / "plan.json"
+    the_plan.save(path)
+    again = load_plan(path)
+    assert again.tables == the_plan.tables
+    assert again.step_ms == pytest.approx(the_plan.step_ms, abs=1e-4)
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert validate(again, MODEL, TOPO) == []
+
+
+def _replace_table(p: Plan, name: str, placement: TablePlacement) -> Plan:
+    return dataclasses.replace(p, tables={**p.tables, name: placement})
+
+
+def test_validate_finds_a_missing_table(the_plan):
+    broken = dataclasses.replace(the_plan, tables={k: v for k, v in the_plan.tables.items() if k != "mid"})
+    assert validate(broken, MODEL, TOPO) == ["table 'mid' is not placed"]
+
+
+def test_validate_finds_gaps_and_overlaps(the_plan):
+    mid = the_plan.tables["mid"]
+    first = mid.shards[0]
+    cut = dataclasses.replace(
+        first,
+        rows=(0, first.rows[1] - 1),
+        bytes=first.bytes - MODEL.table("mid").row_bytes(MODEL.embedding_dtype, first.n_cols),
+    )
+    problems = validate(
+        _replace_table(the_plan, "mid", dataclasses.replace(mid, shards=(cut, *mid.shards[1:]))), MODEL, TOPO
+    )
+    assert len(problems) == 1 and problems[0].startswith("table 'mid': rows of cols")
+    doubled = TablePlacement(mid.sharding, (*mid.shards, mid.shards[0]))
+    problems = validate(_replace_table(the_plan, "mid", doubled), MODEL, TOPO)
+    assert any("twice" in p for p in problems) or any("table_wise has exactly one shard" in p for p in problems)
+
+
+def test_validate_finds_capacity_and_device_errors(the_plan):
+    name = next(n for n, p in the_plan.tables.items() if p.tier is not Tier.PS)
+    small = the_plan.tables[name]
+    # A table-wise HBM shard of 'big' would need ~780 GB on one 16 GiB GPU.
+    rows = MODEL.table("big").rows
+    from persia_planner.placement import Shard
+
+    huge = TablePlacement(Sharding.TABLE_WISE, (Shard("trainer0/gpu0", Tier.HBM, (0, 64), rows * 260, rows=(0, rows)),))
+    problems = validate(_replace_table(the_plan, "big", huge), MODEL, TOPO)
+    assert any(p.startswith("trainer0/gpu0 HBM holds") and "short by" in p for p in problems)
+    wrong = TablePlacement(small.sharding, tuple(dataclasses.replace(s, device="ps0") for s in small.shards))
+    problems = validate(_replace_table(the_plan, name, wrong), MODEL, TOPO)
+    assert any("'ps0' is not a GPU" in p for p in problems)
+    bad_bytes = TablePlacement(small.sharding, tuple(dataclasses.replace(s, bytes=s.bytes + 1) for s in small.shards))
+    assert any("bytes" in p for p in validate(_replace_table(the_plan, name, bad_bytes), MODEL, TOPO))
+
+
+def test_plan_json_errors(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text('{"format": "persia-plan/0", "tables": {}}')
+    with pytest.raises(SpecError, match=r"p\.json: format: expected 'persia-plan/1', got 'persia-plan/0'"):
+        load_plan(path)
+    path.write_text("{not json")
+    with pytest.raises(SpecError, match=r"p\.json: malformed JSON at line 1"):
+        load_plan(path)

@@ -1,0 +1,171 @@
+"""Invariants of the search, checked on generated models and clusters (hypothesis)."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Sharding, Tier, Topology, validate
+from persia_planner.bound import lower_bound_ms
+from persia_planner.cost import CostModel
+from persia_planner.plan import Plan
+from persia_planner.search import GreedyLocalSearch
+
+FAST = SearchConfig(improve_time_s=0.5)
+
+
+def cluster(trainers, gpus, servers, hbm_gib, ddr_gib, ps_gib):
+    data = {
+        "name": f"{trainers}x{gpus}+{servers}",
+        "hosts": [
+            {
+                "name": "trainer",
+                "count": trainers,
+                "ddr": f"{ddr_gib}GiB",
+                "ddr_bandwidth": "200GB/s",
+                "nic_bandwidth": "25GB/s",
+                "gpus": {
+                    "count": gpus,
+                    "hbm": f"{hbm_gib}GiB",
+                    "hbm_bandwidth": "2TB/s",
+                    "tflops": 300,
+                    "pcie_bandwidth": "32GB/s",
+                    "nvlink_bandwidth": "300GB/s",
+                },
+            }
+        ],
+    }
+    if servers:
+        data["hosts"].append(
+            {
+                "name": "ps",
+                "count": servers,
+                "role": "parameter_server",
+                "ddr": f"{ps_gib}GiB",
+                "ddr_bandwidth": "100GB/s",
+                "nic_bandwidth": "25GB/s",
+            }
+        )
+    return Topology.from_dict(data)
+
+
+tables = st.lists(
+    st.tuples(
+        st.integers(10, 200_000_000),
+        st.sampled_from([8, 16, 32, 64, 128]),
+        st.floats(0.5, 40),
+        st.sampled_from(["sgd", "rowwise_adagrad", "adagrad", "adam"]),
+        st.floats(0, 1.4),
+    ),
+    min_size=1,
+    max_size=30,
+)
+clusters = st.tuples(
+    st.integers(1, 3),
+    st.sampled_from([1, 2, 4]),
+    st.integers(0, 3),
+    st.sampled_from([1, 4, 16]),
+    st.sampled_from([8, 64]),
+    st.sampled_from([16, 256]),
+)
+
+
+def make_model(rows_dims, staleness=4):
+    return ModelSpec.from_dict(
+        {
+            "name": "gen",
+            "batch_size": 4096,
+            "staleness": staleness,
+            "tables": [
+                {"name": f"t{i}", "rows": r, "dim": d, "pooling_factor": p, "optimizer": o, "zipf_alpha": a}
+                for i, (r, d, p, o, a) in enumerate(rows_dims)
+            ],
+            "dense": {"parameters": 1_000_000, "flops_per_sample": 1e6},
+        }
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tables, clusters, st.integers(0, 3), st.integers(0, 2**16))
+def test_every_plan_validates_fits_and_is_bounded(rows_dims, shape, staleness, seed):
+    model = make_model(rows_dims, staleness)
+    topo = cluster(*shape)
+    planner = Planner(GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=0.5)))
+    try:
+        plan = planner.plan(model, topo)
+    except CapacityError as err:
+        # Only when the tables cannot fit: the error names the resource and a positive shortfall.
+        assert err.short_bytes > 0 or "fits nowhere" in err.message
+        assert err.fixes
+        return
+    assert validate(plan, model, topo) == []
+    assert set(plan.tables) == {t.name for t in model.tables}
+    # capacities, from the plan's own device usage
+    for gpu in topo.gpus:
+        assert plan.devices[gpu.name].hbm_bytes <= topo.hbm_capacity(gpu)
+    for host in (*topo.trainers, *topo.servers):
+        assert plan.devices[host.name].ddr_bytes <= topo.ddr_capacity(host)
+    # the bound is a bound, and the estimate is the cost model's score of the plan
+    cost = CostModel(model, topo)
+    assert plan.lower_bound_ms <= plan.step_ms * (1 + 1e-9)
+    assert cost.evaluate(plan.tables)[0].step_ms == pytest.approx(plan.step_ms)
+    # parameter-server tables are async, the rest sync
+    for placement in plan.tables.values():
+        assert (placement.tier is Tier.PS) == (placement.sharding is Sharding.PS_HASH)
+    # JSON round trip keeps every shard
+    again = Plan.from_dict(plan.to_dict())
+    assert again.tables == plan.tables
+
+
+@settings(max_examples=15, deadline=None)
+@given(tables, clusters, st.integers(0, 2**16))
+def test_same_seed_same_plan(rows_dims, shape, seed):
+    model, topo = make_model(rows_dims), cluster(*shape)
+    planner = Planner(GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=30)))
+    try:
+        first = planner.plan(model, topo)
+    except CapacityError:
+        return
+    second = planner.plan(model, topo)
+    assert first.to_json() == second.to_json()
+
+
+def test_lower_bound_is_below_every_option_of_a_single_table():
+    # One table, one GPU: every option is enumerable; the bound must not exceed the best of them.
+    model = make_model([(1_000_000, 64, 4.0, "rowwise_adagrad", 1.0)])
+    topo = cluster(1, 1, 1, 16, 64, 256)
+    cost = CostModel(model, topo)
+    bound = lower_bound_ms(cost)
+    best = min(
+        Planner(GreedyLocalSearch(SearchConfig(tiers=frozenset({tier}), improve_time_s=0.1))).plan(model, topo).step_ms
+        for tier in (Tier.HBM, Tier.DDR, Tier.PS)
+    )
+    assert bound <= best * (1 + 1e-9)
+    assert bound > 0.5 * best  # and it is not trivially loose
+
+
+def test_capacity_error_names_the_short_resource():
+    model = make_model([(2_000_000_000, 128, 1.0, "adam", 0.0)])  # ~3 TB of weights + Adam state
+    topo = cluster(1, 2, 1, 16, 64, 256)
+    with pytest.raises(CapacityError) as err:
+        Planner().plan(model, topo)
+    assert err.value.resource == "PS DDR"
+    assert err.value.short_bytes > 2_500_000_000_000
+    assert "add" in str(err.value) and "parameter servers" in str(err.value)
+
+
+def test_hot_small_tables_stay_local_and_huge_cold_ones_go_remote():
+    model = make_model([(1000, 64, 30.0, "rowwise_adagrad", 0.0), (1_500_000_000, 64, 1.0, "rowwise_adagrad", 1.1)])
+    topo = cluster(1, 2, 2, 16, 64, 1024)
+    plan = Planner(GreedyLocalSearch(FAST)).plan(model, topo)
+    assert plan.tables["t0"].tier is Tier.HBM
+    assert plan.tables["t1"].tier is Tier.PS
+    assert plan.remote_tables() == ["t1"]
+
+
+def test_restricted_shardings_are_respected():
+    model = make_model([(100_000, 64, 2.0, "sgd", 0.0)] * 6)
+    topo = cluster(2, 2, 0, 16, 64, 64)
+    allowed = frozenset({Sharding.COLUMN_WISE, Sharding.ROW_WISE})
+    plan = Planner(GreedyLocalSearch(SearchConfig(shardings=allowed, improve_time_s=0.2))).plan(model, topo)
+    assert {p.sharding for p in plan.tables.values()} <= allowed
+    assert validate(plan, model, topo) == []

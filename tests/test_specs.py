@@ -1,0 +1,104 @@
+import pytest
+
+from persia_planner import DType, ModelSpec, Optimizer, SpecError, load_model
+from persia_planner.specs import TableSpec
+
+BASE = {
+    "name": "m",
+    "batch_size": 1024,
+    "tables": [{"name": "user", "rows": "40_000_000", "dim": 128, "pooling_factor": 2.5, "zipf_alpha": 1.05}],
+    "dense": {"parameters": "5_000_000", "flops_per_sample": 3e7},
+}
+
+
+def test_reads_every_field():
+    m = ModelSpec.from_dict(BASE)
+    t = m.tables[0]
+    assert (t.name, t.rows, t.dim, t.pooling_factor, t.zipf_alpha) == ("user", 40_000_000, 128, 2.5, 1.05)
+    assert t.optimizer is Optimizer.ROWWISE_ADAGRAD
+    assert m.embedding_dtype is DType.FP32
+    assert m.dense.parameters == 5_000_000 and m.dense.flops_per_sample == 3e7
+    assert m.staleness == 4
+
+
+def test_formats_md_example_bytes():
+    # formats.md: user_id 40M x 128 fp32 rowwise_adagrad split in two row shards of 10,320,000,000 bytes.
+    t = TableSpec("user_id", 40_000_000, 128)
+    assert t.bytes(DType.FP32) == 2 * 10_320_000_000
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "dtype", "row_bytes"),
+    [
+        (Optimizer.SGD, DType.FP32, 64 * 4),
+        (Optimizer.ROWWISE_ADAGRAD, DType.FP32, 64 * 4 + 4),
+        (Optimizer.ROWWISE_ADAGRAD, DType.FP16, 64 * 2 + 4),
+        (Optimizer.ADAGRAD, DType.FP16, 64 * 2 * 2),
+        (Optimizer.ADAM, DType.FP32, 64 * 4 * 3),
+    ],
+)
+def test_state_bytes_per_optimizer(optimizer, dtype, row_bytes):
+    assert TableSpec("t", 10, 64, optimizer=optimizer).row_bytes(dtype) == row_bytes
+
+
+def test_count_expands_names():
+    data = {"batch_size": 8, "tables": [{"name": "f", "rows": 10, "dim": 4, "count": 3}]}
+    assert [t.name for t in ModelSpec.from_dict(data).tables] == ["f_0", "f_1", "f_2"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"batch_size": "big"}, "model.yaml: batch_size: 'big' is not a whole number like 40_000_000 or 1e9"),
+        (
+            {"tables": [{"name": "a", "rows": 10, "dim": 4, "pooling": 2}]},
+            "model.yaml: tables[0].pooling: unknown key; fix: did you mean 'pooling_factor'?",
+        ),
+        ({"tables": [{"name": "a", "rows": "12XB", "dim": 4}]}, "model.yaml: tables[0].rows: unknown unit 'XB'"),
+        ({"tables": [{"name": "a", "rows": 10, "dim": 0}]}, "model.yaml: tables[0].dim: must be > 0, got 0"),
+        (
+            {"tables": [{"name": "a", "rows": 10, "dim": 4, "optimizer": "lamb"}]},
+            "model.yaml: tables[0].optimizer: unknown value 'lamb'; "
+            "fix: use one of sgd | rowwise_adagrad | adagrad | adam",
+        ),
+        ({"tables": []}, "model.yaml: tables: the model has no tables"),
+        (
+            {"tables": [{"name": "a", "rows": 1, "dim": 4}, {"name": "a", "rows": 1, "dim": 4}]},
+            "model.yaml: tables[1].name: table name 'a' is already used by tables[0]",
+        ),
+        ({"embedding_dtype": "fp64"}, "model.yaml: embedding_dtype: unknown value 'fp64'"),
+        ({"tabels": []}, "model.yaml: tabels: unknown key; fix: did you mean 'tables'?"),
+    ],
+)
+def test_errors_name_file_and_key_path(patch, message):
+    data = {**BASE, **patch}
+    with pytest.raises(SpecError) as err:
+        ModelSpec.from_dict(data)
+    assert str(err.value).startswith(message)
+
+
+def test_load_model_file_errors(tmp_path):
+    bad = tmp_path / "m.yaml"
+    bad.write_text("tables: [\n")
+    with pytest.raises(SpecError, match=r"m.yaml: malformed YAML at line \d+, column \d+"):
+        load_model(bad)
+    with pytest.raises(SpecError, match="file not found"):
+        load_model(tmp_path / "nope.yaml")
+
+
+def test_from_torchrec_configs():
+    torchrec = pytest.importorskip("torchrec")
+    configs = [
+        torchrec.EmbeddingBagConfig(name="t0", embedding_dim=16, num_embeddings=100, feature_names=["f0"]),
+        torchrec.EmbeddingBagConfig(name="t1", embedding_dim=32, num_embeddings=1000, feature_names=["f1"]),
+    ]
+    import torch
+
+    ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    for source in (configs, ebc):
+        m = ModelSpec.from_torchrec(source, batch_size=512, pooling_factors={"t1": 3.0})
+        assert [(t.name, t.rows, t.dim, t.pooling_factor) for t in m.tables] == [
+            ("t0", 100, 16, 1.0),
+            ("t1", 1000, 32, 3.0),
+        ]
+        assert m.batch_size == 512

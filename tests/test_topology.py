@@ -1,0 +1,151 @@
+import math
+
+import networkx as nx
+import pytest
+
+from persia_planner import SpecError, Topology, load_topology
+from persia_planner.topology import NodeKind, Role
+
+TOPO = {
+    "name": "t",
+    "hosts": [
+        {
+            "name": "trainer",
+            "count": 2,
+            "ddr": "2TiB",
+            "ddr_bandwidth": "200GB/s",
+            "nic_bandwidth": "50GB/s",
+            "gpus": {
+                "count": 4,
+                "hbm": "80GiB",
+                "hbm_bandwidth": "3.35TB/s",
+                "tflops": 400,
+                "pcie_bandwidth": "64GB/s",
+                "nvlink_bandwidth": "450GB/s",
+            },
+        },
+        {
+            "name": "ps",
+            "count": 3,
+            "role": "parameter_server",
+            "ddr": "1TiB",
+            "ddr_bandwidth": "100GB/s",
+            "nic_bandwidth": "12.5GB/s",
+        },
+    ],
+    "network": {"bandwidth": "12.8TB/s", "latency": "10us"},
+}
+
+
+def test_graph_nodes_and_links():
+    topo = Topology.from_dict(TOPO)
+    g = topo.graph
+    assert isinstance(g, nx.Graph)
+    assert [x.name for x in topo.gpus] == [f"trainer{h}/gpu{i}" for h in range(2) for i in range(4)]
+    assert [s.name for s in topo.servers] == ["ps0", "ps1", "ps2"]
+    assert all(s.role is Role.PARAMETER_SERVER for s in topo.servers)
+    kinds = nx.get_node_attributes(g, "kind")
+    assert sum(k is NodeKind.GPU for k in kinds.values()) == 8
+    assert sum(k is NodeKind.HOST for k in kinds.values()) == 5
+    # 8 pcie + 2 x 6 nvlink + 5 nic
+    assert g.number_of_edges() == 8 + 12 + 5
+    assert topo.switch_bandwidth == pytest.approx(12.8e12)
+
+
+def test_path_bandwidth_is_the_bottleneck_and_latency_adds_up():
+    topo = Topology.from_dict(TOPO)
+    assert topo.path_bandwidth("trainer0/gpu0", "trainer0/gpu1") == pytest.approx(450e9)
+    assert topo.path_bandwidth("trainer0/gpu0", "trainer0") == pytest.approx(64e9)
+    # GPU -> pcie -> host -> nic -> switch -> nic(12.5) -> ps
+    assert topo.path_bandwidth("trainer0/gpu0", "ps1") == pytest.approx(12.5e9)
+    assert topo.path_bandwidth("trainer0/gpu0", "trainer1/gpu3") == pytest.approx(50e9)
+    assert topo.path_latency("trainer0", "ps2") == pytest.approx(10e-6)
+    assert topo.path_latency("trainer0/gpu2", "trainer0/gpu3") == 0.0
+
+
+def test_capacities_subtract_the_reservation():
+    topo = Topology.from_dict({**TOPO, "constants": {"hbm_reserve_fraction": 0.25, "ps_reserve_fraction": 0.5}})
+    assert topo.hbm_capacity(topo.gpus[0]) == int(80 * 1024**3 * 0.75)
+    assert topo.ddr_capacity(topo.servers[0]) == int(1024**4 * 0.5)
+    assert topo.ddr_capacity(topo.trainers[0]) == int(2 * 1024**4 * 0.9)
+
+
+def test_unlimited_switch_by_default():
+    data = {k: v for k, v in TOPO.items() if k != "network"}
+    assert Topology.from_dict(data).switch_bandwidth == math.inf
+
+
+def test_nodes_and_links_form_builds_the_same_kind_of_graph():
+    data = {
+        "name": "custom",
+        "nodes": [
+            {"name": "h0", "kind": "host", "ddr": "512GiB", "ddr_bandwidth": "100GB/s"},
+            {"name": "g0", "kind": "gpu", "hbm": "40GiB", "hbm_bandwidth": "1.5TB/s", "tflops": 150},
+            {"name": "g1", "kind": "gpu", "hbm": "40GiB", "hbm_bandwidth": "1.5TB/s", "tflops": 150},
+            {"name": "p0", "kind": "host", "role": "parameter_server", "ddr": "1TiB", "ddr_bandwidth": "100GB/s"},
+            {"name": "sw", "kind": "switch", "bandwidth": "1TB/s"},
+        ],
+        "links": [
+            {"a": "g0", "b": "h0", "bandwidth": "32GB/s"},
+            {"a": "g1", "b": "h0", "bandwidth": "32GB/s"},
+            {"a": "g0", "b": "g1", "bandwidth": "300GB/s"},
+            {"a": "h0", "b": "sw", "bandwidth": "25GB/s", "latency": "3us"},
+            {"a": "p0", "b": "sw", "bandwidth": "10GB/s", "latency": "3us"},
+        ],
+    }
+    topo = Topology.from_dict(data)
+    assert [g.name for g in topo.gpus] == ["g0", "g1"]
+    assert topo.gpus[0].nvlink_bandwidth == pytest.approx(300e9)
+    assert topo.gpus[0].pcie_bandwidth == pytest.approx(32e9)
+    assert topo.trainers[0].nic_bandwidth == pytest.approx(25e9)
+    assert topo.switch_bandwidth == pytest.approx(1e12)
+    assert topo.path_bandwidth("g0", "p0") == pytest.approx(10e9)
+    assert topo.path_latency("h0", "p0") == pytest.approx(6e-6)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {**TOPO, "hosts": [{**TOPO["hosts"][0], "ddr": "2TX"}]},
+            "topology.yaml: hosts[0].ddr: unknown unit 'TX' in '2TX'",
+        ),
+        (
+            {**TOPO, "hosts": [{**TOPO["hosts"][0], "gpus": {**TOPO["hosts"][0]["gpus"], "hbm": 0}}]},
+            "topology.yaml: hosts[0].gpus.hbm: must be > 0, got 0",
+        ),
+        (
+            {**TOPO, "hosts": [{**TOPO["hosts"][0], "role": "worker"}]},
+            "topology.yaml: hosts[0].role: unknown value 'worker'; fix: use one of trainer | parameter_server",
+        ),
+        ({**TOPO, "hosts": [TOPO["hosts"][1]]}, "topology.yaml: hosts: the topology has no trainer GPU"),
+        ({**TOPO, "network": {"latncy": "5us"}}, "topology.yaml: network.latncy: unknown key; fix: did you mean"),
+        (
+            {**TOPO, "constants": {"hbm_efficency": 0.5}},
+            "topology.yaml: constants.hbm_efficency: unknown key; fix: did you mean 'hbm_efficiency'?",
+        ),
+        (
+            {**TOPO, "constants": {"hbm_reserve_fraction": 1.5}},
+            "topology.yaml: constants: hbm_reserve_fraction must be in [0, 1), got 1.5",
+        ),
+        (
+            {**TOPO, "hosts": [TOPO["hosts"][0], TOPO["hosts"][0]]},
+            "topology.yaml: hosts[1].name: host 'trainer0' is defined twice",
+        ),
+    ],
+)
+def test_errors(data, message):
+    with pytest.raises(SpecError) as err:
+        Topology.from_dict(data)
+    assert str(err.value).startswith(message)
+
+
+def test_bundled_examples_load():
+    from pathlib import Path
+
+    import persia_planner
+
+    examples = Path(persia_planner.__file__).parent / "examples"
+    topo = load_topology(examples / "persia_100t_cluster.yaml")
+    assert len(topo.gpus) == 64 and len(topo.servers) == 30
+    assert topo.servers[0].ddr_bytes == 12 * 10**12
