@@ -81,7 +81,7 @@ class Fields:
 
     def take_enum(self, key: str, enum_type: type[E], default: Any = _MISSING) -> E:
         value = self.take(key, default=default)
-        if isinstance(value, enum_type):
+        if isinstance(value, enum_type) or (value is default and default is not _MISSING):
             return value
         try:
             return enum_type(str(value).lower())

@@ -61,8 +61,11 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     moved = np.array([cost.moved_bytes(t, cost.batch * t.pooling_factor, t.dim) for t in tables])
     out_bytes = cost.batch * dims * dtype.n_bytes
     nic_cols = cost.a2a[:, lay.nic_sync]
-    out = out_bytes * float(cost.a2a_gpu_sum.min())
-    out_nic = out_bytes * float(nic_cols.sum(axis=1).min()) / H
+    # Every local option has at least one shard: its fixed overhead, its pooled output, the ids it receives.
+    ids_bytes = cost.batch * np.array([t.pooling_factor for t in tables]) * c.id_bytes
+    exchange = (out_bytes + ids_bytes / 2) * float(cost.a2a_gpu_sum.min())
+    out = exchange + c.shard_overhead_ms
+    out_nic = (out_bytes + ids_bytes / 2) * float(nic_cols.sum(axis=1).min()) / H
     hbm_bw, uvm_bw = float(cost.hbm_bw.max()), float(cost.uvm_bw.max())
     # GPU-ms (summed over GPUs) per byte of a host's DDR traffic: every GPU of the host waits on it.
     host_ddr = float(np.min(cost.gpus_per_host / cost.host_ddr_bw))
@@ -70,7 +73,7 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     sync[:, 0] = moved / hbm_bw + out
     mem[0, :, 0] = sizes
     sync[:, 1] = moved / uvm_bw + out
-    sync_ddr[:, :dp] = out[:, None]
+    sync_ddr[:, :dp] = exchange[:, None]  # the overhead is GPU time, not host-DDR time
     sync_ddr[:, 1] += moved * host_ddr
     mem[1, :, 1] = sizes
     nic[:, :dp] = out_nic[:, None]
@@ -82,7 +85,9 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         mem[1, :, 2 + j] = sizes
     # data-parallel: a replica on every GPU, whose gradients join the all-reduce.
     dp_ok = sizes <= cost.capacities()[lay.hbm].min()
-    replica = np.array([cost.replica_moved_bytes(t) for t in tables]) * float((1 / cost.hbm_bw).sum())
+    dense_bw = cost.hbm_bw * c.dense_kernel_efficiency
+    replica = np.array([cost.replica_moved_bytes(t) for t in tables]) * float((1 / dense_bw).sum())
+    replica += G * c.shard_overhead_ms
     allreduce = 4.0 * rows * dims * float(cost.allreduce_ms_per_byte.sum())
     sync[:, dp] = np.where(dp_ok, replica + allreduce, np.inf)
     sync_ddr[:, dp] = allreduce

@@ -18,14 +18,22 @@ class CostConstants:
 
     Attributes:
         hbm_efficiency: Fraction of HBM peak bandwidth that fbgemm's TBE lookups/updates reach.
-        uvm_efficiency: Fraction of the GPU<->host path bandwidth reached by UVM reads/writes of DDR rows.
+        uvm_efficiency: Fraction of the GPU<->host path bandwidth reached by UVM reads/writes of DDR rows (random
+            row-sized accesses over PCIe: TorchRec's planner measured ~1/10).
         nvlink_efficiency: Fraction of NVLink bandwidth reached by all-to-all / all-reduce.
         nic_efficiency: Fraction of NIC / switch bandwidth reached by collectives and PS traffic.
         ps_efficiency: Fraction of a parameter server's DDR bandwidth reached by hash lookups and updates.
         tflops_efficiency: Fraction of peak TFLOPS reached by the dense MLP.
         update_passes: Bytes moved by the backward + optimizer update per looked-up row, in units of the row's
             weight bytes (read grad, read+write weights) on top of reading+writing the optimizer state.
-        id_bytes: Bytes per id sent to a parameter server (uint64 ids).
+        id_bytes: Bytes per id sent to a shard's GPU or to a parameter server (int64 ids).
+        dense_kernel_efficiency: Bandwidth of the dense (non-fused) kernel of data-parallel tables relative to
+            fbgemm's fused kernel (TorchRec's planner uses 0.5).
+        dp_update_passes: Passes over the whole table that a data-parallel table's dense optimizer makes per step
+            (TorchRec's empirical factor for the element-wise kernels: 9.22).
+        min_access_bytes: Smallest memory access per row (GPU sectors / cache lines): narrower rows cost as much.
+        shard_overhead_ms: Fixed GPU time per shard per step (kernel launches, index bookkeeping), so that splitting
+            a table or replicating it is not free.
         hbm_reserve_fraction: Share of each GPU's HBM the planner leaves free (activations, buffers, cache slack).
         ddr_reserve_fraction: Share of each trainer host's DDR left free (OS, data loader, pinned buffers).
         ps_reserve_fraction: Share of each parameter server's DDR left free (hash-table overhead, checkpoints).
@@ -33,13 +41,17 @@ class CostConstants:
     """
 
     hbm_efficiency: float = 0.6
-    uvm_efficiency: float = 0.5
+    uvm_efficiency: float = 0.1
     nvlink_efficiency: float = 0.7
     nic_efficiency: float = 0.8
     ps_efficiency: float = 0.4
     tflops_efficiency: float = 0.5
     update_passes: float = 3.0
     id_bytes: int = 8
+    dense_kernel_efficiency: float = 0.5
+    dp_update_passes: float = 9.22
+    min_access_bytes: int = 128
+    shard_overhead_ms: float = 0.01
     hbm_reserve_fraction: float = 0.1
     ddr_reserve_fraction: float = 0.1
     ps_reserve_fraction: float = 0.2

@@ -258,7 +258,9 @@ class CostModel:
         """Bytes a lookup-and-update pass moves in the shard's memory: read the rows, then the backward pass
         and optimizer (``update_passes`` x the weights, read + write of the optimizer state)."""
         state = table.row_bytes(self.dtype, cols) - cols * self.dtype.n_bytes
-        return lookups * (cols * self.dtype.n_bytes * (1 + self.constants.update_passes) + 2 * state)
+        # Memory is read in whole sectors: a narrow row (a thin column shard) costs at least min_access_bytes.
+        row = max(cols * self.dtype.n_bytes, self.constants.min_access_bytes)
+        return lookups * (row * (1 + self.constants.update_passes) + 2 * state)
 
     def range_shard_loads(
         self,
@@ -281,8 +283,12 @@ class CostModel:
         moved = self.moved_bytes(table, lookups, cols)
         out_bytes = self.batch * cols * self.dtype.n_bytes
         loads = (self.a2a_twrw if twrw else self.a2a)[gpus] * out_bytes
+        # Input distribution: the ids of the shard's lookups travel to it, forward only (half an a2a pattern).
+        ids_bytes = np.asarray(lookups * self.constants.id_bytes, dtype=float)
+        loads += self.a2a[gpus] * (ids_bytes[:, None] / 2 if ids_bytes.ndim else ids_bytes / 2)
         idx = np.arange(len(gpus))
         hosts = self.gpu_host[gpus]
+        loads[idx, lay.emb.start + gpus] += self.constants.shard_overhead_ms
         if tier is Tier.HBM:
             loads[idx, lay.emb.start + gpus] += moved / self.hbm_bw[gpus]
         else:
@@ -297,7 +303,7 @@ class CostModel:
         weights = table.dim * self.dtype.n_bytes
         state = table.row_bytes(self.dtype) - weights
         lookups = self.local_batch * table.pooling_factor
-        return 2 * lookups * weights + table.rows * (weights * self.constants.update_passes + 2 * state)
+        return 2 * lookups * weights + table.rows * (weights * self.constants.dp_update_passes + 2 * state)
 
     def replica_loads(self, table: TableSpec) -> np.ndarray:
         """Load vector of one data-parallel replica on each GPU (row g = replica on GPU g)."""
@@ -305,7 +311,8 @@ class CostModel:
         moved = self.replica_moved_bytes(table)
         loads = np.zeros((lay.n_gpus, lay.size))
         g = np.arange(lay.n_gpus)
-        loads[g, lay.emb.start + g] = moved / self.hbm_bw
+        dense_bw = self.hbm_bw * self.constants.dense_kernel_efficiency
+        loads[g, lay.emb.start + g] = moved / dense_bw + self.constants.shard_overhead_ms
         loads[:, lay.dp_bytes] = 4.0 * table.rows * table.dim / lay.n_gpus
         return loads
 

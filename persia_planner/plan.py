@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from persia_planner._fields import Fields
 from persia_planner.cost import CostModel, Estimate
 from persia_planner.errors import ErrorKind, PlannerError, SpecError
 from persia_planner.placement import Mode, Shard, Sharding, TablePlacement, Tier
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
-from persia_planner.units import format_bytes
+from persia_planner.units import Quantity, format_bytes
 
 __all__ = ["FORMAT", "DeviceUsage", "Plan", "load_plan", "usage_of", "validate"]
 
@@ -105,26 +106,40 @@ class Plan:
                 f"expected {FORMAT!r}, got {data.get('format')!r}",
                 fixes=("re-run 'persia plan' to write a current plan",),
             )
-        try:
-            tables = {name: _placement_from_dict(p) for name, p in data["tables"].items()}
-            devices = {
-                name: DeviceUsage(int(u.get("hbm_bytes", 0)), int(u.get("ddr_bytes", 0)), float(u.get("cost_ms", 0)))
-                for name, u in data.get("devices", {}).items()
-            }
-            estimate = data.get("estimate", {})
-            return cls(
-                str(data.get("model", "")),
-                str(data.get("topology", "")),
-                tables,
-                devices,
-                float(estimate.get("step_ms", 0.0)),
-                float(estimate.get("lower_bound_ms", 0.0)),
-                float(estimate.get("samples_per_s", 0.0)),
-            )
-        except KeyError as err:
-            raise SpecError(source, str(err.args[0]), "required key is missing") from None
-        except (TypeError, ValueError, AttributeError) as err:
-            raise SpecError(source, "tables", f"malformed plan entry ({err})") from None
+        top = Fields(data, source, "")
+        top.take("format")
+        model = top.take_str("model", default="")
+        topology = top.take_str("topology", default="")
+        tables_data = top.sub("tables")
+        assert tables_data is not None
+        tables = {}
+        for name in list(tables_data.data):
+            table = tables_data.sub(str(name))
+            assert table is not None
+            tables[str(name)] = _placement_from_fields(table)
+        tables_data.finish()
+        devices: dict[str, DeviceUsage] = {}
+        device_data = top.sub("devices", default=None)
+        if device_data is not None:
+            for name in list(device_data.data):
+                usage = device_data.sub(str(name))
+                assert usage is not None
+                devices[str(name)] = DeviceUsage(
+                    usage.take("hbm_bytes", Quantity.SIZE, default=0),
+                    usage.take("ddr_bytes", Quantity.SIZE, default=0),
+                    usage.take("cost_ms", Quantity.NUMBER, default=0.0),
+                )
+                usage.finish()
+            device_data.finish()
+        estimate = top.sub("estimate", default=None)
+        numbers = {"step_ms": 0.0, "lower_bound_ms": 0.0, "samples_per_s": 0.0}
+        if estimate is not None:
+            numbers = {k: estimate.take(k, Quantity.NUMBER, default=0.0) for k in numbers}
+            estimate.finish()
+        top.finish()
+        return cls(
+            model, topology, tables, devices, numbers["step_ms"], numbers["lower_bound_ms"], numbers["samples_per_s"]
+        )
 
 
 def _placement_to_dict(p: TablePlacement) -> dict[str, Any]:
@@ -144,29 +159,40 @@ def _placement_to_dict(p: TablePlacement) -> dict[str, Any]:
     return {"sharding": p.sharding.value, "mode": p.mode.value, "shards": shards}
 
 
-def _placement_from_dict(data: Mapping[str, Any]) -> TablePlacement:
-    shards = tuple(
-        Shard(
-            device=str(s["device"]),
-            tier=Tier(s["tier"]),
-            cols=_pair(s["cols"]),
-            bytes=int(s["bytes"]),
-            rows=_pair(s["rows"]) if "rows" in s else None,
-            hash=_pair(s["hash"]) if "hash" in s else None,
-            cache_fraction=float(s["cache_fraction"]) if "cache_fraction" in s else None,
-            replica=bool(s.get("replica", False)),
+def _placement_from_fields(table: Fields) -> TablePlacement:
+    sharding = table.take_enum("sharding", Sharding)
+    mode = table.take_enum("mode", Mode, default=None)
+    shards = []
+    for _, item in table.take_list("shards"):
+        shards.append(
+            Shard(
+                device=item.take_str("device"),
+                tier=item.take_enum("tier", Tier),
+                cols=_pair(item, "cols"),
+                bytes=item.take("bytes", Quantity.SIZE),
+                rows=_pair(item, "rows") if item.has("rows") else None,
+                hash=_pair(item, "hash") if item.has("hash") else None,
+                cache_fraction=item.take("cache_fraction", Quantity.NUMBER, default=None),
+                replica=bool(item.take("replica", default=False)),
+            )
         )
-        for s in data["shards"]
-    )
-    placement = TablePlacement(Sharding(data["sharding"]), shards)
-    if "mode" in data and Mode(data["mode"]) is not placement.mode:
-        raise ValueError(f"mode {data['mode']!r} does not match sharding {data['sharding']!r}")
+        item.finish()
+    table.finish()
+    placement = TablePlacement(sharding, tuple(shards))
+    if mode is not None and mode is not placement.mode:
+        raise table.error(
+            "mode",
+            f"{mode.value!r} does not match sharding {sharding.value!r}",
+            fixes=(f"use mode: {placement.mode.value}",),
+        )
     return placement
 
 
-def _pair(value: Any) -> tuple[int, int]:
-    a, b = value
-    return int(a), int(b)
+def _pair(item: Fields, key: str) -> tuple[int, int]:
+    value = item.take(key)
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value)):
+        raise item.error(key, f"expected [start, end] of two non-negative integers, got {value!r}")
+    return int(value[0]), int(value[1])
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -265,6 +291,10 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
             problems.append(f"shard {i} cols {list(shard.cols)} are outside [0, {table.dim})")
         if shard.rows is not None and not (0 <= shard.rows[0] < shard.rows[1] <= table.rows):
             problems.append(f"shard {i} rows {list(shard.rows)} are outside [0, {table.rows})")
+        if shard.hash is not None and not (0 <= shard.hash[0] < shard.hash[1]):
+            problems.append(f"shard {i} hash {list(shard.hash)} needs 0 <= bucket < buckets")
+        if shard.rows is None and shard.hash is None:
+            problems.append(f"shard {i} has neither 'rows' nor 'hash'")
     if problems:
         return problems
     if s is Sharding.PS_HASH:

@@ -19,7 +19,7 @@ import numpy as np
 
 from persia_planner.bound import LowerBound, TierChoice
 from persia_planner.cost import CostModel
-from persia_planner.errors import CapacityError
+from persia_planner.errors import CapacityError, PlannerError
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, cache_bytes
 from persia_planner.specs import TableSpec
 from persia_planner.units import format_bytes
@@ -72,6 +72,12 @@ class SearchConfig:
     tiers: frozenset[Tier] = frozenset(Tier)
     explain_top: int = 10
 
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise PlannerError(f"seed must be >= 0, got {self.seed}", fixes=("pass a non-negative seed",))
+        if self.improve_time_s < 0:
+            raise PlannerError(f"improve_time_s must be >= 0, got {self.improve_time_s}")
+
 
 @dataclass(frozen=True)
 class Alternative:
@@ -122,37 +128,21 @@ class GreedyLocalSearch:
 
     # ---- public ---------------------------------------------------------------------------------------------
     def search(self, cost: CostModel, hint: LowerBound | None = None) -> SearchResult:
-        """Construct greedily (from the hint, and on small models also without it: the better start wins), then
-        improve."""
+        """Construct a few greedy plans, keep the best, improve it by local search.
+
+        First passes: from the bound's hint (and, on small models or if the hint does not fit, without it). Second
+        passes, from the best first pass: each table decides again knowing the load every not-yet-placed table will
+        bring, with and without the hint.
+        """
         started = time.perf_counter()
-        runs = []
-        starts = [hint] if hint else []
-        if not hint or len(cost.model.tables) <= _BOTH_STARTS_MAX_TABLES:
-            starts.append(None)
-        for start_hint in starts:
-            run = _Run(cost, self.config, start_hint.prices if start_hint else None)
-            try:
-                run.construct(start_hint.preferred if start_hint else None)
-            except CapacityError:
-                if start_hint is None and not runs:
-                    raise
-                if start_hint is not None and None not in starts:
-                    starts.append(None)  # the hint did not fit: fall back to the plain greedy
-                continue
-            runs.append(run)
-        run = min(runs, key=lambda r: float(r.score(r.loads)[0]))
-        # Second passes in the light of the first: each table decides knowing the load the rest will bring, with
-        # and without the relaxation's hint; the best construction goes on to local search.
-        seconds = [None, hint] if hint else [None]
-        base = run
-        for second_hint in seconds:
-            second = _Run(cost, self.config, second_hint.prices if second_hint else None)
-            try:
-                second.construct(second_hint.preferred if second_hint else None, previous=base)
-            except CapacityError:
-                continue
-            if float(second.score(second.loads)[0]) < float(run.score(run.loads)[0]):
-                run = second
+        starts = [hint, None] if hint and len(cost.model.tables) <= _BOTH_STARTS_MAX_TABLES else [hint]
+        firsts = [run for h in starts if (run := self._attempt(cost, h))]
+        if not firsts:
+            firsts = [self._construct(cost, None)]  # raises the CapacityError that names what is short
+        base = min(firsts, key=_Run.current_score)
+        second_hints = [None, hint] if hint else [None]
+        seconds = [run for h in second_hints if (run := self._attempt(cost, h, previous=base))]
+        run = min([base, *seconds], key=_Run.current_score)
         constructed = time.perf_counter()
         moves = run.improve(deadline=constructed + self.config.improve_time_s)
         improved = time.perf_counter()
@@ -160,6 +150,17 @@ class GreedyLocalSearch:
         placements = {t.name: run.placement(t) for t in cost.model.tables}
         options = {name: choice.option for name, choice in run.choices.items()}
         return SearchResult(placements, options, alternatives, constructed - started, improved - constructed, moves)
+
+    def _construct(self, cost: CostModel, hint: LowerBound | None, previous: _Run | None = None) -> _Run:
+        run = _Run(cost, self.config, hint.prices if hint else None)
+        run.construct(hint.preferred if hint else None, previous=previous)
+        return run
+
+    def _attempt(self, cost: CostModel, hint: LowerBound | None, previous: _Run | None = None) -> _Run | None:
+        try:
+            return self._construct(cost, hint, previous)
+        except CapacityError:
+            return None
 
 
 class _Run:
@@ -178,6 +179,8 @@ class _Run:
         topo = cost.topology
         self.host_gpus = [np.flatnonzero(cost.gpu_host == h) for h in range(self.lay.n_hosts)]
         self.min_hbm = min(topo.hbm_capacity(g) for g in topo.gpus)
+        # Table-row-wise needs the same GPU count on every host (TorchRec's layout); so do we.
+        self._uniform_hosts = len({len(g) for g in self.host_gpus}) == 1
         self.dtype = cost.dtype
         self._gpu_step: np.ndarray | None = None
         self._candidates: np.ndarray | None = None
@@ -228,13 +231,18 @@ class _Run:
         balance = scale[:, 0] * np.mean((parts / scale) ** 8, axis=1) ** (1 / 8)
         return step + 0.05 * balance
 
+    def current_score(self) -> float:
+        return float(self.score(self.loads)[0])
+
     def fits(self, mem: np.ndarray) -> np.ndarray:
         mem = np.atleast_2d(mem)
         return np.all(self.mem[None, :] + mem <= self.cap[None, :] + 0.5, axis=1)
 
     # ---- options --------------------------------------------------------------------------------------------
-    def options(self, table: TableSpec) -> list[Option]:
-        """Options worth scoring for ``table`` now (prunes those that are dominated or cannot fit)."""
+    def options(self, table: TableSpec, explore: bool = False) -> list[Option]:
+        """Options worth scoring for ``table`` now (prunes those that are dominated or cannot fit).
+
+        With ``explore`` (local search), split options are scored for every table, not only hot or big ones."""
         cfg, lay = self.config, self.lay
         opts: list[Option] = []
         size = table.bytes(self.dtype)
@@ -248,7 +256,7 @@ class _Run:
                 continue
             fractions = self.cost.constants.cache_fractions if tier is Tier.HBM_CACHE else (0.0,)
             for fraction in fractions:
-                opts.extend(self._local_options(table, tier, fraction, size, free_hbm, free_ddr))
+                opts.extend(self._local_options(table, tier, fraction, size, free_hbm, free_ddr, explore))
         if (
             Sharding.DATA_PARALLEL in cfg.shardings
             and Tier.HBM in cfg.tiers
@@ -260,7 +268,14 @@ class _Run:
         return opts
 
     def _local_options(
-        self, table: TableSpec, tier: Tier, fraction: float, size: int, free_hbm: np.ndarray, free_ddr: np.ndarray
+        self,
+        table: TableSpec,
+        tier: Tier,
+        fraction: float,
+        size: int,
+        free_hbm: np.ndarray,
+        free_ddr: np.ndarray,
+        explore: bool = False,
     ) -> list[Option]:
         shardings = self.config.shardings
         opts: list[Option] = []
@@ -276,7 +291,7 @@ class _Run:
         if one_gpu and Sharding.TABLE_WISE in shardings:
             opts.append(Option(Sharding.TABLE_WISE, tier, fraction))
         # Split options only for hot tables, tables too big for one GPU, or when table-wise is not allowed.
-        if one_gpu and Sharding.TABLE_WISE in shardings and not self._is_hot(table, tier):
+        if one_gpu and Sharding.TABLE_WISE in shardings and not explore and not self._is_hot(table, tier):
             return opts
         min_host = min(len(g) for g in self.host_gpus)
         for splits in (2, 4, 8):
@@ -287,9 +302,15 @@ class _Run:
                 opts.append(Option(Sharding.COLUMN_WISE, tier, fraction, splits))
             if Sharding.TABLE_COLUMN_WISE in shardings and splits <= min_host:
                 opts.append(Option(Sharding.TABLE_COLUMN_WISE, tier, fraction, splits))
-        if Sharding.ROW_WISE in shardings and self.lay.n_gpus > 1 and hbm_need / self.lay.n_gpus <= hbm_sorted[-1]:
+        G = self.lay.n_gpus
+        if Sharding.ROW_WISE in shardings and row_splittable(table.rows, G) and hbm_need / G <= hbm_sorted[-1]:
             opts.append(Option(Sharding.ROW_WISE, tier, fraction))
-        if Sharding.TABLE_ROW_WISE in shardings and max(len(g) for g in self.host_gpus) > 1 and room(min_host):
+        if (
+            Sharding.TABLE_ROW_WISE in shardings
+            and self._uniform_hosts
+            and row_splittable(table.rows, min_host)
+            and room(min_host)
+        ):
             opts.append(Option(Sharding.TABLE_ROW_WISE, tier, fraction))
         return opts
 
@@ -390,7 +411,7 @@ class _Run:
         return _Choice(option, (), loads, mem) if self.fits(mem)[0] else None
 
     def _row_split(self, table: TableSpec, option: Option, gpus: np.ndarray, twrw: bool = False):
-        rows = np.array(_split(table.rows, len(gpus)))
+        rows = np.array(row_blocks(table.rows, len(gpus)))
         loads = self.cost.range_shard_loads(
             table, rows / table.rows, table.dim, option.tier, gpus, cache_fraction=option.cache_fraction, twrw=twrw
         )
@@ -407,10 +428,10 @@ class _Run:
 
     # ---- construction and improvement -------------------------------------------------------------------------
     def best_choice(
-        self, table: TableSpec, hint: TierChoice | None = None
+        self, table: TableSpec, hint: TierChoice | None = None, explore: bool = False
     ) -> tuple[_Choice | None, list[tuple[_Choice, float]]]:
         """The best option for ``table`` now (only the hinted tier's options while one of them fits)."""
-        options = self.options(table)
+        options = self.options(table, explore)
         if hint is not None:
             hinted = [o for o in options if _matches(o, hint)]
             if hinted:
@@ -512,7 +533,7 @@ class _Run:
 
     def _reinsert(self, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
         old = self.remove(name)
-        choice, _ = self.best_choice(tables[name])
+        choice, _ = self.best_choice(tables[name], explore=True)
         if choice is not None and float(self.score(self.loads + choice.loads)[0]) < current * (1 - 1e-9):
             self.add(name, choice)
             return True
@@ -680,6 +701,21 @@ def _matches(option: Option, hint: TierChoice) -> bool:
     )
 
 
+def row_blocks(rows: int, parts: int) -> list[int]:
+    """Rows per shard of a row-wise split: blocks of ``ceil(rows / parts)``, the last one smaller.
+
+    This is the layout TorchRec's row-wise kernels route ids by, so plan.json describes what runs. Callers only split
+    tables whose last block is not empty (see :func:`row_splittable`).
+    """
+    block = -(-rows // parts)
+    return [max(0, min(block, rows - i * block)) for i in range(parts)]
+
+
+def row_splittable(rows: int, parts: int) -> bool:
+    """Whether ``rows`` split in ``parts`` row blocks leaves no shard empty."""
+    return parts > 1 and (parts - 1) * -(-rows // parts) < rows
+
+
 def _split(total: int, parts: int) -> list[int]:
     """``total`` split into ``parts`` near-equal integers (the first ones one larger)."""
     base, extra = divmod(total, parts)
@@ -716,5 +752,5 @@ def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Seq
     if s in (Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE, Sharding.TABLE_WISE):
         cols = _bounds(_split(table.dim, len(names)))
         return TablePlacement(s, tuple(shard(d, full_rows, c) for d, c in zip(names, cols, strict=True)))
-    rows = _bounds(_split(table.rows, len(names)))
+    rows = _bounds(row_blocks(table.rows, len(names)))
     return TablePlacement(s, tuple(shard(d, r, full_cols) for d, r in zip(names, rows, strict=True)))

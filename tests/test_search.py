@@ -169,3 +169,10 @@ def test_restricted_shardings_are_respected():
     plan = Planner(GreedyLocalSearch(SearchConfig(shardings=allowed, improve_time_s=0.2))).plan(model, topo)
     assert {p.sharding for p in plan.tables.values()} <= allowed
     assert validate(plan, model, topo) == []
+
+
+def test_bad_search_config_is_a_planner_error():
+    from persia_planner import PlannerError
+
+    with pytest.raises(PlannerError, match="seed must be >= 0, got -1"):
+        SearchConfig(seed=-1)

@@ -65,6 +65,8 @@ def test_counts(text, count):
         ("5 parsecs", Quantity.DURATION, "unknown unit 'parsecs'"),
         ("4M", Quantity.COUNT, "unknown unit 'M' in '4M'"),
         (math.inf, Quantity.NUMBER, "must be a finite"),
+        ("-2us", Quantity.DURATION, "'-2us' must be a finite, non-negative duration"),
+        ("-128GiB", Quantity.SIZE, "'-128GiB' must be a finite, non-negative size"),
     ],
 )
 def test_errors_say_what_is_accepted(value, kind, message):

@@ -1,0 +1,260 @@
+"""The ``persia`` command: a thin shell over the Python API (parse arguments, call, print).
+
+Exit codes: 0 success; 1 ``persia validate`` found an invalid plan; 2 bad input (a missing or malformed file, an
+unknown key or unit, a model that cannot fit, a bad argument): one line ``error: <message>`` on stderr, never a
+traceback; 3 an internal error (a bug: please report it; ``PERSIA_DEBUG=1`` shows the traceback).
+
+Nothing here imports torch, and matplotlib is imported only by ``persia topology --png``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from persia_planner.errors import ErrorKind, PlannerError
+
+try:  # typer >= 0.22 vendors click; older typer depends on it.
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import ClickException  # type: ignore[no-redef]
+
+__all__ = ["app", "main"]
+
+EXIT_INVALID_PLAN = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+EXAMPLE_MODEL = "dlrm_criteo.yaml"
+EXAMPLE_TOPOLOGY = "cluster_2x4_2ps.yaml"
+
+
+class _Exit(Exception):
+    """Leave with ``code`` after the message has been printed."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+class _OneLineErrors(TyperGroup):
+    """Turns usage errors (missing argument, unknown option, bad integer) into one ``error:`` line, exit 2."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None, **extra: Any):
+        standalone = extra.pop("standalone_mode", True)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = result if isinstance(result, int) else 0
+        except _Exit as done:
+            code = done.code
+        except ClickException as err:
+            if type(err).__name__ == "NoArgsIsHelpError":  # bare `persia`: show the help, as click would
+                typer.echo(err.format_message())
+                code = 0
+            else:
+                ctx = getattr(err, "ctx", None)
+                hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+                code = _error(f"{err.format_message()}{hint}", err.exit_code)
+        except typer.Abort:
+            code = _error("aborted", 130)
+        if standalone:
+            sys.exit(code)
+        return code
+
+
+app = typer.Typer(
+    cls=_OneLineErrors,
+    help="Plan where embedding tables go (GPU HBM, host DDR, parameter servers) and check plans.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def main() -> None:
+    """Entry point of the ``persia`` script."""
+    app(prog_name="persia")
+
+
+# ---- the error edge -----------------------------------------------------------------------------------------------
+def _error(message: str, code: int) -> int:
+    """Print ``error: <message>`` as one line on stderr; return ``code``."""
+    line = " ".join(str(message).split())
+    sys.stderr.write(f"error: {line}\n")
+    sys.stderr.flush()
+    return code
+
+
+@contextlib.contextmanager
+def _edge() -> Iterator[None]:
+    """Where PlannerError becomes a one-line message and an exit code (1 for an invalid plan, else 2)."""
+    try:
+        yield
+    except PlannerError as err:
+        code = EXIT_INVALID_PLAN if err.kind is ErrorKind.INVALID_PLAN else EXIT_BAD_INPUT
+        raise _Exit(_error(str(err), code)) from None
+    except (_Exit, typer.Exit, ClickException, typer.Abort):
+        raise
+    except Exception as err:
+        if os.environ.get("PERSIA_DEBUG"):
+            raise
+        message = f"internal error ({type(err).__name__}: {err}); please report it, PERSIA_DEBUG=1 shows the traceback"
+        raise _Exit(_error(message, EXIT_INTERNAL)) from None
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    width = None if (sys.stderr if stderr else sys.stdout).isatty() else 140
+    return Console(stderr=stderr, width=width, highlight=False)
+
+
+def _note(message: str, *, to_stderr: bool) -> None:
+    typer.echo(message, err=to_stderr)
+
+
+def _write(path: Path, what: str, write: Any) -> None:
+    try:
+        write(path)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise _Exit(
+            _error(f"cannot write {what} to '{path}' ({reason}); fix: choose a writable path", EXIT_BAD_INPUT)
+        ) from None
+
+
+def _example(name: str) -> Path:
+    return Path(str(resources.files("persia_planner.examples").joinpath(name)))
+
+
+# ---- commands -----------------------------------------------------------------------------------------------------
+@app.command("plan")
+def plan_command(
+    model: Annotated[
+        Path | None, typer.Argument(metavar="MODEL", help="model.yaml (default: the bundled DLRM example)")
+    ] = None,
+    topology: Annotated[
+        Path | None, typer.Argument(metavar="TOPOLOGY", help="topology.yaml (default: the bundled 2x4 cluster)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="write plan.json here (atomically)")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="say why the largest tables went where they did")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print only the plan.json content on stdout")] = False,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the search's tie-breaking")] = 0,
+) -> None:
+    """Place every table of MODEL on TOPOLOGY; print the per-device and per-table reports and the estimate."""
+    from persia_planner import load_model, load_topology
+    from persia_planner import plan as make_plan
+    from persia_planner.plan import require_valid
+
+    with _edge():
+        if (model is None) != (topology is None):
+            raise _Exit(
+                _error(
+                    "give both MODEL and TOPOLOGY, or neither to plan the bundled example; "
+                    "fix: persia plan model.yaml topology.yaml",
+                    EXIT_BAD_INPUT,
+                )
+            )
+        if model is None or topology is None:
+            model, topology = _example(EXAMPLE_MODEL), _example(EXAMPLE_TOPOLOGY)
+            _note(
+                f"no files given: planning the bundled example {EXAMPLE_MODEL} on {EXAMPLE_TOPOLOGY}",
+                to_stderr=as_json,
+            )
+        model_spec = load_model(model)
+        topo = load_topology(topology)
+        result = make_plan(model_spec, topo, seed=seed)
+        require_valid(result, model_spec, topo)
+        if out is not None:
+            _write(out, "the plan", result.save)
+        if as_json:
+            typer.echo(result.to_json())
+            if out is not None:
+                _note(f"wrote {out}", to_stderr=True)
+            return
+        from persia_planner import report
+
+        console = _console()
+        report.print_plan(result, model_spec, topo, console, explain=explain)
+        if out is not None:
+            _note(f"wrote {out}", to_stderr=False)
+
+
+@app.command("validate")
+def validate_command(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="model.yaml")],
+    topology: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="topology.yaml")],
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan.json")],
+) -> None:
+    """Re-check PLAN against MODEL and TOPOLOGY: every table placed exactly once, nothing over capacity.
+
+    Exits 0 when valid, 1 when the plan breaks a rule (each problem is printed), 2 on bad input.
+    """
+    from persia_planner import CostModel, load_model, load_plan, load_topology, validate
+    from persia_planner.report import summary
+
+    with _edge():
+        model_spec = load_model(model)
+        topo = load_topology(topology)
+        loaded = load_plan(plan_file)
+        problems = validate(loaded, model_spec, topo)
+        if problems:
+            typer.echo(f"{plan_file} is INVALID for {model_spec.name} on {topo.name}: {len(problems)} problem(s)")
+            for problem in problems:
+                typer.echo(f"  - {problem}")
+            raise _Exit(
+                _error(
+                    f"invalid plan: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+                    EXIT_INVALID_PLAN,
+                )
+            )
+        for field, ours in (("model", model_spec.name), ("topology", topo.name)):
+            theirs = getattr(loaded, field)
+            if theirs and theirs != ours:
+                _note(f"note: {plan_file} was made for {field} {theirs!r}, checked against {ours!r}", to_stderr=True)
+        estimate, _ = CostModel(model_spec, topo).evaluate(loaded.tables)
+        typer.echo(
+            f"OK: {plan_file} places all {len(model_spec.tables)} tables of {model_spec.name} on {topo.name} "
+            f"within capacity; re-estimated step {estimate.step_ms:.2f} ms"
+        )
+        typer.echo(summary(loaded))
+
+
+@app.command("topology")
+def topology_command(
+    topology: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="topology.yaml")],
+    png: Annotated[Path | None, typer.Option("--png", help="draw the cluster into this PNG file")] = None,
+) -> None:
+    """Summarise TOPOLOGY: hosts, GPUs, parameter servers, memory totals, links, switch bandwidth, latency."""
+    from persia_planner import load_topology
+    from persia_planner.report import topology_lines
+
+    with _edge():
+        topo = load_topology(topology)
+        for line in topology_lines(topo):
+            typer.echo(line)
+        if png is not None:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            from persia_planner.report import draw_topology
+
+            figure = draw_topology(topo)
+            try:
+                _write(
+                    png, "the picture", lambda path: figure.savefig(path, dpi=120, bbox_inches="tight", format="png")
+                )
+            finally:
+                figure.clear()
+            typer.echo(f"wrote {png}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,454 @@
+"""The ``persia`` command: happy paths asserted on values, and bad inputs that must give one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from persia_planner import load_model, load_plan, load_topology, plan, validate
+from persia_planner.cli import app
+from persia_planner.plan import Plan
+from persia_planner.report import explanations
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "persia_planner" / "examples"
+MODEL = EXAMPLES / "dlrm_criteo.yaml"
+TOPOLOGY = EXAMPLES / "cluster_2x4_2ps.yaml"
+BAD = Path(__file__).resolve().parent / "bad_inputs"
+
+runner = CliRunner()
+
+
+def run(*args: object):
+    return runner.invoke(app, [str(a) for a in args], prog_name="persia")
+
+
+@pytest.fixture(scope="module")
+def example():
+    """The bundled example planned through the API, as the CLI plans it (seed 0)."""
+    model, topology = load_model(MODEL), load_topology(TOPOLOGY)
+    return model, topology, plan(model, topology, seed=0)
+
+
+# ---- persia plan ----------------------------------------------------------------------------------------------------
+def test_plan_without_arguments_plans_the_bundled_example(example):
+    _, _, expected = example
+    result = run("plan")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "no files given: planning the bundled example dlrm_criteo.yaml on cluster_2x4_2ps.yaml"
+    assert f"step {expected.step_ms:.2f} ms" in result.stdout
+    assert f"lower bound {expected.lower_bound_ms:.2f} ms" in result.stdout
+    assert f"quality {expected.quality:.3f}x" in result.stdout
+    assert f"{expected.samples_per_s:,.0f} samples/s" in result.stdout
+    # the per-device table has every device, the per-table table every table
+    for name in (*expected.devices, *expected.tables):
+        assert re.search(rf"│ {re.escape(name)} +│", result.stdout), name
+    remote = expected.remote_tables()
+    assert f"{len(remote)} of 26 tables remote (PS, async)" in result.stdout
+
+
+def test_plan_json_is_the_plan_and_nothing_else(example):
+    model, topology, expected = example
+    result = run("plan", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)  # the whole of stdout is the JSON document
+    assert data["format"] == "persia-plan/1"
+    assert data == expected.to_dict()
+    assert validate(Plan.from_dict(data), model, topology) == []
+    assert "bundled example" in result.stderr  # the notice went to stderr
+
+
+def test_plan_json_with_files_and_seed_validates(example):
+    model, topology, _ = example
+    result = run("plan", MODEL, TOPOLOGY, "--json", "--seed", 7)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    loaded = Plan.from_dict(json.loads(result.stdout))
+    assert validate(loaded, model, topology) == []
+    assert loaded.model == "dlrm-criteo" and loaded.topology == "2x4-l4-2ps"
+    assert set(loaded.tables) == {t.name for t in model.tables}
+
+
+def test_plan_out_writes_a_plan_that_reads_back_equal(tmp_path, example):
+    _, _, expected = example
+    out = tmp_path / "plan.json"
+    result = run("plan", MODEL, TOPOLOGY, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.stdout
+    assert load_plan(out) == Plan.from_dict(expected.to_dict())
+    assert json.loads(out.read_text()) == expected.to_dict()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]  # no temporary file left behind
+
+
+def test_plan_json_and_out_together(tmp_path, example):
+    _, _, expected = example
+    out = tmp_path / "plan.json"
+    result = run("plan", MODEL, TOPOLOGY, "--json", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == json.loads(out.read_text()) == expected.to_dict()
+    assert result.stderr == f"wrote {out}\n"
+
+
+def test_an_internal_error_is_one_line_with_exit_3(monkeypatch):
+    import persia_planner
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(persia_planner, "plan", broken)
+    result = run("plan")
+    assert result.exit_code == 3
+    assert result.stderr == (
+        "error: internal error (RuntimeError: boom); please report it, PERSIA_DEBUG=1 shows the traceback\n"
+    )
+
+
+def test_plan_explain_names_each_large_table_and_its_alternative(example):
+    model, topology, expected = example
+    result = run("plan", "--explain")
+    assert result.exit_code == 0, result.output
+    assert "why the largest tables went where they did" in result.stdout
+    section = result.stdout.split("why the largest tables went where they did", 1)[1].splitlines()
+    for e in explanations(expected, model, topology):
+        row = next(line for line in section if line.startswith(f"│ {e.table} "))
+        assert e.chosen in row
+        assert e.next_best is not None and e.next_best in row
+        assert f"{e.next_step_ms:.2f}" in row
+
+
+def test_plan_does_not_import_torch_or_matplotlib():
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from persia_planner.cli import app\n"
+        "for args in (['plan', '--json'], ['plan', '--explain'], ['validate', '--help']):\n"
+        "    assert CliRunner().invoke(app, args).exit_code == 0, args\n"
+        "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def test_entry_point_prints_one_line_and_exits_2():
+    out = subprocess.run(
+        [sys.executable, "-m", "persia_planner.cli", "plan", "missing.yaml", str(TOPOLOGY)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2
+    assert out.stderr == "error: missing.yaml: file not found; fix: check the path\n"
+    assert out.stdout == ""
+
+
+def test_bare_command_shows_help():
+    result = runner.invoke(app, [], prog_name="persia")
+    assert result.exit_code == 0
+    for command in ("plan", "validate", "topology"):
+        assert command in result.stdout
+
+
+# ---- persia validate ------------------------------------------------------------------------------------------------
+@pytest.fixture()
+def plan_file(tmp_path, example):
+    _, _, expected = example
+    path = tmp_path / "plan.json"
+    expected.save(path)
+    return path
+
+
+def test_validate_accepts_a_fresh_plan(plan_file, example):
+    _, _, expected = example
+    result = run("validate", MODEL, TOPOLOGY, plan_file)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(
+        f"OK: {plan_file} places all 26 tables of dlrm-criteo on 2x4-l4-2ps within capacity"
+    )
+    assert f"re-estimated step {expected.step_ms:.2f} ms" in result.stdout
+    assert f"step {expected.step_ms:.2f} ms | lower bound {expected.lower_bound_ms:.2f} ms" in result.stdout
+
+
+def test_validate_notes_a_plan_made_for_another_model(plan_file, tmp_path):
+    renamed = tmp_path / "renamed.yaml"
+    renamed.write_text(MODEL.read_text().replace("name: dlrm-criteo", "name: dlrm-renamed"))
+    result = run("validate", renamed, TOPOLOGY, plan_file)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"note: {plan_file} was made for model 'dlrm-criteo', checked against 'dlrm-renamed'\n"
+
+
+def _tamper(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_validate_rejects_a_plan_with_a_missing_shard(plan_file, example):
+    _, _, expected = example
+    # the largest multi-shard table loses its last shard
+    name = next(n for n, p in expected.tables.items() if len(p.shards) > 1 and p.sharding.value != "data_parallel")
+    _tamper(plan_file, lambda d: d["tables"][name]["shards"].pop())
+    result = run("validate", MODEL, TOPOLOGY, plan_file)
+    assert result.exit_code == 1, result.output
+    assert f"{plan_file} is INVALID for dlrm-criteo on 2x4-l4-2ps" in result.stdout
+    assert f"table '{name}'" in result.stdout
+    assert result.stderr.startswith(f"error: invalid plan: table '{name}'")
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output
+
+
+def test_validate_rejects_a_plan_over_capacity(plan_file):
+    # put the two 40M-row tables whole in one GPU's HBM: 2 x 20.6 GB, far beyond its 21.6 GiB
+    model = load_model(MODEL)
+
+    def stack(data):
+        for name in ("c1_user", "c20_ad"):
+            table = model.table(name)
+            data["tables"][name] = {
+                "sharding": "table_wise",
+                "mode": "sync",
+                "shards": [
+                    {
+                        "rows": [0, table.rows],
+                        "cols": [0, table.dim],
+                        "tier": "hbm",
+                        "device": "trainer0/gpu0",
+                        "bytes": table.bytes(model.embedding_dtype),
+                    }
+                ],
+            }
+
+    _tamper(plan_file, stack)
+    result = run("validate", MODEL, TOPOLOGY, plan_file)
+    assert result.exit_code == 1, result.output
+    assert re.search(r"trainer0/gpu0 HBM holds [0-9.]+ GiB, over its usable 21\.6 GiB", result.stdout)
+    assert result.stderr.startswith("error: invalid plan: trainer0/gpu0 HBM holds")
+
+
+def test_validate_against_a_smaller_cluster_names_each_full_gpu(plan_file, tmp_path):
+    smaller = tmp_path / "small_hbm.yaml"
+    smaller.write_text(TOPOLOGY.read_text().replace("hbm: 24GiB", "hbm: 4GiB"))
+    result = run("validate", MODEL, smaller, plan_file)
+    assert result.exit_code == 1, result.output
+    full = [name for name, use in load_plan(plan_file).devices.items() if use.hbm_bytes > 3.6 * 1024**3]
+    assert full, "the example plan should fill some GPU beyond 3.6 GiB"
+    for name in full:
+        assert f"{name} HBM holds" in result.stdout
+    assert result.stdout.count("HBM holds") == len(full)
+    assert "over its usable 3.6 GiB" in result.stdout
+
+
+# ---- persia topology ------------------------------------------------------------------------------------------------
+def test_topology_summary():
+    result = run("topology", TOPOLOGY)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "topology 2x4-l4-2ps: 13 nodes, 24 links",
+        "trainer hosts: 2 (trainer0, trainer1), 4 GPUs each, NIC 25.0 GB/s",
+        "GPUs: 8, HBM 192.0 GiB total (172.8 GiB usable), HBM bandwidth 300.0 GB/s, PCIe 32.0 GB/s",
+        "trainer DDR: 256.0 GiB total (230.4 GiB usable)",
+        "parameter servers: 2 (ps0, ps1), DDR 1.0 TiB total (819.2 GiB usable), NIC 25.0 GB/s",
+        "switch bandwidth: 400.0 GB/s",
+        "latency: 10.0 us one-way, host to host",
+    ]
+
+
+def test_topology_png(tmp_path):
+    png = tmp_path / "cluster.png"
+    result = run("topology", EXAMPLES / "persia_100t_cluster.yaml", "--png", png)
+    assert result.exit_code == 0, result.output
+    assert "GPUs: 64" in result.stdout and "parameter servers: 30" in result.stdout
+    assert "switch bandwidth: unlimited" in result.stdout
+    assert result.stdout.splitlines()[-1] == f"wrote {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- bad inputs: one line on stderr, exit 2, no traceback -----------------------------------------------------------
+def _plan_model(name):
+    return ("plan", BAD / name, TOPOLOGY)
+
+
+def _topology(name):
+    return ("topology", BAD / name)
+
+
+def _validate(name):
+    return ("validate", MODEL, TOPOLOGY, BAD / name)
+
+
+BAD_INPUTS = [
+    # model.yaml
+    (
+        _plan_model("model_typo_key.yaml"),
+        "model_typo_key.yaml: tables[0].pooling_factr: unknown key; fix: did you mean 'pooling_factor'?",
+    ),
+    (
+        _plan_model("model_malformed.yaml"),
+        f"{BAD / 'model_malformed.yaml'}: malformed YAML at line 5, column 1: expected ',' or '}}', "
+        "but got '<stream end>'; fix: fix the YAML syntax",
+    ),
+    (
+        _plan_model("model_negative_rows.yaml"),
+        "model_negative_rows.yaml: tables[0].rows: -5 must be a finite, non-negative count",
+    ),
+    (_plan_model("model_zero_dim.yaml"), "model_zero_dim.yaml: tables[0].dim: must be > 0, got 0"),
+    (
+        _plan_model("model_unknown_dtype.yaml"),
+        "model_unknown_dtype.yaml: embedding_dtype: unknown value 'fp8'; fix: use one of fp32 | fp16 | bf16",
+    ),
+    (
+        _plan_model("model_unknown_optimizer.yaml"),
+        "model_unknown_optimizer.yaml: tables[0].optimizer: unknown value 'adamw'; "
+        "fix: use one of sgd | rowwise_adagrad | adagrad | adam",
+    ),
+    (
+        _plan_model("model_missing_batch_size.yaml"),
+        "model_missing_batch_size.yaml: batch_size: required key is missing; fix: add 'batch_size:'",
+    ),
+    (
+        _plan_model("model_duplicate_table.yaml"),
+        "model_duplicate_table.yaml: tables[1].name: table name 'user' is already used by tables[0]; fix: rename it",
+    ),
+    (_plan_model("model_top_level_list.yaml"), "model_top_level_list.yaml: (top level): expected a mapping, got list"),
+    (
+        _plan_model("model_count_with_unit.yaml"),
+        "model_count_with_unit.yaml: tables[0].rows: unknown unit 'M' in '4M'; "
+        "expected a whole number like 40_000_000 or 1e9",
+    ),
+    (
+        _plan_model("model_empty.yaml"),
+        f"{BAD / 'model_empty.yaml'}: file is empty; fix: see formats.md for the model.yaml keys",
+    ),
+    (
+        ("plan", BAD / "model_too_big.yaml", BAD / "topology_tiny.yaml"),
+        "the tables need 24.2 GiB but HBM + DDR + PS hold 1.8 GiB after reservations: trainer DDR is short by "
+        "22.4 GiB; fix: add parameter servers (hosts with role: parameter_server) or set embedding_dtype: fp16 or "
+        "reduce table rows",
+    ),
+    # topology.yaml
+    (
+        _topology("topology_unknown_unit.yaml"),
+        "topology_unknown_unit.yaml: hosts[0].gpus.hbm: unknown unit 'GX' in '24GX'; "
+        "expected an integer byte count or a size like '80GiB' or '1.5TB'",
+    ),
+    (
+        _topology("topology_bandwidth_without_per_second.yaml"),
+        "topology_bandwidth_without_per_second.yaml: hosts[0].nic_bandwidth: unknown unit 'GB' in '25GB'; "
+        "expected a bandwidth like '64GB/s', '900GiB/s' or '400Gbps'",
+    ),
+    (
+        _topology("topology_network_typo.yaml"),
+        "topology_network_typo.yaml: network.latncy: unknown key; fix: did you mean 'latency'?",
+    ),
+    (
+        _topology("topology_unknown_role.yaml"),
+        "topology_unknown_role.yaml: hosts[1].role: unknown value 'server'; fix: use one of trainer | parameter_server",
+    ),
+    (_topology("topology_zero_gpus.yaml"), "topology_zero_gpus.yaml: hosts[0].gpus.count: must be > 0, got 0"),
+    (
+        _topology("topology_negative_latency.yaml"),
+        "topology_negative_latency.yaml: network.latency: -1e-06 must be a finite, non-negative duration",
+    ),
+    (
+        _topology("topology_gpu_without_host.yaml"),
+        "topology_gpu_without_host.yaml: links: GPU 'gpu1' is not linked to a host; "
+        "fix: add a link from it to its host",
+    ),
+    (
+        _topology("topology_unknown_link_end.yaml"),
+        "topology_unknown_link_end.yaml: links[0].b: unknown node 'hots0'; fix: declare it under 'nodes:'",
+    ),
+    (
+        _topology("topology_no_trainer.yaml"),
+        "topology_no_trainer.yaml: hosts: the topology has no trainer GPU; fix: add a host with 'gpus:'",
+    ),
+    (
+        _topology("topology_both_forms.yaml"),
+        "topology_both_forms.yaml: nodes: give either 'hosts:' or 'nodes:'/'links:', not both",
+    ),
+    (
+        _topology("topology_constant_typo.yaml"),
+        "topology_constant_typo.yaml: constants.hbm_eficiency: unknown key; fix: did you mean 'hbm_efficiency'?",
+    ),
+    # plan.json
+    (_validate("plan_truncated.json"), "plan_truncated.json: malformed JSON at line 2: Expecting value"),
+    (
+        _validate("plan_wrong_format.json"),
+        "plan_wrong_format.json: format: expected 'persia-plan/1', got 'persia-plan/0'; "
+        "fix: re-run 'persia plan' to write a current plan",
+    ),
+    (_validate("plan_not_object.json"), "plan_not_object.json: expected a JSON object"),
+    (_validate("plan_no_tables.json"), "plan_no_tables.json: tables: required key is missing; fix: add 'tables:'"),
+    (
+        _validate("plan_unknown_tier.json"),
+        "plan_unknown_tier.json: tables.c1_user.shards[0].tier: unknown value 'nvme'; "
+        "fix: use one of hbm | ddr | hbm_cache | ps",
+    ),
+    (
+        _validate("plan_mode_mismatch.json"),
+        "plan_mode_mismatch.json: tables.c1_user.mode: 'async' does not match sharding 'table_wise'; "
+        "fix: use mode: sync",
+    ),
+    # arguments and paths
+    (("plan", "no_such_model.yaml", TOPOLOGY), "no_such_model.yaml: file not found; fix: check the path"),
+    (("validate", MODEL, TOPOLOGY, "no_such_plan.json"), "no_such_plan.json: file not found; fix: check the path"),
+    (("topology", BAD), f"{BAD}: cannot read file (Is a directory)"),
+    (
+        ("plan", MODEL),
+        "give both MODEL and TOPOLOGY, or neither to plan the bundled example; "
+        "fix: persia plan model.yaml topology.yaml",
+    ),
+    (("validate", MODEL, TOPOLOGY), "Missing argument 'PLAN'. (see 'persia validate --help')"),
+    (
+        ("plan", "--seed", "seven"),
+        "Invalid value for '--seed': Input should be a valid integer, unable to parse string as an integer "
+        "(see 'persia plan --help')",
+    ),
+    (
+        ("plan", "--seed", "-1"),
+        "Invalid value for '--seed': Input should be greater than or equal to 0 (see 'persia plan --help')",
+    ),
+    (
+        ("plan", "--out", BAD / "no_such_dir" / "plan.json"),
+        f"cannot write the plan to '{BAD / 'no_such_dir' / 'plan.json'}' (No such file or directory); "
+        "fix: choose a writable path",
+    ),
+]
+
+
+def _case_id(args: tuple) -> str:
+    bad = [Path(str(a)).name for a in args[1:] if str(a).startswith(str(BAD))]
+    return f"{args[0]}-{bad[0]}" if bad else "-".join(Path(str(a)).name for a in args)
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[_case_id(args) for args, _ in BAD_INPUTS])
+def test_bad_input_gives_one_line_and_exit_2(args, message):
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {message}\n"
+    assert result.stdout == "" or result.stdout.startswith("no files given")
+    assert "Traceback" not in result.output
+
+
+def test_there_are_enough_bad_inputs():
+    assert len(BAD_INPUTS) >= 15
+    files = {p.name for p in BAD.iterdir()}
+    used = {Path(str(a)).name for args, _ in BAD_INPUTS for a in args}
+    assert files <= used, f"unused bad inputs: {sorted(files - used)}"
+
+
+def test_validate_zero_hash_buckets_is_reported_not_crashed(tmp_path):
+    bad = tmp_path / "zero_buckets.json"
+    shard = {"hash": [0, 0], "cols": [0, 128], "tier": "ps", "device": "ps0", "bytes": 1}
+    bad.write_text(
+        json.dumps({"format": "persia-plan/1", "tables": {"c1_user": {"sharding": "ps_hash", "shards": [shard]}}})
+    )
+    result = run("validate", MODEL, TOPOLOGY, bad)
+    assert result.exit_code == 1, result.output
+    assert "c1_user" in result.stderr
