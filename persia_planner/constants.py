@@ -20,6 +20,7 @@ class CostConstants:
         hbm_efficiency: Fraction of HBM peak bandwidth that fbgemm's TBE lookups/updates reach.
         uvm_efficiency: Fraction of the GPU<->host path bandwidth reached by UVM reads/writes of DDR rows (random
             row-sized accesses over PCIe: TorchRec's planner measured ~1/10).
+        ddr_efficiency: Fraction of a trainer host's DDR bandwidth that the UVM row traffic of all its GPUs reaches.
         nvlink_efficiency: Fraction of NVLink bandwidth reached by all-to-all / all-reduce.
         nic_efficiency: Fraction of NIC / switch bandwidth reached by collectives and PS traffic.
         ps_efficiency: Fraction of a parameter server's DDR bandwidth reached by hash lookups and updates.
@@ -42,6 +43,7 @@ class CostConstants:
 
     hbm_efficiency: float = 0.6
     uvm_efficiency: float = 0.1
+    ddr_efficiency: float = 0.5
     nvlink_efficiency: float = 0.7
     nic_efficiency: float = 0.8
     ps_efficiency: float = 0.4

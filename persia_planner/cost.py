@@ -210,7 +210,7 @@ class CostModel:
             / MS
         )
         self.nvlink_bw = np.array([g.nvlink_bandwidth for g in gpus]) * c.nvlink_efficiency / MS
-        self.host_ddr_bw = np.array([h.ddr_bandwidth for h in hosts]) * c.uvm_efficiency / MS
+        self.host_ddr_bw = np.array([h.ddr_bandwidth for h in hosts]) * c.ddr_efficiency / MS
         self.nic_bw = np.array([h.nic_bandwidth for h in hosts]) * c.nic_efficiency / MS
         self.ps_nic_bw = np.array([s.nic_bandwidth for s in servers]) * c.nic_efficiency / MS
         self.ps_ddr_bw = np.array([s.ddr_bandwidth for s in servers]) * c.ps_efficiency / MS

@@ -15,6 +15,7 @@ ONE = {
     for k in (
         "hbm_efficiency",
         "uvm_efficiency",
+        "ddr_efficiency",
         "nvlink_efficiency",
         "nic_efficiency",
         "ps_efficiency",
