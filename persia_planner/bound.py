@@ -34,6 +34,7 @@ from persia_planner.placement import Tier, cache_bytes
 __all__ = ["LowerBound", "TierChoice", "lower_bound", "lower_bound_ms"]
 
 _ASYNC = 5  # ps_ddr, ps_nic, switch, busiest host nic, slowest pcie
+_HINT_TRUST = 1.3
 
 
 def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -118,9 +119,14 @@ def lower_bound(cost: CostModel) -> LowerBound:
         np.mean(cost.dense_ms + cost.dense_grad_bytes * cost.allreduce_ms_per_byte + cost.allreduce_latency_ms)
     )
     caps = cost.capacities()
-    capacity = np.array([caps[lay.hbm].sum(), caps[lay.ddr].sum(), caps[lay.ps_mem].sum()])
+    # A fourth, implied constraint: HBM + trainer DDR together. Its price moves both local tiers at once, which
+    # the per-tier prices alone cannot do without oscillating (a table priced out of HBM lands in DDR and back).
+    mem = np.concatenate([mem, (mem[0] + mem[1])[None]], axis=0)
+    capacity = np.array(
+        [caps[lay.hbm].sum(), caps[lay.ddr].sum(), caps[lay.ps_mem].sum(), caps[lay.hbm].sum() + caps[lay.ddr].sum()]
+    )
     # A capacity that even the most memory-hungry option of every table cannot exceed never binds: price 0.
-    binding = [k for k in range(3) if capacity[k] < float(mem[k].max(axis=1).sum())]
+    binding = [k for k in (3, 0, 1, 2) if capacity[k] < float(mem[k].max(axis=1).sum())]
     rows = np.arange(len(sync))
     positive = mem[mem > 0]
     mem_scale = float(positive.min()) if positive.size else 1.0
@@ -132,7 +138,7 @@ def lower_bound(cost: CostModel) -> LowerBound:
         used = mem[:, rows, pick].sum(axis=1)
         return value, used - capacity, pick
 
-    warm = np.zeros(3)  # prices of the previous weights: neighbouring weights have nearby optimal prices
+    warm = np.zeros(4)  # prices of the previous weights: neighbouring weights have nearby optimal prices
 
     def maximise(terms: np.ndarray, w_fixed: float) -> tuple[float, np.ndarray]:
         """max over mu >= 0 by bisection on the subgradient (L is concave, piecewise linear in each price), two
@@ -223,6 +229,7 @@ def lower_bound(cost: CostModel) -> LowerBound:
         return pick
 
     # A functional that stays below the trivial bound even at its largest cannot lift a combination much: drop it.
+    all_functionals = list(functionals)
     functionals = [
         f for f in functionals if f[1] > 0 or float(np.where(feasible, f[0], -np.inf).max(axis=1).sum()) > fixed
     ]
@@ -256,7 +263,11 @@ def lower_bound(cost: CostModel) -> LowerBound:
     best_pick = repair(best_pick, combination(best_w)[0])
     choices = _choices(cost)
     preferred = {t.name: choices[int(p)] for t, p in zip(cost.model.tables, best_pick, strict=True)}
-    return LowerBound(max(best, fixed), preferred, tuple(float(m) for m in best_mu))
+    prices = (float(best_mu[0] + best_mu[3]), float(best_mu[1] + best_mu[3]), float(best_mu[2]))
+    # The relaxed step of the hinted tiers: the largest functional there. A Lagrangian pick is only optimal for its
+    # weights; when it overloads a resource the weights ignored, the search should not follow it.
+    hinted_ms = max(float(np.where(feasible, f, 0.0)[rows, best_pick].sum()) + w * fixed for f, w in all_functionals)
+    return LowerBound(max(best, fixed), preferred, prices, hinted_ms)
 
 
 @dataclass(frozen=True)
@@ -276,11 +287,19 @@ class LowerBound:
         value_ms: The bound.
         preferred: Per table, the tier the relaxation gives it (repaired to fit the aggregate capacities).
         prices: Marginal step-time value (ms per byte) of aggregate HBM, trainer DDR and PS DDR.
+        hinted_ms: The relaxed step time (largest functional) of the ``preferred`` tiers: how far the hint is from
+            balanced. Close to ``value_ms`` means a trustworthy hint.
     """
 
     value_ms: float
     preferred: Mapping[str, TierChoice]
     prices: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    hinted_ms: float = 0.0
+
+    @property
+    def trustworthy(self) -> bool:
+        """Whether the hinted tiers are nearly balanced (within 30% of the bound) and worth following."""
+        return self.hinted_ms <= _HINT_TRUST * self.value_ms
 
 
 def _choices(cost: CostModel) -> list[TierChoice]:

@@ -32,8 +32,9 @@ _DP_MAX_HBM_SHARE = 0.002
 _BOTH_STARTS_MAX_TABLES = 300
 # Weight of the balance term in the search's score (the step time has weight 1).
 _BALANCE_WEIGHT = 0.05
-# Tables tried per move type in each local-search round.
+# Tables tried per move type in each local-search round; the heaviest few are also tried split.
 _IMPROVE_CANDIDATES = 12
+_SPLIT_CANDIDATES = 3
 # Devices scored per shard placement beyond the least-loaded GPU of every host.
 _CANDIDATES = 8
 # Column-wise splits are tried for tables whose single-GPU work exceeds this share of the current mean GPU load.
@@ -134,21 +135,25 @@ class GreedyLocalSearch:
     def search(self, cost: CostModel, hint: LowerBound | None = None) -> SearchResult:
         """Construct a few greedy plans, keep the best, improve it by local search.
 
-        First passes: from the bound's hint (and, on small models or if the hint does not fit, without it). Second
-        passes, from the best first pass: each table decides again knowing the load every not-yet-placed table will
-        bring, with and without the hint.
+        Starts: guided by the bound (its tier per table, if trustworthy, and its memory prices), and on small models
+        also plain. Second passes, from the best first pass: each table decides again knowing the load every
+        not-yet-placed table will bring, guided and (on small models) plain.
         """
         started = time.perf_counter()
-        # On large models only the hinted passes run (the plain greedy scores every option of every table and
+        plain = _Start()
+        guided = plain
+        if hint is not None:
+            # A hint whose tiers overload a resource the relaxation's weights ignored still has good prices.
+            guided = _Start(hint.preferred if hint.trustworthy else None, hint.prices)
+        # On large models only the guided passes run (the plain greedy scores every option of every table and
         # rarely wins there), to keep 1,000 tables under two seconds.
-        both = not hint or len(cost.model.tables) <= _BOTH_STARTS_MAX_TABLES
-        starts = [hint, None] if both else [hint]
-        firsts = [run for h in starts if (run := self._attempt(cost, h))]
+        both = hint is None or len(cost.model.tables) <= _BOTH_STARTS_MAX_TABLES
+        starts = list(dict.fromkeys([guided, plain] if both else [guided]))
+        firsts = [run for start in starts if (run := self._attempt(cost, start))]
         if not firsts:
-            firsts = [self._construct(cost, None)]  # raises the CapacityError that names what is short
+            firsts = [self._construct(cost, plain)]  # raises the CapacityError that names what is short
         base = min(firsts, key=_Run.current_score)
-        second_hints = ([None] if both else []) + ([hint] if hint else [])
-        seconds = [run for h in second_hints if (run := self._attempt(cost, h, previous=base))]
+        seconds = [run for start in starts if (run := self._attempt(cost, start, previous=base))]
         run = min([base, *seconds], key=_Run.current_score)
         constructed = time.perf_counter()
         moves = run.improve(deadline=constructed + self.config.improve_time_s)
@@ -158,16 +163,24 @@ class GreedyLocalSearch:
         options = {name: choice.option for name, choice in run.choices.items()}
         return SearchResult(placements, options, alternatives, constructed - started, improved - constructed, moves)
 
-    def _construct(self, cost: CostModel, hint: LowerBound | None, previous: _Run | None = None) -> _Run:
-        run = _Run(cost, self.config, hint.prices if hint else None)
-        run.construct(hint.preferred if hint else None, previous=previous)
+    def _construct(self, cost: CostModel, start: _Start, previous: _Run | None = None) -> _Run:
+        run = _Run(cost, self.config, start.prices)
+        run.construct(start.preferred, previous=previous)
         return run
 
-    def _attempt(self, cost: CostModel, hint: LowerBound | None, previous: _Run | None = None) -> _Run | None:
+    def _attempt(self, cost: CostModel, start: _Start, previous: _Run | None = None) -> _Run | None:
         try:
-            return self._construct(cost, hint, previous)
+            return self._construct(cost, start, previous)
         except CapacityError:
             return None
+
+
+@dataclass(frozen=True, eq=False)
+class _Start:
+    """How a construction is guided: a tier per table and memory prices (both optional)."""
+
+    preferred: Mapping[str, TierChoice] | None = None
+    prices: tuple[float, float, float] | None = None
 
 
 class _Run:
@@ -250,31 +263,43 @@ class _Run:
         return np.all(self.mem[None, :] + mem <= self.cap[None, :] + 0.5, axis=1)
 
     # ---- options --------------------------------------------------------------------------------------------
-    def options(self, table: TableSpec, explore: bool = False) -> list[Option]:
+    def options(self, table: TableSpec, explore: bool = False, hint: TierChoice | None = None) -> list[Option]:
         """Options worth scoring for ``table`` now (prunes those that are dominated or cannot fit).
 
-        With ``explore`` (local search), split options are scored for every table, not only hot or big ones."""
+        With ``explore`` (local search), split options are scored for every table, not only hot or big ones.
+        With ``hint``, only the options of the hinted tier, unpruned: the relaxation chose a slower tier for this
+        table to leave the faster memory to others."""
         cfg, lay = self.config, self.lay
         opts: list[Option] = []
         size = table.bytes(self.dtype)
         free_hbm = self.cap[lay.hbm] - self.mem[lay.hbm]
         free_ddr = self.cap[lay.ddr] - self.mem[lay.ddr]
         tiers = [t for t in (Tier.HBM, Tier.HBM_CACHE, Tier.DDR) if t in cfg.tiers]
+        if hint is not None:
+            tiers = [t for t in tiers if t is hint.tier and not hint.replicated]
         fits_one_hbm = size <= free_hbm.max()
         for tier in tiers:
             # Slower local tiers only matter once the table no longer fits in one GPU's free HBM.
-            if tier is not Tier.HBM and fits_one_hbm and Tier.HBM in tiers:
+            if tier is not Tier.HBM and fits_one_hbm and Tier.HBM in tiers and hint is None:
                 continue
             fractions = self.cost.constants.cache_fractions if tier is Tier.HBM_CACHE else (0.0,)
+            if hint is not None and tier is Tier.HBM_CACHE:
+                fractions = (hint.cache_fraction,)
             for fraction in fractions:
                 opts.extend(self._local_options(table, tier, fraction, size, free_hbm, free_ddr, explore))
         if (
             Sharding.DATA_PARALLEL in cfg.shardings
             and Tier.HBM in cfg.tiers
             and size <= _DP_MAX_HBM_SHARE * (self.min_hbm)
+            and (hint is None or hint.replicated)
         ):
             opts.append(Option(Sharding.DATA_PARALLEL, Tier.HBM))
-        if Sharding.PS_HASH in cfg.shardings and Tier.PS in cfg.tiers and self.lay.n_servers:
+        if (
+            Sharding.PS_HASH in cfg.shardings
+            and Tier.PS in cfg.tiers
+            and self.lay.n_servers
+            and (hint is None or hint.tier is Tier.PS)
+        ):
             opts.append(Option(Sharding.PS_HASH, Tier.PS))
         return opts
 
@@ -305,13 +330,15 @@ class _Run:
         if one_gpu and Sharding.TABLE_WISE in shardings and not explore and not self._is_hot(table, tier):
             return opts
         min_host = min(len(g) for g in self.host_gpus)
-        for splits in (2, 4, 8):
+        # Column-wise in 2 or 4 (its shards are placed one by one); table-column-wise over a whole host (placed at
+        # once per host). Finer splits pay an input distribution and a kernel per shard for little balance.
+        for splits in sorted({2, 4, min_host}):
             cols = table.dim // splits
-            if table.dim % splits or cols < _MIN_COLS or not room(splits):
+            if splits < 2 or table.dim % splits or cols < _MIN_COLS or not room(splits):
                 continue
-            if Sharding.COLUMN_WISE in shardings:
+            if Sharding.COLUMN_WISE in shardings and splits <= 4:
                 opts.append(Option(Sharding.COLUMN_WISE, tier, fraction, splits))
-            if Sharding.TABLE_COLUMN_WISE in shardings and splits <= min_host:
+            if Sharding.TABLE_COLUMN_WISE in shardings and splits == min_host:
                 opts.append(Option(Sharding.TABLE_COLUMN_WISE, tier, fraction, splits))
         G = self.lay.n_gpus
         if Sharding.ROW_WISE in shardings and row_splittable(table.rows, G) and hbm_need / G <= hbm_sorted[-1]:
@@ -442,14 +469,13 @@ class _Run:
         self, table: TableSpec, hint: TierChoice | None = None, explore: bool = False
     ) -> tuple[_Choice | None, list[tuple[_Choice, float]]]:
         """The best option for ``table`` now (only the hinted tier's options while one of them fits)."""
-        options = self.options(table, explore)
         if hint is not None:
-            hinted = [o for o in options if _matches(o, hint)]
+            hinted = self.options(table, explore, hint)
             if hinted:
                 choice, scored = self.best_choice_of(table, hinted)
                 if choice is not None:
                     return choice, scored
-        return self.best_choice_of(table, options)
+        return self.best_choice_of(table, self.options(table, explore))
 
     def best_choice_of(
         self, table: TableSpec, options: list[Option]
@@ -524,9 +550,13 @@ class _Run:
             improved = False
             # Re-insertion is tried on the tables with the most load on the bottleneck; swapping in on those with the
             # most load per byte (they relieve it most for the room they take).
-            candidates = [(n, self._reinsert) for n in self._bottleneck_tables()] + [
-                (n, self._swap_in) for n in self._bottleneck_tables(per_byte=True)
-            ]
+            # The few heaviest are also tried split (column/row-wise): splitting a light table cannot relieve much.
+            heavy = self._bottleneck_tables()
+            candidates = (
+                [(n, self._reinsert_split) for n in heavy[:_SPLIT_CANDIDATES]]
+                + [(n, self._reinsert) for n in heavy]
+                + [(n, self._swap_in) for n in self._bottleneck_tables(per_byte=True)]
+            )
             for name, move in candidates:
                 if time.perf_counter() >= deadline:
                     break
@@ -542,9 +572,12 @@ class _Run:
                 break
         return moves
 
-    def _reinsert(self, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
+    def _reinsert_split(self, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
+        return self._reinsert(tables, name, current, explore=True)
+
+    def _reinsert(self, tables: Mapping[str, TableSpec], name: str, current: float, explore: bool = False) -> bool:
         old = self.remove(name)
-        choice, _ = self.best_choice(tables[name], explore=True)
+        choice, _ = self.best_choice(tables[name], explore=explore)
         if choice is not None and float(self.score(self.loads + choice.loads)[0]) < current * (1 - 1e-9):
             self.add(name, choice)
             return True
