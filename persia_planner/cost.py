@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from persia_planner.placement import Shard, Sharding, Storage, TablePlacement, Tier
+from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
 from persia_planner.specs import DType, ModelSpec, TableSpec
 from persia_planner.topology import Topology
 
@@ -478,8 +478,3 @@ class CostModel:
             + [topo.ddr_capacity(s) for s in topo.servers],
             dtype=float,
         )
-
-    def storage_of(self, mem: np.ndarray) -> Storage:
-        """Total HBM and DDR bytes of a memory vector."""
-        lay = self.layout
-        return Storage(int(mem[lay.hbm].sum()), int(mem[lay.ddr].sum() + mem[lay.ps_mem].sum()))
