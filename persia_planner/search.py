@@ -1,10 +1,12 @@
 """The search: which option (sharding type x tier) and which devices each table gets.
 
 Construction is greedy by *heat density* (lookup bytes per stored byte, hottest first, so the hottest bytes take
-the fastest memory); every option of a table is scored on every device at once (one matrix per option) and the best
-feasible one is kept. Improvement is local search: the tables loading the bottleneck are removed and re-inserted at
-their best option given everything else, while the step time drops. Ties are broken by a seeded RNG, so a seed
-fixes the plan.
+the fastest memory), guided by the lower bound's relaxation (a tier per table when that is balanced, and a price per
+byte of each memory); every option of a table is scored on the best devices at once (one matrix per option) and the
+best feasible one is kept; a second pass redoes it knowing the load the not-yet-placed tables will bring.
+Improvement is local search around the bottleneck: re-insert a table at its best option given everything else, or
+swap a hot table into a full faster tier by evicting colder ones, while the score drops. Ties are broken by a seeded
+RNG, so a seed fixes the plan.
 """
 
 from __future__ import annotations
