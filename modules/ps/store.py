@@ -1,0 +1,413 @@
+"""Storage engine of one embedding parameter server table: a capacity-bounded map from uint64 id to a row.
+
+Decision: own id -> slot index, not TorchRec MCH and not fbgemm's hash ops. Evaluated on torch 2.13 CPU,
+torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0, 2 cores:
+
+* ``torchrec.modules.mc_modules.MCHManagedCollisionModule`` (LRU/LFU): a sorted id array (``searchsorted``) plus a
+  slot map and int64 metadata, 24 B/slot. Every eviction round re-sorts the whole table (argsort of 10M int64:
+  0.83 s; 64k-id batch into a 1M table: 75 ms). Ids are admitted only at the eviction interval, not on demand;
+  misses (and eval lookups) all map to the last slot, so an unknown id *collides* with a real row; id
+  ``0x7FFF_FFFF_FFFF_FFFF`` equals the empty sentinel and maps to an empty slot. It is a collision manager for a
+  fixed-size TBE, not an exact, on-demand key-value store.
+* ``fbgemm::zero_collision_hash`` (the HashZch backend): on CPU only ``readonly=True`` is implemented (insert raises
+  "Expected readonly to be true"); eviction is TTL/threshold based, and a full probe window falls back to a hashed
+  (colliding) slot. ``lxu_cache_*`` / ``lru_cache_populate`` are set-associative *caches* (CUDA only, evict on set
+  conflict); ``pruned_hashmap_*`` are inference-only int32 maps without eviction.
+
+The own design: rows live in preallocated tensors and the occupied slots are always the prefix ``[0, len)`` (a
+slot is freed only by evicting it for a new id, so no free list is needed). Ids are found through a vectorised
+open-addressing hash table of int32 slot numbers (linear probing, splitmix64 hash, about ``2 * capacity``
+buckets = 8 B/row): a batch is resolved in probe *rounds* of tensor ops over the still-unresolved ids, inserts
+claim buckets with ``scatter_reduce(amax)`` (deterministic winner), evictions leave tombstones that a vectorised
+rebuild clears. Exact 64-bit ids, no collisions. Per row: id 8 + last access 4 + count 4 + index 8 B on top of the
+weights and the optimizer state: dim 64 + row-wise Adagrad = 284 B vs 260 B raw; measured RSS at 10M rows
+287 B/row = 1.105x; dim 16 at 100M rows: 92 B/row, 8.8 GiB. A 64k-id batch on the 10M-row table (2 cores):
+24 ms eval / 29 ms train lookup (hits), 51 ms update, 126 ms with 64k inserts + evictions.
+
+LRU/LFU victims are chosen exactly (``topk`` over the occupied slots), which costs O(rows) per batch that needs
+evictions (1.9 s for a batch on a full 100M-row table); ids looked up in the same batch are never evicted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+from .optim import RowOptimizer
+
+__all__ = ["EmbeddingStore", "Eviction", "Normal", "Uniform"]
+
+_EMPTY = -1  # a bucket never used since the last rebuild: ends a probe sequence
+_TOMBSTONE = -2  # a bucket whose row was evicted: probes continue past it, inserts may reuse it
+_INT32_MAX = 2**31 - 1
+
+
+def _signed(c: int) -> int:
+    """A uint64 constant as the int64 with the same bits (torch has no uint64 arithmetic)."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    # torch's >> on int64 is arithmetic; mask the sign-extended bits to get the logical shift of the uint64 pattern.
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _hash(ids: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finaliser on the uint64 bit pattern (int64 multiplication wraps modulo 2**64)."""
+    x = ids ^ _shr(ids, 30)
+    x = x * _MIX1
+    x = x ^ _shr(x, 27)
+    x = x * _MIX2
+    return (x ^ _shr(x, 31)) & (2**63 - 1)
+
+
+def _as_ids(ids: torch.Tensor) -> torch.Tensor:
+    """Flatten to int64 holding the uint64 bit pattern (a torch.uint64 tensor is reinterpreted, not converted)."""
+    if ids.dtype == torch.uint64:
+        ids = ids.view(torch.int64)
+    elif ids.dtype != torch.int64:
+        raise TypeError(f"ids must be int64 (uint64 bit pattern) or uint64, got {ids.dtype}")
+    return ids.reshape(-1)
+
+
+class Eviction(StrEnum):
+    """Which row a full table gives up for a new id."""
+
+    LRU = "lru"  # least recently looked up (granularity: one training lookup batch)
+    LFU = "lfu"  # least frequently looked up; ties broken by least recent
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Initialise new rows uniformly in ``[low, high)``."""
+
+    low: float = -0.01
+    high: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not self.low <= self.high:
+            raise ValueError(f"Uniform needs low <= high, got [{self.low}, {self.high}]")
+
+    def sample(self, n: int, dim: int, generator: torch.Generator) -> torch.Tensor:
+        """``[n, dim]`` float32 rows drawn from ``generator``."""
+        return torch.empty(n, dim, dtype=torch.float32).uniform_(self.low, self.high, generator=generator)
+
+
+@dataclass(frozen=True)
+class Normal:
+    """Initialise new rows from ``N(mean, std^2)``."""
+
+    std: float = 0.01
+    mean: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.std >= 0.0:
+            raise ValueError(f"Normal needs std >= 0, got {self.std}")
+
+    def sample(self, n: int, dim: int, generator: torch.Generator) -> torch.Tensor:
+        """``[n, dim]`` float32 rows drawn from ``generator``."""
+        return torch.empty(n, dim, dtype=torch.float32).normal_(self.mean, self.std, generator=generator)
+
+
+class _HashIndex:
+    """Open-addressing (linear probing) table from id to slot, every operation vectorised over a batch.
+
+    Buckets hold an int32 slot number, ``_EMPTY`` or ``_TOMBSTONE``; the id itself is read from the store's slot ids,
+    so a bucket costs 4 B. Invariant: ``live + tombstones < buckets`` (there is always an empty bucket), so every
+    probe sequence terminates; :meth:`needs_rebuild` keeps the filled fraction <= ``max_fill``.
+    """
+
+    def __init__(self, capacity: int, load_factor: float, slot_ids: torch.Tensor) -> None:
+        self.n_buckets = max(math.ceil(capacity / load_factor), capacity + 1)
+        self.buckets = torch.full((self.n_buckets,), _EMPTY, dtype=torch.int32)
+        self.slot_ids = slot_ids
+        self.tombstones = 0
+        self.max_fill = (1.0 + load_factor) / 2  # rebuild once tombstones take half the slack
+
+    def _home(self, ids: torch.Tensor) -> torch.Tensor:
+        return _hash(ids) % self.n_buckets
+
+    def find(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot and bucket of each id, ``-1`` for both where absent. ``ids`` may repeat."""
+        slots = torch.full_like(ids, -1)
+        where = torch.full_like(ids, -1)
+        active = torch.arange(ids.numel())
+        keys = ids
+        pos = self._home(ids)
+        while active.numel():
+            b = self.buckets.index_select(0, pos).long()
+            occupied = b >= 0
+            hit = occupied & (self.slot_ids.index_select(0, b.clamp(min=0)) == keys)
+            slots[active[hit]] = b[hit]
+            where[active[hit]] = pos[hit]
+            go_on = ~hit & (b != _EMPTY)
+            active, keys, pos = active[go_on], keys[go_on], pos[go_on] + 1
+            pos[pos == self.n_buckets] = 0
+        return slots, where
+
+    def insert(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """Insert distinct ids known to be absent, pointing at ``slots``."""
+        pos = self._home(ids)
+        slots32 = slots.to(torch.int32)
+        while slots32.numel():
+            b = self.buckets.index_select(0, pos)
+            free = b < 0
+            cand_pos, cand_slot = pos[free], slots32[free]
+            # Several ids may claim the same bucket: the largest slot wins, deterministically; the rest probe on.
+            self.buckets.scatter_reduce_(0, cand_pos, cand_slot, reduce="amax")
+            won = torch.zeros_like(free)
+            won[free] = self.buckets[cand_pos] == cand_slot
+            self.tombstones -= int((b[won] == _TOMBSTONE).sum())
+            lose = ~won
+            pos, slots32 = pos[lose] + 1, slots32[lose]
+            pos[pos == self.n_buckets] = 0
+
+    def remove_buckets(self, buckets: torch.Tensor) -> None:
+        """Tombstone the given occupied buckets."""
+        self.buckets[buckets] = _TOMBSTONE
+        self.tombstones += buckets.numel()
+
+    def needs_rebuild(self, live: int) -> bool:
+        return live + self.tombstones > self.max_fill * self.n_buckets
+
+    def rebuild(self, live: int) -> None:
+        """Drop all tombstones by re-inserting the ``live`` occupied slots ``[0, live)``."""
+        self.buckets.fill_(_EMPTY)
+        self.tombstones = 0
+        self.insert(self.slot_ids[:live], torch.arange(live))
+
+
+class EmbeddingStore:
+    """One table of an embedding PS: a capacity-bounded map from uint64 id to ``weights[dim]`` + optimizer state.
+
+    All per-row data is preallocated (``torch.empty``, so untouched capacity costs no resident memory) and every
+    operation is vectorised over the batch. Ids are int64 tensors carrying the uint64 bit pattern (or uint64).
+
+    Semantics:
+
+    * ``lookup(ids, train=True)``: present ids return their row and refresh LRU time / LFU count (each occurrence
+      counts once). Missing ids are admitted with ``admission_probability`` (a Bernoulli draw per distinct missing
+      id per batch, from the store's seeded generator), initialised from ``init`` with zero optimizer state
+      (the optimizer's ``init_state``), and inserted; when the table is full they take the slots of LRU/LFU victims.
+      Ids of the current batch are never victims; if a batch has more distinct new ids than the table can hold
+      besides its own hits, the excess is not admitted. Ids not admitted return a **zero row** (not an initialised
+      one: a row the server does not keep must not pretend to be a trained value) and their gradients are ignored.
+    * ``lookup(ids, train=False)``: read-only. Misses return zero rows; nothing is inserted, no LRU/LFU metadata
+      changes.
+    * ``update(ids, grads)``: gradients of duplicate ids are summed, the optimizer is applied once per distinct id
+      that is still held, then weights are clipped to ``[-clip, clip]`` if ``clip`` is set. Ids not held (never
+      admitted, or evicted since their lookup) are ignored. Updates do not count as accesses.
+
+    Args:
+        dim: Embedding width.
+        capacity: Maximum number of rows.
+        optimizer: The sparse optimizer applied by :meth:`update`.
+        init: Initialiser of new rows.
+        eviction: ``"lru"`` or ``"lfu"``.
+        admission_probability: Probability that a new id is inserted on a training lookup.
+        clip: If set, weights are clamped to ``[-clip, clip]`` after every update.
+        seed: Seed of the generator for initialisation and admission (deterministic for a given call sequence).
+        index_load_factor: Live rows per hash bucket at full capacity (index costs ``4 / load_factor`` B/row).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        capacity: int,
+        optimizer: RowOptimizer,
+        *,
+        init: Uniform | Normal = Uniform(-0.01, 0.01),  # a frozen dataclass: safe as a default
+        eviction: Eviction | str = Eviction.LRU,
+        admission_probability: float = 1.0,
+        clip: float | None = None,
+        seed: int = 0,
+        index_load_factor: float = 0.5,
+    ) -> None:
+        if dim <= 0 or capacity <= 0:
+            raise ValueError(f"dim and capacity must be positive, got dim={dim}, capacity={capacity}")
+        if capacity > _INT32_MAX - 1:
+            raise ValueError(f"capacity must be < 2**31 - 1 (int32 slot numbers), got {capacity}")
+        if not 0.0 <= admission_probability <= 1.0:
+            raise ValueError(f"admission_probability must be in [0, 1], got {admission_probability}")
+        if clip is not None and not clip > 0:
+            raise ValueError(f"clip must be positive, got {clip}")
+        if not 0.0 < index_load_factor < 1.0:
+            raise ValueError(f"index_load_factor must be in (0, 1), got {index_load_factor}")
+        self.dim = dim
+        self.capacity = capacity
+        self.optimizer = optimizer
+        self.init = init
+        self.eviction = Eviction(eviction)
+        self.admission_probability = admission_probability
+        self.clip = clip
+        self.state_width = optimizer.state_width(dim)
+        self._generator = torch.Generator().manual_seed(seed)
+
+        self._ids = torch.empty(capacity, dtype=torch.int64)
+        self._weights = torch.empty(capacity, dim, dtype=torch.float32)
+        self._state = torch.empty(capacity, self.state_width, dtype=torch.float32)
+        self._last = torch.empty(capacity, dtype=torch.int32)  # training lookup batch of the last access
+        self._count = torch.empty(capacity, dtype=torch.int32)  # accesses, saturating at int32 max
+        self._index = _HashIndex(capacity, index_load_factor, self._ids)
+        self._n = 0
+        self._step = 0  # training lookup batches so far; int32 is ample (2**31 batches)
+        self._metrics = dict.fromkeys(("lookups", "misses", "inserts", "not_admitted", "evictions", "updates"), 0)
+
+    # ----------------------------------------------------------------------------------------------- queries
+
+    def __len__(self) -> int:
+        return self._n
+
+    def contains(self, ids: torch.Tensor) -> torch.Tensor:
+        """Bool tensor of ``ids``' shape: which ids have a row. Read-only."""
+        flat = _as_ids(ids)
+        slots, _ = self._index.find(flat)
+        return (slots >= 0).reshape(ids.shape)
+
+    def metrics(self) -> dict[str, int]:
+        """Counters since construction: rows, capacity, lookups (ids, with repeats), misses (distinct per batch),
+        inserts, not_admitted, evictions, updates (distinct rows updated)."""
+        return {"rows": self._n, "capacity": self.capacity, **self._metrics}
+
+    # ------------------------------------------------------------------------------------------------ lookup
+
+    @torch.no_grad()
+    def lookup(self, ids: torch.Tensor, *, train: bool = True) -> torch.Tensor:
+        """Rows of ``ids`` as float32 ``[*ids.shape, dim]`` (a copy). See the class docstring for the semantics."""
+        flat = _as_ids(ids)
+        self._metrics["lookups"] += flat.numel()
+        uniq, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
+        slots, _ = self._index.find(uniq)
+        hit = slots >= 0
+        self._metrics["misses"] += int(uniq.numel() - hit.sum())
+        if train:
+            self._step += 1
+            hit_slots = slots[hit]
+            self._last.index_fill_(0, hit_slots, self._step)
+            new_count = self._count.index_select(0, hit_slots).long() + counts[hit]
+            self._count.index_copy_(0, hit_slots, new_count.clamp_(max=_INT32_MAX).int())
+            if not bool(hit.all()):
+                self._admit(uniq, counts, slots, hit)
+        # index_select, not advanced indexing: on CPU it gathers rows ~15x faster (2.6 vs 39 ms for 64k x 64 floats).
+        rows = self._weights.index_select(0, slots.clamp(min=0))
+        rows[slots < 0] = 0.0
+        return rows.index_select(0, inverse).reshape(*ids.shape, self.dim)
+
+    def _admit(self, uniq: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor, hit: torch.Tensor) -> None:
+        """Insert the admitted missing ids of a batch, evicting if needed; writes their slots into ``slots``."""
+        miss = (~hit).nonzero().squeeze(1)
+        if self.admission_probability < 1.0:
+            draw = torch.rand(miss.numel(), generator=self._generator)
+            miss = miss[draw < self.admission_probability]
+        room = self.capacity - int(hit.sum())  # the batch's own hits stay
+        miss = miss[:room]
+        k = miss.numel()
+        self._metrics["not_admitted"] += int((~hit).sum()) - k
+        if k == 0:
+            return
+        free = self.capacity - self._n
+        fresh = torch.arange(self._n, self._n + min(k, free))
+        if k > free:
+            # Before growing _n: victims are chosen among initialised rows only.
+            victims = self._evict(k - free, protect=slots[hit])
+            new_slots = torch.cat([fresh, victims])
+        else:
+            new_slots = fresh
+        self._n += fresh.numel()
+        new_ids = uniq[miss]
+        self._ids.index_copy_(0, new_slots, new_ids)
+        self._weights.index_copy_(0, new_slots, self.init.sample(k, self.dim, self._generator))
+        self._state.index_copy_(0, new_slots, self.optimizer.init_state(k, self.dim))
+        self._last[new_slots] = self._step
+        self._count[new_slots] = counts[miss].clamp(max=_INT32_MAX).int()
+        if self._index.needs_rebuild(self._n):
+            self._index.rebuild(self._n)  # clears the tombstones and indexes the new ids with the rest
+        else:
+            self._index.insert(new_ids, new_slots)
+        slots[miss] = new_slots
+        self._metrics["inserts"] += k
+
+    def _evict(self, n_victims: int, protect: torch.Tensor) -> torch.Tensor:
+        """Remove ``n_victims`` rows by the eviction policy and return their (now reusable) slots."""
+        live = self._n
+        if self.eviction is Eviction.LRU:
+            # The batch's hits carry the newest step, so the oldest n_victims never include them (n_victims is at
+            # most live - len(protect) by construction).
+            score = self._last[:live]
+        else:
+            # count, then recency: one int64 key; the batch's hits are pushed to the top so they are never chosen.
+            score = (self._count[:live].long() << 32) | self._last[:live].long()
+            score[protect] = torch.iinfo(torch.int64).max
+        victims = torch.topk(score, n_victims, largest=False, sorted=False).indices
+        _, buckets = self._index.find(self._ids[victims])
+        self._index.remove_buckets(buckets)
+        self._metrics["evictions"] += n_victims
+        return victims
+
+    # ------------------------------------------------------------------------------------------------ update
+
+    @torch.no_grad()
+    def update(self, ids: torch.Tensor, grads: torch.Tensor) -> int:
+        """Apply the optimizer to the rows of ``ids`` with ``grads`` ``[*ids.shape, dim]``; returns rows updated."""
+        flat = _as_ids(ids)
+        grads = grads.reshape(flat.numel(), self.dim).to(torch.float32)
+        uniq, inverse = torch.unique(flat, return_inverse=True)
+        summed = torch.zeros(uniq.numel(), self.dim, dtype=torch.float32).index_add_(0, inverse, grads)
+        slots, _ = self._index.find(uniq)
+        held = slots >= 0
+        slots, summed = slots[held], summed[held]
+        new_w, new_state = self.optimizer.step(
+            self._weights.index_select(0, slots), self._state.index_select(0, slots), summed
+        )
+        if self.clip is not None:
+            new_w.clamp_(-self.clip, self.clip)
+        self._weights.index_copy_(0, slots, new_w)
+        self._state.index_copy_(0, slots, new_state)
+        self._metrics["updates"] += slots.numel()
+        return slots.numel()
+
+    # -------------------------------------------------------------------------------------------- checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """The occupied rows only (copies): ids, weights, optimizer state, LRU/LFU metadata and the step counter."""
+        n = self._n
+        return {
+            "ids": self._ids[:n].clone(),
+            "weights": self._weights[:n].clone(),
+            "state": self._state[:n].clone(),
+            "last_access": self._last[:n].clone(),
+            "count": self._count[:n].clone(),
+            "step": self._step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the contents by ``state`` (from :meth:`state_dict`; capacity may differ but must hold the rows).
+
+        Hyper-parameters, the generator and the metrics are the constructor's, not the checkpoint's.
+        """
+        ids = _as_ids(state["ids"])
+        n = ids.numel()
+        if n > self.capacity:
+            raise ValueError(f"checkpoint has {n} rows, capacity is {self.capacity}")
+        if tuple(state["weights"].shape) != (n, self.dim):
+            raise ValueError(f"weights shape {tuple(state['weights'].shape)} != ({n}, {self.dim})")
+        if tuple(state["state"].shape) != (n, self.state_width):
+            raise ValueError(f"optimizer state shape {tuple(state['state'].shape)} != ({n}, {self.state_width})")
+        if torch.unique(ids).numel() != n:
+            raise ValueError("checkpoint ids are not distinct")
+        self._ids[:n] = ids
+        self._weights[:n] = state["weights"]
+        self._state[:n] = state["state"]
+        self._last[:n] = state.get("last_access", torch.zeros(n, dtype=torch.int32))
+        self._count[:n] = state.get("count", torch.zeros(n, dtype=torch.int32))
+        self._step = int(state.get("step", 0))
+        self._n = n
+        self._index.rebuild(n)

@@ -1,0 +1,274 @@
+"""EmbeddingStore: the storage engine of one embedding PS table (lookup / insert / update / evict / checkpoint)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from persia_planner.modules.ps import store as store_module
+from persia_planner.modules.ps.optim import SGD, Adagrad, Adam, RowWiseAdagrad
+from persia_planner.modules.ps.store import EmbeddingStore, Eviction, Normal, Uniform
+
+DIM = 8
+EXTREME_IDS = torch.tensor([0, -1, 2**63 - 1, -(2**63), 1, 2**32])  # uint64 0, 2**64-1, 2**63-1, 2**63, ...
+
+
+def _ids(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _random_ids(n: int, seed: int) -> torch.Tensor:
+    """``n`` distinct ids spread over the whole uint64 space (int64 bit patterns)."""
+    ids = torch.unique(torch.randint(-(2**63), 2**63 - 1, (n + 16,), generator=torch.Generator().manual_seed(seed)))
+    return ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(seed))][:n]
+
+
+def test_lookup_insert_update_roundtrip():
+    store = EmbeddingStore(DIM, 16, SGD(lr=0.5), init=Uniform(-0.1, 0.1), seed=3)
+    rows = store.lookup(EXTREME_IDS)
+    assert rows.shape == (EXTREME_IDS.numel(), DIM)
+    assert len(store) == EXTREME_IDS.numel()
+    assert store.contains(EXTREME_IDS).all()
+    assert not store.contains(_ids(2, 3)).any()
+    assert torch.equal(store.lookup(EXTREME_IDS), rows)  # a second lookup finds the same rows, inserts nothing
+    assert len(store) == EXTREME_IDS.numel()
+    grads = torch.randn(EXTREME_IDS.numel(), DIM, generator=torch.Generator().manual_seed(0))
+    assert store.update(EXTREME_IDS, grads) == EXTREME_IDS.numel()
+    torch.testing.assert_close(store.lookup(EXTREME_IDS, train=False), rows - 0.5 * grads, atol=0, rtol=0)
+    # Shapes: a [2, 3] batch of ids gives [2, 3, dim] rows.
+    assert store.lookup(EXTREME_IDS.reshape(2, 3)).shape == (2, 3, DIM)
+    # A uint64 tensor is read as its bit pattern: 2**64 - 1 is the row of int64 -1.
+    as_uint = torch.tensor([2**64 - 1], dtype=torch.uint64)
+    assert torch.equal(store.lookup(as_uint, train=False)[0], store.lookup(_ids(-1), train=False)[0])
+    m = store.metrics()
+    assert m["rows"] == 6 and m["capacity"] == 16 and m["inserts"] == 6 and m["updates"] == 6
+    assert m["evictions"] == 0 and m["lookups"] == 6 + 6 + 6 + 6 + 1 + 1
+
+
+def test_duplicate_ids_share_one_row_and_sum_grads():
+    store = EmbeddingStore(DIM, 8, SGD(lr=1.0))
+    ids = _ids(5, 7, 5, 5)
+    rows = store.lookup(ids)
+    assert len(store) == 2
+    assert torch.equal(rows[0], rows[2]) and torch.equal(rows[0], rows[3])
+    assert store.metrics()["inserts"] == 2
+    grads = torch.arange(4 * DIM, dtype=torch.float32).reshape(4, DIM)
+    assert store.update(ids, grads) == 2
+    after = store.lookup(_ids(5, 7), train=False)
+    torch.testing.assert_close(after[0], rows[0] - (grads[0] + grads[2] + grads[3]))
+    torch.testing.assert_close(after[1], rows[1] - grads[1])
+
+
+def test_eval_lookups_never_insert_nor_touch_recency():
+    store = EmbeddingStore(DIM, 2, SGD(), eviction="lru")
+    rows = store.lookup(_ids(10, 11, 12), train=False)
+    assert torch.equal(rows, torch.zeros(3, DIM))
+    assert len(store) == 0 and not store.contains(_ids(10, 11, 12)).any()
+    store.lookup(_ids(1))
+    store.lookup(_ids(2))
+    store.lookup(_ids(1), train=False)  # an eval read must not make 1 recent
+    store.lookup(_ids(3))
+    assert store.contains(_ids(1, 2, 3)).tolist() == [False, True, True]
+    assert store.update(_ids(1, 99), torch.ones(2, DIM)) == 0  # evicted / never held ids are ignored
+
+
+def test_lru_keeps_most_recent():
+    store = EmbeddingStore(DIM, 4, SGD(), eviction=Eviction.LRU)
+    for i in (1, 2, 3, 4):
+        store.lookup(_ids(i))
+    store.lookup(_ids(1))  # 1 is now the most recent
+    store.lookup(_ids(5))  # evicts 2
+    assert store.contains(_ids(1, 2, 3, 4, 5)).tolist() == [True, False, True, True, True]
+    store.lookup(_ids(6, 7))  # evicts 3 and 4
+    assert store.contains(_ids(1, 3, 4, 5, 6, 7)).tolist() == [True, False, False, True, True, True]
+    assert store.metrics()["evictions"] == 3 and len(store) == 4
+
+
+def test_lru_under_churn_is_recency_closed_and_index_stays_exact(monkeypatch):
+    """Many batches with evictions (tombstones and index rebuilds): held ids are always the most recent ones."""
+    rebuilds = []
+    original = store_module._HashIndex.rebuild
+    monkeypatch.setattr(
+        store_module._HashIndex, "rebuild", lambda self, live: rebuilds.append(live) or original(self, live)
+    )
+    capacity, universe = 64, _random_ids(400, seed=1)
+    store = EmbeddingStore(DIM, capacity, SGD(), eviction="lru")
+    last_seen = torch.full((universe.numel(),), -1)
+    g = torch.Generator().manual_seed(2)
+    for step in range(150):
+        pick = torch.randint(0, universe.numel(), (40,), generator=g)
+        store.lookup(universe[pick])
+        last_seen[pick] = step
+        held = store.contains(universe)
+        seen = last_seen >= 0
+        assert int(held.sum()) == len(store) == min(capacity, int(seen.sum()))
+        if (seen & ~held).any():
+            assert last_seen[held].min() >= last_seen[seen & ~held].max()
+        assert held[pick].all()  # a batch's own ids are never evicted by it
+    assert store.metrics()["evictions"] > 5 * capacity
+    assert len(rebuilds) > 3  # tombstones were cleared several times mid-stream
+    sd = store.state_dict()
+    assert torch.unique(sd["ids"]).numel() == capacity
+    assert torch.equal(store.lookup(sd["ids"], train=False), sd["weights"])
+
+
+def test_lfu_keeps_most_frequent():
+    def stream(store: EmbeddingStore) -> None:
+        hot = _ids(0, 1, 2, 3, 4)
+        for _ in range(5):
+            store.lookup(hot)
+        for start in range(100, 150, 5):
+            store.lookup(torch.arange(start, start + 5))
+
+    lfu = EmbeddingStore(DIM, 10, SGD(), eviction="lfu")
+    stream(lfu)
+    # Hot ids survive 50 one-off ids; among equally rare ids the most recent are kept.
+    assert lfu.contains(_ids(0, 1, 2, 3, 4)).all()
+    assert lfu.contains(torch.arange(145, 150)).all() and len(lfu) == 10
+    lru = EmbeddingStore(DIM, 10, SGD(), eviction="lru")
+    stream(lru)
+    assert not lru.contains(_ids(0, 1, 2, 3, 4)).any()
+    assert lru.contains(torch.arange(140, 150)).all()
+
+
+def test_lfu_counts_every_occurrence_and_protects_the_batch():
+    store = EmbeddingStore(DIM, 3, SGD(), eviction="lfu")
+    store.lookup(_ids(1, 1, 1, 2, 2, 3))  # counts 3, 2, 1
+    store.lookup(_ids(4))  # evicts 3
+    assert store.contains(_ids(1, 2, 3, 4)).tolist() == [True, True, False, True]
+    # 4 has the lowest count but is in the batch: the two new ids must evict 2 and 1 instead.
+    store.lookup(_ids(4, 5, 6))
+    assert store.contains(_ids(1, 2, 4, 5, 6)).tolist() == [False, False, True, True, True]
+
+
+def test_batch_larger_than_capacity_admits_what_fits():
+    store = EmbeddingStore(DIM, 4, SGD())
+    rows = store.lookup(torch.arange(10))
+    assert len(store) == 4
+    held = store.contains(torch.arange(10))
+    assert int(held.sum()) == 4
+    assert torch.equal(rows[~held], torch.zeros(6, DIM))
+    assert store.metrics()["not_admitted"] == 6
+
+
+def test_admission_probability_is_binomial_and_seeded():
+    n, p = 10_000, 0.3
+    ids = _random_ids(n, seed=4)
+    a = EmbeddingStore(DIM, n, SGD(), admission_probability=p, seed=7)
+    rows = a.lookup(ids)
+    admitted = a.contains(ids)
+    sd = (n * p * (1 - p)) ** 0.5
+    assert abs(int(admitted.sum()) - n * p) < 5 * sd
+    assert a.metrics()["not_admitted"] == n - int(admitted.sum())
+    assert torch.equal(rows[~admitted], torch.zeros(int((~admitted).sum()), DIM))  # not admitted: zero rows
+    b = EmbeddingStore(DIM, n, SGD(), admission_probability=p, seed=7)
+    b.lookup(ids)
+    assert torch.equal(b.contains(ids), admitted)
+    c = EmbeddingStore(DIM, n, SGD(), admission_probability=p, seed=8)
+    c.lookup(ids)
+    assert not torch.equal(c.contains(ids), admitted)
+    # A refused id gets another chance on a later lookup (a per-occurrence draw, not a per-id verdict).
+    a.lookup(ids)
+    assert int(a.contains(ids).sum()) > int(admitted.sum())
+    assert len(EmbeddingStore(DIM, 10, SGD(), admission_probability=0.0).lookup(ids[:10]).nonzero()) == 0
+
+
+def test_clip_bounds_weights():
+    store = EmbeddingStore(DIM, 32, SGD(lr=10.0), init=Uniform(-0.01, 0.01), clip=0.05)
+    ids = torch.arange(32)
+    store.lookup(ids)
+    store.update(ids, torch.randn(32, DIM, generator=torch.Generator().manual_seed(0)))
+    w = store.lookup(ids, train=False)
+    assert w.abs().max() == pytest.approx(0.05)
+    assert (w.abs() == 0.05).float().mean() > 0.9
+
+
+def test_init_uniform_bounds_and_normal_std():
+    n = 4096
+    u = EmbeddingStore(16, n, SGD(), init=Uniform(-0.1, 0.3)).lookup(torch.arange(n))
+    assert u.min() >= -0.1 and u.max() < 0.3
+    assert u.mean().item() == pytest.approx(0.1, abs=0.005)
+    z = EmbeddingStore(16, n, SGD(), init=Normal(std=0.02)).lookup(torch.arange(n))
+    assert z.std().item() == pytest.approx(0.02, rel=0.02)
+    assert z.mean().item() == pytest.approx(0.0, abs=0.001)
+    # Same seed, same ids in the same order: same initial rows.
+    again = EmbeddingStore(16, n, SGD(), init=Normal(std=0.02)).lookup(torch.arange(n))
+    assert torch.equal(z, again)
+
+
+def test_state_dict_roundtrip_is_bit_identical():
+    opt = Adam(lr=0.01)
+    src = EmbeddingStore(DIM, 64, opt, eviction="lfu", seed=1)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        ids = torch.randint(0, 40, (30,), generator=g)
+        src.lookup(ids)
+        src.update(ids, torch.randn(30, DIM, generator=g))
+    sd = src.state_dict()
+    assert sd["ids"].numel() == len(src) and sd["state"].shape == (len(src), opt.state_width(DIM))
+    dst = EmbeddingStore(DIM, 128, opt, eviction="lfu", seed=99)  # a different capacity is fine
+    dst.load_state_dict(sd)
+    assert len(dst) == len(src)
+    ids = sd["ids"]
+    assert torch.equal(dst.lookup(ids, train=False), src.lookup(ids, train=False))
+    for key in ("ids", "weights", "state", "last_access", "count"):
+        assert torch.equal(dst.state_dict()[key], sd[key])
+    # Optimizer state came along: the same further updates give the same rows.
+    grads = torch.randn(ids.numel(), DIM, generator=g)
+    src.update(ids, grads)
+    dst.update(ids, grads)
+    assert torch.equal(dst.lookup(ids, train=False), src.lookup(ids, train=False))
+    with pytest.raises(ValueError, match="capacity"):
+        EmbeddingStore(DIM, 4, opt).load_state_dict(sd)
+    with pytest.raises(ValueError, match="optimizer state"):
+        EmbeddingStore(DIM, 64, SGD()).load_state_dict(sd)
+
+
+def _dense_reference(opt, w: torch.Tensor):
+    """A local dense table with the dense torch optimizer, or None where the reference is applied by hand."""
+    p = torch.nn.Parameter(w.clone())
+    if isinstance(opt, SGD):
+        return p, torch.optim.SGD([p], lr=opt.lr)
+    if isinstance(opt, Adagrad):
+        return p, torch.optim.Adagrad([p], lr=opt.lr, eps=opt.eps, initial_accumulator_value=0.0)
+    if isinstance(opt, Adam):
+        return p, torch.optim.Adam([p], lr=opt.lr, betas=opt.betas, eps=opt.eps, foreach=False)
+    return p, None
+
+
+@pytest.mark.parametrize("opt", [SGD(lr=0.1), Adagrad(lr=0.1), RowWiseAdagrad(lr=0.1), Adam(lr=0.01)])
+def test_ps_trained_table_equals_dense_local_table(opt):
+    """Same ids, same grads, same optimizer: the PS table equals a dense local table to 1e-6 (no eviction)."""
+    rows, steps = 200, 8
+    universe = _random_ids(rows, seed=5)  # arbitrary uint64 ids; row r of the dense table is universe[r]
+    store = EmbeddingStore(DIM, rows, opt, seed=2)
+    p, dense_opt = _dense_reference(opt, store.lookup(universe))  # start from the store's initial rows
+    state = opt.init_state(rows, DIM)
+    g = torch.Generator().manual_seed(6)
+    for _ in range(steps):
+        r = torch.randint(0, rows // 2, (300,), generator=g)
+        if isinstance(opt, Adam):  # torch Adam moves every row each step: the definitions agree when all are in
+            r = torch.cat([torch.arange(rows), r])
+        grads = torch.randn(r.numel(), DIM, generator=g)
+        torch.testing.assert_close(store.lookup(universe[r]), p.detach()[r], atol=1e-6, rtol=0)
+        store.update(universe[r], grads)
+        dense_grad = torch.zeros(rows, DIM).index_add_(0, r, grads)
+        if dense_opt is not None:
+            p.grad = dense_grad
+            dense_opt.step()
+        else:  # row-wise Adagrad: no dense torch optimizer; apply its definition to the rows with a gradient
+            touched = torch.unique(r)
+            with torch.no_grad():
+                p[touched], state[touched] = opt.step(p[touched], state[touched], dense_grad[touched])
+    torch.testing.assert_close(store.lookup(universe, train=False), p.detach(), atol=1e-6, rtol=0)
+    assert store.metrics()["evictions"] == 0 and len(store) == rows
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError):
+        EmbeddingStore(0, 10, SGD())
+    with pytest.raises(ValueError):
+        EmbeddingStore(DIM, 10, SGD(), admission_probability=1.5)
+    with pytest.raises(ValueError):
+        EmbeddingStore(DIM, 10, SGD(), eviction="fifo")
+    with pytest.raises(TypeError):
+        EmbeddingStore(DIM, 10, SGD()).lookup(torch.tensor([1.0]))
