@@ -17,6 +17,7 @@ import math
 
 import pytest
 import torch
+
 from persia_planner.modules.ps.optim import SGD, Adagrad, Adam, RowOptimizer, RowWiseAdagrad
 
 ROWS, DIM, STEPS, BATCH = 50, 8, 6, 64

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from persia_planner.modules.ps.sharding import server_of, table_salt
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from persia_planner.modules.ps import store as store_module
 from persia_planner.modules.ps.optim import SGD, Adagrad, Adam, RowWiseAdagrad
 from persia_planner.modules.ps.store import EmbeddingStore, Eviction, Normal, Uniform

@@ -26,6 +26,10 @@ weights and the optimizer state: dim 64 + row-wise Adagrad = 284 B vs 260 B raw;
 
 LRU/LFU victims are chosen exactly (``topk`` over the occupied slots), which costs O(rows) per batch that needs
 evictions (1.9 s for a batch on a full 100M-row table); ids looked up in the same batch are never evicted.
+
+Incremental dumps (for serving replicas, see :mod:`.checkpoint`) use a dirty mask: one bool per slot (1 B/row,
+allocated zeroed), set when a row is inserted or its weights are updated and cleared by
+:meth:`EmbeddingStore.take_dirty`.
 """
 
 from __future__ import annotations
@@ -256,6 +260,9 @@ class EmbeddingStore:
         self._state = torch.empty(capacity, self.state_width, dtype=torch.float32)
         self._last = torch.empty(capacity, dtype=torch.int32)  # training lookup batch of the last access
         self._count = torch.empty(capacity, dtype=torch.int32)  # accesses, saturating at int32 max
+        # Rows inserted or updated since the last take_dirty(). Keyed by slot, not id: a slot that is evicted and
+        # handed to a new id is dirty for the new id, so an evicted id never shows up in a dump.
+        self._dirty = torch.zeros(capacity, dtype=torch.bool)
         self._index = _HashIndex(capacity, index_load_factor, self._ids)
         self._n = 0
         self._step = 0  # training lookup batches so far; int32 is ample (2**31 batches)
@@ -328,6 +335,7 @@ class EmbeddingStore:
         self._state.index_copy_(0, new_slots, self.optimizer.init_state(k, self.dim))
         self._last[new_slots] = self._step
         self._count[new_slots] = counts[miss].clamp(max=_INT32_MAX).int()
+        self._dirty[new_slots] = True
         if self._index.needs_rebuild(self._n):
             self._index.rebuild(self._n)  # clears the tombstones and indexes the new ids with the rest
         else:
@@ -371,6 +379,7 @@ class EmbeddingStore:
             new_w.clamp_(-self.clip, self.clip)
         self._weights.index_copy_(0, slots, new_w)
         self._state.index_copy_(0, slots, new_state)
+        self._dirty[slots] = True
         self._metrics["updates"] += slots.numel()
         return slots.numel()
 
@@ -411,3 +420,33 @@ class EmbeddingStore:
         self._step = int(state.get("step", 0))
         self._n = n
         self._index.rebuild(n)
+        # The loaded rows are the new base a replica starts from, so nothing is dirty relative to it.
+        self._dirty.zero_()
+
+    # -------------------------------------------------------------------------------------- incremental dumps
+
+    def take_dirty(self, *, with_state: bool = False) -> dict[str, torch.Tensor]:
+        """Rows inserted or updated since the previous call (or construction / :meth:`load_state_dict`), as copies.
+
+        Clears the dirty mask. Lookup hits that only refresh LRU/LFU metadata do not make a row dirty; evicted ids
+        are never returned (their slot now belongs to, and is dirty for, the id that replaced them).
+
+        Args:
+            with_state: Also return the optimizer state of the rows (needed to resume training, not to serve).
+
+        Returns:
+            ``{"ids": int64 [k], "weights": float32 [k, dim]}`` plus ``"state": [k, state_width]`` if asked.
+        """
+        slots = self._dirty[: self._n].nonzero().squeeze(1)
+        out = {"ids": self._ids.index_select(0, slots), "weights": self._weights.index_select(0, slots)}
+        if with_state:
+            out["state"] = self._state.index_select(0, slots)
+        self._dirty[slots] = False
+        return out
+
+    def mark_dirty(self, ids: torch.Tensor) -> int:
+        """Mark the held rows of ``ids`` dirty again (e.g. after a dump that failed to write); returns rows marked."""
+        slots, _ = self._index.find(_as_ids(ids))
+        slots = slots[slots >= 0]
+        self._dirty[slots] = True
+        return slots.numel()

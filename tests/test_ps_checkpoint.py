@@ -1,0 +1,319 @@
+"""PS checkpoints: bit-exact round trip, re-sharding on load, crash safety, incremental dumps for serving."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from persia_planner.modules.ps import checkpoint as ckpt
+from persia_planner.modules.ps.optim import SGD, Adam, RowWiseAdagrad
+from persia_planner.modules.ps.sharding import server_of
+from persia_planner.modules.ps.store import EmbeddingStore
+
+CONFIGS = {
+    "user": {"dim": 8, "capacity": 400, "optimizer": "adam"},
+    "item": {"dim": 4, "capacity": 300, "optimizer": "rowwise_adagrad"},
+}
+STATE_KEYS = ("ids", "weights", "state", "last_access", "count")
+
+
+def _optimizer(name: str):
+    return {"adam": Adam(lr=0.01), "rowwise_adagrad": RowWiseAdagrad(lr=0.1), "sgd": SGD(lr=0.5)}[name]
+
+
+def make_store(table: str, config: dict, *, capacity: int | None = None) -> EmbeddingStore:
+    return EmbeddingStore(config["dim"], capacity or config["capacity"], _optimizer(config["optimizer"]))
+
+
+def _random_ids(n: int, seed: int) -> torch.Tensor:
+    """``n`` distinct ids spread over the whole uint64 space (int64 bit patterns)."""
+    ids = torch.unique(torch.randint(-(2**63), 2**63 - 1, (n + 16,), generator=torch.Generator().manual_seed(seed)))
+    return ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(seed))][:n]
+
+
+def _train(store: EmbeddingStore, ids: torch.Tensor, seed: int) -> None:
+    """A training step: lookup (inserts misses) then an update with deterministic gradients."""
+    store.lookup(ids)
+    grads = torch.randn(ids.numel(), store.dim, generator=torch.Generator().manual_seed(seed))
+    store.update(ids, grads)
+
+
+def _build_servers(n_servers: int, n_ids: int = 240, seed: int = 0) -> list[dict[str, EmbeddingStore]]:
+    """Stores of ``n_servers`` servers, each holding exactly the ids ``server_of`` assigns it, trained a few steps."""
+    servers = []
+    for i in range(n_servers):
+        stores = {}
+        for t, (table, config) in enumerate(CONFIGS.items()):
+            ids = _random_ids(n_ids, seed + t)
+            mine = ids[server_of(table, ids, n_servers) == i]
+            store = make_store(table, config)
+            for step in range(3):
+                _train(store, mine[step * 7 :], seed=100 * t + 10 * i + step)  # uneven access counts / times
+            stores[table] = store
+        servers.append(stores)
+    return servers
+
+
+def _merged(states: list[dict]) -> dict[str, torch.Tensor]:
+    """Concatenate state dicts and sort rows by id, so sets of rows compare with ``torch.equal``."""
+    cat = {k: torch.cat([s[k] for s in states]) for k in STATE_KEYS}
+    order = torch.argsort(cat["ids"])
+    return {k: v[order] for k, v in cat.items()}
+
+
+def _assert_states_equal(a: dict, b: dict) -> None:
+    for k in STATE_KEYS:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_round_trip_one_server_is_bit_exact(tmp_path: Path):
+    [stores] = _build_servers(1)
+    version_dir = ckpt.save_all([stores], tmp_path, configs=CONFIGS)
+    assert version_dir == tmp_path / "v00000001"
+    assert json.loads((tmp_path / "LATEST").read_text()) == {"version": 1, "n_servers": 1}
+    assert sorted(p.name for p in version_dir.iterdir()) == [
+        "item.server0-of-1.pt",
+        "manifest.server0-of-1.json",
+        "user.server0-of-1.pt",
+    ]
+    manifest = json.loads((version_dir / "manifest.server0-of-1.json").read_text())
+    assert manifest["format"] == ckpt.SHARD_FORMAT
+    assert manifest["tables"]["user"] == {"file": "user.server0-of-1.pt", "rows": 240, "config": CONFIGS["user"]}
+
+    loaded = ckpt.load_shard(tmp_path, server=0, n_servers=1, make_store=make_store)
+    assert set(loaded) == {"user", "item"}
+    for table, store in stores.items():
+        want, got = store.state_dict(), loaded[table].state_dict()
+        for k in STATE_KEYS:  # same order, not only the same set: a 1 -> 1 load is a plain copy
+            assert torch.equal(want[k], got[k]), (table, k)
+        assert got["step"] == want["step"] == 3
+        assert loaded[table].capacity == CONFIGS[table]["capacity"]
+        ids = want["ids"]
+        assert torch.equal(loaded[table].lookup(ids, train=False), store.lookup(ids, train=False))
+
+
+@pytest.mark.parametrize(("saved_n", "loaded_n"), [(1, 3), (3, 2)])
+def test_reshard_on_load(tmp_path: Path, saved_n: int, loaded_n: int):
+    servers = _build_servers(saved_n)
+    ckpt.save_all(servers, tmp_path, configs=CONFIGS)
+    loaded = [ckpt.load_shard(tmp_path, server=i, n_servers=loaded_n, make_store=make_store) for i in range(loaded_n)]
+    for table in CONFIGS:
+        saved = _merged([s[table].state_dict() for s in servers])
+        parts = [loaded[i][table].state_dict() for i in range(loaded_n)]
+        for i, part in enumerate(parts):
+            # Every id on the server server_of names for the new count, and that server holds some ids.
+            assert part["ids"].numel() > 0
+            assert (server_of(table, part["ids"], loaded_n) == i).all()
+        got = _merged(parts)
+        assert sum(p["ids"].numel() for p in parts) == saved["ids"].numel() == 240  # nothing lost or duplicated
+        assert torch.unique(got["ids"]).numel() == 240
+        _assert_states_equal(got, saved)
+
+
+def _file_bytes(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_crash_mid_save_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    servers = _build_servers(2)
+    ckpt.save_all(servers, tmp_path, configs=CONFIGS)
+    before = _file_bytes(tmp_path)
+    want = [{t: s.state_dict() for t, s in stores.items()} for stores in servers]
+    for stores in servers:  # train on, so a successful save would change the rows
+        _train(stores["user"], stores["user"].state_dict()["ids"][:20], seed=7)
+
+    calls = {"n": 0}
+    real_save = torch.save
+
+    def failing_save(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk full (simulated)")
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError, match="simulated"):
+        ckpt.save_all(servers, tmp_path, configs=CONFIGS)
+    monkeypatch.setattr(torch, "save", real_save)
+
+    # The half-written version 2 holds one shard file, no manifest and no temp file; nothing old was touched.
+    assert sorted(p.name for p in (tmp_path / "v00000002").iterdir()) == ["user.server0-of-2.pt"]
+    assert {k: v for k, v in _file_bytes(tmp_path).items() if not k.startswith("v00000002")} == before
+    assert ckpt.read_latest(tmp_path)["version"] == 1
+    with pytest.raises(FileNotFoundError):
+        ckpt.commit(tmp_path, 2, n_servers=2)  # the coordinator cannot commit an incomplete version
+    for i in range(2):
+        loaded = ckpt.load_shard(tmp_path, server=i, n_servers=2, make_store=make_store)
+        for table in CONFIGS:
+            _assert_states_equal(loaded[table].state_dict(), want[i][table])
+
+    # A retry writes version 2 over the debris and commits it.
+    ckpt.save_all(servers, tmp_path, configs=CONFIGS)
+    assert ckpt.read_latest(tmp_path)["version"] == 2
+    loaded = ckpt.load_shard(tmp_path, server=1, n_servers=2, make_store=make_store)
+    _assert_states_equal(loaded["user"].state_dict(), servers[1]["user"].state_dict())
+
+
+def test_process_killed_mid_save_keeps_previous_checkpoint(tmp_path: Path):
+    servers = _build_servers(1)
+    ckpt.save_all(servers, tmp_path, configs=CONFIGS)
+    before = _file_bytes(tmp_path)
+    # A separate process loads, trains, and dies (os._exit: no cleanup, no finally) while writing the 2nd file.
+    script = textwrap.dedent(
+        f"""
+        import os, torch
+        from persia_planner.modules.ps import checkpoint as ckpt
+        from persia_planner.modules.ps.store import EmbeddingStore
+        from persia_planner.modules.ps.optim import Adam, RowWiseAdagrad
+        opt = {{"adam": Adam(lr=0.01), "rowwise_adagrad": RowWiseAdagrad(lr=0.1)}}
+        make = lambda t, c: EmbeddingStore(c["dim"], c["capacity"], opt[c["optimizer"]])
+        stores = ckpt.load_shard({str(tmp_path)!r}, server=0, n_servers=1, make_store=make)
+        for s in stores.values():
+            s.update(s.state_dict()["ids"], torch.ones(len(s), s.dim))
+        real, calls = torch.save, [0]
+        def dying_save(obj, f, *a, **k):
+            calls[0] += 1
+            if calls[0] == 2:
+                f.write(b"PK\\x03\\x04 half a zip")
+                f.flush()
+                os._exit(9)
+            return real(obj, f, *a, **k)
+        torch.save = dying_save
+        ckpt.save_all([stores], {str(tmp_path)!r})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr.decode()
+    after = _file_bytes(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("v00000002")} == before
+    # The debris: one complete shard and one orphaned temp file, neither under a name a loader reads.
+    debris = sorted(k for k in after if k.startswith("v00000002"))
+    assert len(debris) == 2 and any(".tmp-" in k for k in debris)
+    loaded = ckpt.load_shard(tmp_path, server=0, n_servers=1, make_store=make_store)
+    for table in CONFIGS:
+        _assert_states_equal(loaded[table].state_dict(), servers[0][table].state_dict())
+
+
+def test_capacity_error_names_the_table(tmp_path: Path):
+    servers = _build_servers(1)
+    ckpt.save_all(servers, tmp_path, configs=CONFIGS)
+
+    def small(table: str, config: dict) -> EmbeddingStore:
+        return make_store(table, config, capacity=100 if table == "item" else None)
+
+    with pytest.raises(ValueError, match=r"table 'item'.*240 rows.*capacity 100"):
+        ckpt.load_shard(tmp_path, server=0, n_servers=1, make_store=small)
+    # Spread over 3 servers, about 80 rows each fit.
+    loaded = ckpt.load_shard(tmp_path, server=0, n_servers=3, make_store=small)
+    assert 0 < len(loaded["item"]) <= 100
+
+
+def test_save_refuses_to_overwrite_the_committed_version(tmp_path: Path):
+    servers = _build_servers(1)
+    ckpt.save_all(servers, tmp_path)
+    with pytest.raises(ValueError, match="committed"):
+        ckpt.save_shard(servers[0], tmp_path, server=0, n_servers=1, version=1)
+    with pytest.raises(FileNotFoundError):
+        ckpt.load_shard(tmp_path / "nothing", server=0, n_servers=1, make_store=make_store)
+
+
+def _delta_tables(path: Path) -> dict[str, dict[str, torch.Tensor]]:
+    delta = torch.load(path, weights_only=True)
+    assert delta["format"] == ckpt.DELTA_FORMAT
+    return delta["tables"]
+
+
+def test_incremental_dumps_fold_to_live_rows(tmp_path: Path):
+    base_dir, delta_dir = tmp_path / "ckpt", tmp_path / "deltas"
+    [stores] = _build_servers(1)
+    user = stores["user"]
+    first = ckpt.dump_incremental(stores, delta_dir, server=0, sequence=0)
+    assert first.name == "delta-00000000.server0.pt"
+    assert _delta_tables(first)["user"]["ids"].numel() == 240  # everything was inserted since construction
+    ckpt.save_all([stores], base_dir, configs=CONFIGS, delta_sequence=0)
+
+    ids = user.state_dict()["ids"]
+    touched = ids[torch.tensor([3, 50, 51, 199])]
+    user.lookup(ids[100:120])  # hits only refresh LRU metadata: not dirty
+    user.update(torch.cat([touched, touched[:1]]), torch.ones(5, user.dim))  # a duplicate counts once
+    tables = _delta_tables(ckpt.dump_incremental(stores, delta_dir, server=0, sequence=1, with_state=True))
+    got = tables["user"]
+    assert torch.equal(torch.sort(got["ids"]).values, torch.sort(touched).values)
+    assert torch.equal(got["weights"], user.lookup(got["ids"], train=False))
+    assert got["state"].shape == (4, user.state_width)
+    assert tables["item"]["ids"].numel() == 0 and tables["item"]["weights"].shape == (0, 4)
+
+    new_ids = _random_ids(30, seed=99)
+    _train(user, new_ids, seed=5)  # 30 inserts + updates
+    _train(stores["item"], stores["item"].state_dict()["ids"][:10], seed=6)
+    tables = _delta_tables(ckpt.dump_incremental(stores, delta_dir, server=0, sequence=2))
+    assert torch.equal(torch.sort(tables["user"]["ids"]).values, torch.sort(new_ids).values)
+    assert tables["item"]["ids"].numel() == 10 and "state" not in tables["item"]
+
+    # A replica: base checkpoint + the deltas after it == the live rows, for 1 replica shard and for 2.
+    info = ckpt.read_latest(base_dir)
+    assert info["delta_sequence"] == 0
+    assert [p.name for p in ckpt.list_deltas(delta_dir, after=0)] == [
+        "delta-00000001.server0.pt",
+        "delta-00000002.server0.pt",
+    ]
+    base, _ = ckpt.load_rows(base_dir, server=0, n_servers=1)
+    folded = ckpt.apply_deltas(base, delta_dir, after=info["delta_sequence"])
+    for table, store in stores.items():
+        live = _merged([store.state_dict()])
+        assert torch.equal(folded[table]["ids"], live["ids"])
+        assert torch.equal(folded[table]["weights"], live["weights"])
+        assert "state" not in folded[table]  # delta 2 carries no state, so no consistent state can be folded
+    for i in range(2):
+        rows, _ = ckpt.load_rows(base_dir, server=i, n_servers=2)
+        part = ckpt.apply_deltas(rows, delta_dir, after=0, server=i, n_servers=2)["user"]
+        mask = server_of("user", folded["user"]["ids"], 2) == i
+        assert torch.equal(part["ids"], folded["user"]["ids"][mask])
+        assert torch.equal(part["weights"], folded["user"]["weights"][mask])
+    # Why only deltas after the checkpoint: delta 0 predates the update of `touched`, so folding it rolls them back.
+    stale = ckpt.apply_deltas(base, [first])["user"]
+    at = torch.searchsorted(stale["ids"], torch.sort(touched).values)
+    assert not torch.equal(stale["weights"][at], user.lookup(torch.sort(touched).values, train=False))
+
+
+def test_evicted_rows_do_not_appear_in_deltas(tmp_path: Path):
+    store = EmbeddingStore(4, 4, SGD(lr=1.0), eviction="lru")
+    store.lookup(torch.tensor([1, 2, 3, 4]))
+    assert torch.equal(torch.sort(store.take_dirty()["ids"]).values, torch.tensor([1, 2, 3, 4]))
+    assert store.take_dirty()["ids"].numel() == 0  # taking clears
+    store.lookup(torch.tensor([3, 4]))
+    store.update(torch.tensor([1]), torch.ones(1, 4))  # 1 is dirty ...
+    store.lookup(torch.tensor([5, 6]))  # ... and then evicted with 2 (least recently looked up)
+    assert not store.contains(torch.tensor([1, 2])).any()
+    path = ckpt.dump_incremental({"t": store}, tmp_path, server=3, sequence=7)
+    assert path.name == "delta-00000007.server3.pt"
+    assert torch.equal(torch.sort(_delta_tables(path)["t"]["ids"]).values, torch.tensor([5, 6]))
+
+
+def test_failed_dump_keeps_rows_dirty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    store = EmbeddingStore(4, 8, SGD(lr=1.0))
+    store.lookup(torch.tensor([10, 11, 12]))
+
+    def broken(*args, **kwargs):
+        raise OSError("simulated")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError):
+        ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []  # no file, no temp file
+    path = ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+    assert torch.equal(torch.sort(_delta_tables(path)["t"]["ids"]).values, torch.tensor([10, 11, 12]))
+
+
+def test_load_state_dict_clears_dirty():
+    [stores] = _build_servers(1)
+    fresh = make_store("user", CONFIGS["user"])
+    fresh.load_state_dict(stores["user"].state_dict())
+    assert fresh.take_dirty()["ids"].numel() == 0
