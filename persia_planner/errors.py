@@ -14,6 +14,7 @@ class ErrorKind(enum.StrEnum):
     CAPACITY = "capacity"  # the model does not fit the topology
     INVALID_PLAN = "invalid_plan"  # a plan.json breaks coverage or capacity rules
     UNSUPPORTED = "unsupported"  # a valid request this build cannot serve
+    UNAVAILABLE = "unavailable"  # a peer (a parameter server) did not answer
 
 
 class PlannerError(Exception):

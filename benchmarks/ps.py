@@ -1,0 +1,175 @@
+"""Parameter-server benchmark: throughput against this machine's memory-bandwidth ceiling, and bytes per row.
+
+Prints a table and writes JSON (``--json OUT``) with at least ``lookup_rows_per_s``, ``update_rows_per_s``,
+``ceiling_rows_per_s``, ``bytes_per_row``, ``raw_bytes_per_row``. Every ratio is measured in this same run.
+
+    python benchmarks/ps.py --quick --json out.json    # CI: under 2 minutes
+    python benchmarks/ps.py --json out.json            # full: 10M-row memory, 100M rows of dim 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad
+from persia_planner.modules.ps.launch import local_cluster
+from persia_planner.modules.ps.server import TableConfig
+
+console = Console()
+DIM = 64
+BATCH = 65536
+ZIPF = 1.05
+
+
+def zipf_ids(n: int, rows: int, alpha: float, seed: int) -> torch.Tensor:
+    """``n`` ids in ``[0, rows)`` with Zipf(alpha) popularity over a random permutation of the id space."""
+    g = torch.Generator().manual_seed(seed)
+    ranks = torch.arange(1, rows + 1, dtype=torch.float64)
+    weights = ranks.pow(-alpha)
+    drawn = torch.multinomial(weights / weights.sum(), n, replacement=True, generator=g)
+    # Hot ids are scattered over the id space, as real feature ids are (hash them to 64 bits).
+    return (drawn * 2654435761 % (2**61 - 1)).to(torch.int64)
+
+
+def timed(fn, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls (after one warm-up call)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def bench_ceiling(rows: int, repeats: int) -> dict[str, float]:
+    """The same batch through a preallocated tensor: index_select (lookups) and index_add_ (updates)."""
+    table = torch.randn(rows, DIM)
+    idx = zipf_ids(BATCH, rows, ZIPF, seed=1) % rows
+    grads = torch.randn(BATCH, DIM)
+    lookup_s = timed(lambda: table.index_select(0, idx), repeats)
+    update_s = timed(lambda: table.index_add_(0, idx, grads), repeats)
+    return {"ceiling_rows_per_s": BATCH / lookup_s, "ceiling_update_rows_per_s": BATCH / update_s}
+
+
+def bench_local_store(rows: int, repeats: int) -> dict[str, float]:
+    """The store in this process (no rpc): the server-side cost of a batch."""
+    store = EmbeddingStore(DIM, rows, RowWiseAdagrad(lr=0.01), seed=0)
+    ids = zipf_ids(BATCH, rows, ZIPF, seed=2)
+    grads = torch.randn(BATCH, DIM)
+    store.lookup(ids)  # insert the batch's ids once; timed batches are hits, as in steady state
+    lookup_s = timed(lambda: store.lookup(ids), repeats)
+    update_s = timed(lambda: store.update(ids, grads), repeats)
+    return {"local_lookup_rows_per_s": BATCH / lookup_s, "local_update_rows_per_s": BATCH / update_s}
+
+
+def _rpc_trainer(index: int, client: Any, rows: int, repeats: int) -> dict[str, float]:
+    """Runs in the trainer process: register a table, warm its rows, time lookups and pushes of one batch."""
+    del index
+    client.register(TableConfig("bench", DIM, rows, RowWiseAdagrad(lr=0.01)))
+    ids = zipf_ids(BATCH, rows, ZIPF, seed=2)
+    grads = torch.randn(BATCH, DIM)
+    client.lookup("bench", ids)  # insert once: timed lookups are hits, as in steady state
+    lookup_s = timed(lambda: client.lookup("bench", ids), repeats)
+    update_s = timed(lambda: client.push_gradients("bench", ids, grads), repeats)
+    return {"lookup_rows_per_s": BATCH / lookup_s, "update_rows_per_s": BATCH / update_s}
+
+
+def bench_rpc(rows: int, repeats: int) -> dict[str, float]:
+    """1 server + 1 client process over torch.distributed.rpc on localhost."""
+    return local_cluster(1, 1, _rpc_trainer, rows, repeats, timeout_s=60.0)[0]
+
+
+_MEMORY_CHILD = """
+import os, sys, torch
+from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad
+from persia_planner.modules.ps.launch import local_cluster
+from persia_planner.modules.ps.server import TableConfig
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+rows, dim = int(sys.argv[1]), int(sys.argv[2])
+before = rss()
+store = EmbeddingStore(dim, rows, RowWiseAdagrad(lr=0.01), seed=0)
+step = 1 << 20
+for start in range(0, rows, step):
+    store.lookup(torch.arange(start, min(start + step, rows), dtype=torch.int64) * 2654435761)
+assert len(store) == rows, len(store)
+print((rss() - before) / rows)
+"""
+
+
+def bench_memory(rows: int, dim: int) -> dict[str, float]:
+    """RSS delta per stored row in a fresh process (the store filled to capacity) vs the raw row bytes."""
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_CHILD, str(rows), str(dim)], capture_output=True, text=True, check=True
+    )
+    per_row = float(out.stdout.strip().splitlines()[-1])
+    raw = dim * 4 + 4  # fp32 weights + one fp32 row-wise Adagrad accumulator
+    return {"rows": rows, "dim": dim, "bytes_per_row": per_row, "raw_bytes_per_row": raw, "ratio": per_row / raw}
+
+
+def render(results: dict[str, Any]) -> None:
+    t = Table(title=f"Parameter server, dim {DIM}, batches of {BATCH} Zipf({ZIPF}) ids")
+    for col in ("measure", "rows/s", "vs ceiling"):
+        t.add_column(col, justify="right" if col != "measure" else "left")
+    ceiling = results["ceiling_rows_per_s"]
+    for key, label in (
+        ("ceiling_rows_per_s", "index_select on a preallocated tensor (ceiling)"),
+        ("ceiling_update_rows_per_s", "index_add_ on a preallocated tensor"),
+        ("local_lookup_rows_per_s", "store lookup, in process"),
+        ("local_update_rows_per_s", "store update (row-wise Adagrad), in process"),
+        ("lookup_rows_per_s", "lookup, 1 server + 1 client over rpc"),
+        ("update_rows_per_s", "update, 1 server + 1 client over rpc"),
+    ):
+        if key in results:
+            t.add_row(label, f"{results[key]:,.0f}", f"{results[key] / ceiling:.1%}")
+    console.print(t)
+    for m in results["memory"]:
+        console.print(
+            f"memory: {m['rows']:,} rows of dim {m['dim']} + row-wise Adagrad: {m['bytes_per_row']:.1f} B/row "
+            f"vs raw {m['raw_bytes_per_row']} B ({m['ratio']:.2f}x)"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CI mode: 1M-row throughput, 4M-row memory, fewer repeats")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    rows = 1_000_000 if args.quick else 10_000_000
+    repeats = 5 if args.quick else 15
+    results: dict[str, Any] = {"mode": "quick" if args.quick else "full", "machine": platform.platform()}
+    results.update(bench_ceiling(rows, repeats))
+    results.update(bench_local_store(rows, repeats))
+    results.update(bench_rpc(rows, repeats))
+    memory = [bench_memory(4_000_000 if args.quick else rows, DIM)]
+    if not args.quick:
+        memory.append(bench_memory(100_000_000, 16))
+    results["memory"] = memory
+    results["bytes_per_row"] = memory[0]["bytes_per_row"]
+    results["raw_bytes_per_row"] = memory[0]["raw_bytes_per_row"]
+    render(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    raise SystemExit(main())

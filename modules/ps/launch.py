@@ -1,0 +1,215 @@
+"""Run a small parameter-server cluster on localhost: ``n_servers`` servers and ``n_clients`` trainer processes.
+
+Rank layout (what :func:`.server.serve` and :func:`.client.connect` assume): servers ``0 .. n_servers-1`` named
+``ps{i}``, trainers ``n_servers + j`` named ``trainer{j}``. Every process is started with the ``spawn`` method (no
+fork of a parent that may hold threads or an RPC agent) and rendezvous at ``127.0.0.1`` on a free port.
+
+Each trainer runs ``fn(trainer_index, client, *args)`` and sends its return value (or its traceback) back through a
+queue; the trainers may synchronise with each other through :func:`barrier`. After all trainers reported, the
+processes shut down gracefully (every worker reaches ``rpc.shutdown()``); if a server died (as in the failure tests)
+no graceful shutdown is possible and the survivors are terminated instead.
+
+Used by the tests and the benchmarks::
+
+    results = local_cluster(2, 4, train_step, table_config)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed.rpc as rpc
+import torch.multiprocessing as mp
+
+from persia_planner.errors import PlannerError
+
+from . import server as _server
+from .client import PsClient, connect
+
+__all__ = ["TrainerError", "barrier", "free_port", "local_cluster"]
+
+log = logging.getLogger(__name__)
+
+_BARRIER: Any = None  # the trainers' multiprocessing barrier, set in each trainer process
+
+
+class TrainerError(PlannerError):
+    """A trainer's ``fn`` raised; the message carries the trainer's traceback."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def barrier(timeout_s: float | None = 60.0) -> None:
+    """Block until every trainer of the :func:`local_cluster` reached this call (call it from ``fn`` only)."""
+    if _BARRIER is None:
+        raise RuntimeError("barrier() is only available inside a trainer started by local_cluster")
+    _BARRIER.wait(timeout_s)
+
+
+def _env(port: int) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe: listen on loopback, not the host's address
+
+
+def _server_main(rank: int, world_size: int, port: int, rpc_timeout_s: float, log_level: int) -> None:
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _env(port)
+    _server.serve(rank, world_size, rpc_timeout_s=rpc_timeout_s)
+
+
+def _trainer_main(
+    j: int,
+    n_servers: int,
+    world_size: int,
+    port: int,
+    opts: tuple[float, float, int],
+    results: Any,
+    trainer_barrier: Any,
+    fn: Callable[..., Any],
+    args: tuple,
+) -> None:
+    global _BARRIER
+    timeout_s, rpc_timeout_s, log_level = opts
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _env(port)
+    _BARRIER = trainer_barrier
+    client: PsClient = connect(
+        f"trainer{j}",
+        n_servers + j,
+        world_size,
+        servers=[_server.server_name(i) for i in range(n_servers)],
+        timeout_s=timeout_s,
+        rpc_timeout_s=rpc_timeout_s,
+    )
+    try:
+        try:
+            # Plain pickle, not the queue's: torch's reducers would pass tensors as shared-memory handles that
+            # the parent can only open while this process lives, and it may be gone (or killed) by then.
+            results.put((j, True, pickle.dumps(fn(j, client, *args))))
+        except BaseException as err:
+            results.put((j, False, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+            raise
+        client.flush()
+    finally:
+        rpc.shutdown()  # graceful: waits for the servers and the other trainers
+
+
+def local_cluster(
+    n_servers: int,
+    n_clients: int,
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout_s: float = 10.0,
+    rpc_timeout_s: float = 60.0,
+    run_timeout_s: float = 300.0,
+    shutdown_timeout_s: float = 30.0,
+    log_level: int = logging.WARNING,
+) -> list[Any]:
+    """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
+
+    ``fn`` and ``args`` must be picklable (a module-level function); ``fn`` may call :func:`barrier`.
+
+    Args:
+        n_servers: Server processes (``ps0 ..``).
+        n_clients: Trainer processes (``trainer0 ..``).
+        fn: The trainer body; its return value must be picklable.
+        timeout_s: The clients' per-request timeout.
+        rpc_timeout_s: Default RPC timeout of every process (rendezvous, shutdown barrier).
+        run_timeout_s: Give up (and kill everything) if the trainers have not all reported by then.
+        shutdown_timeout_s: Time allowed for the graceful shutdown after the trainers reported.
+        log_level: Logging level of the child processes.
+
+    Returns:
+        The trainers' return values, in trainer order.
+
+    Raises:
+        TrainerError: A trainer raised (first in trainer order), or the run timed out.
+    """
+    if n_servers < 1 or n_clients < 1:
+        raise ValueError(f"need at least one server and one client, got {n_servers} and {n_clients}")
+    ctx = mp.get_context("spawn")
+    world_size = n_servers + n_clients
+    port = free_port()
+    results = ctx.Queue()
+    trainer_barrier = ctx.Barrier(n_clients)
+    servers = [
+        ctx.Process(
+            target=_server_main,
+            args=(i, world_size, port, rpc_timeout_s, log_level),
+            name=_server.server_name(i),
+            daemon=True,
+        )
+        for i in range(n_servers)
+    ]
+    trainers = [
+        ctx.Process(
+            target=_trainer_main,
+            args=(
+                j,
+                n_servers,
+                world_size,
+                port,
+                (timeout_s, rpc_timeout_s, log_level),
+                results,
+                trainer_barrier,
+                fn,
+                args,
+            ),
+            name=f"trainer{j}",
+            daemon=True,
+        )
+        for j in range(n_clients)
+    ]
+    procs = servers + trainers
+    for p in procs:
+        p.start()
+    outcome: dict[int, tuple[bool, Any]] = {}
+    deadline = time.monotonic() + run_timeout_s
+    try:
+        while len(outcome) < n_clients:
+            try:
+                j, ok, value = results.get(timeout=1.0)
+                outcome[j] = (ok, value)
+            except queue.Empty:
+                # A process that exits before its trainer reported (e.g. failed to join the group) would
+                # otherwise leave us waiting for the whole run_timeout_s.
+                # (A dead server is not checked here: the trainers' requests to it fail within their timeout.)
+                early = [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in outcome]
+                if early or time.monotonic() > deadline:
+                    why = (
+                        f"{', '.join(f'{p.name} exited with {p.exitcode}' for p in early)}"
+                        if early
+                        else f"the trainers did not finish within {run_timeout_s:g} s"
+                    )
+                    raise TrainerError(f"local cluster failed: {why}") from None
+        # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
+        server_died = any(p.exitcode not in (None, 0) for p in servers)
+        grace = time.monotonic() + (0.0 if server_died else shutdown_timeout_s)
+        for p in procs:
+            p.join(max(0.0, grace - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join()
+        results.close()
+    failed = [(j, value) for j, (ok, value) in sorted(outcome.items()) if not ok]
+    if failed:
+        j, tb = failed[0]
+        raise TrainerError(f"trainer{j} failed: {tb}")
+    return [pickle.loads(outcome[j][1]) for j in range(n_clients)]

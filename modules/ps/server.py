@@ -1,0 +1,334 @@
+"""One embedding parameter server process: a registry of :class:`EmbeddingStore` tables served over torch RPC.
+
+A server is a ``torch.distributed.rpc`` worker (TensorPipe backend) named ``ps{rank}`` that does nothing but answer
+requests: :func:`serve` joins the RPC group and then blocks in the *graceful* ``rpc.shutdown()``, which returns once
+every worker of the group (the trainers included) has reached its own shutdown.
+
+Clients (:mod:`.client`) call the module-level functions :func:`_create`, :func:`_lookup`, :func:`_update` and
+:func:`_metrics` with ``rpc_async``; RPC pickles them *by reference* (module + name), so they run here against this
+process's :data:`_STATE`. Tables are created on demand from a :class:`TableConfig` that clients send: creating a
+table twice with the same config is a no-op (every trainer may register every table), with a different config an
+error.
+
+Threading: the RPC agent runs requests on a pool of worker threads, and an :class:`EmbeddingStore` is not
+thread-safe (lookups insert and evict), so each table has its own lock; requests for different tables run in
+parallel, requests for the same table are serialised. Every update is therefore applied atomically and none is lost,
+whatever the number of concurrent clients.
+
+Errors raised while serving a request are *returned* as a :class:`RemoteFailure` value, which the client raises as
+:class:`PsServerError` (a :class:`PlannerError`). Raising across RPC would not do: the caller receives every remote
+exception as a plain ``RuntimeError``, indistinguishable from a timeout or a broken connection. This way every
+exception the client gets from the RPC layer means "the server did not answer" (``PsUnavailableError``) and every
+``RemoteFailure`` means "the server answered no".
+
+Run a server by hand like torchrun would::
+
+    MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 python -m persia_planner.modules.ps.server --rank 0 --world-size 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed.rpc as rpc
+
+from persia_planner.errors import ErrorKind, PlannerError
+
+from .optim import SGD, RowOptimizer
+from .store import EmbeddingStore, Eviction, Normal, Uniform
+
+__all__ = ["PsServerError", "RemoteFailure", "TableConfig", "rpc_backend_options", "serve", "server_name"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RPC_TIMEOUT_S = 60.0
+_DEFAULT_OPTIMIZER = SGD()  # frozen dataclasses: safe to share as defaults
+_DEFAULT_INIT = Uniform()
+
+
+class PsServerError(PlannerError):
+    """A parameter server refused or failed a request (bad table config, unknown table, shape mismatch...).
+
+    Takes a single message argument so that RPC can re-create it on the calling side.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind=ErrorKind.INPUT)
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """Everything a server needs to create one table; the same config is sent to every server.
+
+    Attributes:
+        name: Table name (also salts the id -> server hash, see :func:`.sharding.server_of`).
+        dim: Embedding width.
+        capacity: Maximum rows **per server** (each server holds about ``1 / n_servers`` of the ids).
+        optimizer: The sparse optimizer the servers apply on :meth:`EmbeddingStore.update`.
+        init: Initialiser of new rows.
+        eviction: LRU or LFU.
+        admission_probability: Probability that a new id is inserted on a training lookup.
+        clip: If set, weights are clamped to ``[-clip, clip]`` after every update.
+        seed: Seed of each server's generator (server ``i`` uses ``seed + i`` so shards do not share streams).
+    """
+
+    name: str
+    dim: int
+    capacity: int
+    optimizer: RowOptimizer = _DEFAULT_OPTIMIZER
+    init: Uniform | Normal = _DEFAULT_INIT
+    eviction: Eviction = Eviction.LRU
+    admission_probability: float = 1.0
+    clip: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("TableConfig.name must not be empty")
+        # Normalise a plain string so that equal configs compare equal on the server (idempotent create).
+        object.__setattr__(self, "eviction", Eviction(self.eviction))
+
+    def make_store(self, server_index: int) -> EmbeddingStore:
+        """The empty store of this table on server ``server_index``."""
+        return EmbeddingStore(
+            self.dim,
+            self.capacity,
+            self.optimizer,
+            init=self.init,
+            eviction=self.eviction,
+            admission_probability=self.admission_probability,
+            clip=self.clip,
+            seed=self.seed + server_index,
+        )
+
+
+def server_name(rank: int) -> str:
+    """RPC worker name of server ``rank`` (servers take ranks ``0 .. n_servers-1``)."""
+    return f"ps{rank}"
+
+
+class _Table:
+    """A store, its config and the lock that serialises requests on it."""
+
+    def __init__(self, config: TableConfig, store: EmbeddingStore) -> None:
+        self.config = config
+        self.store = store
+        self.lock = threading.Lock()
+
+
+class _ServerState:
+    """Per-process server state: the table registry and the start time for the rates."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, _Table] = {}
+        self.lock = threading.Lock()  # guards the registry only, never held during a store operation
+        self.started = time.monotonic()
+        try:
+            info = rpc.get_worker_info()
+            self.name, self.index = info.name, info.id
+        except RuntimeError:  # not inside an RPC group (unit use of the functions)
+            self.name, self.index = f"pid{os.getpid()}", 0
+
+    def table(self, name: str) -> _Table:
+        try:
+            return self.tables[name]  # dict reads are atomic; the registry only grows
+        except KeyError:
+            raise PsServerError(
+                f"parameter server {self.name} has no table {name!r}; register it first (PsClient.register)"
+            ) from None
+
+
+_STATE: _ServerState | None = None
+_STATE_LOCK = threading.Lock()
+
+
+def _state() -> _ServerState:
+    global _STATE
+    if _STATE is None:
+        with _STATE_LOCK:
+            if _STATE is None:
+                _STATE = _ServerState()
+    return _STATE
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """What an RPC function returns instead of raising (see the module docstring)."""
+
+    message: str
+
+
+def _server_errors(fn):
+    """Turn an exception into a returned :class:`RemoteFailure` whose message names the server."""
+
+    @functools.wraps(fn)  # keeps __qualname__/__module__, so RPC pickles the wrapper by the function's name
+    def wrapped(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except PsServerError as err:
+            log.warning("%s", err)
+            return RemoteFailure(str(err))
+        except Exception as err:
+            log.exception("%s: %s failed", _state().name, fn.__name__)
+            return RemoteFailure(f"parameter server {_state().name}: {fn.__name__}: {type(err).__name__}: {err}")
+
+    return wrapped
+
+
+# ------------------------------------------------------------------------------------- functions run via RPC
+
+
+@_server_errors
+def _create(config: TableConfig) -> int:
+    """Create ``config.name`` unless it exists with the same config; returns this server's index."""
+    state = _state()
+    with state.lock:
+        existing = state.tables.get(config.name)
+        if existing is None:
+            state.tables[config.name] = _Table(config, config.make_store(state.index))
+            log.info("%s: created table %r: %s", state.name, config.name, config)
+        elif existing.config != config:
+            raise PsServerError(
+                f"parameter server {state.name}: table {config.name!r} already exists with a different config "
+                f"({existing.config} != {config}); use another name or restart the servers"
+            )
+    return state.index
+
+
+@_server_errors
+def _lookup(table: str, ids: torch.Tensor, train: bool) -> torch.Tensor:
+    """Rows ``[len(ids), dim]`` of distinct ``ids`` (the client de-duplicates); ``train=False`` never inserts."""
+    t = _state().table(table)
+    with t.lock:
+        return t.store.lookup(ids, train=train)
+
+
+@_server_errors
+def _update(table: str, ids: torch.Tensor, grads: torch.Tensor) -> int:
+    """Apply the table's optimizer to the rows of ``ids`` with ``grads``; returns the number of rows updated."""
+    t = _state().table(table)
+    with t.lock:
+        return t.store.update(ids, grads)
+
+
+@_server_errors
+def _metrics() -> dict[str, Any]:
+    """This server's metrics (see :func:`server_metrics`), also logged at INFO."""
+    m = server_metrics()
+    log.info(
+        "%s: %d rows, %.1f MiB, %d evictions, %.0f lookups/s, %.0f updates/s",
+        m["name"],
+        m["rows"],
+        m["bytes"] / 2**20,
+        m["evictions"],
+        m["lookups_per_s"],
+        m["updates_per_s"],
+    )
+    return m
+
+
+def server_metrics() -> dict[str, Any]:
+    """Metrics of this process's server.
+
+    Returns:
+        ``name``, ``pid``, ``uptime_s``; totals over tables of ``rows``, ``evictions``, ``lookups`` (ids looked up,
+        with repeats), ``updates`` (rows updated), ``bytes`` (weights + optimizer state of the rows held, float32);
+        ``lookups_per_s`` / ``updates_per_s`` (averages since the server state was created); ``tables``: each
+        table's :meth:`EmbeddingStore.metrics` plus its ``bytes``.
+    """
+    state = _state()
+    uptime = max(time.monotonic() - state.started, 1e-9)
+    tables: dict[str, dict[str, int]] = {}
+    for name, t in list(state.tables.items()):
+        with t.lock:
+            m = dict(t.store.metrics())
+        m["bytes"] = m["rows"] * (t.store.dim + t.store.state_width) * 4
+        tables[name] = m
+    totals = {k: sum(m[k] for m in tables.values()) for k in ("rows", "evictions", "lookups", "updates", "bytes")}
+    return {
+        "name": state.name,
+        "pid": os.getpid(),
+        "uptime_s": uptime,
+        **totals,
+        "lookups_per_s": totals["lookups"] / uptime,
+        "updates_per_s": totals["updates"] / uptime,
+        "tables": tables,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ process
+
+
+def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.TensorPipeRpcBackendOptions:
+    """TensorPipe options with the rendezvous at ``MASTER_ADDR:MASTER_PORT`` (the torchrun convention).
+
+    Raises:
+        PlannerError: If either variable is unset.
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise PlannerError(
+            f"MASTER_ADDR and MASTER_PORT must be set for the parameter-server RPC group "
+            f"(got MASTER_ADDR={addr!r}, MASTER_PORT={port!r})",
+            fixes=("export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>, or launch with torchrun",),
+        )
+    return rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{addr}:{port}", rpc_timeout=rpc_timeout_s)
+
+
+def serve(rank: int, world_size: int, *, name: str | None = None, rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> None:
+    """Join the RPC group as server ``name`` (default ``ps{rank}``) and serve until every worker shuts down.
+
+    Blocks in the graceful ``rpc.shutdown()`` (no timeout), which returns once all workers of the group reached
+    theirs; then logs the final metrics.
+
+    Args:
+        rank: This process's rank; servers conventionally take ``0 .. n_servers-1``.
+        world_size: Servers plus trainers.
+        name: RPC worker name; clients address the server by it.
+        rpc_timeout_s: Default timeout of RPCs this process issues (the rendezvous and shutdown barrier).
+    """
+    name = name or server_name(rank)
+    rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=rpc_backend_options(rpc_timeout_s))
+    state = _state()
+    log.info("%s: serving (rank %d of %d, pid %d)", name, rank, world_size, os.getpid())
+    try:
+        rpc.shutdown()
+    finally:
+        m = server_metrics()
+        log.info(
+            "%s: shut down after %.1f s: %d rows, %d lookups, %d updates",
+            state.name,
+            m["uptime_s"],
+            m["rows"],
+            m["lookups"],
+            m["updates"],
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m persia_planner.modules.ps.server --rank R --world-size W`` (MASTER_ADDR/PORT from the env)."""
+    parser = argparse.ArgumentParser(description="Run one embedding parameter server (torch RPC, TensorPipe).")
+    parser.add_argument("--rank", type=int, required=True, help="rank of this server; servers take 0..n-1")
+    parser.add_argument("--world-size", type=int, required=True, help="servers + trainers")
+    parser.add_argument("--name", default=None, help="RPC worker name (default ps{rank})")
+    parser.add_argument("--rpc-timeout", type=float, default=DEFAULT_RPC_TIMEOUT_S, help="seconds")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(args.rank, args.world_size, name=args.name, rpc_timeout_s=args.rpc_timeout)
+
+
+if __name__ == "__main__":
+    # Run the imported module, not __main__: clients pickle the RPC functions as
+    # persia_planner.modules.ps.server._lookup etc., so the state must live in that module.
+    from persia_planner.modules.ps import server as _server
+
+    _server.main()

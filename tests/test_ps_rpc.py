@@ -1,0 +1,206 @@
+"""Parameter server over torch RPC: real server and trainer processes on 127.0.0.1 (each test its own cluster).
+
+The trainer bodies are module-level functions (the spawned processes import this module to find them) and assert
+inside the trainer; a failed assertion comes back as a ``TrainerError`` carrying the trainer's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+
+import pytest
+import torch
+
+from persia_planner.modules.ps.client import PsUnavailableError
+from persia_planner.modules.ps.launch import barrier, local_cluster
+from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
+from persia_planner.modules.ps.server import PsServerError, TableConfig
+from persia_planner.modules.ps.sharding import server_of
+from persia_planner.modules.ps.store import EmbeddingStore, Uniform
+
+pytestmark = pytest.mark.timeout(90)  # far below the suite's 600 s: a hang fails here, not the whole run
+
+
+def _gen(*seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(hash(seed) & 0xFFFF_FFFF)
+
+
+# ------------------------------------------------------------------------------------------ (1) round trip
+
+
+def _round_trip(j, client):
+    config = TableConfig("user", 8, 1000, SGD(lr=0.1), Uniform(-0.1, 0.1), seed=7)
+    client.register(config)
+    client.register(config)  # idempotent
+    with pytest.raises(PsServerError, match="different config"):
+        client.register(TableConfig("user", 8, 1000, SGD(lr=0.2)))
+    with pytest.raises(PsServerError, match="not registered"):
+        client.lookup("item", torch.tensor([1]))
+
+    # Duplicates, a 2-d batch, and ids across the whole uint64 range (negative int64 = high uint64 bit patterns).
+    base = torch.cat([torch.randint(0, 40, (90,), generator=_gen(1)), torch.tensor([-1, 2**63 - 1, -(2**63)] * 2)])
+    ids = base[torch.randperm(base.numel(), generator=_gen(2))].reshape(4, 24)
+    rows = client.lookup("user", ids)
+    assert rows.shape == (4, 24, 8) and rows.dtype == torch.float32
+    uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+    first = torch.full((uniq.numel(),), ids.numel()).scatter_reduce(0, inverse, torch.arange(ids.numel()), "amin")
+    flat = rows.reshape(-1, 8)
+    assert torch.equal(flat, flat[first[inverse]])  # the same id always reads the same row
+    assert (flat.abs() > 0).any(dim=1).all() and (flat.abs() <= 0.1).all()  # initialised, from Uniform(-0.1, 0.1)
+    assert torch.equal(client.lookup("user", ids), rows)  # found again, nothing re-initialised
+    assert torch.equal(
+        client.lookup("user", torch.tensor([2**64 - 1], dtype=torch.uint64))[0], flat[ids.view(-1) == -1][0]
+    )
+
+    # Placement: each server holds exactly the ids server_of assigns to it.
+    expected = torch.bincount(server_of("user", uniq, 2), minlength=2).tolist()
+    held = [m["rows"] for m in client.metrics()]
+    assert held == expected and sum(held) == uniq.numel() and min(held) > 0
+
+    # Eval lookups: new ids read as zeros and are not inserted; known ids read their row.
+    new = torch.arange(10_000, 10_050)
+    assert torch.equal(client.lookup("user", new, train=False), torch.zeros(50, 8))
+    assert torch.equal(client.lookup("user", ids, train=False), rows)
+    metrics = client.metrics()
+    assert [m["rows"] for m in metrics] == expected
+    assert all(m["bytes"] == m["rows"] * 8 * 4 and m["lookups_per_s"] > 0 for m in metrics)  # SGD: no state
+    return {"rows": held, "distinct": uniq.numel(), "names": [m["name"] for m in metrics]}
+
+
+def test_round_trip_two_servers():
+    [result] = local_cluster(2, 1, _round_trip, run_timeout_s=60)
+    assert result["names"] == ["ps0", "ps1"]
+    assert sum(result["rows"]) == result["distinct"]
+
+
+# ------------------------------------------------------------------- (2) equals a local store (RowWiseAdagrad)
+
+
+def _train_vs_local(j, client):
+    optimizer = RowWiseAdagrad(lr=0.05)
+    client.register(TableConfig("item", 16, 10_000, optimizer, Uniform(-0.1, 0.1)))
+    universe = torch.unique(torch.randint(-(2**63), 2**63 - 1, (300,), generator=_gen(3)))
+    client.lookup("item", universe)  # insert every id on the servers
+    # The reference starts from the servers' initial rows (two servers draw different random rows than one store).
+    local = EmbeddingStore(16, 10_000, optimizer)
+    local.lookup(universe)
+    state = local.state_dict()
+    state["weights"] = client.lookup("item", state["ids"], train=False)
+    local.load_state_dict(state)
+    initial = local.lookup(universe, train=False)
+    target = torch.randn(universe.numel(), 16, generator=_gen(4))
+    for step in range(6):
+        pick = torch.randint(0, universe.numel(), (256,), generator=_gen(5, step))  # with duplicates
+        batch = universe[pick]
+        ps_rows, local_rows = client.lookup("item", batch), local.lookup(batch)
+        torch.testing.assert_close(ps_rows, local_rows, atol=1e-6, rtol=0)
+        grads = ps_rows - target[pick]  # a real loss: pull the rows towards the targets
+        assert client.push_gradients("item", batch, grads) == torch.unique(batch).numel()
+        local.update(batch, grads)
+    final = client.lookup("item", universe, train=False)
+    torch.testing.assert_close(final, local.lookup(universe, train=False), atol=1e-6, rtol=0)
+    moved = (final - initial).abs().amax().item()
+    assert moved > 0.01  # the optimizer really ran
+    return moved
+
+
+def test_ps_training_equals_local_store():
+    [moved] = local_cluster(2, 1, _train_vs_local, run_timeout_s=60)
+    assert moved > 0.01
+
+
+# ------------------------------------------------------------------ (3) concurrent pushes lose no update
+
+
+N_IDS, DIM3, STEPS = 64, 4, 12
+
+
+def _pushes(rank):
+    """The (ids, grads) batches trainer ``rank`` pushes: duplicates, gradients in eighths (exact float sums)."""
+    out = []
+    for step in range(STEPS):
+        ids = torch.randint(0, N_IDS, (96,), generator=_gen(6, rank, step))
+        grads = torch.randint(-4, 5, (96, DIM3), generator=_gen(7, rank, step)).float() / 8
+        out.append((ids, grads))
+    return out
+
+
+def _concurrent(j, client):
+    client.register(TableConfig("clicks", DIM3, 1000, SGD(lr=1.0), Uniform(-1, 1)))
+    universe = torch.arange(N_IDS)
+    initial = client.lookup("clicks", universe)  # inserts; no trainer pushes before everyone passed the barrier
+    barrier()
+    futures = [client.push_gradients_async("clicks", ids, grads) for ids, grads in _pushes(j)]
+    client.flush()
+    updated = sum(f.wait() for f in futures)
+    barrier()  # every trainer's pushes are applied
+    final = client.lookup("clicks", universe, train=False)
+    server_updates = sum(m["updates"] for m in client.metrics())
+    return initial, final, updated, server_updates
+
+
+def test_concurrent_pushes_lose_no_update():
+    results = local_cluster(2, 4, _concurrent, run_timeout_s=75)
+    initial, final = results[0][0], results[0][1]
+    total = torch.zeros(N_IDS, DIM3)
+    for rank in range(4):
+        for ids, grads in _pushes(rank):
+            total.index_add_(0, ids, grads)
+    assert all(torch.equal(r[0], initial) and torch.equal(r[1], final) for r in results)
+    torch.testing.assert_close(final, initial - total, atol=1e-5, rtol=0)  # SGD lr=1: w = w0 - sum of all grads
+    expected_rows = sum(torch.unique(ids).numel() for rank in range(4) for ids, _ in _pushes(rank))
+    assert sum(r[2] for r in results) == expected_rows == results[0][3]
+
+
+# ------------------------------------------------------------------------------------ (4) unavailable server
+
+
+def _expect_unavailable(client, ids):
+    start = time.monotonic()
+    with pytest.raises(PsUnavailableError) as info:
+        client.lookup("user", ids)
+    return str(info.value), time.monotonic() - start
+
+
+def _dead_server(j, client):
+    client.register(TableConfig("user", 8, 1000))
+    ids = torch.arange(200)
+    on_ps0 = ids[server_of("user", ids, 2) == 0]
+    rows = client.lookup("user", ids)
+    pid = client.metrics()[1]["pid"]
+    assert pid != os.getpid()
+
+    # A hung server (stopped, connection open): the request times out.
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        hung = _expect_unavailable(client, ids)
+        assert torch.equal(client.lookup("user", on_ps0), rows[on_ps0])  # only ps0 is asked: still served
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert torch.equal(client.lookup("user", ids), rows)  # recovered
+
+    # A dead server (killed): the broken connection is reported at once.
+    pidfd = os.pidfd_open(pid)
+    os.kill(pid, signal.SIGKILL)
+    assert select.select([pidfd], [], [], 10)[0], "ps1 did not die"  # readable once the process has exited
+    os.close(pidfd)
+    dead = _expect_unavailable(client, ids)
+    with pytest.raises(PsUnavailableError, match="ps1"):
+        client.push_gradients("user", ids, torch.zeros(200, 8))
+    assert torch.equal(client.lookup("user", on_ps0), rows[on_ps0])
+    return hung, dead
+
+
+def test_unavailable_server_raises_naming_it():
+    start = time.monotonic()
+    [(hung, dead)] = local_cluster(2, 1, _dead_server, timeout_s=3.0, run_timeout_s=60)
+    (hung_msg, hung_s), (dead_msg, dead_s) = hung, dead
+    assert hung_msg.startswith("parameter server ps1 did not answer a lookup of table 'user' within 3 s")
+    assert "MASTER_ADDR/MASTER_PORT" in hung_msg and "\n" not in hung_msg
+    assert 2.5 < hung_s < 6.0
+    assert dead_msg.startswith("parameter server ps1 did not answer a lookup of table 'user'")
+    assert dead_s < 4.0
+    assert time.monotonic() - start < 45  # the cluster is torn down, nothing waits for the dead server
