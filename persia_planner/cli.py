@@ -256,5 +256,26 @@ def topology_command(
             typer.echo(f"wrote {png}")
 
 
+@app.command("ps")
+def ps_command(
+    rank: Annotated[int, typer.Option("--rank", min=0, help="this server's rank; servers take 0..n-1")],
+    world_size: Annotated[int, typer.Option("--world-size", min=1, help="parameter servers + trainers")],
+    name: Annotated[str | None, typer.Option("--name", help="RPC worker name (default ps{rank})")] = None,
+    rpc_timeout: Annotated[float, typer.Option("--rpc-timeout", min=1.0, help="seconds, for rendezvous")] = 60.0,
+) -> None:
+    """Run one embedding parameter server until the job ends (torch.distributed.rpc; MASTER_ADDR/MASTER_PORT from
+    the environment, as torchrun sets them)."""
+    import logging
+
+    with _edge():
+        if rank >= world_size:
+            raise PlannerError(f"--rank {rank} must be below --world-size {world_size}")
+        from persia_planner.modules.ps.server import rpc_backend_options, serve
+
+        rpc_backend_options(rpc_timeout)  # fail on a missing MASTER_ADDR/MASTER_PORT before touching the network
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        serve(rank, world_size, name=name, rpc_timeout_s=rpc_timeout)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -204,3 +204,38 @@ def test_unavailable_server_raises_naming_it():
     assert dead_msg.startswith("parameter server ps1 did not answer a lookup of table 'user'")
     assert dead_s < 4.0
     assert time.monotonic() - start < 45  # the cluster is torn down, nothing waits for the dead server
+
+
+# ------------------------------------------------------------------------ (5) checkpoint -> kill -> load, re-shard
+
+_CKPT_CONFIG = TableConfig("item", 16, 4000, RowWiseAdagrad(lr=0.05), Uniform(-0.05, 0.05), seed=3)
+_CKPT_IDS = torch.cat([torch.arange(0, 900), torch.tensor([-1, -(2**63), 2**63 - 1])])
+
+
+def _train_and_save(j, client, directory):
+    client.register(_CKPT_CONFIG)
+    for step in range(3):
+        batch = _CKPT_IDS[torch.randperm(_CKPT_IDS.numel(), generator=_gen(10, step))[:600]]
+        client.lookup("item", batch)
+        client.push_gradients_async("item", batch, torch.randn(batch.numel(), 16, generator=_gen(11, step)))
+    client.lookup("item", _CKPT_IDS)  # every id held
+    version = client.save(directory)  # flushes the pushes, then every server writes, then LATEST moves
+    return version, client.lookup("item", _CKPT_IDS, train=False)
+
+
+def _load_and_read(j, client, directory):
+    client.register(_CKPT_CONFIG)
+    loaded = client.load(directory)
+    held = [m["rows"] for m in client.metrics()]
+    expected = torch.bincount(server_of("item", _CKPT_IDS, client.n_servers), minlength=client.n_servers).tolist()
+    return loaded, held, expected, client.lookup("item", _CKPT_IDS, train=False)
+
+
+def test_checkpoint_survives_the_servers_and_reshards(tmp_path):
+    ((version, saved),) = local_cluster(2, 1, _train_and_save, str(tmp_path))  # then every process exits
+    assert version == 1
+    for n_servers in (3, 1):
+        ((loaded, held, expected, rows),) = local_cluster(n_servers, 1, _load_and_read, str(tmp_path))
+        assert loaded == _CKPT_IDS.numel()
+        assert held == expected  # each id on the server server_of names for the new count
+        assert torch.equal(rows, saved)  # every row bit-exact

@@ -21,6 +21,7 @@ see :mod:`.server`) are raised as :class:`~.server.PsServerError`.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from torch.futures import Future
 from persia_planner.errors import ErrorKind, PlannerError
 
 from . import server as _server
+from .checkpoint import commit, read_latest
 from .server import PsServerError, RemoteFailure, TableConfig
 from .sharding import server_of
 
@@ -272,6 +274,33 @@ class PsClient:
                 first = first or err
         if first is not None:
             raise first
+
+    def save(self, directory: str | os.PathLike) -> int:
+        """Checkpoint every server into ``directory`` (a filesystem every server sees); returns the new version.
+
+        Waits for this client's outstanding pushes first. Each server writes its shard; only when all have written
+        does the version become current (``LATEST`` is replaced atomically), so a crash mid-save leaves the
+        previous checkpoint in place.
+        """
+        self.flush()
+        latest = read_latest(directory)
+        version = (latest["version"] if latest else 0) + 1
+        futs = [
+            self._call(i, _server._save, (str(directory), self.n_servers, version), "save", None)
+            for i in range(self.n_servers)
+        ]
+        self._all(futs, sum).wait()
+        commit(directory, version, n_servers=self.n_servers)
+        return version
+
+    def load(self, directory: str | os.PathLike) -> int:
+        """Load the committed checkpoint of ``directory`` into the servers, re-sharded to their number (which may
+        differ from the number that saved it). Register every table first. Returns the rows loaded."""
+        self.flush()
+        futs = [
+            self._call(i, _server._load, (str(directory), self.n_servers), "load", None) for i in range(self.n_servers)
+        ]
+        return self._all(futs, sum).wait()
 
     def metrics(self) -> list[dict[str, Any]]:
         """Each server's metrics (``server.server_metrics``), in server order."""

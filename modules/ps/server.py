@@ -29,6 +29,7 @@ Run a server by hand like torchrun would::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -42,6 +43,7 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
 
+from .checkpoint import load_rows, save_shard
 from .optim import SGD, RowOptimizer
 from .store import EmbeddingStore, Eviction, Normal, Uniform
 
@@ -217,6 +219,49 @@ def _update(table: str, ids: torch.Tensor, grads: torch.Tensor) -> int:
     t = _state().table(table)
     with t.lock:
         return t.store.update(ids, grads)
+
+
+@_server_errors
+def _save(directory: str, n_servers: int, version: int) -> int:
+    """Write this server's tables into checkpoint ``version`` (not committed: the client commits when every server
+    has written). Holds every table's lock meanwhile, so the shard is a consistent snapshot. Returns rows saved."""
+    state = _state()
+    with state.lock:
+        tables = dict(sorted(state.tables.items()))
+    with contextlib.ExitStack() as stack:
+        for t in tables.values():
+            stack.enter_context(t.lock)
+        configs = {name: {"dim": t.config.dim, "capacity": t.config.capacity} for name, t in tables.items()}
+        save_shard(
+            {name: t.store for name, t in tables.items()},
+            directory,
+            server=state.index,
+            n_servers=n_servers,
+            configs=configs,
+            version=version,
+        )
+        return sum(len(t.store) for t in tables.values())
+
+
+@_server_errors
+def _load(directory: str, n_servers: int) -> int:
+    """Replace the registered tables' rows by this server's share of the committed checkpoint (re-sharded from
+    whatever server count saved it). Returns rows loaded."""
+    state = _state()
+    rows, _ = load_rows(directory, server=state.index, n_servers=n_servers)
+    unknown = sorted(set(rows) - set(state.tables))
+    if unknown:
+        raise PsServerError(
+            f"parameter server {state.name}: the checkpoint holds table(s) {unknown} that are not registered; "
+            "register every table (PsClient.register) before loading"
+        )
+    loaded = 0
+    for name, table_rows in rows.items():
+        t = state.tables[name]
+        with t.lock:
+            t.store.load_state_dict(table_rows)
+            loaded += len(t.store)
+    return loaded
 
 
 @_server_errors

@@ -1,0 +1,74 @@
+"""`persia ps`: a real server process driven by a real trainer process over torch RPC on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from persia_planner.cli import app
+from persia_planner.modules.ps.launch import free_port
+
+PERSIA = Path(sys.executable).with_name("persia")
+TRAINER = """
+import sys, torch
+import torch.distributed.rpc as rpc
+from persia_planner.modules.ps.client import connect
+from persia_planner.modules.ps.server import TableConfig
+from persia_planner.modules.ps.optim import SGD
+client = connect("trainer1", 1, 2)
+client.register(TableConfig("t", 4, 100, SGD(lr=1.0)))
+ids = torch.tensor([5, 7, 5])
+before = client.lookup("t", ids)
+client.push_gradients("t", ids, torch.ones(3, 4))
+after = client.lookup("t", ids, train=False)
+# id 5 appears twice: its two gradients are summed before the SGD step
+assert torch.allclose(after[0], before[0] - 2) and torch.allclose(after[1], before[1] - 1), (before, after)
+print("rows", client.metrics()[0]["rows"])
+rpc.shutdown()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_persia_ps_serves_a_trainer():
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TP_SOCKET_IFNAME": "lo"}
+    server = subprocess.Popen(
+        [str(PERSIA), "ps", "--rank", "0", "--world-size", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        trainer = subprocess.run([sys.executable, "-c", TRAINER], env=env, capture_output=True, text=True, timeout=90)
+        assert trainer.returncode == 0, trainer.stderr
+        assert trainer.stdout.strip().splitlines()[-1] == "rows 2"
+        out, _ = server.communicate(timeout=60)  # the server returns once the trainer shut down
+        assert server.returncode == 0, out
+        assert "ps0: serving (rank 0 of 2" in out
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--rank", "2", "--world-size", "2"], {}, "error: --rank 2 must be below --world-size 2\n"),
+        (
+            ["--rank", "0", "--world-size", "2"],
+            {"MASTER_ADDR": "", "MASTER_PORT": ""},
+            "error: MASTER_ADDR and MASTER_PORT must be set for the parameter-server RPC group (got MASTER_ADDR='', "
+            "MASTER_PORT=''); fix: export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>, or launch with "
+            "torchrun\n",
+        ),
+    ],
+)
+def test_persia_ps_bad_input(args, env, message):
+    result = CliRunner().invoke(app, ["ps", *args], env=env)
+    assert result.exit_code == 2
+    assert result.stderr == message
