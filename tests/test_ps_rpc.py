@@ -220,7 +220,12 @@ def _train_and_save(j, client, directory):
         client.push_gradients_async("item", batch, torch.randn(batch.numel(), 16, generator=_gen(11, step)))
     client.lookup("item", _CKPT_IDS)  # every id held
     version = client.save(directory)  # flushes the pushes, then every server writes, then LATEST moves
-    return version, client.lookup("item", _CKPT_IDS, train=False)
+    saved = client.lookup("item", _CKPT_IDS, train=False)
+    client.dump_incremental(f"{directory}/deltas", 0)  # everything so far
+    touched = _CKPT_IDS[[3, 7, 7, 500, -1]]
+    client.push_gradients("item", touched, torch.ones(touched.numel(), 16))
+    assert client.dump_incremental(f"{directory}/deltas", 1) == 4  # exactly the distinct rows touched since
+    return version, saved
 
 
 def _load_and_read(j, client, directory):

@@ -293,6 +293,13 @@ class PsClient:
         commit(directory, version, n_servers=self.n_servers)
         return version
 
+    def dump_incremental(self, directory: str | os.PathLike, sequence: int) -> int:
+        """Every server writes the rows inserted or updated since its previous dump as delta ``sequence`` (for
+        serving replicas: :func:`.checkpoint.apply_deltas`); returns the number of rows dumped."""
+        self.flush()
+        futs = [self._call(i, _server._dump, (str(directory), sequence), "dump", None) for i in range(self.n_servers)]
+        return self._all(futs, sum).wait()
+
     def load(self, directory: str | os.PathLike) -> int:
         """Load the committed checkpoint of ``directory`` into the servers, re-sharded to their number (which may
         differ from the number that saved it). Register every table first. Returns the rows loaded."""

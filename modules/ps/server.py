@@ -43,7 +43,7 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
 
-from .checkpoint import load_rows, save_shard
+from .checkpoint import dump_incremental, load_rows, save_shard
 from .optim import SGD, RowOptimizer
 from .store import EmbeddingStore, Eviction, Normal, Uniform
 
@@ -241,6 +241,22 @@ def _save(directory: str, n_servers: int, version: int) -> int:
             version=version,
         )
         return sum(len(t.store) for t in tables.values())
+
+
+@_server_errors
+def _dump(directory: str, sequence: int) -> int:
+    """Write the rows touched since this server's previous dump as delta ``sequence``; returns their number."""
+    state = _state()
+    with state.lock:
+        tables = dict(sorted(state.tables.items()))
+    with contextlib.ExitStack() as stack:
+        for t in tables.values():
+            stack.enter_context(t.lock)
+        path = dump_incremental(
+            {n: t.store for n, t in tables.items()}, directory, server=state.index, sequence=sequence
+        )
+    delta = torch.load(path, weights_only=True)
+    return sum(int(part["ids"].numel()) for part in delta["tables"].values())
 
 
 @_server_errors
