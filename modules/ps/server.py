@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,42 +222,38 @@ def _update(table: str, ids: torch.Tensor, grads: torch.Tensor) -> int:
         return t.store.update(ids, grads)
 
 
-@_server_errors
-def _save(directory: str, n_servers: int, version: int) -> int:
-    """Write this server's tables into checkpoint ``version`` (not committed: the client commits when every server
-    has written). Holds every table's lock meanwhile, so the shard is a consistent snapshot. Returns rows saved."""
+@contextlib.contextmanager
+def _all_tables_locked() -> Iterator[dict[str, _Table]]:
+    """Every table of this server, with all their locks held (in name order, so two callers cannot deadlock):
+    a consistent snapshot for checkpoints and dumps while lookups and updates wait."""
     state = _state()
     with state.lock:
         tables = dict(sorted(state.tables.items()))
     with contextlib.ExitStack() as stack:
         for t in tables.values():
             stack.enter_context(t.lock)
+        yield tables
+
+
+@_server_errors
+def _save(directory: str, n_servers: int, version: int) -> int:
+    """Write this server's tables into checkpoint ``version`` (not committed: the client commits when every server
+    has written). Returns rows saved."""
+    with _all_tables_locked() as tables:
         configs = {name: {"dim": t.config.dim, "capacity": t.config.capacity} for name, t in tables.items()}
-        save_shard(
-            {name: t.store for name, t in tables.items()},
-            directory,
-            server=state.index,
-            n_servers=n_servers,
-            configs=configs,
-            version=version,
-        )
-        return sum(len(t.store) for t in tables.values())
+        stores = {name: t.store for name, t in tables.items()}
+        save_shard(stores, directory, server=_state().index, n_servers=n_servers, configs=configs, version=version)
+        return sum(len(store) for store in stores.values())
 
 
 @_server_errors
 def _dump(directory: str, sequence: int) -> int:
     """Write the rows touched since this server's previous dump as delta ``sequence``; returns their number."""
-    state = _state()
-    with state.lock:
-        tables = dict(sorted(state.tables.items()))
-    with contextlib.ExitStack() as stack:
-        for t in tables.values():
-            stack.enter_context(t.lock)
-        path = dump_incremental(
-            {n: t.store for n, t in tables.items()}, directory, server=state.index, sequence=sequence
-        )
-    delta = torch.load(path, weights_only=True)
-    return sum(int(part["ids"].numel()) for part in delta["tables"].values())
+    with _all_tables_locked() as tables:
+        stores = {name: t.store for name, t in tables.items()}
+        dirty = sum(int(store.dirty_rows()) for store in stores.values())
+        dump_incremental(stores, directory, server=_state().index, sequence=sequence)
+    return dirty
 
 
 @_server_errors

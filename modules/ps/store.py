@@ -425,6 +425,10 @@ class EmbeddingStore:
 
     # -------------------------------------------------------------------------------------- incremental dumps
 
+    def dirty_rows(self) -> int:
+        """How many rows :meth:`take_dirty` would return now."""
+        return int(self._dirty[: self._n].sum())
+
     def take_dirty(self, *, with_state: bool = False) -> dict[str, torch.Tensor]:
         """Rows inserted or updated since the previous call (or construction / :meth:`load_state_dict`), as copies.
 
