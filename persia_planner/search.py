@@ -737,16 +737,6 @@ class _Run:
         return build_placement(self.cost, table, choice.option, choice.gpus)
 
 
-def _matches(option: Option, hint: TierChoice) -> bool:
-    if hint.replicated:
-        return option.sharding is Sharding.DATA_PARALLEL
-    return (
-        option.tier is hint.tier
-        and option.sharding is not Sharding.DATA_PARALLEL
-        and (hint.tier is not Tier.HBM_CACHE or option.cache_fraction == hint.cache_fraction)
-    )
-
-
 def row_blocks(rows: int, parts: int) -> list[int]:
     """Rows per shard of a row-wise split: blocks of ``ceil(rows / parts)``, the last one smaller.
 
