@@ -71,7 +71,7 @@ class _OneLineErrors(TyperGroup):
 
 app = typer.Typer(
     cls=_OneLineErrors,
-    help="Plan where embedding tables go (GPU HBM, host DDR, parameter servers) and check plans.",
+    help="Plan where embedding tables go (GPU HBM, host DDR, parameter servers), check plans, and train with them.",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -275,6 +275,119 @@ def ps_command(
         rpc_backend_options(rpc_timeout)  # fail on a missing MASTER_ADDR/MASTER_PORT before touching the network
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         serve(rank, world_size, name=name, rpc_timeout_s=rpc_timeout)
+
+
+@app.command("train")
+def train_command(
+    model: Annotated[
+        Path | None, typer.Option("--model", help="model.yaml (default: the bundled small DLRM, dlrm_small.yaml)")
+    ] = None,
+    topology: Annotated[
+        Path | None, typer.Option("--topology", help="topology.yaml (default: this machine, local_2x1.yaml)")
+    ] = None,
+    plan_path: Annotated[
+        Path | None, typer.Option("--plan", help="plan.json to execute (default: plan MODEL on TOPOLOGY now)")
+    ] = None,
+    data: Annotated[str, typer.Option("--data", help="'synthetic' or 'criteo:PATH' (a file or a directory)")] = (
+        "synthetic"
+    ),
+    staleness: Annotated[
+        int | None, typer.Option("--staleness", min=0, help="bounded staleness K of the PS tables (default: model's)")
+    ] = None,
+    mode: Annotated[str, typer.Option("--mode", help="hybrid (PS tables async, staleness K) or sync (K = 0)")] = (
+        "hybrid"
+    ),
+    steps: Annotated[int, typer.Option("--steps", min=1, help="training steps per trainer")] = 400,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", min=1, help="samples per trainer and step (default: model's / trainers)"),
+    ] = None,
+    trainers: Annotated[int, typer.Option("--trainers", min=1, help="trainer processes on this machine")] = 2,
+    eval_batches: Annotated[int, typer.Option("--eval-batches", min=1, help="held-out batches per trainer")] = 8,
+    checkpoint: Annotated[
+        Path | None, typer.Option("--checkpoint", help="save PS tables, local tables and dense model here at the end")
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the checkpoint in --checkpoint")] = False,
+    ps_delay_ms: Annotated[
+        float, typer.Option("--ps-delay-ms", min=0.0, help="add this many ms to every PS call (a slow network)")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the model, data and PS initialisers")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,
+) -> None:
+    """Train a DLRM with the plan: local tables sync (fbgemm), PS tables async (bounded staleness), dense DDP.
+
+    With no options: the bundled small DLRM on synthetic click data with a known best AUC, 2 parameter servers and
+    2 trainers on this machine. Under torchrun, ranks below the topology's parameter-server count serve and the
+    others train.
+    """
+    import json
+    import logging
+
+    from persia_planner import load_model, load_topology
+    from persia_planner import plan as make_plan
+    from persia_planner.plan import load_plan, require_valid
+
+    with _edge():
+        model_path = model or _example("dlrm_small.yaml")
+        topology_path = topology or _example("local_2x1.yaml")
+        model_spec = load_model(model_path)
+        topo = load_topology(topology_path)
+        if plan_path is not None:
+            the_plan = load_plan(plan_path)
+        else:
+            the_plan = make_plan(model_spec, topo, seed=seed)
+        require_valid(the_plan, model_spec, topo)
+        if mode not in ("hybrid", "sync"):
+            raise PlannerError(f"--mode must be hybrid or sync, got {mode!r}", fixes=("--mode hybrid", "--mode sync"))
+        if resume and checkpoint is None:
+            raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
+
+        from persia_planner.modules.train import TrainConfig, summary_rows, train_local, train_torchrun
+
+        cfg = TrainConfig(
+            steps=steps,
+            batch_size=batch_size,
+            staleness=model_spec.staleness if staleness is None else staleness,
+            mode=mode,
+            trainers=trainers,
+            data=data,
+            eval_batches=eval_batches,
+            ps_delay_ms=ps_delay_ms,
+            checkpoint=str(checkpoint) if checkpoint is not None else None,
+            resume=resume,
+            seed=seed,
+            progress=not as_json,
+        )
+        servers = max(1, len(topo.servers))
+        logging.basicConfig(level=logging.WARNING)
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            result = train_torchrun(cfg, model_spec, dict(the_plan.tables), servers=servers)
+            if result is None:
+                return
+        else:
+            if not as_json:
+                remote = [n for n, p in the_plan.tables.items() if p.tier.value == "ps"]
+                _note(
+                    f"training {model_spec.name} ({len(model_spec.tables)} tables, {len(remote)} on the parameter "
+                    f"servers: {', '.join(remote) or 'none'}) with {trainers} trainers and "
+                    f"{servers if remote else 0} servers, {mode} mode, staleness {cfg.effective_staleness}",
+                    to_stderr=False,
+                )
+            result = train_local(cfg, model_spec, dict(the_plan.tables), servers=servers)
+        result.pop("history", None)
+        if as_json:
+            typer.echo(json.dumps(result))
+            return
+        from rich.table import Table
+
+        table = Table(title="persia train")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for name, value in summary_rows(result):
+            table.add_row(name, value)
+        _console().print(table)
+        if checkpoint is not None:
+            _note(f"checkpoint in {checkpoint}", to_stderr=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

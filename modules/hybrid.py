@@ -1,0 +1,571 @@
+"""``HybridEmbeddingBagCollection``: a drop-in ``EmbeddingBagCollection`` that executes a plan (Persia's hybrid).
+
+Tables the plan keeps local (``hbm``, ``ddr``, ``hbm_cache``) train **synchronously** in one fbgemm
+``SplitTableBatchedEmbeddingBagsCodegen`` with its fused optimizer (CPU: host memory; CUDA: device / managed /
+managed-caching memory per the plan's tier). Tables on the ``ps`` tier live on the embedding parameter servers and
+train **asynchronously** with bounded staleness ``K`` (Persia's ``embedding_staleness``).
+
+Local tables across trainers. Every trainer holds the local tables and applies one identical update per step: the
+forward all-gathers the local features' ids of every trainer and pools the global batch, the backward all-gathers
+the pooled-output gradients, so the fused optimizer sees the global batch's gradient (averaged over trainers like
+DDP's dense gradients). Replicas therefore stay bit-identical and K = 0 equals a single-process
+``EmbeddingBagCollection`` + DDP reference. (The plan's model-parallel split of local tables over devices is what
+TorchRec's ``DistributedModelParallel`` executes from :func:`persia_planner.export.to_sharding_plan`; this module
+replicates them, which suits the small local tables of a hybrid plan: the large ones are on the PS tier.)
+
+Parameter-server tables. ``forward`` looks the ids up through the :class:`~.ps.client.PsClient` (or takes rows
+:meth:`prefetch` ed earlier), pools them with ``index_add`` and registers a gradient hook on the looked-up rows that
+pushes their gradient without blocking. Bounded staleness: the rows of batch ``j`` are requested only once the
+pushes of every batch ``<= j - 1 - K`` were acknowledged, so a batch misses at most the updates of its ``K``
+predecessors; with ``K = 0`` every push is acknowledged by every trainer (a barrier) before the next lookup, which is
+exactly synchronous. :attr:`HybridEmbeddingBagCollection.staleness` is the gauge: how many earlier batches had
+unacknowledged pushes when the current batch's rows were requested.
+
+Ids: a local table maps ids into its rows with ``id mod num_embeddings`` (a no-op for ids already in range), so raw
+64-bit feature ids work on both paths and the plan may move a table between tiers without touching the data.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from persia_planner.errors import ErrorKind, PlannerError
+from persia_planner.placement import Mode, TablePlacement, Tier
+from persia_planner.plan import Plan
+from persia_planner.specs import Optimizer
+
+from .ps import optim as ps_optim
+from .ps.server import TableConfig
+from .ps.store import Uniform
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.futures import Future
+
+    from .ps.client import PsClient
+
+__all__ = ["HybridEmbeddingBagCollection", "SparseOptimizer", "StalenessError"]
+
+
+class StalenessError(PlannerError):
+    """The bounded-staleness protocol was violated by the caller (e.g. a batch prefetched too far ahead)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind=ErrorKind.INPUT)
+
+
+@dataclass(frozen=True)
+class SparseOptimizer:
+    """The sparse optimizer of every embedding table, local (fbgemm fused) and remote (PS) alike.
+
+    Attributes:
+        kind: ``sgd``, ``adagrad``, ``rowwise_adagrad`` or ``adam`` (adam: PS tables only; fbgemm has no CPU adam).
+        learning_rate: Step size.
+        eps: Adagrad / Adam epsilon.
+        beta1: Adam first-moment decay.
+        beta2: Adam second-moment decay.
+    """
+
+    kind: Optimizer = Optimizer.ROWWISE_ADAGRAD
+    learning_rate: float = 0.05
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Optimizer(self.kind))
+        if not self.learning_rate > 0:
+            raise PlannerError(f"sparse optimizer: learning_rate must be > 0, got {self.learning_rate}")
+
+    def fbgemm(self, on_cuda: bool) -> dict[str, Any]:
+        """Keyword arguments of ``SplitTableBatchedEmbeddingBagsCodegen`` for this optimizer."""
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+        kinds = {
+            Optimizer.SGD: EmbOptimType.EXACT_SGD,
+            Optimizer.ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
+            Optimizer.ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            Optimizer.ADAM: EmbOptimType.ADAM,
+        }
+        if self.kind is Optimizer.ADAM and not on_cuda:
+            raise PlannerError(
+                "sparse optimizer adam: fbgemm has no CPU adam for local tables",
+                fixes=("use rowwise_adagrad, adagrad or sgd", "or place the tables on the ps tier"),
+            )
+        return {
+            "optimizer": kinds[self.kind],
+            "learning_rate": self.learning_rate,
+            "eps": self.eps,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+        }
+
+    def ps(self) -> ps_optim.RowOptimizer:
+        """The same optimizer as the parameter servers apply it."""
+        if self.kind is Optimizer.SGD:
+            return ps_optim.SGD(lr=self.learning_rate)
+        if self.kind is Optimizer.ADAGRAD:
+            return ps_optim.Adagrad(lr=self.learning_rate, eps=self.eps)
+        if self.kind is Optimizer.ROWWISE_ADAGRAD:
+            return ps_optim.RowWiseAdagrad(lr=self.learning_rate, eps=self.eps)
+        return ps_optim.Adam(lr=self.learning_rate, beta1=self.beta1, beta2=self.beta2, eps=self.eps)
+
+
+class _ShardOfGlobal(torch.autograd.Function):
+    """This trainer's rows of the global-batch output; the backward all-gathers every trainer's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, sizes: list[int], rank: int, group: Any, scale: float) -> torch.Tensor:
+        ctx.sizes, ctx.rank, ctx.group, ctx.scale = sizes, rank, group, scale
+        start = sum(sizes[:rank])
+        return out[start : start + sizes[rank]].clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        sizes, widest = ctx.sizes, max(ctx.sizes)
+        padded = torch.zeros(widest, grad.shape[1], dtype=grad.dtype, device=grad.device)
+        padded[: grad.shape[0]] = grad
+        gathered = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(gathered, padded.contiguous(), group=ctx.group)
+        full = torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)])
+        if ctx.scale != 1.0:
+            full = full * ctx.scale
+        return full, None, None, None, None
+
+
+@dataclass
+class _PsBatch:
+    """The parameter-server half of one batch: its index, and per PS table the ids and the future of their rows."""
+
+    index: int
+    kjt: KeyedJaggedTensor
+    ids: dict[str, torch.Tensor]
+    rows: dict[str, Future]
+    staleness: int
+
+
+class HybridEmbeddingBagCollection(nn.Module):
+    """``EmbeddingBagCollection`` whose tables train where a plan put them: locally (sync) or on the PS (async).
+
+    Same inputs and outputs as TorchRec's ``EmbeddingBagCollection``: a ``KeyedJaggedTensor`` (keys may come in any
+    order; unknown keys are ignored) in, a ``KeyedTensor`` with one ``[B, dim]`` value per feature (in table order,
+    then each table's ``feature_names``) out. Swap it into a TorchRec DLRM with
+    ``DLRM(embedding_bag_collection=HybridEmbeddingBagCollection(tables, plan, ps=client), ...)``.
+
+    Args:
+        tables: The tables, as for ``EmbeddingBagCollection`` (sum or mean pooling).
+        plan: A :class:`~persia_planner.plan.Plan` (or its ``tables`` mapping) placing every table; ``None`` keeps
+            every table local.
+        ps: Client of the parameter servers; required when the plan puts any table on the ``ps`` tier.
+        optimizer: Sparse optimizer of every table (local: fbgemm fused; PS: applied by the servers).
+        staleness: Bounded staleness ``K`` of the PS tables (0 = synchronous).
+        process_group: Group of the trainers (default: the default group when initialised, else one trainer).
+        device: Where local tables live and outputs are returned (default: CUDA if available, else CPU).
+        ps_capacity: Rows per server and PS table (default: the table's ``num_embeddings``, all ids fit).
+        ps_init: Initialiser of new PS rows (default: uniform in ``+-sqrt(1 / num_embeddings)``, like TorchRec).
+        seed: Seed of the local tables' initialisation and of the PS tables' row initialisers.
+
+    Raises:
+        PlannerError: The plan misses a table or names an unknown one, PS tables without a client, or an optimizer
+            the local kernel does not support.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        plan: Plan | Mapping[str, TablePlacement] | None = None,
+        *,
+        ps: PsClient | None = None,
+        optimizer: SparseOptimizer | None = None,
+        staleness: int = 0,
+        process_group: Any = None,
+        device: torch.device | None = None,
+        ps_capacity: int | Mapping[str, int] | None = None,
+        ps_init: Any = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not tables:
+            raise PlannerError("HybridEmbeddingBagCollection needs at least one table")
+        if staleness < 0:
+            raise PlannerError(f"staleness must be >= 0, got {staleness}", fixes=("use 0 for synchronous training",))
+        self._configs = list(tables)
+        self.optimizer = optimizer or SparseOptimizer()
+        self.max_staleness = int(staleness)
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        placements = _placements_of(plan, self._configs)
+        self.ps_tables = [
+            c for c in self._configs if placements.get(c.name) is not None and placements[c.name].mode is Mode.ASYNC
+        ]
+        ps_names = {c.name for c in self.ps_tables}
+        self.local_tables = [c for c in self._configs if c.name not in ps_names]
+        if self.ps_tables and ps is None:
+            raise PlannerError(
+                f"tables {[c.name for c in self.ps_tables]} are on the ps tier but no parameter-server client "
+                "was given",
+                fixes=("pass ps=connect(...) (persia_planner.modules.ps.client)", "or plan without a ps tier"),
+            )
+        self.ps = ps if self.ps_tables else None
+        self._features = [f for c in self._configs for f in c.feature_names]
+        if len(set(self._features)) != len(self._features):
+            raise PlannerError("HybridEmbeddingBagCollection: a feature name is used by two tables")
+        self._dims = [c.embedding_dim for c in self._configs for _ in c.feature_names]
+
+        self.group = process_group
+        if self.group is None and dist.is_available() and dist.is_initialized():
+            self.group = dist.new_group(backend="gloo" if self.device.type == "cpu" else None)
+        self.world_size = dist.get_world_size(self.group) if self.group is not None else 1
+        self.rank = dist.get_rank(self.group) if self.group is not None else 0
+
+        self._local_features = [f for c in self.local_tables for f in c.feature_names]
+        self._local_rows = torch.tensor(
+            [c.num_embeddings for c in self.local_tables for _ in c.feature_names], dtype=torch.int64
+        )
+        self.tbe = self._make_tbe(placements, seed) if self.local_tables else None
+
+        # PS state: batches whose rows were requested, and pushes not yet acknowledged, per batch index.
+        self._ps_features = {c.name: list(c.feature_names) for c in self.ps_tables}
+        self._queue: collections.deque[_PsBatch] = collections.deque()
+        self._pushes: dict[int, list[Future]] = {}
+        self._done_through = -1  # every batch <= this has all its pushes acknowledged
+        self._next_index = 0  # index of the next batch whose rows are requested
+        self._backward_through = -1  # every batch <= this went through backward (its pushes exist)
+        self._lock = threading.Lock()
+        self.staleness = 0
+        self.staleness_max_seen = 0
+        if self.ps is not None:
+            for c in self.ps_tables:
+                capacity = ps_capacity.get(c.name, c.num_embeddings) if isinstance(ps_capacity, Mapping) else None
+                capacity = capacity or (ps_capacity if isinstance(ps_capacity, int) else c.num_embeddings)
+                bound = (1.0 / c.num_embeddings) ** 0.5
+                self.ps.register(
+                    TableConfig(
+                        name=c.name,
+                        dim=c.embedding_dim,
+                        capacity=int(capacity),
+                        optimizer=self.optimizer.ps(),
+                        init=ps_init or Uniform(-bound, bound),
+                        seed=seed,
+                    )
+                )
+
+    # ------------------------------------------------------------------------------------------ construction
+
+    def _make_tbe(self, placements: Mapping[str, TablePlacement | None], seed: int) -> nn.Module:
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+
+        on_cuda = self.device.type == "cuda"
+        location = {
+            Tier.HBM: EmbeddingLocation.DEVICE,
+            Tier.DDR: EmbeddingLocation.MANAGED,
+            Tier.HBM_CACHE: EmbeddingLocation.MANAGED_CACHING,
+        }
+        specs, cache_factors = [], []
+        for c in self.local_tables:
+            p = placements.get(c.name)
+            tier = p.tier if p is not None else Tier.HBM
+            if on_cuda:
+                specs.append((c.num_embeddings, c.embedding_dim, location[tier], ComputeDevice.CUDA))
+                if tier is Tier.HBM_CACHE and p is not None:
+                    cache_factors.append(p.shards[0].cache_fraction or 0.2)
+            else:
+                specs.append((c.num_embeddings, c.embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU))
+        pooling = {c.pooling for c in self.local_tables}
+        if len(pooling) > 1:
+            raise PlannerError("local tables mix sum and mean pooling; use one pooling for all local tables")
+        # fbgemm's CPU row-wise Adagrad needs each table's features to be contiguous: they are (table order).
+        feature_table_map = [t for t, c in enumerate(self.local_tables) for _ in c.feature_names]
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            embedding_specs=specs,
+            feature_table_map=feature_table_map,
+            pooling_mode=PoolingMode.MEAN if pooling == {PoolingType.MEAN} else PoolingMode.SUM,
+            device=self.device,
+            cache_load_factor=max(cache_factors, default=0.2),
+            **self.optimizer.fbgemm(on_cuda),
+        )
+        # TorchRec's EmbeddingBagCollection default: uniform(+-sqrt(1 / num_embeddings)); seeded, same on every rank.
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for c, weight in zip(self.local_tables, tbe.split_embedding_weights(), strict=True):
+                bound = (1.0 / c.num_embeddings) ** 0.5
+                weight.copy_(torch.empty(weight.shape).uniform_(-bound, bound, generator=gen))
+        return tbe
+
+    # ------------------------------------------------------------------------------------------- public API
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        """The table configs, as ``EmbeddingBagCollection.embedding_bag_configs()`` (TorchRec models read them)."""
+        return list(self._configs)
+
+    def local_weights(self) -> dict[str, torch.Tensor]:
+        """The local tables' weights (views into the fused kernel's storage), by table name."""
+        if self.tbe is None:
+            return {}
+        return dict(zip([c.name for c in self.local_tables], self.tbe.split_embedding_weights(), strict=True))
+
+    def load_local_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy ``weights`` (table name -> ``[rows, dim]``) into the local tables (e.g. from a checkpoint)."""
+        mine = self.local_weights()
+        for name, value in weights.items():
+            if name not in mine:
+                raise PlannerError(f"load_local_weights: {name!r} is not a local table; local: {sorted(mine)}")
+            if tuple(value.shape) != tuple(mine[name].shape):
+                raise PlannerError(
+                    f"load_local_weights: table {name!r} has shape {tuple(mine[name].shape)}, got {tuple(value.shape)}"
+                )
+            with torch.no_grad():
+                mine[name].copy_(value)
+
+    def local_optimizer_states(self) -> list[list[torch.Tensor]]:
+        """Copies of the fused optimizer's state of every local table (for checkpoints)."""
+        if self.tbe is None:
+            return []
+        return [[s.detach().clone() for s in table] for table in self.tbe.split_optimizer_states()]
+
+    def load_local_optimizer_states(self, states: Sequence[Sequence[torch.Tensor]]) -> None:
+        """Restore :meth:`local_optimizer_states`."""
+        if self.tbe is None:
+            return
+        mine = self.tbe.split_optimizer_states()
+        if len(mine) != len(states):
+            raise PlannerError(f"optimizer state for {len(states)} local tables, this collection has {len(mine)}")
+        with torch.no_grad():
+            for dst_table, src_table in zip(mine, states, strict=True):
+                for dst, src in zip(dst_table, src_table, strict=True):
+                    dst.copy_(src)
+
+    def prefetch(self, features: KeyedJaggedTensor, *, block: bool = True) -> bool:
+        """Request the PS rows of a coming batch now, so that they arrive while earlier batches compute.
+
+        Batches must later go through :meth:`forward` in the order they were prefetched. The rows of batch ``j``
+        may be requested only once the pushes of batches ``<= j - 1 - K`` were acknowledged.
+
+        Args:
+            features: The coming batch's features.
+            block: Wait for those pushes if needed; with ``False`` return ``False`` instead of waiting.
+
+        Returns:
+            True if the request was sent (or there are no PS tables), False if ``block=False`` and it would wait.
+
+        Raises:
+            StalenessError: The batch is more than ``K`` batches ahead of the last backward pass.
+        """
+        if self.ps is None or not self.training:
+            return True
+        j = self._next_index
+        needed = j - 1 - self.max_staleness
+        if needed > self._backward_through:
+            if not block:
+                return False
+            raise StalenessError(
+                f"cannot prefetch batch {j}: with staleness {self.max_staleness} it needs the gradients of batch "
+                f"{needed}, which has not run backward yet (prefetch at most K batches ahead)"
+            )
+        if not self._wait_pushes_through(needed, block):
+            return False
+        if self.max_staleness == 0 and self.world_size > 1:
+            # K = 0: every trainer's pushes must be applied before anyone reads; ours are, so wait for the others.
+            dist.barrier(group=self.group)
+        staleness = max(0, (j - 1) - self._done_through)
+        ids = self._ps_ids(features)
+        rows = {t: self.ps.lookup_async(t, v, train=True) for t, v in ids.items()}
+        self._queue.append(_PsBatch(j, features, ids, rows, staleness))
+        self._next_index += 1
+        return True
+
+    def flush(self) -> None:
+        """Wait until every gradient push was acknowledged by the servers."""
+        self._wait_pushes_through(self._backward_through, True)
+        if self.ps is not None:
+            self.ps.flush()
+
+    @property
+    def pending_pushes(self) -> int:
+        """Batches whose gradient pushes are not acknowledged yet."""
+        self._wait_pushes_through(-1, False)  # refresh the counters without waiting
+        return max(0, self._backward_through - self._done_through)
+
+    # -------------------------------------------------------------------------------------------- forward
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Pooled embeddings of ``features``: a ``KeyedTensor`` with one ``[B, dim]`` value per feature."""
+        batch = features.stride()
+        present = set(features.keys())
+        missing = [f for f in self._features if f not in present]
+        if missing:
+            raise PlannerError(
+                f"features {missing[:3]} of the embedding tables are not keys of the KeyedJaggedTensor "
+                f"(it has {list(features.keys())[:5]}...)",
+                fixes=("build the batch with every feature of the tables",),
+            )
+        pooled: dict[str, torch.Tensor] = {}
+        if self.tbe is not None:
+            pooled.update(self._local_forward(features, batch))
+        if self.ps is not None:
+            pooled.update(self._ps_forward(features, batch))
+        values = torch.cat([pooled[f] for f in self._features], dim=1)
+        return KeyedTensor(keys=list(self._features), length_per_key=list(self._dims), values=values, key_dim=1)
+
+    def _local_forward(self, features: KeyedJaggedTensor, batch: int) -> dict[str, torch.Tensor]:
+        keys = features.keys()
+        kjt = features.permute([keys.index(f) for f in self._local_features])
+        n_features = len(self._local_features)
+        lengths = kjt.lengths().to(torch.int64)
+        values = kjt.values()
+        per_feature = lengths.view(n_features, batch).sum(1)
+        # Map raw ids into the table's rows (a no-op for ids already below num_embeddings).
+        values = torch.remainder(values, self._local_rows.repeat_interleave(per_feature))
+        distributed = self.world_size > 1 and self.training  # eval: each trainer scores its own batch
+        if distributed:
+            lengths, values, sizes = self._gather_global(lengths.view(n_features, batch), values, per_feature)
+        else:
+            sizes = [batch]
+            lengths = lengths.view(n_features, batch)
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
+        out = self.tbe(values.to(self.device), offsets.to(self.device))
+        if distributed:
+            scale = 1.0 / self.world_size
+            out = _ShardOfGlobal.apply(out, sizes, self.rank, self.group, scale)
+        return dict(
+            zip(self._local_features, out.split([self._dim_of(f) for f in self._local_features], 1), strict=True)
+        )
+
+    def _gather_global(
+        self, lengths: torch.Tensor, values: torch.Tensor, per_feature: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Every trainer's ids, laid out as one global batch: feature-major, then trainer, then sample."""
+        n_features, batch = lengths.shape
+        meta = torch.tensor([batch, values.numel()], dtype=torch.int64)
+        metas = [torch.empty_like(meta) for _ in range(self.world_size)]
+        dist.all_gather(metas, meta, group=self.group)
+        sizes = [int(m[0]) for m in metas]
+        counts = [int(m[1]) for m in metas]
+        widest_b, widest_n = max(sizes), max(counts)
+        pad_l = torch.zeros(n_features, widest_b, dtype=torch.int64)
+        pad_l[:, :batch] = lengths
+        pad_v = torch.zeros(widest_n, dtype=torch.int64)
+        pad_v[: values.numel()] = values
+        all_l = [torch.empty_like(pad_l) for _ in sizes]
+        all_v = [torch.empty_like(pad_v) for _ in sizes]
+        dist.all_gather(all_l, pad_l, group=self.group)
+        dist.all_gather(all_v, pad_v, group=self.group)
+        lengths_r = [lr[:, :b] for lr, b in zip(all_l, sizes, strict=True)]
+        values_r = [vr[:n] for vr, n in zip(all_v, counts, strict=True)]
+        # Stable sort of every id by (feature, trainer) gives the feature-major global layout in one permutation.
+        keys = torch.cat(
+            [
+                torch.repeat_interleave(torch.arange(n_features) * self.world_size + r, lr.sum(1))
+                for r, lr in enumerate(lengths_r)
+            ]
+        )
+        order = torch.argsort(keys, stable=True)
+        return torch.cat(lengths_r, dim=1), torch.cat(values_r)[order], sizes
+
+    def _dim_of(self, feature: str) -> int:
+        return self._dims[self._features.index(feature)]
+
+    def _ps_ids(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        """Per PS table the ids of its features, concatenated in ``feature_names`` order."""
+        return {t: torch.cat([features[f].values() for f in names]) for t, names in self._ps_features.items()}
+
+    def _ps_forward(self, features: KeyedJaggedTensor, batch: int) -> dict[str, torch.Tensor]:
+        assert self.ps is not None
+        if not self.training:
+            return self._pool_ps(
+                features, batch, {t: self.ps.lookup(t, v, train=False) for t, v in self._ps_ids(features).items()}
+            )
+        if not self._queue:
+            self.prefetch(features)
+        item = self._queue.popleft()
+        if item.kjt is not features:
+            raise StalenessError(
+                f"forward got a different batch than the next prefetched one (batch {item.index}); "
+                "call forward on batches in the order they were prefetched"
+            )
+        self.staleness = item.staleness
+        self.staleness_max_seen = max(self.staleness_max_seen, item.staleness)
+        rows = {t: f.wait().requires_grad_(True) for t, f in item.rows.items()}
+        scale = 1.0 / self.world_size
+        pushes = self._pushes.setdefault(item.index, [])
+        expected = len(rows)
+
+        def hook_for(table: str) -> Any:
+            def push(grad: torch.Tensor) -> None:
+                g = grad * scale if scale != 1.0 else grad
+                pushes.append(self.ps.push_gradients_async(table, item.ids[table], g))
+                if len(pushes) == expected:
+                    self._backward_through = max(self._backward_through, item.index)
+
+            return push
+
+        for t, r in rows.items():
+            r.register_hook(hook_for(t))
+        return self._pool_ps(features, batch, rows)
+
+    def _pool_ps(
+        self, features: KeyedJaggedTensor, batch: int, rows: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        keys = features.keys()
+        lengths_all = features.lengths().to(torch.int64).view(len(keys), batch)
+        pooled = {}
+        for c in self.ps_tables:
+            names = c.feature_names
+            lengths = torch.stack([lengths_all[keys.index(f)] for f in names])  # [F_t, B]
+            bag = torch.repeat_interleave(torch.arange(len(names) * batch), lengths.reshape(-1))
+            sums = torch.zeros(len(names) * batch, c.embedding_dim).index_add(0, bag, rows[c.name])
+            if c.pooling == PoolingType.MEAN:
+                sums = sums / lengths.reshape(-1, 1).clamp(min=1)
+            for k, name in enumerate(names):
+                pooled[name] = sums[k * batch : (k + 1) * batch].to(self.device)
+        return pooled
+
+    # ------------------------------------------------------------------------------------------ staleness
+
+    def _wait_pushes_through(self, index: int, block: bool) -> bool:
+        """Advance ``_done_through`` over acknowledged batches; wait (if ``block``) until it reaches ``index``."""
+        while self._done_through < self._backward_through:
+            nxt = self._done_through + 1
+            futures = self._pushes.get(nxt, [])
+            if not all(f.done() for f in futures) and (nxt > index or not block):
+                break
+            for f in futures:
+                f.wait()  # raises the push's error (a dead server) here, in the training loop
+            self._pushes.pop(nxt, None)
+            self._done_through = nxt
+        return self._done_through >= index
+
+
+def _placements_of(
+    plan: Plan | Mapping[str, TablePlacement] | None, configs: Sequence[EmbeddingBagConfig]
+) -> dict[str, TablePlacement | None]:
+    if plan is None:
+        return {c.name: None for c in configs}
+    tables = plan.tables if isinstance(plan, Plan) else plan
+    names = {c.name for c in configs}
+    missing = [c.name for c in configs if c.name not in tables]
+    if missing:
+        raise PlannerError(
+            f"the plan has no placement for tables {missing[:3]}",
+            fixes=("plan this model (persia plan MODEL TOPOLOGY) and pass that plan",),
+        )
+    unknown = sorted(set(tables) - names)
+    if unknown:
+        raise PlannerError(
+            f"the plan places tables {unknown[:3]} that are not in the collection",
+            fixes=("pass the plan made for this model",),
+        )
+    return {c.name: tables[c.name] for c in configs}

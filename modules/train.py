@@ -1,0 +1,636 @@
+"""Hybrid training of a TorchRec DLRM from a plan: the engine behind ``persia train``.
+
+Roles: parameter-server processes hold the plan's ``ps`` tables; trainer processes run a TorchRec ``DLRM`` whose
+``EmbeddingBagCollection`` is a :class:`~.hybrid.HybridEmbeddingBagCollection` and whose dense part is wrapped in
+``DistributedDataParallel`` (gloo on CPU, nccl on CUDA). Sparse and dense optimizers are separate: the sparse one is
+fused into fbgemm (local tables) or applied by the servers (PS tables); the dense one is a ``torch.optim`` optimizer
+over the dense parameters only.
+
+:func:`train_local` spawns the servers and trainers on this machine (:func:`.ps.launch.local_cluster`);
+:func:`train_torchrun` is the same job under ``torchrun`` on several machines: ranks ``0 .. servers - 1`` serve, the
+others train. Each trainer reads its own share of the data: batch ``b`` of the stream goes to trainer
+``b mod trainers``.
+
+The step loop (:class:`TrainLoop`) reads up to ``K`` batches ahead and asks the hybrid module to prefetch their PS
+rows whenever the staleness bound allows it without waiting, so lookups travel while earlier batches compute and
+gradient pushes never block the step.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from persia_planner.errors import PlannerError, SpecError
+from persia_planner.placement import Mode, TablePlacement
+from persia_planner.specs import ModelSpec, Optimizer
+
+from .data.criteo import NUM_INTEGER, Batch, CriteoReader
+from .data.synthetic import SyntheticClicks, Teacher
+from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
+
+__all__ = ["TrainConfig", "TrainLoop", "build_model", "dense_parameters", "train_local", "train_torchrun"]
+
+_EXAMPLES = Path(__file__).resolve().parent.parent / "persia_planner" / "examples"
+if not _EXAMPLES.is_dir():  # installed layout: persia_planner/modules -> persia_planner/examples
+    _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEFAULT_MODEL = _EXAMPLES / "dlrm_small.yaml"
+DEFAULT_TOPOLOGY = _EXAMPLES / "local_2x1.yaml"
+_EVAL_SEED_OFFSET = 1_000_003
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs (the options of ``persia train``).
+
+    Attributes:
+        steps: Training steps (each trainer runs this many batches).
+        batch_size: Samples per trainer and step (default: the model's global batch size / trainers).
+        staleness: Bounded staleness K of the PS tables (``mode="sync"`` forces 0).
+        mode: ``hybrid`` (PS tables async with staleness K) or ``sync`` (K = 0: every step sees every update).
+        trainers: Trainer processes.
+        data: ``"synthetic"`` or ``"criteo:PATH"`` (one file or a directory of files).
+        eval_batches: Batches per trainer for the final AUC (held out: a different seed, or the batches after the
+            training ones in a Criteo file).
+        eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
+        sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
+        sparse_optimizer: ``rowwise_adagrad``, ``adagrad`` or ``sgd``.
+        dense_lr: Learning rate of the dense optimizer.
+        dense_optimizer: ``adagrad`` or ``sgd``.
+        ps_delay_ms: Added to every PS call (a stand-in for a slow network).
+        checkpoint: Directory to save the PS tables, local tables and dense model into at the end.
+        resume: Start from the checkpoint in ``checkpoint``.
+        seed: Seed of the model, the data and the servers' row initialisers.
+        progress: Show a progress bar (trainer 0).
+        teacher_rows_scale: Synthetic data: each feature's id universe is this fraction of its table's rows.
+    """
+
+    steps: int = 400
+    batch_size: int | None = None
+    staleness: int = 4
+    mode: str = "hybrid"
+    trainers: int = 2
+    data: str = "synthetic"
+    eval_batches: int = 8
+    eval_every: int = 0
+    sparse_lr: float = 0.1
+    sparse_optimizer: str = "rowwise_adagrad"
+    dense_lr: float = 0.05
+    dense_optimizer: str = "adagrad"
+    ps_delay_ms: float = 0.0
+    checkpoint: str | None = None
+    resume: bool = False
+    seed: int = 0
+    progress: bool = True
+    teacher_rows_scale: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("hybrid", "sync"):
+            raise PlannerError(f"--mode must be hybrid or sync, got {self.mode!r}")
+        if self.steps < 1 or self.trainers < 1 or self.eval_batches < 1:
+            raise PlannerError("--steps, trainers and eval batches must be >= 1")
+        if self.staleness < 0:
+            raise PlannerError(f"--staleness must be >= 0, got {self.staleness}")
+        if self.ps_delay_ms < 0:
+            raise PlannerError(f"--ps-delay-ms must be >= 0, got {self.ps_delay_ms}")
+        if self.resume and not self.checkpoint:
+            raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
+        if self.dense_optimizer not in ("adagrad", "sgd"):
+            raise PlannerError(f"dense optimizer must be adagrad or sgd, got {self.dense_optimizer!r}")
+        if not (self.data == "synthetic" or self.data.startswith("criteo:")):
+            raise PlannerError(
+                f"--data must be 'synthetic' or 'criteo:PATH', got {self.data!r}",
+                fixes=("e.g. --data criteo:/data/day_0.tsv",),
+            )
+
+    @property
+    def effective_staleness(self) -> int:
+        return 0 if self.mode == "sync" else self.staleness
+
+
+# ---- the model -----------------------------------------------------------------------------------------------
+
+
+def build_model(
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement] | None,
+    *,
+    ps: Any = None,
+    optimizer: SparseOptimizer | None = None,
+    staleness: int = 0,
+    seed: int = 0,
+    ps_servers: int = 1,
+    num_dense: int = NUM_INTEGER,
+) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
+    """A TorchRec ``DLRM`` over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs
+    from plain TorchRec). Returns ``(model, hybrid)``.
+
+    Raises:
+        PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
+    """
+    from torchrec.models.dlrm import DLRM
+
+    from persia_planner.export import to_embedding_bag_configs
+
+    dims = {t.dim for t in spec.tables}
+    if len(dims) != 1:
+        raise PlannerError(
+            f"model {spec.name!r}: a DLRM needs one embedding dim for all tables, got {sorted(dims)}",
+            fixes=("give every table the same dim",),
+        )
+    dim = dims.pop()
+    capacity = {
+        t.name: math.ceil(t.rows / ps_servers * 1.25) + 1024
+        for t in spec.tables
+        if tables is not None and tables[t.name].mode is Mode.ASYNC
+    }
+    torch.manual_seed(seed)
+    hybrid = HybridEmbeddingBagCollection(
+        to_embedding_bag_configs(spec),
+        tables,
+        ps=ps,
+        optimizer=optimizer,
+        staleness=staleness,
+        ps_capacity=capacity,
+        seed=seed,
+    )
+    model = DLRM(
+        embedding_bag_collection=hybrid,
+        dense_in_features=num_dense,
+        dense_arch_layer_sizes=[64, dim],
+        over_arch_layer_sizes=[64, 32, 1],
+    )
+    return model, hybrid
+
+
+def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters outside every :class:`HybridEmbeddingBagCollection` (the sparse ones have fused optimizers)."""
+    sparse = {id(p) for m in model.modules() if isinstance(m, HybridEmbeddingBagCollection) for p in m.parameters()}
+    return [p for p in model.parameters() if id(p) not in sparse and p.requires_grad]
+
+
+def data_parallel(model: nn.Module, process_group: Any = None) -> nn.Module:
+    """``DistributedDataParallel`` over the dense parameters; embedding modules are left out of its all-reduce."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ignore = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, HybridEmbeddingBagCollection):
+            names = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+            ignore += [f"{prefix}.{n}" if prefix else n for n in names]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
+    return DistributedDataParallel(model, process_group=process_group)
+
+
+# ---- the step loop -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepStats:
+    """What one step measured."""
+
+    loss: float
+    step_ms: float
+    staleness: int
+    samples: int
+
+
+class TrainLoop:
+    """Runs training steps with PS rows prefetched up to ``K`` batches ahead.
+
+    Args:
+        model: The model to call (e.g. DDP-wrapped); ``model(dense, sparse)`` returns logits ``[B, 1]``.
+        hybrid: Its hybrid embedding collection (for prefetch and the staleness gauge).
+        optimizer: The dense optimizer.
+    """
+
+    def __init__(self, model: nn.Module, hybrid: HybridEmbeddingBagCollection, optimizer: torch.optim.Optimizer):
+        self.model, self.hybrid, self.optimizer = model, hybrid, optimizer
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def run(self, batches: Iterator[Batch]) -> Iterator[StepStats]:
+        """Train on every batch of ``batches``; yields one :class:`StepStats` per step."""
+        ahead: collections.deque[tuple[Batch, bool]] = collections.deque()
+        window = self.hybrid.max_staleness + 1
+        exhausted = False
+        self.model.train()
+        while True:
+            while not exhausted and len(ahead) < window:
+                nxt = next(batches, None)
+                if nxt is None:
+                    exhausted = True
+                else:
+                    ahead.append((nxt, False))
+            if not ahead:
+                return
+            # Prefetch what the bound allows without waiting; the current batch (first) may wait.
+            for k, (b, sent) in enumerate(ahead):
+                if sent:
+                    continue
+                if not self.hybrid.prefetch(b.sparse, block=(k == 0)):
+                    break
+                ahead[k] = (b, True)
+            batch, _ = ahead.popleft()
+            start = time.perf_counter()
+            logits = self.model(batch.dense, batch.sparse).squeeze(-1)
+            loss = self.loss_fn(logits, batch.labels)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            yield StepStats(
+                float(loss.detach()), (time.perf_counter() - start) * 1e3, self.hybrid.staleness, batch.size
+            )
+
+
+# ---- data ----------------------------------------------------------------------------------------------------
+
+
+def _teacher(spec: ModelSpec, cfg: TrainConfig) -> Teacher:
+    rows = {t.name: max(1, int(t.rows * cfg.teacher_rows_scale)) for t in spec.tables}
+    return Teacher(features=tuple(t.name for t in spec.tables), rows=rows, seed=cfg.seed)
+
+
+def _stream(spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, eval_: bool, skip: int = 0) -> Iterator[Batch]:
+    """This trainer's batches: global batch ``b`` of the stream goes to trainer ``b mod trainers``."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    count = cfg.eval_batches if eval_ else cfg.steps
+    if cfg.data == "synthetic":
+        seed = cfg.seed + (_EVAL_SEED_OFFSET if eval_ else 0)
+        data = SyntheticClicks(
+            _teacher(spec, cfg), batch_size=batch_size, num_batches=(skip + count) * world, seed=seed
+        )
+        for step in range(skip, skip + count):
+            yield data.batch(step * world + rank)
+        return
+    path = Path(cfg.data.split(":", 1)[1])
+    files = sorted(str(p) for p in path.iterdir() if p.is_file()) if path.is_dir() else [str(path)]
+    reader = CriteoReader(files, batch_size=batch_size, num_workers=0, drop_last=True)
+    # Training takes global batches [skip, steps) of the files, evaluation the eval_batches after the training ones.
+    first = (cfg.steps if eval_ else skip) * world
+    last = first + count * world
+    for b, batch in enumerate(reader):
+        if b >= last:
+            return
+        if b >= first and (b - first) % world == rank:
+            yield batch
+
+
+def _lockstep(batches: Iterator[Batch]) -> Iterator[Batch]:
+    """Stop every trainer at the same step when one runs out of data (collectives must match)."""
+    for batch in batches:
+        if dist.is_initialized():
+            flag = torch.ones(1)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if flag.item() == 0:
+                return
+        yield batch
+    if dist.is_initialized():
+        flag = torch.zeros(1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+
+
+# ---- evaluation ----------------------------------------------------------------------------------------------
+
+
+def _evaluate(model: nn.Module, batches: Iterator[Batch]) -> dict[str, float]:
+    """AUC (torchmetrics), log loss and teacher AUC over every trainer's eval batches."""
+    from torchmetrics.functional.classification import binary_auroc
+
+    model.eval()
+    preds, labels, probs = [], [], []
+    with torch.no_grad():
+        for b in batches:
+            preds.append(torch.sigmoid(model(b.dense, b.sparse).squeeze(-1)))
+            labels.append(b.labels)
+            if b.teacher_prob is not None:
+                probs.append(b.teacher_prob)
+    model.train()
+    p, y = torch.cat(preds), torch.cat(labels)
+    t = torch.cat(probs) if probs else torch.empty(0)
+    if dist.is_initialized():
+        p, y, t = (_gather_1d(x) for x in (p, y, t))
+    out = {
+        "auc": float(binary_auroc(p, y.long())),
+        "eval_loss": float(nn.functional.binary_cross_entropy(p.clamp(1e-7, 1 - 1e-7), y)),
+        "eval_samples": int(y.numel()),
+    }
+    if t.numel():
+        out["teacher_auc"] = float(binary_auroc(t, y.long()))  # the same AUC as data.teacher_auc, on these samples
+    return out
+
+
+def _gather_1d(x: torch.Tensor) -> torch.Tensor:
+    n = torch.tensor([x.numel()])
+    sizes = [torch.empty_like(n) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, n)
+    widest = int(max(s.item() for s in sizes))
+    padded = torch.zeros(widest, dtype=x.dtype)
+    padded[: x.numel()] = x
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes, strict=True)])
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------------------
+
+
+def _save_trainer_state(
+    path: Path, step: int, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any
+) -> None:
+    sparse = {id(p) for p in hybrid.parameters()} | {id(b) for b in hybrid.buffers()}
+    dense = {k: v for k, v in model.state_dict(keep_vars=True).items() if id(v) not in sparse}
+    state = {
+        "step": step,
+        "dense": {k: v.detach().clone() for k, v in dense.items()},
+        "dense_optimizer": opt.state_dict(),
+        "local": {k: v.detach().clone() for k, v in hybrid.local_weights().items()},
+        "local_optimizer": hybrid.local_optimizer_states(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _load_trainer_state(path: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any) -> int:
+    if not path.is_file():
+        raise PlannerError(
+            f"--resume: no trainer checkpoint at {path}", fixes=("train once with --checkpoint DIR first",)
+        )
+    state = torch.load(path, weights_only=False)
+    _missing, unexpected = model.load_state_dict(state["dense"], strict=False)
+    if unexpected:
+        raise PlannerError(f"--resume: checkpoint {path} holds parameters {unexpected[:3]} this model lacks")
+    opt.load_state_dict(state["dense_optimizer"])
+    hybrid.load_local_weights(state["local"])
+    hybrid.load_local_optimizer_states(state["local_optimizer"])
+    return int(state["step"])
+
+
+# ---- one trainer ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    """What every trainer gets (picklable)."""
+
+    cfg: TrainConfig
+    spec: ModelSpec
+    tables: dict[str, TablePlacement]
+    servers: int
+    trainers: int
+    group_init: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _trainer(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
+    """Body of trainer ``j`` (also under torchrun); returns the summary on trainer 0."""
+    import logging
+    import warnings
+
+    # torch's own deprecation chatter about gloo groups and fx tracing says nothing to a user of this command
+    warnings.filterwarnings("ignore", message="You are using a Backend")
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=job.group_init, rank=j, world_size=job.trainers, timeout=datetime.timedelta(seconds=300)
+    )
+    try:
+        return _train(j, client, job)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
+    cfg, spec = job.cfg, job.spec
+    batch_size = cfg.batch_size or max(1, spec.batch_size // job.trainers)
+    sparse_opt = SparseOptimizer(Optimizer(cfg.sparse_optimizer), learning_rate=cfg.sparse_lr)
+    model, hybrid = build_model(
+        spec,
+        job.tables,
+        ps=client,
+        optimizer=sparse_opt,
+        staleness=cfg.effective_staleness,
+        seed=cfg.seed,
+        ps_servers=job.servers,
+    )
+    ddp = data_parallel(model)
+    dense = dense_parameters(model)
+    if cfg.dense_optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(dense, lr=cfg.dense_lr)
+    else:
+        opt = torch.optim.Adagrad(dense, lr=cfg.dense_lr)
+    start_step = 0
+    ckpt = Path(cfg.checkpoint) if cfg.checkpoint else None
+    if cfg.resume and ckpt is not None:
+        start_step = _load_trainer_state(ckpt / "trainer.pt", model, hybrid, opt)
+        if j == 0 and hybrid.ps is not None:
+            client.load(ckpt / "ps")
+        dist.barrier()
+
+    history: list[dict[str, Any]] = []
+    losses: list[float] = []
+    step_ms: list[float] = []
+    loop = TrainLoop(ddp, hybrid, opt)
+    progress = _progress(cfg) if (j == 0 and cfg.progress) else None
+    task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
+    t0 = time.perf_counter()
+    samples = 0
+    step = start_step
+    try:
+        if progress:
+            progress.start()
+        batches = _lockstep(_stream(spec, cfg, batch_size, eval_=False, skip=start_step))
+        for stats in loop.run(batches):
+            step += 1
+            losses.append(stats.loss)
+            step_ms.append(stats.step_ms)
+            samples += stats.samples * job.trainers
+            rate = samples / (time.perf_counter() - t0)
+            history.append({"step": step, "loss": stats.loss, "samples": samples, "staleness": stats.staleness})
+            if progress:
+                progress.update(task, advance=1, loss=_ema(losses), rate=rate, stale=stats.staleness)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < start_step + cfg.steps:
+                hybrid.flush()
+                history[-1].update(_evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True)))
+        hybrid.flush()
+        elapsed = time.perf_counter() - t0
+    finally:
+        if progress:
+            progress.stop()
+    dist.barrier()  # every trainer's pushes are applied before the evaluation and the checkpoint
+    result = _evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True))
+    if history:
+        history[-1].update(result)
+    if ckpt is not None:
+        if j == 0:
+            if hybrid.ps is not None:
+                client.save(ckpt / "ps")
+            _save_trainer_state(ckpt / "trainer.pt", step, model, hybrid, opt)
+        dist.barrier()
+    if j != 0:
+        return None
+    tail = losses[-max(1, len(losses) // 10) :]
+    steps_done = step - start_step
+    return {
+        **result,
+        "teacher_auc": result.get("teacher_auc"),
+        "loss": sum(tail) / len(tail) if tail else float("nan"),
+        "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+        "step_ms": _median(step_ms),
+        "wall_step_ms": elapsed * 1e3 / max(1, steps_done),
+        "batch_size": batch_size * job.trainers,
+        "steps": steps_done,
+        "first_step": start_step,
+        "staleness": cfg.effective_staleness,
+        "staleness_max_seen": hybrid.staleness_max_seen,
+        "mode": cfg.mode,
+        "trainers": job.trainers,
+        "servers": job.servers if hybrid.ps is not None else 0,
+        "ps_tables": [c.name for c in hybrid.ps_tables],
+        "local_tables": [c.name for c in hybrid.local_tables],
+        "ps_delay_ms": cfg.ps_delay_ms,
+        "data": cfg.data,
+        "seed": cfg.seed,
+        "history": history,
+    }
+
+
+def _median(xs: list[float]) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[len(s) // 2]
+
+
+def _ema(xs: list[float], window: int = 20) -> float:
+    tail = xs[-window:]
+    return sum(tail) / len(tail)
+
+
+def _progress(cfg: TrainConfig) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]train[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}"),
+        TextColumn("{task.fields[rate]:,.0f} samples/s"),
+        TextColumn("staleness {task.fields[stale]}" + f"/{cfg.effective_staleness}"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
+
+
+# ---- launchers -----------------------------------------------------------------------------------------------
+
+
+def _job(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], servers: int, init: str) -> _Job:
+    return _Job(cfg, spec, dict(tables), servers, cfg.trainers, init)
+
+
+def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
+    """A Criteo file provides features c1..c26; the model's tables must be named after them."""
+    if cfg.data.startswith("criteo:"):
+        from .data.criteo import FEATURE_NAMES
+
+        path = Path(cfg.data.split(":", 1)[1])
+        if not path.exists():
+            raise SpecError(str(path), "", "file or directory not found", fixes=("pass --data criteo:PATH",))
+        unknown = [t.name for t in spec.tables if t.name not in FEATURE_NAMES]
+        if unknown:
+            raise SpecError(
+                spec.name,
+                f"tables.{unknown[0]}",
+                "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
+                fixes=("name the tables c1..c26",),
+            )
+
+
+def train_local(
+    cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int, run_timeout_s: float = 3600
+) -> dict[str, Any]:
+    """Run ``servers`` PS processes and ``cfg.trainers`` trainers on this machine; returns trainer 0's summary."""
+    from .ps.launch import free_port, local_cluster
+
+    check_data_matches(spec, cfg)
+    has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
+    job = _job(cfg, spec, tables, servers if has_ps else 1, f"tcp://127.0.0.1:{free_port()}")
+    results = local_cluster(
+        job.servers,
+        cfg.trainers,
+        _trainer,
+        job,
+        **({"delay_ms": cfg.ps_delay_ms} if cfg.ps_delay_ms else {}),
+        timeout_s=60.0,
+        run_timeout_s=run_timeout_s,
+    )
+    return results[0]
+
+
+def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int) -> Any:
+    """The same job under ``torchrun``: ranks ``< servers`` serve the PS tables, the others train.
+
+    RPC uses ``MASTER_ADDR:MASTER_PORT``; the trainers' gloo group uses ``MASTER_PORT + 1``.
+    Returns the summary on the first trainer, None elsewhere.
+    """
+    from .ps import server as ps_server
+    from .ps.client import connect
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world <= servers:
+        raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
+    check_data_matches(spec, cfg)
+    if rank < servers:
+        ps_server.serve(rank, world)
+        return None
+    init = f"tcp://{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
+    job = _Job(replace(cfg, trainers=world - servers), spec, dict(tables), servers, world - servers, init)
+    client = connect(f"trainer{rank - servers}", rank, world, delay_ms=cfg.ps_delay_ms)
+    import torch.distributed.rpc as rpc
+
+    try:
+        result = _trainer(rank - servers, client, job)
+        client.flush()
+    finally:
+        rpc.shutdown()
+    return result
+
+
+def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary table's rows (metric, value)."""
+    rows = [
+        ("AUC", f"{result['auc']:.4f}"),
+        ("teacher AUC (best possible)", f"{result['teacher_auc']:.4f}" if result.get("teacher_auc") else "-"),
+        ("train loss (last 10%)", f"{result['loss']:.4f}"),
+        ("eval log loss", f"{result['eval_loss']:.4f}"),
+        ("samples/s", f"{result['samples_per_s']:,.0f}"),
+        ("step ms (median, compute)", f"{result['step_ms']:.1f}"),
+        ("global batch x steps", f"{result['batch_size']} x {result['steps']}"),
+        ("staleness K (max seen)", f"{result['staleness']} ({result['staleness_max_seen']})"),
+        ("trainers / PS servers", f"{result['trainers']} / {result['servers']}"),
+        ("PS tables (async)", ", ".join(result["ps_tables"]) or "-"),
+        ("local tables (sync)", f"{len(result['local_tables'])}"),
+    ]
+    return rows
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return asdict(cfg)
