@@ -1,0 +1,248 @@
+"""Hybrid-training benchmark: equivalence, quality, speed under a slow PS network, and TorchRec DMP, in one run.
+
+1. Equivalence: K = 0 hybrid vs TorchRec ``EmbeddingBagCollection`` + DDP, same data and seeds, step by step (SGD).
+2. Quality: hybrid (K = 4) vs sync (K = 0) AUC after the same samples, and both vs the teacher's AUC.
+3. Speed: every PS call delayed by the measured synchronous step time; K = 4 vs K = 0 samples/s, and K = 4 with
+   vs without the delay.
+4. TorchRec ``DistributedModelParallel`` (2 CPU ranks, gloo, every table local, its own planner): samples/s ratio.
+
+Every ratio compares runs of this same invocation. Prints a table and writes JSON (``--json OUT``).
+
+    python benchmarks/hybrid.py --json out.json     # full: ~8 minutes on 2 cores
+    python benchmarks/hybrid.py --quick             # fewer steps: the same checks, looser statistics
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from persia_planner import load_model, load_topology, plan
+from persia_planner.modules.train import DEFAULT_MODEL, DEFAULT_TOPOLOGY, TrainConfig, train_local
+from persia_planner.modules.verify import compare_with_torchrec
+
+console = Console()
+
+
+def train(spec, the_plan, servers: int, **options: Any) -> dict[str, Any]:
+    cfg = TrainConfig(progress=False, **options)
+    started = time.perf_counter()
+    result = train_local(cfg, spec, dict(the_plan.tables), servers=servers)
+    result["wall_s"] = time.perf_counter() - started
+    return result
+
+
+# ---- TorchRec DMP baseline ------------------------------------------------------------------------------------------
+def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, out: str) -> None:
+    import warnings
+
+    import torch.distributed as dist
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torch import nn
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.models.dlrm import DLRM
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from persia_planner.export import to_embedding_bag_configs
+    from persia_planner.modules.data import SyntheticClicks, Teacher
+    from persia_planner.modules.verify import _in_range
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
+    try:
+        spec = load_model(DEFAULT_MODEL)
+        cfg = TrainConfig()
+        torch.manual_seed(0)
+        model = DLRM(
+            embedding_bag_collection=EmbeddingBagCollection(
+                tables=to_embedding_bag_configs(spec), device=torch.device("meta")
+            ),
+            dense_in_features=13,
+            dense_arch_layer_sizes=[64, spec.tables[0].dim],
+            over_arch_layer_sizes=[64, 32, 1],
+        )
+        sharder = EmbeddingBagCollectionSharder(
+            fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": cfg.sparse_lr, "eps": 1e-8}
+        )
+        dmp = DistributedModelParallel(model, device=torch.device("cpu"), sharders=[sharder])
+        opt = KeyedOptimizerWrapper(
+            dict(in_backward_optimizer_filter(dmp.named_parameters())),
+            lambda params: torch.optim.Adagrad(params, lr=cfg.dense_lr),
+        )
+        rows = {t.name: max(1, int(t.rows * cfg.teacher_rows_scale)) for t in spec.tables}
+        data = SyntheticClicks(
+            Teacher(features=tuple(t.name for t in spec.tables), rows=rows),
+            batch_size=batch_size,
+            num_batches=steps * world,
+        )
+        batches = [_in_range(data.batch(s * world + rank), spec) for s in range(steps)]
+        loss_fn = nn.BCEWithLogitsLoss()
+        times = []
+        for batch in batches:
+            started = time.perf_counter()
+            loss = loss_fn(dmp(batch.dense, batch.sparse).squeeze(-1), batch.labels)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            times.append(time.perf_counter() - started)
+        dist.barrier()
+        if rank == 0:
+            warm = times[len(times) // 5 :]
+            Path(out).write_text(
+                json.dumps({"samples_per_s": batch_size * world * len(warm) / sum(warm), "last_loss": float(loss)})
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+def dmp_baseline(steps: int, batch_size: int) -> dict[str, Any]:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from persia_planner.modules.ps.launch import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "dmp.json")
+        mp.spawn(_dmp_worker, args=(2, free_port(), steps, batch_size, out), nprocs=2, join=True)
+        return json.loads(Path(out).read_text())
+
+
+# ---- the run ----------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer steps (CI)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+
+    spec, topo = load_model(DEFAULT_MODEL), load_topology(DEFAULT_TOPOLOGY)
+    the_plan = plan(spec, topo)
+    servers = len(topo.servers)
+    quality_steps = 200 if args.quick else 400
+    speed_steps = 40 if args.quick else 120
+    equivalence_steps = 10 if args.quick else 50
+    eval_batches = 8 if args.quick else 32
+    results: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
+        "quick": args.quick,
+        "model": spec.name,
+        "ps_tables": sorted(n for n, p in the_plan.tables.items() if p.tier.value == "ps"),
+    }
+
+    # 1. Equivalence.
+    console.print(f"[bold]1. equivalence[/]: K = 0 vs TorchRec EBC + DDP, {equivalence_steps} steps, 2 trainers")
+    eq = compare_with_torchrec(
+        spec, dict(the_plan.tables), steps=equivalence_steps, trainers=2, servers=servers, batch_size=1024
+    )
+    results["equivalence"] = {
+        "steps": equivalence_steps,
+        "max_abs_loss_diff": eq["max_abs_diff"],
+        "hybrid_losses_trainer0": eq["hybrid"][0],
+        "reference_losses_trainer0": eq["reference"][0],
+        "pass": eq["max_abs_diff"] <= 1e-5,
+    }
+
+    # 2. Quality (also gives the synchronous step time for 3).
+    console.print(f"[bold]2. quality[/]: sync (K = 0) and hybrid (K = 4), {quality_steps} steps each")
+    sync = train(spec, the_plan, servers, steps=quality_steps, mode="sync", eval_batches=eval_batches)
+    hybrid = train(spec, the_plan, servers, steps=quality_steps, staleness=4, eval_batches=eval_batches)
+    teacher = sync["teacher_auc"]
+    results["quality"] = {
+        "samples": sync["batch_size"] * quality_steps,
+        "eval_samples": sync["eval_samples"],
+        "teacher_auc": teacher,
+        "sync_auc": sync["auc"],
+        "hybrid_auc": hybrid["auc"],
+        "hybrid_minus_sync": hybrid["auc"] - sync["auc"],
+        "sync_gap_to_teacher": teacher - sync["auc"],
+        "hybrid_gap_to_teacher": teacher - hybrid["auc"],
+        "pass": abs(hybrid["auc"] - sync["auc"]) <= 0.002
+        and teacher - sync["auc"] <= 0.01
+        and teacher - hybrid["auc"] <= 0.01,
+    }
+
+    # 3. Speed under a slow network: delay = the synchronous step time just measured.
+    sync_step_ms = sync["wall_step_ms"]
+    delay = round(sync_step_ms, 1)
+    console.print(f"[bold]3. speed[/]: every PS call delayed by {delay} ms (the sync step), {speed_steps} steps each")
+    runs = {
+        "k0_delay": train(spec, the_plan, servers, steps=speed_steps, mode="sync", ps_delay_ms=delay),
+        "k4_delay": train(spec, the_plan, servers, steps=speed_steps, staleness=4, ps_delay_ms=delay),
+        "k4_no_delay": train(spec, the_plan, servers, steps=speed_steps, staleness=4),
+    }
+    rate = {k: r["samples_per_s"] for k, r in runs.items()}
+    results["speed"] = {
+        "ps_delay_ms": delay,
+        "samples_per_s": rate,
+        "staleness_max_seen": {k: r["staleness_max_seen"] for k, r in runs.items()},
+        "k4_over_k0_with_delay": rate["k4_delay"] / rate["k0_delay"],
+        "k4_delay_over_k4_no_delay": rate["k4_delay"] / rate["k4_no_delay"],
+        "pass": rate["k4_delay"] >= 1.6 * rate["k0_delay"] and rate["k4_delay"] >= 0.85 * rate["k4_no_delay"],
+    }
+
+    # 4. TorchRec DMP, every table local.
+    console.print("[bold]4. TorchRec DistributedModelParallel[/]: 2 CPU ranks, gloo, all tables local")
+    per_trainer = sync["batch_size"] // 2
+    dmp = dmp_baseline(speed_steps, per_trainer)
+    results["dmp"] = {
+        "samples_per_s": dmp["samples_per_s"],
+        "hybrid_k4_samples_per_s": rate["k4_no_delay"],
+        "hybrid_over_dmp": rate["k4_no_delay"] / dmp["samples_per_s"],
+    }
+
+    table = Table(
+        title=f"hybrid training ({'quick' if args.quick else 'full'}), {spec.name}, 2 trainers + {servers} PS"
+    )
+    table.add_column("check")
+    table.add_column("measured", justify="right")
+    table.add_column("target", justify="right")
+    table.add_column("ok", justify="center")
+    q, s = results["quality"], results["speed"]
+
+    def mark(ok: bool) -> str:
+        return "[green]yes[/]" if ok else "[red]no[/]"
+
+    table.add_row(
+        f"K=0 vs EBC+DDP, max |loss diff| over {equivalence_steps} steps",
+        f"{eq['max_abs_diff']:.2e}",
+        "<= 1e-5",
+        mark(results["equivalence"]["pass"]),
+    )
+    table.add_row("teacher AUC", f"{teacher:.4f}", "", "")
+    table.add_row("sync AUC (gap to teacher)", f"{sync['auc']:.4f} ({teacher - sync['auc']:.4f})", "gap <= 0.01", "")
+    table.add_row(
+        "hybrid K=4 AUC (gap to teacher)", f"{hybrid['auc']:.4f} ({teacher - hybrid['auc']:.4f})", "gap <= 0.01", ""
+    )
+    table.add_row("hybrid - sync AUC", f"{q['hybrid_minus_sync']:+.4f}", "|.| <= 0.002", mark(q["pass"]))
+    table.add_row("PS delay (= sync step ms)", f"{delay:.1f} ms", "", "")
+    for k in ("k0_delay", "k4_delay", "k4_no_delay"):
+        table.add_row(f"samples/s {k}", f"{rate[k]:,.0f}", "", "")
+    table.add_row("K=4 / K=0 with delay", f"{s['k4_over_k0_with_delay']:.2f}x", ">= 1.6x", "")
+    table.add_row("K=4 with / without delay", f"{s['k4_delay_over_k4_no_delay']:.2f}x", ">= 0.85x", mark(s["pass"]))
+    table.add_row("TorchRec DMP samples/s (all local)", f"{dmp['samples_per_s']:,.0f}", "", "")
+    table.add_row("hybrid K=4 / DMP", f"{results['dmp']['hybrid_over_dmp']:.2f}x", "", "")
+    console.print(table)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

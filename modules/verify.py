@@ -1,0 +1,177 @@
+"""Check a hybrid run against plain TorchRec: with staleness 0 the losses must match step by step.
+
+:func:`compare_with_torchrec` trains, in the same trainer processes and on the same batches, the hybrid DLRM
+(:func:`.train.build_model`: local tables in fbgemm, PS tables on the parameter servers, dense part under DDP) and
+a reference: TorchRec's ``DLRM`` over a plain ``EmbeddingBagCollection`` holding every table, the whole model under
+``DistributedDataParallel``. The reference starts from the hybrid's initial weights (local tables and dense layers
+copied; PS rows read from the servers), and both use SGD with one learning rate, for which K = 0 hybrid training
+is mathematically the same algorithm: each step's embedding gradient is the trainers' average, applied once.
+(With Adagrad-type optimizers the servers apply each trainer's push separately, a different, Persia-style
+algorithm, so only SGD is compared.)
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from persia_planner.placement import Mode, TablePlacement
+from persia_planner.specs import ModelSpec, Optimizer
+
+from .data.criteo import NUM_INTEGER, Batch
+from .data.synthetic import SyntheticClicks, Teacher
+from .hybrid import SparseOptimizer
+from .train import build_model, data_parallel, dense_parameters
+
+__all__ = ["compare_with_torchrec"]
+
+
+@dataclass(frozen=True)
+class _Job:
+    spec: ModelSpec
+    tables: dict[str, TablePlacement]
+    steps: int
+    batch_size: int
+    learning_rate: float
+    seed: int
+    staleness: int
+    servers: int
+    trainers: int
+    group_init: str
+
+
+def _in_range(batch: Batch, spec: ModelSpec) -> Batch:
+    """The batch with every id reduced modulo its table's rows, so that a plain EmbeddingBagCollection accepts it
+    and a PS table's id ``i`` is the reference's row ``i``."""
+    kjt = batch.sparse
+    keys = kjt.keys()
+    rows = torch.tensor([spec.table(k).rows for k in keys], dtype=torch.int64)
+    per_key = kjt.lengths().view(len(keys), -1).sum(1)
+    values = torch.remainder(kjt.values(), rows.repeat_interleave(per_key))
+    sparse = KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths())
+    return Batch(batch.dense, sparse, batch.labels, batch.teacher_prob)
+
+
+def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
+    import warnings
+
+    from torchrec.models.dlrm import DLRM
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from persia_planner.export import to_embedding_bag_configs
+
+    warnings.filterwarnings("ignore", message="You are using a Backend")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=job.group_init, rank=j, world_size=job.trainers, timeout=datetime.timedelta(seconds=300)
+    )
+    try:
+        spec = job.spec
+        sgd = SparseOptimizer(Optimizer.SGD, learning_rate=job.learning_rate)
+        model, hybrid = build_model(
+            spec, job.tables, ps=client, optimizer=sgd, staleness=job.staleness, seed=job.seed, ps_servers=job.servers
+        )
+        dim = spec.tables[0].dim
+        reference = DLRM(
+            embedding_bag_collection=EmbeddingBagCollection(tables=to_embedding_bag_configs(spec)),
+            dense_in_features=NUM_INTEGER,
+            dense_arch_layer_sizes=[64, dim],
+            over_arch_layer_sizes=[64, 32, 1],
+        )
+        # Same starting point: the hybrid's dense layers and local tables, and the PS rows as the servers hold them.
+        sparse_ids = {id(p) for p in hybrid.parameters()} | {id(b) for b in hybrid.buffers()}
+        dense_state = {k: v for k, v in model.state_dict(keep_vars=True).items() if id(v) not in sparse_ids}
+        _missing, unexpected = reference.load_state_dict({k: v.detach() for k, v in dense_state.items()}, strict=False)
+        assert not unexpected, unexpected
+        bags = reference.sparse_arch.embedding_bag_collection.embedding_bags
+        with torch.no_grad():
+            for name, weight in hybrid.local_weights().items():
+                bags[name].weight.copy_(weight)
+            ps_names = [n for n, p in job.tables.items() if p.mode is Mode.ASYNC]
+            for turn in range(job.trainers):  # one trainer at a time: the first admits and initialises the rows
+                if turn == j:
+                    for name in ps_names:
+                        bags[name].weight.copy_(client.lookup(name, torch.arange(spec.table(name).rows)))
+                dist.barrier()
+        ref_ddp = nn.parallel.DistributedDataParallel(reference)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=job.learning_rate)
+        hyb_ddp = data_parallel(model)
+        hyb_opt = torch.optim.SGD(dense_parameters(model), lr=job.learning_rate)
+        teacher = Teacher(features=tuple(t.name for t in spec.tables), rows={t.name: t.rows for t in spec.tables})
+        data = SyntheticClicks(teacher, batch_size=job.batch_size, num_batches=job.steps * job.trainers, seed=job.seed)
+        loss_fn = nn.BCEWithLogitsLoss()
+        out: dict[str, list[float]] = {"hybrid": [], "reference": []}
+        batches = [_in_range(data.batch(step * job.trainers + j), spec) for step in range(job.steps)]
+        prefetched = 0
+        for step, batch in enumerate(batches):
+            # As TrainLoop does: request the PS rows of up to K coming batches when the bound allows it.
+            while prefetched < min(job.steps, step + job.staleness + 1):
+                if not hybrid.prefetch(batches[prefetched].sparse, block=prefetched == step):
+                    break
+                prefetched += 1
+            for key, net, opt in (("hybrid", hyb_ddp, hyb_opt), ("reference", ref_ddp, ref_opt)):
+                loss = loss_fn(net(batch.dense, batch.sparse).squeeze(-1), batch.labels)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                out[key].append(float(loss.detach()))
+        hybrid.flush()
+        dist.barrier()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def compare_with_torchrec(
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement],
+    *,
+    steps: int = 50,
+    trainers: int = 2,
+    servers: int = 1,
+    batch_size: int = 256,
+    learning_rate: float = 0.05,
+    seed: int = 0,
+    staleness: int = 0,
+) -> dict[str, Any]:
+    """Train hybrid (K = 0) and TorchRec ``EmbeddingBagCollection`` + DDP side by side on the same batches.
+
+    Args:
+        spec: The model (every table's ids are reduced modulo its rows so the reference can hold it).
+        tables: The plan's placements (PS tables go to ``servers`` parameter servers).
+        steps: Training steps.
+        trainers: Trainer processes (both models run in each).
+        servers: Parameter-server processes.
+        batch_size: Samples per trainer and step.
+        learning_rate: SGD learning rate of every parameter, sparse and dense.
+        seed: Seed of the model and the data.
+        staleness: The hybrid's K (only K = 0 is expected to match; larger K shows how far asynchrony drifts).
+
+    Returns:
+        ``{"hybrid": [[loss per step] per trainer], "reference": [...], "max_abs_diff": float}``.
+    """
+    from .ps.launch import free_port, local_cluster
+
+    job = _Job(
+        spec,
+        dict(tables),
+        steps,
+        batch_size,
+        learning_rate,
+        seed,
+        staleness,
+        servers,
+        trainers,
+        f"tcp://127.0.0.1:{free_port()}",
+    )
+    results = local_cluster(servers, trainers, _worker, job, timeout_s=60.0, run_timeout_s=1800)
+    hybrid = [r["hybrid"] for r in results]
+    reference = [r["reference"] for r in results]
+    diff = max(abs(a - b) for h, r in zip(hybrid, reference, strict=True) for a, b in zip(h, r, strict=True))
+    return {"hybrid": hybrid, "reference": reference, "max_abs_diff": diff}
