@@ -132,11 +132,12 @@ class _ShardOfGlobal(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         sizes, widest = ctx.sizes, max(ctx.sizes)
-        padded = torch.zeros(widest, grad.shape[1], dtype=grad.dtype, device=grad.device)
-        padded[: grad.shape[0]] = grad
+        # The trainers' group is gloo (CPU tensors) on every machine: it also carries the ids, which live on CPU.
+        padded = torch.zeros(widest, grad.shape[1], dtype=grad.dtype)
+        padded[: grad.shape[0]] = grad.cpu()
         gathered = [torch.empty_like(padded) for _ in sizes]
         dist.all_gather(gathered, padded.contiguous(), group=ctx.group)
-        full = torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)])
+        full = torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)]).to(grad.device)
         if ctx.scale != 1.0:
             full = full * ctx.scale
         return full, None, None, None, None
@@ -222,7 +223,7 @@ class HybridEmbeddingBagCollection(nn.Module):
 
         self.group = process_group
         if self.group is None and dist.is_available() and dist.is_initialized():
-            self.group = dist.new_group(backend="gloo" if self.device.type == "cpu" else None)
+            self.group = dist.new_group(backend="gloo")  # ids and pooled gradients; see _ShardOfGlobal
         self.world_size = dist.get_world_size(self.group) if self.group is not None else 1
         self.rank = dist.get_rank(self.group) if self.group is not None else 0
 
@@ -423,8 +424,8 @@ class HybridEmbeddingBagCollection(nn.Module):
         keys = features.keys()
         kjt = features.permute([keys.index(f) for f in self._local_features])
         n_features = len(self._local_features)
-        lengths = kjt.lengths().to(torch.int64)
-        values = kjt.values()
+        lengths = kjt.lengths().to(torch.int64).cpu()
+        values = kjt.values().cpu()
         per_feature = lengths.view(n_features, batch).sum(1)
         # Map raw ids into the table's rows (a no-op for ids already below num_embeddings).
         values = torch.remainder(values, self._local_rows.repeat_interleave(per_feature))
@@ -480,7 +481,7 @@ class HybridEmbeddingBagCollection(nn.Module):
 
     def _ps_ids(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
         """Per PS table the ids of its features, concatenated in ``feature_names`` order."""
-        return {t: torch.cat([features[f].values() for f in names]) for t, names in self._ps_features.items()}
+        return {t: torch.cat([features[f].values() for f in names]).cpu() for t, names in self._ps_features.items()}
 
     def _ps_forward(self, features: KeyedJaggedTensor, batch: int) -> dict[str, torch.Tensor]:
         assert self.ps is not None
@@ -520,7 +521,7 @@ class HybridEmbeddingBagCollection(nn.Module):
         self, features: KeyedJaggedTensor, batch: int, rows: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         keys = features.keys()
-        lengths_all = features.lengths().to(torch.int64).view(len(keys), batch)
+        lengths_all = features.lengths().to(torch.int64).cpu().view(len(keys), batch)
         pooled = {}
         for c in self.ps_tables:
             names = c.feature_names

@@ -180,8 +180,14 @@ def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in sparse and p.requires_grad]
 
 
-def data_parallel(model: nn.Module, process_group: Any = None) -> nn.Module:
-    """``DistributedDataParallel`` over the dense parameters; embedding modules are left out of its all-reduce."""
+def data_parallel(model: nn.Module, process_group: Any = None, device: torch.device | None = None) -> nn.Module:
+    """``DistributedDataParallel`` over the dense parameters; embedding modules are left out of its all-reduce.
+
+    Args:
+        model: The model (dense parameters already on ``device``).
+        process_group: The trainers' group (default: the default group); nccl on CUDA, gloo on CPU.
+        device: The CUDA device of this trainer, or None on CPU.
+    """
     from torch.nn.parallel import DistributedDataParallel
 
     ignore = []
@@ -190,7 +196,8 @@ def data_parallel(model: nn.Module, process_group: Any = None) -> nn.Module:
             names = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
             ignore += [f"{prefix}.{n}" if prefix else n for n in names]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
-    return DistributedDataParallel(model, process_group=process_group)
+    on_cuda = device is not None and device.type == "cuda"
+    return DistributedDataParallel(model, process_group=process_group, device_ids=[device] if on_cuda else None)
 
 
 # ---- the step loop -------------------------------------------------------------------------------------------
@@ -213,11 +220,25 @@ class TrainLoop:
         model: The model to call (e.g. DDP-wrapped); ``model(dense, sparse)`` returns logits ``[B, 1]``.
         hybrid: Its hybrid embedding collection (for prefetch and the staleness gauge).
         optimizer: The dense optimizer.
+        device: Where the model computes (batches are moved there); default CPU.
     """
 
-    def __init__(self, model: nn.Module, hybrid: HybridEmbeddingBagCollection, optimizer: torch.optim.Optimizer):
+    def __init__(
+        self,
+        model: nn.Module,
+        hybrid: HybridEmbeddingBagCollection,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device | None = None,
+    ):
         self.model, self.hybrid, self.optimizer = model, hybrid, optimizer
+        self.device = device or torch.device("cpu")
         self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def _to_device(self, batch: Batch) -> Batch:
+        # Moved once, when read: the module matches a forward to its prefetch by the KJT's identity.
+        if self.device.type == "cpu":
+            return batch
+        return Batch(batch.dense.to(self.device), batch.sparse.to(self.device), batch.labels.to(self.device))
 
     def run(self, batches: Iterator[Batch]) -> Iterator[StepStats]:
         """Train on every batch of ``batches``; yields one :class:`StepStats` per step."""
@@ -231,7 +252,7 @@ class TrainLoop:
                 if nxt is None:
                     exhausted = True
                 else:
-                    ahead.append((nxt, False))
+                    ahead.append((self._to_device(nxt), False))
             if not ahead:
                 return
             # Prefetch what the bound allows without waiting; the current batch (first) may wait.
@@ -304,7 +325,7 @@ def _lockstep(batches: Iterator[Batch]) -> Iterator[Batch]:
 # ---- evaluation ----------------------------------------------------------------------------------------------
 
 
-def _evaluate(model: nn.Module, batches: Iterator[Batch]) -> dict[str, float]:
+def _evaluate(model: nn.Module, batches: Iterator[Batch], device: torch.device | None = None) -> dict[str, float]:
     """AUC (torchmetrics), log loss and teacher AUC over every trainer's eval batches."""
     from torchmetrics.functional.classification import binary_auroc
 
@@ -312,7 +333,9 @@ def _evaluate(model: nn.Module, batches: Iterator[Batch]) -> dict[str, float]:
     preds, labels, probs = [], [], []
     with torch.no_grad():
         for b in batches:
-            preds.append(torch.sigmoid(model(b.dense, b.sparse).squeeze(-1)))
+            sparse = b.sparse if device is None or device.type == "cpu" else b.sparse.to(device)
+            dense = b.dense if device is None else b.dense.to(device)
+            preds.append(torch.sigmoid(model(dense, sparse).squeeze(-1)).cpu())
             labels.append(b.labels)
             if b.teacher_prob is not None:
                 probs.append(b.teacher_prob)
@@ -419,6 +442,11 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     cfg, spec = job.cfg, job.spec
     batch_size = cfg.batch_size or max(1, spec.batch_size // job.trainers)
     sparse_opt = SparseOptimizer(Optimizer(cfg.sparse_optimizer), learning_rate=cfg.sparse_lr)
+    on_cuda = torch.cuda.is_available()
+    device = torch.device("cpu")
+    if on_cuda:  # one GPU per trainer: LOCAL_RANK under torchrun, the trainer index locally
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", j)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     model, hybrid = build_model(
         spec,
         job.tables,
@@ -428,7 +456,9 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         seed=cfg.seed,
         ps_servers=job.servers,
     )
-    ddp = data_parallel(model)
+    model.to(device)
+    # gloo carries the small CPU collectives (ids, lockstep, metrics); DDP's gradients go over nccl on CUDA.
+    ddp = data_parallel(model, dist.new_group(backend="nccl") if on_cuda else None, device if on_cuda else None)
     dense = dense_parameters(model)
     if cfg.dense_optimizer == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(dense, lr=cfg.dense_lr)
@@ -445,7 +475,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     history: list[dict[str, Any]] = []
     losses: list[float] = []
     step_ms: list[float] = []
-    loop = TrainLoop(ddp, hybrid, opt)
+    loop = TrainLoop(ddp, hybrid, opt, device)
     progress = _progress(cfg) if (j == 0 and cfg.progress) else None
     task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
     t0 = time.perf_counter()
@@ -466,14 +496,14 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
                 progress.update(task, advance=1, loss=_ema(losses), rate=rate, stale=stats.staleness)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < start_step + cfg.steps:
                 hybrid.flush()
-                history[-1].update(_evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True)))
+                history[-1].update(_evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True), device))
         hybrid.flush()
         elapsed = time.perf_counter() - t0
     finally:
         if progress:
             progress.stop()
     dist.barrier()  # every trainer's pushes are applied before the evaluation and the checkpoint
-    result = _evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True))
+    result = _evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True), device)
     if history:
         history[-1].update(result)
     if ckpt is not None:
