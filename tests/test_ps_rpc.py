@@ -6,18 +6,20 @@ inside the trainer; a failed assertion comes back as a ``TrainerError`` carrying
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
+import threading
 import time
 
 import pytest
 import torch
 
-from persia_planner.modules.ps.client import PsUnavailableError
+from persia_planner.modules.ps.client import PsClient, PsUnavailableError, _DelayScheduler
 from persia_planner.modules.ps.launch import barrier, local_cluster
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
-from persia_planner.modules.ps.server import PsServerError, TableConfig
+from persia_planner.modules.ps.server import PsServerError, TableConfig, allocator_env, log_metrics_every
 from persia_planner.modules.ps.sharding import server_of
 from persia_planner.modules.ps.store import EmbeddingStore, Uniform
 
@@ -244,3 +246,96 @@ def test_checkpoint_survives_the_servers_and_reshards(tmp_path):
         assert loaded == _CKPT_IDS.numel()
         assert held == expected  # each id on the server server_of names for the new count
         assert torch.equal(rows, saved)  # every row bit-exact
+
+
+# ------------------------------------------------------------------------------ (6) injected latency (delay_ms)
+
+DELAY_MS = 50
+
+
+def _delayed(j, client):
+    assert client.delay_ms == DELAY_MS
+    plain = PsClient(client.servers, timeout_s=client.timeout_s)  # the same servers, no delay
+    config = TableConfig("slow", 8, 10_000, SGD(lr=0.5), Uniform(-0.1, 0.1), seed=4)
+    started = time.perf_counter()
+    client.register(config)  # every request is delayed, not only lookups
+    register_s = time.perf_counter() - started
+    plain.register(config)
+    ids = torch.randint(0, 5000, (4, 300), generator=_gen(20))
+    reference = plain.lookup("slow", ids)  # inserts every id; the delayed lookups below are hits
+
+    started = time.perf_counter()
+    rows = client.lookup("slow", ids)
+    one_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    futures = [client.lookup_async("slow", ids[k]) for k in range(4)]
+    issue_s = time.perf_counter() - started  # the caller is not blocked by the delay
+    concurrent = [f.wait() for f in futures]
+    four_s = time.perf_counter() - started
+
+    distinct = torch.unique(ids[0])
+    before = plain.lookup("slow", distinct, train=False)
+    started = time.perf_counter()
+    pushed = client.push_gradients("slow", distinct, torch.ones(distinct.numel(), 8))
+    push_s = time.perf_counter() - started
+    started = time.perf_counter()
+    client.metrics()
+    metrics_s = time.perf_counter() - started
+    after = plain.lookup("slow", distinct, train=False)
+    client.close()
+    return {
+        "same": torch.equal(rows, reference)
+        and all(torch.equal(c, r) for c, r in zip(concurrent, reference, strict=True)),
+        "pushed": pushed == distinct.numel(),
+        "applied": torch.allclose(after, before - 0.5),
+        "times": (register_s, one_s, issue_s, four_s, push_s, metrics_s),
+    }
+
+
+def test_delay_ms_delays_every_request_and_delays_overlap():
+    [result] = local_cluster(2, 1, _delayed, delay_ms=DELAY_MS, run_timeout_s=60)
+    register_s, one_s, issue_s, four_s, push_s, metrics_s = result["times"]
+    assert result["same"] and result["pushed"] and result["applied"]  # values identical to a no-delay client
+    delay = DELAY_MS / 1000
+    assert min(register_s, one_s, push_s, metrics_s) >= delay  # a lower bound: every request waits the delay
+    assert four_s >= delay
+    assert issue_s < delay  # lookup_async returns before the delay has passed
+    assert four_s < 4 * delay  # the four delays overlap (sequential delays alone would take 4 x 50 ms)
+
+
+def test_delay_scheduler_fires_in_due_order_without_blocking():
+    scheduler = _DelayScheduler()
+    fired: list[tuple[str, float]] = []
+    start = time.monotonic()
+    for name, due_ms in (("c", 60), ("a", 20), ("b", 40), ("a2", 20)):
+        scheduler.at(start + due_ms / 1000, lambda name=name: fired.append((name, time.monotonic() - start)))
+    assert time.monotonic() - start < 0.02  # at() returns at once
+    scheduler.close()  # sends (runs) everything due, then stops
+    assert [name for name, _ in fired] == ["a", "a2", "b", "c"]  # by due time, ties in scheduling order
+    assert all(t >= due / 1000 for (_, t), due in zip(fired, (20, 20, 40, 60), strict=True))
+    with pytest.raises(RuntimeError, match="closed"):
+        scheduler.at(time.monotonic(), lambda: None)
+
+
+def test_client_argument_checks_and_allocator_env():
+    with pytest.raises(ValueError, match="delay_ms"):
+        PsClient(["ps0"], delay_ms=-1.0)
+    assert allocator_env({}) == {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
+    assert allocator_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0"
+    }
+    assert allocator_env({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=3"}) == {}  # the user's choice stands
+    assert allocator_env({"PS_TUNE_MALLOC": "0"}) == {}
+
+
+def test_metrics_are_logged_periodically(caplog):
+    stop = threading.Event()
+    with caplog.at_level(logging.INFO, logger="persia_planner.modules.ps.server"):
+        thread = log_metrics_every(0.02, stop)
+        time.sleep(0.15)
+        stop.set()
+        thread.join(5)
+    lines = [r.getMessage() for r in caplog.records if "lookups/s" in r.getMessage()]
+    assert len(lines) >= 2 and "rows" in lines[0]
+    assert not thread.is_alive()

@@ -273,3 +273,43 @@ def test_invalid_arguments():
         EmbeddingStore(DIM, 10, SGD(), eviction="fifo")
     with pytest.raises(TypeError):
         EmbeddingStore(DIM, 10, SGD()).lookup(torch.tensor([1.0]))
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+def test_distinct_lookup_equals_the_deduplicating_path(eviction):
+    """``distinct=True`` (the server's path for client-deduplicated batches) changes nothing but the work done:
+    same rows, inserts, evictions, not-admitted zero rows and metadata as the default path on the same batches."""
+    kwargs = dict(init=Uniform(-0.1, 0.1), eviction=eviction, admission_probability=0.7, seed=5)
+    plain, fast = EmbeddingStore(DIM, 40, SGD(lr=0.1), **kwargs), EmbeddingStore(DIM, 40, SGD(lr=0.1), **kwargs)
+    universe = _random_ids(120, seed=9)
+    for step in range(12):
+        g = torch.Generator().manual_seed(step)
+        batch = torch.unique(universe[torch.randint(0, 120, (30,), generator=g)])  # distinct, sorted: as sent
+        train = step % 4 != 3
+        a, b = plain.lookup(batch, train=train), fast.lookup(batch, train=train, distinct=True)
+        assert torch.equal(a, b), step
+        assert not train or ((a == 0).all(dim=1) == ~plain.contains(batch)).all()  # not admitted: zero rows
+    assert plain.metrics() == fast.metrics()
+    sp, sf = plain.state_dict(), fast.state_dict()
+    assert (
+        all(torch.equal(sp[k], sf[k]) for k in ("ids", "weights", "last_access", "count")) and sp["step"] == sf["step"]
+    )
+    assert plain.metrics()["evictions"] > 0 and plain.metrics()["not_admitted"] > 0  # both paths were exercised
+    # Any order of distinct ids reads the same rows (here all held: admission draws follow the ids' order).
+    held = sp["ids"][torch.randperm(len(plain), generator=torch.Generator().manual_seed(1))]
+    assert torch.equal(fast.lookup(held, distinct=True), plain.lookup(held))
+
+
+def test_per_id_initialisation_ignores_arrival_order_and_server():
+    from persia_planner.modules.ps.server import TableConfig
+
+    config = TableConfig("user", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3)
+    a, b = config.make_store(0), config.make_store(1)
+    ids = torch.tensor([5, -7, 2**62 + 1, 40, 41])
+    rows_a = a.lookup(ids)
+    b.lookup(torch.tensor([41, 999]))  # another order, other ids first, another server index
+    rows_b = b.lookup(ids.flip(0)).flip(0)
+    torch.testing.assert_close(rows_a, rows_b, rtol=0, atol=0)
+    assert rows_a.abs().max() <= 0.01 and rows_a.std() > 0.003  # the config's Uniform(-0.01, 0.01), not constant
+    other_table = TableConfig("item", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3).make_store(0)
+    assert not torch.equal(other_table.lookup(ids), rows_a)  # tables are salted by name

@@ -21,10 +21,14 @@ see :mod:`.server`) are raised as :class:`~.server.PsServerError`.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,6 +43,8 @@ from .server import PsServerError, RemoteFailure, TableConfig
 from .sharding import server_of
 
 __all__ = ["PsClient", "PsUnavailableError", "connect"]
+
+log = logging.getLogger(__name__)
 
 _SERVER_NAME = re.compile(r"ps(\d+)")
 
@@ -72,19 +78,27 @@ class PsClient:
 
     Args:
         servers: RPC names of the servers, in server-index order (``server_of`` index ``i`` -> ``servers[i]``).
-        timeout_s: Timeout of every request.
+        timeout_s: Timeout of every request (of the RPC itself, not counting ``delay_ms``).
+        delay_ms: Injected latency, a stand-in for a slow network: every request is sent only ``delay_ms``
+            milliseconds after it was made. The caller is not blocked (the ``*_async`` methods return at once) and
+            the delays of concurrent requests overlap: one scheduler thread per client sends each request when it
+            is due and chains its answer into the future already returned.
 
     Raises:
         PsUnavailableError: If a name is not a worker of the RPC group.
     """
 
-    def __init__(self, servers: Sequence[str], *, timeout_s: float = 10.0) -> None:
+    def __init__(self, servers: Sequence[str], *, timeout_s: float = 10.0, delay_ms: float = 0.0) -> None:
         if not servers:
             raise ValueError("PsClient needs at least one server")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if not delay_ms >= 0:
+            raise ValueError(f"delay_ms must be >= 0, got {delay_ms}")
         self.servers = list(servers)
         self.timeout_s = float(timeout_s)
+        self.delay_ms = float(delay_ms)
+        self._delayed = _DelayScheduler() if self.delay_ms > 0 else None
         for name in self.servers:
             try:
                 rpc.get_worker_info(name)
@@ -101,15 +115,24 @@ class PsClient:
     # ------------------------------------------------------------------------------------------- requests
 
     def _call(self, i: int, fn: Any, args: tuple, operation: str, table: str | None) -> Future:
-        """``rpc_async`` to server ``i`` whose future's error, if any, is already translated."""
+        """``rpc_async`` to server ``i`` (after ``delay_ms``) whose future's error, if any, is already translated."""
+        out: Future = Future()
+        if self._delayed is None:
+            self._send(i, fn, args, operation, table, out)
+        else:
+            self._delayed.at(
+                time.monotonic() + self.delay_ms / 1000, lambda: self._send(i, fn, args, operation, table, out)
+            )
+        return out
+
+    def _send(self, i: int, fn: Any, args: tuple, operation: str, table: str | None, out: Future) -> None:
+        """Send the request now; complete ``out`` with its result or translated error."""
         name = self.servers[i]
         try:
             fut = rpc.rpc_async(name, fn, args=args, timeout=self.timeout_s)
         except Exception as err:  # the agent may refuse synchronously (e.g. pipe already known broken)
-            failed: Future = Future()
-            failed.set_exception(PsUnavailableError(name, operation, table, self.timeout_s, str(err)))
-            return failed
-        out: Future = Future()
+            out.set_exception(PsUnavailableError(name, operation, table, self.timeout_s, str(err)))
+            return
 
         def done(f: Future) -> None:
             # The server returns its own errors as RemoteFailure values, so an exception here is always the
@@ -125,7 +148,12 @@ class PsClient:
                 out.set_result(result)
 
         fut.add_done_callback(done)
-        return out
+
+    def close(self) -> None:
+        """Stop the delay scheduler (if any) once it has sent every request made so far. Idempotent; the client
+        stays usable without a delay scheduler only if ``delay_ms`` is 0."""
+        if self._delayed is not None:
+            self._delayed.close()
 
     @staticmethod
     def _all(futures: list[Future], combine: Any) -> Future:
@@ -156,6 +184,8 @@ class PsClient:
             ``(server_index, start, stop)`` of the non-empty groups.
         """
         uniq, inverse = torch.unique(flat_ids, return_inverse=True)
+        if self.n_servers == 1:  # one owner: no hashing, no sort (order is the identity)
+            return uniq, inverse, torch.arange(uniq.numel()), [(0, 0, uniq.numel())]
         owner = server_of(table, uniq, self.n_servers)
         order = torch.argsort(owner, stable=True)
         counts = torch.bincount(owner, minlength=self.n_servers).tolist()
@@ -197,9 +227,10 @@ class PsClient:
         multi = len(pieces) > 1
         sorted_ids = uniq[order] if multi else uniq
         op = ("lookup", table)
-        # clone: a slice shares the whole batch's storage, which must not travel to every server
+        # clone: a slice shares the whole batch's storage, which must not travel to every server.
+        # distinct=True: the ids are unique, so the server skips its own de-duplication and gather.
         futs = [
-            self._call(i, _server._lookup, (table, sorted_ids[a:b].clone() if multi else sorted_ids, train), *op)
+            self._call(i, _server._lookup, (table, sorted_ids[a:b].clone() if multi else sorted_ids, train, True), *op)
             for i, a, b in pieces
         ]
 
@@ -242,11 +273,17 @@ class PsClient:
         uniq, inverse, order, pieces = self._bucket(table, flat)
         # Sum duplicates here: the servers get one gradient row per distinct id (less traffic, same result).
         summed = torch.zeros(uniq.numel(), dim).index_add_(0, inverse, grads.reshape(-1, dim).to(torch.float32))
-        sorted_ids, sorted_grads = uniq[order], summed[order]
-        futs = [
-            self._call(i, _server._update, (table, sorted_ids[a:b].clone(), sorted_grads[a:b].clone()), "push", table)
-            for i, a, b in pieces
-        ]
+        if len(pieces) == 1:  # one owner: the whole (fresh) tensors travel, no reordering or copies
+            ((i, _, _),) = pieces
+            futs = [self._call(i, _server._update, (table, uniq, summed), "push", table)]
+        else:
+            sorted_ids, sorted_grads = uniq[order], summed[order]
+            futs = [
+                self._call(
+                    i, _server._update, (table, sorted_ids[a:b].clone(), sorted_grads[a:b].clone()), "push", table
+                )
+                for i, a, b in pieces
+            ]
         out = self._all(futs, sum)
         with self._pending_lock:
             self._pending.add(out)
@@ -336,6 +373,7 @@ def connect(
     servers: Sequence[str] | None = None,
     timeout_s: float = 10.0,
     rpc_timeout_s: float = _server.DEFAULT_RPC_TIMEOUT_S,
+    delay_ms: float = 0.0,
 ) -> PsClient:
     """Join the RPC group as trainer ``name`` (``MASTER_ADDR``/``MASTER_PORT`` from the env) and return a client.
 
@@ -346,8 +384,63 @@ def connect(
         servers: Server names in index order; default: every ``ps{i}`` worker of the group.
         timeout_s: Per-request timeout of the client.
         rpc_timeout_s: Default RPC timeout of this process (rendezvous, shutdown barrier).
+        delay_ms: Latency injected before every request (see :class:`PsClient`).
 
     The caller ends with ``rpc.shutdown()`` once done (it waits for the servers and the other trainers).
     """
+    _server.tune_allocator()
     rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=_server.rpc_backend_options(rpc_timeout_s))
-    return PsClient(list(servers) if servers is not None else discover_servers(), timeout_s=timeout_s)
+    return PsClient(
+        list(servers) if servers is not None else discover_servers(), timeout_s=timeout_s, delay_ms=delay_ms
+    )
+
+
+class _DelayScheduler:
+    """One daemon thread that runs callbacks at their due times (``time.monotonic()``), earliest first.
+
+    A heap of ``(due, sequence, callback)`` under a condition variable; :meth:`at` never blocks on the callbacks, and
+    a callback must not block either (it only issues an ``rpc_async``). Callbacks due at the same time run in the
+    order they were scheduled.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="ps-client-delay", daemon=True)
+        self._thread.start()
+
+    def at(self, due: float, callback: Callable[[], None]) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the client's delay scheduler is closed")
+            heapq.heappush(self._heap, (due, next(self._seq), callback))
+            if self._heap[0][2] is callback:
+                self._cond.notify()  # a new earliest deadline: wake the thread to re-arm its wait
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._heap:
+                        wait = self._heap[0][0] - time.monotonic()
+                        if wait <= 0:
+                            _, _, callback = heapq.heappop(self._heap)
+                            break
+                    elif self._closed:
+                        return  # closed and drained
+                    else:
+                        wait = None
+                    self._cond.wait(wait)
+            try:
+                callback()  # outside the lock: at() never waits for an rpc_async
+            except Exception:  # a callback completes its own future; never let one kill the scheduler
+                log.exception("delayed parameter-server request failed to send")

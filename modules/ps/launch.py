@@ -76,14 +76,14 @@ def _trainer_main(
     n_servers: int,
     world_size: int,
     port: int,
-    opts: tuple[float, float, int],
+    opts: tuple[float, float, int, float],
     results: Any,
     trainer_barrier: Any,
     fn: Callable[..., Any],
     args: tuple,
 ) -> None:
     global _BARRIER
-    timeout_s, rpc_timeout_s, log_level = opts
+    timeout_s, rpc_timeout_s, log_level, delay_ms = opts
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _env(port)
     _BARRIER = trainer_barrier
@@ -94,6 +94,7 @@ def _trainer_main(
         servers=[_server.server_name(i) for i in range(n_servers)],
         timeout_s=timeout_s,
         rpc_timeout_s=rpc_timeout_s,
+        delay_ms=delay_ms,
     )
     try:
         try:
@@ -118,6 +119,7 @@ def local_cluster(
     run_timeout_s: float = 300.0,
     shutdown_timeout_s: float = 30.0,
     log_level: int = logging.WARNING,
+    delay_ms: float = 0.0,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -132,6 +134,7 @@ def local_cluster(
         run_timeout_s: Give up (and kill everything) if the trainers have not all reported by then.
         shutdown_timeout_s: Time allowed for the graceful shutdown after the trainers reported.
         log_level: Logging level of the child processes.
+        delay_ms: Latency the trainers' clients inject before every request (``PsClient(delay_ms=...)``).
 
     Returns:
         The trainers' return values, in trainer order.
@@ -163,7 +166,7 @@ def local_cluster(
                 n_servers,
                 world_size,
                 port,
-                (timeout_s, rpc_timeout_s, log_level),
+                (timeout_s, rpc_timeout_s, log_level, delay_ms),
                 results,
                 trainer_barrier,
                 fn,
@@ -175,8 +178,16 @@ def local_cluster(
         for j in range(n_clients)
     ]
     procs = servers + trainers
-    for p in procs:
-        p.start()
+    # The children inherit the environment at start: give them the allocator setting that keeps request buffers
+    # warm (see server.allocator_env), without changing this process's environment for longer than the start.
+    saved = dict(os.environ)
+    try:
+        os.environ.update(_server.allocator_env(saved))
+        for p in procs:
+            p.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     outcome: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + run_timeout_s
     try:

@@ -1,0 +1,130 @@
+"""Hybrid training end to end: the default job learns, resume continues exactly, the CLI reports and refuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from persia_planner import load_model, load_topology, plan
+from persia_planner.errors import PlannerError
+from persia_planner.modules.train import DEFAULT_MODEL, DEFAULT_TOPOLOGY, TrainConfig, train_local
+
+SPEC = load_model(DEFAULT_MODEL)
+TOPOLOGY = load_topology(DEFAULT_TOPOLOGY)
+PLAN = plan(SPEC, TOPOLOGY)
+PS_TABLES = sorted(n for n, p in PLAN.tables.items() if p.tier.value == "ps")
+PERSIA = [sys.executable, "-m", "persia_planner.cli"]
+
+
+def test_default_plan_sends_the_largest_tables_to_the_servers():
+    largest = sorted(SPEC.tables, key=lambda t: t.rows, reverse=True)[:3]
+    assert sorted(t.name for t in largest) == PS_TABLES
+
+
+def run(**options) -> dict:
+    cfg = TrainConfig(progress=False, eval_batches=2, **options)
+    return train_local(cfg, SPEC, dict(PLAN.tables), servers=len(TOPOLOGY.servers))
+
+
+@pytest.mark.timeout(600)
+def test_default_job_learns_with_both_paths():
+    result = run(steps=40, batch_size=512)
+    assert result["ps_tables"] == PS_TABLES and len(result["local_tables"]) == 23
+    assert result["servers"] == 2 and result["trainers"] == 2 and result["batch_size"] == 1024
+    assert result["steps"] == 40 and len(result["history"]) == 40
+    assert 0 <= result["staleness_max_seen"] <= 4
+    assert all(h["staleness"] <= 4 for h in result["history"])
+    assert 0.6 < result["auc"] <= 1.0 and result["teacher_auc"] > result["auc"] - 0.02
+    first = sum(h["loss"] for h in result["history"][:8]) / 8
+    assert result["loss"] < first - 0.02, (first, result["loss"])
+    assert result["samples_per_s"] > 0 and result["step_ms"] > 0
+
+
+@pytest.mark.timeout(900)
+def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path):
+    # One trainer: with two, the servers apply their row-wise Adagrad pushes in arrival order, which is not
+    # reproducible run to run, so only a single trainer makes "exactly" a fair demand.
+    common = {"batch_size": 256, "mode": "sync", "trainers": 1}
+    whole = run(steps=6, **common)
+    first = run(steps=3, checkpoint=str(tmp_path), **common)
+    assert (tmp_path / "trainer.pt").is_file() and (tmp_path / "ps" / "LATEST").is_file()
+    rest = run(steps=3, checkpoint=str(tmp_path), resume=True, **common)
+    assert rest["first_step"] == 3
+    losses = [h["loss"] for h in first["history"] + rest["history"]]
+    assert losses == pytest.approx([h["loss"] for h in whole["history"]], abs=1e-6)
+    assert rest["auc"] == pytest.approx(whole["auc"], abs=1e-6)
+
+
+def test_config_errors_are_plain():
+    with pytest.raises(PlannerError, match="--mode must be hybrid or sync"):
+        TrainConfig(mode="async")
+    with pytest.raises(PlannerError, match="--resume needs --checkpoint"):
+        TrainConfig(resume=True)
+    with pytest.raises(PlannerError, match="'synthetic' or 'criteo:PATH'"):
+        TrainConfig(data="parquet:/x")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--mode", "async"], "--mode must be hybrid or sync"),
+        (["--resume"], "--resume needs --checkpoint DIR"),
+        (["--data", "criteo:/nonexistent/day_0"], "/nonexistent/day_0: file or directory not found"),
+        (["--data", "hdfs:/x"], "--data must be 'synthetic' or 'criteo:PATH'"),
+        (["--model", "/nonexistent.yaml"], "nonexistent.yaml"),
+        (["--steps", "0"], "--steps"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(args, needle):
+    done = subprocess.run([*PERSIA, "train", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_model_tables_must_match_criteo_features(tmp_path):
+    model = tmp_path / "m.yaml"
+    model.write_text("name: m\nbatch_size: 64\ntables:\n  - {name: user, rows: 100, dim: 8}\n")
+    data = tmp_path / "day_0"
+    data.write_text("0" + "\t" * 39 + "\n")
+    done = subprocess.run(
+        [*PERSIA, "train", "--model", str(model), "--data", f"criteo:{data}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "tables.user" in done.stderr and "c1..c26" in done.stderr, done.stderr
+
+
+OPTS = ["--eval-batches", "2", "--json", "--staleness", "2"]
+
+
+@pytest.mark.timeout(600)
+def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
+    from persia_planner.modules.data import SyntheticClicks, Teacher, to_criteo
+
+    teacher = Teacher(rows={t.name: max(1, t.rows // 50) for t in SPEC.tables}, seed=3)
+    to_criteo(SyntheticClicks(teacher, batch_size=256, num_batches=24, seed=3), tmp_path / "day_0")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [*PERSIA, "train", "--data", f"criteo:{tmp_path / 'day_0'}", "--steps", "8", "--batch-size", "256", *OPTS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    for key in ("auc", "teacher_auc", "loss", "samples_per_s", "step_ms", "batch_size", "steps", "staleness"):
+        assert key in result, key
+    assert result["steps"] == 8 and result["batch_size"] == 512 and result["staleness"] == 2
+    assert result["teacher_auc"] is None  # real-format data carries no teacher
+    assert result["eval_samples"] == 2 * 2 * 256 and 0.0 <= result["auc"] <= 1.0
+    assert result["ps_tables"] == PS_TABLES
+    assert Path(tmp_path / "day_0").is_file()
