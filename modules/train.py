@@ -48,6 +48,7 @@ if not _EXAMPLES.is_dir():  # installed layout: persia_planner/modules -> persia
 DEFAULT_MODEL = _EXAMPLES / "dlrm_small.yaml"
 DEFAULT_TOPOLOGY = _EXAMPLES / "local_2x1.yaml"
 _EVAL_SEED_OFFSET = 1_000_003
+_AGENT_STORE = "torchrun-agent-store"
 
 
 @dataclass(frozen=True)
@@ -429,9 +430,17 @@ def _trainer(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     warnings.filterwarnings("ignore", message="You are using a Backend")
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=job.group_init, rank=j, world_size=job.trainers, timeout=datetime.timedelta(seconds=300)
-    )
+    timeout = datetime.timedelta(seconds=300)
+    if job.group_init == _AGENT_STORE:
+        # Under torchrun: the trainers' own group rendezvous in torchrun's store (on the master node), under a
+        # prefix, so no extra port is needed and trainer 0 may live on any machine.
+        agent = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+        )
+        store = dist.PrefixStore(f"persia-trainers-{os.environ.get('TORCHELASTIC_RUN_ID', '')}", agent)
+        dist.init_process_group("gloo", store=store, rank=j, world_size=job.trainers, timeout=timeout)
+    else:
+        dist.init_process_group("gloo", init_method=job.group_init, rank=j, world_size=job.trainers, timeout=timeout)
     try:
         return _train(j, client, job)
     finally:
@@ -618,7 +627,7 @@ def train_local(
 def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int) -> Any:
     """The same job under ``torchrun``: ranks ``< servers`` serve the PS tables, the others train.
 
-    RPC uses ``MASTER_ADDR:MASTER_PORT``; the trainers' gloo group uses ``MASTER_PORT + 1``.
+    RPC and the trainers' gloo group both rendezvous in torchrun's store at ``MASTER_ADDR:MASTER_PORT``.
     Returns the summary on the first trainer, None elsewhere.
     """
     from .ps import server as ps_server
@@ -631,7 +640,7 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
     if rank < servers:
         ps_server.serve(rank, world)
         return None
-    init = f"tcp://{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
+    init = _AGENT_STORE
     job = _Job(replace(cfg, trainers=world - servers), spec, dict(tables), servers, world - servers, init)
     client = connect(f"trainer{rank - servers}", rank, world, delay_ms=cfg.ps_delay_ms)
     import torch.distributed.rpc as rpc

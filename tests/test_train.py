@@ -128,3 +128,39 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
     assert result["eval_samples"] == 2 * 2 * 256 and 0.0 <= result["auc"] <= 1.0
     assert result["ps_tables"] == PS_TABLES
     assert Path(tmp_path / "day_0").is_file()
+
+
+@pytest.mark.timeout(600)
+def test_same_entry_point_runs_under_torchrun():
+    from persia_planner.modules.ps.launch import free_port
+
+    torchrun = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--nproc-per-node",
+        "4",
+        "--master-port",
+        str(free_port()),
+    ]
+    done = subprocess.run(
+        [
+            *torchrun,
+            "-m",
+            "persia_planner.cli",
+            "train",
+            "--steps",
+            "4",
+            "--batch-size",
+            "128",
+            "--eval-batches",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("{")]  # only the first trainer prints
+    result = json.loads(line)
+    assert result["trainers"] == 2 and result["servers"] == 2 and result["steps"] == 4
+    assert result["ps_tables"] == PS_TABLES and result["batch_size"] == 256

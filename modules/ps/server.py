@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -358,6 +359,8 @@ def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.Ten
     Raises:
         PlannerError: If either variable is unset.
     """
+    # init_rpc's own all_gather trips torch's deprecation notice about gloo groups: noise for our users.
+    warnings.filterwarnings("ignore", message="You are using a Backend <class 'torch.distributed")
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
         raise PlannerError(
