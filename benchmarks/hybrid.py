@@ -62,6 +62,10 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, o
     from persia_planner.modules.verify import _in_range
 
     warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("torchrec").setLevel(logging.ERROR)  # "caching params will be ignored" per table
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))

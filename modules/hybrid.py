@@ -133,13 +133,15 @@ class _ShardOfGlobal(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         sizes, widest = ctx.sizes, max(ctx.sizes)
         # The trainers' group is gloo (CPU tensors) on every machine: it also carries the ids, which live on CPU.
-        padded = torch.zeros(widest, grad.shape[1], dtype=grad.dtype)
-        padded[: grad.shape[0]] = grad.cpu()
-        gathered = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(gathered, padded.contiguous(), group=ctx.group)
-        full = torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)]).to(grad.device)
+        mine = grad.detach().cpu().contiguous()
+        if widest != mine.shape[0]:  # only a short final batch needs padding to the common shape
+            mine = torch.cat([mine, mine.new_zeros(widest - mine.shape[0], mine.shape[1])])
+        gathered = [torch.empty_like(mine) for _ in sizes]
+        dist.all_gather(gathered, mine, group=ctx.group)
+        full = torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)])
         if ctx.scale != 1.0:
-            full = full * ctx.scale
+            full.mul_(ctx.scale)
+        full = full.to(grad.device)
         return full, None, None, None, None
 
 
@@ -456,14 +458,14 @@ class HybridEmbeddingBagCollection(nn.Module):
         sizes = [int(m[0]) for m in metas]
         counts = [int(m[1]) for m in metas]
         widest_b, widest_n = max(sizes), max(counts)
-        pad_l = torch.zeros(n_features, widest_b, dtype=torch.int64)
-        pad_l[:, :batch] = lengths
-        pad_v = torch.zeros(widest_n, dtype=torch.int64)
-        pad_v[: values.numel()] = values
-        all_l = [torch.empty_like(pad_l) for _ in sizes]
-        all_v = [torch.empty_like(pad_v) for _ in sizes]
-        dist.all_gather(all_l, pad_l, group=self.group)
-        dist.all_gather(all_v, pad_v, group=self.group)
+        # One gather for lengths and ids together: [lengths padded to widest_b | ids padded to widest_n].
+        pack = torch.zeros(n_features * widest_b + widest_n, dtype=torch.int64)
+        pack[: n_features * widest_b].view(n_features, widest_b)[:, :batch] = lengths
+        pack[n_features * widest_b : n_features * widest_b + values.numel()] = values
+        packs = [torch.empty_like(pack) for _ in sizes]
+        dist.all_gather(packs, pack, group=self.group)
+        all_l = [p[: n_features * widest_b].view(n_features, widest_b) for p in packs]
+        all_v = [p[n_features * widest_b :] for p in packs]
         lengths_r = [lr[:, :b] for lr, b in zip(all_l, sizes, strict=True)]
         values_r = [vr[:n] for vr, n in zip(all_v, counts, strict=True)]
         # Stable sort of every id by (feature, trainer) gives the feature-major global layout in one permutation.

@@ -150,7 +150,9 @@ class Teacher:
         dense_std = (dense.astype(np.float64) - _DENSE_LOG_MEAN) / _DENSE_LOG_STD
         score = dense_std @ self._v / math.sqrt(max(self.num_dense, 1))
         for f, name in enumerate(self.features):
-            per_id = self.embeddings(name, values[f]) @ self._w[f]
+            # Zipf batches repeat their hot ids: score each distinct id once (the same numbers, several x faster).
+            uniq, inverse = np.unique(values[f], return_inverse=True)
+            per_id = (self.embeddings(name, uniq) @ self._w[f])[inverse]
             bag = np.repeat(np.arange(n), lengths[f])
             sums = np.bincount(bag, weights=per_id, minlength=n)
             score += sums / np.maximum(lengths[f], 1)  # mean pooling; an empty bag contributes 0
