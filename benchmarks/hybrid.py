@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
         console.print(f"wrote {args.json}")
-    return 0
+    # Equivalence is deterministic, so it fails the run; the timing and AUC checks are reported (noisy machine).
+    return 0 if results["equivalence"]["pass"] else 1
 
 
 if __name__ == "__main__":

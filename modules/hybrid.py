@@ -28,7 +28,6 @@ Ids: a local table maps ids into its rows with ``id mod num_embeddings`` (a no-o
 from __future__ import annotations
 
 import collections
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -242,7 +241,6 @@ class HybridEmbeddingBagCollection(nn.Module):
         self._done_through = -1  # every batch <= this has all its pushes acknowledged
         self._next_index = 0  # index of the next batch whose rows are requested
         self._backward_through = -1  # every batch <= this went through backward (its pushes exist)
-        self._lock = threading.Lock()
         self.staleness = 0
         self.staleness_max_seen = 0
         if self.ps is not None:
@@ -317,6 +315,7 @@ class HybridEmbeddingBagCollection(nn.Module):
         """The local tables' weights (views into the fused kernel's storage), by table name."""
         if self.tbe is None:
             return {}
+        self.tbe.flush()  # an HBM cache (MANAGED_CACHING) writes its updated rows back first
         return dict(zip([c.name for c in self.local_tables], self.tbe.split_embedding_weights(), strict=True))
 
     def load_local_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
@@ -331,11 +330,18 @@ class HybridEmbeddingBagCollection(nn.Module):
                 )
             with torch.no_grad():
                 mine[name].copy_(value)
+        self._reset_cache()
+
+    def _reset_cache(self) -> None:
+        # Rows cached in HBM would shadow what was just written to the backing store.
+        if self.tbe is not None and hasattr(self.tbe, "reset_cache_states"):
+            self.tbe.reset_cache_states()
 
     def local_optimizer_states(self) -> list[list[torch.Tensor]]:
         """Copies of the fused optimizer's state of every local table (for checkpoints)."""
         if self.tbe is None:
             return []
+        self.tbe.flush()
         return [[s.detach().clone() for s in table] for table in self.tbe.split_optimizer_states()]
 
     def load_local_optimizer_states(self, states: Sequence[Sequence[torch.Tensor]]) -> None:
@@ -349,6 +355,7 @@ class HybridEmbeddingBagCollection(nn.Module):
             for dst_table, src_table in zip(mine, states, strict=True):
                 for dst, src in zip(dst_table, src_table, strict=True):
                     dst.copy_(src)
+        self._reset_cache()
 
     def prefetch(self, features: KeyedJaggedTensor, *, block: bool = True) -> bool:
         """Request the PS rows of a coming batch now, so that they arrive while earlier batches compute.
@@ -368,6 +375,8 @@ class HybridEmbeddingBagCollection(nn.Module):
         """
         if self.ps is None or not self.training:
             return True
+        if self.max_staleness == 0 and self.world_size > 1:
+            block = True  # K = 0 ends in a barrier of the trainers: every rank must reach it, never skip it
         j = self._next_index
         needed = j - 1 - self.max_staleness
         if needed > self._backward_through:

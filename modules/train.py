@@ -133,6 +133,7 @@ def build_model(
     seed: int = 0,
     ps_servers: int = 1,
     num_dense: int = NUM_INTEGER,
+    device: torch.device | None = None,
 ) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
     """A TorchRec ``DLRM`` over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs
     from plain TorchRec). Returns ``(model, hybrid)``.
@@ -165,6 +166,7 @@ def build_model(
         staleness=staleness,
         ps_capacity=capacity,
         seed=seed,
+        device=device,
     )
     model = DLRM(
         embedding_bag_collection=hybrid,
@@ -290,17 +292,19 @@ def _stream(spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, eval_: bool, 
     count = cfg.eval_batches if eval_ else cfg.steps
     if cfg.data == "synthetic":
         seed = cfg.seed + (_EVAL_SEED_OFFSET if eval_ else 0)
+        # The synthetic held-out set is fixed (its own seed): a resumed run evaluates on the same samples.
+        start = 0 if eval_ else skip
         data = SyntheticClicks(
-            _teacher(spec, cfg), batch_size=batch_size, num_batches=(skip + count) * world, seed=seed
+            _teacher(spec, cfg), batch_size=batch_size, num_batches=(start + count) * world, seed=seed
         )
-        for step in range(skip, skip + count):
+        for step in range(start, start + count):
             yield data.batch(step * world + rank)
         return
     path = Path(cfg.data.split(":", 1)[1])
     files = sorted(str(p) for p in path.iterdir() if p.is_file()) if path.is_dir() else [str(path)]
     reader = CriteoReader(files, batch_size=batch_size, num_workers=0, drop_last=True)
     # Training takes global batches [skip, steps) of the files, evaluation the eval_batches after the training ones.
-    first = (cfg.steps if eval_ else skip) * world
+    first = ((skip + cfg.steps) if eval_ else skip) * world  # eval: the batches right after this run's training
     last = first + count * world
     for b, batch in enumerate(reader):
         if b >= last:
@@ -341,10 +345,17 @@ def _evaluate(model: nn.Module, batches: Iterator[Batch], device: torch.device |
             if b.teacher_prob is not None:
                 probs.append(b.teacher_prob)
     model.train()
-    p, y = torch.cat(preds), torch.cat(labels)
+    # A trainer may have no eval batch (a short Criteo file): it still joins the gathers, with nothing.
+    p = torch.cat(preds) if preds else torch.empty(0)
+    y = torch.cat(labels) if labels else torch.empty(0)
     t = torch.cat(probs) if probs else torch.empty(0)
     if dist.is_initialized():
         p, y, t = (_gather_1d(x) for x in (p, y, t))
+    if y.numel() == 0:
+        raise PlannerError(
+            "no evaluation samples: the data ends before the held-out batches",
+            fixes=("use more data, or fewer --steps / --eval-batches",),
+        )
     out = {
         "auc": float(binary_auroc(p, y.long())),
         "eval_loss": float(nn.functional.binary_cross_entropy(p.clamp(1e-7, 1 - 1e-7), y)),
@@ -371,12 +382,13 @@ def _gather_1d(x: torch.Tensor) -> torch.Tensor:
 
 
 def _save_trainer_state(
-    path: Path, step: int, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any
+    path: Path, step: int, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any, ps_version: int | None
 ) -> None:
     sparse = {id(p) for p in hybrid.parameters()} | {id(b) for b in hybrid.buffers()}
     dense = {k: v for k, v in model.state_dict(keep_vars=True).items() if id(v) not in sparse}
     state = {
         "step": step,
+        "ps_version": ps_version,  # the PS checkpoint version saved with this state (see check_resume)
         "dense": {k: v.detach().clone() for k, v in dense.items()},
         "dense_optimizer": opt.state_dict(),
         "local": {k: v.detach().clone() for k, v in hybrid.local_weights().items()},
@@ -390,12 +402,38 @@ def _save_trainer_state(
     os.replace(tmp, path)
 
 
-def _load_trainer_state(path: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any) -> int:
+def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
+    """The trainer state in ``directory``, after checking that it and the PS checkpoint belong together.
+
+    ``client.save`` commits the PS version before ``trainer.pt`` is replaced, so a crash between the two leaves a
+    newer PS version than the trainer state: resuming from that pair would replay updates onto rows that have them.
+
+    Raises:
+        PlannerError: No checkpoint, or a mismatched pair.
+    """
+    from .ps.checkpoint import read_latest
+
+    path = directory / "trainer.pt"
     if not path.is_file():
         raise PlannerError(
             f"--resume: no trainer checkpoint at {path}", fixes=("train once with --checkpoint DIR first",)
         )
-    state = torch.load(path, weights_only=False)
+    state = torch.load(path, weights_only=False, map_location="cpu")
+    if with_ps:
+        latest = read_latest(directory / "ps")
+        have = latest["version"] if latest else None
+        if have is None or have != state.get("ps_version"):
+            raise PlannerError(
+                f"--resume: {directory} holds trainer state for PS version {state.get('ps_version')} but the "
+                f"parameter-server checkpoint is at version {have} (a save was interrupted?)",
+                fixes=("resume from another checkpoint directory", "or train from scratch without --resume"),
+            )
+    return state
+
+
+def _load_trainer_state(directory: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any) -> int:
+    path = directory / "trainer.pt"
+    state = check_resume(directory, hybrid.ps is not None)
     _missing, unexpected = model.load_state_dict(state["dense"], strict=False)
     if unexpected:
         raise PlannerError(f"--resume: checkpoint {path} holds parameters {unexpected[:3]} this model lacks")
@@ -464,6 +502,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         staleness=cfg.effective_staleness,
         seed=cfg.seed,
         ps_servers=job.servers,
+        device=device,
     )
     model.to(device)
     # gloo carries the small CPU collectives (ids, lockstep, metrics); DDP's gradients go over nccl on CUDA.
@@ -476,7 +515,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     start_step = 0
     ckpt = Path(cfg.checkpoint) if cfg.checkpoint else None
     if cfg.resume and ckpt is not None:
-        start_step = _load_trainer_state(ckpt / "trainer.pt", model, hybrid, opt)
+        start_step = _load_trainer_state(ckpt, model, hybrid, opt)
         if j == 0 and hybrid.ps is not None:
             client.load(ckpt / "ps")
         dist.barrier()
@@ -505,21 +544,21 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
                 progress.update(task, advance=1, loss=_ema(losses), rate=rate, stale=stats.staleness)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < start_step + cfg.steps:
                 hybrid.flush()
-                history[-1].update(_evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True), device))
+                dist.barrier()  # every trainer's pushes are applied before anyone evaluates
+                history[-1].update(_evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device))
         hybrid.flush()
         elapsed = time.perf_counter() - t0
     finally:
         if progress:
             progress.stop()
     dist.barrier()  # every trainer's pushes are applied before the evaluation and the checkpoint
-    result = _evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True), device)
+    result = _evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device)
     if history:
         history[-1].update(result)
     if ckpt is not None:
         if j == 0:
-            if hybrid.ps is not None:
-                client.save(ckpt / "ps")
-            _save_trainer_state(ckpt / "trainer.pt", step, model, hybrid, opt)
+            version = client.save(ckpt / "ps") if hybrid.ps is not None else None
+            _save_trainer_state(ckpt / "trainer.pt", step, model, hybrid, opt, version)
         dist.barrier()
     if j != 0:
         return None
@@ -611,6 +650,8 @@ def train_local(
 
     check_data_matches(spec, cfg)
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
+    if cfg.resume and cfg.checkpoint:
+        check_resume(Path(cfg.checkpoint), has_ps)  # here, before any process starts
     job = _job(cfg, spec, tables, servers if has_ps else 1, f"tcp://127.0.0.1:{free_port()}")
     results = local_cluster(
         job.servers,
@@ -649,6 +690,7 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
         result = _trainer(rank - servers, client, job)
         client.flush()
     finally:
+        client.close()
         rpc.shutdown()
     return result
 

@@ -75,7 +75,14 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
         spec = job.spec
         sgd = SparseOptimizer(Optimizer.SGD, learning_rate=job.learning_rate)
         model, hybrid = build_model(
-            spec, job.tables, ps=client, optimizer=sgd, staleness=job.staleness, seed=job.seed, ps_servers=job.servers
+            spec,
+            job.tables,
+            ps=client,
+            optimizer=sgd,
+            staleness=job.staleness,
+            seed=job.seed,
+            ps_servers=job.servers,
+            device=torch.device("cpu"),
         )
         dim = spec.tables[0].dim
         reference = DLRM(

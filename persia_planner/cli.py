@@ -99,6 +99,9 @@ def _edge() -> Iterator[None]:
         yield
     except PlannerError as err:
         code = EXIT_INVALID_PLAN if err.kind is ErrorKind.INVALID_PLAN else EXIT_BAD_INPUT
+        if getattr(err, "internal", False):  # a trainer process hit a bug, not bad input
+            code = EXIT_INTERNAL
+            err = PlannerError(f"internal error ({err}); please report it, PERSIA_DEBUG=1 shows the traceback")
         raise _Exit(_error(str(err), code)) from None
     except (_Exit, typer.Exit, ClickException, typer.Abort):
         raise

@@ -1,7 +1,7 @@
 """Parameter server over torch RPC: real server and trainer processes on 127.0.0.1 (each test its own cluster).
 
 The trainer bodies are module-level functions (the spawned processes import this module to find them) and assert
-inside the trainer; a failed assertion comes back as a ``TrainerError`` carrying the trainer's traceback.
+inside the trainer; a failed assertion comes back as a ``TrainerError`` (its ``detail`` holds the trainer's traceback).
 """
 
 from __future__ import annotations

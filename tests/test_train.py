@@ -78,6 +78,7 @@ def test_config_errors_are_plain():
         (["--data", "hdfs:/x"], "--data must be 'synthetic' or 'criteo:PATH'"),
         (["--model", "/nonexistent.yaml"], "nonexistent.yaml"),
         (["--steps", "0"], "--steps"),
+        (["--checkpoint", "/nonexistent-ckpt", "--resume"], "no trainer checkpoint at /nonexistent-ckpt/trainer.pt"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(args, needle):
@@ -164,3 +165,20 @@ def test_same_entry_point_runs_under_torchrun():
     result = json.loads(line)
     assert result["trainers"] == 2 and result["servers"] == 2 and result["steps"] == 4
     assert result["ps_tables"] == PS_TABLES and result["batch_size"] == 256
+
+
+def test_resume_refuses_a_trainer_state_from_another_ps_version(tmp_path):
+    import torch
+
+    from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad
+    from persia_planner.modules.ps.checkpoint import save_all
+    from persia_planner.modules.train import check_resume
+
+    stores = [{"t": EmbeddingStore(4, 10, RowWiseAdagrad())}]
+    torch.save({"step": 3, "ps_version": 1}, tmp_path / "trainer.pt")
+    save_all(stores, tmp_path / "ps", version=1)
+    assert check_resume(tmp_path, with_ps=True)["step"] == 3
+    save_all(stores, tmp_path / "ps", version=2)  # a later save committed the servers, then died before trainer.pt
+    with pytest.raises(PlannerError, match="trainer state for PS version 1 but the parameter-server checkpoint is at"):
+        check_resume(tmp_path, with_ps=True)
+    assert check_resume(tmp_path, with_ps=False)["step"] == 3  # a plan without PS tables needs no PS checkpoint

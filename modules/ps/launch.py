@@ -42,7 +42,18 @@ _BARRIER: Any = None  # the trainers' multiprocessing barrier, set in each train
 
 
 class TrainerError(PlannerError):
-    """A trainer's ``fn`` raised; the message carries the trainer's traceback."""
+    """A trainer's ``fn`` raised (or the run failed). The message is one line, the trainer's exception;
+    ``detail`` holds its traceback (also appended to the message when ``PERSIA_DEBUG`` is set).
+
+    Attributes:
+        detail: The trainer's traceback, if any.
+        internal: True when the trainer's exception was not a ``PlannerError`` (a bug, not bad input).
+    """
+
+    def __init__(self, message: str, detail: str = "", internal: bool = False) -> None:
+        self.detail, self.internal = detail, internal
+        shown = f"{message}\n{detail}" if detail and os.environ.get("PERSIA_DEBUG") else message
+        super().__init__(shown)
 
 
 def free_port() -> int:
@@ -102,10 +113,12 @@ def _trainer_main(
             # the parent can only open while this process lives, and it may be gone (or killed) by then.
             results.put((j, True, pickle.dumps(fn(j, client, *args))))
         except BaseException as err:
-            results.put((j, False, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+            message = f"{type(err).__name__}: {err}".strip().splitlines()[0]
+            results.put((j, False, (message, traceback.format_exc(), not isinstance(err, PlannerError))))
             raise
         client.flush()
     finally:
+        client.close()
         rpc.shutdown()  # graceful: waits for the servers and the other trainers
 
 
@@ -180,14 +193,17 @@ def local_cluster(
     procs = servers + trainers
     # The children inherit the environment at start: give them the allocator setting that keeps request buffers
     # warm (see server.allocator_env), without changing this process's environment for longer than the start.
-    saved = dict(os.environ)
+    # Only GLIBC_TUNABLES changes, and only while the processes start.
+    before = os.environ.get("GLIBC_TUNABLES")
     try:
-        os.environ.update(_server.allocator_env(saved))
+        os.environ.update(_server.allocator_env())
         for p in procs:
             p.start()
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        if before is None:
+            os.environ.pop("GLIBC_TUNABLES", None)
+        else:
+            os.environ["GLIBC_TUNABLES"] = before
     outcome: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + run_timeout_s
     try:
@@ -221,6 +237,6 @@ def local_cluster(
         results.close()
     failed = [(j, value) for j, (ok, value) in sorted(outcome.items()) if not ok]
     if failed:
-        j, tb = failed[0]
-        raise TrainerError(f"trainer{j} failed: {tb}")
+        j, (message, tb, internal) = failed[0]
+        raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
     return [pickle.loads(outcome[j][1]) for j in range(n_clients)]
