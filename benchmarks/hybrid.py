@@ -58,7 +58,8 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, o
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from persia_planner.export import to_embedding_bag_configs
-    from persia_planner.modules.data import SyntheticClicks, Teacher
+    from persia_planner.modules.data import SyntheticClicks
+    from persia_planner.modules.train import teacher_for
     from persia_planner.modules.verify import _in_range
 
     warnings.filterwarnings("ignore")
@@ -89,12 +90,7 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, o
             dict(in_backward_optimizer_filter(dmp.named_parameters())),
             lambda params: torch.optim.Adagrad(params, lr=cfg.dense_lr),
         )
-        rows = {t.name: max(1, int(t.rows * cfg.teacher_rows_scale)) for t in spec.tables}
-        data = SyntheticClicks(
-            Teacher(features=tuple(t.name for t in spec.tables), rows=rows),
-            batch_size=batch_size,
-            num_batches=steps * world,
-        )
+        data = SyntheticClicks(teacher_for(spec, cfg), batch_size=batch_size, num_batches=steps * world)
         loss_fn = nn.BCEWithLogitsLoss()
         times = []
         for s in range(steps):

@@ -245,8 +245,10 @@ class HybridEmbeddingBagCollection(nn.Module):
         self.staleness_max_seen = 0
         if self.ps is not None:
             for c in self.ps_tables:
-                capacity = ps_capacity.get(c.name, c.num_embeddings) if isinstance(ps_capacity, Mapping) else None
-                capacity = capacity or (ps_capacity if isinstance(ps_capacity, int) else c.num_embeddings)
+                if isinstance(ps_capacity, Mapping):
+                    capacity = ps_capacity.get(c.name, c.num_embeddings)
+                else:
+                    capacity = ps_capacity or c.num_embeddings
                 bound = (1.0 / c.num_embeddings) ** 0.5
                 self.ps.register(
                     TableConfig(

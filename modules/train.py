@@ -24,7 +24,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,17 @@ from .data.criteo import NUM_INTEGER, Batch, CriteoReader
 from .data.synthetic import SyntheticClicks, Teacher
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 
-__all__ = ["TrainConfig", "TrainLoop", "build_model", "dense_parameters", "train_local", "train_torchrun"]
+__all__ = [
+    "TrainConfig",
+    "TrainLoop",
+    "build_model",
+    "data_parallel",
+    "dense_parameters",
+    "dense_state_dict",
+    "teacher_for",
+    "train_local",
+    "train_torchrun",
+]
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "persia_planner" / "examples"
 if not _EXAMPLES.is_dir():  # installed layout: persia_planner/modules -> persia_planner/examples
@@ -183,6 +193,17 @@ def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in sparse and p.requires_grad]
 
 
+def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state without the tensors of its :class:`HybridEmbeddingBagCollection` s (detached, not copied)."""
+    sparse = {
+        id(t)
+        for m in model.modules()
+        if isinstance(m, HybridEmbeddingBagCollection)
+        for t in (*m.parameters(), *m.buffers())
+    }
+    return {k: v.detach() for k, v in model.state_dict(keep_vars=True).items() if id(v) not in sparse}
+
+
 def data_parallel(model: nn.Module, process_group: Any = None, device: torch.device | None = None) -> nn.Module:
     """``DistributedDataParallel`` over the dense parameters; embedding modules are left out of its all-reduce.
 
@@ -280,7 +301,9 @@ class TrainLoop:
 # ---- data ----------------------------------------------------------------------------------------------------
 
 
-def _teacher(spec: ModelSpec, cfg: TrainConfig) -> Teacher:
+def teacher_for(spec: ModelSpec, cfg: TrainConfig) -> Teacher:
+    """The synthetic data's hidden teacher for ``spec``: one feature per table, ids drawn from
+    ``teacher_rows_scale`` of each table's rows."""
     rows = {t.name: max(1, int(t.rows * cfg.teacher_rows_scale)) for t in spec.tables}
     return Teacher(features=tuple(t.name for t in spec.tables), rows=rows, seed=cfg.seed)
 
@@ -295,7 +318,7 @@ def _stream(spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, eval_: bool, 
         # The synthetic held-out set is fixed (its own seed): a resumed run evaluates on the same samples.
         start = 0 if eval_ else skip
         data = SyntheticClicks(
-            _teacher(spec, cfg), batch_size=batch_size, num_batches=(start + count) * world, seed=seed
+            teacher_for(spec, cfg), batch_size=batch_size, num_batches=(start + count) * world, seed=seed
         )
         for step in range(start, start + count):
             yield data.batch(step * world + rank)
@@ -384,12 +407,10 @@ def _gather_1d(x: torch.Tensor) -> torch.Tensor:
 def _save_trainer_state(
     path: Path, step: int, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any, ps_version: int | None
 ) -> None:
-    sparse = {id(p) for p in hybrid.parameters()} | {id(b) for b in hybrid.buffers()}
-    dense = {k: v for k, v in model.state_dict(keep_vars=True).items() if id(v) not in sparse}
     state = {
         "step": step,
         "ps_version": ps_version,  # the PS checkpoint version saved with this state (see check_resume)
-        "dense": {k: v.detach().clone() for k, v in dense.items()},
+        "dense": {k: v.clone() for k, v in dense_state_dict(model).items()},
         "dense_optimizer": opt.state_dict(),
         "local": {k: v.detach().clone() for k, v in hybrid.local_weights().items()},
         "local_optimizer": hybrid.local_optimizer_states(),
@@ -620,10 +641,6 @@ def _progress(cfg: TrainConfig) -> Any:
 # ---- launchers -----------------------------------------------------------------------------------------------
 
 
-def _job(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], servers: int, init: str) -> _Job:
-    return _Job(cfg, spec, dict(tables), servers, cfg.trainers, init)
-
-
 def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
     """A Criteo file provides features c1..c26; the model's tables must be named after them."""
     if cfg.data.startswith("criteo:"):
@@ -652,7 +669,7 @@ def train_local(
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     if cfg.resume and cfg.checkpoint:
         check_resume(Path(cfg.checkpoint), has_ps)  # here, before any process starts
-    job = _job(cfg, spec, tables, servers if has_ps else 1, f"tcp://127.0.0.1:{free_port()}")
+    job = _Job(cfg, spec, dict(tables), servers if has_ps else 1, cfg.trainers, f"tcp://127.0.0.1:{free_port()}")
     results = local_cluster(
         job.servers,
         cfg.trainers,
@@ -711,7 +728,3 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ("local tables (sync)", f"{len(result['local_tables'])}"),
     ]
     return rows
-
-
-def config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return asdict(cfg)

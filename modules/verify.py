@@ -27,7 +27,7 @@ from persia_planner.specs import ModelSpec, Optimizer
 from .data.criteo import NUM_INTEGER, Batch
 from .data.synthetic import SyntheticClicks, Teacher
 from .hybrid import SparseOptimizer
-from .train import build_model, data_parallel, dense_parameters
+from .train import build_model, data_parallel, dense_parameters, dense_state_dict
 
 __all__ = ["compare_with_torchrec"]
 
@@ -92,9 +92,7 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
             over_arch_layer_sizes=[64, 32, 1],
         )
         # Same starting point: the hybrid's dense layers and local tables, and the PS rows as the servers hold them.
-        sparse_ids = {id(p) for p in hybrid.parameters()} | {id(b) for b in hybrid.buffers()}
-        dense_state = {k: v for k, v in model.state_dict(keep_vars=True).items() if id(v) not in sparse_ids}
-        _missing, unexpected = reference.load_state_dict({k: v.detach() for k, v in dense_state.items()}, strict=False)
+        _missing, unexpected = reference.load_state_dict(dense_state_dict(model), strict=False)
         assert not unexpected, unexpected
         bags = reference.sparse_arch.embedding_bag_collection.embedding_bags
         with torch.no_grad():

@@ -340,10 +340,6 @@ def train_command(
         else:
             the_plan = make_plan(model_spec, topo, seed=seed)
         require_valid(the_plan, model_spec, topo)
-        if mode not in ("hybrid", "sync"):
-            raise PlannerError(f"--mode must be hybrid or sync, got {mode!r}", fixes=("--mode hybrid", "--mode sync"))
-        if resume and checkpoint is None:
-            raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
 
         from persia_planner.modules.train import TrainConfig, summary_rows, train_local, train_torchrun
 
