@@ -59,6 +59,7 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, o
 
     from persia_planner.export import to_embedding_bag_configs
     from persia_planner.modules.data import SyntheticClicks
+    from persia_planner.modules.ps.launch import use_hosted_store
     from persia_planner.modules.train import teacher_for
     from persia_planner.modules.verify import _in_range
 
@@ -68,7 +69,8 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, o
     logging.getLogger("torchrec").setLevel(logging.ERROR)  # "caching params will be ignored" per table
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    use_hosted_store(port)
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
     try:
         spec = load_model(DEFAULT_MODEL)
@@ -117,11 +119,11 @@ def dmp_baseline(steps: int, batch_size: int) -> dict[str, Any]:
 
     import torch.multiprocessing as mp
 
-    from persia_planner.modules.ps.launch import free_port
+    from persia_planner.modules.ps.launch import hosted_store
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, hosted_store() as port:
         out = str(Path(tmp) / "dmp.json")
-        mp.spawn(_dmp_worker, args=(2, free_port(), steps, batch_size, out), nprocs=2, join=True)
+        mp.spawn(_dmp_worker, args=(2, port, steps, batch_size, out), nprocs=2, join=True)
         return json.loads(Path(out).read_text())
 
 

@@ -39,6 +39,7 @@ from persia_planner.specs import ModelSpec, Optimizer
 from .data.criteo import NUM_INTEGER, Batch, CriteoReader
 from .data.synthetic import SyntheticClicks, Teacher
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
+from .ps.launch import trainers_store
 
 __all__ = [
     "TrainConfig",
@@ -58,7 +59,6 @@ if not _EXAMPLES.is_dir():  # installed layout: persia_planner/modules -> persia
 DEFAULT_MODEL = _EXAMPLES / "dlrm_small.yaml"
 DEFAULT_TOPOLOGY = _EXAMPLES / "local_2x1.yaml"
 _EVAL_SEED_OFFSET = 1_000_003
-_AGENT_STORE = "torchrun-agent-store"
 
 
 @dataclass(frozen=True)
@@ -476,7 +476,6 @@ class _Job:
     tables: dict[str, TablePlacement]
     servers: int
     trainers: int
-    group_init: str
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -489,17 +488,9 @@ def _trainer(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     warnings.filterwarnings("ignore", message="You are using a Backend")
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(1)
+    # The trainers' group rendezvous in the job's store (torchrun's agent or local_cluster's), under a prefix.
     timeout = datetime.timedelta(seconds=300)
-    if job.group_init == _AGENT_STORE:
-        # Under torchrun: the trainers' own group rendezvous in torchrun's store (on the master node), under a
-        # prefix, so no extra port is needed and trainer 0 may live on any machine.
-        agent = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
-        )
-        store = dist.PrefixStore(f"persia-trainers-{os.environ.get('TORCHELASTIC_RUN_ID', '')}", agent)
-        dist.init_process_group("gloo", store=store, rank=j, world_size=job.trainers, timeout=timeout)
-    else:
-        dist.init_process_group("gloo", init_method=job.group_init, rank=j, world_size=job.trainers, timeout=timeout)
+    dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=job.trainers, timeout=timeout)
     try:
         return _train(j, client, job)
     finally:
@@ -663,13 +654,13 @@ def train_local(
     cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int, run_timeout_s: float = 3600
 ) -> dict[str, Any]:
     """Run ``servers`` PS processes and ``cfg.trainers`` trainers on this machine; returns trainer 0's summary."""
-    from .ps.launch import free_port, local_cluster
+    from .ps.launch import local_cluster
 
     check_data_matches(spec, cfg)
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     if cfg.resume and cfg.checkpoint:
         check_resume(Path(cfg.checkpoint), has_ps)  # here, before any process starts
-    job = _Job(cfg, spec, dict(tables), servers if has_ps else 1, cfg.trainers, f"tcp://127.0.0.1:{free_port()}")
+    job = _Job(cfg, spec, dict(tables), servers if has_ps else 1, cfg.trainers)
     results = local_cluster(
         job.servers,
         cfg.trainers,
@@ -698,8 +689,7 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
     if rank < servers:
         ps_server.serve(rank, world)
         return None
-    init = _AGENT_STORE
-    job = _Job(replace(cfg, trainers=world - servers), spec, dict(tables), servers, world - servers, init)
+    job = _Job(replace(cfg, trainers=world - servers), spec, dict(tables), servers, world - servers)
     client = connect(f"trainer{rank - servers}", rank, world, delay_ms=cfg.ps_delay_ms)
     import torch.distributed.rpc as rpc
 

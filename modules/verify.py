@@ -27,6 +27,7 @@ from persia_planner.specs import ModelSpec, Optimizer
 from .data.criteo import NUM_INTEGER, Batch
 from .data.synthetic import SyntheticClicks, Teacher
 from .hybrid import SparseOptimizer
+from .ps.launch import trainers_store
 from .train import build_model, data_parallel, dense_parameters, dense_state_dict
 
 __all__ = ["compare_with_torchrec"]
@@ -43,7 +44,6 @@ class _Job:
     staleness: int
     servers: int
     trainers: int
-    group_init: str
 
 
 def _in_range(batch: Batch, spec: ModelSpec) -> Batch:
@@ -69,7 +69,7 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
     warnings.filterwarnings("ignore", message="You are using a Backend")
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=job.group_init, rank=j, world_size=job.trainers, timeout=datetime.timedelta(seconds=300)
+        "gloo", store=trainers_store(), rank=j, world_size=job.trainers, timeout=datetime.timedelta(seconds=300)
     )
     try:
         spec = job.spec
@@ -161,7 +161,7 @@ def compare_with_torchrec(
     Returns:
         ``{"hybrid": [[loss per step] per trainer], "reference": [...], "max_abs_diff": float}``.
     """
-    from .ps.launch import free_port, local_cluster
+    from .ps.launch import local_cluster
 
     job = _Job(
         spec,
@@ -173,7 +173,6 @@ def compare_with_torchrec(
         staleness,
         servers,
         trainers,
-        f"tcp://127.0.0.1:{free_port()}",
     )
     results = local_cluster(servers, trainers, _worker, job, timeout_s=60.0, run_timeout_s=1800)
     hybrid = [r["hybrid"] for r in results]

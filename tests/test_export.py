@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -514,12 +513,6 @@ DMP_STEPS = 20
 DMP_LOCAL_BATCH = 16
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
-
-
 def _local_weight_sums(dmp) -> dict[str, float]:
     """Sum of this rank's weights per table (its local shards, or its replica), skipping tables it does not hold."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
@@ -553,8 +546,10 @@ def _dmp_worker(rank: int, world_size: int, port: int, tables: dict, out_dir: st
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from persia_planner.export import to_embedding_bag_configs, to_sharding_plan
+    from persia_planner.modules.ps.launch import use_hosted_store
 
-    os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world_size))
+    use_hosted_store(port)  # rendezvous in the test's store, listening before either rank starts
+    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120))
     try:
@@ -643,7 +638,10 @@ def test_dmp_trains_with_exported_plan(tmp_path):
     shardings = {p.sharding for p in plan.tables.values()}
     assert {Sharding.TABLE_WISE, Sharding.COLUMN_WISE, Sharding.ROW_WISE, Sharding.DATA_PARALLEL} <= shardings
     tables = dict(plan.tables)
-    mp.spawn(_dmp_worker, args=(2, _free_port(), tables, str(tmp_path)), nprocs=2, join=True)
+    from persia_planner.modules.ps.launch import hosted_store
+
+    with hosted_store() as port:
+        mp.spawn(_dmp_worker, args=(2, port, tables, str(tmp_path)), nprocs=2, join=True)
 
     for rank in range(2):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())

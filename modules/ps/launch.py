@@ -16,6 +16,8 @@ Used by the tests and the benchmarks::
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import logging
 import os
 import pickle
@@ -23,9 +25,10 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch.distributed as dist
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 
@@ -34,7 +37,15 @@ from persia_planner.errors import PlannerError
 from . import server as _server
 from .client import PsClient, connect
 
-__all__ = ["TrainerError", "barrier", "free_port", "local_cluster"]
+__all__ = [
+    "TrainerError",
+    "barrier",
+    "free_port",
+    "hosted_store",
+    "local_cluster",
+    "trainers_store",
+    "use_hosted_store",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +81,54 @@ def barrier(timeout_s: float | None = 60.0) -> None:
     _BARRIER.wait(timeout_s)
 
 
-def _env(port: int) -> None:
+@contextlib.contextmanager
+def hosted_store(timeout_s: float = 300.0) -> Iterator[int]:
+    """Host the rendezvous store in this process, on a port the OS picks, for children started inside the block.
+
+    Letting rank 0 of the children bind a port chosen in advance is racy twice over: another process may take the
+    port before rank 0 binds it, and a rank that connects before rank 0 listens can have the kernel pick that very
+    port as its own source port and talk to itself (TCP self-connect), reading its own request as the reply. Here
+    the store listens before any child exists. Children call :func:`use_hosted_store` with the port (as torchrun's
+    agent store: every rank is a client, ``TORCHELASTIC_USE_AGENT_STORE``).
+
+    Yields:
+        The store's port on 127.0.0.1.
+    """
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    try:
+        yield store.port
+    finally:
+        del store
+
+
+def use_hosted_store(port: int) -> None:
+    """In a child of :func:`hosted_store`: rendezvous (``env://``, rpc, process groups) in the parent's store."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe: listen on loopback, not the host's address
+
+
+def trainers_store(timeout_s: float = 300.0) -> dist.Store:
+    """The trainers' own namespace in the job's rendezvous store (torchrun's agent store or :func:`hosted_store`).
+
+    The trainers' process group rendezvous there under a prefix, so it needs no port of its own and trainer 0 may
+    live on any machine.
+    """
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return dist.PrefixStore(f"persia-trainers-{os.environ.get('TORCHELASTIC_RUN_ID', '')}", agent)
 
 
 def _server_main(rank: int, world_size: int, port: int, rpc_timeout_s: float, log_level: int) -> None:
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _env(port)
+    use_hosted_store(port)
     _server.serve(rank, world_size, rpc_timeout_s=rpc_timeout_s)
 
 
@@ -96,7 +146,7 @@ def _trainer_main(
     global _BARRIER
     timeout_s, rpc_timeout_s, log_level, delay_ms = opts
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _env(port)
+    use_hosted_store(port)
     _BARRIER = trainer_barrier
     client: PsClient = connect(
         f"trainer{j}",
@@ -159,84 +209,84 @@ def local_cluster(
         raise ValueError(f"need at least one server and one client, got {n_servers} and {n_clients}")
     ctx = mp.get_context("spawn")
     world_size = n_servers + n_clients
-    port = free_port()
-    results = ctx.Queue()
-    trainer_barrier = ctx.Barrier(n_clients)
-    servers = [
-        ctx.Process(
-            target=_server_main,
-            args=(i, world_size, port, rpc_timeout_s, log_level),
-            name=_server.server_name(i),
-            daemon=True,
-        )
-        for i in range(n_servers)
-    ]
-    trainers = [
-        ctx.Process(
-            target=_trainer_main,
-            args=(
-                j,
-                n_servers,
-                world_size,
-                port,
-                (timeout_s, rpc_timeout_s, log_level, delay_ms),
-                results,
-                trainer_barrier,
-                fn,
-                args,
-            ),
-            name=f"trainer{j}",
-            daemon=True,
-        )
-        for j in range(n_clients)
-    ]
-    procs = servers + trainers
-    # The children inherit the environment at start: give them the allocator setting that keeps request buffers
-    # warm (see server.allocator_env), without changing this process's environment for longer than the start.
-    # Only GLIBC_TUNABLES changes, and only while the processes start.
-    before = os.environ.get("GLIBC_TUNABLES")
-    try:
-        os.environ.update(_server.allocator_env())
-        for p in procs:
-            p.start()
-    finally:
-        if before is None:
-            os.environ.pop("GLIBC_TUNABLES", None)
-        else:
-            os.environ["GLIBC_TUNABLES"] = before
-    outcome: dict[int, tuple[bool, Any]] = {}
-    deadline = time.monotonic() + run_timeout_s
-    try:
-        while len(outcome) < n_clients:
-            try:
-                j, ok, value = results.get(timeout=1.0)
-                outcome[j] = (ok, value)
-            except queue.Empty:
-                # A process that exits before its trainer reported (e.g. failed to join the group) would
-                # otherwise leave us waiting for the whole run_timeout_s.
-                # (A dead server is not checked here: the trainers' requests to it fail within their timeout.)
-                early = [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in outcome]
-                if early or time.monotonic() > deadline:
-                    why = (
-                        f"{', '.join(f'{p.name} exited with {p.exitcode}' for p in early)}"
-                        if early
-                        else f"the trainers did not finish within {run_timeout_s:g} s"
-                    )
-                    raise TrainerError(f"local cluster failed: {why}") from None
-        # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
-        server_died = any(p.exitcode not in (None, 0) for p in servers)
-        grace = time.monotonic() + (0.0 if server_died else shutdown_timeout_s)
-        for p in procs:
-            p.join(max(0.0, grace - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join()
-        results.close()
-    failed = [(j, value) for j, (ok, value) in sorted(outcome.items()) if not ok]
-    if failed:
-        j, (message, tb, internal) = failed[0]
-        raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
-    return [pickle.loads(outcome[j][1]) for j in range(n_clients)]
+    with hosted_store(max(timeout_s, run_timeout_s)) as port:
+        results = ctx.Queue()
+        trainer_barrier = ctx.Barrier(n_clients)
+        servers = [
+            ctx.Process(
+                target=_server_main,
+                args=(i, world_size, port, rpc_timeout_s, log_level),
+                name=_server.server_name(i),
+                daemon=True,
+            )
+            for i in range(n_servers)
+        ]
+        trainers = [
+            ctx.Process(
+                target=_trainer_main,
+                args=(
+                    j,
+                    n_servers,
+                    world_size,
+                    port,
+                    (timeout_s, rpc_timeout_s, log_level, delay_ms),
+                    results,
+                    trainer_barrier,
+                    fn,
+                    args,
+                ),
+                name=f"trainer{j}",
+                daemon=True,
+            )
+            for j in range(n_clients)
+        ]
+        procs = servers + trainers
+        # The children inherit the environment at start: give them the allocator setting that keeps request buffers
+        # warm (see server.allocator_env), without changing this process's environment for longer than the start.
+        # Only GLIBC_TUNABLES changes, and only while the processes start.
+        before = os.environ.get("GLIBC_TUNABLES")
+        try:
+            os.environ.update(_server.allocator_env())
+            for p in procs:
+                p.start()
+        finally:
+            if before is None:
+                os.environ.pop("GLIBC_TUNABLES", None)
+            else:
+                os.environ["GLIBC_TUNABLES"] = before
+        outcome: dict[int, tuple[bool, Any]] = {}
+        deadline = time.monotonic() + run_timeout_s
+        try:
+            while len(outcome) < n_clients:
+                try:
+                    j, ok, value = results.get(timeout=1.0)
+                    outcome[j] = (ok, value)
+                except queue.Empty:
+                    # A process that exits before its trainer reported (e.g. failed to join the group) would
+                    # otherwise leave us waiting for the whole run_timeout_s.
+                    # (A dead server is not checked here: the trainers' requests to it fail within their timeout.)
+                    early = [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in outcome]
+                    if early or time.monotonic() > deadline:
+                        why = (
+                            f"{', '.join(f'{p.name} exited with {p.exitcode}' for p in early)}"
+                            if early
+                            else f"the trainers did not finish within {run_timeout_s:g} s"
+                        )
+                        raise TrainerError(f"local cluster failed: {why}") from None
+            # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
+            server_died = any(p.exitcode not in (None, 0) for p in servers)
+            grace = time.monotonic() + (0.0 if server_died else shutdown_timeout_s)
+            for p in procs:
+                p.join(max(0.0, grace - time.monotonic()))
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            for p in procs:
+                p.join()
+            results.close()
+        failed = [(j, value) for j, (ok, value) in sorted(outcome.items()) if not ok]
+        if failed:
+            j, (message, tb, internal) = failed[0]
+            raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
+        return [pickle.loads(outcome[j][1]) for j in range(n_clients)]
