@@ -2,6 +2,9 @@
 
 Prints a table and writes JSON (``--json OUT``) with at least ``lookup_rows_per_s``, ``update_rows_per_s``,
 ``ceiling_rows_per_s``, ``bytes_per_row``, ``raw_bytes_per_row``. Every ratio is measured in this same run.
+The rpc measures run once with float32 on the wire (the plain keys) and once with ``PsClient(wire_dtype=float16)``
+(``lookup_fp16_rows_per_s``, ``lookup_fp16_pipelined_rows_per_s``, ``update_fp16_rows_per_s``); each float16 measure
+alternates call by call with its float32 twin, so drift on a shared machine hits both alike.
 
     python benchmarks/ps.py --quick --json out.json    # CI: under 2 minutes
     python benchmarks/ps.py --json out.json            # full: 10M-row memory, 100M rows of dim 16
@@ -25,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad
+from persia_planner.modules.ps.client import PsClient
 from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.modules.ps.server import TableConfig
 
@@ -55,6 +59,20 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(samples)
 
 
+def timed_alternating(fns: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Median seconds of ``repeats`` calls of each function (after one warm-up call each), the functions taking
+    turns call by call so that a slow spell of the machine lands on all of them."""
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            started = time.perf_counter()
+            fn()
+            samples[key].append(time.perf_counter() - started)
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
 def bench_ceiling(rows: int, repeats: int) -> dict[str, float]:
     """The same batch through a preallocated tensor: index_select (lookups) and index_add_ (updates)."""
     table = torch.randn(rows, DIM)
@@ -77,22 +95,43 @@ def bench_local_store(rows: int, repeats: int) -> dict[str, float]:
 
 
 def _rpc_trainer(index: int, client: Any, rows: int, repeats: int) -> dict[str, float]:
-    """Runs in the trainer process: register a table, warm its rows, time lookups and pushes of one batch."""
+    """Runs in the trainer process: register a table, warm its rows, time lookups and pushes of one batch, with
+    float32 (``client``) and float16 (a second client of the same servers) on the wire."""
     del index
-    client.register(TableConfig("bench", DIM, rows, RowWiseAdagrad(lr=0.01)))
+    config = TableConfig("bench", DIM, rows, RowWiseAdagrad(lr=0.01))
+    half = PsClient(client.servers, timeout_s=client.timeout_s, wire_dtype=torch.float16)
+    client.register(config)
+    half.register(config)
     ids = zipf_ids(BATCH, rows, ZIPF, seed=2)
     grads = torch.randn(BATCH, DIM)
     client.lookup("bench", ids)  # insert once: timed lookups are hits, as in steady state
-    lookup_s = timed(lambda: client.lookup("bench", ids), repeats)
-    update_s = timed(lambda: client.push_gradients("bench", ids, grads), repeats)
     # With lookups in flight, as a trainer prefetching the next batches under the staleness bound does.
     depth = 4
-    pipelined_s = timed(lambda: [f.wait() for f in [client.lookup_async("bench", ids) for _ in range(depth)]], repeats)
+
+    def pipelined(c: PsClient) -> None:
+        for f in [c.lookup_async("bench", ids) for _ in range(depth)]:
+            f.wait()
+
+    s = timed_alternating(
+        {"lookup": lambda: client.lookup("bench", ids), "lookup_fp16": lambda: half.lookup("bench", ids)}, repeats
+    )
+    s |= timed_alternating(
+        {
+            "update": lambda: client.push_gradients("bench", ids, grads),
+            "update_fp16": lambda: half.push_gradients("bench", ids, grads),
+        },
+        repeats,
+    )
+    s |= timed_alternating({"pipelined": lambda: pipelined(client), "pipelined_fp16": lambda: pipelined(half)}, repeats)
     return {
-        "lookup_rows_per_s": BATCH / lookup_s,
-        "update_rows_per_s": BATCH / update_s,
-        "lookup_pipelined_rows_per_s": depth * BATCH / pipelined_s,
+        "lookup_rows_per_s": BATCH / s["lookup"],
+        "update_rows_per_s": BATCH / s["update"],
+        "lookup_pipelined_rows_per_s": depth * BATCH / s["pipelined"],
+        "lookup_fp16_rows_per_s": BATCH / s["lookup_fp16"],
+        "update_fp16_rows_per_s": BATCH / s["update_fp16"],
+        "lookup_fp16_pipelined_rows_per_s": depth * BATCH / s["pipelined_fp16"],
         "pipeline_depth": depth,
+        "rpc_repeats": repeats,
     }
 
 
@@ -148,6 +187,9 @@ def render(results: dict[str, Any]) -> None:
         ("lookup_rows_per_s", "lookup, 1 server + 1 client over rpc"),
         ("lookup_pipelined_rows_per_s", "lookup over rpc, 4 batches in flight"),
         ("update_rows_per_s", "update, 1 server + 1 client over rpc"),
+        ("lookup_fp16_rows_per_s", "lookup over rpc, fp16 on the wire"),
+        ("lookup_fp16_pipelined_rows_per_s", "lookup over rpc, fp16 on the wire, 4 in flight"),
+        ("update_fp16_rows_per_s", "update over rpc, fp16 on the wire"),
     ):
         if key in results:
             t.add_row(label, f"{results[key]:,.0f}", f"{results[key] / ceiling:.1%}")
@@ -170,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"mode": "quick" if args.quick else "full", "machine": platform.platform()}
     results.update(bench_ceiling(rows, repeats))
     results.update(bench_local_store(rows, repeats))
-    results.update(bench_rpc(rows, repeats))
+    # The rpc calls take milliseconds: more repeats cost little and steady the medians on a shared machine.
+    results.update(bench_rpc(rows, 4 * repeats))
     results["lookup_vs_ceiling"] = results["lookup_rows_per_s"] / results["ceiling_rows_per_s"]
+    results["lookup_fp16_vs_ceiling"] = results["lookup_fp16_rows_per_s"] / results["ceiling_rows_per_s"]
     results["tuned_allocator"] = os.environ.get("PS_TUNE_MALLOC", "1") != "0"
     memory = [bench_memory(4_000_000 if args.quick else rows, DIM)]
     if not args.quick:

@@ -59,6 +59,7 @@ if not _EXAMPLES.is_dir():  # installed layout: persia_planner/modules -> persia
 DEFAULT_MODEL = _EXAMPLES / "dlrm_small.yaml"
 DEFAULT_TOPOLOGY = _EXAMPLES / "local_2x1.yaml"
 _EVAL_SEED_OFFSET = 1_000_003
+_WIRE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class TrainConfig:
         dense_lr: Learning rate of the dense optimizer.
         dense_optimizer: ``adagrad`` or ``sgd``.
         ps_delay_ms: Added to every PS call (a stand-in for a slow network).
+        ps_wire: The dtype PS rows and gradients travel in: ``float32`` (exact), ``float16`` or ``bfloat16`` (half
+            the bytes, as Persia sends them; the servers keep float32 weights and optimizer state).
         checkpoint: Directory to save the PS tables, local tables and dense model into at the end.
         resume: Start from the checkpoint in ``checkpoint``.
         seed: Seed of the model, the data and the servers' row initialisers.
@@ -100,6 +103,7 @@ class TrainConfig:
     dense_lr: float = 0.05
     dense_optimizer: str = "adagrad"
     ps_delay_ms: float = 0.0
+    ps_wire: str = "float32"
     checkpoint: str | None = None
     resume: bool = False
     seed: int = 0
@@ -115,6 +119,8 @@ class TrainConfig:
             raise PlannerError(f"--staleness must be >= 0, got {self.staleness}")
         if self.ps_delay_ms < 0:
             raise PlannerError(f"--ps-delay-ms must be >= 0, got {self.ps_delay_ms}")
+        if self.ps_wire not in _WIRE_DTYPES:
+            raise PlannerError(f"--ps-wire must be one of {', '.join(_WIRE_DTYPES)}, got {self.ps_wire!r}")
         if self.resume and not self.checkpoint:
             raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
         if self.dense_optimizer not in ("adagrad", "sgd"):
@@ -128,6 +134,10 @@ class TrainConfig:
     @property
     def effective_staleness(self) -> int:
         return 0 if self.mode == "sync" else self.staleness
+
+    @property
+    def ps_wire_dtype(self) -> torch.dtype:
+        return _WIRE_DTYPES[self.ps_wire]
 
 
 # ---- the model -----------------------------------------------------------------------------------------------
@@ -594,6 +604,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         "ps_tables": [c.name for c in hybrid.ps_tables],
         "local_tables": [c.name for c in hybrid.local_tables],
         "ps_delay_ms": cfg.ps_delay_ms,
+        "ps_wire": cfg.ps_wire,
         "data": cfg.data,
         "seed": cfg.seed,
         "history": history,
@@ -666,7 +677,8 @@ def train_local(
         cfg.trainers,
         _trainer,
         job,
-        **({"delay_ms": cfg.ps_delay_ms} if cfg.ps_delay_ms else {}),
+        delay_ms=cfg.ps_delay_ms,
+        wire_dtype=cfg.ps_wire_dtype,
         timeout_s=60.0,
         run_timeout_s=run_timeout_s,
     )
@@ -690,7 +702,7 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
         ps_server.serve(rank, world)
         return None
     job = _Job(replace(cfg, trainers=world - servers), spec, dict(tables), servers, world - servers)
-    client = connect(f"trainer{rank - servers}", rank, world, delay_ms=cfg.ps_delay_ms)
+    client = connect(f"trainer{rank - servers}", rank, world, delay_ms=cfg.ps_delay_ms, wire_dtype=cfg.ps_wire_dtype)
     import torch.distributed.rpc as rpc
 
     try:
@@ -714,6 +726,7 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ("global batch x steps", f"{result['batch_size']} x {result['steps']}"),
         ("staleness K (max seen)", f"{result['staleness']} ({result['staleness_max_seen']})"),
         ("trainers / PS servers", f"{result['trainers']} / {result['servers']}"),
+        ("PS wire dtype", result["ps_wire"]),
         ("PS tables (async)", ", ".join(result["ps_tables"]) or "-"),
         ("local tables (sync)", f"{len(result['local_tables'])}"),
     ]

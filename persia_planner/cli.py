@@ -314,6 +314,10 @@ def train_command(
     ps_delay_ms: Annotated[
         float, typer.Option("--ps-delay-ms", min=0.0, help="add this many ms to every PS call (a slow network)")
     ] = 0.0,
+    ps_wire: Annotated[
+        str,
+        typer.Option("--ps-wire", help="dtype of PS rows and gradients on the wire: float32, float16 or bfloat16"),
+    ] = "float32",
     seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the model, data and PS initialisers")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,
 ) -> None:
@@ -352,6 +356,7 @@ def train_command(
             data=data,
             eval_batches=eval_batches,
             ps_delay_ms=ps_delay_ms,
+            ps_wire=ps_wire,
             checkpoint=str(checkpoint) if checkpoint is not None else None,
             resume=resume,
             seed=seed,

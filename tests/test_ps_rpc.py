@@ -16,10 +16,18 @@ import time
 import pytest
 import torch
 
-from persia_planner.modules.ps.client import PsClient, PsUnavailableError, _DelayScheduler
+from persia_planner.modules.ps import server as server_module
+from persia_planner.modules.ps.client import PsClient, PsUnavailableError, _DelayScheduler, _unique, connect
 from persia_planner.modules.ps.launch import barrier, local_cluster
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
-from persia_planner.modules.ps.server import PsServerError, TableConfig, allocator_env, log_metrics_every
+from persia_planner.modules.ps.server import (
+    PsServerError,
+    RemoteFailure,
+    TableConfig,
+    allocator_env,
+    check_wire_dtype,
+    log_metrics_every,
+)
 from persia_planner.modules.ps.sharding import server_of
 from persia_planner.modules.ps.store import EmbeddingStore, Uniform
 
@@ -339,3 +347,143 @@ def test_metrics_are_logged_periodically(caplog):
     lines = [r.getMessage() for r in caplog.records if "lookups/s" in r.getMessage()]
     assert len(lines) >= 2 and "rows" in lines[0]
     assert not thread.is_alive()
+
+
+# ------------------------------------------------------------------------------------ (7) wire dtype (fp16/bf16)
+
+_WIRE_LR = 0.05
+
+
+def _wire_reference(client, name, optimizer, universe):
+    """A local store holding exactly the servers' current rows of ``universe`` for table ``name``."""
+    local = EmbeddingStore(16, 10_000, optimizer)
+    local.lookup(universe)
+    state = local.state_dict()
+    state["weights"] = client.lookup(name, state["ids"], train=False)
+    local.load_state_dict(state)
+    return local
+
+
+def _wire_dtypes(j, client):
+    half = PsClient(client.servers, timeout_s=client.timeout_s, wire_dtype=torch.float16)
+    bf16 = PsClient(client.servers, timeout_s=client.timeout_s, wire_dtype=torch.bfloat16)
+    assert client.wire_dtype == torch.float32 and half.wire_dtype == torch.float16
+    universe = torch.unique(torch.randint(-(2**63), 2**63 - 1, (400,), generator=_gen(30)))
+    out = {}
+    for name, optimizer in (("sgd", SGD(lr=_WIRE_LR)), ("rowwise", RowWiseAdagrad(lr=_WIRE_LR))):
+        config = TableConfig(name, 16, 10_000, optimizer, Uniform(-0.5, 0.5), seed=5)
+        for c in (client, half, bf16):
+            c.register(config)
+        # Lookups (duplicates, 2-d, two servers): every value rounded once to the wire dtype, returned as float32.
+        batch = universe[torch.randint(0, universe.numel(), (6, 100), generator=_gen(31))]
+        rows32 = client.lookup(name, batch)  # inserts every id of the batch
+        rows16, rows_bf = half.lookup(name, batch), bf16.lookup(name, batch)
+        assert rows16.dtype == rows_bf.dtype == torch.float32 and rows16.shape == rows32.shape == (6, 100, 16)
+        assert torch.equal(rows16, rows32.half().float())
+        assert torch.equal(rows_bf, rows32.bfloat16().float())
+        assert not torch.equal(rows16, rows32)  # the rows really travelled rounded
+        assert torch.equal(half.lookup(name, torch.arange(50_000, 50_010), train=False), torch.zeros(10, 16))
+        client.lookup(name, universe)  # every id held
+
+        # Pushes of distinct ids: the servers step with exactly grads.half().float(), in float32.
+        local = _wire_reference(client, name, optimizer, universe)
+        fp32_local = _wire_reference(client, name, optimizer, universe)
+        for step in range(3):
+            ids = universe[torch.randperm(universe.numel(), generator=_gen(32, step))[:150]]
+            grads = torch.randn(ids.numel(), 16, generator=_gen(33, step))
+            assert half.push_gradients(name, ids, grads) == ids.numel()
+            local.update(ids, grads.half().float())
+            fp32_local.update(ids, grads)
+        after = client.lookup(name, universe, train=False)
+        torch.testing.assert_close(after, local.lookup(universe, train=False), atol=1e-6, rtol=0)
+        assert (after - fp32_local.lookup(universe, train=False)).abs().amax() > 1e-5  # not float32 gradients
+
+        # Duplicate ids: summed per id in float32 on the client, then rounded once for the wire.
+        ids = universe[torch.randint(0, 40, (300,), generator=_gen(34))]
+        grads = torch.randn(ids.numel(), 16, generator=_gen(35))
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        summed = torch.zeros(uniq.numel(), 16).index_add_(0, inverse, grads)
+        assert half.push_gradients(name, ids, grads) == uniq.numel()
+        local.update(uniq, summed.half().float())
+        torch.testing.assert_close(
+            client.lookup(name, universe, train=False), local.lookup(universe, train=False), atol=1e-6, rtol=0
+        )
+
+        # A finite gradient that float16 cannot hold is refused, not turned into inf weights; bfloat16 holds it.
+        with pytest.raises(ValueError, match=r"overflow torch\.float16"):
+            half.push_gradients(name, universe[:2], torch.full((2, 16), 1e5))
+        assert bf16.push_gradients(name, universe[:2], torch.full((2, 16), 1e5)) == 2
+        assert torch.isfinite(client.lookup(name, universe, train=False)).all()
+        out[name] = client.metrics()
+    return {name: [m["tables"][name]["updates"] for m in metrics] for name, metrics in out.items()}
+
+
+def test_fp16_and_bf16_on_the_wire_round_once_and_keep_fp32_on_the_server():
+    [updates] = local_cluster(2, 1, _wire_dtypes, run_timeout_s=75)
+    # 3 x 150 distinct + the duplicate batch's distinct ids + 2 (bfloat16), split over both servers
+    assert all(min(per_server) > 0 for per_server in updates.values())
+
+
+def _default_is_exact(j, client):
+    assert client.wire_dtype == torch.float32
+    optimizer = RowWiseAdagrad(lr=_WIRE_LR)
+    client.register(TableConfig("exact", 16, 10_000, optimizer, Uniform(-0.5, 0.5), seed=6))
+    universe = torch.unique(torch.randint(-(2**63), 2**63 - 1, (300,), generator=_gen(40)))
+    client.lookup("exact", universe)
+    local = _wire_reference(client, "exact", optimizer, universe)
+    for step in range(4):
+        batch = universe[torch.randint(0, universe.numel(), (4, 128), generator=_gen(41, step))]  # duplicates
+        assert torch.equal(client.lookup("exact", batch, train=False), local.lookup(batch, train=False))
+        grads = torch.randn(4, 128, 16, generator=_gen(42, step))
+        client.push_gradients("exact", batch, grads)
+        local.update(batch, grads)
+    final = client.lookup("exact", universe, train=False)
+    return torch.equal(final, local.lookup(universe, train=False)), (
+        final.view(torch.int32) == local.lookup(universe, train=False).view(torch.int32)
+    ).all().item()
+
+
+def test_default_wire_stays_bit_exact():
+    [(equal, same_bits)] = local_cluster(2, 1, _default_is_exact, run_timeout_s=60)
+    assert equal and same_bits
+
+
+def test_wire_dtype_is_validated():
+    for bad in (torch.float64, torch.int8, "float16", None):
+        with pytest.raises(ValueError, match=r"^wire_dtype must be torch\.float32, torch\.float16 or torch\.bfloat16"):
+            PsClient(["ps0"], wire_dtype=bad)
+    # connect checks before joining the RPC group (no MASTER_ADDR needed to get the error).
+    with pytest.raises(ValueError, match="wire_dtype") as info:
+        connect("trainer0", 1, 2, servers=["ps0"], wire_dtype=torch.float64)
+    assert "\n" not in str(info.value) and "torch.float64" in str(info.value)
+    assert check_wire_dtype(torch.bfloat16) is torch.bfloat16
+
+
+def test_server_functions_cast_on_the_wire_in_process():
+    """The RPC functions called directly (no RPC group): casts, refusals and the float32 upcast of gradients."""
+    config = TableConfig("wire_unit", 8, 100, SGD(lr=1.0), Uniform(-1, 1), seed=9)
+    assert server_module._create(config) == 0
+    ids = torch.tensor([3, 5, 9])
+    rows = server_module._lookup("wire_unit", ids, True, True)
+    assert rows.dtype == torch.float32
+    assert torch.equal(server_module._lookup("wire_unit", ids, True, True, torch.float16), rows.half())
+    assert torch.equal(server_module._lookup("wire_unit", ids, True, True, torch.float32), rows)
+    refused = server_module._lookup("wire_unit", ids, True, True, torch.int8)
+    assert isinstance(refused, RemoteFailure) and "torch.int8" in refused.message
+    grads = torch.tensor([[1 / 3] * 8, [-2.0] * 8, [1e-3] * 8])
+    assert server_module._update("wire_unit", ids, grads.half(), True) == 3
+    after = server_module._lookup("wire_unit", ids, False, True)
+    assert torch.equal(after, rows - grads.half().float())  # SGD lr=1 on the upcast gradients, in float32
+
+
+def test_numpy_unique_equals_torch_unique():
+    g = _gen(50)
+    for n in (1, 2, 7, 1000, 70_000):
+        ids = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
+        ids = torch.cat([ids, ids[: n // 2], torch.tensor([-1, 0, 2**63 - 1, -(2**63)])])
+        ids = ids[torch.randperm(ids.numel(), generator=g)]
+        for batch in (ids, ids % 37, ids[::3]):  # wide ids, many repeats, a strided view
+            uniq, inverse = _unique(batch)
+            expected_uniq, expected_inverse = torch.unique(batch, return_inverse=True)
+            assert torch.equal(uniq, expected_uniq) and torch.equal(inverse, expected_inverse)
+            assert uniq.dtype == inverse.dtype == torch.int64

@@ -313,3 +313,37 @@ def test_per_id_initialisation_ignores_arrival_order_and_server():
     assert rows_a.abs().max() <= 0.01 and rows_a.std() > 0.003  # the config's Uniform(-0.01, 0.01), not constant
     other_table = TableConfig("item", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3).make_store(0)
     assert not torch.equal(other_table.lookup(ids), rows_a)  # tables are salted by name
+
+
+@pytest.mark.parametrize("opt", [SGD(lr=0.1), Adagrad(lr=0.1), RowWiseAdagrad(lr=0.1), Adam(lr=0.01)])
+def test_distinct_update_equals_the_summing_path(opt):
+    """``update(distinct=True)`` (the server's path for client-summed pushes) gives bit-identical rows and state to
+    the default path fed the same distinct ids, in any order, including ids the store does not hold."""
+    universe = _random_ids(60, seed=11)
+    plain, fast = EmbeddingStore(DIM, 64, opt, seed=4), EmbeddingStore(DIM, 64, opt, seed=4)
+    plain.lookup(universe[:50])
+    fast.lookup(universe[:50])
+    for step in range(5):
+        g = torch.Generator().manual_seed(20 + step)
+        ids = universe[torch.randperm(60, generator=g)[:35]]  # distinct, unsorted, some never inserted
+        grads = torch.randn(35, DIM, generator=g)
+        assert plain.update(ids, grads) == fast.update(ids, grads, distinct=True) == int(plain.contains(ids).sum())
+    sp, sf = plain.state_dict(), fast.state_dict()
+    assert all(torch.equal(sp[k], sf[k]) for k in ("ids", "weights", "state"))
+    assert plain.metrics() == fast.metrics()
+
+
+def test_update_upcasts_narrow_gradients_before_summing():
+    """float16 / bfloat16 gradients are summed and stepped in float32: the same rows as their float32 upcast, and
+    not the rows of a float16 sum (which would round 2048 + 1 back to 2048)."""
+    ids = _ids(1, 2, 1, 1)
+    for dtype in (torch.float16, torch.bfloat16):
+        narrow, wide = EmbeddingStore(DIM, 8, SGD(lr=1.0)), EmbeddingStore(DIM, 8, SGD(lr=1.0))
+        narrow.lookup(ids)
+        wide.lookup(ids)
+        grads = torch.tensor([2048.0, 3.0, 1.0, 1.0]).unsqueeze(1).expand(4, DIM).to(dtype)
+        narrow.update(ids, grads)
+        wide.update(ids, grads.float())
+        assert torch.equal(narrow.lookup(ids, train=False), wide.lookup(ids, train=False))
+        initial = EmbeddingStore(DIM, 8, SGD(lr=1.0)).lookup(_ids(1))[0]  # same seed: the initial row of id 1
+        torch.testing.assert_close(narrow.lookup(_ids(1), train=False)[0], initial - 2050.0, atol=1e-3, rtol=0)

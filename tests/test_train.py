@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -78,6 +79,7 @@ def test_config_errors_are_plain():
         (["--data", "hdfs:/x"], "--data must be 'synthetic' or 'criteo:PATH'"),
         (["--model", "/nonexistent.yaml"], "nonexistent.yaml"),
         (["--steps", "0"], "--steps"),
+        (["--ps-wire", "int8"], "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
         (["--checkpoint", "/nonexistent-ckpt", "--resume"], "no trainer checkpoint at /nonexistent-ckpt/trainer.pt"),
     ],
 )
@@ -103,7 +105,8 @@ def test_cli_model_tables_must_match_criteo_features(tmp_path):
     assert done.returncode == 2 and "tables.user" in done.stderr and "c1..c26" in done.stderr, done.stderr
 
 
-OPTS = ["--eval-batches", "2", "--json", "--staleness", "2"]
+OPTS = ["--eval-batches", "2", "--json", "--staleness", "2", "--batch-size", "256"]
+FP16 = ["--ps-wire", "float16"]  # the half-size wire of a multi-machine run, exercised end to end
 
 
 @pytest.mark.timeout(600)
@@ -114,7 +117,7 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
     to_criteo(SyntheticClicks(teacher, batch_size=256, num_batches=24, seed=3), tmp_path / "day_0")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
-        [*PERSIA, "train", "--data", f"criteo:{tmp_path / 'day_0'}", "--steps", "8", "--batch-size", "256", *OPTS],
+        [*PERSIA, "train", "--data", f"criteo:{tmp_path / 'day_0'}", "--steps", "8", *FP16, *OPTS],
         capture_output=True,
         text=True,
         timeout=600,
@@ -127,7 +130,8 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
     assert result["steps"] == 8 and result["batch_size"] == 512 and result["staleness"] == 2
     assert result["teacher_auc"] is None  # real-format data carries no teacher
     assert result["eval_samples"] == 2 * 2 * 256 and 0.0 <= result["auc"] <= 1.0
-    assert result["ps_tables"] == PS_TABLES
+    assert result["ps_tables"] == PS_TABLES and result["ps_wire"] == "float16"
+    assert math.isfinite(result["loss"]) and math.isfinite(result["eval_loss"])
     assert Path(tmp_path / "day_0").is_file()
 
 
@@ -154,6 +158,8 @@ def test_same_entry_point_runs_under_torchrun():
             "128",
             "--eval-batches",
             "1",
+            "--ps-wire",
+            "bfloat16",
             "--json",
         ],
         capture_output=True,
@@ -165,6 +171,7 @@ def test_same_entry_point_runs_under_torchrun():
     result = json.loads(line)
     assert result["trainers"] == 2 and result["servers"] == 2 and result["steps"] == 4
     assert result["ps_tables"] == PS_TABLES and result["batch_size"] == 256
+    assert result["ps_wire"] == "bfloat16"
 
 
 def test_resume_refuses_a_trainer_state_from_another_ps_version(tmp_path):

@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
@@ -36,6 +37,7 @@ from persia_planner.errors import PlannerError
 
 from . import server as _server
 from .client import PsClient, connect
+from .server import check_wire_dtype
 
 __all__ = [
     "TrainerError",
@@ -137,14 +139,14 @@ def _trainer_main(
     n_servers: int,
     world_size: int,
     port: int,
-    opts: tuple[float, float, int, float],
+    opts: tuple[float, float, int, float, torch.dtype],
     results: Any,
     trainer_barrier: Any,
     fn: Callable[..., Any],
     args: tuple,
 ) -> None:
     global _BARRIER
-    timeout_s, rpc_timeout_s, log_level, delay_ms = opts
+    timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype = opts
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     use_hosted_store(port)
     _BARRIER = trainer_barrier
@@ -156,6 +158,7 @@ def _trainer_main(
         timeout_s=timeout_s,
         rpc_timeout_s=rpc_timeout_s,
         delay_ms=delay_ms,
+        wire_dtype=wire_dtype,
     )
     try:
         try:
@@ -183,6 +186,7 @@ def local_cluster(
     shutdown_timeout_s: float = 30.0,
     log_level: int = logging.WARNING,
     delay_ms: float = 0.0,
+    wire_dtype: torch.dtype = torch.float32,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -198,6 +202,7 @@ def local_cluster(
         shutdown_timeout_s: Time allowed for the graceful shutdown after the trainers reported.
         log_level: Logging level of the child processes.
         delay_ms: Latency the trainers' clients inject before every request (``PsClient(delay_ms=...)``).
+        wire_dtype: The dtype the trainers' clients send rows and gradients in (``PsClient(wire_dtype=...)``).
 
     Returns:
         The trainers' return values, in trainer order.
@@ -207,6 +212,7 @@ def local_cluster(
     """
     if n_servers < 1 or n_clients < 1:
         raise ValueError(f"need at least one server and one client, got {n_servers} and {n_clients}")
+    check_wire_dtype(wire_dtype)
     ctx = mp.get_context("spawn")
     world_size = n_servers + n_clients
     with hosted_store(max(timeout_s, run_timeout_s)) as port:
@@ -229,7 +235,7 @@ def local_cluster(
                     n_servers,
                     world_size,
                     port,
-                    (timeout_s, rpc_timeout_s, log_level, delay_ms),
+                    (timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype),
                     results,
                     trainer_barrier,
                     fn,

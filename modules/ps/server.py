@@ -50,11 +50,22 @@ from .checkpoint import dump_incremental, load_rows, save_shard
 from .optim import SGD, RowOptimizer
 from .store import EmbeddingStore, Eviction, Normal, Uniform
 
-__all__ = ["PsServerError", "RemoteFailure", "TableConfig", "rpc_backend_options", "serve", "server_name"]
+__all__ = [
+    "WIRE_DTYPES",
+    "PsServerError",
+    "RemoteFailure",
+    "TableConfig",
+    "check_wire_dtype",
+    "rpc_backend_options",
+    "serve",
+    "server_name",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RPC_TIMEOUT_S = 60.0
+# Dtypes rows and gradients may travel in (``PsClient(wire_dtype=...)``); the stores always hold float32.
+WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DEFAULT_OPTIMIZER = SGD()  # frozen dataclasses: safe to share as defaults
 _DEFAULT_INIT = Uniform()
 
@@ -121,6 +132,17 @@ class TableConfig:
 def server_name(rank: int) -> str:
     """RPC worker name of server ``rank`` (servers take ranks ``0 .. n_servers-1``)."""
     return f"ps{rank}"
+
+
+def check_wire_dtype(wire_dtype: Any) -> torch.dtype:
+    """``wire_dtype`` if it is one of :data:`WIRE_DTYPES`.
+
+    Raises:
+        ValueError: Otherwise, in one line naming the accepted values.
+    """
+    if not isinstance(wire_dtype, torch.dtype) or wire_dtype not in WIRE_DTYPES:
+        raise ValueError(f"wire_dtype must be torch.float32, torch.float16 or torch.bfloat16, got {wire_dtype!r}")
+    return wire_dtype
 
 
 class _Table:
@@ -212,20 +234,34 @@ def _create(config: TableConfig) -> int:
 
 
 @_server_errors
-def _lookup(table: str, ids: torch.Tensor, train: bool, distinct: bool = False) -> torch.Tensor:
+def _lookup(
+    table: str, ids: torch.Tensor, train: bool, distinct: bool = False, wire_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Rows ``[len(ids), dim]`` of ``ids``; ``train=False`` never inserts. ``distinct=True``: the caller promises
-    the ids do not repeat (the client de-duplicates), so the store skips its own ``unique`` and gather."""
+    the ids do not repeat (the client de-duplicates), so the store skips its own ``unique`` and gather.
+    ``wire_dtype``: the dtype the rows travel back in (None: the store's float32, unchanged)."""
+    if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
+        raise PsServerError(f"parameter server {_state().name}: cannot send rows as {wire_dtype}")
     t = _state().table(table)
     with t.lock:
-        return t.store.lookup(ids, train=train, distinct=distinct)
+        rows = t.store.lookup(ids, train=train, distinct=distinct)
+    # Cast after releasing the lock: the rows are this request's own copy, other requests need not wait for it.
+    return rows if wire_dtype is None or rows.dtype == wire_dtype else rows.to(wire_dtype)
 
 
 @_server_errors
-def _update(table: str, ids: torch.Tensor, grads: torch.Tensor) -> int:
-    """Apply the table's optimizer to the rows of ``ids`` with ``grads``; returns the number of rows updated."""
+def _update(table: str, ids: torch.Tensor, grads: torch.Tensor, distinct: bool = False) -> int:
+    """Apply the table's optimizer to the rows of ``ids`` with ``grads``; returns the number of rows updated.
+
+    ``grads`` may arrive in a narrower wire dtype (float16, bfloat16); they are upcast to float32 before anything
+    is summed or stepped, so the optimizer and its state stay float32. ``distinct=True``: see
+    :meth:`EmbeddingStore.update`.
+    """
+    if grads.dtype != torch.float32:
+        grads = grads.to(torch.float32)  # outside the lock, like the lookup's cast
     t = _state().table(table)
     with t.lock:
-        return t.store.update(ids, grads)
+        return t.store.update(ids, grads, distinct=distinct)
 
 
 @contextlib.contextmanager

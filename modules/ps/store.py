@@ -432,12 +432,28 @@ class EmbeddingStore:
     # ------------------------------------------------------------------------------------------------ update
 
     @torch.no_grad()
-    def update(self, ids: torch.Tensor, grads: torch.Tensor) -> int:
-        """Apply the optimizer to the rows of ``ids`` with ``grads`` ``[*ids.shape, dim]``; returns rows updated."""
+    def update(self, ids: torch.Tensor, grads: torch.Tensor, *, distinct: bool = False) -> int:
+        """Apply the optimizer to the rows of ``ids`` with ``grads`` ``[*ids.shape, dim]``; returns rows updated.
+
+        Gradients of any floating dtype are upcast to float32 before duplicates are summed, so the sum, the
+        optimizer step and its state are float32 whatever dtype the gradients travelled in.
+
+        Args:
+            ids: int64 (uint64 bit patterns) or uint64.
+            grads: ``[*ids.shape, dim]``.
+            distinct: The caller promises that ``ids`` holds no repeats (the client sums duplicates before it
+                pushes), so the store skips its ``torch.unique`` and the summation. The rows then end up
+                identical to the default path's, except that a gradient of exactly ``-0.0`` is not turned into
+                ``+0.0`` by the summation (it can flip the sign of a weight that is exactly zero; never a value).
+                Repeated ids with ``distinct=True`` are undefined behaviour.
+        """
         flat = _as_ids(ids)
         grads = grads.reshape(flat.numel(), self.dim).to(torch.float32)
-        uniq, inverse = torch.unique(flat, return_inverse=True)
-        summed = torch.zeros(uniq.numel(), self.dim, dtype=torch.float32).index_add_(0, inverse, grads)
+        if distinct:
+            uniq, summed = flat, grads
+        else:
+            uniq, inverse = torch.unique(flat, return_inverse=True)
+            summed = torch.zeros(uniq.numel(), self.dim, dtype=torch.float32).index_add_(0, inverse, grads)
         slots, _ = self._index.find(uniq)
         held = slots >= 0
         slots, summed = slots[held], summed[held]
