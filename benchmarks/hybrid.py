@@ -59,7 +59,7 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, o
 
     from persia_planner.export import to_embedding_bag_configs
     from persia_planner.modules.data import SyntheticClicks
-    from persia_planner.modules.ps.launch import use_hosted_store
+    from persia_planner.modules.ps.launch import exit_now, use_hosted_store
     from persia_planner.modules.train import teacher_for
     from persia_planner.modules.verify import _in_range
 
@@ -112,6 +112,7 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, o
             )
     finally:
         dist.destroy_process_group()
+    exit_now()  # the last barrier's work may still be freed by a gloo thread: do not finalize under it
 
 
 def dmp_baseline(steps: int, batch_size: int) -> dict[str, Any]:
