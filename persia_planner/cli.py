@@ -316,7 +316,10 @@ def train_command(
     ] = 0.0,
     ps_wire: Annotated[
         str,
-        typer.Option("--ps-wire", help="dtype of PS rows and gradients on the wire: float32, float16 or bfloat16"),
+        typer.Option(
+            "--ps-wire",
+            help="dtype of PS rows and gradients on the wire: float32 (exact), float16 (|values| <= 65504) or bfloat16",
+        ),
     ] = "float32",
     seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the model, data and PS initialisers")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,

@@ -17,7 +17,14 @@ import pytest
 import torch
 
 from persia_planner.modules.ps import server as server_module
-from persia_planner.modules.ps.client import PsClient, PsUnavailableError, _DelayScheduler, _unique, connect
+from persia_planner.modules.ps.client import (
+    PsClient,
+    PsUnavailableError,
+    WireOverflowError,
+    _DelayScheduler,
+    _unique,
+    connect,
+)
 from persia_planner.modules.ps.launch import barrier, local_cluster
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
 from persia_planner.modules.ps.server import (
@@ -410,8 +417,12 @@ def _wire_dtypes(j, client):
         )
 
         # A finite gradient that float16 cannot hold is refused, not turned into inf weights; bfloat16 holds it.
-        with pytest.raises(ValueError, match=r"overflow torch\.float16"):
+        with pytest.raises(WireOverflowError, match=r"overflow torch\.float16.*fix: send bfloat16"):
             half.push_gradients(name, universe[:2], torch.full((2, 16), 1e5))
+        # A nan in one row must not hide a finite overflow in another.
+        with pytest.raises(WireOverflowError, match=r"largest summed \|gradient\| 100000 "):
+            nan_and_big = torch.stack([torch.full((16,), float("nan")), torch.full((16,), 1e5)])
+            half.push_gradients(name, universe[:2], nan_and_big)
         assert bf16.push_gradients(name, universe[:2], torch.full((2, 16), 1e5)) == 2
         assert torch.isfinite(client.lookup(name, universe, train=False)).all()
         out[name] = client.metrics()
@@ -459,8 +470,9 @@ def test_wire_dtype_is_validated():
     assert check_wire_dtype(torch.bfloat16) is torch.bfloat16
 
 
-def test_server_functions_cast_on_the_wire_in_process():
+def test_server_functions_cast_on_the_wire_in_process(monkeypatch):
     """The RPC functions called directly (no RPC group): casts, refusals and the float32 upcast of gradients."""
+    monkeypatch.setattr(server_module, "_STATE", None)  # a fresh server state, dropped after the test
     config = TableConfig("wire_unit", 8, 100, SGD(lr=1.0), Uniform(-1, 1), seed=9)
     assert server_module._create(config) == 0
     ids = torch.tensor([3, 5, 9])

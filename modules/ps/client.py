@@ -49,7 +49,7 @@ from .checkpoint import commit, read_latest
 from .server import PsServerError, RemoteFailure, TableConfig, check_wire_dtype
 from .sharding import server_of
 
-__all__ = ["PsClient", "PsUnavailableError", "connect"]
+__all__ = ["PsClient", "PsUnavailableError", "WireOverflowError", "connect"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,14 @@ class PsUnavailableError(PlannerError):
             f"parameter server {server} {problem} (is it running? check MASTER_ADDR/MASTER_PORT and its log)",
             kind=ErrorKind.UNAVAILABLE,
         )
+
+
+class WireOverflowError(PlannerError, ValueError):
+    """A finite summed gradient does not fit the client's narrower wire dtype; nothing was sent.
+
+    A ``PlannerError`` (the CLI prints it as one line and exits 2: diverging gradients are the run's condition, not a
+    bug of ours) and a ``ValueError`` (a bad value was passed in).
+    """
 
 
 class PsClient:
@@ -297,8 +305,9 @@ class PsClient:
         summed in float32 here and each sum travels once, in :attr:`wire_dtype`.
 
         Raises:
-            ValueError: ``grads`` do not match ``ids`` x ``dim``, or a finite summed gradient exceeds the range of
-                :attr:`wire_dtype` (float16: 65504); nothing is sent then.
+            ValueError: ``grads`` do not match ``ids`` x ``dim``.
+            WireOverflowError: A finite summed gradient exceeds the range of :attr:`wire_dtype` (float16: 65504);
+                nothing is sent then.
         """
         dim = self._config(table).dim
         flat = ids.reshape(-1)
@@ -344,18 +353,27 @@ class PsClient:
         return out
 
     def _to_wire(self, table: str, summed: torch.Tensor) -> torch.Tensor:
-        """``summed`` in :attr:`wire_dtype`; raises ValueError where a finite gradient would turn into ``inf``.
+        """``summed`` in :attr:`wire_dtype`; raises where a finite gradient would turn into ``inf``.
 
         An ``inf`` gradient would make the row's weights ``inf`` or ``nan`` on the server for good, so the push is
         refused instead. Gradients that already hold ``inf`` or ``nan`` pass as they would in float32.
+
+        Raises:
+            WireOverflowError: A finite summed gradient exceeds the largest value of :attr:`wire_dtype`.
         """
         # One reduction over the float32 sum: CPU float16 has no fast isinf to scan the narrowed copy with.
         peak = summed.abs().amax()
-        if torch.isfinite(peak) and torch.isinf(peak.to(self.wire_dtype)):
-            raise ValueError(
-                f"gradients of table {table!r} overflow {self.wire_dtype} on the wire (largest summed |gradient| "
-                f"{float(peak):.6g} > {torch.finfo(self.wire_dtype).max:.6g}); use wire_dtype=torch.bfloat16 or "
-                "scale the gradients down"
+        if not torch.isfinite(peak):
+            # A nan or inf elsewhere must not hide a finite value that overflows: look at the finite ones only.
+            peak = torch.where(torch.isfinite(summed), summed.abs(), 0.0).amax()
+        if torch.isinf(peak.to(self.wire_dtype)):
+            fixes = ("scale the gradients down (lower the learning rate or the loss scale)",)
+            if self.wire_dtype == torch.float16:
+                fixes = ("send bfloat16 (wire_dtype=torch.bfloat16, --ps-wire bfloat16)", *fixes)
+            raise WireOverflowError(
+                f"gradients of table {table!r} overflow {self.wire_dtype} on the wire (wire_dtype / --ps-wire): "
+                f"largest summed |gradient| {float(peak):.6g} > {torch.finfo(self.wire_dtype).max:.6g}",
+                fixes=fixes,
             )
         return summed.to(self.wire_dtype)
 

@@ -2,7 +2,8 @@
 
 Rank layout (what :func:`.server.serve` and :func:`.client.connect` assume): servers ``0 .. n_servers-1`` named
 ``ps{i}``, trainers ``n_servers + j`` named ``trainer{j}``. Every process is started with the ``spawn`` method (no
-fork of a parent that may hold threads or an RPC agent) and rendezvous at ``127.0.0.1`` on a free port.
+fork of a parent that may hold threads or an RPC agent) and rendezvous at ``127.0.0.1`` in a TCPStore that the
+launching process hosts before any of them starts (:func:`hosted_store`, torchrun's agent-store convention).
 
 Each trainer runs ``fn(trainer_index, client, *args)`` and sends its return value (or its traceback) back through a
 queue; the trainers may synchronise with each other through :func:`barrier`. After all trainers reported, the
@@ -85,7 +86,8 @@ def exit_now(code: int = 0) -> NoReturn:
     it, and that object can hold a Python object (its captured thread-local state, e.g. under TorchRec's DMP). If the
     interpreter is finalizing at that moment, the thread dies in ``pthread_exit`` inside a destructor and the process
     aborts (SIGABRT, about 1 run in 14 of a 2-rank DMP job that returns right after a barrier). ``mp.spawn`` children
-    finalize on return, so such workers end with this instead.
+    finalize on return, so such workers end with this instead. It also skips the flush of ``multiprocessing.Queue``
+    feeder threads: workers that report through a queue must ``close()`` and ``join_thread()`` it first.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -132,16 +134,23 @@ def use_hosted_store(port: int) -> None:
 def trainers_store(timeout_s: float = 300.0) -> dist.Store:
     """The trainers' own namespace in the job's rendezvous store (torchrun's agent store or :func:`hosted_store`).
 
-    The trainers' process group rendezvous there under a prefix, so it needs no port of its own and trainer 0 may
+    The trainers' process group rendezvous there under a prefix (with torchrun's run id and restart count, so a
+    restarted job never reads the keys of its previous attempt), so it needs no port of its own and trainer 0 may
     live on any machine.
+
+    Raises:
+        PlannerError: ``MASTER_ADDR`` or ``MASTER_PORT`` is not set.
     """
-    agent = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-    return dist.PrefixStore(f"persia-trainers-{os.environ.get('TORCHELASTIC_RUN_ID', '')}", agent)
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise PlannerError(
+            f"MASTER_ADDR and MASTER_PORT must be set for the trainers' group (got MASTER_ADDR={addr!r}, "
+            f"MASTER_PORT={port!r})",
+            fixes=("launch with torchrun or local_cluster, or export both",),
+        )
+    agent = dist.TCPStore(addr, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return dist.PrefixStore(f"persia-trainers-{run}", agent)
 
 
 def _server_main(rank: int, world_size: int, port: int, rpc_timeout_s: float, log_level: int) -> None:
