@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import server as server_module
 from persia_planner.modules.ps.client import (
     PsClient,
@@ -25,7 +26,7 @@ from persia_planner.modules.ps.client import (
     _unique,
     connect,
 )
-from persia_planner.modules.ps.launch import barrier, local_cluster
+from persia_planner.modules.ps.launch import barrier, local_cluster, trainers_store
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
 from persia_planner.modules.ps.server import (
     PsServerError,
@@ -499,3 +500,11 @@ def test_numpy_unique_equals_torch_unique():
             expected_uniq, expected_inverse = torch.unique(batch, return_inverse=True)
             assert torch.equal(uniq, expected_uniq) and torch.equal(inverse, expected_inverse)
             assert uniq.dtype == inverse.dtype == torch.int64
+
+
+def test_trainers_store_needs_the_rendezvous_address(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(PlannerError, match=r"^MASTER_ADDR and MASTER_PORT must be set for the trainers' group") as info:
+        trainers_store()
+    assert "MASTER_ADDR=None" in str(info.value) and "\n" not in str(info.value)

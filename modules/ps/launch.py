@@ -141,14 +141,8 @@ def trainers_store(timeout_s: float = 300.0) -> dist.Store:
     Raises:
         PlannerError: ``MASTER_ADDR`` or ``MASTER_PORT`` is not set.
     """
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port:
-        raise PlannerError(
-            f"MASTER_ADDR and MASTER_PORT must be set for the trainers' group (got MASTER_ADDR={addr!r}, "
-            f"MASTER_PORT={port!r})",
-            fixes=("launch with torchrun or local_cluster, or export both",),
-        )
-    agent = dist.TCPStore(addr, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    addr, port = _server.master_address("the trainers' group")
+    agent = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
     run = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     return dist.PrefixStore(f"persia-trainers-{run}", agent)
 

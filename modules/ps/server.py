@@ -389,6 +389,21 @@ def server_metrics() -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ process
 
 
+def master_address(purpose: str) -> tuple[str, int]:
+    """``MASTER_ADDR`` and ``MASTER_PORT`` (the torchrun convention), the rendezvous of ``purpose``.
+
+    Raises:
+        PlannerError: If either variable is unset (one line, naming both and ``purpose``).
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise PlannerError(
+            f"MASTER_ADDR and MASTER_PORT must be set for {purpose} (got MASTER_ADDR={addr!r}, MASTER_PORT={port!r})",
+            fixes=("export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>, or launch with torchrun",),
+        )
+    return addr, int(port)
+
+
 def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.TensorPipeRpcBackendOptions:
     """TensorPipe options with the rendezvous at ``MASTER_ADDR:MASTER_PORT`` (the torchrun convention).
 
@@ -397,13 +412,7 @@ def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.Ten
     """
     # init_rpc's own all_gather trips torch's deprecation notice about gloo groups: noise for our users.
     warnings.filterwarnings("ignore", message="You are using a Backend <class 'torch.distributed")
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port:
-        raise PlannerError(
-            f"MASTER_ADDR and MASTER_PORT must be set for the parameter-server RPC group "
-            f"(got MASTER_ADDR={addr!r}, MASTER_PORT={port!r})",
-            fixes=("export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>, or launch with torchrun",),
-        )
+    addr, port = master_address("the parameter-server RPC group")
     # TensorPipe's default transports and channels (shm, uv; cma, mpt_uv, basic): restricting them to shm + cma or
     # uv + basic, or fewer worker threads, measured no different for 6.6 MB answers on localhost.
     return rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{addr}:{port}", rpc_timeout=rpc_timeout_s)
