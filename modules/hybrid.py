@@ -17,8 +17,12 @@ Parameter-server tables. ``forward`` looks the ids up through the :class:`~.ps.c
 :meth:`prefetch` ed earlier), pools them with ``index_add`` and registers a gradient hook on the looked-up rows that
 pushes their gradient without blocking. Bounded staleness: the rows of batch ``j`` are requested only once the
 pushes of every batch ``<= j - 1 - K`` were acknowledged, so a batch misses at most the updates of its ``K``
-predecessors; with ``K = 0`` every push is acknowledged by every trainer (a barrier) before the next lookup, which is
-exactly synchronous. :attr:`HybridEmbeddingBagCollection.staleness` is the gauge: how many earlier batches had
+predecessors. With ``K = 0`` and several trainers the step is exactly synchronous, as TorchRec's EBC under DDP: the
+trainers all-gather their PS gradients, each pushes the ids it owns (``id mod trainers``) once with the summed
+(averaged) gradient, and every push is acknowledged by every trainer (a barrier) before the next lookup. So each id
+gets one update per step whatever the optimizer (Adagrad's accumulator sees the step's gradient, not one push per
+trainer), and a run is reproducible. With ``K > 0`` each trainer pushes its own gradients without waiting, as
+Persia does. :attr:`HybridEmbeddingBagCollection.staleness` is the gauge: how many earlier batches had
 unacknowledged pushes when the current batch's rows were requested.
 
 Ids: a local table maps ids into its rows with ``id mod num_embeddings`` (a no-op for ids already in range), so raw
@@ -238,6 +242,9 @@ class HybridEmbeddingBagCollection(nn.Module):
         self._ps_features = {c.name: list(c.feature_names) for c in self.ps_tables}
         self._queue: collections.deque[_PsBatch] = collections.deque()
         self._pushes: dict[int, list[Future]] = {}
+        # K = 0 with several trainers: per batch, per PS table, this trainer's (ids, gradients) until every trainer
+        # gathers them in _push_synchronously (a collective, so only at points every trainer reaches).
+        self._stashed: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._done_through = -1  # every batch <= this has all its pushes acknowledged
         self._next_index = 0  # index of the next batch whose rows are requested
         self._backward_through = -1  # every batch <= this went through backward (its pushes exist)
@@ -377,7 +384,7 @@ class HybridEmbeddingBagCollection(nn.Module):
         """
         if self.ps is None or not self.training:
             return True
-        if self.max_staleness == 0 and self.world_size > 1:
+        if self._synchronous:
             block = True  # K = 0 ends in a barrier of the trainers: every rank must reach it, never skip it
         j = self._next_index
         needed = j - 1 - self.max_staleness
@@ -388,9 +395,11 @@ class HybridEmbeddingBagCollection(nn.Module):
                 f"cannot prefetch batch {j}: with staleness {self.max_staleness} it needs the gradients of batch "
                 f"{needed}, which has not run backward yet (prefetch at most K batches ahead)"
             )
+        if self._synchronous:
+            self._push_synchronously()
         if not self._wait_pushes_through(needed, block):
             return False
-        if self.max_staleness == 0 and self.world_size > 1:
+        if self._synchronous:
             # K = 0: every trainer's pushes must be applied before anyone reads; ours are, so wait for the others.
             dist.barrier(group=self.group)
         staleness = max(0, (j - 1) - self._done_through)
@@ -401,7 +410,13 @@ class HybridEmbeddingBagCollection(nn.Module):
         return True
 
     def flush(self) -> None:
-        """Wait until every gradient push was acknowledged by the servers."""
+        """Wait until every gradient push was acknowledged by the servers.
+
+        With ``K = 0`` and several trainers this sends the last step's synchronous update first, a collective:
+        every trainer calls ``flush`` at the same point.
+        """
+        if self._synchronous:
+            self._push_synchronously()
         self._wait_pushes_through(self._backward_through, True)
         if self.ps is not None:
             self.ps.flush()
@@ -515,13 +530,17 @@ class HybridEmbeddingBagCollection(nn.Module):
         rows = {t: f.wait().requires_grad_(True) for t, f in item.rows.items()}
         scale = 1.0 / self.world_size
         pushes = self._pushes.setdefault(item.index, [])
+        stash = self._stashed.setdefault(item.index, {}) if self._synchronous else None
         expected = len(rows)
 
         def hook_for(table: str) -> Any:
             def push(grad: torch.Tensor) -> None:
                 g = grad * scale if scale != 1.0 else grad
-                pushes.append(self.ps.push_gradients_async(table, item.ids[table], g))
-                if len(pushes) == expected:
+                if stash is not None:
+                    stash[table] = (item.ids[table], g)  # pushed by _push_synchronously, with every trainer's
+                else:
+                    pushes.append(self.ps.push_gradients_async(table, item.ids[table], g))
+                if len(pushes if stash is None else stash) == expected:
                     self._backward_through = max(self._backward_through, item.index)
 
             return push
@@ -549,10 +568,49 @@ class HybridEmbeddingBagCollection(nn.Module):
 
     # ------------------------------------------------------------------------------------------ staleness
 
+    @property
+    def _synchronous(self) -> bool:
+        """K = 0 with several trainers: one summed update per step (see the module docstring)."""
+        return self.max_staleness == 0 and self.world_size > 1 and self.ps is not None
+
+    def _push_synchronously(self) -> None:
+        """Push the stashed steps' gradients as one update per step: every trainer's ids and gradients are gathered
+        (in trainer order, so the sums are the same on every run) and each trainer sends the ids it owns."""
+        assert self.ps is not None
+        for index in sorted(i for i in self._stashed if i <= self._backward_through):
+            stash = self._stashed.pop(index)
+            futures = self._pushes.setdefault(index, [])
+            for table in sorted(stash):  # the same order on every trainer: the gathers pair up
+                ids, grads = self._gather_rows(*stash[table])
+                mine = torch.remainder(ids, self.world_size) == self.rank
+                futures.append(self.ps.push_gradients_async(table, ids[mine], grads[mine]))
+
+    def _gather_rows(self, ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every trainer's ``ids [n]`` and ``grads [n, dim]``, concatenated in trainer order."""
+        count = torch.tensor([ids.numel()], dtype=torch.int64)
+        counts = [torch.empty_like(count) for _ in range(self.world_size)]
+        dist.all_gather(counts, count, group=self.group)
+        sizes = [int(c) for c in counts]
+        widest, dim = max(sizes), grads.shape[1]
+        id_pad = torch.zeros(widest, dtype=torch.int64)
+        id_pad[: ids.numel()] = ids
+        grad_pad = torch.zeros(widest, dim, dtype=grads.dtype)
+        grad_pad[: ids.numel()] = grads
+        all_ids = [torch.empty_like(id_pad) for _ in sizes]
+        all_grads = [torch.empty_like(grad_pad) for _ in sizes]
+        dist.all_gather(all_ids, id_pad, group=self.group)
+        dist.all_gather(all_grads, grad_pad, group=self.group)
+        return (
+            torch.cat([a[:n] for a, n in zip(all_ids, sizes, strict=True)]),
+            torch.cat([g[:n] for g, n in zip(all_grads, sizes, strict=True)]),
+        )
+
     def _wait_pushes_through(self, index: int, block: bool) -> bool:
         """Advance ``_done_through`` over acknowledged batches; wait (if ``block``) until it reaches ``index``."""
         while self._done_through < self._backward_through:
             nxt = self._done_through + 1
+            if nxt in self._stashed:
+                break  # its synchronous update is not sent yet (only collectives send it)
             futures = self._pushes.get(nxt, [])
             if not all(f.done() for f in futures) and (nxt > index or not block):
                 break

@@ -70,7 +70,8 @@ class TrainConfig:
         steps: Training steps (each trainer runs this many batches).
         batch_size: Samples per trainer and step (default: the model's global batch size / trainers).
         staleness: Bounded staleness K of the PS tables (``mode="sync"`` forces 0).
-        mode: ``hybrid`` (PS tables async with staleness K) or ``sync`` (K = 0: every step sees every update).
+        mode: ``hybrid`` (PS tables async with staleness K) or ``sync`` (K = 0: one gathered update per step,
+            every step sees every update, reproducible).
         trainers: Trainer processes.
         data: ``"synthetic"`` or ``"criteo:PATH"`` (one file or a directory of files).
         eval_batches: Batches per trainer for the final AUC (held out: a different seed, or the batches after the

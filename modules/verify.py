@@ -4,10 +4,10 @@
 (:func:`.train.build_model`: local tables in fbgemm, PS tables on the parameter servers, dense part under DDP) and
 a reference: TorchRec's ``DLRM`` over a plain ``EmbeddingBagCollection`` holding every table, the whole model under
 ``DistributedDataParallel``. The reference starts from the hybrid's initial weights (local tables and dense layers
-copied; PS rows read from the servers), and both use SGD with one learning rate, for which K = 0 hybrid training
-is mathematically the same algorithm: each step's embedding gradient is the trainers' average, applied once.
-(With Adagrad-type optimizers the servers apply each trainer's push separately, a different, Persia-style
-algorithm, so only SGD is compared.)
+copied; PS rows read from the servers). Dense layers use SGD; embedding tables SGD or row-wise Adagrad (TorchRec's
+``RowWiseAdagrad`` on the reference, fbgemm's fused one on local tables, the servers' on PS tables: one formula).
+With K = 0 hybrid training is then the same algorithm: each step's embedding gradient is the trainers' average,
+applied once per id (the trainers gather their PS gradients and push each id once; see :mod:`.hybrid`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from persia_planner.errors import PlannerError
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import ModelSpec, Optimizer
 
@@ -40,6 +41,7 @@ class _Job:
     steps: int
     batch_size: int
     learning_rate: float
+    sparse_optimizer: Optimizer
     seed: int
     staleness: int
     servers: int
@@ -73,12 +75,12 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
     )
     try:
         spec = job.spec
-        sgd = SparseOptimizer(Optimizer.SGD, learning_rate=job.learning_rate)
+        sparse = SparseOptimizer(job.sparse_optimizer, learning_rate=job.learning_rate, eps=_EPS)
         model, hybrid = build_model(
             spec,
             job.tables,
             ps=client,
-            optimizer=sgd,
+            optimizer=sparse,
             staleness=job.staleness,
             seed=job.seed,
             ps_servers=job.servers,
@@ -105,7 +107,7 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
                         bags[name].weight.copy_(client.lookup(name, torch.arange(spec.table(name).rows)))
                 dist.barrier()
         ref_ddp = nn.parallel.DistributedDataParallel(reference)
-        ref_opt = torch.optim.SGD(reference.parameters(), lr=job.learning_rate)
+        ref_opt = _reference_optimizer(reference, job)
         hyb_ddp = data_parallel(model)
         hyb_opt = torch.optim.SGD(dense_parameters(model), lr=job.learning_rate)
         teacher = Teacher(features=tuple(t.name for t in spec.tables), rows={t.name: t.rows for t in spec.tables})
@@ -133,6 +135,26 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
         dist.destroy_process_group()
 
 
+_EPS = 1e-8
+
+
+def _reference_optimizer(reference: nn.Module, job: _Job) -> Any:
+    """SGD on the dense layers; the job's sparse optimizer (SGD or TorchRec's row-wise Adagrad) on the tables."""
+    if job.sparse_optimizer is Optimizer.SGD:
+        return torch.optim.SGD(reference.parameters(), lr=job.learning_rate)
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    tables = {n: p for n, p in reference.named_parameters() if "embedding_bags" in n}
+    dense = {n: p for n, p in reference.named_parameters() if n not in tables}
+    return CombinedOptimizer(
+        [
+            KeyedOptimizerWrapper(tables, lambda ps: RowWiseAdagrad(ps, lr=job.learning_rate, eps=_EPS)),
+            KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=job.learning_rate)),
+        ]
+    )
+
+
 def compare_with_torchrec(
     spec: ModelSpec,
     tables: dict[str, TablePlacement],
@@ -142,6 +164,7 @@ def compare_with_torchrec(
     servers: int = 1,
     batch_size: int = 256,
     learning_rate: float = 0.05,
+    sparse_optimizer: Optimizer | str = Optimizer.SGD,
     seed: int = 0,
     staleness: int = 0,
 ) -> dict[str, Any]:
@@ -154,7 +177,8 @@ def compare_with_torchrec(
         trainers: Trainer processes (both models run in each).
         servers: Parameter-server processes.
         batch_size: Samples per trainer and step.
-        learning_rate: SGD learning rate of every parameter, sparse and dense.
+        learning_rate: Learning rate of every parameter, sparse and dense.
+        sparse_optimizer: ``sgd`` or ``rowwise_adagrad`` for the embedding tables (dense layers: SGD).
         seed: Seed of the model and the data.
         staleness: The hybrid's K (only K = 0 is expected to match; larger K shows how far asynchrony drifts).
 
@@ -163,12 +187,15 @@ def compare_with_torchrec(
     """
     from .ps.launch import local_cluster
 
+    if Optimizer(sparse_optimizer) not in (Optimizer.SGD, Optimizer.ROWWISE_ADAGRAD):
+        raise PlannerError(f"sparse_optimizer must be sgd or rowwise_adagrad, got {sparse_optimizer!r}")
     job = _Job(
         spec,
         dict(tables),
         steps,
         batch_size,
         learning_rate,
+        Optimizer(sparse_optimizer),
         seed,
         staleness,
         servers,

@@ -261,3 +261,24 @@ def test_k0_equals_torchrec_ebc_plus_ddp_step_by_step():
     # the two trainers saw different batches, and training moved: the match is not two copies of one constant
     assert sync["hybrid"][0] != sync["hybrid"][1]
     assert sync["hybrid"][0][-1] < sync["hybrid"][0][0] - 0.05
+
+
+@pytest.mark.timeout(600)
+def test_k0_with_rowwise_adagrad_is_one_synchronous_update_per_step():
+    # The trainers gather their PS gradients and push each id once: Adagrad's accumulator sees the step's averaged
+    # gradient, as TorchRec's RowWiseAdagrad under DDP does (separate pushes per trainer would not match).
+    from persia_planner.modules.verify import compare_with_torchrec
+
+    sync = compare_with_torchrec(
+        SMALL,
+        SMALL_PLAN,
+        steps=8,
+        trainers=2,
+        servers=2,
+        batch_size=64,
+        learning_rate=0.5,
+        sparse_optimizer="rowwise_adagrad",
+    )
+    assert sync["max_abs_diff"] <= 1e-5, sync
+    assert sync["hybrid"][0] != sync["hybrid"][1]
+    assert sync["hybrid"][0][-1] < sync["hybrid"][0][0] - 0.02

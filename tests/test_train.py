@@ -48,9 +48,9 @@ def test_default_job_learns_with_both_paths():
 
 @pytest.mark.timeout(900)
 def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path):
-    # One trainer: with two, the servers apply their row-wise Adagrad pushes in arrival order, which is not
-    # reproducible run to run, so only a single trainer makes "exactly" a fair demand.
-    common = {"batch_size": 256, "mode": "sync", "trainers": 1}
+    # Two trainers in sync mode (K = 0): one gathered row-wise Adagrad update per id and step, so the run is
+    # reproducible and "exactly" is a fair demand. (With K > 0 the servers apply pushes in arrival order.)
+    common = {"batch_size": 256, "mode": "sync", "trainers": 2}
     whole = run(steps=6, **common)
     first = run(steps=3, checkpoint=str(tmp_path), **common)
     assert (tmp_path / "trainer.pt").is_file() and (tmp_path / "ps" / "LATEST").is_file()
