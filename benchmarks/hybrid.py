@@ -155,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         "embedding tables with SGD and with row-wise Adagrad"
     )
     equivalence = {}
+    # SGD comes out bit-identical. Row-wise Adagrad divides by the root of accumulated squares, which carries the
+    # last-bit differences of two implementations (fbgemm's fused one on local tables, TorchRec's on the reference)
+    # forward: 1.7e-5 after 50 steps with two trainers (6e-8 with one). Separate per-trainer pushes, the algorithm
+    # this check exists to rule out, drift by 0.048 within 8 steps.
+    tolerance = {"sgd": 1e-5, "rowwise_adagrad": 1e-4}
     for optimizer in ("sgd", "rowwise_adagrad"):
         eq = compare_with_torchrec(
             spec,
@@ -169,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_abs_loss_diff": eq["max_abs_diff"],
             "hybrid_losses_trainer0": eq["hybrid"][0],
             "reference_losses_trainer0": eq["reference"][0],
-            "pass": eq["max_abs_diff"] <= 1e-5,
+            "tolerance": tolerance[optimizer],
+            "pass": eq["max_abs_diff"] <= tolerance[optimizer],
         }
     results["equivalence"] = {
         "steps": equivalence_steps,
@@ -242,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(
             f"K=0 vs EBC+DDP ({optimizer}), max |loss diff| over {equivalence_steps} steps",
             f"{e['max_abs_loss_diff']:.2e}",
-            "<= 1e-5",
+            f"<= {e['tolerance']:.0e}",
             mark(e["pass"]),
         )
     table.add_row("teacher AUC", f"{teacher:.4f}", "", "")

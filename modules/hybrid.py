@@ -581,9 +581,14 @@ class HybridEmbeddingBagCollection(nn.Module):
             stash = self._stashed.pop(index)
             futures = self._pushes.setdefault(index, [])
             for table in sorted(stash):  # the same order on every trainer: the gathers pair up
-                ids, grads = self._gather_rows(*stash[table])
-                mine = torch.remainder(ids, self.world_size) == self.rank
-                futures.append(self.ps.push_gradients_async(table, ids[mine], grads[mine]))
+                ids, grads = stash[table]
+                # Sum each trainer's duplicates first (fewer rows to gather), then trainer 0's sum + trainer 1's
+                # + ...: the order in which DDP's all-reduce adds the trainers' dense gradients.
+                uniq, inverse = torch.unique(ids, return_inverse=True)
+                sums = torch.zeros(uniq.numel(), grads.shape[1], dtype=grads.dtype).index_add_(0, inverse, grads)
+                all_ids, all_sums = self._gather_rows(uniq, sums)
+                mine = torch.remainder(all_ids, self.world_size) == self.rank
+                futures.append(self.ps.push_gradients_async(table, all_ids[mine], all_sums[mine]))
 
     def _gather_rows(self, ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every trainer's ``ids [n]`` and ``grads [n, dim]``, concatenated in trainer order."""
