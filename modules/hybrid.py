@@ -15,13 +15,16 @@ replicates them, which suits the small local tables of a hybrid plan: the large 
 
 Parameter-server tables. ``forward`` looks the ids up through the :class:`~.ps.client.PsClient` (or takes rows
 :meth:`prefetch` ed earlier), pools them with ``index_add`` and registers a gradient hook on the looked-up rows that
-pushes their gradient without blocking. Bounded staleness: the rows of batch ``j`` are requested only once the
+pushes their gradient without blocking (with ``K = 0`` and several trainers it stashes it for the step's gathered
+update). Bounded staleness: the rows of batch ``j`` are requested only once the
 pushes of every batch ``<= j - 1 - K`` were acknowledged, so a batch misses at most the updates of its ``K``
 predecessors. With ``K = 0`` and several trainers the step is exactly synchronous, as TorchRec's EBC under DDP: the
-trainers all-gather their PS gradients, each pushes the ids it owns (``id mod trainers``) once with the summed
-(averaged) gradient, and every push is acknowledged by every trainer (a barrier) before the next lookup. So each id
-gets one update per step whatever the optimizer (Adagrad's accumulator sees the step's gradient, not one push per
-trainer), and a run is reproducible. With ``K > 0`` each trainer pushes its own gradients without waiting, as
+trainers all-gather their PS gradients at the next :meth:`~HybridEmbeddingBagCollection.prefetch` or
+:meth:`~HybridEmbeddingBagCollection.flush` (so both are collectives then: every trainer calls them at the same point,
+and the last step's update is sent by ``flush``), each pushes the ids it owns (``id mod trainers``) once with the
+summed (averaged) gradient, and every push is acknowledged by every trainer (a barrier) before the next lookup. So
+each id gets one update per step whatever the optimizer (Adagrad's accumulator sees the step's gradient, not one push
+per trainer), and a run is reproducible. With ``K > 0`` each trainer pushes its own gradients without waiting, as
 Persia does. :attr:`HybridEmbeddingBagCollection.staleness` is the gauge: how many earlier batches had
 unacknowledged pushes when the current batch's rows were requested.
 
@@ -240,6 +243,7 @@ class HybridEmbeddingBagCollection(nn.Module):
 
         # PS state: batches whose rows were requested, and pushes not yet acknowledged, per batch index.
         self._ps_features = {c.name: list(c.feature_names) for c in self.ps_tables}
+        self._ps_dims = {c.name: c.embedding_dim for c in self.ps_tables}
         self._queue: collections.deque[_PsBatch] = collections.deque()
         self._pushes: dict[int, list[Future]] = {}
         # K = 0 with several trainers: per batch, per PS table, this trainer's (ids, gradients) until every trainer
@@ -374,7 +378,9 @@ class HybridEmbeddingBagCollection(nn.Module):
 
         Args:
             features: The coming batch's features.
-            block: Wait for those pushes if needed; with ``False`` return ``False`` instead of waiting.
+            block: Wait for those pushes if needed; with ``False`` return ``False`` instead of waiting. With
+                ``K = 0`` and several trainers the call always blocks: it is a collective (it sends the previous
+                step's gathered update and ends in a barrier), so every trainer makes it at the same point.
 
         Returns:
             True if the request was sent (or there are no PS tables), False if ``block=False`` and it would wait.
@@ -412,14 +418,17 @@ class HybridEmbeddingBagCollection(nn.Module):
     def flush(self) -> None:
         """Wait until every gradient push was acknowledged by the servers.
 
-        With ``K = 0`` and several trainers this sends the last step's synchronous update first, a collective:
-        every trainer calls ``flush`` at the same point.
+        With ``K = 0`` and several trainers this sends the last step's synchronous update first and ends in a
+        barrier, so that on return every trainer's pushes are applied (a checkpoint taken next holds them all): a
+        collective, which every trainer calls at the same point.
         """
         if self._synchronous:
             self._push_synchronously()
         self._wait_pushes_through(self._backward_through, True)
         if self.ps is not None:
             self.ps.flush()
+        if self._synchronous:
+            dist.barrier(group=self.group)
 
     @property
     def pending_pushes(self) -> int:
@@ -580,10 +589,13 @@ class HybridEmbeddingBagCollection(nn.Module):
         for index in sorted(i for i in self._stashed if i <= self._backward_through):
             stash = self._stashed.pop(index)
             futures = self._pushes.setdefault(index, [])
-            for table in sorted(stash):  # the same order on every trainer: the gathers pair up
-                ids, grads = stash[table]
+            for table in sorted(self._ps_features):  # every table, in one order on every trainer: gathers pair up
+                if table in stash:
+                    ids, grads = stash[table]
+                else:  # no gradient reached this table here; the other trainers still gather it
+                    ids, grads = torch.empty(0, dtype=torch.int64), torch.empty(0, self._ps_dims[table])
                 # Sum each trainer's duplicates first (fewer rows to gather), then trainer 0's sum + trainer 1's
-                # + ...: the order in which DDP's all-reduce adds the trainers' dense gradients.
+                # + ...: with two trainers the order in which DDP's all-reduce adds their dense gradients.
                 uniq, inverse = torch.unique(ids, return_inverse=True)
                 sums = torch.zeros(uniq.numel(), grads.shape[1], dtype=grads.dtype).index_add_(0, inverse, grads)
                 all_ids, all_sums = self._gather_rows(uniq, sums)

@@ -187,7 +187,7 @@ def compare_with_torchrec(
     """
     from .ps.launch import local_cluster
 
-    if Optimizer(sparse_optimizer) not in (Optimizer.SGD, Optimizer.ROWWISE_ADAGRAD):
+    if sparse_optimizer not in (Optimizer.SGD, Optimizer.ROWWISE_ADAGRAD):  # StrEnum: "sgd" counts too
         raise PlannerError(f"sparse_optimizer must be sgd or rowwise_adagrad, got {sparse_optimizer!r}")
     job = _Job(
         spec,
