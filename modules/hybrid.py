@@ -603,24 +603,19 @@ class HybridEmbeddingBagCollection(nn.Module):
                 futures.append(self.ps.push_gradients_async(table, all_ids[mine], all_sums[mine]))
 
     def _gather_rows(self, ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every trainer's ``ids [n]`` and ``grads [n, dim]``, concatenated in trainer order."""
-        count = torch.tensor([ids.numel()], dtype=torch.int64)
+        """Every trainer's ``ids [n]`` and float32 ``grads [n, dim]``, concatenated in trainer order."""
+        # One gather of [the id's 64 bits as two float32 | its gradient]: gloo copies bytes, so the ids survive.
+        pack = torch.cat([ids.contiguous().view(torch.float32).view(-1, 2), grads.to(torch.float32)], dim=1)
+        count = torch.tensor([pack.shape[0]], dtype=torch.int64)
         counts = [torch.empty_like(count) for _ in range(self.world_size)]
         dist.all_gather(counts, count, group=self.group)
         sizes = [int(c) for c in counts]
-        widest, dim = max(sizes), grads.shape[1]
-        id_pad = torch.zeros(widest, dtype=torch.int64)
-        id_pad[: ids.numel()] = ids
-        grad_pad = torch.zeros(widest, dim, dtype=grads.dtype)
-        grad_pad[: ids.numel()] = grads
-        all_ids = [torch.empty_like(id_pad) for _ in sizes]
-        all_grads = [torch.empty_like(grad_pad) for _ in sizes]
-        dist.all_gather(all_ids, id_pad, group=self.group)
-        dist.all_gather(all_grads, grad_pad, group=self.group)
-        return (
-            torch.cat([a[:n] for a, n in zip(all_ids, sizes, strict=True)]),
-            torch.cat([g[:n] for g, n in zip(all_grads, sizes, strict=True)]),
-        )
+        if max(sizes) != pack.shape[0]:
+            pack = torch.cat([pack, pack.new_zeros(max(sizes) - pack.shape[0], pack.shape[1])])
+        packs = [torch.empty_like(pack) for _ in sizes]
+        dist.all_gather(packs, pack, group=self.group)
+        full = torch.cat([p[:n] for p, n in zip(packs, sizes, strict=True)])
+        return full[:, :2].contiguous().view(torch.int64).view(-1), full[:, 2:]
 
     def _wait_pushes_through(self, index: int, block: bool) -> bool:
         """Advance ``_done_through`` over acknowledged batches; wait (if ``block``) until it reaches ``index``."""

@@ -40,6 +40,7 @@ from .data.criteo import NUM_INTEGER, Batch, CriteoReader
 from .data.synthetic import SyntheticClicks, Teacher
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 from .ps.launch import trainers_store
+from .ps.server import WIRE_DTYPES
 
 __all__ = [
     "TrainConfig",
@@ -59,7 +60,7 @@ if not _EXAMPLES.is_dir():  # installed layout: persia_planner/modules -> persia
 DEFAULT_MODEL = _EXAMPLES / "dlrm_small.yaml"
 DEFAULT_TOPOLOGY = _EXAMPLES / "local_2x1.yaml"
 _EVAL_SEED_OFFSET = 1_000_003
-_WIRE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_WIRE_DTYPES = {str(d).removeprefix("torch."): d for d in WIRE_DTYPES}  # --ps-wire name -> dtype
 
 
 @dataclass(frozen=True)
