@@ -94,6 +94,30 @@ def bench_local_store(rows: int, repeats: int) -> dict[str, float]:
     return {"local_lookup_rows_per_s": BATCH / lookup_s, "local_update_rows_per_s": BATCH / update_s}
 
 
+def bench_eviction(rows: int, batches: int, new_per_batch: int = 8192) -> dict[str, float]:
+    """Lookups that insert into a full table: the exact policy (``eviction_chunk=0``: victims chosen in every
+    batch) against the default chunk (``1/64`` of the capacity at once). Mean ms per batch (the chunk's cost comes
+    once per many batches, so a median would hide it); both on the same table, filled once."""
+    store = EmbeddingStore(16, rows, RowWiseAdagrad(lr=0.01), seed=0)
+    step = 1 << 20
+    for start in range(0, rows, step):
+        store.lookup(torch.arange(start, min(start + step, rows), dtype=torch.int64) * 2654435761)
+    fresh = iter(range(1, 1 << 40))
+
+    def mean_ms(chunk: float, n: int) -> float:
+        store.eviction_chunk = chunk
+        started = time.perf_counter()
+        for _ in range(n):
+            first = next(fresh) * new_per_batch
+            store.lookup(-torch.arange(first, first + new_per_batch, dtype=torch.int64))  # ids never seen before
+        return (time.perf_counter() - started) / n * 1e3
+
+    exact = mean_ms(0.0, max(3, batches // 4))
+    chunked = mean_ms(1 / 64, batches)
+    assert len(store) <= rows and store.metrics()["evictions"] > 0
+    return {"evict_rows": rows, "evict_exact_ms_per_batch": exact, "evict_chunked_ms_per_batch": chunked}
+
+
 def _rpc_trainer(index: int, client: Any, rows: int, repeats: int) -> dict[str, float]:
     """Runs in the trainer process: register a table, warm its rows, time lookups and pushes of one batch, with
     float32 (``client``) and float16 (a second client of the same servers) on the wire."""
@@ -194,6 +218,12 @@ def render(results: dict[str, Any]) -> None:
         if key in results:
             t.add_row(label, f"{results[key]:,.0f}", f"{results[key] / ceiling:.1%}")
     console.print(t)
+    console.print(
+        f"inserting {8192:,} new ids a batch into a full {results['evict_rows']:,}-row table: "
+        f"{results['evict_exact_ms_per_batch']:.1f} ms per batch evicting exactly what each batch needs, "
+        f"{results['evict_chunked_ms_per_batch']:.1f} ms evicting 1/64 of the capacity at once "
+        f"({results['evict_exact_ms_per_batch'] / results['evict_chunked_ms_per_batch']:.1f}x faster)"
+    )
     for m in results["memory"]:
         console.print(
             f"memory: {m['rows']:,} rows of dim {m['dim']} + row-wise Adagrad: {m['bytes_per_row']:.1f} B/row "
@@ -217,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     results["lookup_vs_ceiling"] = results["lookup_rows_per_s"] / results["ceiling_rows_per_s"]
     results["lookup_fp16_vs_ceiling"] = results["lookup_fp16_rows_per_s"] / results["ceiling_rows_per_s"]
     results["tuned_allocator"] = os.environ.get("PS_TUNE_MALLOC", "1") != "0"
+    results.update(bench_eviction(rows, 20 if args.quick else 40))
     memory = [bench_memory(4_000_000 if args.quick else rows, DIM)]
     if not args.quick:
         memory.append(bench_memory(100_000_000, 16))

@@ -294,6 +294,65 @@ def test_evicted_rows_do_not_appear_in_deltas(tmp_path: Path):
     path = ckpt.dump_incremental({"t": store}, tmp_path, server=3, sequence=7)
     assert path.name == "delta-00000007.server3.pt"
     assert torch.equal(torch.sort(_delta_tables(path)["t"]["ids"]).values, torch.tensor([5, 6]))
+    # ... but they are listed as removed (the log started with the first take_dirty above).
+    assert torch.equal(_delta_tables(path)["t"]["removed"], torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize("n_replicas", [1, 2])
+def test_replica_from_checkpoint_and_deltas_equals_the_servers_under_eviction(tmp_path: Path, n_replicas: int):
+    """Training that keeps evicting (chunked LRU): checkpoint + every later delta folds to exactly the rows the
+    servers hold, no more (removed ids are dropped) and no less; also re-sharded over two replica shards."""
+    base_dir, delta_dir = tmp_path / "ckpt", tmp_path / "deltas"
+    stores = {"t": EmbeddingStore(4, 100, SGD(lr=0.5), eviction="lru", eviction_chunk=0.1, init_seed=3)}
+    universe = _random_ids(600, seed=11)
+    g = torch.Generator().manual_seed(12)
+    sequence = 0
+
+    def churn(steps: int) -> None:
+        for _ in range(steps):
+            _train(stores["t"], universe[torch.unique(torch.randint(0, 600, (30,), generator=g))], seed=sequence)
+
+    churn(10)
+    ckpt.dump_incremental(stores, delta_dir, server=0, sequence=sequence)  # starts the eviction log
+    ckpt.save_all([stores], base_dir, delta_sequence=sequence)
+    for sequence in range(1, 5):
+        churn(8)
+        ckpt.dump_incremental(stores, delta_dir, server=0, sequence=sequence)
+    assert stores["t"].metrics()["evictions"] > 200
+    removed = torch.cat([_delta_tables(p)["t"]["removed"] for p in ckpt.list_deltas(delta_dir, after=0)])
+    assert removed.numel() > 50
+    live = _merged([stores["t"].state_dict()])
+    info = ckpt.read_latest(base_dir)
+    got_ids, got_weights = [], []
+    for i in range(n_replicas):
+        base, _ = ckpt.load_rows(base_dir, server=i, n_servers=n_replicas)
+        shard = {} if n_replicas == 1 else {"server": i, "n_servers": n_replicas}
+        folded = ckpt.apply_deltas(base, delta_dir, after=info["delta_sequence"], **shard)["t"]
+        got_ids.append(folded["ids"])
+        got_weights.append(folded["weights"])
+    ids, weights = torch.cat(got_ids), torch.cat(got_weights)
+    order = torch.argsort(ids)
+    assert torch.equal(ids[order], live["ids"]) and torch.equal(weights[order], live["weights"])
+    # Upserts alone would leave evicted ids on the replica: the removals are what makes it exact.
+    base, _ = ckpt.load_rows(base_dir, server=0, n_servers=1)
+    upserted = [base["t"]["ids"]] + [_delta_tables(p)["t"]["ids"] for p in ckpt.list_deltas(delta_dir, after=0)]
+    assert torch.unique(torch.cat(upserted)).numel() > live["ids"].numel() + 50
+
+
+def test_prune_keeps_the_newest_committed_versions(tmp_path: Path):
+    [stores] = _build_servers(1)
+    for _ in range(4):
+        ckpt.save_all([stores], tmp_path, configs=CONFIGS)
+    (tmp_path / "v00000005").mkdir()  # a save in progress (not committed): never pruned
+    deleted = ckpt.prune(tmp_path, keep=2)
+    assert [p.name for p in deleted] == ["v00000001", "v00000002"]
+    assert sorted(p.name for p in tmp_path.glob("v*")) == ["v00000003", "v00000004", "v00000005"]
+    assert ckpt.read_latest(tmp_path)["version"] == 4
+    rows, _ = ckpt.load_rows(tmp_path, server=0, n_servers=1)
+    assert rows["user"]["ids"].numel() == 240
+    assert ckpt.prune(tmp_path, keep=2) == []
+    with pytest.raises(ValueError, match="keep"):
+        ckpt.prune(tmp_path, keep=0)
 
 
 def test_failed_dump_keeps_rows_dirty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -310,6 +369,20 @@ def test_failed_dump_keeps_rows_dirty(tmp_path: Path, monkeypatch: pytest.Monkey
     assert list(tmp_path.iterdir()) == []  # no file, no temp file
     path = ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
     assert torch.equal(torch.sort(_delta_tables(path)["t"]["ids"]).values, torch.tensor([10, 11, 12]))
+
+
+def test_failed_dump_keeps_removals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    store = EmbeddingStore(4, 2, SGD(lr=1.0), eviction="lru")
+    store.lookup(torch.tensor([1, 2]))
+    ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+    store.lookup(torch.tensor([3]))  # evicts 1
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError("simulated")))
+    with pytest.raises(OSError):
+        ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
+    monkeypatch.undo()
+    path = ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
+    assert torch.equal(_delta_tables(path)["t"]["removed"], torch.tensor([1]))
+    assert torch.equal(_delta_tables(path)["t"]["ids"], torch.tensor([3]))
 
 
 def test_load_state_dict_clears_dirty():

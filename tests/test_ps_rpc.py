@@ -238,12 +238,13 @@ def _train_and_save(j, client, directory):
         client.push_gradients_async("item", batch, torch.randn(batch.numel(), 16, generator=_gen(11, step)))
     client.lookup("item", _CKPT_IDS)  # every id held
     version = client.save(directory)  # flushes the pushes, then every server writes, then LATEST moves
-    saved = client.lookup("item", _CKPT_IDS, train=False)
     client.dump_incremental(f"{directory}/deltas", 0)  # everything so far
     touched = _CKPT_IDS[[3, 7, 7, 500, -1]]
     client.push_gradients("item", touched, torch.ones(touched.numel(), 16))
     assert client.dump_incremental(f"{directory}/deltas", 1) == 4  # exactly the distinct rows touched since
-    return version, saved
+    # A second checkpoint that keeps only itself: version 1 is pruned once version 2 is committed.
+    assert client.save(directory, keep=1) == version + 1
+    return version, client.lookup("item", _CKPT_IDS, train=False)
 
 
 def _load_and_read(j, client, directory):
@@ -257,6 +258,7 @@ def _load_and_read(j, client, directory):
 def test_checkpoint_survives_the_servers_and_reshards(tmp_path):
     ((version, saved),) = local_cluster(2, 1, _train_and_save, str(tmp_path))  # then every process exits
     assert version == 1
+    assert sorted(p.name for p in tmp_path.glob("v*")) == ["v00000002"]  # save(keep=1) pruned version 1
     for n_servers in (3, 1):
         ((loaded, held, expected, rows),) = local_cluster(n_servers, 1, _load_and_read, str(tmp_path))
         assert loaded == _CKPT_IDS.numel()

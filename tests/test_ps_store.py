@@ -112,6 +112,63 @@ def test_lru_under_churn_is_recency_closed_and_index_stays_exact(monkeypatch):
     assert torch.equal(store.lookup(sd["ids"], train=False), sd["weights"])
 
 
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+def test_chunked_eviction_frees_a_chunk_and_keeps_rows_with_their_ids(eviction):
+    """A full table evicts eviction_chunk * capacity rows at once; the survivors above the new end move into the
+    holes, and every held id still reads its own row (per-id init), also the batch's hits that moved."""
+    capacity, chunk = 640, 1 / 32  # 20 rows a chunk
+    store = EmbeddingStore(DIM, capacity, SGD(), eviction=eviction, init_seed=7, eviction_chunk=chunk)
+    universe = _random_ids(capacity + 1, seed=3)
+    for start in range(0, capacity, 64):  # fill in 10 batches: distinct recency (and count 1) per batch
+        store.lookup(universe[start : start + 64])
+    assert len(store) == capacity and store.metrics()["evictions"] == 0
+    # The batch: the last-inserted ids (they sit at the end and must move into holes) plus one new id.
+    batch = torch.cat([universe[capacity - 30 : capacity], universe[capacity:]])
+    rows = store.lookup(batch)
+    assert store.metrics()["evictions"] == 20 and len(store) == capacity - 20 + 1
+    # The 20 victims are among the oldest (LRU) / least frequent then oldest (LFU): the first batch's ids.
+    held_mask = store.contains(universe)
+    assert int((~held_mask[:64]).sum()) == 20 and held_mask[64:].all()
+    expected = Uniform().rows_for(batch, DIM, 7)
+    assert torch.equal(rows, expected)
+    held = universe[held_mask]
+    assert torch.equal(store.lookup(held, train=False), Uniform().rows_for(held, DIM, 7))
+    sd = store.state_dict()  # the occupied slots are still the prefix [0, len)
+    assert torch.equal(torch.sort(sd["ids"]).values, torch.sort(held).values)
+
+
+def test_chunked_eviction_under_churn_matches_per_id_rows_and_bounds():
+    capacity, chunk = 200, 0.05
+    store = EmbeddingStore(DIM, capacity, SGD(lr=1.0), eviction="lru", init_seed=1, eviction_chunk=chunk)
+    universe = _random_ids(1000, seed=6)
+    expected = Uniform().rows_for(universe, DIM, 1)  # every id's row, updated alongside the store
+    g = torch.Generator().manual_seed(8)
+    last_seen = torch.full((universe.numel(),), -1)
+    for step in range(120):
+        pick = torch.unique(torch.randint(0, universe.numel(), (37,), generator=g))
+        rows = store.lookup(universe[pick])
+        held = store.contains(universe)
+        was_evicted = (last_seen >= 0) & ~held
+        expected[was_evicted] = Uniform().rows_for(universe[was_evicted], DIM, 1)  # re-admitted ids start afresh
+        last_seen[pick] = step
+        assert torch.equal(rows, expected[pick])
+        grads = torch.randn(pick.numel(), DIM, generator=g)
+        store.update(universe[pick], grads)
+        expected[pick] -= grads
+        held = store.contains(universe)
+        assert held[pick].all()
+        assert len(store) == int(held.sum()) <= capacity
+        if store.metrics()["evictions"]:  # once full, a chunk below capacity at most (plus the batch's inserts)
+            assert len(store) >= capacity * (1 - chunk) - 1
+        seen = last_seen >= 0
+        if (seen & ~held).any():
+            assert last_seen[held].min() >= last_seen[seen & ~held].max()
+        last_seen[~held] = -1  # an evicted id is unseen again
+    assert store.metrics()["evictions"] > 3 * capacity
+    held = store.contains(universe)
+    assert torch.equal(store.lookup(universe[held], train=False), expected[held])
+
+
 def test_lfu_keeps_most_frequent():
     def stream(store: EmbeddingStore) -> None:
         hot = _ids(0, 1, 2, 3, 4)
@@ -271,6 +328,8 @@ def test_invalid_arguments():
         EmbeddingStore(DIM, 10, SGD(), admission_probability=1.5)
     with pytest.raises(ValueError):
         EmbeddingStore(DIM, 10, SGD(), eviction="fifo")
+    with pytest.raises(ValueError, match="eviction_chunk"):
+        EmbeddingStore(DIM, 10, SGD(), eviction_chunk=1.0)
     with pytest.raises(TypeError):
         EmbeddingStore(DIM, 10, SGD()).lookup(torch.tensor([1.0]))
 

@@ -33,8 +33,12 @@ atomically. A replica folds a base checkpoint and the deltas with :func:`apply_d
 
 Only deltas *dumped after* the checkpoint may be applied on top of it (an older delta holds older values of rows
 the checkpoint already has newer), hence ``delta_sequence`` (the last dump before the checkpoint) in the manifest.
-Deltas carry upserts only: an id evicted by training keeps its last dumped value on the replica until the next
-full checkpoint is loaded.
+A delta carries upserts (``ids``, ``weights``) and removals (``removed``: ids evicted since the previous dump that
+the server no longer holds); :func:`apply_deltas` drops removed ids, so a replica holds what the servers hold. A
+store logs evictions from its first dump on, so evictions before a server's first dump reach a replica only
+through the next full checkpoint.
+
+Pruning: :func:`prune` (and ``PsClient.save(..., keep=N)``) deletes all but the newest committed versions.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -60,6 +65,7 @@ __all__ = [
     "list_deltas",
     "load_rows",
     "load_shard",
+    "prune",
     "read_latest",
     "save_all",
     "save_shard",
@@ -399,7 +405,7 @@ def dump_incremental(
         _atomic_torch_save({"format": DELTA_FORMAT, "server": server, "sequence": sequence, "tables": taken}, path)
     except BaseException:
         for table, rows in taken.items():
-            stores[table].mark_dirty(rows["ids"])
+            stores[table].mark_dirty(rows["ids"], removed=rows["removed"])
         raise
     return path
 
@@ -436,7 +442,8 @@ def apply_deltas(
 
     Returns:
         Table -> ``{"ids", "weights"}`` (and ``"state"`` if the base and every delta of the table carry it), one row
-        per distinct id, a later row winning over an earlier one; ids are sorted (as int64).
+        per distinct id, a later row winning over an earlier one and an id whose latest entry is a removal left
+        out; ids are sorted (as int64).
     """
     if (server is None) != (n_servers is None):
         raise ValueError("pass both server and n_servers, or neither")
@@ -452,17 +459,60 @@ def apply_deltas(
         for table, part in delta["tables"].items():
             if server is not None:
                 keep = (server_of(table, part["ids"], n_servers) == server).nonzero().squeeze(1)
-                part = {k: v.index_select(0, keep) for k, v in part.items()}
+                filtered = {k: v.index_select(0, keep) for k, v in part.items() if k != "removed"}
+                if "removed" in part:
+                    gone = part["removed"]
+                    filtered["removed"] = gone[server_of(table, gone, n_servers) == server]
+                part = filtered
             pieces.setdefault(table, []).append(part)
     out: dict[str, dict[str, torch.Tensor]] = {}
     for table, parts in pieces.items():
-        ids = torch.cat([p["ids"] for p in parts])
-        uniq, inverse = torch.unique(ids, return_inverse=True)
+        dim = next((p["weights"].shape[1] for p in parts if "weights" in p and p["weights"].dim() == 2), 0)
+        # Every part contributes its upserts, then its removals (disjoint within a delta) as rows marked dead.
+        ids, alive, weights, states = [], [], [], []
+        with_state = all("state" in p for p in parts)
+        for p in parts:
+            gone = p.get("removed", torch.empty(0, dtype=torch.int64))
+            ids += [p["ids"], gone]
+            alive += [torch.ones(p["ids"].numel(), dtype=torch.bool), torch.zeros(gone.numel(), dtype=torch.bool)]
+            weights += [p["weights"], torch.zeros(gone.numel(), dim)]
+            if with_state:
+                states += [p["state"], torch.zeros(gone.numel(), p["state"].shape[1])]
+        all_ids = torch.cat(ids)
+        uniq, inverse = torch.unique(all_ids, return_inverse=True)
         # The last occurrence of each id is its newest value: parts are concatenated oldest first.
         last = torch.full((uniq.numel(),), -1, dtype=torch.int64)
-        last.scatter_reduce_(0, inverse, torch.arange(ids.numel()), reduce="amax")
-        folded = {"ids": uniq, "weights": torch.cat([p["weights"] for p in parts]).index_select(0, last)}
-        if all("state" in p for p in parts):
-            folded["state"] = torch.cat([p["state"] for p in parts]).index_select(0, last)
+        last.scatter_reduce_(0, inverse, torch.arange(all_ids.numel()), reduce="amax")
+        last = last[torch.cat(alive)[last]]  # ids whose newest entry is a removal are gone
+        folded = {"ids": all_ids.index_select(0, last), "weights": torch.cat(weights).index_select(0, last)}
+        if with_state:
+            folded["state"] = torch.cat(states).index_select(0, last)
         out[table] = folded
     return out
+
+
+def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
+    """Delete every checkpoint version of ``directory`` but the ``keep`` newest up to the committed one.
+
+    Versions newer than the committed one (a save in progress, or one that crashed) are left alone, and so is
+    ``LATEST``'s own version whatever ``keep`` is. Returns the deleted version directories.
+
+    Raises:
+        ValueError: If ``keep < 1``.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the committed checkpoint always stays), got {keep}")
+    directory = Path(directory)
+    latest = read_latest(directory)
+    if latest is None:
+        return []
+    versions = sorted(int(p.name[1:]) for p in directory.glob("v*") if p.is_dir() and re.fullmatch(r"v\d{8,}", p.name))
+    old = [v for v in versions if v <= latest["version"]][:-keep]
+    deleted = []
+    for v in old:
+        path = _version_dir(directory, v)
+        shutil.rmtree(path)
+        deleted.append(path)
+    if deleted:
+        _fsync_dir(directory)
+    return deleted

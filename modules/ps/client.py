@@ -45,7 +45,7 @@ from torch.futures import Future
 from persia_planner.errors import ErrorKind, PlannerError
 
 from . import server as _server
-from .checkpoint import commit, read_latest
+from .checkpoint import commit, prune, read_latest
 from .server import PsServerError, RemoteFailure, TableConfig, check_wire_dtype
 from .sharding import server_of
 
@@ -394,13 +394,19 @@ class PsClient:
         if first is not None:
             raise first
 
-    def save(self, directory: str | os.PathLike) -> int:
+    def save(self, directory: str | os.PathLike, *, keep: int | None = None) -> int:
         """Checkpoint every server into ``directory`` (a filesystem every server sees); returns the new version.
 
         Waits for this client's outstanding pushes first. Each server writes its shard; only when all have written
         does the version become current (``LATEST`` is replaced atomically), so a crash mid-save leaves the
         previous checkpoint in place.
+
+        Args:
+            directory: The checkpoint directory.
+            keep: If set, then delete all but the ``keep`` newest committed versions (:func:`.checkpoint.prune`).
         """
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
         self.flush()
         latest = read_latest(directory)
         version = (latest["version"] if latest else 0) + 1
@@ -410,6 +416,8 @@ class PsClient:
         ]
         self._all(futs, sum).wait()
         commit(directory, version, n_servers=self.n_servers)
+        if keep is not None:
+            prune(directory, keep)
         return version
 
     def dump_incremental(self, directory: str | os.PathLike, sequence: int) -> int:

@@ -95,6 +95,7 @@ class TableConfig:
         clip: If set, weights are clamped to ``[-clip, clip]`` after every update.
         seed: Seed of the initial rows (per id, see ``EmbeddingStore(init_seed=...)``) and of each server's
             admission draws (server ``i`` uses ``seed + i``).
+        eviction_chunk: Fraction of the capacity a full table evicts at once (see :class:`EmbeddingStore`).
     """
 
     name: str
@@ -106,6 +107,7 @@ class TableConfig:
     admission_probability: float = 1.0
     clip: float | None = None
     seed: int = 0
+    eviction_chunk: float = 1 / 64
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -124,6 +126,7 @@ class TableConfig:
             admission_probability=self.admission_probability,
             clip=self.clip,
             seed=self.seed + server_index,
+            eviction_chunk=self.eviction_chunk,
             # per-id initial rows: the same on whichever server holds the id, in whatever order ids arrive
             init_seed=(self.seed * 1_000_003 + zlib.crc32(self.name.encode())) & 0x7FFFFFFF,
         )
