@@ -66,6 +66,12 @@ def test_persia_ps_serves_a_trainer():
             "MASTER_PORT=''); fix: export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>, or launch with "
             "torchrun\n",
         ),
+        (
+            ["--rank", "0", "--world-size", "2"],
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "PERSIA_RPC_TRANSPORTS": "uv,tcp"},
+            "error: PERSIA_RPC_TRANSPORTS='uv,tcp': unknown TensorPipe transport(s) ['tcp']; fix: use a "
+            "comma-separated list of uv, shm, ibv (default: uv)\n",
+        ),
     ],
 )
 def test_persia_ps_bad_input(args, env, message):

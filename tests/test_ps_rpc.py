@@ -12,6 +12,7 @@ import select
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,6 +36,7 @@ from persia_planner.modules.ps.server import (
     allocator_env,
     check_wire_dtype,
     log_metrics_every,
+    rpc_transports,
 )
 from persia_planner.modules.ps.sharding import server_of
 from persia_planner.modules.ps.store import EmbeddingStore, Uniform
@@ -85,13 +87,18 @@ def _round_trip(j, client):
     metrics = client.metrics()
     assert [m["rows"] for m in metrics] == expected
     assert all(m["bytes"] == m["rows"] * 8 * 4 and m["lookups_per_s"] > 0 for m in metrics)  # SGD: no state
-    return {"rows": held, "distinct": uniq.numel(), "names": [m["name"] for m in metrics]}
+    threads = {Path(f"/proc/self/task/{tid}/comm").read_text().strip() for tid in os.listdir("/proc/self/task")}
+    return {"rows": held, "distinct": uniq.numel(), "names": [m["name"] for m in metrics], "threads": threads}
 
 
 def test_round_trip_two_servers():
     [result] = local_cluster(2, 1, _round_trip, run_timeout_s=60)
     assert result["names"] == ["ps0", "ps1"]
     assert sum(result["rows"]) == result["distinct"]
+    # The group runs on the uv transport: no shm reactor (a thread that polls a core even when idle); tensors
+    # between these processes take the cma channel.
+    assert "TP_UV_loop" in result["threads"] and "TP_SHM_reactor" not in result["threads"]
+    assert "TP_CMA_loop" in result["threads"]
 
 
 # ------------------------------------------------------------------- (2) equals a local store (RowWiseAdagrad)
@@ -510,3 +517,10 @@ def test_trainers_store_needs_the_rendezvous_address(monkeypatch):
     with pytest.raises(PlannerError, match=r"^MASTER_ADDR and MASTER_PORT must be set for the trainers' group") as info:
         trainers_store()
     assert "MASTER_ADDR=None" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_rpc_transports_default_to_uv_and_follow_the_variable():
+    assert rpc_transports({}) == ["uv"]
+    assert rpc_transports({"PERSIA_RPC_TRANSPORTS": " shm, uv "}) == ["shm", "uv"]
+    with pytest.raises(PlannerError, match="PERSIA_RPC_TRANSPORTS='ipc': unknown TensorPipe transport"):
+        rpc_transports({"PERSIA_RPC_TRANSPORTS": "ipc"})

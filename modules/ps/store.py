@@ -15,14 +15,14 @@ torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0, 2 cores:
   conflict); ``pruned_hashmap_*`` are inference-only int32 maps without eviction.
 
 The own design: rows live in preallocated tensors and the occupied slots are always the prefix ``[0, len)``
-(evicting moves the rows above the new end into the holes below it, so no free list is needed). Ids are found through a vectorised
-open-addressing hash table of int32 slot numbers (linear probing, splitmix64 hash, about ``2 * capacity``
-buckets = 8 B/row): a batch is resolved in probe *rounds* of tensor ops over the still-unresolved ids, inserts
-claim buckets with ``scatter_reduce(amax)`` (deterministic winner), evictions leave tombstones that a vectorised
-rebuild clears. Exact 64-bit ids, no collisions. Per row: id 8 + last access 4 + count 4 + index 8 B on top of the
-weights and the optimizer state: dim 64 + row-wise Adagrad = 284 B vs 260 B raw; measured RSS at 10M rows
-287 B/row = 1.105x; dim 16 at 100M rows: 92 B/row, 8.8 GiB. A 64k-id batch on the 10M-row table (2 cores):
-24 ms eval / 29 ms train lookup (hits), 51 ms update, 126 ms with 64k inserts + evictions.
+(evicting moves the rows above the new end into the holes below it, so no free list is needed). Ids are found
+through a vectorised open-addressing hash table of int32 slot numbers (linear probing, splitmix64 hash, about ``2 *
+capacity`` buckets = 8 B/row): a batch is resolved in probe *rounds* of tensor ops over the still-unresolved ids,
+inserts claim buckets with ``scatter_reduce(amax)`` (deterministic winner), evictions leave tombstones that a
+vectorised rebuild clears. Exact 64-bit ids, no collisions. Per row: id 8 + last access 4 + count 4 + index 8 B on
+top of the weights and the optimizer state: dim 64 + row-wise Adagrad = 284 B vs 260 B raw; measured RSS at 10M rows
+287 B/row = 1.105x; dim 16 at 100M rows: 92 B/row, 8.8 GiB. A 64k-id batch on the 10M-row table (2 cores): 24 ms
+eval / 29 ms train lookup (hits), 51 ms update, 126 ms with 64k inserts + evictions.
 
 LRU/LFU victims are chosen exactly (``kthvalue`` over the occupied slots), which reads every row: on a full table
 the store therefore evicts a chunk of ``eviction_chunk * capacity`` rows (default 1/64) at once, so that pass runs
