@@ -24,7 +24,6 @@ from persia_planner.modules.ps.client import (
     PsUnavailableError,
     WireOverflowError,
     _DelayScheduler,
-    _unique,
     connect,
 )
 from persia_planner.modules.ps.launch import barrier, local_cluster, trainers_store
@@ -496,19 +495,6 @@ def test_server_functions_cast_on_the_wire_in_process(monkeypatch):
     assert server_module._update("wire_unit", ids, grads.half(), True) == 3
     after = server_module._lookup("wire_unit", ids, False, True)
     assert torch.equal(after, rows - grads.half().float())  # SGD lr=1 on the upcast gradients, in float32
-
-
-def test_numpy_unique_equals_torch_unique():
-    g = _gen(50)
-    for n in (1, 2, 7, 1000, 70_000):
-        ids = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
-        ids = torch.cat([ids, ids[: n // 2], torch.tensor([-1, 0, 2**63 - 1, -(2**63)])])
-        ids = ids[torch.randperm(ids.numel(), generator=g)]
-        for batch in (ids, ids % 37, ids[::3]):  # wide ids, many repeats, a strided view
-            uniq, inverse = _unique(batch)
-            expected_uniq, expected_inverse = torch.unique(batch, return_inverse=True)
-            assert torch.equal(uniq, expected_uniq) and torch.equal(inverse, expected_inverse)
-            assert uniq.dtype == inverse.dtype == torch.int64
 
 
 def test_trainers_store_needs_the_rendezvous_address(monkeypatch):

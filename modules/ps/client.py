@@ -1,12 +1,12 @@
 """Trainer-side client of the embedding parameter servers (torch RPC, TensorPipe).
 
-Request batching: a batch of ids is de-duplicated (what ``torch.unique(return_inverse=True)`` returns, computed with
-numpy's faster sort), the distinct ids are bucketed by :func:`.sharding.server_of` with one stable sort, and **one**
-request per server that owns any of them is sent with ``rpc_async``; one gather (the ``inverse``, composed with the
-server order) puts the answers' rows in the caller's order. Everything is tensor ops; there is no per-id Python loop.
-Pushes do the same and additionally **sum the gradients of duplicate ids on the client** (``index_add_``), so each
-server receives each id once (and is told so: it skips its own de-duplication) and the wire carries
-``distinct ids x dim`` values, not ``ids x dim``.
+Request batching: a batch of ids is de-duplicated (distinct ids in order of first occurrence and the ``inverse`` map, in
+one compiled hash-set pass: :func:`.kernels.dedup`), the distinct ids are bucketed by :func:`.sharding.server_of` with
+one stable sort, and **one** request per server that owns any of them is sent with ``rpc_async``; one gather (the
+``inverse``, composed with the server order) puts the answers' rows in the caller's order. There is no per-id Python
+loop. Pushes do the same and additionally **sum the gradients of duplicate ids on the client**
+(``index_add_``), so each server receives each id once (and is told so: it skips its own de-duplication) and the wire
+carries ``distinct ids x dim`` values, not ``ids x dim``.
 
 Wire dtype: ``PsClient(wire_dtype=torch.float16)`` (or ``torch.bfloat16``) halves those values' bytes, as Persia
 does: servers send rows in it and the client upcasts them; the client sends its float32 gradient sums in it and
@@ -37,13 +37,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed.rpc as rpc
 from torch.futures import Future
 
 from persia_planner.errors import ErrorKind, PlannerError
 
+from . import kernels
 from . import server as _server
 from .checkpoint import commit, prune, read_latest
 from .server import PsServerError, RemoteFailure, TableConfig, check_wire_dtype
@@ -208,10 +208,10 @@ class PsClient:
             raise PsServerError(f"table {table!r} is not registered with this client; call register(config)") from None
 
     def _split(self, table: str, uniq: torch.Tensor) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
-        """``order`` (server-sorted -> distinct) and the per-server pieces of the ascending distinct ids ``uniq``.
+        """``order`` (server-sorted -> distinct) and the per-server pieces of the distinct ids ``uniq``.
 
         Returns:
-            ``(order, pieces)`` where ``uniq[order]`` is grouped by server (ascending within each group) and
+            ``(order, pieces)`` where ``uniq[order]`` is grouped by server (in ``uniq``'s order within each group) and
             ``pieces`` lists ``(server_index, start, stop)`` of the non-empty groups; ``order`` is None when there
             is a single server (it would be the identity).
         """
@@ -271,7 +271,7 @@ class PsClient:
         ]
         if multi:
             # The answers arrive in server order (uniq[order]): compose the two maps so that one gather puts the
-            # rows in the caller's order, instead of scattering them back to ascending order first.
+            # rows in the caller's order, instead of scattering them back to uniq's order first.
             assert order is not None
             position = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel()))
             inverse = position.index_select(0, inverse)
@@ -496,25 +496,15 @@ def connect(
 
 
 def _unique(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.unique(flat, return_inverse=True)`` of int64 ids: the ascending distinct ids and ``inverse``.
+    """The distinct ids of a flat int64 batch (in order of first occurrence) and ``inverse``, ``uniq[inverse] ==
+    flat``.
 
-    Done in numpy on CPU: its vectorised (AVX2/AVX-512) quicksort argsorts 64k int64 ids in about half the time of
-    torch's sort, single-threaded, so the client does not compete with a server on the same cores either. The
-    result is the same tensors (the order among equal ids, the one thing a sort may change, does not show).
+    On CPU one compiled hash-set pass (:func:`.kernels.dedup`): 64k ids in ~0.35 ms, against 1.2-2 ms for the
+    sort-based ``unique`` of numpy or torch, and the servers accept distinct ids in any order.
     """
     if flat.device.type != "cpu":
         return torch.unique(flat, return_inverse=True)
-    x = flat.numpy()
-    perm = np.argsort(x)
-    ordered = x[perm]
-    first = np.empty(ordered.size, dtype=bool)  # where a new distinct id starts in the sorted ids
-    first[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
-    group = np.cumsum(first, dtype=np.int64)
-    group -= 1
-    inverse = np.empty_like(group)
-    inverse[perm] = group
-    return torch.from_numpy(ordered[first]), torch.from_numpy(inverse)
+    return kernels.dedup(flat)
 
 
 class _DelayScheduler:

@@ -1,0 +1,67 @@
+"""Compiled inner loops of the PS (numba): de-duplication and the hash-index probe, against plain references."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from persia_planner.modules.ps import kernels
+from persia_planner.modules.ps.store import _EMPTY, _HashIndex
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+EXTREMES = [-1, 0, 1, 2**63 - 1, -(2**63), 2**32]
+
+
+def _check_dedup(ids: torch.Tensor) -> None:
+    uniq, inverse = kernels.dedup(ids)
+    assert uniq.dtype == inverse.dtype == torch.int64 and inverse.shape == ids.shape
+    assert torch.equal(uniq[inverse], ids)
+    assert torch.equal(torch.sort(uniq).values, torch.unique(ids))  # distinct, and every id is there
+    # Order of first occurrence: the first position of each distinct id increases along uniq.
+    first = torch.full((uniq.numel(),), ids.numel()).scatter_reduce(0, inverse, torch.arange(ids.numel()), "amin")
+    assert torch.equal(first, torch.sort(first).values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(INT64, st.sampled_from(EXTREMES), st.integers(0, 9)), max_size=300))
+def test_dedup_matches_unique_in_first_occurrence_order(values):
+    _check_dedup(torch.tensor(values, dtype=torch.int64))
+
+
+def test_dedup_large_batches_and_views():
+    g = torch.Generator().manual_seed(50)
+    for n in (1, 2, 7, 1000, 70_000):
+        ids = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
+        ids = torch.cat([ids, ids[: n // 2], torch.tensor(EXTREMES)])
+        ids = ids[torch.randperm(ids.numel(), generator=g)]
+        for batch in (ids, ids % 37, ids[::3], torch.arange(n) * 2**20):  # wide, many repeats, a view, structured
+            _check_dedup(batch)
+    empty_uniq, empty_inverse = kernels.dedup(torch.empty(0, dtype=torch.int64))
+    assert empty_uniq.numel() == empty_inverse.numel() == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(INT64, min_size=1, max_size=60, unique=True),
+    st.lists(st.booleans(), min_size=60, max_size=60),
+    st.lists(INT64, max_size=20),
+)
+def test_find_agrees_with_a_dict_after_inserts_and_removals(ids, removed, strangers):
+    """Inserts (tensor ops), tombstones, probe sequences that wrap around the end: the compiled probe finds exactly
+    the ids held, at their slots and at a bucket that points to them."""
+    capacity = len(ids)
+    slot_ids = torch.tensor(ids, dtype=torch.int64)
+    index = _HashIndex(capacity, 0.9, slot_ids)  # a full table: long probes, wrap-around
+    index.insert(slot_ids, torch.arange(capacity))
+    _, buckets = kernels.find(index.buckets, slot_ids, slot_ids)
+    gone = torch.tensor(removed[:capacity])
+    index.remove_buckets(buckets[gone])
+    held = {key: slot for slot, key in enumerate(ids) if not removed[slot]}
+    queries = torch.tensor(ids + strangers, dtype=torch.int64)
+    slots, where = kernels.find(index.buckets, slot_ids, queries)
+    expected = torch.tensor([held.get(key, -1) for key in ids + strangers], dtype=torch.int64)
+    assert torch.equal(slots, expected)
+    found = slots >= 0
+    assert torch.equal(index.buckets[where[found]].long(), slots[found]) and (where[~found] == -1).all()
+    assert (index.buckets != _EMPTY).sum() == capacity  # removals left tombstones, not empty buckets
