@@ -486,7 +486,8 @@ class EmbeddingStore:
             summed = torch.zeros(uniq.numel(), self.dim, dtype=torch.float32).index_add_(0, inverse, grads)
         slots, _ = self._index.find(uniq)
         held = slots >= 0
-        slots, summed = slots[held], summed[held]
+        if not bool(held.all()):  # usually every pushed id is still held: skip two copies of the batch then
+            slots, summed = slots[held], summed[held]
         new_w, new_state = self.optimizer.step(
             self._weights.index_select(0, slots), self._state.index_select(0, slots), summed
         )
