@@ -1,7 +1,8 @@
 """Parameter-server benchmark: throughput against this machine's memory-bandwidth ceiling, and bytes per row.
 
 Prints a table and writes JSON (``--json OUT``) with at least ``lookup_rows_per_s``, ``update_rows_per_s``,
-``ceiling_rows_per_s``, ``bytes_per_row``, ``raw_bytes_per_row``. Every ratio is measured in this same run.
+``ceiling_rows_per_s``, ``bytes_per_row``, ``raw_bytes_per_row``. Every ratio is measured in this same run; the
+ceiling is measured before and after the rpc runs and the higher of the two is used (``*_before_after`` keeps both).
 The rpc measures run once with float32 on the wire (the plain keys) and once with ``PsClient(wire_dtype=float16)``
 (``lookup_fp16_rows_per_s``, ``lookup_fp16_pipelined_rows_per_s``, ``update_fp16_rows_per_s``); each float16 measure
 alternates call by call with its float32 twin, so drift on a shared machine hits both alike.
@@ -252,10 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = 1_000_000 if args.quick else 10_000_000
     repeats = 5 if args.quick else 15
     results: dict[str, Any] = {"mode": "quick" if args.quick else "full", "machine": platform.platform()}
-    results.update(bench_ceiling(rows, repeats))
+    before = bench_ceiling(rows, repeats)
     results.update(bench_local_store(rows, repeats))
     # The rpc calls take milliseconds: more repeats cost little and steady the medians on a shared machine.
     results.update(bench_rpc(rows, 4 * repeats))
+    # The ceiling again, after the rpc runs: a 1-1.5 ms call moves with the machine's load far more than the rpc
+    # figures do, so the ratios use the better of the two measures (the conservative choice: a higher ceiling).
+    after = bench_ceiling(rows, repeats)
+    for key in before:
+        results[key] = max(before[key], after[key])
+        results[f"{key}_before_after"] = [before[key], after[key]]
     results["lookup_vs_ceiling"] = results["lookup_rows_per_s"] / results["ceiling_rows_per_s"]
     results["lookup_pipelined_vs_ceiling"] = results["lookup_pipelined_rows_per_s"] / results["ceiling_rows_per_s"]
     results["lookup_fp16_vs_ceiling"] = results["lookup_fp16_rows_per_s"] / results["ceiling_rows_per_s"]
