@@ -315,8 +315,8 @@ def test_replica_from_checkpoint_and_deltas_equals_the_servers_under_eviction(tm
     churn(10)
     ckpt.dump_incremental(stores, delta_dir, server=0, sequence=sequence)  # starts the eviction log
     ckpt.save_all([stores], base_dir, delta_sequence=sequence)
-    for sequence in range(1, 5):
-        churn(8)
+    for sequence in range(1, 17):
+        churn(2)
         ckpt.dump_incremental(stores, delta_dir, server=0, sequence=sequence)
     assert stores["t"].metrics()["evictions"] > 200
     removed = torch.cat([_delta_tables(p)["t"]["removed"] for p in ckpt.list_deltas(delta_dir, after=0)])
@@ -339,6 +339,40 @@ def test_replica_from_checkpoint_and_deltas_equals_the_servers_under_eviction(tm
     assert torch.unique(torch.cat(upserted)).numel() > live["ids"].numel() + 50
 
 
+def test_an_overflowing_eviction_log_is_dropped_and_the_delta_says_so(tmp_path: Path, caplog):
+    """Between two dumps the log keeps at most the capacity in distinct evicted ids; past that the next delta lists
+    none and is marked incomplete, apply_deltas warns, and the replica keeps (only) extra ids."""
+    store = EmbeddingStore(4, 10, SGD(lr=1.0), eviction="lru", eviction_chunk=0)
+    store.lookup(torch.arange(10))
+    ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+    for start in range(100, 130):  # 30 new ids, one a batch: 30 evictions of ids never seen again
+        store.lookup(torch.tensor([start]))
+    path = ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
+    delta = _delta_tables(path)["t"]
+    assert not bool(delta["removals_complete"]) and delta["removed"].numel() == 0
+    with caplog.at_level("WARNING"):
+        folded = ckpt.apply_deltas({}, tmp_path)["t"]
+    assert "lists only some of the ids evicted" in caplog.text
+    live = store.state_dict()["ids"]
+    assert torch.isin(live, folded["ids"]).all() and folded["ids"].numel() > live.numel()
+    # The next dump logs again from a clean slate.
+    store.lookup(torch.tensor([500]))  # evicts 120
+    delta = _delta_tables(ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=2))["t"]
+    assert bool(delta["removals_complete"]) and torch.equal(delta["removed"], torch.tensor([120]))
+
+
+def test_loaded_store_logs_evictions_for_its_first_dump():
+    """A server restarted from a checkpoint: replicas start from that checkpoint, so evictions after the load must
+    reach them with the first dump."""
+    store = EmbeddingStore(4, 4, SGD(), eviction="lru", eviction_chunk=0)
+    store.lookup(torch.tensor([1, 2, 3, 4]))
+    restarted = EmbeddingStore(4, 4, SGD(), eviction="lru", eviction_chunk=0)
+    restarted.load_state_dict(store.state_dict())
+    restarted.lookup(torch.tensor([10, 11]))  # evicts two loaded rows
+    removed = restarted.take_dirty()["removed"]
+    assert removed.numel() == 2 and not restarted.contains(removed).any()
+
+
 def test_prune_keeps_the_newest_committed_versions(tmp_path: Path):
     [stores] = _build_servers(1)
     for _ in range(4):
@@ -353,6 +387,12 @@ def test_prune_keeps_the_newest_committed_versions(tmp_path: Path):
     assert ckpt.prune(tmp_path, keep=2) == []
     with pytest.raises(ValueError, match="keep"):
         ckpt.prune(tmp_path, keep=0)
+    # A directory whose number has a leading zero too many is its own version: deleted as itself, never confused
+    # with the committed v00000004.
+    (tmp_path / "v000000003").mkdir()
+    deleted = ckpt.prune(tmp_path, keep=1)
+    assert sorted(p.name for p in deleted) == ["v000000003", "v00000003"]
+    assert sorted(p.name for p in tmp_path.glob("v*")) == ["v00000004", "v00000005"]
 
 
 def test_failed_dump_keeps_rows_dirty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

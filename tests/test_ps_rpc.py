@@ -19,6 +19,7 @@ import torch
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import server as server_module
+from persia_planner.modules.ps.checkpoint import apply_deltas, commit, load_rows, read_latest
 from persia_planner.modules.ps.client import (
     PsClient,
     PsUnavailableError,
@@ -510,3 +511,30 @@ def test_rpc_transports_default_to_uv_and_follow_the_variable():
     assert rpc_transports({"PERSIA_RPC_TRANSPORTS": " shm, uv "}) == ["shm", "uv"]
     with pytest.raises(PlannerError, match="PERSIA_RPC_TRANSPORTS='ipc': unknown TensorPipe transport"):
         rpc_transports({"PERSIA_RPC_TRANSPORTS": "ipc"})
+
+
+def test_server_checkpoint_records_its_last_dump_for_replicas(monkeypatch, tmp_path):
+    """A checkpoint saved by the servers records the last dump before it, so a replica starting from it applies only
+    later deltas: an older delta's removals and upserts must not undo what the checkpoint holds."""
+    monkeypatch.setattr(server_module, "_STATE", None)
+    config = TableConfig("seq", 4, 2, SGD(lr=1.0), Uniform(-1, 1), eviction_chunk=0.0)
+    server_module._create(config)
+    deltas, base = tmp_path / "deltas", tmp_path / "ckpt"
+    server_module._dump(str(deltas), 0)  # starts the eviction log
+    server_module._lookup("seq", torch.tensor([1, 2]), True, True)
+    server_module._dump(str(deltas), 1)
+    server_module._lookup("seq", torch.tensor([3]), True, True)  # evicts 1: delta 2 removes it
+    server_module._dump(str(deltas), 2)
+    server_module._lookup("seq", torch.tensor([1]), True, True)  # evicts 2, 1 is back
+    assert server_module._save(str(base), 1, 1) == 2
+    commit(base, 1, n_servers=1)
+    info = read_latest(base)
+    assert info["delta_sequence"] == 2
+    rows, _ = load_rows(base, server=0, n_servers=1)
+    folded = apply_deltas(rows, deltas, after=info["delta_sequence"])["seq"]
+    assert folded["ids"].tolist() == [1, 3]  # what the server holds; applying delta 2 would drop 1 and keep 2
+    # A server restarted from that checkpoint continues from the same point.
+    monkeypatch.setattr(server_module, "_STATE", None)
+    server_module._create(config)
+    assert server_module._load(str(base), 1) == 2
+    assert server_module._state().last_dump_sequence == 2

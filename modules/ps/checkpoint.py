@@ -35,8 +35,9 @@ Only deltas *dumped after* the checkpoint may be applied on top of it (an older 
 the checkpoint already has newer), hence ``delta_sequence`` (the last dump before the checkpoint) in the manifest.
 A delta carries upserts (``ids``, ``weights``) and removals (``removed``: ids evicted since the previous dump that
 the server no longer holds); :func:`apply_deltas` drops removed ids, so a replica holds what the servers hold. A
-store logs evictions from its first dump on, so evictions before a server's first dump reach a replica only
-through the next full checkpoint.
+store logs evictions from its first dump or its last load on (see :meth:`EmbeddingStore.take_dirty`), at most its
+capacity in distinct ids between two dumps; past that the delta is marked ``removals_complete`` false and
+:func:`apply_deltas` warns. Servers record their last dump's sequence in the checkpoints they save.
 
 Pruning: :func:`prune` (and ``PsClient.save(..., keep=N)``) deletes all but the newest committed versions.
 """
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -70,6 +72,8 @@ __all__ = [
     "save_all",
     "save_shard",
 ]
+
+log = logging.getLogger(__name__)
 
 SHARD_FORMAT = "persia-ps-shard/1"
 DELTA_FORMAT = "persia-ps-delta/1"
@@ -399,12 +403,14 @@ def dump_incremental(
         raise ValueError(f"sequence must be >= 0, got {sequence}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    taken = {table: store.take_dirty(with_state=with_state) for table, store in stores.items()}
     path = directory / f"delta-{sequence:08d}.server{server}.pt"
+    taken: dict[str, dict[str, torch.Tensor]] = {}
     try:
+        for table, store in stores.items():
+            taken[table] = store.take_dirty(with_state=with_state)
         _atomic_torch_save({"format": DELTA_FORMAT, "server": server, "sequence": sequence, "tables": taken}, path)
     except BaseException:
-        for table, rows in taken.items():
+        for table, rows in taken.items():  # only the tables already taken: the others still hold their marks
             stores[table].mark_dirty(rows["ids"], removed=rows["removed"])
         raise
     return path
@@ -457,6 +463,14 @@ def apply_deltas(
         if delta.get("format") != DELTA_FORMAT:
             raise ValueError(f"{p}: unknown format {delta.get('format')!r}")
         for table, part in delta["tables"].items():
+            if "removals_complete" in part and not bool(part["removals_complete"]):
+                log.warning(
+                    "%s: table %r lists only some of the ids evicted since the previous dump (its log outgrew the "
+                    "capacity); the replica keeps the others until it loads a full checkpoint",
+                    p,
+                    table,
+                )
+            part = {k: v for k, v in part.items() if k != "removals_complete"}
             if server is not None:
                 keep = (server_of(table, part["ids"], n_servers) == server).nonzero().squeeze(1)
                 filtered = {k: v.index_select(0, keep) for k, v in part.items() if k != "removed"}
@@ -506,13 +520,15 @@ def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
     latest = read_latest(directory)
     if latest is None:
         return []
-    versions = sorted(int(p.name[1:]) for p in directory.glob("v*") if p.is_dir() and re.fullmatch(r"v\d{8,}", p.name))
-    old = [v for v in versions if v <= latest["version"]][:-keep]
+    # The directories themselves, by number: never a path rebuilt from the number (v000000002 is not v00000002).
+    found = [p for p in directory.glob("v*") if p.is_dir() and re.fullmatch(r"v\d{8,}", p.name)]
+    committed = sorted((int(p.name[1:]), p.name) for p in found if int(p.name[1:]) <= latest["version"])
+    current = latest["path"].name
+    older = [name for _, name in committed if name != current]
     deleted = []
-    for v in old:
-        path = _version_dir(directory, v)
-        shutil.rmtree(path)
-        deleted.append(path)
+    for name in older[: max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(directory / name)
+        deleted.append(directory / name)
     if deleted:
         _fsync_dir(directory)
     return deleted

@@ -417,7 +417,10 @@ class PsClient:
         self._all(futs, sum).wait()
         commit(directory, version, n_servers=self.n_servers)
         if keep is not None:
-            prune(directory, keep)
+            try:
+                prune(directory, keep)
+            except OSError as err:  # the new version is committed: a failed clean-up must not report a failed save
+                log.warning("checkpoint %d of %s saved, but pruning older versions failed: %s", version, directory, err)
         return version
 
     def dump_incremental(self, directory: str | os.PathLike, sequence: int) -> int:

@@ -46,7 +46,7 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
 
-from .checkpoint import dump_incremental, load_rows, save_shard
+from .checkpoint import dump_incremental, load_rows, read_latest, save_shard
 from .optim import SGD, RowOptimizer
 from .store import EmbeddingStore, Eviction, Normal, Uniform
 
@@ -165,6 +165,9 @@ class _ServerState:
         self.tables: dict[str, _Table] = {}
         self.lock = threading.Lock()  # guards the registry only, never held during a store operation
         self.started = time.monotonic()
+        # Sequence of the last incremental dump this server wrote (or that the checkpoint it loaded covers): a
+        # checkpoint records it so that replicas starting from it apply only later deltas.
+        self.last_dump_sequence = -1
         try:
             info = rpc.get_worker_info()
             self.name, self.index = info.name, info.id
@@ -288,7 +291,16 @@ def _save(directory: str, n_servers: int, version: int) -> int:
     with _all_tables_locked() as tables:
         configs = {name: {"dim": t.config.dim, "capacity": t.config.capacity} for name, t in tables.items()}
         stores = {name: t.store for name, t in tables.items()}
-        save_shard(stores, directory, server=_state().index, n_servers=n_servers, configs=configs, version=version)
+        state = _state()
+        save_shard(
+            stores,
+            directory,
+            server=state.index,
+            n_servers=n_servers,
+            configs=configs,
+            version=version,
+            delta_sequence=state.last_dump_sequence,
+        )
         return sum(len(store) for store in stores.values())
 
 
@@ -299,6 +311,7 @@ def _dump(directory: str, sequence: int) -> int:
         stores = {name: t.store for name, t in tables.items()}
         dirty = sum(int(store.dirty_rows()) for store in stores.values())
         dump_incremental(stores, directory, server=_state().index, sequence=sequence)
+        _state().last_dump_sequence = sequence
     return dirty
 
 
@@ -308,6 +321,7 @@ def _load(directory: str, n_servers: int) -> int:
     whatever server count saved it). Returns rows loaded."""
     state = _state()
     rows, _ = load_rows(directory, server=state.index, n_servers=n_servers)
+    latest = read_latest(directory)
     unknown = sorted(set(rows) - set(state.tables))
     if unknown:
         raise PsServerError(
@@ -320,6 +334,8 @@ def _load(directory: str, n_servers: int) -> int:
         with t.lock:
             t.store.load_state_dict(table_rows)
             loaded += len(t.store)
+    if latest is not None:
+        state.last_dump_sequence = max(state.last_dump_sequence, latest["delta_sequence"])
     return loaded
 
 

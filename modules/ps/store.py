@@ -324,7 +324,8 @@ class EmbeddingStore:
         # Ids evicted since the last take_dirty(), for the deltas' removals. None until the first take_dirty():
         # a store that is never dumped keeps no log (it would grow with every eviction).
         self._evicted: list[torch.Tensor] | None = None
-        self._evicted_compacted = 0  # length of the log after its last compaction
+        self._evicted_n = 0  # ids in the log
+        self._evicted_overflow = False  # the log outgrew its bound since the last take_dirty and was dropped
 
     # ----------------------------------------------------------------------------------------------- queries
 
@@ -538,7 +539,8 @@ class EmbeddingStore:
         self._index.rebuild(n)
         # The loaded rows are the new base a replica starts from, so nothing is dirty or removed relative to it.
         self._dirty.zero_()
-        self._evicted = None if self._evicted is None else []
+        # ... and a replica may start from them, so evictions from here on are logged for the next dump.
+        self._reset_evicted()
 
     # -------------------------------------------------------------------------------------- incremental dumps
 
@@ -553,24 +555,27 @@ class EmbeddingStore:
         Clears the dirty mask and the eviction log. Lookup hits that only refresh LRU/LFU metadata do not make a row
         dirty; an evicted id is never among the rows (its slot now belongs to another id).
 
-        Evictions are logged from the first call on (a store that is never dumped keeps no log), so the first call
-        lists no removals; a serving replica learns of earlier evictions from the next full checkpoint. The log
-        holds 8 B per eviction between two calls, compacted to the distinct ids no longer held once it outgrows
-        the capacity.
+        Evictions are logged from the first call or the last :meth:`load_state_dict` on (a store that is never dumped
+        keeps no log), so a store built from scratch lists no removals in its first dump. The log holds 8 B per
+        eviction between two calls, compacted to the distinct ids no longer held when it outgrows twice the
+        capacity; if even those exceed the capacity, it is dropped and the next call says so
+        (``removals_complete`` false): a replica then keeps those evicted ids until it reloads a full checkpoint.
 
         Args:
             with_state: Also return the optimizer state of the rows (needed to resume training, not to serve).
 
         Returns:
-            ``{"ids": int64 [k], "weights": float32 [k, dim], "removed": int64 [r]}`` plus ``"state": [k,
-            state_width]`` if asked. ``removed`` is sorted and disjoint from ``ids``.
+            ``{"ids": int64 [k], "weights": float32 [k, dim], "removed": int64 [r], "removals_complete": bool []}``
+            plus ``"state": [k, state_width]`` if asked. ``removed`` is sorted and disjoint from ``ids``.
         """
         slots = self._dirty[: self._n].nonzero().squeeze(1)
         out = {"ids": self._ids.index_select(0, slots), "weights": self._weights.index_select(0, slots)}
         if with_state:
             out["state"] = self._state.index_select(0, slots)
-        out["removed"] = self._compact_evicted() if self._evicted is not None else torch.empty(0, dtype=torch.int64)
-        self._evicted, self._evicted_compacted = [], 0
+        tracked = self._evicted is not None and not self._evicted_overflow
+        out["removed"] = self._compact_evicted() if tracked else torch.empty(0, dtype=torch.int64)
+        out["removals_complete"] = torch.tensor(not self._evicted_overflow)
+        self._reset_evicted()
         self._dirty[slots] = False
         return out
 
@@ -582,18 +587,26 @@ class EmbeddingStore:
         self._dirty[slots] = True
         if removed is not None and removed.numel():
             if self._evicted is None:
-                self._evicted = []
+                self._reset_evicted()
             self._log_evicted(_as_ids(removed))
         return slots.numel()
 
+    def _reset_evicted(self) -> None:
+        self._evicted, self._evicted_n, self._evicted_overflow = [], 0, False
+
     def _log_evicted(self, ids: torch.Tensor) -> None:
         assert self._evicted is not None
+        if self._evicted_overflow:
+            return
         self._evicted.append(ids)
-        logged = sum(t.numel() for t in self._evicted)
-        # Compact when the log doubled since the last compaction (and not below capacity): amortised O(1) per id.
-        if logged > max(self.capacity, 2 * self._evicted_compacted):
+        self._evicted_n += ids.numel()
+        # Compact past twice the capacity: amortised O(1) per id, and the log never holds more than 16 B per row.
+        if self._evicted_n > 2 * self.capacity:
             compacted = self._compact_evicted()
-            self._evicted, self._evicted_compacted = [compacted], compacted.numel()
+            if compacted.numel() > self.capacity:
+                self._evicted, self._evicted_n, self._evicted_overflow = [], 0, True
+            else:
+                self._evicted, self._evicted_n = [compacted], compacted.numel()
 
     def _compact_evicted(self) -> torch.Tensor:
         """The logged evicted ids, distinct and sorted, less those held again (re-admitted since)."""
