@@ -95,10 +95,9 @@ def test_round_trip_two_servers():
     [result] = local_cluster(2, 1, _round_trip, run_timeout_s=60)
     assert result["names"] == ["ps0", "ps1"]
     assert sum(result["rows"]) == result["distinct"]
-    # The group runs on the uv transport: no shm reactor (a thread that polls a core even when idle); tensors
-    # between these processes take the cma channel.
+    # The group runs on the uv transport: no shm reactor (a thread that polls a core even when idle). (Tensors
+    # between these processes take the cma channel where the kernel allows cross-process reads; not asserted.)
     assert "TP_UV_loop" in result["threads"] and "TP_SHM_reactor" not in result["threads"]
-    assert "TP_CMA_loop" in result["threads"]
 
 
 # ------------------------------------------------------------------- (2) equals a local store (RowWiseAdagrad)
