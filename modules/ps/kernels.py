@@ -100,21 +100,16 @@ def touch(
     if slots.numel() == 0:
         return
     has_counts = counts is not None
-    per_id = counts.contiguous().numpy() if has_counts else slots.numpy()  # an unused int64 array otherwise
-    _touch(slots.contiguous().numpy(), last.numpy(), count.numpy(), step, per_id, has_counts)
+    held = slots.contiguous().numpy()
+    per_id = counts.contiguous().numpy() if has_counts else held  # an unused int64 array otherwise
+    _touch(held, last.numpy(), count.numpy(), step, per_id, has_counts)
 
 
 @numba.njit(cache=True, nogil=True)
-def _dedup(ids, uniq, inverse):  # pragma: no cover - compiled
+def _dedup(ids, uniq, inverse, bits):  # pragma: no cover - compiled
     n = ids.shape[0]
-    size = 16
-    while size < 2 * n:
-        size *= 2
-    mask = size - 1
-    shift = np.uint64(64)
-    while size > 1:  # log2(size): the multiplicative hash keeps that many top bits
-        size //= 2
-        shift -= np.uint64(1)
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)  # the multiplicative hash keeps the top `bits` bits: a slot of the table
     table = np.full(mask + 1, -1, np.int64)
     count = 0
     for i in range(n):
@@ -147,5 +142,6 @@ def dedup(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     inverse = torch.empty(flat.numel(), dtype=torch.int64)
     if flat.numel() == 0:
         return uniq, inverse
-    count = _dedup(flat.numpy(), uniq.numpy(), inverse.numpy())
+    bits = max(4, (2 * flat.numel() - 1).bit_length())  # a table of at least twice the batch: short probes
+    count = _dedup(flat.numpy(), uniq.numpy(), inverse.numpy(), bits)
     return uniq[:count].clone(), inverse

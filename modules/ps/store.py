@@ -451,12 +451,10 @@ class EmbeddingStore:
             for rows in (self._ids, self._weights, self._state, self._last, self._count, self._dirty):
                 rows.index_copy_(0, holes, rows.index_select(0, movers))
             self._index.buckets[mover_buckets] = holes.to(torch.int32)
-            # The batch's hits that moved: map old slot -> new slot through the sorted movers.
-            order = torch.argsort(movers)
-            moved_from, moved_to = movers[order], holes[order]
-            at = torch.searchsorted(moved_from, slots).clamp_(max=moved_from.numel() - 1)
-            moved = moved_from[at] == slots
-            slots[moved] = moved_to[at[moved]]
+            # The batch's hits that moved: map old slot -> new slot through the movers (ascending by construction).
+            at = torch.searchsorted(movers, slots).clamp_(max=movers.numel() - 1)
+            moved = movers[at] == slots
+            slots[moved] = holes[at[moved]]
         self._dirty[end:live] = False
         self._n = end
         self._metrics["evictions"] += n_victims
