@@ -373,6 +373,37 @@ def test_loaded_store_logs_evictions_for_its_first_dump():
     assert removed.numel() == 2 and not restarted.contains(removed).any()
 
 
+def test_checkpoint_before_the_first_dump_logs_evictions_for_it(tmp_path: Path):
+    """A checkpoint saved before any dump is a replica's base: the evictions between that save and the first dump
+    must reach the replica with that dump, or it keeps the evicted ids for good."""
+    store = EmbeddingStore(2, 4, SGD(), eviction="lru", eviction_chunk=0)
+    store.lookup(torch.arange(4))
+    ckpt.save_all([{"t": store}], tmp_path / "ckpt")  # no dump yet: delta_sequence -1
+    store.lookup(torch.arange(10, 14))  # evicts 0..3
+    ckpt.dump_incremental({"t": store}, tmp_path / "deltas", server=0, sequence=0)
+    rows, _ = ckpt.load_rows(tmp_path / "ckpt", server=0, n_servers=1)
+    after = ckpt.read_latest(tmp_path / "ckpt")["delta_sequence"]
+    replica = ckpt.apply_deltas(rows, tmp_path / "deltas", after=after)["t"]
+    assert torch.equal(torch.sort(replica["ids"]).values, torch.arange(10, 14))
+
+
+def test_failed_dump_after_an_overflowing_log_stays_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A dump that fails after its take said ``removals_complete`` false: the retry must say so too (it cannot list
+    the removals the dropped log lost)."""
+    store = EmbeddingStore(2, 4, SGD(), eviction="lru", eviction_chunk=0)
+    store.lookup(torch.arange(4))
+    ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+    for b in range(1, 6):  # 20 evictions of distinct ids, more than twice the capacity: the log is dropped
+        store.lookup(torch.arange(4) + 4 * b)
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError("simulated")))
+    with pytest.raises(OSError):
+        ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
+    monkeypatch.undo()
+    delta = _delta_tables(ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1))["t"]
+    assert not bool(delta["removals_complete"]) and delta["removed"].numel() == 0
+    assert torch.equal(torch.sort(delta["ids"]).values, torch.arange(20, 24))
+
+
 def test_prune_keeps_the_newest_committed_versions(tmp_path: Path):
     [stores] = _build_servers(1)
     for _ in range(4):

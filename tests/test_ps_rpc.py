@@ -59,6 +59,8 @@ def _round_trip(j, client):
         client.register(TableConfig("user", 8, 1000, SGD(lr=0.2)))
     with pytest.raises(PsServerError, match="not registered"):
         client.lookup("item", torch.tensor([1]))
+    with pytest.raises(PlannerError, match="parameter server ps1 has rank 1 but is listed as server 0"):
+        PsClient(list(reversed(client.servers)))  # servers shard their checkpoints by rank: the order must match
 
     # Duplicates, a 2-d batch, and ids across the whole uint64 range (negative int64 = high uint64 bit patterns).
     base = torch.cat([torch.randint(0, 40, (90,), generator=_gen(1)), torch.tensor([-1, 2**63 - 1, -(2**63)] * 2)])
@@ -214,6 +216,14 @@ def _dead_server(j, client):
     dead = _expect_unavailable(client, ids)
     with pytest.raises(PsUnavailableError, match="ps1"):
         client.push_gradients("user", ids, torch.zeros(200, 8))
+    client.flush()  # that failure was reported by its own call, and is not raised again
+    # A fire-and-forget push that fails before flush() is called: flush() reports it (the gradients were lost).
+    push = client.push_gradients_async("user", ids, torch.zeros(200, 8))
+    with pytest.raises(PsUnavailableError):
+        push.wait()
+    with pytest.raises(PsUnavailableError, match="ps1"):
+        client.flush()
+    client.flush()  # reported once
     assert torch.equal(client.lookup("user", on_ps0), rows[on_ps0])
     return hung, dead
 

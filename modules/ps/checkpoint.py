@@ -411,7 +411,9 @@ def dump_incremental(
         _atomic_torch_save({"format": DELTA_FORMAT, "server": server, "sequence": sequence, "tables": taken}, path)
     except BaseException:
         for table, rows in taken.items():  # only the tables already taken: the others still hold their marks
-            stores[table].mark_dirty(rows["ids"], removed=rows["removed"])
+            stores[table].mark_dirty(
+                rows["ids"], removed=rows["removed"], removals_complete=bool(rows["removals_complete"])
+            )
         raise
     return path
 

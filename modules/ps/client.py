@@ -15,9 +15,9 @@ default wire dtype, float32, is exact.
 
 Futures: ``*_async`` methods return a ``torch.futures.Future`` that completes once every server involved answered.
 Pushes are fire-and-forget until :meth:`PsClient.flush`, which waits for every outstanding push and raises the first
-error. RPC gives no ordering between requests, so a lookup issued while a push of the same rows is in flight may or
-may not see it (bounded staleness, as in Persia); call :meth:`PsClient.flush` or wait on the push's future first when
-it must.
+error of the pushes since the previous flush (also of one that failed before it was called). RPC gives no ordering
+between requests, so a lookup issued while a push of the same rows is in flight may or may not see it (bounded
+staleness, as in Persia); call :meth:`PsClient.flush` or wait on the push's future first when it must.
 
 Errors: every request carries an RPC timeout. A server that did not answer in time or whose connection broke
 (process killed, host down) surfaces as :class:`PsUnavailableError` with one line naming the server, the operation
@@ -109,6 +109,7 @@ class PsClient:
     Raises:
         ValueError: If an argument is out of range (``wire_dtype`` not one of the three dtypes above).
         PsUnavailableError: If a name is not a worker of the RPC group.
+        PlannerError: If ``servers[i]`` does not have rank ``i`` (servers shard their checkpoints by rank).
     """
 
     def __init__(
@@ -130,13 +131,22 @@ class PsClient:
         self.timeout_s = float(timeout_s)
         self.delay_ms = float(delay_ms)
         self._delayed = _DelayScheduler() if self.delay_ms > 0 else None
-        for name in self.servers:
+        for i, name in enumerate(self.servers):
             try:
-                rpc.get_worker_info(name)
+                rank = rpc.get_worker_info(name).id
             except RuntimeError as err:
                 raise PsUnavailableError(name, "connect", None, self.timeout_s, f"not in the RPC group: {err}") from err
+            if rank != i:
+                # A server shards its checkpoints by its rank and the client routes ids by list position: a mismatch
+                # would load and save other servers' rows.
+                raise PlannerError(
+                    f"parameter server {name} has rank {rank} but is listed as server {i}: servers must be listed "
+                    "in rank order",
+                    fixes=("start server i with --rank i (named ps{i})", "list the servers ordered by rank"),
+                )
         self._configs: dict[str, TableConfig] = {}
         self._pending: set[Future] = set()
+        self._failed: BaseException | None = None  # the first push that failed since the last flush()
         self._pending_lock = threading.Lock()
 
     @property
@@ -301,14 +311,19 @@ class PsClient:
     def push_gradients_async(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> Future:
         """Send ``grads`` ``[*ids.shape, dim]`` of ``ids``; the future holds the number of rows the servers updated.
 
-        The push is tracked until it completes, so :meth:`flush` waits for it. The gradients of duplicate ids are
-        summed in float32 here and each sum travels once, in :attr:`wire_dtype`.
+        The push is tracked: :meth:`flush` waits for it and raises its error if it failed (also if it failed before
+        the flush). The gradients of duplicate ids are summed in float32 here and each sum travels once, in
+        :attr:`wire_dtype`.
 
         Raises:
             ValueError: ``grads`` do not match ``ids`` x ``dim``.
             WireOverflowError: A finite summed gradient exceeds the range of :attr:`wire_dtype` (float16: 65504);
                 nothing is sent then.
         """
+        return self._push(table, ids, grads, track=True)
+
+    def _push(self, table: str, ids: torch.Tensor, grads: torch.Tensor, *, track: bool) -> Future:
+        """:meth:`push_gradients_async`; ``track=False`` leaves the push out of :meth:`flush` (its caller waits)."""
         dim = self._config(table).dim
         flat = ids.reshape(-1)
         if flat.dtype == torch.uint64:
@@ -342,12 +357,22 @@ class PsClient:
                 for i, a, b in pieces
             ]
         out = self._all(futs, sum)
+        if not track:
+            return out
         with self._pending_lock:
             self._pending.add(out)
 
         def forget(f: Future) -> None:
+            try:
+                f.wait()  # done already: returns at once, or raises the push's error
+                failed = None
+            except Exception as err:
+                failed = err
             with self._pending_lock:
-                self._pending.discard(f)
+                if f in self._pending:  # else a flush() claimed it and reports its error itself
+                    self._pending.discard(f)
+                    # A fire-and-forget push that fails before flush() is called must still be reported by it.
+                    self._failed = self._failed or failed
 
         out.add_done_callback(forget)
         return out
@@ -378,19 +403,27 @@ class PsClient:
         return summed.to(self.wire_dtype)
 
     def push_gradients(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> int:
-        """Synchronous :meth:`push_gradients_async`: returns once applied, with the number of rows updated."""
-        return self.push_gradients_async(table, ids, grads).wait()
+        """Synchronous :meth:`push_gradients_async`: returns once applied, with the number of rows updated; an
+        error is raised here (and not again by :meth:`flush`)."""
+        return self._push(table, ids, grads, track=False).wait()
 
     def flush(self) -> None:
-        """Wait for every outstanding push; raises the first error among them (after all completed)."""
+        """Wait for every outstanding push; raises the first error of the pushes made since the previous flush
+        (after all completed), also of those that failed before this call, whether or not their own futures were
+        waited on. The error is reported once: the next flush raises only newer ones."""
         with self._pending_lock:
+            # Claim the outstanding pushes: their errors are reported by this call, not recorded by their callbacks
+            # (a future's waiters may wake before its done-callback ran), so each error is reported exactly once.
             pending = list(self._pending)
+            self._pending.clear()
         first: BaseException | None = None
         for f in pending:
             try:
                 f.wait()
             except Exception as err:
                 first = first or err
+        with self._pending_lock:
+            first, self._failed = self._failed or first, None  # one that failed before this call came first
         if first is not None:
             raise first
 

@@ -322,8 +322,8 @@ class EmbeddingStore:
         self._n = 0
         self._step = 0  # training lookup batches so far; int32 is ample (2**31 batches)
         self._metrics = dict.fromkeys(("lookups", "misses", "inserts", "not_admitted", "evictions", "updates"), 0)
-        # Ids evicted since the last take_dirty(), for the deltas' removals. None until the first take_dirty() or
-        # load_state_dict(): a store that is never dumped nor loaded keeps no log.
+        # Ids evicted since the last take_dirty(), for the deltas' removals. None until the first take_dirty(),
+        # state_dict() or load_state_dict(): a store never dumped, checkpointed nor loaded keeps no log.
         self._evicted: list[torch.Tensor] | None = None
         self._evicted_n = 0  # ids in the log
         self._evicted_overflow = False  # the log outgrew its bound since the last take_dirty and was dropped
@@ -502,7 +502,13 @@ class EmbeddingStore:
     # -------------------------------------------------------------------------------------------- checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        """The occupied rows only (copies): ids, weights, optimizer state, LRU/LFU metadata and the step counter."""
+        """The occupied rows only (copies): ids, weights, optimizer state, LRU/LFU metadata and the step counter.
+
+        Starts the eviction log if it is not running yet: a replica may start from these rows, so the next
+        :meth:`take_dirty` must list what is evicted from here on.
+        """
+        if self._evicted is None:
+            self._reset_evicted()
         n = self._n
         return {
             "ids": self._ids[:n].clone(),
@@ -554,8 +560,8 @@ class EmbeddingStore:
         Clears the dirty mask and the eviction log. Lookup hits that only refresh LRU/LFU metadata do not make a row
         dirty; an evicted id is never among the rows (its slot now belongs to another id).
 
-        Evictions are logged from the first call or the last :meth:`load_state_dict` on (a store that is never dumped
-        keeps no log), so a store built from scratch lists no removals in its first dump. The log holds 8 B per
+        Evictions are logged from the first call, :meth:`state_dict` or :meth:`load_state_dict` on (a store never
+        dumped, checkpointed nor loaded keeps no log: no replica can hold its rows). The log holds 8 B per
         eviction between two calls, compacted to the distinct ids no longer held when it outgrows twice the
         capacity; if even those exceed the capacity, it is dropped and the next call says so
         (``removals_complete`` false): a replica then keeps those evicted ids until it reloads a full checkpoint.
@@ -578,16 +584,25 @@ class EmbeddingStore:
         self._dirty[slots] = False
         return out
 
-    def mark_dirty(self, ids: torch.Tensor, removed: torch.Tensor | None = None) -> int:
+    def mark_dirty(
+        self, ids: torch.Tensor, removed: torch.Tensor | None = None, *, removals_complete: bool = True
+    ) -> int:
         """Mark the held rows of ``ids`` dirty again and log ``removed`` as evicted again (e.g. after a dump that
-        failed to write, so the next dump still carries both); returns rows marked."""
+        failed to write, so the next dump still carries both); returns rows marked.
+
+        ``removals_complete=False`` (what the failed :meth:`take_dirty` said) marks the log incomplete again, so
+        the next dump does not claim a full list of removals it never had.
+        """
         slots, _ = self._index.find(_as_ids(ids))
         slots = slots[slots >= 0]
         self._dirty[slots] = True
-        if removed is not None and removed.numel():
-            if self._evicted is None:
-                self._reset_evicted()
+        logs = removed is not None and removed.numel() > 0
+        if (logs or not removals_complete) and self._evicted is None:
+            self._reset_evicted()
+        if logs:
             self._log_evicted(_as_ids(removed))
+        if not removals_complete:
+            self._evicted, self._evicted_n, self._evicted_overflow = [], 0, True
         return slots.numel()
 
     def _reset_evicted(self) -> None:
