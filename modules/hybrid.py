@@ -123,7 +123,7 @@ class SparseOptimizer:
             return ps_optim.Adagrad(lr=self.learning_rate, eps=self.eps)
         if self.kind is Optimizer.ROWWISE_ADAGRAD:
             return ps_optim.RowWiseAdagrad(lr=self.learning_rate, eps=self.eps)
-        return ps_optim.Adam(lr=self.learning_rate, beta1=self.beta1, beta2=self.beta2, eps=self.eps)
+        return ps_optim.Adam(lr=self.learning_rate, betas=(self.beta1, self.beta2), eps=self.eps)
 
 
 class _ShardOfGlobal(torch.autograd.Function):
@@ -239,6 +239,13 @@ class HybridEmbeddingBagCollection(nn.Module):
         self._local_rows = torch.tensor(
             [c.num_embeddings for c in self.local_tables for _ in c.feature_names], dtype=torch.int64
         )
+        odd = [c.name for c in self.local_tables if c.embedding_dim % 4]
+        if odd:
+            raise PlannerError(
+                f"local tables {odd[:3]} have an embedding_dim that is not a multiple of 4, which fbgemm's "
+                "table-batched embedding kernels require",
+                fixes=("round embedding_dim up to a multiple of 4", "or place these tables on the ps tier"),
+            )
         self.tbe = self._make_tbe(placements, seed) if self.local_tables else None
 
         # PS state: batches whose rows were requested, and pushes not yet acknowledged, per batch index.
@@ -390,6 +397,7 @@ class HybridEmbeddingBagCollection(nn.Module):
         """
         if self.ps is None or not self.training:
             return True
+        self._check_batch(features)  # before any request: TrainLoop prefetches a batch before its forward
         if self._synchronous:
             block = True  # K = 0 ends in a barrier of the trainers: every rank must reach it, never skip it
         j = self._next_index
@@ -441,6 +449,17 @@ class HybridEmbeddingBagCollection(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``features``: a ``KeyedTensor`` with one ``[B, dim]`` value per feature."""
         batch = features.stride()
+        self._check_batch(features)
+        pooled: dict[str, torch.Tensor] = {}
+        if self.tbe is not None:
+            pooled.update(self._local_forward(features, batch))
+        if self.ps is not None:
+            pooled.update(self._ps_forward(features, batch))
+        values = torch.cat([pooled[f] for f in self._features], dim=1)
+        return KeyedTensor(keys=list(self._features), length_per_key=list(self._dims), values=values, key_dim=1)
+
+    def _check_batch(self, features: KeyedJaggedTensor) -> None:
+        """One-line errors for a batch that lacks a feature of the tables or whose parts disagree."""
         present = set(features.keys())
         missing = [f for f in self._features if f not in present]
         if missing:
@@ -449,13 +468,7 @@ class HybridEmbeddingBagCollection(nn.Module):
                 f"(it has {list(features.keys())[:5]}...)",
                 fixes=("build the batch with every feature of the tables",),
             )
-        pooled: dict[str, torch.Tensor] = {}
-        if self.tbe is not None:
-            pooled.update(self._local_forward(features, batch))
-        if self.ps is not None:
-            pooled.update(self._ps_forward(features, batch))
-        values = torch.cat([pooled[f] for f in self._features], dim=1)
-        return KeyedTensor(keys=list(self._features), length_per_key=list(self._dims), values=values, key_dim=1)
+        _check_kjt(features)
 
     def _local_forward(self, features: KeyedJaggedTensor, batch: int) -> dict[str, torch.Tensor]:
         keys = features.keys()
@@ -523,6 +536,7 @@ class HybridEmbeddingBagCollection(nn.Module):
     def _ps_forward(self, features: KeyedJaggedTensor, batch: int) -> dict[str, torch.Tensor]:
         assert self.ps is not None
         if not self.training:
+            self._wait_for_eval()
             return self._pool_ps(
                 features, batch, {t: self.ps.lookup(t, v, train=False) for t, v in self._ps_ids(features).items()}
             )
@@ -614,8 +628,19 @@ class HybridEmbeddingBagCollection(nn.Module):
             pack = torch.cat([pack, pack.new_zeros(max(sizes) - pack.shape[0], pack.shape[1])])
         packs = [torch.empty_like(pack) for _ in sizes]
         dist.all_gather(packs, pack, group=self.group)
-        full = torch.cat([p[:n] for p, n in zip(packs, sizes, strict=True)])
-        return full[:, :2].contiguous().view(torch.int64).view(-1), full[:, 2:]
+        return _unpack_rows(torch.cat([p[:n] for p, n in zip(packs, sizes, strict=True)]))
+
+    def _wait_for_eval(self) -> None:
+        """Before an eval lookup: the pushes of every batch but the last K that ran backward must be applied, the
+        bound training reads under (K = 0: an eval right after a step sees that step's update, as with an EBC)."""
+        needed = self._backward_through - self.max_staleness
+        unsent = sorted(i for i in self._stashed if i <= needed)
+        if unsent:
+            raise StalenessError(
+                f"cannot evaluate: with staleness 0 and {self.world_size} trainers the update of batch {unsent[0]} "
+                "is sent by a collective that has not run yet; call flush() on every trainer before eval()"
+            )
+        self._wait_pushes_through(needed, True)
 
     def _wait_pushes_through(self, index: int, block: bool) -> bool:
         """Advance ``_done_through`` over acknowledged batches; wait (if ``block``) until it reaches ``index``."""
@@ -631,6 +656,38 @@ class HybridEmbeddingBagCollection(nn.Module):
             self._pushes.pop(nxt, None)
             self._done_through = nxt
         return self._done_through >= index
+
+
+def _unpack_rows(full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gathered float32 rows ``[n, 2 + dim]`` of [an id's 64 bits | its gradient] -> ids ``[n]``, grads ``[n, dim]``."""
+    if full.shape[0] == 0:  # no trainer had an id of this table: an empty view's stride cannot be reinterpreted
+        return torch.empty(0, dtype=torch.int64), full[:, 2:]
+    return full[:, :2].contiguous().view(torch.int64).view(-1), full[:, 2:]
+
+
+def _check_kjt(features: KeyedJaggedTensor) -> None:
+    """One-line errors for a KeyedJaggedTensor whose parts disagree (fbgemm and the PS would read past its ids)."""
+    values, lengths = features.values(), features.lengths()
+    if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+        raise PlannerError(
+            f"KeyedJaggedTensor values must be integer ids, got {values.dtype}",
+            fixes=("pass int64 feature ids (hash strings to int64 first)",),
+        )
+    expected = len(features.keys()) * features.stride()
+    if lengths.dim() != 1 or lengths.numel() != expected:
+        raise PlannerError(
+            f"KeyedJaggedTensor lengths has shape {tuple(lengths.shape)}, expected [{expected}] "
+            f"({len(features.keys())} keys x batch {features.stride()})",
+            fixes=("give one length per key and sample, key-major",),
+        )
+    if lengths.numel() and int(lengths.min()) < 0:
+        raise PlannerError("KeyedJaggedTensor lengths must be >= 0", fixes=("check how the batch's lengths are built",))
+    total = int(lengths.sum())
+    if total != values.numel():
+        raise PlannerError(
+            f"KeyedJaggedTensor lengths sum to {total} but it holds {values.numel()} values",
+            fixes=("make sum(lengths) equal len(values)",),
+        )
 
 
 def _placements_of(

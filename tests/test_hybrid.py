@@ -174,6 +174,43 @@ def test_missing_feature_and_bad_staleness():
         HybridEmbeddingBagCollection(CONFIGS, staleness=-1)
 
 
+def test_malformed_batches_and_dims_are_refused_with_one_line():
+    hybrid = HybridEmbeddingBagCollection(CONFIGS)
+    keys = ["a", "b", "c", "d"]
+    # lengths promise 8 ids per key but only 2 values: fbgemm would read past the ids (garbage, no error)
+    short = KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=torch.full((8,), 1))
+    with pytest.raises(PlannerError, match="lengths sum to 8 but it holds 2 values"):
+        hybrid(short)
+    floats = KeyedJaggedTensor(keys=keys, values=torch.ones(8), lengths=torch.full((8,), 1))
+    with pytest.raises(PlannerError, match="values must be integer ids"):
+        hybrid(floats)
+    negative = KeyedJaggedTensor(keys=keys, values=torch.arange(2), lengths=torch.tensor([2, -1, 1, 0, 0, 0, 0, 0]))
+    with pytest.raises(PlannerError, match="lengths must be >= 0"):
+        hybrid(negative)
+    odd = [EmbeddingBagConfig(name="t", feature_names=["a"], num_embeddings=10, embedding_dim=6)]
+    with pytest.raises(PlannerError, match=r"local tables \['t'\] have an embedding_dim that is not a multiple of 4"):
+        HybridEmbeddingBagCollection(odd)
+
+
+def test_adam_for_ps_tables_is_the_servers_adam():
+    from persia_planner.modules.ps import optim as ps_optim
+
+    adam = SparseOptimizer(Optimizer.ADAM, learning_rate=0.01, eps=1e-6, beta1=0.8, beta2=0.99).ps()
+    assert adam == ps_optim.Adam(lr=0.01, betas=(0.8, 0.99), eps=1e-6)
+
+
+def test_gathered_rows_unpack_ids_and_gradients_also_when_empty():
+    from persia_planner.modules.hybrid import _unpack_rows
+
+    ids, grads = torch.tensor([-1, 2**62 + 5, 7]), torch.randn(3, 4)
+    packed = torch.cat([ids.view(torch.float32).view(-1, 2), grads], dim=1)
+    got_ids, got_grads = _unpack_rows(packed)
+    assert torch.equal(got_ids, ids) and torch.equal(got_grads, grads)
+    # K = 0 with several trainers, a table no trainer has an id of in this step
+    got_ids, got_grads = _unpack_rows(torch.empty(0, 6))
+    assert got_ids.dtype == torch.int64 and got_ids.shape == (0,) and got_grads.shape == (0, 4)
+
+
 # ---- with parameter servers (processes) ---------------------------------------------------------------------------
 class _Net(torch.nn.Module):
     def __init__(self, ebc: HybridEmbeddingBagCollection) -> None:
@@ -221,6 +258,30 @@ def _staleness_scenarios(j: int, client, _unused) -> dict:
         out["out_of_order"] = None
     except StalenessError as err:
         out["out_of_order"] = str(err)
+    # K = 0: an eval forward right after a step reads that step's update (pushes are slowed down by 30 ms here).
+    sgd = SparseOptimizer(Optimizer.SGD, learning_rate=0.5)
+    fresh = [EmbeddingBagConfig(name="evaluated", feature_names=["e"], num_embeddings=1000, embedding_dim=4)]
+    hybrid = HybridEmbeddingBagCollection(fresh, {"evaluated": ps_placement(4)}, ps=client, staleness=0, optimizer=sgd)
+    one = KeyedJaggedTensor(keys=["e"], values=torch.tensor([123]), lengths=torch.tensor([1]))
+    trained = hybrid(one).values()
+    trained.sum().backward()  # gradient 1 for each of the row's values: SGD moves them by -0.5
+    hybrid.eval()
+    out["eval_after_step"] = (trained.detach(), hybrid(one).values())
+    # A batch without a table's feature is refused by prefetch (TrainLoop's first call on a batch) in one line.
+    hybrid.train()
+    try:
+        hybrid.prefetch(KeyedJaggedTensor(keys=["x"], values=torch.tensor([1]), lengths=torch.tensor([1])))
+        out["prefetch_missing"] = None
+    except PlannerError as err:
+        out["prefetch_missing"] = str(err)
+    hybrid.eval()
+    # With several trainers the last step's update waits for a collective: evaluating before flush() is refused.
+    hybrid._stashed[hybrid._backward_through] = {}
+    try:
+        hybrid(one)
+        out["eval_unsent"] = None
+    except StalenessError as err:
+        out["eval_unsent"] = str(err)
     return out
 
 
@@ -233,6 +294,10 @@ def test_bounded_staleness_gauge_and_misuse():
     assert result[0]["pending"] == result[2]["pending"] == 0
     assert "cannot prefetch batch 2" in result["too_far"] and "needs the gradients of batch 0" in result["too_far"]
     assert "different batch than the next prefetched one" in result["out_of_order"]
+    trained, evaluated = result["eval_after_step"]
+    assert torch.equal(evaluated, trained - 0.5)
+    assert "call flush() on every trainer before eval()" in result["eval_unsent"]
+    assert result["prefetch_missing"].startswith("features ['e'] of the embedding tables are not keys")
 
 
 SMALL = ModelSpec(
