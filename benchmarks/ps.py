@@ -9,6 +9,11 @@ alternates call by call with its float32 twin, so drift on a shared machine hits
 
     python benchmarks/ps.py --quick --json out.json    # CI: under 2 minutes
     python benchmarks/ps.py --json out.json            # full: 10M-row memory, 100M rows of dim 16
+    python benchmarks/ps.py --breakdown                # also: where a lookup's time goes, 4 in flight
+
+``--breakdown`` times the pipelined lookup with one part of its path taken out at a time (the server's store work,
+the client's de-duplication, its gather into the batch's order) and the RPC alone, alternating window by window:
+what each part costs in throughput, measured in the same run (``breakdown_*_ms`` keys: ms per lookup).
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.rpc as rpc
 from rich.console import Console
 from rich.table import Table
 
 from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad
-from persia_planner.modules.ps.client import PsClient
+from persia_planner.modules.ps import server as ps_server
+from persia_planner.modules.ps.client import PsClient, _unique
 from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.modules.ps.server import TableConfig
 
@@ -126,7 +133,60 @@ def bench_eviction(rows: int, batches: int, new_per_batch: int = 8192) -> dict[s
     return {"evict_rows": rows, "evict_exact_ms_per_batch": exact, "evict_chunked_ms_per_batch": chunked}
 
 
-def _rpc_trainer(index: int, client: Any, rows: int, repeats: int) -> dict[str, float]:
+_ANSWERS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _same_answer(table: str, ids: torch.Tensor) -> torch.Tensor:
+    """Runs on the server (``--breakdown``): the rows of ``ids``, looked up once and then returned as they are, so
+    that a request costs the RPC and the transfer of a real answer but no store work."""
+    key = (table, ids.numel())
+    if key not in _ANSWERS:
+        _ANSWERS[key] = ps_server._lookup(table, ids, False, True)
+    return _ANSWERS[key]
+
+
+def _breakdown(client: PsClient, ids: torch.Tensor, repeats: int) -> dict[str, float]:
+    """ms per lookup, 4 in flight, of the client's path and of the same path with one part taken out.
+
+    The variants send what ``PsClient.lookup_async`` sends to a single server (the distinct ids, ``distinct=True``);
+    each window of 16 lookups runs every variant once in turn, so a slow spell of the machine hits all of them.
+    """
+    server = client.servers[0]
+    uniq, inverse = _unique(ids)
+
+    def variant(dedup: bool, store: bool, expand: bool):
+        def send() -> Any:
+            u, inv = _unique(ids) if dedup else (uniq, inverse)
+            fn, args = (ps_server._lookup, ("bench", u, True, True)) if store else (_same_answer, ("bench", u))
+            fut = rpc.rpc_async(server, fn, args=args)
+            return fut.then(lambda f: f.wait().index_select(0, inv)) if expand else fut
+
+        return send
+
+    variants = {
+        "lookup": lambda: client.lookup_async("bench", ids),
+        "without_store": variant(True, False, True),
+        "without_dedup": variant(False, True, True),
+        "without_expand": variant(True, True, False),
+        "rpc_only": variant(False, False, False),
+    }
+    stream = 16
+    seconds = timed_alternating({k: lambda fn=fn: _window(fn, 4, stream) for k, fn in variants.items()}, repeats)
+    return {f"breakdown_{k}_ms": s / stream * 1e3 for k, s in seconds.items()}
+
+
+def _window(send: Any, depth: int, stream: int) -> None:
+    """``stream`` requests with ``depth`` in flight: a new one is sent as soon as the oldest is back."""
+    window: collections.deque = collections.deque()
+    for _ in range(stream):
+        window.append(send())
+        if len(window) == depth:
+            window.popleft().wait()
+    while window:
+        window.popleft().wait()
+
+
+def _rpc_trainer(index: int, client: Any, rows: int, repeats: int, breakdown: bool = False) -> dict[str, float]:
     """Runs in the trainer process: register a table, warm its rows, time lookups and pushes of one batch, with
     float32 (``client``) and float16 (a second client of the same servers) on the wire."""
     del index
@@ -142,13 +202,7 @@ def _rpc_trainer(index: int, client: Any, rows: int, repeats: int) -> dict[str, 
     depth, stream = 4, 16
 
     def pipelined(c: PsClient) -> None:
-        window: collections.deque = collections.deque()
-        for _ in range(stream):
-            window.append(c.lookup_async("bench", ids))
-            if len(window) == depth:
-                window.popleft().wait()
-        while window:
-            window.popleft().wait()
+        _window(lambda: c.lookup_async("bench", ids), depth, stream)
 
     s = timed_alternating(
         {"lookup": lambda: client.lookup("bench", ids), "lookup_fp16": lambda: half.lookup("bench", ids)}, repeats
@@ -163,7 +217,8 @@ def _rpc_trainer(index: int, client: Any, rows: int, repeats: int) -> dict[str, 
     s |= timed_alternating(
         {"pipelined": lambda: pipelined(client), "pipelined_fp16": lambda: pipelined(half)}, max(3, repeats // 4)
     )
-    return {
+    extra = _breakdown(client, ids, max(3, repeats // 4)) if breakdown else {}
+    return extra | {
         "lookup_rows_per_s": BATCH / s["lookup"],
         "update_rows_per_s": BATCH / s["update"],
         "lookup_pipelined_rows_per_s": stream * BATCH / s["pipelined"],
@@ -176,14 +231,14 @@ def _rpc_trainer(index: int, client: Any, rows: int, repeats: int) -> dict[str, 
     }
 
 
-def bench_rpc(rows: int, repeats: int) -> dict[str, float]:
+def bench_rpc(rows: int, repeats: int, breakdown: bool = False) -> dict[str, float]:
     """1 server + 1 client process over torch.distributed.rpc on localhost.
 
     ``local_cluster`` starts both with ``server.allocator_env()`` and they call ``server.tune_allocator()`` (set
     ``PS_TUNE_MALLOC=0`` to measure glibc's defaults). The ceiling in this process needs neither: it writes into a
     preallocated output.
     """
-    return local_cluster(1, 1, _rpc_trainer, rows, repeats, timeout_s=60.0)[0]
+    return local_cluster(1, 1, _rpc_trainer, rows, repeats, breakdown, timeout_s=60.0)[0]
 
 
 _MEMORY_CHILD = """
@@ -243,6 +298,22 @@ def render(results: dict[str, Any]) -> None:
         f"{results['evict_chunked_ms_per_batch']:.1f} ms evicting 1/64 of the capacity at once "
         f"({results['evict_exact_ms_per_batch'] / results['evict_chunked_ms_per_batch']:.1f}x faster)"
     )
+    if "breakdown_lookup_ms" in results:
+        full = results["breakdown_lookup_ms"]
+        b = Table(title="Where a lookup's time goes (4 in flight; ms per lookup, same run)")
+        for col in ("path", "ms/lookup", "vs ceiling", "part's cost"):
+            b.add_column(col, justify="right" if col != "path" else "left")
+        for key, label in (
+            ("lookup", "PsClient.lookup_async"),
+            ("without_store", "no store work (same answer)"),
+            ("without_dedup", "no de-duplication"),
+            ("without_expand", "no gather into batch order"),
+            ("rpc_only", "RPC alone (same ids, answer)"),
+        ):
+            ms = results[f"breakdown_{key}_ms"]
+            cost = "" if key in ("lookup", "rpc_only") else f"{full - ms:.2f} ms"
+            b.add_row(label, f"{ms:.2f}", f"{BATCH / ms * 1e3 / ceiling:.1%}", cost)
+        console.print(b)
     for m in results["memory"]:
         console.print(
             f"memory: {m['rows']:,} rows of dim {m['dim']} + row-wise Adagrad: {m['bytes_per_row']:.1f} B/row "
@@ -254,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI mode: 1M-row throughput, 4M-row memory, fewer repeats")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--breakdown", action="store_true", help="also time the lookup with parts of its path left out")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     rows = 1_000_000 if args.quick else 10_000_000
@@ -262,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     before = bench_ceiling(rows, repeats)
     results.update(bench_local_store(rows, repeats))
     # The rpc calls take milliseconds: more repeats cost little and steady the medians on a shared machine.
-    results.update(bench_rpc(rows, 4 * repeats))
+    results.update(bench_rpc(rows, 4 * repeats, args.breakdown))
     # The ceiling again, after the rpc runs: a 1-1.5 ms call moves with the machine's load far more than the rpc
     # figures do, so the ratios use the better of the two measures (the conservative choice: a higher ceiling).
     after = bench_ceiling(rows, repeats)
