@@ -505,6 +505,12 @@ def test_server_functions_cast_on_the_wire_in_process(monkeypatch):
     assert server_module._update("wire_unit", ids, grads.half(), True) == 3
     after = server_module._lookup("wire_unit", ids, False, True)
     assert torch.equal(after, rows - grads.half().float())  # SGD lr=1 on the upcast gradients, in float32
+    # A weight beyond float16's range is refused for a float16 wire (it would arrive as inf), not for bfloat16.
+    assert server_module._update("wire_unit", ids[:1], torch.full((1, 8), -70000.0), True) == 1
+    refused = server_module._lookup("wire_unit", ids, False, True, torch.float16)
+    assert isinstance(refused, RemoteFailure) and "beyond float16's 65504" in refused.message
+    assert "wire_unit" in refused.message and "\n" not in refused.message
+    assert torch.isfinite(server_module._lookup("wire_unit", ids, False, True, torch.bfloat16)).all()
 
 
 def test_trainers_store_needs_the_rendezvous_address(monkeypatch):

@@ -240,6 +240,9 @@ def _create(config: TableConfig) -> int:
     return state.index
 
 
+_FLOAT16_MAX = float(torch.finfo(torch.float16).max)
+
+
 @_server_errors
 def _lookup(
     table: str, ids: torch.Tensor, train: bool, distinct: bool = False, wire_dtype: torch.dtype | None = None
@@ -253,7 +256,19 @@ def _lookup(
     with t.lock:
         rows = t.store.lookup(ids, train=train, distinct=distinct)
     # Cast after releasing the lock: the rows are this request's own copy, other requests need not wait for it.
-    return rows if wire_dtype is None or rows.dtype == wire_dtype else rows.to(wire_dtype)
+    if wire_dtype is None or rows.dtype == wire_dtype:
+        return rows
+    if wire_dtype == torch.float16 and rows.numel():
+        # A weight beyond float16's range would reach the trainer as inf; refuse, as the client refuses such
+        # gradients (nan compares false and travels as nan, as it would in float32).
+        low, high = rows.aminmax()  # one pass, no |rows| temporary: half the time of abs().amax()
+        peak = max(-float(low), float(high))
+        if peak > _FLOAT16_MAX:
+            raise PsServerError(
+                f"parameter server {_state().name}: table {table!r} holds weights up to {peak:.6g}, beyond float16's "
+                f"{_FLOAT16_MAX:g}; send bfloat16 (wire_dtype=torch.bfloat16, --ps-wire bfloat16) or clip the weights"
+            )
+    return rows.to(wire_dtype)
 
 
 @_server_errors
