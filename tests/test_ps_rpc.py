@@ -553,3 +553,26 @@ def test_server_checkpoint_records_its_last_dump_for_replicas(monkeypatch, tmp_p
     server_module._create(config)
     assert server_module._load(str(base), 1) == 2
     assert server_module._state().last_dump_sequence == 2
+
+
+def test_server_load_refusing_a_table_loads_none(monkeypatch, tmp_path):
+    """A table the checkpoint cannot fill (more rows than its new capacity) makes the whole load fail with one line
+    naming it, and no table is replaced: the server is not left half old, half new."""
+    monkeypatch.setattr(server_module, "_STATE", None)
+    big, small = TableConfig("a_big", 4, 100, SGD(lr=1.0), seed=1), TableConfig("b_small", 4, 100, SGD(lr=1.0), seed=2)
+    server_module._create(big)
+    server_module._create(small)
+    server_module._lookup("a_big", torch.arange(10), True, True)
+    server_module._lookup("b_small", torch.arange(50), True, True)
+    assert server_module._save(str(tmp_path), 1, 1) == 60
+    commit(tmp_path, 1, n_servers=1)
+    # Restarted with b_small's capacity too low for its 50 saved rows; a_big already holds other rows.
+    monkeypatch.setattr(server_module, "_STATE", None)
+    server_module._create(big)
+    server_module._create(TableConfig("b_small", 4, 20, SGD(lr=1.0), seed=2))
+    before = server_module._lookup("a_big", torch.arange(100, 105), True, True)
+    refused = server_module._load(str(tmp_path), 1)
+    assert isinstance(refused, RemoteFailure) and "\n" not in refused.message
+    assert "cannot load table 'b_small'" in refused.message and "nothing was loaded" in refused.message
+    table = server_module._state().table("a_big").store
+    assert len(table) == 5 and torch.equal(server_module._lookup("a_big", torch.arange(100, 105), False, True), before)

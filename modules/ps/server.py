@@ -344,11 +344,20 @@ def _load(directory: str, n_servers: int) -> int:
             "register every table (PsClient.register) before loading"
         )
     loaded = 0
-    for name, table_rows in rows.items():
-        t = state.tables[name]
-        with t.lock:
-            t.store.load_state_dict(table_rows)
-            loaded += len(t.store)
+    with _all_tables_locked() as tables:
+        # Every table is checked before any is replaced: a refused table (too many rows for its capacity, another
+        # dim) leaves the server as it was, not half loaded. Tables the checkpoint does not hold keep their rows.
+        for name, table_rows in rows.items():
+            try:
+                tables[name].store.check_state_dict(table_rows)
+            except ValueError as err:
+                raise PsServerError(
+                    f"parameter server {state.name}: cannot load table {name!r} from {directory}: {err}; nothing "
+                    "was loaded (raise the table's capacity or load with more servers)"
+                ) from None
+        for name, table_rows in rows.items():
+            tables[name].store.load_state_dict(table_rows)
+            loaded += len(tables[name].store)
     if latest is not None:
         state.last_dump_sequence = max(state.last_dump_sequence, latest["delta_sequence"])
     return loaded

@@ -523,17 +523,13 @@ class EmbeddingStore:
         """Replace the contents by ``state`` (from :meth:`state_dict`; capacity may differ but must hold the rows).
 
         Hyper-parameters, the generator and the metrics are the constructor's, not the checkpoint's.
+
+        Raises:
+            ValueError: See :meth:`check_state_dict`; the store is unchanged then.
         """
+        self.check_state_dict(state)
         ids = _as_ids(state["ids"])
         n = ids.numel()
-        if n > self.capacity:
-            raise ValueError(f"checkpoint has {n} rows, capacity is {self.capacity}")
-        if tuple(state["weights"].shape) != (n, self.dim):
-            raise ValueError(f"weights shape {tuple(state['weights'].shape)} != ({n}, {self.dim})")
-        if tuple(state["state"].shape) != (n, self.state_width):
-            raise ValueError(f"optimizer state shape {tuple(state['state'].shape)} != ({n}, {self.state_width})")
-        if torch.unique(ids).numel() != n:
-            raise ValueError("checkpoint ids are not distinct")
         self._ids[:n] = ids
         self._weights[:n] = state["weights"]
         self._state[:n] = state["state"]
@@ -546,6 +542,20 @@ class EmbeddingStore:
         self._dirty.zero_()
         # ... and a replica may start from them, so evictions from here on are logged for the next dump.
         self._reset_evicted()
+
+    def check_state_dict(self, state: dict[str, Any]) -> None:
+        """Raise ``ValueError`` if :meth:`load_state_dict` would refuse ``state`` (more rows than the capacity, another
+        dim or optimizer state width, repeated ids); changes nothing."""
+        ids = _as_ids(state["ids"])
+        n = ids.numel()
+        if n > self.capacity:
+            raise ValueError(f"checkpoint has {n} rows, capacity is {self.capacity}")
+        if tuple(state["weights"].shape) != (n, self.dim):
+            raise ValueError(f"weights shape {tuple(state['weights'].shape)} != ({n}, {self.dim})")
+        if tuple(state["state"].shape) != (n, self.state_width):
+            raise ValueError(f"optimizer state shape {tuple(state['state'].shape)} != ({n}, {self.state_width})")
+        if torch.unique(ids).numel() != n:
+            raise ValueError("checkpoint ids are not distinct")
 
     # -------------------------------------------------------------------------------------- incremental dumps
 
