@@ -153,6 +153,15 @@ class GreedyLocalSearch:
         starts = list(dict.fromkeys([guided, plain] if both else [guided]))
         firsts = [run for start in starts if (run := self._attempt(cost, start))]
         if not firsts:
+            # Tight memory: the greedy order (hottest bytes first) can fill a tier a big table needed. Before
+            # calling the model infeasible, pack: the bound's tiers even when its loads were unbalanced, and
+            # largest tables first (first-fit decreasing).
+            fallbacks = [_Start(largest_first=True), _Start(None, guided.prices, largest_first=True)]
+            if hint is not None and not hint.trustworthy:
+                fallbacks.insert(0, _Start(hint.preferred, hint.prices))
+            firsts = [run for start in fallbacks if (run := self._attempt(cost, start))]
+            starts = starts + [f for f in fallbacks if f not in starts]
+        if not firsts:
             firsts = [self._construct(cost, plain)]  # raises the CapacityError that names what is short
         base = min(firsts, key=_Run.current_score)
         seconds = [run for start in starts if (run := self._attempt(cost, start, previous=base))]
@@ -167,7 +176,7 @@ class GreedyLocalSearch:
 
     def _construct(self, cost: CostModel, start: _Start, previous: _Run | None = None) -> _Run:
         run = _Run(cost, self.config, start.prices)
-        run.construct(start.preferred, previous=previous)
+        run.construct(start.preferred, previous=previous, largest_first=start.largest_first)
         return run
 
     def _attempt(self, cost: CostModel, start: _Start, previous: _Run | None = None) -> _Run | None:
@@ -179,10 +188,11 @@ class GreedyLocalSearch:
 
 @dataclass(frozen=True, eq=False)
 class _Start:
-    """How a construction is guided: a tier per table and memory prices (both optional)."""
+    """How a construction is guided: a tier per table and memory prices (both optional), and its order."""
 
     preferred: Mapping[str, TierChoice] | None = None
     prices: tuple[float, float, float] | None = None
+    largest_first: bool = False  # place the largest tables first (packing) instead of the hottest bytes
 
 
 class _Run:
@@ -340,7 +350,8 @@ class _Run:
                 continue
             if Sharding.COLUMN_WISE in shardings and splits <= 4:
                 opts.append(Option(Sharding.COLUMN_WISE, tier, fraction, splits))
-            if Sharding.TABLE_COLUMN_WISE in shardings and splits == min_host:
+            # TorchRec lays table-column-wise out like table-row-wise: the same GPU count on every host.
+            if Sharding.TABLE_COLUMN_WISE in shardings and splits == min_host and self._uniform_hosts:
                 opts.append(Option(Sharding.TABLE_COLUMN_WISE, tier, fraction, splits))
         G = self.lay.n_gpus
         if Sharding.ROW_WISE in shardings and row_splittable(table.rows, G) and hbm_need / G <= hbm_sorted[-1]:
@@ -508,16 +519,24 @@ class _Run:
         self.mem = self.mem - choice.mem
         return choice
 
-    def construct(self, hint: Mapping[str, TierChoice] | None = None, previous: _Run | None = None) -> None:
+    def construct(
+        self,
+        hint: Mapping[str, TierChoice] | None = None,
+        previous: _Run | None = None,
+        largest_first: bool = False,
+    ) -> None:
         """Place every table, hottest bytes first (prices, if any, apply only here).
 
         With ``previous`` (an earlier construction), every table not yet placed still counts with its load from
         that run: early choices then see how busy each resource will be (the parameter servers are not idle just
-        because the colder tables have not been placed yet)."""
+        because the colder tables have not been placed yet). With ``largest_first``, the largest tables go first
+        (first-fit decreasing: for memory that is too tight for the hottest-first order)."""
         tables = list(self.cost.model.tables)
         density = np.array([t.pooling_factor / t.row_bytes(self.dtype) / t.rows for t in tables])
         order = np.argsort(-density, kind="stable")
-        if hint:
+        if largest_first:
+            order = np.argsort(-np.array([t.bytes(self.dtype) for t in tables], dtype=float), kind="stable")
+        elif hint:
             # The hint already says which tables deserve fast memory; what remains is packing: the big tables that
             # must be split go first, largest first, while every GPU still has room for its even share.
             sizes = np.array([t.bytes(self.dtype) for t in tables], dtype=float)
@@ -715,6 +734,24 @@ class _Run:
         }
         resource = "PS DDR" if self.lay.n_servers else max(free, key=free.get)
         short = int(size - free[resource])
+        if self.lay.n_servers and short <= 0:
+            # The servers have room in total, but every server holds an equal share of the rows (one hash bucket
+            # each, as the parameter servers route ids): the server with the least room is what is short.
+            gap = self._ps_rows(table) * table.row_bytes(self.dtype) - (self.cap[lay.ps_mem] - self.mem[lay.ps_mem])
+            worst = int(np.argmax(gap))
+            server = self.cost.topology.servers[worst].name
+            return CapacityError(
+                resource,
+                int(max(gap[worst], 0)),
+                f"table {table.name!r} ({format_bytes(size)}) fits nowhere: the {self.lay.n_servers} parameter "
+                f"servers hold an equal share of its rows each, and {server} is short by "
+                f"{format_bytes(max(gap[worst], 0))} for its share after placing the hotter tables",
+                (
+                    f"give {server} more DDR (parameter servers of equal DDR hold the most)",
+                    "use embedding_dtype: fp16 or fewer rows",
+                    "lower the reserve fractions under 'constants:' in topology.yaml",
+                ),
+            )
         fixes = (
             "add parameter servers or more DDR per server"
             if self.lay.n_servers

@@ -176,3 +176,82 @@ def test_bad_search_config_is_a_planner_error():
 
     with pytest.raises(PlannerError, match="seed must be >= 0, got -1"):
         SearchConfig(seed=-1)
+
+
+_GPU = {"hbm_bandwidth": "1TB/s", "tflops": 100, "pcie_bandwidth": "32GB/s"}
+
+
+def test_tight_memory_packs_before_calling_the_model_infeasible():
+    """Hottest-first construction puts the hot table on the servers, leaving no room for the big one; a plan
+    exists (big on the servers, hot in trainer DDR) and the search must find it instead of raising."""
+    topo = Topology.from_dict(
+        {
+            "hosts": [
+                {"name": "trainer", "ddr": "64GiB", "ddr_bandwidth": "100GB/s", "nic_bandwidth": "25GB/s"}
+                | {"gpus": {"count": 2, "hbm": "8GiB", **_GPU}},
+                {"name": "ps", "count": 2, "role": "parameter_server", "ddr": "64GiB"}
+                | {"ddr_bandwidth": "50GB/s", "nic_bandwidth": "12.5GB/s"},
+            ]
+        }
+    )
+    model = ModelSpec.from_dict(
+        {
+            "batch_size": 65536,
+            "tables": [
+                {"name": "hot", "rows": 68_975_576, "dim": 100, "pooling_factor": 30, "zipf_alpha": 0.8},  # 26 GiB
+                {"name": "big", "rows": 132_919_313, "dim": 100, "pooling_factor": 5, "optimizer": "adagrad"},
+                {"name": "small", "rows": 94_602, "dim": 64, "pooling_factor": 5, "optimizer": "sgd"},
+            ],
+        }
+    )
+    plan = Planner(GreedyLocalSearch(FAST)).plan(model, topo)
+    assert validate(plan, model, topo) == []
+    assert plan.tables["big"].tier is Tier.PS and plan.tables["hot"].tier is not Tier.PS
+
+
+def test_unequal_servers_name_the_one_short_of_its_share():
+    """Each server holds an equal share of a table's rows (the servers route ids by hash): with 10 and 100 GiB
+    servers a 30 GiB table does not fit, and the error names the small server, not "short by 0 B"."""
+    server = {"role": "parameter_server", "ddr_bandwidth": "50GB/s", "nic_bandwidth": "12.5GB/s"}
+    topo = Topology.from_dict(
+        {
+            "hosts": [
+                {"name": "tr", "ddr": "4GiB", "ddr_bandwidth": "100GB/s", "nic_bandwidth": "25GB/s"}
+                | {"gpus": {"count": 1, "hbm": "4GiB", **_GPU}},
+                {"name": "small", "ddr": "10GiB", **server},
+                {"name": "big", "ddr": "100GiB", **server},
+            ]
+        }
+    )
+    model = ModelSpec.from_dict({"batch_size": 1024, "tables": [{"name": "t", "rows": 30 * 2**30 // 260, "dim": 64}]})
+    with pytest.raises(CapacityError, match=r"small0 is short by [\d.]+ GiB for its share") as err:
+        Planner(GreedyLocalSearch(FAST)).plan(model, topo)
+    assert err.value.resource == "PS DDR" and err.value.short_bytes > 4 * 2**30
+
+
+def test_table_column_wise_needs_the_same_gpu_count_on_every_host():
+    """TorchRec lays table-column-wise out per host like table-row-wise: hosts of 3 and 2 GPUs must get neither."""
+    host = {"ddr": "4GiB", "ddr_bandwidth": "100GB/s", "nic_bandwidth": "25GB/s"}
+    topo = Topology.from_dict(
+        {
+            "hosts": [
+                {"name": "a", **host, "gpus": {"count": 3, "hbm": "8GiB", **_GPU}},
+                {"name": "b", **host, "gpus": {"count": 2, "hbm": "8GiB", **_GPU}},
+            ]
+        }
+    )
+    model = ModelSpec.from_dict(
+        {
+            "batch_size": 65536,
+            "embedding_dtype": "fp16",
+            "tables": [
+                {"name": "hot", "rows": 226076, "dim": 128, "pooling_factor": 5, "optimizer": "sgd", "zipf_alpha": 1.2},
+                {"name": "big", "rows": 16865032, "dim": 4, "pooling_factor": 30, "optimizer": "adagrad"},
+                {"name": "c", "rows": 13731121, "dim": 32, "pooling_factor": 5, "optimizer": "adagrad"},
+            ],
+        }
+    )
+    plan = Planner(GreedyLocalSearch(SearchConfig(improve_time_s=0.5))).plan(model, topo)
+    shardings = {p.sharding for p in plan.tables.values()}
+    assert Sharding.TABLE_COLUMN_WISE not in shardings and Sharding.TABLE_ROW_WISE not in shardings
+    assert validate(plan, model, topo) == []
