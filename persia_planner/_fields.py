@@ -21,11 +21,18 @@ def load_yaml(path: str | Path) -> tuple[Any, str]:
     """Read a YAML file; returns (data, source name for messages)."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(source, "", "file not found", fixes=("check the path",)) from None
     except OSError as err:
         raise SpecError(source, "", f"cannot read file ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(
+            source,
+            "",
+            f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})",
+            fixes=("save it as UTF-8",),
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -199,9 +199,18 @@ def load_plan(path: str | Path) -> Plan:
     """Read a plan.json file."""
     source = Path(path).name
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SpecError(source, "", "file not found", fixes=("check the path",)) from None
+    except OSError as err:
+        raise SpecError(source, "", f"cannot read file ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(
+            source,
+            "",
+            f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})",
+            fixes=("save it as UTF-8",),
+        ) from None
     except json.JSONDecodeError as err:
         raise SpecError(source, "", f"malformed JSON at line {err.lineno}: {err.msg}") from None
     return Plan.from_dict(data, source)
@@ -283,8 +292,11 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
                 problems.append(f"shard {i} is on tier ps but {shard.device!r} is not a parameter server")
             if s is not Sharding.PS_HASH:
                 problems.append(f"shard {i} is on tier ps but the sharding is {s.value}")
-        elif shard.device not in gpu_names:
-            problems.append(f"shard {i} is on tier {shard.tier.value} but {shard.device!r} is not a GPU")
+        else:
+            if shard.device not in gpu_names:
+                problems.append(f"shard {i} is on tier {shard.tier.value} but {shard.device!r} is not a GPU")
+            if s is Sharding.PS_HASH:
+                problems.append(f"shard {i} is on tier {shard.tier.value} but ps_hash shards must be on tier ps")
         if shard.tier is Tier.HBM_CACHE and not (shard.cache_fraction and 0 < shard.cache_fraction < 1):
             problems.append(f"shard {i} is hbm_cache without a cache_fraction in (0, 1)")
         if not (0 <= shard.cols[0] < shard.cols[1] <= table.dim):

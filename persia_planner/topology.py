@@ -16,7 +16,7 @@ import networkx as nx
 from persia_planner._fields import Fields, load_yaml
 from persia_planner.constants import CostConstants
 from persia_planner.errors import SpecError
-from persia_planner.units import Quantity
+from persia_planner.units import Quantity, UnitError, parse
 
 __all__ = ["Gpu", "Host", "NodeKind", "Role", "Topology", "load_topology"]
 
@@ -164,16 +164,23 @@ class Topology:
         top = Fields(data, source, "")
         name = top.take_str("name", default="topology")
         constants = _read_constants(top)
+        if top.has("hosts") and (top.has("nodes") or top.has("links")):
+            raise top.error("nodes", "give either 'hosts:' or 'nodes:'/'links:', not both")
+        if top.has("nodes") and top.has("network"):
+            # The nodes form carries these on the graph itself; taking both would leave two answers to one question.
+            raise top.error(
+                "network",
+                "is not used with 'nodes:'/'links:'",
+                fixes=("give the switch bandwidth as 'bandwidth:' on the switch node and 'latency:' on each link",),
+            )
         net = top.sub("network", default=None)
         switch_bw, latency = math.inf, DEFAULT_LATENCY_S
         if net is not None:
             switch_bw = net.take_positive("bandwidth", Quantity.BANDWIDTH, default=math.inf)
             latency = net.take("latency", Quantity.DURATION, default=DEFAULT_LATENCY_S)
             net.finish()
-        if top.has("hosts") and (top.has("nodes") or top.has("links")):
-            raise top.error("nodes", "give either 'hosts:' or 'nodes:'/'links:', not both")
         if top.has("nodes"):
-            graph = _graph_from_nodes(top, switch_bw)
+            graph = _graph_from_nodes(top)
         else:
             graph = _graph_from_hosts(top, switch_bw, latency)
         top.finish()
@@ -240,8 +247,10 @@ def _read_constants(top: Fields) -> CostConstants:
         return CostConstants()
     overrides: dict[str, Any] = {}
     for key in CostConstants.names():
-        if section.has(key):
-            overrides[key] = section.take(key) if key == "cache_fractions" else section.take(key, Quantity.NUMBER)
+        if key == "cache_fractions" and section.has(key):
+            overrides[key] = _read_cache_fractions(section)
+        elif section.has(key):
+            overrides[key] = section.take(key, Quantity.NUMBER)
         else:
             section.take(key, default=None)  # marks it known, so finish() can suggest it for a typo
     section.finish()
@@ -250,6 +259,21 @@ def _read_constants(top: Fields) -> CostConstants:
     if problem:
         raise top.error("constants", problem)
     return constants
+
+
+def _read_cache_fractions(section: Fields) -> list[float]:
+    value = section.take("cache_fractions")
+    if not isinstance(value, list):
+        raise section.error(
+            "cache_fractions", f"expected a list of numbers in (0, 1), got {value!r}", fixes=("write e.g. [0.05, 0.2]",)
+        )
+    fractions = []
+    for i, item in enumerate(value):
+        try:
+            fractions.append(parse(item, Quantity.NUMBER))
+        except UnitError as err:
+            raise SpecError(section.source, f"{section.key_path('cache_fractions')}[{i}]", str(err)) from None
+    return fractions
 
 
 def _graph_from_hosts(top: Fields, switch_bw: float, latency: float) -> nx.Graph:
@@ -302,7 +326,7 @@ def _read_gpu_fields(gpus: Fields) -> tuple[int, int, float, float, float, float
     return n_gpus, hbm, hbm_bw, tflops * 1e12, pcie_bw, nvlink_bw
 
 
-def _graph_from_nodes(top: Fields, switch_bw: float) -> nx.Graph:
+def _graph_from_nodes(top: Fields) -> nx.Graph:
     """The advanced form: explicit nodes and links; GPU/host specs are derived from the links."""
     graph = nx.Graph()
     raw: dict[str, dict[str, Any]] = {}
@@ -352,6 +376,13 @@ def _graph_from_nodes(top: Fields, switch_bw: float) -> nx.Graph:
         nic = sum(graph.edges[name, n]["bandwidth"] for n in graph.neighbors(name) if n not in gpus) or math.inf
         graph.nodes[name]["spec"] = Host(name, attrs["role"], attrs["ddr"], attrs["ddr_bandwidth"], nic, gpus)
         for gpu in gpus:
+            if "spec" in graph.nodes[gpu]:
+                # A GPU's HBM, PCIe link and share of host DDR belong to one host; two would count it twice.
+                raise top.error(
+                    "links",
+                    f"GPU {gpu!r} is linked to two hosts, {graph.nodes[gpu]['spec'].host!r} and {name!r}",
+                    fixes=("link each GPU to exactly one host",),
+                )
             peers = [n for n in graph.neighbors(gpu) if n in gpus]
             nvlink = max((graph.edges[gpu, p]["bandwidth"] for p in peers), default=graph.edges[gpu, name]["bandwidth"])
             g = raw[gpu]
@@ -361,7 +392,24 @@ def _graph_from_nodes(top: Fields, switch_bw: float) -> nx.Graph:
     orphan = next((n for n, a in raw.items() if a["kind"] is NodeKind.GPU and "spec" not in graph.nodes[n]), None)
     if orphan:
         raise top.error("links", f"GPU {orphan!r} is not linked to a host", fixes=("add a link from it to its host",))
+    _check_connected(top, graph)
     return graph
+
+
+def _check_connected(top: Fields, graph: nx.Graph) -> None:
+    """Every trainer and parameter server must reach the trainers: the cost model routes traffic between them."""
+    hosts = [spec for spec in nx.get_node_attributes(graph, "spec").values() if isinstance(spec, Host)]
+    trainers = [h.name for h in hosts if h.role is Role.TRAINER and h.gpus]
+    if not trainers:
+        return  # Topology() reports the missing trainer GPU
+    reachable = nx.node_connected_component(graph, trainers[0])
+    for host in hosts:
+        if (host.role is Role.PARAMETER_SERVER or host.gpus) and host.name not in reachable:
+            raise top.error(
+                "links",
+                f"node {host.name!r} has no path to trainer {trainers[0]!r}",
+                fixes=(f"add a link from {host.name!r} to the switch or to a trainer",),
+            )
 
 
 def load_topology(path: str | Path) -> Topology:

@@ -1,15 +1,18 @@
 """One parser for every human-written quantity: sizes, bandwidths, durations and counts.
 
-Sizes: integers (bytes) or ``B KB MB GB TB`` (powers of 1000) and ``KiB MiB GiB TiB`` (powers of 1024).
-Bandwidths: ``B/s`` forms (``3.35TB/s``, ``900GiB/s``) and bit forms (``400Gbps``, ``25Gb/s``); returned in bytes/s.
+Sizes: integers (bytes) or ``B KB MB GB TB`` (powers of 1000) and ``KiB MiB GiB TiB`` (powers of 1024); a lower-case
+final ``b`` (bits) is an error. Bandwidths: ``B/s`` forms (``3.35TB/s``, ``900GiB/s``) and bit forms (``400Gbps``,
+``25Gb/s``, ``1Gib/s``): the case of the final ``b``/``B`` alone decides bits or bytes; returned in bytes/s.
 Durations: ``ns us ms s`` (``5us``); returned in seconds. Counts: ``40_000_000``, ``1e9``, ``4M`` is *not* a count.
 """
 
 from __future__ import annotations
 
+import decimal
 import enum
 import math
 import re
+from decimal import Decimal
 
 __all__ = ["Quantity", "UnitError", "format_bytes", "format_rate", "parse"]
 
@@ -41,8 +44,15 @@ _SIZE_UNITS = {
     "tib": 1024**4,
     "pib": 1024**5,
 }
-_BIT_UNITS = {"bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_DURATION_UNITS = {
+    "ns": Decimal("1e-9"),
+    "us": Decimal("1e-6"),
+    "µs": Decimal("1e-6"),
+    "ms": Decimal("1e-3"),
+    "s": Decimal(1),
+}
+# Decimal, not float, so that "4.1GB" is exactly 4_100_000_000 bytes; the precision keeps any sane input x unit exact.
+_EXACT = decimal.Context(prec=60, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
 # A sign is accepted so that "-2us" reaches the non-negative check and gets that message, not "not a duration".
 _NUMBER = r"[+-]?[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9]+)?"
 _QUANTITY_RE = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-zµ/]*)\s*$")
@@ -56,33 +66,29 @@ _EXAMPLES = {
 }
 
 
-def _split(value: str, kind: Quantity) -> tuple[float, str]:
+def _split(value: str, kind: Quantity) -> tuple[Decimal, str]:
     match = _QUANTITY_RE.match(value)
     if not match:
         raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
-    number = float(match.group(1).replace("_", ""))
-    return number, match.group(2)
+    return Decimal(match.group(1).replace("_", "")), match.group(2)
 
 
-def _scale(value: str, kind: Quantity) -> float:
+def _scale(value: str, kind: Quantity) -> Decimal:
     number, unit = _split(value, kind)
     key = unit.lower()
     if kind is Quantity.SIZE:
         if unit == "":
             return number
         if key in _SIZE_UNITS:
+            if unit.endswith("b"):
+                raise UnitError(f"{value!r} is in bits (lower-case 'b'); a size is bytes: write {unit[:-1] + 'B'!r}")
             return number * _SIZE_UNITS[key]
     elif kind is Quantity.BANDWIDTH:
-        if key.endswith("/s") and key[:-2] in _SIZE_UNITS:
-            # "Gb/s" (lower-case b after a prefix) means bits, as network people write it.
-            prefix = unit[:-2]
-            if prefix.endswith("b") and prefix != "b" and not prefix.lower().endswith("ib"):
-                return number * _BIT_UNITS[prefix.lower() + "ps"] / 8
-            return number * _SIZE_UNITS[key[:-2]]
-        if key in _BIT_UNITS:
-            # "GBps" with a capital B is bytes; "Gbps" is bits.
-            per_bit = 1 if len(unit) >= 3 and unit[-3] == "B" else 8
-            return number * _BIT_UNITS[key] / per_bit
+        # "Gb/s", "Gbps", "Gib/s": network people write bits with a lower-case b, whatever the prefix.
+        prefix = unit[:-2] if key.endswith(("/s", "ps")) else ""
+        if prefix.lower() in _SIZE_UNITS:
+            per_second = number * _SIZE_UNITS[prefix.lower()]
+            return per_second / 8 if prefix.endswith("b") else per_second
     elif kind is Quantity.DURATION:
         if key in _DURATION_UNITS:
             return number * _DURATION_UNITS[key]
@@ -107,19 +113,21 @@ def parse(value: object, kind: Quantity) -> float:
     """
     if isinstance(value, bool) or value is None:
         raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
-    if isinstance(value, int | float):
-        number = float(value)
-    elif isinstance(value, str):
-        number = _scale(value, kind)
-    else:
-        raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
-    if not math.isfinite(number) or number < 0:
-        raise UnitError(f"{value!r} must be a finite, non-negative {kind.value}")
-    if kind in (Quantity.SIZE, Quantity.COUNT):
-        if number != int(number):
-            raise UnitError(f"{value!r} is not a whole number of {'bytes' if kind is Quantity.SIZE else 'items'}")
-        return int(number)
-    return number
+    with decimal.localcontext(_EXACT):
+        if isinstance(value, int | float):
+            number = Decimal(value)
+        elif isinstance(value, str):
+            number = _scale(value, kind)
+        else:
+            raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
+        # float() first: it is cheap even for "1e999999999", which int() would spend minutes expanding.
+        if not number.is_finite() or number < 0 or not math.isfinite(float(number)):
+            raise UnitError(f"{value!r} must be a finite, non-negative {kind.value}")
+        if kind in (Quantity.SIZE, Quantity.COUNT):
+            if number != number.to_integral_value():
+                raise UnitError(f"{value!r} is not a whole number of {'bytes' if kind is Quantity.SIZE else 'items'}")
+            return int(number)
+    return float(number)
 
 
 def format_bytes(n_bytes: float) -> str:

@@ -136,3 +136,26 @@ def test_plan_json_errors(tmp_path):
     path.write_text("{not json")
     with pytest.raises(SpecError, match=r"p\.json: malformed JSON at line 1"):
         load_plan(path)
+
+
+def test_validate_reports_ps_hash_shards_on_a_gpu(the_plan):
+    big = the_plan.tables["big"]
+    on_gpus = TablePlacement(
+        Sharding.PS_HASH,
+        tuple(dataclasses.replace(s, tier=Tier.HBM, device=f"trainer0/gpu{i}") for i, s in enumerate(big.shards)),
+    )
+    assert validate(_replace_table(the_plan, "big", on_gpus), MODEL, TOPO) == [
+        "table 'big': shard 0 is on tier hbm but ps_hash shards must be on tier ps",
+        "table 'big': shard 1 is on tier hbm but ps_hash shards must be on tier ps",
+    ]
+
+
+def test_load_plan_unreadable_files(tmp_path):
+    with pytest.raises(SpecError) as err:
+        load_plan(tmp_path)
+    assert str(err.value) == f"{tmp_path.name}: cannot read file (Is a directory)"
+    path = tmp_path / "p.json"
+    path.write_bytes(b'{"format": "persia-plan/1", \xff}')
+    with pytest.raises(SpecError) as err:
+        load_plan(path)
+    assert str(err.value) == "p.json: not UTF-8 text (byte 0xff at offset 28); fix: save it as UTF-8"

@@ -86,6 +86,14 @@ def test_load_model_file_errors(tmp_path):
         load_model(tmp_path / "nope.yaml")
 
 
+def test_load_model_non_utf8_file(tmp_path):
+    bad = tmp_path / "m.yaml"
+    bad.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(SpecError) as err:
+        load_model(bad)
+    assert str(err.value) == f"{bad}: not UTF-8 text (byte 0xe9 at offset 9); fix: save it as UTF-8"
+
+
 def test_from_torchrec_configs():
     torchrec = pytest.importorskip("torchrec")
     configs = [

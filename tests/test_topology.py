@@ -132,6 +132,22 @@ def test_nodes_and_links_form_builds_the_same_kind_of_graph():
             {**TOPO, "hosts": [TOPO["hosts"][0], TOPO["hosts"][0]]},
             "topology.yaml: hosts[1].name: host 'trainer0' is defined twice",
         ),
+        (
+            {**TOPO, "hosts": [{**TOPO["hosts"][0], "ddr": "2Tb"}]},
+            "topology.yaml: hosts[0].ddr: '2Tb' is in bits (lower-case 'b'); a size is bytes: write 'TB'",
+        ),
+        (
+            {**TOPO, "constants": {"cache_fractions": 0.2}},
+            "topology.yaml: constants.cache_fractions: expected a list of numbers in (0, 1), got 0.2",
+        ),
+        (
+            {**TOPO, "constants": {"cache_fractions": [0.1, "a"]}},
+            "topology.yaml: constants.cache_fractions[1]: 'a' is not a number like 1.05",
+        ),
+        (
+            {**TOPO, "constants": {"cache_fractions": [0.1, 1.0]}},
+            "topology.yaml: constants: cache_fractions must be numbers in (0, 1), got [0.1, 1.0]",
+        ),
     ],
 )
 def test_errors(data, message):
@@ -149,3 +165,48 @@ def test_bundled_examples_load():
     topo = load_topology(examples / "persia_100t_cluster.yaml")
     assert len(topo.gpus) == 64 and len(topo.servers) == 30
     assert topo.servers[0].ddr_bytes == 12 * 10**12
+
+
+NODES = {
+    "nodes": [
+        {"name": "h", "kind": "host", "ddr": "1TiB", "ddr_bandwidth": "10GB/s"},
+        {"name": "g", "kind": "gpu", "hbm": "16GiB", "hbm_bandwidth": "1TB/s", "tflops": 1},
+        {"name": "p", "kind": "host", "role": "parameter_server", "ddr": "1TiB", "ddr_bandwidth": "10GB/s"},
+        {"name": "sw", "kind": "switch"},
+    ],
+    "links": [
+        {"a": "g", "b": "h", "bandwidth": "10GB/s"},
+        {"a": "h", "b": "sw", "bandwidth": "10GB/s"},
+        {"a": "p", "b": "sw", "bandwidth": "10GB/s"},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {**NODES, "links": NODES["links"][:2]},
+            "topology.yaml: links: node 'p' has no path to trainer 'h'; "
+            "fix: add a link from 'p' to the switch or to a trainer",
+        ),
+        (
+            {
+                "nodes": [*NODES["nodes"], {"name": "h2", "kind": "host", "ddr": "1TiB", "ddr_bandwidth": "10GB/s"}],
+                "links": [*NODES["links"], {"a": "g", "b": "h2", "bandwidth": "10GB/s"}],
+            },
+            "topology.yaml: links: GPU 'g' is linked to two hosts, 'h' and 'h2'; "
+            "fix: link each GPU to exactly one host",
+        ),
+        (
+            {**NODES, "network": {"bandwidth": "1GB/s", "latency": "1ms"}},
+            "topology.yaml: network: is not used with 'nodes:'/'links:'; fix: give the switch bandwidth as "
+            "'bandwidth:' on the switch node and 'latency:' on each link",
+        ),
+    ],
+)
+def test_nodes_form_errors(data, message):
+    assert Topology.from_dict(NODES).servers[0].name == "p"
+    with pytest.raises(SpecError) as err:
+        Topology.from_dict(data)
+    assert str(err.value) == message

@@ -17,6 +17,11 @@ from persia_planner.units import Quantity, UnitError, format_bytes, parse
         ("100B", 100),
         ("12TB", 12 * 10**12),
         ("4KB", 4000),
+        # Exact decimals: a float would make these 4099999999.9999995 etc. and reject them as fractional bytes.
+        ("4.1GB", 4_100_000_000),
+        ("0.7GB", 700_000_000),
+        ("2.3TB", 2_300_000_000_000),
+        ("1.9MB", 1_900_000),
     ],
 )
 def test_sizes(text, expected):
@@ -35,6 +40,12 @@ def test_sizes(text, expected):
         ("100Gbps", 12.5e9),
         ("12.5GBps", 12.5e9),
         (1e9, 1e9),
+        # The case of the final b/B decides bits or bytes, with or without the binary 'i'.
+        ("1Gib/s", 2**30 / 8),
+        ("100Mib/s", 100 * 2**20 / 8),
+        ("8b/s", 1.0),
+        ("8B/s", 8.0),
+        ("1GiB/s", 2**30),
     ],
 )
 def test_bandwidths(text, bytes_per_s):
@@ -67,6 +78,9 @@ def test_counts(text, count):
         (math.inf, Quantity.NUMBER, "must be a finite"),
         ("-2us", Quantity.DURATION, "'-2us' must be a finite, non-negative duration"),
         ("-128GiB", Quantity.SIZE, "'-128GiB' must be a finite, non-negative size"),
+        ("80Gb", Quantity.SIZE, "'80Gb' is in bits (lower-case 'b'); a size is bytes: write 'GB'"),
+        ("16Gib", Quantity.SIZE, "'16Gib' is in bits (lower-case 'b'); a size is bytes: write 'GiB'"),
+        ("1e999999999", Quantity.SIZE, "'1e999999999' must be a finite, non-negative size"),
     ],
 )
 def test_errors_say_what_is_accepted(value, kind, message):
