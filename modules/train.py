@@ -79,7 +79,8 @@ class TrainConfig:
             training ones in a Criteo file).
         eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
         sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
-        sparse_optimizer: ``rowwise_adagrad``, ``adagrad`` or ``sgd``.
+        sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (PS tables only); None: the one
+            the model's tables name (``optimizer:`` in model.yaml, which the plan sized their state for).
         dense_lr: Learning rate of the dense optimizer.
         dense_optimizer: ``adagrad`` or ``sgd``.
         ps_delay_ms: Added to every PS call (a stand-in for a slow network).
@@ -101,7 +102,7 @@ class TrainConfig:
     eval_batches: int = 8
     eval_every: int = 0
     sparse_lr: float = 0.1
-    sparse_optimizer: str = "rowwise_adagrad"
+    sparse_optimizer: str | None = None
     dense_lr: float = 0.05
     dense_optimizer: str = "adagrad"
     ps_delay_ms: float = 0.0
@@ -467,6 +468,15 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
 def _load_trainer_state(directory: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any) -> int:
     path = directory / "trainer.pt"
     state = check_resume(directory, hybrid.ps is not None)
+    own = model.state_dict()
+    reshaped = [k for k, v in state["dense"].items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
+    if reshaped:
+        k = reshaped[0]
+        raise PlannerError(
+            f"--resume: checkpoint {path} holds {k} of shape {tuple(state['dense'][k].shape)}, this model's is "
+            f"{tuple(own[k].shape)} (saved with another model.yaml?)",
+            fixes=("resume with the model the checkpoint was trained with", "or train from scratch without --resume"),
+        )
     _missing, unexpected = model.load_state_dict(state["dense"], strict=False)
     if unexpected:
         raise PlannerError(f"--resume: checkpoint {path} holds parameters {unexpected[:3]} this model lacks")
@@ -512,7 +522,7 @@ def _trainer(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
 def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     cfg, spec = job.cfg, job.spec
     batch_size = cfg.batch_size or max(1, spec.batch_size // job.trainers)
-    sparse_opt = SparseOptimizer(Optimizer(cfg.sparse_optimizer), learning_rate=cfg.sparse_lr)
+    sparse_opt = SparseOptimizer(sparse_optimizer_of(cfg, spec), learning_rate=cfg.sparse_lr)
     on_cuda = torch.cuda.is_available()
     device = torch.device("cpu")
     if on_cuda:  # one GPU per trainer: LOCAL_RANK under torchrun, the trainer index locally
@@ -653,6 +663,10 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
         path = Path(cfg.data.split(":", 1)[1])
         if not path.exists():
             raise SpecError(str(path), "", "file or directory not found", fixes=("pass --data criteo:PATH",))
+        if path.is_dir() and not any(p.is_file() for p in path.iterdir()):
+            raise SpecError(
+                str(path), "", "the directory holds no files", fixes=("point --data criteo: at Criteo .tsv/.gz files",)
+            )
         unknown = [t.name for t in spec.tables if t.name not in FEATURE_NAMES]
         if unknown:
             raise SpecError(
@@ -663,6 +677,34 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
             )
 
 
+def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
+    """The sparse optimizer a run applies to every table: ``cfg``'s if given, else the one the model's tables name
+    (the plan sized their optimizer state for it)."""
+    if cfg.sparse_optimizer is not None:
+        return Optimizer(cfg.sparse_optimizer)
+    kinds = sorted({t.optimizer for t in spec.tables})
+    if len(kinds) > 1:
+        raise PlannerError(
+            f"model {spec.name}: tables name different sparse optimizers ({', '.join(k.value for k in kinds)}); "
+            "training applies one optimizer to every table",
+            fixes=("give every table the same optimizer: in model.yaml",),
+        )
+    return kinds[0]
+
+
+def check_checkpoint_dir(cfg: TrainConfig) -> None:
+    """``--checkpoint`` must be a directory or a path one can become: found out before training, not at its end."""
+    if not cfg.checkpoint:
+        return
+    path = Path(cfg.checkpoint)
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise PlannerError(
+            f"--checkpoint {path}: {blocker} is a file, not a directory",
+            fixes=("pass a directory (it is created if missing)",),
+        )
+
+
 def train_local(
     cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int, run_timeout_s: float = 3600
 ) -> dict[str, Any]:
@@ -671,6 +713,12 @@ def train_local(
 
     check_data_matches(spec, cfg)
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
+    check_checkpoint_dir(cfg)
+    sparse_optimizer_of(cfg, spec)  # mixed optimizers: refused here, before any process starts
+    if has_ps:
+        from .ps.server import rpc_transports
+
+        rpc_transports()  # a bad PERSIA_RPC_TRANSPORTS: one line here, not in every process
     if cfg.resume and cfg.checkpoint:
         check_resume(Path(cfg.checkpoint), has_ps)  # here, before any process starts
     job = _Job(cfg, spec, dict(tables), servers if has_ps else 1, cfg.trainers)
@@ -700,6 +748,8 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
     if world <= servers:
         raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
     check_data_matches(spec, cfg)
+    check_checkpoint_dir(cfg)
+    sparse_optimizer_of(cfg, spec)
     if rank < servers:
         ps_server.serve(rank, world)
         return None

@@ -335,6 +335,24 @@ def _graph_from_nodes(top: Fields) -> nx.Graph:
         kind = item.take_enum("kind", NodeKind)
         if name in raw:
             raise item.error("name", f"node {name!r} is defined twice")
+        if name == SWITCH and kind is not NodeKind.SWITCH:
+            # The switch node is stored under this name; a host or GPU called so would be merged into it.
+            raise item.error(
+                "name",
+                f"{name!r} is reserved for the switch node",
+                fixes=(f"rename the {kind.value}, e.g. '{name}_{kind.value}'",),
+            )
+        if kind is NodeKind.SWITCH:
+            other = next((n for n, a in raw.items() if a["kind"] is NodeKind.SWITCH), None)
+            if other is not None:
+                raise item.error(
+                    "kind",
+                    f"a second switch {name!r}: the nodes form supports one switch, and {other!r} is already one",
+                    fixes=(
+                        "use a single switch node (its 'bandwidth' is the whole network's capacity) "
+                        "and link every host to it, or link hosts directly to each other",
+                    ),
+                )
         if kind is NodeKind.GPU:
             raw[name] = {
                 "kind": kind,
@@ -353,6 +371,7 @@ def _graph_from_nodes(top: Fields) -> nx.Graph:
             raw[name] = {"kind": kind, "bandwidth": item.take_positive("bandwidth", Quantity.BANDWIDTH, math.inf)}
         item.finish()
         graph.add_node(name, kind=kind)
+    seen_links: dict[frozenset[str], str] = {}
     for _, item in top.take_list("links"):
         ends = []
         for key in ("a", "b"):
@@ -363,6 +382,23 @@ def _graph_from_nodes(top: Fields) -> nx.Graph:
         bandwidth = item.take_positive("bandwidth", Quantity.BANDWIDTH)
         latency = item.take("latency", Quantity.DURATION, default=0.0)
         item.finish()
+        if ends[0] == ends[1]:
+            raise SpecError(
+                item.source,
+                item.path,
+                f"links node {ends[0]!r} to itself",
+                fixes=("remove it, or set 'b:' to another node",),
+            )
+        pair = frozenset(ends)
+        if pair in seen_links:
+            # networkx keeps one edge per pair: a second link would silently replace the first.
+            raise SpecError(
+                item.source,
+                item.path,
+                f"duplicates {seen_links[pair]}: both link {ends[0]!r} and {ends[1]!r}",
+                fixes=("keep one link per pair of nodes and give it the combined bandwidth",),
+            )
+        seen_links[pair] = item.path
         graph.add_edge(ends[0], ends[1], bandwidth=bandwidth, latency=latency)
     for name, attrs in raw.items():
         if attrs["kind"] is NodeKind.SWITCH:

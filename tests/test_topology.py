@@ -203,6 +203,29 @@ NODES = {
             "topology.yaml: network: is not used with 'nodes:'/'links:'; fix: give the switch bandwidth as "
             "'bandwidth:' on the switch node and 'latency:' on each link",
         ),
+        (
+            {**NODES, "nodes": [*NODES["nodes"], {"name": "sw2", "kind": "switch"}]},
+            "topology.yaml: nodes[4].kind: a second switch 'sw2': the nodes form supports one switch, and 'sw' is "
+            "already one; fix: use a single switch node (its 'bandwidth' is the whole network's capacity) and link "
+            "every host to it, or link hosts directly to each other",
+        ),
+        (
+            {
+                "nodes": [*NODES["nodes"], {"name": "switch", "kind": "host", "ddr": "1TiB", "ddr_bandwidth": "1GB/s"}],
+                "links": [*NODES["links"], {"a": "switch", "b": "sw", "bandwidth": "10GB/s"}],
+            },
+            "topology.yaml: nodes[4].name: 'switch' is reserved for the switch node; fix: rename the host, "
+            "e.g. 'switch_host'",
+        ),
+        (
+            {**NODES, "links": [*NODES["links"], {"a": "h", "b": "h", "bandwidth": "10GB/s"}]},
+            "topology.yaml: links[3]: links node 'h' to itself; fix: remove it, or set 'b:' to another node",
+        ),
+        (
+            {**NODES, "links": [*NODES["links"], {"a": "sw", "b": "h", "bandwidth": "10GB/s"}]},
+            "topology.yaml: links[3]: duplicates links[1]: both link 'sw' and 'h'; "
+            "fix: keep one link per pair of nodes and give it the combined bandwidth",
+        ),
     ],
 )
 def test_nodes_form_errors(data, message):

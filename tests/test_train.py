@@ -59,6 +59,30 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path):
     losses = [h["loss"] for h in first["history"] + rest["history"]]
     assert losses == pytest.approx([h["loss"] for h in whole["history"]], abs=1e-6)
     assert rest["auc"] == pytest.approx(whole["auc"], abs=1e-6)
+    # A trainer state saved with another model (here: one dense weight of another shape) is refused in one line.
+    import torch
+
+    state = torch.load(tmp_path / "trainer.pt", weights_only=False)
+    key = next(k for k, v in state["dense"].items() if v.dim() == 2)
+    state["dense"][key] = torch.zeros(state["dense"][key].shape[0] + 1, state["dense"][key].shape[1])
+    torch.save(state, tmp_path / "trainer.pt")
+    with pytest.raises(PlannerError, match=rf"holds {key} of shape .*saved with another model.yaml"):
+        run(steps=1, checkpoint=str(tmp_path), resume=True, **common)
+
+
+def test_training_applies_the_optimizer_the_model_names():
+    from persia_planner import ModelSpec, Optimizer
+    from persia_planner.modules.train import sparse_optimizer_of
+
+    def model(*kinds: str) -> ModelSpec:
+        tables = [{"name": f"t{i}", "rows": 10, "dim": 8, "optimizer": k} for i, k in enumerate(kinds)]
+        return ModelSpec.from_dict({"name": "m", "batch_size": 8, "tables": tables})
+
+    assert sparse_optimizer_of(TrainConfig(), SPEC) is Optimizer.ROWWISE_ADAGRAD  # the example names none
+    assert sparse_optimizer_of(TrainConfig(), model("adagrad", "adagrad")) is Optimizer.ADAGRAD
+    assert sparse_optimizer_of(TrainConfig(sparse_optimizer="sgd"), model("adagrad")) is Optimizer.SGD
+    with pytest.raises(PlannerError, match=r"tables name different sparse optimizers \(adagrad, sgd\)"):
+        sparse_optimizer_of(TrainConfig(), model("sgd", "adagrad"))
 
 
 def test_config_errors_are_plain():
@@ -103,6 +127,33 @@ def test_cli_model_tables_must_match_criteo_features(tmp_path):
         timeout=120,
     )
     assert done.returncode == 2 and "tables.user" in done.stderr and "c1..c26" in done.stderr, done.stderr
+
+
+def _one_line_error(args: list[str], env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([*PERSIA, "train", *args], capture_output=True, text=True, timeout=300, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[-1].startswith("error: "), done.stderr[-3000:]
+    # only the progress bar may come before it
+    assert all(not line.strip() or line.lstrip().startswith("train") for line in lines[:-1]), done.stderr[-3000:]
+    return lines[-1]
+
+
+@pytest.mark.timeout(600)
+def test_cli_refuses_before_training_and_reports_trainer_errors_in_one_line(tmp_path):
+    quick = ["--steps", "2", "--eval-batches", "1", "--batch-size", "64"]
+    (tmp_path / "afile").write_text("")
+    assert "afile is a file, not a directory" in _one_line_error([*quick, "--checkpoint", str(tmp_path / "afile/x")])
+    (tmp_path / "empty").mkdir()
+    assert "empty: the directory holds no files" in _one_line_error([*quick, "--data", f"criteo:{tmp_path / 'empty'}"])
+    env = {**os.environ, "PERSIA_RPC_TRANSPORTS": "foo"}
+    assert "unknown TensorPipe transport(s) ['foo']" in _one_line_error(quick, env)
+    # An error inside a trainer process (a malformed Criteo line): the parent's line, no child traceback before it.
+    model = tmp_path / "m.yaml"
+    model.write_text("name: m\nbatch_size: 64\ntables:\n  - {name: c1, rows: 100, dim: 8}\n")
+    (tmp_path / "day_0").write_text("not a criteo line\n" * 200)
+    line = _one_line_error([*quick, "--model", str(model), "--data", f"criteo:{tmp_path / 'day_0'}"])
+    assert "trainer0 failed" in line
 
 
 OPTS = ["--eval-batches", "2", "--json", "--staleness", "2", "--batch-size", "256"]

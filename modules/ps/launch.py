@@ -179,6 +179,7 @@ def _trainer_main(
         delay_ms=delay_ms,
         wire_dtype=wire_dtype,
     )
+    failed = False
     try:
         try:
             # Plain pickle, not the queue's: torch's reducers would pass tensors as shared-memory handles that
@@ -187,11 +188,18 @@ def _trainer_main(
         except BaseException as err:
             message = f"{type(err).__name__}: {err}".strip().splitlines()[0]
             results.put((j, False, (message, traceback.format_exc(), not isinstance(err, PlannerError))))
-            raise
-        client.flush()
+            if not isinstance(err, Exception):
+                raise  # an interrupt or exit goes on as it came
+            failed = True
+        if not failed:
+            client.flush()
     finally:
         client.close()
         rpc.shutdown()  # graceful: waits for the servers and the other trainers
+    if failed:
+        # The parent reports the error (its traceback travelled with it); re-raising here would make
+        # multiprocessing print that traceback on the user's terminal before the parent's one-line error.
+        sys.exit(1)
 
 
 def local_cluster(

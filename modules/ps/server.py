@@ -437,7 +437,8 @@ def master_address(purpose: str) -> tuple[str, int]:
     """``MASTER_ADDR`` and ``MASTER_PORT`` (the torchrun convention), the rendezvous of ``purpose``.
 
     Raises:
-        PlannerError: If either variable is unset (one line, naming both and ``purpose``).
+        PlannerError: If either variable is unset, or ``MASTER_PORT`` is not a port number in 1..65535 (one line,
+            naming the variable and ``purpose``).
     """
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
@@ -445,7 +446,16 @@ def master_address(purpose: str) -> tuple[str, int]:
             f"MASTER_ADDR and MASTER_PORT must be set for {purpose} (got MASTER_ADDR={addr!r}, MASTER_PORT={port!r})",
             fixes=("export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>, or launch with torchrun",),
         )
-    return addr, int(port)
+    try:
+        number = int(port)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 65535:
+        raise PlannerError(
+            f"MASTER_PORT must be a port number in 1..65535 for {purpose} (got MASTER_PORT={port!r})",
+            fixes=("export MASTER_PORT=<free port>, e.g. 29500",),
+        )
+    return addr, number
 
 
 # TensorPipe transports the group uses unless PERSIA_RPC_TRANSPORTS names others (see rpc_transports).
