@@ -368,6 +368,13 @@ def train_command(
         servers = max(1, len(topo.servers))
         logging.basicConfig(level=logging.WARNING)
         if "TORCHELASTIC_RUN_ID" in os.environ:
+            missing = [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
+            if missing:
+                raise PlannerError(
+                    f"TORCHELASTIC_RUN_ID is set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                    "not: not a complete torchrun environment",
+                    fixes=("launch with torchrun", "or unset TORCHELASTIC_RUN_ID to train locally"),
+                )
             result = train_torchrun(cfg, model_spec, dict(the_plan.tables), servers=servers)
             if result is None:
                 return

@@ -91,8 +91,12 @@ class Plan:
         """Write plan.json atomically (a crash never leaves a half-written plan)."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(self.to_json() + "\n")
-        tmp.replace(path)
+        try:
+            tmp.write_text(self.to_json() + "\n")
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # e.g. the target is a directory: leave nothing behind
+            raise
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "plan.json") -> Plan:
@@ -213,6 +217,8 @@ def load_plan(path: str | Path) -> Plan:
         ) from None
     except json.JSONDecodeError as err:
         raise SpecError(source, "", f"malformed JSON at line {err.lineno}: {err.msg}") from None
+    except RecursionError:
+        raise SpecError(source, "", "JSON nested too deeply to be a plan") from None
     return Plan.from_dict(data, source)
 
 

@@ -66,6 +66,11 @@ _EXAMPLES = {
 }
 
 
+def _byte_unit(key: str) -> str:
+    """The canonical spelling of a size unit given in lower case: ``mib`` -> ``MiB``, ``gb`` -> ``GB``."""
+    return key[0].upper() + ("iB" if key.endswith("ib") else "B") if len(key) > 1 else "B"
+
+
 def _split(value: str, kind: Quantity) -> tuple[Decimal, str]:
     match = _QUANTITY_RE.match(value)
     if not match:
@@ -81,7 +86,7 @@ def _scale(value: str, kind: Quantity) -> Decimal:
             return number
         if key in _SIZE_UNITS:
             if unit.endswith("b"):
-                raise UnitError(f"{value!r} is in bits (lower-case 'b'); a size is bytes: write {unit[:-1] + 'B'!r}")
+                raise UnitError(f"{value!r} is in bits (lower-case 'b'); a size is bytes: write {_byte_unit(key)!r}")
             return number * _SIZE_UNITS[key]
     elif kind is Quantity.BANDWIDTH:
         # "Gb/s", "Gbps", "Gib/s": network people write bits with a lower-case b, whatever the prefix.

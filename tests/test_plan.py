@@ -159,3 +159,16 @@ def test_load_plan_unreadable_files(tmp_path):
     with pytest.raises(SpecError) as err:
         load_plan(path)
     assert str(err.value) == "p.json: not UTF-8 text (byte 0xff at offset 28); fix: save it as UTF-8"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SpecError, match=r"^p\.json: JSON nested too deeply to be a plan$"):
+        load_plan(path)
+
+
+def test_saving_a_plan_onto_a_directory_leaves_no_temporary_file(tmp_path):
+    plan_ = Plan("m", "t", {}, {}, 0.0, 0.0, 0.0)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(OSError):
+        plan_.save(tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    plan_.save(tmp_path / "p.json")
+    assert load_plan(tmp_path / "p.json").tables == {}

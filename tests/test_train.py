@@ -148,6 +148,8 @@ def test_cli_refuses_before_training_and_reports_trainer_errors_in_one_line(tmp_
     assert "empty: the directory holds no files" in _one_line_error([*quick, "--data", f"criteo:{tmp_path / 'empty'}"])
     env = {**os.environ, "PERSIA_RPC_TRANSPORTS": "foo"}
     assert "unknown TensorPipe transport(s) ['foo']" in _one_line_error(quick, env)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")} | {"TORCHELASTIC_RUN_ID": "x"}
+    assert "TORCHELASTIC_RUN_ID is set but RANK and WORLD_SIZE are not" in _one_line_error(quick, env)
     # An error inside a trainer process (a malformed Criteo line): the parent's line, no child traceback before it.
     model = tmp_path / "m.yaml"
     model.write_text("name: m\nbatch_size: 64\ntables:\n  - {name: c1, rows: 100, dim: 8}\n")

@@ -80,6 +80,7 @@ def test_counts(text, count):
         ("-128GiB", Quantity.SIZE, "'-128GiB' must be a finite, non-negative size"),
         ("80Gb", Quantity.SIZE, "'80Gb' is in bits (lower-case 'b'); a size is bytes: write 'GB'"),
         ("16Gib", Quantity.SIZE, "'16Gib' is in bits (lower-case 'b'); a size is bytes: write 'GiB'"),
+        ("5mib", Quantity.SIZE, "'5mib' is in bits (lower-case 'b'); a size is bytes: write 'MiB'"),
         ("1e999999999", Quantity.SIZE, "'1e999999999' must be a finite, non-negative size"),
     ],
 )
