@@ -17,11 +17,10 @@ _MISSING = object()
 E = TypeVar("E", bound=enum.StrEnum)
 
 
-def load_yaml(path: str | Path) -> tuple[Any, str]:
-    """Read a YAML file; returns (data, source name for messages)."""
-    source = str(path)
+def read_text(path: str | Path, source: str) -> str:
+    """A UTF-8 input file's text; a missing, unreadable or non-UTF-8 file is a one-line error naming ``source``."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(source, "", "file not found", fixes=("check the path",)) from None
     except OSError as err:
@@ -33,6 +32,12 @@ def load_yaml(path: str | Path) -> tuple[Any, str]:
             f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})",
             fixes=("save it as UTF-8",),
         ) from None
+
+
+def load_yaml(path: str | Path) -> tuple[Any, str]:
+    """Read a YAML file; returns (data, source name for messages)."""
+    source = str(path)
+    text = read_text(path, source)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from persia_planner._fields import Fields
+from persia_planner._fields import Fields, read_text
 from persia_planner.cost import CostModel, Estimate
 from persia_planner.errors import ErrorKind, PlannerError, SpecError
 from persia_planner.placement import Mode, Shard, Sharding, TablePlacement, Tier
@@ -202,19 +202,9 @@ def _pair(item: Fields, key: str) -> tuple[int, int]:
 def load_plan(path: str | Path) -> Plan:
     """Read a plan.json file."""
     source = Path(path).name
+    text = read_text(path, source)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(source, "", "file not found", fixes=("check the path",)) from None
-    except OSError as err:
-        raise SpecError(source, "", f"cannot read file ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise SpecError(
-            source,
-            "",
-            f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})",
-            fixes=("save it as UTF-8",),
-        ) from None
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise SpecError(source, "", f"malformed JSON at line {err.lineno}: {err.msg}") from None
     except RecursionError:

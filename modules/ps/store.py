@@ -607,16 +607,20 @@ class EmbeddingStore:
         slots = slots[slots >= 0]
         self._dirty[slots] = True
         logs = removed is not None and removed.numel() > 0
-        if (logs or not removals_complete) and self._evicted is None:
+        if logs and self._evicted is None:
             self._reset_evicted()
         if logs:
             self._log_evicted(_as_ids(removed))
         if not removals_complete:
-            self._evicted, self._evicted_n, self._evicted_overflow = [], 0, True
+            self._drop_evicted()
         return slots.numel()
 
     def _reset_evicted(self) -> None:
         self._evicted, self._evicted_n, self._evicted_overflow = [], 0, False
+
+    def _drop_evicted(self) -> None:
+        """Give up the log until the next take_dirty(): the next dump says its removals are incomplete."""
+        self._evicted, self._evicted_n, self._evicted_overflow = [], 0, True
 
     def _log_evicted(self, ids: torch.Tensor) -> None:
         assert self._evicted is not None
@@ -628,7 +632,7 @@ class EmbeddingStore:
         if self._evicted_n > 2 * self.capacity:
             compacted = self._compact_evicted()
             if compacted.numel() > self.capacity:
-                self._evicted, self._evicted_n, self._evicted_overflow = [], 0, True
+                self._drop_evicted()
             else:
                 self._evicted, self._evicted_n = [compacted], compacted.numel()
 
