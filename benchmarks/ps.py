@@ -12,8 +12,9 @@ alternates call by call with its float32 twin, so drift on a shared machine hits
     python benchmarks/ps.py --breakdown                # also: where a lookup's time goes, 4 in flight
 
 ``--breakdown`` times the pipelined lookup with one part of its path taken out at a time (the server's store work,
-the client's de-duplication, its gather into the batch's order) and the RPC alone, alternating window by window:
-what each part costs in throughput, measured in the same run (``breakdown_*_ms`` keys: ms per lookup).
+the client's de-duplication, its gather into the batch's order), with both gathers written by ``index_select`` instead
+of streaming stores, and the RPC alone, alternating window by window: what each part costs in throughput, measured in
+the same run (``breakdown_*_ms`` keys: ms per lookup).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch.distributed.rpc as rpc
 from rich.console import Console
 from rich.table import Table
 
-from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad
+from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels
 from persia_planner.modules.ps import server as ps_server
 from persia_planner.modules.ps.client import PsClient, _unique
 from persia_planner.modules.ps.launch import local_cluster
@@ -98,12 +99,34 @@ def bench_ceiling(rows: int, repeats: int) -> dict[str, float]:
     return {"ceiling_rows_per_s": BATCH / lookup_s, "ceiling_update_rows_per_s": BATCH / update_s}
 
 
+def fill(store: EmbeddingStore, ids: torch.Tensor) -> None:
+    """Fill ``store`` to capacity: the distinct ``ids`` of the timed batch, at random slots among filler ids.
+
+    Timed batches are then hits in a full table, as in steady state: the probe walks a full index and the rows are
+    spread over the whole capacity (the ceiling's table is as large), not packed into the first slots. The filler
+    ids are negative; :func:`zipf_ids` are not.
+    """
+    uniq = torch.unique(ids)
+    everything = torch.cat([-torch.arange(1, store.capacity - uniq.numel() + 1, dtype=torch.int64), uniq])
+    everything = everything[torch.randperm(everything.numel(), generator=torch.Generator().manual_seed(3))]
+    for chunk in everything.split(1 << 20):
+        store.lookup(chunk, distinct=True)
+    assert len(store) == store.capacity and bool(store.contains(uniq).all())
+
+
+def _fill_table(table: str, ids: torch.Tensor) -> int:
+    """Runs on the server: :func:`fill` its store of ``table``; returns the rows held."""
+    store = ps_server._state().table(table).store
+    fill(store, ids)
+    return len(store)
+
+
 def bench_local_store(rows: int, repeats: int) -> dict[str, float]:
     """The store in this process (no rpc): the server-side cost of a batch."""
     store = EmbeddingStore(DIM, rows, RowWiseAdagrad(lr=0.01), seed=0)
     ids = zipf_ids(BATCH, rows, ZIPF, seed=2)
     grads = torch.randn(BATCH, DIM)
-    store.lookup(ids)  # insert the batch's ids once; timed batches are hits, as in steady state
+    fill(store, ids)  # timed batches are hits in a full table, as in steady state
     lookup_s = timed(lambda: store.lookup(ids), repeats)
     update_s = timed(lambda: store.update(ids, grads), repeats)
     return {"local_lookup_rows_per_s": BATCH / lookup_s, "local_update_rows_per_s": BATCH / update_s}
@@ -145,11 +168,18 @@ def _same_answer(table: str, ids: torch.Tensor) -> torch.Tensor:
     return _ANSWERS[key]
 
 
+def _stream_gathers(on: bool) -> None:
+    """Runs in both processes (``--breakdown``): streaming-store gathers on, or every gather an ``index_select``."""
+    kernels.stream_gathers = on
+
+
 def _breakdown(client: PsClient, ids: torch.Tensor, repeats: int) -> dict[str, float]:
-    """ms per lookup, 4 in flight, of the client's path and of the same path with one part taken out.
+    """ms per lookup, 4 in flight, of the client's path and of the same path with one part taken out or replaced.
 
     The variants send what ``PsClient.lookup_async`` sends to a single server (the distinct ids, ``distinct=True``);
     each window of 16 lookups runs every variant once in turn, so a slow spell of the machine hits all of them.
+    ``index_select`` is the whole path with both gathers (server and client) written by ``index_select`` instead of
+    streaming stores: switched in both processes between windows, outside the timing.
     """
     server = client.servers[0]
     uniq, inverse = _unique(ids)
@@ -159,20 +189,37 @@ def _breakdown(client: PsClient, ids: torch.Tensor, repeats: int) -> dict[str, f
             u, inv = _unique(ids) if dedup else (uniq, inverse)
             fn, args = (ps_server._lookup, ("bench", u, True, True)) if store else (_same_answer, ("bench", u))
             fut = rpc.rpc_async(server, fn, args=args)
-            return fut.then(lambda f: f.wait().index_select(0, inv)) if expand else fut
+            return fut.then(lambda f: kernels.gather_rows(f.wait(), inv)) if expand else fut
 
         return send
 
-    variants = {
-        "lookup": lambda: client.lookup_async("bench", ids),
-        "without_store": variant(True, False, True),
-        "without_dedup": variant(False, True, True),
-        "without_expand": variant(True, True, False),
-        "rpc_only": variant(False, False, False),
+    def lookup() -> Any:
+        return client.lookup_async("bench", ids)
+
+    variants = {  # name -> (send, streaming gathers)
+        "lookup": (lookup, True),
+        "index_select": (lookup, False),
+        "without_store": (variant(True, False, True), True),
+        "without_dedup": (variant(False, True, True), True),
+        "without_expand": (variant(True, True, False), True),
+        "rpc_only": (variant(False, False, False), True),
     }
     stream = 16
-    seconds = timed_alternating({k: lambda fn=fn: _window(fn, 4, stream) for k, fn in variants.items()}, repeats)
-    return {f"breakdown_{k}_ms": s / stream * 1e3 for k, s in seconds.items()}
+    samples: dict[str, list[float]] = {key: [] for key in variants}
+    streaming = True
+    for round_ in range(repeats + 1):  # round 0 warms every variant up
+        for key, (send, stream_on) in variants.items():
+            if stream_on != streaming:
+                rpc.rpc_sync(server, _stream_gathers, args=(stream_on,))
+                _stream_gathers(stream_on)
+                streaming = stream_on
+            started = time.perf_counter()
+            _window(send, 4, stream)
+            if round_:
+                samples[key].append(time.perf_counter() - started)
+    rpc.rpc_sync(server, _stream_gathers, args=(True,))
+    _stream_gathers(True)
+    return {f"breakdown_{k}_ms": statistics.median(v) / stream * 1e3 for k, v in samples.items()}
 
 
 def _window(send: Any, depth: int, stream: int) -> None:
@@ -196,7 +243,8 @@ def _rpc_trainer(index: int, client: Any, rows: int, repeats: int, breakdown: bo
     half.register(config)
     ids = zipf_ids(BATCH, rows, ZIPF, seed=2)
     grads = torch.randn(BATCH, DIM)
-    client.lookup("bench", ids)  # insert once: timed lookups are hits, as in steady state
+    # Timed lookups are hits in a full table, as in steady state (filled in the server's process: no transfer).
+    assert rpc.rpc_sync(client.servers[0], _fill_table, args=("bench", ids), timeout=600) == rows
     # With lookups in flight, as a trainer prefetching the next batches under the staleness bound does: a window of
     # `depth` requests kept full over `stream` lookups (steady state: a new one is sent as soon as the oldest is back).
     depth, stream = 4, 16
@@ -243,7 +291,7 @@ def bench_rpc(rows: int, repeats: int, breakdown: bool = False) -> dict[str, flo
 
 _MEMORY_CHILD = """
 import os, sys, torch
-from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad
+from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels
 from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.modules.ps.server import TableConfig
 def rss():
@@ -301,17 +349,18 @@ def render(results: dict[str, Any]) -> None:
     if "breakdown_lookup_ms" in results:
         full = results["breakdown_lookup_ms"]
         b = Table(title="Where a lookup's time goes (4 in flight; ms per lookup, same run)")
-        for col in ("path", "ms/lookup", "vs ceiling", "part's cost"):
+        for col in ("path", "ms/lookup", "vs ceiling", "vs whole path"):
             b.add_column(col, justify="right" if col != "path" else "left")
         for key, label in (
             ("lookup", "PsClient.lookup_async"),
+            ("index_select", "both gathers by index_select"),
             ("without_store", "no store work (same answer)"),
             ("without_dedup", "no de-duplication"),
             ("without_expand", "no gather into batch order"),
             ("rpc_only", "RPC alone (same ids, answer)"),
         ):
             ms = results[f"breakdown_{key}_ms"]
-            cost = "" if key in ("lookup", "rpc_only") else f"{full - ms:.2f} ms"
+            cost = "" if key in ("lookup", "rpc_only") else f"{ms - full:+.2f} ms"
             b.add_row(label, f"{ms:.2f}", f"{BATCH / ms * 1e3 / ceiling:.1%}", cost)
         console.print(b)
     for m in results["memory"]:

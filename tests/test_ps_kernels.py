@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,3 +66,37 @@ def test_find_agrees_with_a_dict_after_inserts_and_removals(ids, removed, strang
     found = slots >= 0
     assert torch.equal(index.buckets[where[found]].long(), slots[found]) and (where[~found] == -1).all()
     assert (index.buckets != _EMPTY).sum() == capacity  # removals left tombstones, not empty buckets
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([8, 16, 24, 64, 12, 3]),
+    st.integers(1, 40),
+    st.lists(st.integers(0, 10**6), min_size=0, max_size=200),
+)
+def test_gather_rows_matches_index_select(dim, rows, picks):
+    table = torch.randn(rows, dim)
+    index = torch.tensor([p % rows for p in picks], dtype=torch.int64)
+    old = kernels.STREAM_MIN_BYTES
+    try:
+        kernels.STREAM_MIN_BYTES = 0  # every eligible gather streams, however small
+        out = kernels.gather_rows(table, index)
+    finally:
+        kernels.STREAM_MIN_BYTES = old
+    assert out.shape == (index.numel(), dim) and torch.equal(out, table.index_select(0, index))
+
+
+def test_gather_rows_large_streams_and_refuses_bad_indices(monkeypatch):
+    g = torch.Generator().manual_seed(51)
+    table = torch.randn(5000, 64, generator=g)
+    index = torch.randint(0, 5000, (70_000,), generator=g)
+    assert kernels.STREAM_MIN_BYTES <= 70_000 * 64 * 4
+    assert torch.equal(kernels.gather_rows(table, index), table.index_select(0, index))
+    assert torch.equal(kernels.gather_rows(table, index.to(torch.int32)), table.index_select(0, index))
+    assert torch.equal(kernels.gather_rows(table[:, :32], index), table[:, :32].index_select(0, index))  # a view
+    monkeypatch.setattr(kernels, "STREAM_MIN_BYTES", 0)
+    assert kernels.gather_rows(table, torch.empty(0, dtype=torch.int64)).shape == (0, 64)
+    for bad in (5000, -1, 2**40):
+        index[-3] = bad
+        with pytest.raises(IndexError, match=f"index {bad} is out of range for 5000 rows"):
+            kernels.gather_rows(table, index)

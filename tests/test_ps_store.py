@@ -406,3 +406,33 @@ def test_update_upcasts_narrow_gradients_before_summing():
         assert torch.equal(narrow.lookup(ids, train=False), wide.lookup(ids, train=False))
         initial = EmbeddingStore(DIM, 8, SGD(lr=1.0)).lookup(_ids(1))[0]  # same seed: the initial row of id 1
         torch.testing.assert_close(narrow.lookup(_ids(1), train=False)[0], initial - 2050.0, atol=1e-3, rtol=0)
+
+
+def test_huge_page_arrays_and_streaming_gathers_change_nothing(monkeypatch):
+    """The same churn (inserts, LRU evictions, updates) through a store on mmap'd huge-page arrays whose gathers all
+    stream, and through one on torch.empty arrays with index_select gathers: every lookup and the state equal."""
+    from persia_planner.modules.ps import kernels
+
+    def run(huge: bool) -> tuple[list[torch.Tensor], dict]:
+        mapped = []
+        real_mmap = store_module.mmap.mmap
+        monkeypatch.setattr(store_module.mmap, "mmap", lambda *a, **k: mapped.append(a) or real_mmap(*a, **k))
+        monkeypatch.setattr(store_module, "_HUGE_PAGES_MIN_BYTES", 0 if huge else 1 << 62)
+        monkeypatch.setattr(kernels, "STREAM_MIN_BYTES", 0)
+        monkeypatch.setattr(kernels, "stream_gathers", huge)
+        store = EmbeddingStore(16, 200, RowWiseAdagrad(lr=0.1), eviction="lru", seed=4, eviction_chunk=0.05)
+        assert len(mapped) == (6 if huge else 0)  # ids, weights, state, last, count and the index's buckets
+        universe, g, seen = _random_ids(700, seed=5), torch.Generator().manual_seed(6), []
+        for _ in range(40):
+            ids = universe[torch.randint(0, universe.numel(), (90,), generator=g)]
+            seen.append(store.lookup(ids))
+            store.update(ids, torch.randn(90, 16, generator=g))
+            seen.append(store.lookup(ids.unique(), distinct=True, train=False))
+        return seen, store.state_dict()
+
+    streamed, streamed_state = run(huge=True)
+    plain, plain_state = run(huge=False)
+    assert all(torch.equal(a, b) for a, b in zip(streamed, plain, strict=True))
+    assert streamed_state.keys() == plain_state.keys()
+    assert all(torch.equal(torch.as_tensor(streamed_state[k]), torch.as_tensor(v)) for k, v in plain_state.items())
+    assert plain_state["ids"].numel() == 200  # the table filled and evicted

@@ -292,8 +292,9 @@ class PsClient:
             if rows.dtype != torch.float32:
                 # Upcast the distinct rows before the expansion: fewer values to convert than the expanded batch has.
                 rows = rows.to(torch.float32)
-            # index_select: about 2x faster than rows[inverse] for a 64k x 64 gather on CPU
-            return rows.index_select(0, inverse).reshape(*shape, dim)
+            # Streaming stores (kernels.gather_rows): the expanded batch is the largest tensor of the path and is read
+            # only later by the trainer; index_select below 1 MiB. Either is ~2x faster than rows[inverse] on CPU.
+            return kernels.gather_rows(rows, inverse).reshape(*shape, dim)
 
         return self._all(futs, combine)
 
