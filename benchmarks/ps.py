@@ -12,7 +12,7 @@ alternates call by call with its float32 twin, so drift on a shared machine hits
     python benchmarks/ps.py --breakdown                # also: where a lookup's time goes, 4 in flight
 
 ``--breakdown`` times the pipelined lookup with one part of its path taken out at a time (the server's store work,
-the client's de-duplication, its gather into the batch's order), with both gathers written by ``index_select`` instead
+the client's de-duplication, its gather into the batch's order), with that gather written by ``index_select`` instead
 of streaming stores, and the RPC alone, alternating window by window: what each part costs in throughput, measured in
 the same run (``breakdown_*_ms`` keys: ms per lookup).
 """
@@ -168,18 +168,13 @@ def _same_answer(table: str, ids: torch.Tensor) -> torch.Tensor:
     return _ANSWERS[key]
 
 
-def _stream_gathers(on: bool) -> None:
-    """Runs in both processes (``--breakdown``): streaming-store gathers on, or every gather an ``index_select``."""
-    kernels.stream_gathers = on
-
-
 def _breakdown(client: PsClient, ids: torch.Tensor, repeats: int) -> dict[str, float]:
     """ms per lookup, 4 in flight, of the client's path and of the same path with one part taken out or replaced.
 
     The variants send what ``PsClient.lookup_async`` sends to a single server (the distinct ids, ``distinct=True``);
     each window of 16 lookups runs every variant once in turn, so a slow spell of the machine hits all of them.
-    ``index_select`` is the whole path with both gathers (server and client) written by ``index_select`` instead of
-    streaming stores: switched in both processes between windows, outside the timing.
+    ``index_select`` is the whole path with the client's expansion written by ``index_select`` instead of streaming
+    stores (``kernels.stream_gathers``, switched between windows).
     """
     server = client.servers[0]
     uniq, inverse = _unique(ids)
@@ -206,19 +201,14 @@ def _breakdown(client: PsClient, ids: torch.Tensor, repeats: int) -> dict[str, f
     }
     stream = 16
     samples: dict[str, list[float]] = {key: [] for key in variants}
-    streaming = True
     for round_ in range(repeats + 1):  # round 0 warms every variant up
         for key, (send, stream_on) in variants.items():
-            if stream_on != streaming:
-                rpc.rpc_sync(server, _stream_gathers, args=(stream_on,))
-                _stream_gathers(stream_on)
-                streaming = stream_on
+            kernels.stream_gathers = stream_on
             started = time.perf_counter()
             _window(send, 4, stream)
             if round_:
                 samples[key].append(time.perf_counter() - started)
-    rpc.rpc_sync(server, _stream_gathers, args=(True,))
-    _stream_gathers(True)
+    kernels.stream_gathers = True
     return {f"breakdown_{k}_ms": statistics.median(v) / stream * 1e3 for k, v in samples.items()}
 
 
@@ -353,7 +343,7 @@ def render(results: dict[str, Any]) -> None:
             b.add_column(col, justify="right" if col != "path" else "left")
         for key, label in (
             ("lookup", "PsClient.lookup_async"),
-            ("index_select", "both gathers by index_select"),
+            ("index_select", "expansion by index_select"),
             ("without_store", "no store work (same answer)"),
             ("without_dedup", "no de-duplication"),
             ("without_expand", "no gather into batch order"),

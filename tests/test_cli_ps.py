@@ -78,3 +78,18 @@ def test_persia_ps_bad_input(args, env, message):
     result = CliRunner().invoke(app, ["ps", *args], env=env)
     assert result.exit_code == 2
     assert result.stderr == message
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_persia_ps_gives_up_on_an_incomplete_group_within_the_rpc_timeout(rank):
+    """Rank 1 with no rank 0 to connect to, and rank 0 waiting for a rank 1 that never starts: one line naming the
+    address after --rpc-timeout, not torch's 30-minute rendezvous wait."""
+    port = free_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TP_SOCKET_IFNAME": "lo"}
+    args = [str(PERSIA), "ps", "--rank", str(rank), "--world-size", "2", "--rpc-timeout", "3"]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"ps{rank} (rank {rank} of 2) could not join the RPC group at 127.0.0.1:{port} within 3 s" in lines[0]

@@ -521,10 +521,12 @@ def connect(
     Raises:
         ValueError: ``wire_dtype`` is not torch.float32, torch.float16 or torch.bfloat16 (checked before joining
             the group, whose other members would otherwise wait for this one at shutdown).
+        PlannerError: The group did not come together within ``rpc_timeout_s`` (see
+            :func:`.server.join_rpc_group`).
     """
     check_wire_dtype(wire_dtype)
     _server.tune_allocator()
-    rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=_server.rpc_backend_options(rpc_timeout_s))
+    _server.join_rpc_group(name, rank, world_size, rpc_timeout_s)
     return PsClient(
         list(servers) if servers is not None else discover_servers(),
         timeout_s=timeout_s,

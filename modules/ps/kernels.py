@@ -8,13 +8,13 @@ tensor ops can only express as several full passes (hash, gather, compare, then 
   and 1.5 ms for ``torch.unique``.
 * :func:`find`, on the server, of every request: the store's open-addressing probe (the same hash, bucket layout and
   linear probing as :class:`.store.EmbeddingStore`'s index, so inserts made with tensor ops stay findable) in one
-  pass, software-pipelined with prefetches: 25.8k ids in a full 10M-row table (huge pages), cold caches, 1.7 ->
-  1.2 ms against the same loop without them (0.69 ms before was in a table holding only the batch's rows).
+  pass, software-pipelined with prefetches: 25.8k ids in a full 10M-row table (on huge pages), cold caches, 1.2 ms
+  against 1.7 ms for the same loop without prefetches; probe rounds of tensor ops take several times that.
 
-A third, :func:`gather_rows`, is the row gather of both sides (the server's distinct rows, the client's expansion to
-the batch's order): ``index_select``'s result, written with non-temporal (streaming) stores and with the rows
-prefetched a few ahead. Both instructions come from LLVM through two small numba intrinsics (``llvm.prefetch`` and a
-store marked ``!nontemporal``), so there is no C extension to build.
+A third, :func:`gather_rows`, is the client's expansion of the distinct rows to the batch's order:
+``index_select``'s result, written with non-temporal (streaming) stores and with the rows prefetched a few ahead.
+Both instructions come from LLVM through two small numba intrinsics (``llvm.prefetch`` and a store marked
+``!nontemporal``), so there is no C extension to build.
 
 numba compiles each loop on its first call and caches the machine code next to this file (``cache=True``), so later
 processes load it in milliseconds; ``nogil=True`` lets the RPC agent's other threads run meanwhile. Inputs are
@@ -249,20 +249,20 @@ def _gather_stream(src, rows, dim, index, dst, ahead):  # pragma: no cover - com
 
 # Below this many bytes a gather's output may still be in cache when it is read: plain stores keep it there.
 STREAM_MIN_BYTES = 1 << 20
-stream_gathers = True  # False: every gather is index_select (benchmarks/ps.py --breakdown compares the two)
+stream_gathers = True  # False: gather_rows is index_select (benchmarks/ps.py --breakdown compares the two)
 
 
 def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``src.index_select(0, index)`` for a ``[rows, dim]`` table, written with non-temporal stores when large.
 
-    Why: the lookup path gathers twice (the server picks the distinct ids' rows, the client expands them to the
-    batch's order) into fresh multi-MB outputs that nobody reads before they leave the cache. Plain stores first
-    read every destination line into the cache and evict what the other gather, the transfer or the other process
-    needed; streaming stores skip both. 64k rows of dim 64 from 25.8k distinct rows with cold caches, one thread:
-    2.4 -> 1.2 ms on this VM (warm: the same 1.0 ms); prefetching the rows 8 ahead takes 25.8k rows out of a full
-    10M-row table 0.98 -> 0.86 ms. Used for float32 outputs of at least :data:`STREAM_MIN_BYTES` whose rows are
-    whole 32-byte vectors (``dim % 8 == 0``); otherwise, or with :data:`stream_gathers` off, this is
-    ``index_select``.
+    Why: the client expands a lookup's distinct rows (6.6 MB for 64k Zipf ids of dim 64) into the batch's order
+    (16.7 MB), a fresh output that nobody reads before it leaves the cache. Plain stores first read every
+    destination line into the cache and evict what the transfer and the other process needed; streaming stores skip
+    both. That gather with cold caches, one thread: 2.4 -> 1.2 ms on this VM (warm: the same 1.0 ms); 4 lookups in
+    flight on a full 10M-row table, three alternating runs each: 5.45-5.77 -> 4.72-4.84 ms per lookup. The server's
+    gather of rows picked at random from its table gains nothing from it (it waits on the reads) and keeps
+    ``index_select``. Used for float32 outputs of at least :data:`STREAM_MIN_BYTES` whose rows are whole 32-byte
+    vectors (``dim % 8 == 0``); otherwise, or with :data:`stream_gathers` off, this is ``index_select``.
 
     Raises:
         IndexError: An index lies outside ``[0, rows)`` (as ``index_select`` raises).

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import functools
 import logging
 import os
+import socket
 import threading
 import time
+import urllib.parse
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed
 import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
@@ -506,8 +510,76 @@ def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.Ten
     addr, port = master_address("the parameter-server RPC group")
     # Channels stay TensorPipe's defaults (cma for tensors between processes of one host, then mpt_uv, basic).
     return rpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://{addr}:{port}", rpc_timeout=rpc_timeout_s, _transports=rpc_transports()
+        init_method=f"{_RENDEZVOUS_SCHEME}://{addr}:{port}?timeout_s={rpc_timeout_s:g}",
+        rpc_timeout=rpc_timeout_s,
+        _transports=rpc_transports(),
     )
+
+
+# init_rpc's tcp:// rendezvous connects to (or, on rank 0, waits for) the group's store for torch's default 30 minutes
+# and takes no timeout of its own: a trainer started without its rank 0 hung that long. This scheme is tcp:// with
+# the store's connection bounded by the RPC timeout, which torch already applies to every store wait after it.
+_RENDEZVOUS_SCHEME = "persia-tcp"
+
+
+def _bounded_tcp_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+    parsed = urllib.parse.urlparse(url)
+    query = dict(urllib.parse.parse_qsl(parsed.query))
+    timeout = datetime.timedelta(seconds=float(query.pop("timeout_s")))
+    rank, world_size = int(query.pop("rank")), int(query.pop("world_size"))
+    plain = parsed._replace(scheme="tcp", query=urllib.parse.urlencode(query)).geturl()
+    yield from torch.distributed.rendezvous(plain, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+
+
+torch.distributed.register_rendezvous_handler(_RENDEZVOUS_SCHEME, _bounded_tcp_rendezvous)
+
+
+def join_rpc_group(name: str, rank: int, world_size: int, rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> None:
+    """``rpc.init_rpc`` with :func:`rpc_backend_options`, whose rendezvous gives up after ``rpc_timeout_s``.
+
+    Raises:
+        PlannerError: ``MASTER_ADDR``/``MASTER_PORT`` or ``PERSIA_RPC_TRANSPORTS`` are wrong, or the group did not
+            come together within ``rpc_timeout_s`` (rank 0 unreachable, or a rank missing): one line naming the
+            address, this worker and the timeout.
+    """
+    options = rpc_backend_options(rpc_timeout_s)
+    addr, port = master_address("the parameter-server RPC group")
+
+    def failed(cause: str) -> PlannerError:
+        return PlannerError(
+            f"{name} (rank {rank} of {world_size}) could not join the RPC group at {addr}:{port} within "
+            f"{rpc_timeout_s:g} s: {cause}",
+            fixes=(
+                "start rank 0 (the first parameter server) and every other rank with the same MASTER_ADDR/MASTER_PORT",
+                "raise --rpc-timeout if the ranks start far apart",
+            ),
+            kind=ErrorKind.UNAVAILABLE,
+        )
+
+    if rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # This rank connects to the store rather than hosting it. Wait for a listener here: torch's own connect
+        # loop would give up as well, but logs a C++ backtrace of ~35 lines to stderr first.
+        refused = _wait_for_listener(addr, port, rpc_timeout_s)
+        if refused is not None:
+            raise failed(f"nothing accepts connections there ({refused}); is rank 0 running?")
+    try:
+        rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
+    except RuntimeError as err:  # torch's DistStoreError / DistNetworkError, or the agent's own timeout
+        raise failed((str(err).strip().splitlines() or ["no details"])[0]) from err
+
+
+def _wait_for_listener(addr: str, port: int, timeout_s: float) -> str | None:
+    """None once a TCP connection to ``addr:port`` succeeds, or the last error after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.1, min(1.0, left))):
+                return None
+        except OSError as err:
+            if left <= 0:
+                return str(err) or type(err).__name__
+        time.sleep(0.1)  # the retry interval of a connect loop (as torch's own), not a synchronisation
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # glibc mallopt parameters (malloc.h)
@@ -584,7 +656,7 @@ def serve(
     """
     name = name or server_name(rank)
     tune_allocator()
-    rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=rpc_backend_options(rpc_timeout_s))
+    join_rpc_group(name, rank, world_size, rpc_timeout_s)
     state = _state()
     log.info("%s: serving (rank %d of %d, pid %d)", name, rank, world_size, os.getpid())
     hint = allocator_env()
