@@ -7,6 +7,10 @@ The rpc measures run once with float32 on the wire (the plain keys) and once wit
 (``lookup_fp16_rows_per_s``, ``lookup_fp16_pipelined_rows_per_s``, ``update_fp16_rows_per_s``); each float16 measure
 alternates call by call with its float32 twin, so drift on a shared machine hits both alike.
 
+Throughput is timed on a **full** table, as the ceiling's tensor is: the store (in process) and the server (over
+rpc) are first filled to capacity with the batch's distinct ids at random slots among filler ids, so every timed
+lookup probes a full index and reads rows spread over the whole capacity.
+
     python benchmarks/ps.py --quick --json out.json    # CI: under 2 minutes
     python benchmarks/ps.py --json out.json            # full: 10M-row memory, 100M rows of dim 16
     python benchmarks/ps.py --breakdown                # also: where a lookup's time goes, 4 in flight
