@@ -705,16 +705,22 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
         )
 
 
+def _check_before_start(cfg: TrainConfig, spec: ModelSpec) -> None:
+    """The run's inputs that every process would trip over (data, checkpoint directory, mixed optimizers): one line
+    here, before any process starts."""
+    check_data_matches(spec, cfg)
+    check_checkpoint_dir(cfg)
+    sparse_optimizer_of(cfg, spec)
+
+
 def train_local(
     cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int, run_timeout_s: float = 3600
 ) -> dict[str, Any]:
     """Run ``servers`` PS processes and ``cfg.trainers`` trainers on this machine; returns trainer 0's summary."""
     from .ps.launch import local_cluster
 
-    check_data_matches(spec, cfg)
+    _check_before_start(cfg, spec)
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
-    check_checkpoint_dir(cfg)
-    sparse_optimizer_of(cfg, spec)  # mixed optimizers: refused here, before any process starts
     if has_ps:
         from .ps.server import rpc_transports
 
@@ -747,9 +753,7 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world <= servers:
         raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
-    check_data_matches(spec, cfg)
-    check_checkpoint_dir(cfg)
-    sparse_optimizer_of(cfg, spec)
+    _check_before_start(cfg, spec)
     if rank < servers:
         ps_server.serve(rank, world)
         return None

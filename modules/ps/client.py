@@ -104,8 +104,7 @@ class PsClient:
             (each value rounded once to ``wire_dtype``), and gradients are summed per id in float32 on the client,
             rounded once for the wire and upcast by the server before its optimizer step. float16 holds magnitudes
             up to 65504 (larger gradients or weights are refused, not sent as inf) and flushes those below about
-            6e-8 to zero; bfloat16 keeps float32's range with 8 bits of
-            mantissa instead of 11.
+            6e-8 to zero; bfloat16 keeps float32's range with 8 bits of mantissa instead of 11.
 
     Raises:
         ValueError: If an argument is out of range (``wire_dtype`` not one of the three dtypes above).

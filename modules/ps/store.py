@@ -190,7 +190,7 @@ def _table_empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
     allocator.
     """
     numel = math.prod(shape)
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     if nbytes < _HUGE_PAGES_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty(*shape, dtype=dtype)
     memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -635,10 +635,9 @@ class EmbeddingStore:
         slots, _ = self._index.find(_as_ids(ids))
         slots = slots[slots >= 0]
         self._dirty[slots] = True
-        logs = removed is not None and removed.numel() > 0
-        if logs and self._evicted is None:
-            self._reset_evicted()
-        if logs:
+        if removed is not None and removed.numel():
+            if self._evicted is None:
+                self._reset_evicted()
             self._log_evicted(_as_ids(removed))
         if not removals_complete:
             self._drop_evicted()
