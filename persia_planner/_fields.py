@@ -91,6 +91,12 @@ class Fields:
             raise self.error(key, f"expected a string, got {value!r}")
         return value
 
+    def take_bool(self, key: str, default: Any = _MISSING) -> Any:
+        value = self.take(key, default=default)
+        if value is not default and not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {value!r}", fixes=(f"write {key}: true or false",))
+        return value
+
     def take_enum(self, key: str, enum_type: type[E], default: Any = _MISSING) -> E:
         value = self.take(key, default=default)
         if isinstance(value, enum_type) or (value is default and default is not _MISSING):

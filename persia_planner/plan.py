@@ -177,7 +177,7 @@ def _placement_from_fields(table: Fields) -> TablePlacement:
                 rows=_pair(item, "rows") if item.has("rows") else None,
                 hash=_pair(item, "hash") if item.has("hash") else None,
                 cache_fraction=item.take("cache_fraction", Quantity.NUMBER, default=None),
-                replica=bool(item.take("replica", default=False)),
+                replica=item.take_bool("replica", default=False),
             )
         )
         item.finish()

@@ -138,6 +138,20 @@ def test_plan_json_errors(tmp_path):
         load_plan(path)
 
 
+def test_plan_json_replica_must_be_a_boolean(the_plan, tmp_path):
+    """``"replica": "no"`` is a typo, not a replica: refused with the field's path instead of read as true."""
+    data = json.loads(the_plan.to_json())
+    name = next(n for n, t in data["tables"].items() if t["shards"])
+    data["tables"][name]["shards"][0]["replica"] = "no"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpecError, match=r"p\.json: .*replica: expected true or false, got 'no'"):
+        load_plan(path)
+    data["tables"][name]["shards"][0]["replica"] = False
+    path.write_text(json.dumps(data))
+    assert not load_plan(path).tables[name].shards[0].replica
+
+
 def test_validate_reports_ps_hash_shards_on_a_gpu(the_plan):
     big = the_plan.tables["big"]
     on_gpus = TablePlacement(

@@ -100,3 +100,59 @@ def test_gather_rows_large_streams_and_refuses_bad_indices(monkeypatch):
         index[-3] = bad
         with pytest.raises(IndexError, match=f"index {bad} is out of range for 5000 rows"):
             kernels.gather_rows(table, index)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(INT64, min_size=1, max_size=50, unique=True),
+    st.lists(st.integers(0, 60), min_size=1, max_size=80),
+    st.booleans(),
+    st.integers(1, 2**31 - 1),
+)
+def test_find_records_accesses_in_the_same_pass(ids, picks, with_counts, step):
+    """``touch``: the slots found get ``last = step`` and ``count += counts[i]`` (or 1), saturating at int32 max;
+    absent ids and other slots are untouched; the columns may be strided views of one record array."""
+    capacity = len(ids)
+    records = torch.zeros(capacity, 2, dtype=torch.int64)
+    records[:, 0] = torch.tensor(ids)
+    last, count = records.view(torch.int32)[:, 2], records.view(torch.int32)[:, 3]
+    g = torch.Generator().manual_seed(step % 1000)
+    count.copy_(torch.randint(0, 2**31 - 1, (capacity,), generator=g, dtype=torch.int32))
+    count[0] = 2**31 - 2  # one step from saturation
+    before_last, before_count = last.clone(), count.clone()
+    index = _HashIndex(capacity, 0.9, records[:, 0])
+    index.insert(records[:, 0], torch.arange(capacity))
+    wanted = sorted({p % (capacity + 3) for p in picks})  # distinct; ones past the ids are strangers
+    queries = torch.tensor([ids[p] if p < capacity else -(p + 1) * 7919 for p in wanted], dtype=torch.int64)
+    queries = queries[~torch.isin(queries, records[:, 0]) | (torch.tensor(wanted) < capacity)]
+    per_id = torch.randint(1, 2**31, (queries.numel(),), generator=g) if with_counts else None
+    slots, _ = kernels.find(index.buckets, records[:, 0], queries, touch=(last, count, step, per_id))
+    expected_last, expected_count = before_last.clone(), before_count.clone().long()
+    for i, s in enumerate(slots.tolist()):
+        if s >= 0:
+            expected_last[s] = step
+            expected_count[s] = min(expected_count[s] + (int(per_id[i]) if with_counts else 1), 2**31 - 1)
+    assert torch.equal(last, expected_last) and torch.equal(count.long(), expected_count)
+    assert torch.equal(records[:, 0], torch.tensor(ids))  # the ids beside them are never written
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([1, 3, 16, 64]), st.integers(1, 40), st.lists(st.integers(-1, 10**6), max_size=200))
+def test_take_rows_is_index_select_with_zero_rows_for_absent_slots(dim, rows, picks):
+    table = torch.randn(rows, dim)
+    slots = torch.tensor([p if p < 0 else p % rows for p in picks], dtype=torch.int64)
+    expected = table.index_select(0, slots.clamp(min=0))
+    expected[slots < 0] = 0.0
+    out = kernels.take_rows(table, slots)
+    assert out.shape == (slots.numel(), dim) and torch.equal(out, expected)
+
+
+def test_take_rows_refuses_slots_out_of_range():
+    table = torch.randn(5000, 64)
+    slots = torch.randint(0, 5000, (70_000,))
+    assert torch.equal(kernels.take_rows(table, slots), table.index_select(0, slots))
+    assert torch.equal(kernels.take_rows(table, slots.to(torch.int32)), table.index_select(0, slots))
+    for bad in (5000, -2, 2**40):
+        slots[-3] = bad
+        with pytest.raises(IndexError, match=f"slot {bad} is out of range for 5000 rows"):
+            kernels.take_rows(table, slots)

@@ -421,7 +421,7 @@ def test_huge_page_arrays_and_streaming_gathers_change_nothing(monkeypatch):
         monkeypatch.setattr(kernels, "STREAM_MIN_BYTES", 0)
         monkeypatch.setattr(kernels, "stream_gathers", huge)
         store = EmbeddingStore(16, 200, RowWiseAdagrad(lr=0.1), eviction="lru", seed=4, eviction_chunk=0.05)
-        assert len(mapped) == (6 if huge else 0)  # ids, weights, state, last, count and the index's buckets
+        assert len(mapped) == (4 if huge else 0)  # slot records (id, last, count), weights, state, index buckets
         universe, g, seen = _random_ids(700, seed=5), torch.Generator().manual_seed(6), []
         for _ in range(40):
             ids = universe[torch.randint(0, universe.numel(), (90,), generator=g)]

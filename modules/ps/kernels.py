@@ -9,10 +9,12 @@ tensor ops can only express as several full passes (hash, gather, compare, then 
 * :func:`find`, on the server, of every request: the store's open-addressing probe (the same hash, bucket layout and
   linear probing as :class:`.store.EmbeddingStore`'s index, so inserts made with tensor ops stay findable) in one
   pass, software-pipelined with prefetches: 25.8k ids in a full 10M-row table (on huge pages), cold caches, 1.2 ms
-  against 1.7 ms for the same loop without prefetches; probe rounds of tensor ops take several times that.
+  against 1.7 ms for the same loop without prefetches; probe rounds of tensor ops take several times that. A
+  training lookup's LRU/LFU bookkeeping is written by the same pass, into the cache line the probe just read.
 
-A third, :func:`gather_rows`, is the client's expansion of the distinct rows to the batch's order:
-``index_select``'s result, written with non-temporal (streaming) stores and with the rows prefetched a few ahead.
+Two gathers: :func:`take_rows`, the server's, reads the rows of the found slots with the rows a few ahead
+prefetched (zero rows for absent ids); :func:`gather_rows`, the client's expansion of the distinct rows to the
+batch's order, is ``index_select``'s result written with non-temporal (streaming) stores.
 Both instructions come from LLVM through two small numba intrinsics (``llvm.prefetch`` and a store marked
 ``!nontemporal``), so there is no C extension to build.
 
@@ -31,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["dedup", "find", "gather_rows", "touch"]
+__all__ = ["dedup", "find", "gather_rows", "take_rows"]
 
 _EMPTY = -1  # must match store._EMPTY: a bucket that ends a probe sequence
 _INT32_MAX = 2**31 - 1
@@ -52,17 +54,20 @@ def _splitmix63(key: np.int64) -> np.int64:
 
 @intrinsic
 def _prefetch(typingctx, array, at):  # pragma: no cover - compiled
-    """Ask the CPU to load ``array[at]``'s cache line (``llvm.prefetch``: read, keep in all levels); never faults."""
+    """Ask the CPU to load ``array[at]``'s cache line (``llvm.prefetch``: read, keep in all levels); never faults.
+    ``array`` is 1-D, contiguous or strided (a column of a table of records)."""
     sig = types.void(array, at)
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
         byte_ptr = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]), "llvm.prefetch.p0"
         )
-        address = builder.bitcast(builder.gep(data, [args[1]]), byte_ptr)
+        at = context.cast(builder, args[1], signature.args[1], types.intp)
+        address = builder.bitcast(cgutils.get_item_pointer(context, builder, aryty, ary, [at]), byte_ptr)
         builder.call(fn, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 
@@ -73,10 +78,11 @@ _AHEAD = 8  # ids between the stages of the probe's prefetch pipeline
 
 
 @numba.njit(cache=True, nogil=True)
-def _find(buckets, slot_ids, ids, slots, where):  # pragma: no cover - compiled
+def _find(buckets, slot_ids, ids, slots, where, last, count, step, counts, touch):  # pragma: no cover - compiled
     # A probe is two dependent random reads (the bucket, then the id of the slot it names) in arrays of hundreds of
     # MB: one at a time, each waits for memory. Pipelined instead: the home bucket of id i + 2 * _AHEAD is
     # prefetched, the bucket of id i + _AHEAD (arrived by now) is read to prefetch its slot's id, and id i is probed.
+    # touch: 0 none, 1 one access per id, 2 counts[i] accesses; written while the slot's line is in cache.
     n_buckets = buckets.shape[0]
     n = ids.shape[0]
     for i in range(n):
@@ -103,54 +109,57 @@ def _find(buckets, slot_ids, ids, slots, where):  # pragma: no cover - compiled
             if b >= 0 and slot_ids[b] == key:  # a tombstone (-2) never matches and the probe goes on
                 slots[i] = b
                 where[i] = p
+                if touch:
+                    last[b] = step
+                    c = np.int64(count[b]) + (counts[i] if touch == 2 else 1)
+                    count[b] = min(c, _INT32_MAX)
                 break
             p += 1
             if p == n_buckets:
                 p = 0
 
 
-def find(buckets: torch.Tensor, slot_ids: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+_NO_INT32 = np.empty(0, np.int32)
+_NO_INT64 = np.empty(0, np.int64)
+
+
+def find(
+    buckets: torch.Tensor,
+    slot_ids: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    touch: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Slot and bucket of each id in an open-addressing index (``-1`` for both where absent); ids may repeat.
 
     Args:
         buckets: int32 ``[n_buckets]``: a slot number, ``-1`` (empty: ends a probe) or ``-2`` (tombstone).
-        slot_ids: int64 ``[capacity]``: the id held by each slot.
+        slot_ids: int64 ``[capacity]``: the id held by each slot (may be a strided column of per-slot records).
         ids: int64 ``[n]`` (uint64 bit patterns), contiguous.
+        touch: ``(last, count, step, counts)`` to record a training lookup's accesses in the same pass:
+            ``last[s] = step`` and ``count[s] += counts[i]`` (1 where ``counts`` is None; saturating at int32 max)
+            for every slot ``s`` found. int32 ``[capacity]`` each, possibly strided; ids must then not repeat.
+            Stored beside the slot's id (:class:`.store.EmbeddingStore` keeps all three in one 16-byte record),
+            the write hits the cache line the probe just read.
 
     Returns:
         ``(slots, buckets)``, int64 ``[n]`` each.
     """
     slots = torch.empty(ids.numel(), dtype=torch.int64)
     where = torch.empty(ids.numel(), dtype=torch.int64)
-    if ids.numel():
-        _find(buckets.numpy(), slot_ids.numpy(), ids.contiguous().numpy(), slots.numpy(), where.numpy())
+    if not ids.numel():
+        return slots, where
+    if touch is None:
+        last, count, step, counts, mode = _NO_INT32, _NO_INT32, 0, _NO_INT64, 0
+    else:
+        last_t, count_t, step, per_id = touch
+        last, count = last_t.numpy(), count_t.numpy()
+        counts, mode = (_NO_INT64, 1) if per_id is None else (per_id.contiguous().numpy(), 2)
+    _find(
+        buckets.numpy(), slot_ids.numpy(), ids.contiguous().numpy(), slots.numpy(), where.numpy(),
+        last, count, step, counts, mode,
+    )  # fmt: skip
     return slots, where
-
-
-@numba.njit(cache=True, nogil=True)
-def _touch(slots, last, count, step, counts, has_counts):  # pragma: no cover - compiled
-    for i in range(slots.shape[0]):
-        s = slots[i]
-        if s >= 0:
-            last[s] = step
-            c = np.int64(count[s]) + (counts[i] if has_counts else 1)
-            count[s] = min(c, _INT32_MAX)
-
-
-def touch(
-    slots: torch.Tensor, last: torch.Tensor, count: torch.Tensor, step: int, counts: torch.Tensor | None = None
-) -> None:
-    """Record a training lookup's accesses: ``last[s] = step`` and ``count[s] += counts[i]`` (1 without ``counts``,
-    saturating at int32 max) for every held slot ``s = slots[i] >= 0``; slots must not repeat.
-
-    One pass instead of the five tensor ops (gather, add, clamp, cast, scatter) of the LRU/LFU bookkeeping.
-    """
-    if slots.numel() == 0:
-        return
-    has_counts = counts is not None
-    held = slots.contiguous().numpy()
-    per_id = counts.contiguous().numpy() if has_counts else held  # an unused int64 array otherwise
-    _touch(held, last.numpy(), count.numpy(), step, per_id, has_counts)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -260,9 +269,10 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     destination line into the cache and evict what the transfer and the other process needed; streaming stores skip
     both. That gather with cold caches, one thread: 2.4 -> 1.2 ms on this VM (warm: the same 1.0 ms); 4 lookups in
     flight on a full 10M-row table, three alternating runs each: 5.45-5.77 -> 4.72-4.84 ms per lookup. The server's
-    gather of rows picked at random from its table gains nothing from it (it waits on the reads) and keeps
-    ``index_select``. Used for float32 outputs of at least :data:`STREAM_MIN_BYTES` whose rows are whole 32-byte
-    vectors (``dim % 8 == 0``); otherwise, or with :data:`stream_gathers` off, this is ``index_select``.
+    gather of rows picked at random from its table gains nothing from it (it waits on the reads, and the transport
+    reads its answer right after): that is :func:`take_rows`. Used for float32 outputs of at least
+    :data:`STREAM_MIN_BYTES` whose rows are whole 32-byte vectors (``dim % 8 == 0``); otherwise, or with
+    :data:`stream_gathers` off, this is ``index_select``.
 
     Raises:
         IndexError: An index lies outside ``[0, rows)`` (as ``index_select`` raises).
@@ -279,4 +289,49 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     bad = _gather_stream(src.view(-1).numpy(), n_rows, dim, index.numpy(), out.view(-1).numpy(), _AHEAD)
     if bad >= 0:
         raise IndexError(f"gather_rows: index {int(index[bad])} is out of range for {n_rows} rows")
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _take(src, index, dst, ahead):  # pragma: no cover - compiled
+    n, dim = dst.shape
+    rows = src.shape[0]
+    for i in range(n):
+        if i + ahead < n:
+            r = index[i + ahead]
+            if 0 <= r < rows:
+                for k in range(0, dim, 16):  # one prefetch per 64-byte line
+                    _prefetch(src[r], k)
+        r = index[i]
+        if r >= rows or r < -1:
+            return i
+        if r < 0:
+            for k in range(dim):
+                dst[i, k] = 0.0
+        else:
+            for k in range(dim):
+                dst[i, k] = src[r, k]
+    return -1
+
+
+def take_rows(src: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The store's gather: ``src[slots]`` for a float32 ``[rows, dim]`` table, a zero row where a slot is ``-1``.
+
+    Why not ``index_select`` (after a clamp, then a fill of the absent rows): the rows sit at random places in a
+    table of GBs and ``index_select`` copies them one at a time, each copy waiting on memory (on two threads: twice
+    the CPU for the same wait). Here the rows 8 ahead are prefetched, so several are on their way at once, in one
+    pass on one thread that also writes the zero rows; the cores stay free for the other requests and, on a shared
+    host, the trainer. Plain stores: the transport reads the answer right after. With the store's one-record
+    bookkeeping (:class:`.store.EmbeddingStore`), 25.8k ids of a full 10M-row table in process, alternating: probe +
+    bookkeeping + gather 3.2-3.5 -> 1.9-2.1 ms wall, 3.8-4.1 -> 1.9-2.1 CPU-ms.
+
+    Raises:
+        IndexError: A slot lies outside ``[-1, rows)``.
+    """
+    index = slots.to(torch.int64).contiguous()
+    out = torch.empty(index.numel(), src.shape[1], dtype=src.dtype)
+    if index.numel():
+        bad = _take(src.contiguous().numpy(), index.numpy(), out.numpy(), _AHEAD)
+        if bad >= 0:
+            raise IndexError(f"take_rows: slot {int(index[bad])} is out of range for {src.shape[0]} rows")
     return out
