@@ -236,15 +236,20 @@ def _fence(typingctx):  # pragma: no cover - compiled
     return sig, codegen
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _prefetch_row(src, r, rows, dim):  # pragma: no cover - compiled
+    # Row r of a flat [rows * dim] table, one prefetch per 64-byte line; rows out of range are skipped (never fault).
+    if 0 <= r < rows:
+        for k in range(0, dim, 16):
+            _prefetch(src, r * dim + k)
+
+
 @numba.njit(cache=True, nogil=True)
 def _gather_stream(src, rows, dim, index, dst, ahead):  # pragma: no cover - compiled
     n = index.shape[0]
     for i in range(n):
         if i + ahead < n:
-            r = index[i + ahead]
-            if 0 <= r < rows:
-                for k in range(0, dim, 16):  # one prefetch per 64-byte line
-                    _prefetch(src, r * dim + k)
+            _prefetch_row(src, index[i + ahead], rows, dim)
         r = index[i]
         if r < 0 or r >= rows:
             return i  # checked here, not in a pass of its own; the caller raises
@@ -293,24 +298,22 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 @numba.njit(cache=True, nogil=True)
-def _take(src, index, dst, ahead):  # pragma: no cover - compiled
-    n, dim = dst.shape
-    rows = src.shape[0]
+def _take(src, rows, dim, index, dst, ahead):  # pragma: no cover - compiled
+    n = index.shape[0]
     for i in range(n):
         if i + ahead < n:
-            r = index[i + ahead]
-            if 0 <= r < rows:
-                for k in range(0, dim, 16):  # one prefetch per 64-byte line
-                    _prefetch(src[r], k)
+            _prefetch_row(src, index[i + ahead], rows, dim)
         r = index[i]
         if r >= rows or r < -1:
             return i
+        d = i * dim
         if r < 0:
             for k in range(dim):
-                dst[i, k] = 0.0
+                dst[d + k] = 0.0
         else:
+            s = r * dim
             for k in range(dim):
-                dst[i, k] = src[r, k]
+                dst[d + k] = src[s + k]
     return -1
 
 
@@ -331,7 +334,8 @@ def take_rows(src: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     index = slots.to(torch.int64).contiguous()
     out = torch.empty(index.numel(), src.shape[1], dtype=src.dtype)
     if index.numel():
-        bad = _take(src.contiguous().numpy(), index.numpy(), out.numpy(), _AHEAD)
+        rows, dim = src.shape
+        bad = _take(src.contiguous().view(-1).numpy(), rows, dim, index.numpy(), out.view(-1).numpy(), _AHEAD)
         if bad >= 0:
             raise IndexError(f"take_rows: slot {int(index[bad])} is out of range for {src.shape[0]} rows")
     return out
