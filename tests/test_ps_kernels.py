@@ -156,3 +156,84 @@ def test_take_rows_refuses_slots_out_of_range():
         slots[-3] = bad
         with pytest.raises(IndexError, match=f"slot {bad} is out of range for 5000 rows"):
             kernels.take_rows(table, slots)
+
+
+# Values whose float16 rounding is a corner: ties, the largest half, the overflow edge, subnormals, signed zero.
+HALF_CORNERS = [0.0, -0.0, 65504.0, -65504.0, 65519.0, 65520.0, 1e5, 2049.0, 2051.0, 1 + 2**-11, 6e-8, 3e-8, -1e-7]
+FLOATS = st.one_of(
+    st.floats(width=32, allow_nan=False, allow_infinity=False),
+    st.floats(-70000, 70000, width=32),
+    st.sampled_from([*HALF_CORNERS, float("inf"), float("-inf"), float("nan")]),
+)
+
+
+def _half_bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal float16 tensors, bit for bit except that any NaN matches any NaN (payloads may differ)."""
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a.view(torch.int16)[~nan], b.view(torch.int16)[~nan])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from([8, 16, 64, 12, 3]),
+    st.integers(1, 30),
+    st.lists(st.integers(-1, 10**6), max_size=120),
+    st.lists(FLOATS, min_size=1, max_size=64),
+)
+def test_take_rows_half_rounds_as_half_and_reports_the_peak(dim, rows, picks, values):
+    """The fused gather + float16 rounding equals ``take_rows(...).half()`` bit for bit (zero rows for slot -1), and
+    the peak is the largest ``|value|`` of the rows taken, NaN ignored."""
+    g = torch.Generator().manual_seed(len(values) * 31 + dim)
+    table = torch.randn(rows, dim, generator=g) * 100
+    spots = torch.randint(0, rows * dim, (len(values),), generator=g)
+    table.view(-1)[spots] = torch.tensor(values, dtype=torch.float32)
+    slots = torch.tensor([p if p < 0 else p % rows for p in picks], dtype=torch.int64)
+    full = kernels.take_rows(table, slots)
+    out, peak = kernels.take_rows_half(table, slots)
+    assert out.dtype == torch.float16 and out.shape == (slots.numel(), dim)
+    assert _half_bits_equal(out, full.half())
+    magnitudes = full.abs()[~torch.isnan(full)]
+    assert peak == (float(magnitudes.max()) if magnitudes.numel() else 0.0)
+
+
+def test_take_rows_half_falls_back_and_refuses_slots_out_of_range(monkeypatch):
+    table = torch.randn(5000, 64) * 1e3
+    table[7, 5], table[9, 1] = float("nan"), -7e4
+    slots = torch.randint(0, 5000, (70_000,))
+    slots[:2] = torch.tensor([7, 9])
+    fused = kernels.take_rows_half(table, slots)
+    monkeypatch.setattr(kernels, "_F16C", False)  # the torch path: take_rows, then .half() and one reduction
+    plain = kernels.take_rows_half(table, slots)
+    assert _half_bits_equal(fused[0], plain[0]) and fused[1] == plain[1] == 7e4
+    assert _half_bits_equal(fused[0], table.index_select(0, slots).half())
+    monkeypatch.setattr(kernels, "_F16C", True)
+    for bad in (5000, -2, 2**40):
+        slots[-3] = bad
+        with pytest.raises(IndexError, match=f"slot {bad} is out of range for 5000 rows"):
+            kernels.take_rows_half(table, slots)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from([8, 16, 64, 12]),
+    st.integers(1, 40),
+    st.lists(st.integers(0, 10**6), max_size=200),
+    st.lists(FLOATS, max_size=20),
+)
+def test_gather_rows_widens_float16_rows(dim, rows, picks, values):
+    """A float16 table's rows come out as float32, exactly ``index_select(...).float()``, streamed or not."""
+    table = (torch.randn(rows, dim) * 1e3).half()
+    if values:
+        spots = torch.randint(0, rows * dim, (len(values),))
+        table.view(-1)[spots] = torch.tensor(values, dtype=torch.float32).half()
+    index = torch.tensor([p % rows for p in picks], dtype=torch.int64)
+    expected = table.index_select(0, index).float()
+    for threshold in (0, kernels.STREAM_MIN_BYTES):
+        old = kernels.STREAM_MIN_BYTES
+        try:
+            kernels.STREAM_MIN_BYTES = threshold
+            out = kernels.gather_rows(table, index)
+        finally:
+            kernels.STREAM_MIN_BYTES = old
+        assert out.dtype == torch.float32 and torch.equal(out.isnan(), expected.isnan())
+        assert torch.equal(out.nan_to_num(), expected.nan_to_num())

@@ -359,6 +359,32 @@ def test_distinct_lookup_equals_the_deduplicating_path(eviction):
     assert torch.equal(fast.lookup(held, distinct=True), plain.lookup(held))
 
 
+def test_float16_lookup_is_the_float32_lookup_rounded_and_refuses_what_float16_cannot_hold():
+    """``dtype=torch.float16`` (a float16 wire's lookup): the float32 path's rows rounded once, with the same side
+    effects; a weight beyond float16's range raises ``OverflowError`` (it would read as inf)."""
+    kwargs = dict(init=Uniform(-0.1, 0.1), seed=5)
+    plain, half = EmbeddingStore(DIM, 40, SGD(lr=0.1), **kwargs), EmbeddingStore(DIM, 40, SGD(lr=0.1), **kwargs)
+    universe = _random_ids(60, seed=3)
+    for step in range(6):
+        g = torch.Generator().manual_seed(step)
+        batch = universe[torch.randint(0, 60, (30,), generator=g)]  # repeats: the de-duplicating path too
+        distinct = step % 2 == 0
+        if distinct:
+            batch = torch.unique(batch)
+        a = plain.lookup(batch, distinct=distinct)
+        b = half.lookup(batch, distinct=distinct, dtype=torch.float16)
+        assert b.dtype == torch.float16 and torch.equal(b, a.half()), step
+    assert plain.metrics() == half.metrics()
+    assert torch.equal(plain.state_dict()["last_access"], half.state_dict()["last_access"])
+    held = plain.state_dict()["ids"][:3]
+    half.update(held[:1], torch.full((1, DIM), -1e6), distinct=True)  # SGD: w += 1e5 in that row
+    with pytest.raises(OverflowError, match=r"holds weights up to 100000, beyond float16's 65504"):
+        half.lookup(held, dtype=torch.float16)
+    assert torch.isfinite(half.lookup(held)).all()  # float32 reads it as it is
+    with pytest.raises(ValueError, match=r"lookup dtype must be torch\.float32 or torch\.float16"):
+        half.lookup(held, dtype=torch.bfloat16)
+
+
 def test_per_id_initialisation_ignores_arrival_order_and_server():
     from persia_planner.modules.ps.server import TableConfig
 

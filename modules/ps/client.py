@@ -288,8 +288,9 @@ class PsClient:
 
         def combine(results: list[torch.Tensor]) -> torch.Tensor:
             rows = results[0] if len(results) == 1 else torch.cat(results)
-            if rows.dtype != torch.float32:
+            if rows.dtype not in (torch.float32, torch.float16):
                 # Upcast the distinct rows before the expansion: fewer values to convert than the expanded batch has.
+                # (gather_rows widens float16 rows itself, in the expansion's own pass.)
                 rows = rows.to(torch.float32)
             # Streaming stores (kernels.gather_rows): the expanded batch is the largest tensor of the path and is read
             # only later by the trainer; index_select below 1 MiB. Either is ~2x faster than rows[inverse] on CPU.

@@ -25,6 +25,8 @@ numpy views of the tensors (no copies).
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 import torch
@@ -33,7 +35,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["dedup", "find", "gather_rows", "take_rows"]
+__all__ = ["dedup", "find", "gather_rows", "take_rows", "take_rows_half"]
 
 _EMPTY = -1  # must match store._EMPTY: a bucket that ends a probe sequence
 _INT32_MAX = 2**31 - 1
@@ -206,20 +208,60 @@ def dedup(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @intrinsic
 def _stream8(typingctx, dst, dst_at, src, src_at):  # pragma: no cover - compiled
-    """``dst[dst_at:dst_at + 8] = src[src_at:src_at + 8]`` (float32 arrays) with one non-temporal vector store: the
-    destination's cache lines are written to memory without first being read into the cache. ``dst_at`` must be a
-    multiple of 8 in a 32-byte aligned array (an aligned non-temporal store faults otherwise)."""
+    """``dst[dst_at:dst_at + 8] = src[src_at:src_at + 8]`` into a float32 array with one non-temporal vector store: the
+    destination's cache lines are written to memory without first being read into the cache. ``src`` is float32, or
+    int16 holding float16 bits (widened exactly, as ``Tensor.float()`` does). ``dst_at`` must be a multiple of 8 in a
+    32-byte aligned array (an aligned non-temporal store faults otherwise)."""
     sig = types.void(dst, dst_at, src, src_at)
+    half = src.dtype == types.int16
 
     def codegen(context, builder, signature, args):
         dst_array = context.make_array(signature.args[0])(context, builder, args[0])
         src_array = context.make_array(signature.args[2])(context, builder, args[2])
         vector = ir.VectorType(ir.FloatType(), 8)
-        source = builder.bitcast(builder.gep(src_array.data, [args[3]]), vector.as_pointer())
+        source_type = ir.VectorType(ir.HalfType(), 8) if half else vector
+        source = builder.bitcast(builder.gep(src_array.data, [args[3]]), source_type.as_pointer())
+        value = builder.load(source, align=2 if half else 4)
+        if half:
+            value = builder.fpext(value, vector)
         target = builder.bitcast(builder.gep(dst_array.data, [args[1]]), vector.as_pointer())
-        store = builder.store(builder.load(source, align=4), target, align=32)
+        store = builder.store(value, target, align=32)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _half_row(typingctx, dst, dst_at, src, src_at, dim):  # pragma: no cover - compiled
+    """``dst[dst_at:dst_at + dim] = src[src_at:src_at + dim]`` rounded to float16 (to nearest even, as
+    ``Tensor.half()``) into an int16 array holding float16 bits, 8 values per vector conversion (``vcvtps2ph`` with
+    F16C); returns the row's largest ``|value|`` (NaN ignored), kept in a register meanwhile. ``dim % 8 == 0``."""
+    sig = types.float32(dst, dst_at, src, src_at, dim)
+
+    def codegen(context, builder, signature, args):
+        dst_array = context.make_array(signature.args[0])(context, builder, args[0])
+        src_array = context.make_array(signature.args[2])(context, builder, args[2])
+        f32 = ir.FloatType()
+        vector = ir.VectorType(f32, 8)
+        halves = ir.VectorType(ir.HalfType(), 8)
+        module = builder.module
+        fabs = cgutils.get_or_insert_function(module, ir.FunctionType(vector, [vector]), "llvm.fabs.v8f32")
+        fmax = cgutils.get_or_insert_function(module, ir.FunctionType(f32, [vector]), "llvm.vector.reduce.fmax.v8f32")
+        # An alloca in the entry block: LLVM promotes it to a register, so the running peak never touches memory.
+        peak = cgutils.alloca_once_value(builder, ir.Constant(vector, [ir.Constant(f32, 0.0)] * 8))
+        dst_at, src_at, dim = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
+        with cgutils.for_range(builder, builder.sdiv(dim, ir.Constant(dim.type, 8))) as loop:
+            offset = builder.mul(loop.index, ir.Constant(loop.index.type, 8))
+            source = builder.gep(src_array.data, [builder.add(src_at, offset)])
+            value = builder.load(builder.bitcast(source, vector.as_pointer()), align=4)
+            target = builder.gep(dst_array.data, [builder.add(dst_at, offset)])
+            builder.store(builder.fptrunc(value, halves), builder.bitcast(target, halves.as_pointer()), align=2)
+            magnitude = builder.call(fabs, [value])
+            before = builder.load(peak)
+            # An ordered compare is false for NaN: a NaN lane keeps the running value.
+            builder.store(builder.select(builder.fcmp_ordered(">", magnitude, before), magnitude, before), peak)
+        return builder.call(fmax, [builder.load(peak)])  # no NaN left to propagate
 
     return sig, codegen
 
@@ -240,7 +282,7 @@ def _fence(typingctx):  # pragma: no cover - compiled
 def _prefetch_row(src, r, rows, dim):  # pragma: no cover - compiled
     # Row r of a flat [rows * dim] table, one prefetch per 64-byte line; rows out of range are skipped (never fault).
     if 0 <= r < rows:
-        for k in range(0, dim, 16):
+        for k in range(0, dim, 64 // src.itemsize):
             _prefetch(src, r * dim + k)
 
 
@@ -267,7 +309,8 @@ stream_gathers = True  # False: gather_rows is index_select (benchmarks/ps.py --
 
 
 def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``src.index_select(0, index)`` for a ``[rows, dim]`` table, written with non-temporal stores when large.
+    """``src.index_select(0, index)`` for a ``[rows, dim]`` table, written with non-temporal stores when large; a
+    float16 table's rows come out widened to float32 (``src.index_select(0, index).float()``) in the same pass.
 
     Why: the client expands a lookup's distinct rows (6.6 MB for 64k Zipf ids of dim 64) into the batch's order
     (16.7 MB), a fresh output that nobody reads before it leaves the cache. Plain stores first read every
@@ -277,21 +320,25 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     gather of rows picked at random from its table gains nothing from it (it waits on the reads, and the transport
     reads its answer right after): that is :func:`take_rows`. Used for float32 outputs of at least
     :data:`STREAM_MIN_BYTES` whose rows are whole 32-byte vectors (``dim % 8 == 0``); otherwise, or with
-    :data:`stream_gathers` off, this is ``index_select``.
+    :data:`stream_gathers` off, this is ``index_select`` (then ``.float()`` for float16). Other dtypes keep theirs.
 
     Raises:
         IndexError: An index lies outside ``[0, rows)`` (as ``index_select`` raises).
     """
     n_rows, dim = src.shape
     n = index.numel()
-    if not stream_gathers or src.dtype != torch.float32 or dim % 8 or n * dim * 4 < STREAM_MIN_BYTES:
-        return src.index_select(0, index)
+    half = src.dtype == torch.float16
+    if not stream_gathers or not (half or src.dtype == torch.float32) or dim % 8 or n * dim * 4 < STREAM_MIN_BYTES:
+        out = src.index_select(0, index)
+        return out.float() if half else out
     src = src.contiguous()
     index = index.to(torch.int64).contiguous()
     out = torch.empty(n, dim)
     if out.data_ptr() % 32:  # torch aligns CPU allocations to 64 bytes; never rely on it for a faulting store
-        return src.index_select(0, index, out=out)
-    bad = _gather_stream(src.view(-1).numpy(), n_rows, dim, index.numpy(), out.view(-1).numpy(), _AHEAD)
+        return src.index_select(0, index).float() if half else src.index_select(0, index, out=out)
+    # numba has no float16 arrays: the halves travel as their int16 bit patterns, widened by the store intrinsic.
+    table = src.view(-1).view(torch.int16) if half else src.view(-1)
+    bad = _gather_stream(table.numpy(), n_rows, dim, index.numpy(), out.view(-1).numpy(), _AHEAD)
     if bad >= 0:
         raise IndexError(f"gather_rows: index {int(index[bad])} is out of range for {n_rows} rows")
     return out
@@ -339,3 +386,69 @@ def take_rows(src: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         if bad >= 0:
             raise IndexError(f"take_rows: slot {int(index[bad])} is out of range for {src.shape[0]} rows")
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_half(src, rows, dim, index, dst, ahead):  # pragma: no cover - compiled
+    n = index.shape[0]
+    peak = np.float32(0.0)
+    for i in range(n):
+        if i + ahead < n:
+            _prefetch_row(src, index[i + ahead], rows, dim)
+        r = index[i]
+        if r >= rows or r < -1:
+            return i, peak
+        d = i * dim
+        if r < 0:
+            for k in range(dim):
+                dst[d + k] = 0  # the bits of +0.0
+        else:
+            p = _half_row(dst, d, src, r * dim, dim)
+            if p > peak:
+                peak = p
+    return -1, peak
+
+
+def _has_f16c() -> bool:
+    import llvmlite.binding as llvm
+
+    try:
+        return bool(llvm.get_host_cpu_features().get("f16c", False))
+    except RuntimeError:  # the host's features cannot be read: convert with torch
+        return False
+
+
+# Without F16C, LLVM would lower the vector conversion to a library call that numba's JIT need not resolve.
+_F16C = _has_f16c()
+
+
+def take_rows_half(src: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """:func:`take_rows` rounded to float16 in the same pass, and the largest ``|value|`` among the rows taken.
+
+    Why: a float16 wire halves the answer's bytes, but a separate conversion pass (and a range check: a value beyond
+    float16's 65504 would arrive as ``inf``) over the 6.6 MB answer of a 64k-id lookup costs more CPU than the
+    smaller transfer saves. Here each row is converted (``vcvtps2ph``, rounding to nearest even as ``Tensor.half()``)
+    and its magnitude folded into the peak while it is in registers. Falls back to ``take_rows(...).half()`` and a
+    reduction where the row width is not a multiple of 8 or the CPU lacks F16C.
+
+    Returns:
+        ``(rows, peak)``: float16 ``[len(slots), dim]`` (zero rows where a slot is ``-1``) and the largest magnitude
+        (NaN ignored; ``inf`` if a row holds one; 0.0 for no rows).
+
+    Raises:
+        IndexError: A slot lies outside ``[-1, rows)``.
+    """
+    rows, dim = src.shape
+    index = slots.to(torch.int64).contiguous()
+    if dim % 8 or not _F16C or src.dtype != torch.float32:
+        full = take_rows(src, index)
+        peak = full.abs().nan_to_num(nan=0.0, posinf=math.inf).amax() if full.numel() else torch.tensor(0.0)
+        return full.half(), float(peak)
+    out = torch.empty(index.numel(), dim, dtype=torch.float16)
+    if not index.numel():
+        return out, 0.0
+    flat = out.view(-1).view(torch.int16).numpy()
+    bad, peak = _take_half(src.contiguous().view(-1).numpy(), rows, dim, index.numpy(), flat, _AHEAD)
+    if bad >= 0:
+        raise IndexError(f"take_rows_half: slot {int(index[bad])} is out of range for {rows} rows")
+    return out, float(peak)

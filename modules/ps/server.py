@@ -244,9 +244,6 @@ def _create(config: TableConfig) -> int:
     return state.index
 
 
-_FLOAT16_MAX = float(torch.finfo(torch.float16).max)
-
-
 @_server_errors
 def _lookup(
     table: str, ids: torch.Tensor, train: bool, distinct: bool = False, wire_dtype: torch.dtype | None = None
@@ -257,21 +254,21 @@ def _lookup(
     if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
         raise PsServerError(f"parameter server {_state().name}: cannot send rows as {wire_dtype}")
     t = _state().table(table)
+    half = wire_dtype == torch.float16
     with t.lock:
-        rows = t.store.lookup(ids, train=train, distinct=distinct)
+        try:
+            # float16 rows are converted (and range-checked) by the gather itself: no pass of their own.
+            rows = t.store.lookup(ids, train=train, distinct=distinct, dtype=torch.float16 if half else torch.float32)
+        except OverflowError as err:
+            # A weight beyond float16's range would reach the trainer as inf: refuse, as the client refuses such
+            # gradients (nan travels as nan, as it would in float32).
+            raise PsServerError(
+                f"parameter server {_state().name}: table {table!r} {err}; send bfloat16 "
+                "(wire_dtype=torch.bfloat16, --ps-wire bfloat16) or clip the weights"
+            ) from None
     # Cast after releasing the lock: the rows are this request's own copy, other requests need not wait for it.
     if wire_dtype is None or rows.dtype == wire_dtype:
         return rows
-    if wire_dtype == torch.float16 and rows.numel():
-        # A weight beyond float16's range would reach the trainer as inf; refuse, as the client refuses such
-        # gradients (nan compares false and travels as nan, as it would in float32).
-        low, high = rows.aminmax()  # one pass, no |rows| temporary: half the time of abs().amax()
-        peak = max(-float(low), float(high))
-        if peak > _FLOAT16_MAX:
-            raise PsServerError(
-                f"parameter server {_state().name}: table {table!r} holds weights up to {peak:.6g}, beyond float16's "
-                f"{_FLOAT16_MAX:g}; send bfloat16 (wire_dtype=torch.bfloat16, --ps-wire bfloat16) or clip the weights"
-            )
     return rows.to(wire_dtype)
 
 

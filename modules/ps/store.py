@@ -55,6 +55,7 @@ __all__ = ["EmbeddingStore", "Eviction", "Normal", "Uniform"]
 _EMPTY = -1  # a bucket never used since the last rebuild: ends a probe sequence
 _TOMBSTONE = -2  # a bucket whose row was evicted: probes continue past it, inserts may reuse it
 _INT32_MAX = 2**31 - 1
+_FLOAT16_MAX = float(torch.finfo(torch.float16).max)
 
 
 def _signed(c: int) -> int:
@@ -383,8 +384,14 @@ class EmbeddingStore:
     # ------------------------------------------------------------------------------------------------ lookup
 
     @torch.no_grad()
-    def lookup(self, ids: torch.Tensor, *, train: bool = True, distinct: bool = False) -> torch.Tensor:
+    def lookup(
+        self, ids: torch.Tensor, *, train: bool = True, distinct: bool = False, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """Rows of ``ids`` as float32 ``[*ids.shape, dim]`` (a copy). See the class docstring for the semantics.
+
+        ``dtype=torch.float16`` returns them rounded to float16 (``rows.half()``, what a float16 wire sends),
+        converted in the gather's own pass (:func:`.kernels.take_rows_half`); ``OverflowError`` if a row holds a
+        value beyond float16's range (it would read as ``inf``), raised after the lookup's side effects.
 
         ``distinct=True`` promises that ``ids`` holds no repeats (the client de-duplicates every batch): the store then
         skips its own ``torch.unique`` and the gather back to the caller's order. Given in ascending order the result
@@ -392,6 +399,8 @@ class EmbeddingStore:
         first occurrence) only the assignment of admission draws and new slots to the missing ids differs. Repeated ids
         with ``distinct=True`` are undefined behaviour (a repeated missing id could be inserted twice).
         """
+        if dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"lookup dtype must be torch.float32 or torch.float16, got {dtype}")
         flat = _as_ids(ids)
         self._metrics["lookups"] += flat.numel()
         if distinct:
@@ -409,9 +418,16 @@ class EmbeddingStore:
         self._metrics["misses"] += uniq.numel() - n_hit
         if train and n_hit < uniq.numel():
             self._admit(uniq, torch.ones_like(uniq) if counts is None else counts, slots, hit)
-        rows = kernels.take_rows(self._weights, slots)  # ids not held (slot -1) read as zero rows
-        if inverse is not None:
-            rows = kernels.gather_rows(rows, inverse)  # the expansion to the caller's order, as the client's
+        if dtype == torch.float16:
+            rows, peak = kernels.take_rows_half(self._weights, slots)
+            if peak > _FLOAT16_MAX:
+                raise OverflowError(f"holds weights up to {peak:.6g}, beyond float16's {_FLOAT16_MAX:g}")
+            if inverse is not None:
+                rows = rows.index_select(0, inverse)
+        else:
+            rows = kernels.take_rows(self._weights, slots)  # ids not held (slot -1) read as zero rows
+            if inverse is not None:
+                rows = kernels.gather_rows(rows, inverse)  # the expansion to the caller's order, as the client's
         return rows.reshape(*ids.shape, self.dim)
 
     def _admit(self, uniq: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor, hit: torch.Tensor) -> None:
