@@ -206,7 +206,7 @@ def test_take_rows_half_falls_back_and_refuses_slots_out_of_range(monkeypatch):
     plain = kernels.take_rows_half(table, slots)
     assert _half_bits_equal(fused[0], plain[0]) and fused[1] == plain[1] == 7e4
     assert _half_bits_equal(fused[0], table.index_select(0, slots).half())
-    monkeypatch.setattr(kernels, "_F16C", True)
+    monkeypatch.undo()
     for bad in (5000, -2, 2**40):
         slots[-3] = bad
         with pytest.raises(IndexError, match=f"slot {bad} is out of range for 5000 rows"):
@@ -221,19 +221,20 @@ def test_take_rows_half_falls_back_and_refuses_slots_out_of_range(monkeypatch):
     st.lists(FLOATS, max_size=20),
 )
 def test_gather_rows_widens_float16_rows(dim, rows, picks, values):
-    """A float16 table's rows come out as float32, exactly ``index_select(...).float()``, streamed or not."""
+    """A float16 table's rows come out as float32, exactly ``index_select(...).float()``, streamed or not, with or
+    without F16C."""
     table = (torch.randn(rows, dim) * 1e3).half()
     if values:
         spots = torch.randint(0, rows * dim, (len(values),))
         table.view(-1)[spots] = torch.tensor(values, dtype=torch.float32).half()
     index = torch.tensor([p % rows for p in picks], dtype=torch.int64)
     expected = table.index_select(0, index).float()
-    for threshold in (0, kernels.STREAM_MIN_BYTES):
-        old = kernels.STREAM_MIN_BYTES
+    for threshold, f16c in ((0, kernels._F16C), (kernels.STREAM_MIN_BYTES, kernels._F16C), (0, False)):
+        old = kernels.STREAM_MIN_BYTES, kernels._F16C
         try:
-            kernels.STREAM_MIN_BYTES = threshold
+            kernels.STREAM_MIN_BYTES, kernels._F16C = threshold, f16c
             out = kernels.gather_rows(table, index)
         finally:
-            kernels.STREAM_MIN_BYTES = old
+            kernels.STREAM_MIN_BYTES, kernels._F16C = old
         assert out.dtype == torch.float32 and torch.equal(out.isnan(), expected.isnan())
         assert torch.equal(out.nan_to_num(), expected.nan_to_num())

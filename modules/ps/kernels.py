@@ -320,7 +320,8 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     gather of rows picked at random from its table gains nothing from it (it waits on the reads, and the transport
     reads its answer right after): that is :func:`take_rows`. Used for float32 outputs of at least
     :data:`STREAM_MIN_BYTES` whose rows are whole 32-byte vectors (``dim % 8 == 0``); otherwise, or with
-    :data:`stream_gathers` off, this is ``index_select`` (then ``.float()`` for float16). Other dtypes keep theirs.
+    :data:`stream_gathers` off, this is ``index_select`` (then ``.float()`` for float16, also where the CPU lacks
+    F16C). Other dtypes keep theirs.
 
     Raises:
         IndexError: An index lies outside ``[0, rows)`` (as ``index_select`` raises).
@@ -328,7 +329,8 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     n_rows, dim = src.shape
     n = index.numel()
     half = src.dtype == torch.float16
-    if not stream_gathers or not (half or src.dtype == torch.float32) or dim % 8 or n * dim * 4 < STREAM_MIN_BYTES:
+    streamable = src.dtype == torch.float32 or (half and _F16C)
+    if not stream_gathers or not streamable or dim % 8 or n * dim * 4 < STREAM_MIN_BYTES:
         out = src.index_select(0, index)
         return out.float() if half else out
     src = src.contiguous()
