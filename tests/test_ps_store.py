@@ -383,6 +383,18 @@ def test_float16_lookup_is_the_float32_lookup_rounded_and_refuses_what_float16_c
     assert torch.isfinite(half.lookup(held)).all()  # float32 reads it as it is
     with pytest.raises(ValueError, match=r"lookup dtype must be torch\.float32 or torch\.float16"):
         half.lookup(held, dtype=torch.bfloat16)
+    # The edge is where float16 rounds to inf: 65519 rounds to 65504 and passes, 65520 and inf are refused.
+    state = half.state_dict()
+    for weight, refused in ((65519.0, False), (-65520.0, True), (float("inf"), True), (float("nan"), False)):
+        state["weights"][0] = 0.0
+        state["weights"][0, 3] = weight
+        half.load_state_dict(state)
+        if refused:
+            with pytest.raises(OverflowError, match=f"holds weights up to {abs(weight):.6g}, beyond float16's 65504"):
+                half.lookup(state["ids"][:1], dtype=torch.float16)
+        else:
+            got, expected = half.lookup(state["ids"][:1], dtype=torch.float16)[0, 3], torch.tensor(weight).half()
+            assert (bool(got.isnan()) and bool(expected.isnan())) or (got == expected and float(got) == 65504.0)
 
 
 def test_per_id_initialisation_ignores_arrival_order_and_server():

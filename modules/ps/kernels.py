@@ -12,11 +12,12 @@ tensor ops can only express as several full passes (hash, gather, compare, then 
   against 1.7 ms for the same loop without prefetches; probe rounds of tensor ops take several times that. A
   training lookup's LRU/LFU bookkeeping is written by the same pass, into the cache line the probe just read.
 
-Two gathers: :func:`take_rows`, the server's, reads the rows of the found slots with the rows a few ahead
-prefetched (zero rows for absent ids); :func:`gather_rows`, the client's expansion of the distinct rows to the
-batch's order, is ``index_select``'s result written with non-temporal (streaming) stores.
-Both instructions come from LLVM through two small numba intrinsics (``llvm.prefetch`` and a store marked
-``!nontemporal``), so there is no C extension to build.
+The gathers: :func:`take_rows`, the server's, reads the rows of the found slots with the rows a few ahead
+prefetched (zero rows for absent ids), and :func:`take_rows_half` rounds them to float16 for a float16 wire in the
+same pass; :func:`gather_rows`, the client's expansion of the distinct rows to the batch's order, is
+``index_select``'s result written with non-temporal (streaming) stores, widening float16 rows on the way.
+Prefetches, streaming stores and the vector float16 conversions come from LLVM through small numba intrinsics
+(``llvm.prefetch``, a store marked ``!nontemporal``, ``fptrunc``/``fpext``), so there is no C extension to build.
 
 numba compiles each loop on its first call and caches the machine code next to this file (``cache=True``), so later
 processes load it in milliseconds; ``nogil=True`` lets the RPC agent's other threads run meanwhile. Inputs are
@@ -412,12 +413,14 @@ def _take_half(src, rows, dim, index, dst, ahead):  # pragma: no cover - compile
 
 
 def _has_f16c() -> bool:
-    import llvmlite.binding as llvm
+    # The features numba compiles for, not the host's: NUMBA_CPU_FEATURES may name others and NUMBA_ENABLE_AVX=0
+    # turns AVX off (F16C needs it). "" where the host's cannot be read: then torch converts.
+    from numba.core import config
+    from numba.core.codegen import get_host_cpu_features
 
-    try:
-        return bool(llvm.get_host_cpu_features().get("f16c", False))
-    except RuntimeError:  # the host's features cannot be read: convert with torch
-        return False
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    flags = set(features.split(","))
+    return {"+f16c", "+avx"} <= flags
 
 
 # Without F16C, LLVM would lower the vector conversion to a library call that numba's JIT need not resolve.

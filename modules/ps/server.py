@@ -260,13 +260,13 @@ def _lookup(
             # float16 rows are converted (and range-checked) by the gather itself: no pass of their own.
             rows = t.store.lookup(ids, train=train, distinct=distinct, dtype=torch.float16 if half else torch.float32)
         except OverflowError as err:
-            # A weight beyond float16's range would reach the trainer as inf: refuse, as the client refuses such
-            # gradients (nan travels as nan, as it would in float32).
+            # A weight that float16 rounds to inf would reach the trainer as inf: refuse, as the client refuses
+            # such gradients (nan travels as nan, as it would in float32).
             raise PsServerError(
                 f"parameter server {_state().name}: table {table!r} {err}; send bfloat16 "
                 "(wire_dtype=torch.bfloat16, --ps-wire bfloat16) or clip the weights"
             ) from None
-    # Cast after releasing the lock: the rows are this request's own copy, other requests need not wait for it.
+    # bfloat16 is cast after releasing the lock: the rows are this request's own copy, other requests need not wait.
     if wire_dtype is None or rows.dtype == wire_dtype:
         return rows
     return rows.to(wire_dtype)

@@ -55,7 +55,8 @@ __all__ = ["EmbeddingStore", "Eviction", "Normal", "Uniform"]
 _EMPTY = -1  # a bucket never used since the last rebuild: ends a probe sequence
 _TOMBSTONE = -2  # a bucket whose row was evicted: probes continue past it, inserts may reuse it
 _INT32_MAX = 2**31 - 1
-_FLOAT16_MAX = float(torch.finfo(torch.float16).max)
+# The smallest magnitude that float16 rounds to inf (the midpoint between 65504 and 2**16, rounded to even).
+_FLOAT16_OVERFLOW = 65520.0
 
 
 def _signed(c: int) -> int:
@@ -391,7 +392,8 @@ class EmbeddingStore:
 
         ``dtype=torch.float16`` returns them rounded to float16 (``rows.half()``, what a float16 wire sends),
         converted in the gather's own pass (:func:`.kernels.take_rows_half`); ``OverflowError`` if a row holds a
-        value beyond float16's range (it would read as ``inf``), raised after the lookup's side effects.
+        value that float16 rounds to ``inf`` (``|w| >= 65520``, or ``inf`` itself), raised after the lookup's side
+        effects (NaN passes as NaN).
 
         ``distinct=True`` promises that ``ids`` holds no repeats (the client de-duplicates every batch): the store then
         skips its own ``torch.unique`` and the gather back to the caller's order. Given in ascending order the result
@@ -420,8 +422,8 @@ class EmbeddingStore:
             self._admit(uniq, torch.ones_like(uniq) if counts is None else counts, slots, hit)
         if dtype == torch.float16:
             rows, peak = kernels.take_rows_half(self._weights, slots)
-            if peak > _FLOAT16_MAX:
-                raise OverflowError(f"holds weights up to {peak:.6g}, beyond float16's {_FLOAT16_MAX:g}")
+            if peak >= _FLOAT16_OVERFLOW:  # an inf weight too: float16 cannot tell it from an overflow
+                raise OverflowError(f"holds weights up to {peak:.6g}, beyond float16's 65504")
             if inverse is not None:
                 rows = rows.index_select(0, inverse)
         else:
