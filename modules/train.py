@@ -32,15 +32,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from persia_planner.errors import PlannerError, SpecError
+from persia_planner.errors import PlannerError
 from persia_planner.placement import Mode, TablePlacement
-from persia_planner.specs import ModelSpec, Optimizer
+from persia_planner.specs import ModelSpec
 
+from .config import (
+    DenseOptimizer,
+    TrainConfig,
+    check_before_start,
+    check_resume_exists,
+    sparse_optimizer_of,
+)
 from .data.criteo import NUM_INTEGER, Batch, CriteoReader
 from .data.synthetic import SyntheticClicks, Teacher
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 from .ps.launch import trainers_store
-from .ps.server import WIRE_DTYPES
 
 __all__ = [
     "TrainConfig",
@@ -60,87 +66,6 @@ if not _EXAMPLES.is_dir():  # installed layout: persia_planner/modules -> persia
 DEFAULT_MODEL = _EXAMPLES / "dlrm_small.yaml"
 DEFAULT_TOPOLOGY = _EXAMPLES / "local_2x1.yaml"
 _EVAL_SEED_OFFSET = 1_000_003
-_WIRE_DTYPES = {str(d).removeprefix("torch."): d for d in WIRE_DTYPES}  # --ps-wire name -> dtype
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything one training run needs (the options of ``persia train``).
-
-    Attributes:
-        steps: Training steps (each trainer runs this many batches).
-        batch_size: Samples per trainer and step (default: the model's global batch size / trainers).
-        staleness: Bounded staleness K of the PS tables (``mode="sync"`` forces 0).
-        mode: ``hybrid`` (PS tables async with staleness K) or ``sync`` (K = 0: one gathered update per step,
-            every step sees every update, reproducible).
-        trainers: Trainer processes.
-        data: ``"synthetic"`` or ``"criteo:PATH"`` (one file or a directory of files).
-        eval_batches: Batches per trainer for the final AUC (held out: a different seed, or the batches after the
-            training ones in a Criteo file).
-        eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
-        sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
-        sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (PS tables only); None: the one
-            the model's tables name (``optimizer:`` in model.yaml, which the plan sized their state for).
-        dense_lr: Learning rate of the dense optimizer.
-        dense_optimizer: ``adagrad`` or ``sgd``.
-        ps_delay_ms: Added to every PS call (a stand-in for a slow network).
-        ps_wire: The dtype PS rows and gradients travel in: ``float32`` (exact), ``float16`` or ``bfloat16`` (half
-            the bytes, as Persia sends them; the servers keep float32 weights and optimizer state).
-        checkpoint: Directory to save the PS tables, local tables and dense model into at the end.
-        resume: Start from the checkpoint in ``checkpoint``.
-        seed: Seed of the model, the data and the servers' row initialisers.
-        progress: Show a progress bar (trainer 0).
-        teacher_rows_scale: Synthetic data: each feature's id universe is this fraction of its table's rows.
-    """
-
-    steps: int = 400
-    batch_size: int | None = None
-    staleness: int = 4
-    mode: str = "hybrid"
-    trainers: int = 2
-    data: str = "synthetic"
-    eval_batches: int = 8
-    eval_every: int = 0
-    sparse_lr: float = 0.1
-    sparse_optimizer: str | None = None
-    dense_lr: float = 0.05
-    dense_optimizer: str = "adagrad"
-    ps_delay_ms: float = 0.0
-    ps_wire: str = "float32"
-    checkpoint: str | None = None
-    resume: bool = False
-    seed: int = 0
-    progress: bool = True
-    teacher_rows_scale: float = 0.02
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("hybrid", "sync"):
-            raise PlannerError(f"--mode must be hybrid or sync, got {self.mode!r}")
-        if self.steps < 1 or self.trainers < 1 or self.eval_batches < 1:
-            raise PlannerError("--steps, trainers and eval batches must be >= 1")
-        if self.staleness < 0:
-            raise PlannerError(f"--staleness must be >= 0, got {self.staleness}")
-        if self.ps_delay_ms < 0:
-            raise PlannerError(f"--ps-delay-ms must be >= 0, got {self.ps_delay_ms}")
-        if self.ps_wire not in _WIRE_DTYPES:
-            raise PlannerError(f"--ps-wire must be one of {', '.join(_WIRE_DTYPES)}, got {self.ps_wire!r}")
-        if self.resume and not self.checkpoint:
-            raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
-        if self.dense_optimizer not in ("adagrad", "sgd"):
-            raise PlannerError(f"dense optimizer must be adagrad or sgd, got {self.dense_optimizer!r}")
-        if not (self.data == "synthetic" or self.data.startswith("criteo:")):
-            raise PlannerError(
-                f"--data must be 'synthetic' or 'criteo:PATH', got {self.data!r}",
-                fixes=("e.g. --data criteo:/data/day_0.tsv",),
-            )
-
-    @property
-    def effective_staleness(self) -> int:
-        return 0 if self.mode == "sync" else self.staleness
-
-    @property
-    def ps_wire_dtype(self) -> torch.dtype:
-        return _WIRE_DTYPES[self.ps_wire]
 
 
 # ---- the model -----------------------------------------------------------------------------------------------
@@ -447,11 +372,7 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
     """
     from .ps.checkpoint import read_latest
 
-    path = directory / "trainer.pt"
-    if not path.is_file():
-        raise PlannerError(
-            f"--resume: no trainer checkpoint at {path}", fixes=("train once with --checkpoint DIR first",)
-        )
+    path = check_resume_exists(directory)
     state = torch.load(path, weights_only=False, map_location="cpu")
     if with_ps:
         latest = read_latest(directory / "ps")
@@ -542,7 +463,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     # gloo carries the small CPU collectives (ids, lockstep, metrics); DDP's gradients go over nccl on CUDA.
     ddp = data_parallel(model, dist.new_group(backend="nccl") if on_cuda else None, device if on_cuda else None)
     dense = dense_parameters(model)
-    if cfg.dense_optimizer == "sgd":
+    if cfg.dense_optimizer is DenseOptimizer.SGD:
         opt: torch.optim.Optimizer = torch.optim.SGD(dense, lr=cfg.dense_lr)
     else:
         opt = torch.optim.Adagrad(dense, lr=cfg.dense_lr)
@@ -610,13 +531,13 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         "first_step": start_step,
         "staleness": cfg.effective_staleness,
         "staleness_max_seen": hybrid.staleness_max_seen,
-        "mode": cfg.mode,
+        "mode": cfg.mode.value,
         "trainers": job.trainers,
         "servers": job.servers if hybrid.ps is not None else 0,
         "ps_tables": [c.name for c in hybrid.ps_tables],
         "local_tables": [c.name for c in hybrid.local_tables],
         "ps_delay_ms": cfg.ps_delay_ms,
-        "ps_wire": cfg.ps_wire,
+        "ps_wire": cfg.ps_wire.value,
         "data": cfg.data,
         "seed": cfg.seed,
         "history": history,
@@ -655,76 +576,14 @@ def _progress(cfg: TrainConfig) -> Any:
 # ---- launchers -----------------------------------------------------------------------------------------------
 
 
-def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """A Criteo file provides features c1..c26; the model's tables must be named after them."""
-    if cfg.data.startswith("criteo:"):
-        from .data.criteo import FEATURE_NAMES
-
-        path = Path(cfg.data.split(":", 1)[1])
-        if not path.exists():
-            raise SpecError(str(path), "", "file or directory not found", fixes=("pass --data criteo:PATH",))
-        if path.is_dir() and not any(p.is_file() for p in path.iterdir()):
-            raise SpecError(
-                str(path), "", "the directory holds no files", fixes=("point --data criteo: at Criteo .tsv/.gz files",)
-            )
-        unknown = [t.name for t in spec.tables if t.name not in FEATURE_NAMES]
-        if unknown:
-            raise SpecError(
-                spec.name,
-                f"tables.{unknown[0]}",
-                "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
-                fixes=("name the tables c1..c26",),
-            )
-
-
-def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
-    """The sparse optimizer a run applies to every table: ``cfg``'s if given, else the one the model's tables name
-    (the plan sized their optimizer state for it)."""
-    if cfg.sparse_optimizer is not None:
-        return Optimizer(cfg.sparse_optimizer)
-    kinds = sorted({t.optimizer for t in spec.tables})
-    if len(kinds) > 1:
-        raise PlannerError(
-            f"model {spec.name}: tables name different sparse optimizers ({', '.join(k.value for k in kinds)}); "
-            "training applies one optimizer to every table",
-            fixes=("give every table the same optimizer: in model.yaml",),
-        )
-    return kinds[0]
-
-
-def check_checkpoint_dir(cfg: TrainConfig) -> None:
-    """``--checkpoint`` must be a directory or a path one can become: found out before training, not at its end."""
-    if not cfg.checkpoint:
-        return
-    path = Path(cfg.checkpoint)
-    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        raise PlannerError(
-            f"--checkpoint {path}: {blocker} is a file, not a directory",
-            fixes=("pass a directory (it is created if missing)",),
-        )
-
-
-def _check_before_start(cfg: TrainConfig, spec: ModelSpec) -> None:
-    """The run's inputs that every process would trip over (data, checkpoint directory, mixed optimizers): one line
-    here, before any process starts."""
-    check_data_matches(spec, cfg)
-    check_checkpoint_dir(cfg)
-    sparse_optimizer_of(cfg, spec)
-
-
 def train_local(
     cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int, run_timeout_s: float = 3600
 ) -> dict[str, Any]:
     """Run ``servers`` PS processes and ``cfg.trainers`` trainers on this machine; returns trainer 0's summary."""
     from .ps.launch import local_cluster
 
-    _check_before_start(cfg, spec)
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
-    if has_ps:
-        from .ps.server import rpc_transports
-
-        rpc_transports()  # a bad PERSIA_RPC_TRANSPORTS: one line here, not in every process
+    check_before_start(cfg, spec, with_ps=has_ps)
     if cfg.resume and cfg.checkpoint:
         check_resume(Path(cfg.checkpoint), has_ps)  # here, before any process starts
     job = _Job(cfg, spec, dict(tables), servers if has_ps else 1, cfg.trainers)
@@ -753,7 +612,7 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world <= servers:
         raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
-    _check_before_start(cfg, spec)
+    check_before_start(cfg, spec, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()))
     if rank < servers:
         ps_server.serve(rank, world)
         return None

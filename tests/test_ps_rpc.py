@@ -36,7 +36,6 @@ from persia_planner.modules.ps.server import (
     allocator_env,
     check_wire_dtype,
     log_metrics_every,
-    rpc_transports,
 )
 from persia_planner.modules.ps.sharding import server_of
 from persia_planner.modules.ps.store import EmbeddingStore, Uniform
@@ -531,13 +530,6 @@ def test_master_address_rejects_a_bad_port(monkeypatch, port):
     assert f"MASTER_PORT={port!r}" in message and "export MASTER_PORT=<free port>" in message and "\n" not in message
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert server_module.master_address("the servers") == ("127.0.0.1", 29500)
-
-
-def test_rpc_transports_default_to_uv_and_follow_the_variable():
-    assert rpc_transports({}) == ["uv"]
-    assert rpc_transports({"PERSIA_RPC_TRANSPORTS": " shm, uv "}) == ["shm", "uv"]
-    with pytest.raises(PlannerError, match="PERSIA_RPC_TRANSPORTS='ipc': unknown TensorPipe transport"):
-        rpc_transports({"PERSIA_RPC_TRANSPORTS": "ipc"})
 
 
 def test_server_checkpoint_records_its_last_dump_for_replicas(monkeypatch, tmp_path):

@@ -70,30 +70,6 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path):
         run(steps=1, checkpoint=str(tmp_path), resume=True, **common)
 
 
-def test_training_applies_the_optimizer_the_model_names():
-    from persia_planner import ModelSpec, Optimizer
-    from persia_planner.modules.train import sparse_optimizer_of
-
-    def model(*kinds: str) -> ModelSpec:
-        tables = [{"name": f"t{i}", "rows": 10, "dim": 8, "optimizer": k} for i, k in enumerate(kinds)]
-        return ModelSpec.from_dict({"name": "m", "batch_size": 8, "tables": tables})
-
-    assert sparse_optimizer_of(TrainConfig(), SPEC) is Optimizer.ROWWISE_ADAGRAD  # the example names none
-    assert sparse_optimizer_of(TrainConfig(), model("adagrad", "adagrad")) is Optimizer.ADAGRAD
-    assert sparse_optimizer_of(TrainConfig(sparse_optimizer="sgd"), model("adagrad")) is Optimizer.SGD
-    with pytest.raises(PlannerError, match=r"tables name different sparse optimizers \(adagrad, sgd\)"):
-        sparse_optimizer_of(TrainConfig(), model("sgd", "adagrad"))
-
-
-def test_config_errors_are_plain():
-    with pytest.raises(PlannerError, match="--mode must be hybrid or sync"):
-        TrainConfig(mode="async")
-    with pytest.raises(PlannerError, match="--resume needs --checkpoint"):
-        TrainConfig(resume=True)
-    with pytest.raises(PlannerError, match="'synthetic' or 'criteo:PATH'"):
-        TrainConfig(data="parquet:/x")
-
-
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

@@ -46,6 +46,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import SpecError
 
+from ..config import FEATURE_NAMES
+
 __all__ = [
     "CATEGORICAL_COLUMNS",
     "FEATURE_NAMES",
@@ -56,11 +58,10 @@ __all__ = [
 ]
 
 NUM_INTEGER = 13
-NUM_CATEGORICAL = 26
+NUM_CATEGORICAL = len(FEATURE_NAMES)  # c1..c26: the KJT keys of the categorical columns
 NUM_COLUMNS = 1 + NUM_INTEGER + NUM_CATEGORICAL
 INTEGER_COLUMNS = tuple(f"I{i}" for i in range(1, NUM_INTEGER + 1))
 CATEGORICAL_COLUMNS = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
-FEATURE_NAMES = tuple(f"c{i}" for i in range(1, NUM_CATEGORICAL + 1))  # KJT keys of the categorical columns
 _COLUMN_NAMES = ("label", *INTEGER_COLUMNS, *CATEGORICAL_COLUMNS)
 _MAX_DECIMAL_DIGITS = 18  # 10**18 - 1 < 2**63: the digit sum cannot overflow int64
 _MAX_HEX_DIGITS = 16  # 64 bits

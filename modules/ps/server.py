@@ -50,11 +50,14 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
 
+from ..config import DEFAULT_RPC_TRANSPORTS, RPC_TRANSPORTS_ENV, rpc_transports
 from .checkpoint import dump_incremental, load_rows, read_latest, save_shard
 from .optim import SGD, RowOptimizer
 from .store import EmbeddingStore, Eviction, Normal, Uniform
 
 __all__ = [
+    "DEFAULT_RPC_TRANSPORTS",
+    "RPC_TRANSPORTS_ENV",
     "WIRE_DTYPES",
     "PsServerError",
     "RemoteFailure",
@@ -457,42 +460,6 @@ def master_address(purpose: str) -> tuple[str, int]:
             fixes=("export MASTER_PORT=<free port>, e.g. 29500",),
         )
     return addr, number
-
-
-# TensorPipe transports the group uses unless PERSIA_RPC_TRANSPORTS names others (see rpc_transports).
-RPC_TRANSPORTS_ENV = "PERSIA_RPC_TRANSPORTS"
-DEFAULT_RPC_TRANSPORTS = ("uv",)
-_KNOWN_TRANSPORTS = ("uv", "shm", "ibv")
-
-
-def rpc_transports(environ: dict[str, str] | None = None) -> list[str]:
-    """The TensorPipe transports of this process: ``PERSIA_RPC_TRANSPORTS`` (comma-separated, in order of
-    preference) or :data:`DEFAULT_RPC_TRANSPORTS`.
-
-    Why ``uv`` (TCP, epoll) and not TensorPipe's default ``shm`` first: the shm transport's reactor thread polls
-    without sleeping, so every PS and trainer process on a host keeps a core busy even when idle (measured here: 1.0
-    CPU-second per second); on a 2-core machine with a server and a trainer that is the whole machine. Tensors
-    between processes of one host still take TensorPipe's ``cma`` channel (one kernel copy) with uv. Measured with
-    one server and one client, 64k-id lookups on a 10M-row table: CPU per lookup 16 -> 9 core-ms, 4 lookups in flight
-    6.7 -> 5.6-6.0 ms each; ``persia train`` as fast either way. Hosts with spare cores may prefer
-    ``PERSIA_RPC_TRANSPORTS=shm,uv`` (a few tens of microseconds less latency per call). Every process of a group
-    must offer at least one transport of the others.
-
-    Raises:
-        PlannerError: The variable names a transport TensorPipe does not have (one line, naming the variable).
-    """
-    environ = os.environ if environ is None else environ
-    value = environ.get(RPC_TRANSPORTS_ENV, "").strip()
-    if not value:
-        return list(DEFAULT_RPC_TRANSPORTS)
-    names = [name.strip() for name in value.split(",") if name.strip()]
-    unknown = [name for name in names if name not in _KNOWN_TRANSPORTS]
-    if unknown or not names:
-        raise PlannerError(
-            f"{RPC_TRANSPORTS_ENV}={value!r}: unknown TensorPipe transport(s) {unknown or [value]}",
-            fixes=(f"use a comma-separated list of {', '.join(_KNOWN_TRANSPORTS)} (default: uv)",),
-        )
-    return names
 
 
 def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.TensorPipeRpcBackendOptions:

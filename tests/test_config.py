@@ -1,0 +1,146 @@
+"""The torch-free run configuration: options become enums or one-line errors, and `persia train` refuses bad input
+before it imports torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from persia_planner import ModelSpec, Optimizer, load_model
+from persia_planner.errors import PlannerError, SpecError
+from persia_planner.modules.config import (
+    FEATURE_NAMES,
+    DenseOptimizer,
+    TrainConfig,
+    TrainMode,
+    WireDtype,
+    check_before_start,
+    rpc_transports,
+    sparse_optimizer_of,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = load_model(ROOT / "persia_planner" / "examples" / "dlrm_small.yaml")
+
+
+def model(*kinds: str, names: tuple[str, ...] = ()) -> ModelSpec:
+    names = names or tuple(f"t{i}" for i in range(len(kinds)))
+    tables = [{"name": n, "rows": 10, "dim": 8, "optimizer": k} for n, k in zip(names, kinds, strict=True)]
+    return ModelSpec.from_dict({"name": "m", "batch_size": 8, "tables": tables})
+
+
+def test_strings_become_enums_and_keep_their_value():
+    cfg = TrainConfig(mode="sync", ps_wire="bfloat16", dense_optimizer="sgd", sparse_optimizer="adam", staleness=3)
+    assert cfg.mode is TrainMode.SYNC and cfg.ps_wire is WireDtype.BFLOAT16
+    assert cfg.dense_optimizer is DenseOptimizer.SGD and cfg.sparse_optimizer is Optimizer.ADAM
+    assert cfg.effective_staleness == 0 and TrainConfig(staleness=3).effective_staleness == 3
+    # A StrEnum is its value: results and JSON carry the plain string.
+    assert json.dumps({"mode": cfg.mode, "wire": cfg.ps_wire}) == '{"mode": "sync", "wire": "bfloat16"}'
+    assert TrainConfig(mode=TrainMode.SYNC) == cfg.__class__(mode="sync")
+
+
+def test_wire_dtype_names_the_torch_dtype():
+    import torch
+
+    assert [w.torch_dtype for w in WireDtype] == [torch.float32, torch.float16, torch.bfloat16]
+    assert TrainConfig(ps_wire="float16").ps_wire_dtype is torch.float16
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "async"}, "--mode must be hybrid or sync, got 'async'"),
+        ({"ps_wire": "int8"}, "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
+        ({"dense_optimizer": "adam"}, "dense optimizer must be adagrad or sgd, got 'adam'"),
+        ({"sparse_optimizer": "lamb"}, "sparse optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
+        ({"resume": True}, "--resume needs --checkpoint DIR"),
+        ({"data": "parquet:/x"}, "--data must be 'synthetic' or 'criteo:PATH', got 'parquet:/x'"),
+        ({"steps": 0}, "--steps, trainers and eval batches must be >= 1"),
+        ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
+        ({"staleness": -1}, "--staleness must be >= 0, got -1"),
+        ({"ps_delay_ms": -0.5}, "--ps-delay-ms must be >= 0, got -0.5"),
+    ],
+)
+def test_bad_options_are_one_line_errors_naming_the_option(options, message):
+    with pytest.raises(PlannerError) as info:
+        TrainConfig(**options)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_training_applies_the_optimizer_the_model_names():
+    assert sparse_optimizer_of(TrainConfig(), SPEC) is Optimizer.ROWWISE_ADAGRAD  # the example names none
+    assert sparse_optimizer_of(TrainConfig(), model("adagrad", "adagrad")) is Optimizer.ADAGRAD
+    assert sparse_optimizer_of(TrainConfig(sparse_optimizer="sgd"), model("adagrad")) is Optimizer.SGD
+    with pytest.raises(PlannerError, match=r"tables name different sparse optimizers \(adagrad, sgd\)"):
+        sparse_optimizer_of(TrainConfig(), model("sgd", "adagrad"))
+
+
+def test_rpc_transports_default_to_uv_and_follow_the_variable():
+    assert rpc_transports({}) == ["uv"]
+    assert rpc_transports({"PERSIA_RPC_TRANSPORTS": " shm, uv "}) == ["shm", "uv"]
+    with pytest.raises(PlannerError, match="PERSIA_RPC_TRANSPORTS='ipc': unknown TensorPipe transport"):
+        rpc_transports({"PERSIA_RPC_TRANSPORTS": "ipc"})
+
+
+def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
+    monkeypatch.delenv("PERSIA_RPC_TRANSPORTS", raising=False)
+    day = tmp_path / "day_0"
+    day.write_text("")
+    criteo_model = model("sgd", "sgd", names=FEATURE_NAMES[:2])
+    check_before_start(TrainConfig(data=f"criteo:{day}"), criteo_model, with_ps=True)  # all well: no error
+    with pytest.raises(SpecError, match="day_1: file or directory not found"):
+        check_before_start(TrainConfig(data=f"criteo:{tmp_path / 'day_1'}"), criteo_model, with_ps=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match="the directory holds no files"):
+        check_before_start(TrainConfig(data=f"criteo:{tmp_path / 'empty'}"), criteo_model, with_ps=False)
+    with pytest.raises(SpecError, match=r"m: tables.t0: is not a Criteo feature \(c1..c26\)"):
+        check_before_start(TrainConfig(data=f"criteo:{day}"), model("sgd"), with_ps=False)
+    with pytest.raises(PlannerError, match=f"--checkpoint {day}/x: {day} is a file, not a directory"):
+        check_before_start(TrainConfig(checkpoint=str(day / "x")), criteo_model, with_ps=False)
+    with pytest.raises(PlannerError, match=f"--resume: no trainer checkpoint at {tmp_path}/trainer.pt"):
+        check_before_start(TrainConfig(checkpoint=str(tmp_path), resume=True), criteo_model, with_ps=False)
+    (tmp_path / "trainer.pt").write_bytes(b"")
+    check_before_start(TrainConfig(checkpoint=str(tmp_path), resume=True), criteo_model, with_ps=False)
+    with pytest.raises(PlannerError, match="tables name different sparse optimizers"):
+        check_before_start(TrainConfig(), model("sgd", "adam"), with_ps=False)
+    monkeypatch.setenv("PERSIA_RPC_TRANSPORTS", "foo")
+    check_before_start(TrainConfig(), criteo_model, with_ps=False)  # no PS tables: the transports do not matter
+    with pytest.raises(PlannerError, match=r"unknown TensorPipe transport\(s\) \['foo'\]"):
+        check_before_start(TrainConfig(), criteo_model, with_ps=True)
+
+
+def test_persia_train_refuses_bad_input_without_importing_torch(tmp_path):
+    """Each refusal is exit 2 with the one-line error, and none of them imported torch (a mistake costs < 1 s,
+    not the ~7 s of importing torch and torchrec)."""
+    (tmp_path / "afile").write_text("")
+    cases = [
+        (["--mode", "async"], {}, "--mode must be hybrid or sync"),
+        (["--ps-wire", "int8"], {}, "--ps-wire must be one of float32, float16, bfloat16"),
+        (["--data", f"criteo:{tmp_path / 'none'}"], {}, "none: file or directory not found"),
+        (["--checkpoint", str(tmp_path / "afile" / "x")], {}, "afile is a file, not a directory"),
+        (["--checkpoint", str(tmp_path), "--resume"], {}, "no trainer checkpoint at"),
+        ([], {"PERSIA_RPC_TRANSPORTS": "foo"}, "unknown TensorPipe transport(s) ['foo']"),
+        ([], {"TORCHELASTIC_RUN_ID": "x"}, "TORCHELASTIC_RUN_ID is set but RANK and WORLD_SIZE are not"),
+    ]
+    code = (
+        "import json, os, sys\n"
+        "from typer.testing import CliRunner\n"
+        "from persia_planner.cli import app\n"
+        "out = []\n"
+        f"for args, env in {json.dumps([[a, e] for a, e, _ in cases])}:\n"
+        "    result = CliRunner().invoke(app, ['train', *args], env=env)\n"
+        "    out.append([result.exit_code, result.output])\n"
+        "print(json.dumps({'results': out, 'torch': 'torch' in sys.modules}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for (args, _, needle), (exit_code, output) in zip(cases, report["results"], strict=True):
+        assert exit_code == 2 and needle in output and "Traceback" not in output, (args, output)
+    assert report["torch"] is False
