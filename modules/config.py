@@ -1,9 +1,10 @@
-"""What a training run is asked to do, and the checks of its inputs, without importing torch.
+"""What a run is asked to do (options, environment) and the checks of its inputs, without importing torch.
 
 ``persia train`` builds a :class:`TrainConfig` and runs :func:`check_before_start` before it imports the engine
 (:mod:`.train`: torch ~2 s, torchrec ~4.5 s), so a mistyped option, a missing data file or a checkpoint directory
 that cannot be one is answered in a fraction of a second, as ``persia plan`` answers. :mod:`.train` re-exports
-:class:`TrainConfig` and runs the same checks for callers of its Python API.
+:class:`TrainConfig` and runs the same checks for callers of its Python API. The RPC group's environment
+(:func:`master_address`, :func:`rpc_transports`) is read here too, so ``persia ps`` refuses a bad one as fast.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "check_checkpoint_dir",
     "check_data_matches",
     "check_resume_exists",
+    "master_address",
     "rpc_transports",
     "sparse_optimizer_of",
 ]
@@ -231,6 +233,31 @@ def check_resume_exists(directory: str | os.PathLike[str]) -> Path:
             f"--resume: no trainer checkpoint at {path}", fixes=("train once with --checkpoint DIR first",)
         )
     return path
+
+
+def master_address(purpose: str) -> tuple[str, int]:
+    """``MASTER_ADDR`` and ``MASTER_PORT`` (the torchrun convention), the rendezvous of ``purpose``.
+
+    Raises:
+        PlannerError: If either variable is unset, or ``MASTER_PORT`` is not a port number in 1..65535 (one line,
+            naming the variable and ``purpose``).
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise PlannerError(
+            f"MASTER_ADDR and MASTER_PORT must be set for {purpose} (got MASTER_ADDR={addr!r}, MASTER_PORT={port!r})",
+            fixes=("export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>, or launch with torchrun",),
+        )
+    try:
+        number = int(port)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 65535:
+        raise PlannerError(
+            f"MASTER_PORT must be a port number in 1..65535 for {purpose} (got MASTER_PORT={port!r})",
+            fixes=("export MASTER_PORT=<free port>, e.g. 29500",),
+        )
+    return addr, number
 
 
 # TensorPipe transports the group uses unless PERSIA_RPC_TRANSPORTS names others (see rpc_transports).

@@ -273,9 +273,14 @@ def ps_command(
     with _edge():
         if rank >= world_size:
             raise PlannerError(f"--rank {rank} must be below --world-size {world_size}")
-        from persia_planner.modules.ps.server import rpc_backend_options, serve
+        from persia_planner.modules.config import master_address, rpc_transports
 
-        rpc_backend_options(rpc_timeout)  # fail on a missing MASTER_ADDR/MASTER_PORT before touching the network
+        # The environment is checked before torch is imported (and before the network is touched): a mistake
+        # is answered at once.
+        master_address("the parameter-server RPC group")
+        rpc_transports()
+        from persia_planner.modules.ps.server import serve
+
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         serve(rank, world_size, name=name, rpc_timeout_s=rpc_timeout)
 

@@ -20,6 +20,7 @@ from persia_planner.modules.config import (
     TrainMode,
     WireDtype,
     check_before_start,
+    master_address,
     rpc_transports,
     sparse_optimizer_of,
 )
@@ -114,18 +115,35 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
         check_before_start(TrainConfig(), criteo_model, with_ps=True)
 
 
-def test_persia_train_refuses_bad_input_without_importing_torch(tmp_path):
+@pytest.mark.parametrize("port", ["abc", "99999", "0", "-1"])
+def test_master_address_rejects_a_bad_port(monkeypatch, port):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", port)
+    with pytest.raises(PlannerError, match=r"^MASTER_PORT must be a port number in 1\.\.65535 for the servers") as info:
+        master_address("the servers")
+    message = str(info.value)
+    assert f"MASTER_PORT={port!r}" in message and "export MASTER_PORT=<free port>" in message and "\n" not in message
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert master_address("the servers") == ("127.0.0.1", 29500)
+
+
+def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):
     """Each refusal is exit 2 with the one-line error, and none of them imported torch (a mistake costs < 1 s,
     not the ~7 s of importing torch and torchrec)."""
     (tmp_path / "afile").write_text("")
+    ps = ["ps", "--rank", "0", "--world-size", "2"]
+    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
     cases = [
-        (["--mode", "async"], {}, "--mode must be hybrid or sync"),
-        (["--ps-wire", "int8"], {}, "--ps-wire must be one of float32, float16, bfloat16"),
-        (["--data", f"criteo:{tmp_path / 'none'}"], {}, "none: file or directory not found"),
-        (["--checkpoint", str(tmp_path / "afile" / "x")], {}, "afile is a file, not a directory"),
-        (["--checkpoint", str(tmp_path), "--resume"], {}, "no trainer checkpoint at"),
-        ([], {"PERSIA_RPC_TRANSPORTS": "foo"}, "unknown TensorPipe transport(s) ['foo']"),
-        ([], {"TORCHELASTIC_RUN_ID": "x"}, "TORCHELASTIC_RUN_ID is set but RANK and WORLD_SIZE are not"),
+        (["train", "--mode", "async"], {}, "--mode must be hybrid or sync"),
+        (["train", "--ps-wire", "int8"], {}, "--ps-wire must be one of float32, float16, bfloat16"),
+        (["train", "--data", f"criteo:{tmp_path / 'none'}"], {}, "none: file or directory not found"),
+        (["train", "--checkpoint", str(tmp_path / "afile" / "x")], {}, "afile is a file, not a directory"),
+        (["train", "--checkpoint", str(tmp_path), "--resume"], {}, "no trainer checkpoint at"),
+        (["train"], {"PERSIA_RPC_TRANSPORTS": "foo"}, "unknown TensorPipe transport(s) ['foo']"),
+        (["train"], {"TORCHELASTIC_RUN_ID": "x"}, "TORCHELASTIC_RUN_ID is set but RANK and WORLD_SIZE are not"),
+        (ps, {"MASTER_ADDR": "", "MASTER_PORT": ""}, "MASTER_ADDR and MASTER_PORT must be set"),
+        (ps, {**rendezvous, "MASTER_PORT": "http"}, "MASTER_PORT must be a port number"),
+        (ps, {**rendezvous, "PERSIA_RPC_TRANSPORTS": "uv,tcp"}, "unknown TensorPipe transport(s) ['tcp']"),
     ]
     code = (
         "import json, os, sys\n"
@@ -133,7 +151,7 @@ def test_persia_train_refuses_bad_input_without_importing_torch(tmp_path):
         "from persia_planner.cli import app\n"
         "out = []\n"
         f"for args, env in {json.dumps([[a, e] for a, e, _ in cases])}:\n"
-        "    result = CliRunner().invoke(app, ['train', *args], env=env)\n"
+        "    result = CliRunner().invoke(app, args, env=env)\n"
         "    out.append([result.exit_code, result.output])\n"
         "print(json.dumps({'results': out, 'torch': 'torch' in sys.modules}))\n"
     )

@@ -50,7 +50,7 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
 
-from ..config import DEFAULT_RPC_TRANSPORTS, RPC_TRANSPORTS_ENV, rpc_transports
+from ..config import DEFAULT_RPC_TRANSPORTS, RPC_TRANSPORTS_ENV, master_address, rpc_transports
 from .checkpoint import dump_incremental, load_rows, read_latest, save_shard
 from .optim import SGD, RowOptimizer
 from .store import EmbeddingStore, Eviction, Normal, Uniform
@@ -435,31 +435,6 @@ def server_metrics() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ process
-
-
-def master_address(purpose: str) -> tuple[str, int]:
-    """``MASTER_ADDR`` and ``MASTER_PORT`` (the torchrun convention), the rendezvous of ``purpose``.
-
-    Raises:
-        PlannerError: If either variable is unset, or ``MASTER_PORT`` is not a port number in 1..65535 (one line,
-            naming the variable and ``purpose``).
-    """
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port:
-        raise PlannerError(
-            f"MASTER_ADDR and MASTER_PORT must be set for {purpose} (got MASTER_ADDR={addr!r}, MASTER_PORT={port!r})",
-            fixes=("export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>, or launch with torchrun",),
-        )
-    try:
-        number = int(port)
-    except ValueError:
-        number = 0
-    if not 1 <= number <= 65535:
-        raise PlannerError(
-            f"MASTER_PORT must be a port number in 1..65535 for {purpose} (got MASTER_PORT={port!r})",
-            fixes=("export MASTER_PORT=<free port>, e.g. 29500",),
-        )
-    return addr, number
 
 
 def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.TensorPipeRpcBackendOptions:
