@@ -374,7 +374,8 @@ def train_command(
         remote = [n for n, p in the_plan.tables.items() if p.mode is Mode.ASYNC]
         check_before_start(cfg, model_spec, with_ps=bool(remote))
         servers = max(1, len(topo.servers))
-        if "TORCHELASTIC_RUN_ID" in os.environ:
+        under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+        if under_torchrun:
             missing = [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
             if missing:
                 raise PlannerError(
@@ -386,7 +387,7 @@ def train_command(
         from persia_planner.modules.train import summary_rows, train_local, train_torchrun
 
         logging.basicConfig(level=logging.WARNING)
-        if "TORCHELASTIC_RUN_ID" in os.environ:
+        if under_torchrun:
             result = train_torchrun(cfg, model_spec, dict(the_plan.tables), servers=servers)
             if result is None:
                 return
