@@ -7,7 +7,9 @@ inside the trainer; a failed assertion comes back as a ``TrainerError`` (its ``d
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import pickle
 import select
 import signal
 import threading
@@ -27,7 +29,7 @@ from persia_planner.modules.ps.client import (
     _DelayScheduler,
     connect,
 )
-from persia_planner.modules.ps.launch import barrier, local_cluster, trainers_store
+from persia_planner.modules.ps.launch import TrainerError, barrier, local_cluster, trainers_store
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
 from persia_planner.modules.ps.server import (
     PsServerError,
@@ -58,6 +60,8 @@ def _round_trip(j, client):
         client.register(TableConfig("user", 8, 1000, SGD(lr=0.2)))
     with pytest.raises(PsServerError, match="not registered"):
         client.lookup("item", torch.tensor([1]))
+    with pytest.raises(ValueError, match="do not match"):  # [dim, n] has the numel of [n, dim], not its layout
+        client.push_gradients("user", torch.arange(3), torch.zeros(8, 3))
     with pytest.raises(PlannerError, match="parameter server ps1 has rank 1 but is listed as server 0"):
         PsClient(list(reversed(client.servers)))  # servers shard their checkpoints by rank: the order must match
 
@@ -237,6 +241,34 @@ def test_unavailable_server_raises_naming_it():
     assert dead_msg.startswith("parameter server ps1 did not answer a lookup of table 'user'")
     assert dead_s < 4.0
     assert time.monotonic() - start < 45  # the cluster is torn down, nothing waits for the dead server
+
+
+def _leaves_a_failing_push(j, client):
+    client.register(TableConfig("user", 8, 1000))
+    ids = torch.arange(200)
+    client.lookup("user", ids)
+    pid = client.metrics()[0]["pid"]
+    pidfd = os.pidfd_open(pid)
+    os.kill(pid, signal.SIGKILL)
+    assert select.select([pidfd], [], [], 10)[0], "ps0 did not die"
+    os.close(pidfd)
+    client.push_gradients_async("user", ids, torch.ones(200, 8))  # not waited for: the closing flush must report it
+    return "the body returned"
+
+
+def test_a_push_failing_after_the_body_returned_fails_the_trainer():
+    """The launcher flushes a trainer's pushes before reporting it done: lost gradients are an error, not a success
+    with a non-zero exit code nobody reads."""
+    with pytest.raises(TrainerError, match=r"^trainer0 failed: PsUnavailableError: parameter server ps0 did not"):
+        local_cluster(1, 1, _leaves_a_failing_push, timeout_s=3.0, run_timeout_s=60)
+
+
+def test_a_trainer_that_cannot_start_leaves_no_server_running():
+    """The servers start first; if a trainer then cannot (its body does not pickle), they are killed, not left
+    waiting for the group until their rendezvous timeout."""
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        local_cluster(1, 1, lambda j, client: None, rpc_timeout_s=60)
+    assert [p.name for p in multiprocessing.active_children() if p.name.startswith("ps")] == []
 
 
 # ------------------------------------------------------------------------ (5) checkpoint -> kill -> load, re-shard
@@ -510,6 +542,12 @@ def test_server_functions_cast_on_the_wire_in_process(monkeypatch):
     assert isinstance(refused, RemoteFailure) and "beyond float16's 65504" in refused.message
     assert "wire_unit" in refused.message and "\n" not in refused.message
     assert torch.isfinite(server_module._lookup("wire_unit", ids, False, True, torch.bfloat16)).all()
+    # ... until a weight passes bfloat16's range (~3.39e38, below float32's): then bfloat16 refuses too.
+    assert server_module._update("wire_unit", ids[1:2], torch.full((1, 8), -3.4e38), True) == 1
+    refused = server_module._lookup("wire_unit", ids, False, True, torch.bfloat16)
+    assert isinstance(refused, RemoteFailure) and "beyond torch.bfloat16's range" in refused.message
+    assert "\n" not in refused.message
+    assert torch.isfinite(server_module._lookup("wire_unit", ids[2:], False, True, torch.bfloat16)).all()
 
 
 def test_trainers_store_needs_the_rendezvous_address(monkeypatch):
@@ -545,6 +583,32 @@ def test_server_checkpoint_records_its_last_dump_for_replicas(monkeypatch, tmp_p
     server_module._create(config)
     assert server_module._load(str(base), 1) == 2
     assert server_module._state().last_dump_sequence == 2
+
+
+def test_a_restored_server_supersedes_the_rolled_back_runs_deltas(monkeypatch, tmp_path):
+    """Deltas a run dumped after the checkpoint it is later rolled back to must not reach replicas: the restored
+    server's first dump removes its files numbered after the checkpoint's delta_sequence."""
+    monkeypatch.setattr(server_module, "_STATE", None)
+    config = TableConfig("roll", 4, 100, SGD(lr=1.0), Uniform(-1, 1), seed=5)
+    server_module._create(config)
+    deltas, base = tmp_path / "deltas", tmp_path / "ckpt"
+    server_module._lookup("roll", torch.tensor([1]), True, True)
+    server_module._dump(str(deltas), 0)
+    server_module._save(str(base), 1, 1)
+    commit(base, 1, n_servers=1)  # delta_sequence 0
+    for sequence, new_id in ((1, 2), (2, 3), (3, 4)):  # the run that will be rolled back
+        server_module._lookup("roll", torch.tensor([new_id]), True, True)
+        server_module._dump(str(deltas), sequence)
+    monkeypatch.setattr(server_module, "_STATE", None)  # a crash; the job restarts from the checkpoint
+    server_module._create(config)
+    server_module._load(str(base), 1)
+    server_module._lookup("roll", torch.tensor([7]), True, True)
+    server_module._dump(str(deltas), 1)  # numbering goes on from the checkpoint's delta_sequence
+    assert sorted(p.name for p in deltas.iterdir()) == ["delta-00000000.server0.pt", "delta-00000001.server0.pt"]
+    rows, _ = load_rows(base, server=0, n_servers=1)
+    replica = apply_deltas(rows, deltas, after=read_latest(base)["delta_sequence"])["roll"]
+    held = server_module._state().table("roll").store.state_dict()["ids"]
+    assert sorted(replica["ids"].tolist()) == sorted(held.tolist()) == [1, 7]
 
 
 def test_server_load_refusing_a_table_loads_none(monkeypatch, tmp_path):

@@ -253,6 +253,37 @@ def test_init_uniform_bounds_and_normal_std():
     assert torch.equal(z, again)
 
 
+def test_per_id_uniforms_stay_inside_the_open_interval():
+    """The top bin of id_uniforms' 24 bits, (2**24 - 0.5) / 2**24, rounds to 1.0 in float32: it must stay below 1,
+    and Uniform's rows below ``high`` (id 29468417 with seed 0, column 0 falls in that bin; found by search)."""
+    edge = torch.tensor([29468417, 3, 4])
+    u = store_module.id_uniforms(edge, 1, seed=0)
+    assert u[0, 0] == 1.0 - 2.0**-24  # the largest float32 below 1, not 1.0
+    assert bool((u > 0).all() and (u < 1).all())
+    rows = Uniform(-0.01, 0.01).rows_for(edge, 1, seed=0)
+    high32 = torch.tensor(0.01, dtype=torch.float32)
+    assert bool((rows < high32).all()) and rows[0, 0] > 0.0099  # just below high (it was high itself)
+    assert torch.equal(rows[1:], store_module.id_uniforms(edge[1:], 1, seed=0) * 0.02 - 0.01)  # others unchanged
+    assert torch.equal(Uniform(0.5, 0.5).rows_for(edge, 2, seed=0), torch.full((3, 2), 0.5))  # an empty interval
+
+
+def test_a_refused_state_dict_leaves_the_store_unchanged():
+    """load_state_dict checks everything before it writes: a malformed optional column must not leave the rows
+    replaced and the index stale."""
+    store = EmbeddingStore(DIM, 16, SGD())
+    store.lookup(torch.tensor([1, 2, 3]))
+    before = store.state_dict()
+    other = EmbeddingStore(DIM, 16, SGD())
+    other.lookup(torch.tensor([10, 11, 3]))
+    for key, bad in (("last_access", torch.zeros(2, dtype=torch.int32)), ("count", torch.zeros(3))):
+        state = other.state_dict() | {key: bad}
+        with pytest.raises(ValueError, match=key):
+            store.load_state_dict(state)
+        for name, value in store.state_dict().items():
+            assert (value == before[name]) if name == "step" else torch.equal(value, before[name]), name
+        assert store.contains(torch.tensor([1, 2, 3, 10])).tolist() == [True, True, True, False]
+
+
 def test_state_dict_roundtrip_is_bit_identical():
     opt = Adam(lr=0.01)
     src = EmbeddingStore(DIM, 64, opt, eviction="lfu", seed=1)

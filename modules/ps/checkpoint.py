@@ -37,7 +37,9 @@ A delta carries upserts (``ids``, ``weights``) and removals (``removed``: ids ev
 the server no longer holds); :func:`apply_deltas` drops removed ids, so a replica holds what the servers hold. A
 store logs evictions from its first dump or its last load on (see :meth:`EmbeddingStore.take_dirty`), at most its
 capacity in distinct ids between two dumps; past that the delta is marked ``removals_complete`` false and
-:func:`apply_deltas` warns. Servers record their last dump's sequence in the checkpoints they save.
+:func:`apply_deltas` warns. Servers record their last dump's sequence in the checkpoints they save. A server loaded
+from a checkpoint goes on from its ``delta_sequence``: its next dump removes that server's deltas numbered after it,
+written by the run that was rolled back (replicas start again from that checkpoint).
 
 Pruning: :func:`prune` (and ``PsClient.save(..., keep=N)``) deletes all but the newest committed versions.
 """
@@ -382,6 +384,7 @@ def dump_incremental(
     server: int,
     sequence: int,
     with_state: bool = False,
+    supersedes: int | None = None,
 ) -> Path:
     """Atomically write the rows of ``stores`` inserted or updated since their previous dump; clears their marks.
 
@@ -394,6 +397,9 @@ def dump_incremental(
         server: This server's index (part of the file name).
         sequence: Dump number, increasing; every server uses the same number for the same dump round.
         with_state: Also dump optimizer state (for training replicas; serving needs weights only).
+        supersedes: This server's previous dump in the current run (after a load: the checkpoint's
+            ``delta_sequence``). Its other files numbered after it are left by a run rolled back to that checkpoint
+            and are removed once this dump is written. ``None``: remove nothing.
 
     Returns:
         The path ``delta-{sequence:08d}.server{server}.pt``. A dump with no dirty rows is still written, so a
@@ -415,6 +421,14 @@ def dump_incremental(
                 rows["ids"], removed=rows["removed"], removals_complete=bool(rows["removals_complete"])
             )
         raise
+    if supersedes is not None:
+        # This server's files numbered after `supersedes` were written by a run that has since been rolled back to
+        # a checkpoint: folded with this run's deltas, they would bring back rows the servers no longer hold.
+        for stale in list_deltas(directory, after=supersedes):
+            m = _DELTA_RE.match(stale.name)
+            if m and int(m.group(2)) == server and stale != path:
+                log.warning("removing %s: a delta of a run rolled back to an earlier checkpoint", stale)
+                stale.unlink(missing_ok=True)
     return path
 
 

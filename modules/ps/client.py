@@ -330,7 +330,8 @@ class PsClient:
         flat = ids.reshape(-1)
         if flat.dtype == torch.uint64:
             flat = flat.view(torch.int64)
-        if grads.numel() != flat.numel() * dim:
+        # The last axis must be dim too: a transposed [dim, n] tensor has the right numel but would be misassigned.
+        if grads.numel() != flat.numel() * dim or grads.dim() == 0 or grads.shape[-1] != dim:
             raise ValueError(f"grads of shape {tuple(grads.shape)} do not match ids {tuple(ids.shape)} x dim {dim}")
         if flat.numel() == 0:
             done: Future = Future()

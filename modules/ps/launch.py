@@ -182,17 +182,19 @@ def _trainer_main(
     failed = False
     try:
         try:
+            value = fn(j, client, *args)
+            # Before reporting success: a push still in flight that fails is this trainer's failure (its gradients
+            # are lost), not something to find only in the child's exit code after the parent has moved on.
+            client.flush()
             # Plain pickle, not the queue's: torch's reducers would pass tensors as shared-memory handles that
             # the parent can only open while this process lives, and it may be gone (or killed) by then.
-            results.put((j, True, pickle.dumps(fn(j, client, *args))))
+            results.put((j, True, pickle.dumps(value)))
         except BaseException as err:
             message = f"{type(err).__name__}: {err}".strip().splitlines()[0]
             results.put((j, False, (message, traceback.format_exc(), not isinstance(err, PlannerError))))
             if not isinstance(err, Exception):
                 raise  # an interrupt or exit goes on as it came
             failed = True
-        if not failed:
-            client.flush()
     finally:
         client.close()
         rpc.shutdown()  # graceful: waits for the servers and the other trainers
@@ -278,18 +280,20 @@ def local_cluster(
         # warm (see server.allocator_env), without changing this process's environment for longer than the start.
         # Only GLIBC_TUNABLES changes, and only while the processes start.
         before = os.environ.get("GLIBC_TUNABLES")
-        try:
-            os.environ.update(_server.allocator_env())
-            for p in procs:
-                p.start()
-        finally:
-            if before is None:
-                os.environ.pop("GLIBC_TUNABLES", None)
-            else:
-                os.environ["GLIBC_TUNABLES"] = before
+        started: list[Any] = []
         outcome: dict[int, tuple[bool, Any]] = {}
-        deadline = time.monotonic() + run_timeout_s
         try:
+            try:
+                os.environ.update(_server.allocator_env())
+                for p in procs:
+                    p.start()  # may raise (e.g. fn or args do not pickle): the ones started are killed below
+                    started.append(p)
+            finally:
+                if before is None:
+                    os.environ.pop("GLIBC_TUNABLES", None)
+                else:
+                    os.environ["GLIBC_TUNABLES"] = before
+            deadline = time.monotonic() + run_timeout_s
             while len(outcome) < n_clients:
                 try:
                     j, ok, value = results.get(timeout=1.0)
@@ -312,10 +316,10 @@ def local_cluster(
             for p in procs:
                 p.join(max(0.0, grace - time.monotonic()))
         finally:
-            for p in procs:
+            for p in started:
                 if p.is_alive():
                     p.kill()
-            for p in procs:
+            for p in started:
                 p.join()
             results.close()
         failed = [(j, value) for j, (ok, value) in sorted(outcome.items()) if not ok]

@@ -175,6 +175,7 @@ class _ServerState:
         # Sequence of the last incremental dump this server wrote (or that the checkpoint it loaded covers): a
         # checkpoint records it so that replicas starting from it apply only later deltas.
         self.last_dump_sequence = -1
+        self.dumped_or_loaded = False  # then last_dump_sequence is this run's: later files are a rolled-back run's
         try:
             info = rpc.get_worker_info()
             self.name, self.index = info.name, info.id
@@ -272,7 +273,16 @@ def _lookup(
     # bfloat16 is cast after releasing the lock: the rows are this request's own copy, other requests need not wait.
     if wire_dtype is None or rows.dtype == wire_dtype:
         return rows
-    return rows.to(wire_dtype)
+    wired = rows.to(wire_dtype)
+    # bfloat16's range ends just below float32's (~3.39e38): a finite weight beyond it would arrive as inf. One
+    # reduction over the narrow copy in the common case; the float32 rows are consulted only if something is inf.
+    if not bool(torch.isfinite(wired).all()) and bool((torch.isinf(wired) & torch.isfinite(rows)).any()):
+        peak = float(rows.nan_to_num(nan=0.0).abs().amax())
+        raise PsServerError(
+            f"parameter server {_state().name}: table {table!r} holds weights up to {peak:.6g}, beyond {wire_dtype}'s "
+            "range; send float32 (wire_dtype=torch.float32, --ps-wire float32) or clip the weights"
+        )
+    return wired
 
 
 @_server_errors
@@ -329,8 +339,12 @@ def _dump(directory: str, sequence: int) -> int:
     with _all_tables_locked() as tables:
         stores = {name: t.store for name, t in tables.items()}
         dirty = sum(int(store.dirty_rows()) for store in stores.values())
-        dump_incremental(stores, directory, server=_state().index, sequence=sequence)
-        _state().last_dump_sequence = sequence
+        state = _state()
+        # After a load or a dump this server knows its run's previous dump: files after it are a rolled-back run's.
+        supersedes = state.last_dump_sequence if state.dumped_or_loaded else None
+        dump_incremental(stores, directory, server=state.index, sequence=sequence, supersedes=supersedes)
+        state.last_dump_sequence = sequence
+        state.dumped_or_loaded = True
     return dirty
 
 
@@ -363,7 +377,8 @@ def _load(directory: str, n_servers: int) -> int:
             tables[name].store.load_state_dict(table_rows)
             loaded += len(tables[name].store)
     if latest is not None:
-        state.last_dump_sequence = max(state.last_dump_sequence, latest["delta_sequence"])
+        state.last_dump_sequence = latest["delta_sequence"]  # this run goes on from the checkpoint's dumps
+        state.dumped_or_loaded = True
     return loaded
 
 

@@ -99,6 +99,7 @@ class Eviction(StrEnum):
 
 
 _MIX1, _MIX2, _GOLD = -4658895280553007687, -7723592293110705685, -7046029254386353131  # splitmix64 constants
+_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
 
 
 def _srl(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -120,7 +121,9 @@ def id_uniforms(ids: torch.Tensor, dim: int, seed: int, stream: int = 0) -> torc
     for shift, mul in ((30, _MIX1), (27, _MIX2)):
         x = (x ^ _srl(x, shift)) * mul
     x = x ^ _srl(x, 31)
-    return (_srl(x, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # The top 24 bits, centred in their bins: (k + 0.5) / 2**24. For the top bin that is 1 - 2**-25, which float32
+    # rounds to 1.0, outside (0, 1): it is held at the largest float32 below 1 (one value in 2**24 moves by 2**-25).
+    return ((_srl(x, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))).clamp_(max=_BELOW_ONE)
 
 
 @dataclass(frozen=True)
@@ -139,8 +142,13 @@ class Uniform:
         return torch.empty(n, dim, dtype=torch.float32).uniform_(self.low, self.high, generator=generator)
 
     def rows_for(self, ids: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
-        """``[len(ids), dim]`` rows that depend only on ``(seed, id)`` (see :func:`id_uniforms`)."""
-        return id_uniforms(ids, dim, seed) * (self.high - self.low) + self.low
+        """``[len(ids), dim]`` rows in ``[low, high)`` that depend only on ``(seed, id)`` (see :func:`id_uniforms`)."""
+        rows = id_uniforms(ids, dim, seed) * (self.high - self.low) + self.low
+        if self.low < self.high:
+            # u < 1, but u * (high - low) + low can still round up to high in float32.
+            below_high = torch.nextafter(torch.tensor(self.high, dtype=torch.float32), torch.tensor(-math.inf))
+            rows.clamp_(max=float(below_high))
+        return rows
 
 
 @dataclass(frozen=True)
@@ -604,6 +612,12 @@ class EmbeddingStore:
             raise ValueError(f"weights shape {tuple(state['weights'].shape)} != ({n}, {self.dim})")
         if tuple(state["state"].shape) != (n, self.state_width):
             raise ValueError(f"optimizer state shape {tuple(state['state'].shape)} != ({n}, {self.state_width})")
+        for key in ("last_access", "count"):  # optional (older checkpoints); checked so a load cannot fail halfway
+            if key in state:
+                value = state[key]
+                if tuple(value.shape) != (n,) or value.dtype.is_floating_point or value.dtype == torch.bool:
+                    got = f"{value.dtype} {tuple(value.shape)}"
+                    raise ValueError(f"{key} must be an integer tensor of shape ({n},), got {got}")
         if torch.unique(ids).numel() != n:
             raise ValueError("checkpoint ids are not distinct")
 
