@@ -603,6 +603,8 @@ def test_a_restored_server_supersedes_the_rolled_back_runs_deltas(monkeypatch, t
     server_module._create(config)
     server_module._load(str(base), 1)
     server_module._lookup("roll", torch.tensor([7]), True, True)
+    refused = server_module._dump(str(deltas), 0)  # at or below the checkpoint's: a replica would skip it
+    assert isinstance(refused, RemoteFailure) and "dump sequence 0 must be above 0" in refused.message
     server_module._dump(str(deltas), 1)  # numbering goes on from the checkpoint's delta_sequence
     assert sorted(p.name for p in deltas.iterdir()) == ["delta-00000000.server0.pt", "delta-00000001.server0.pt"]
     rows, _ = load_rows(base, server=0, n_servers=1)

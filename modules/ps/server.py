@@ -342,6 +342,13 @@ def _dump(directory: str, sequence: int) -> int:
         state = _state()
         # After a load or a dump this server knows its run's previous dump: files after it are a rolled-back run's.
         supersedes = state.last_dump_sequence if state.dumped_or_loaded else None
+        if supersedes is not None and sequence <= supersedes:
+            # A replica folds the deltas after a checkpoint's delta_sequence, in sequence order: a number at or below
+            # the last one would be skipped, or applied before older rows.
+            raise PsServerError(
+                f"parameter server {state.name}: dump sequence {sequence} must be above {supersedes}, this server's "
+                "last dump (or its checkpoint's delta_sequence); number dumps upward from there"
+            )
         dump_incremental(stores, directory, server=state.index, sequence=sequence, supersedes=supersedes)
         state.last_dump_sequence = sequence
         state.dumped_or_loaded = True
