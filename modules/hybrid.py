@@ -472,10 +472,14 @@ class HybridEmbeddingBagCollection(nn.Module):
 
     def _local_forward(self, features: KeyedJaggedTensor, batch: int) -> dict[str, torch.Tensor]:
         keys = features.keys()
+        if features.values().dtype == torch.uint64:  # fbgemm's permute has no uint64 kernel: the same bits as int64
+            features = KeyedJaggedTensor(
+                keys=keys, values=features.values().view(torch.int64), lengths=features.lengths()
+            )
         kjt = features.permute([keys.index(f) for f in self._local_features])
         n_features = len(self._local_features)
         lengths = kjt.lengths().to(torch.int64).cpu()
-        values = kjt.values().cpu()
+        values = kjt.values().cpu().to(torch.int64)  # int32 ids widened for the remainder by int64 row counts
         per_feature = lengths.view(n_features, batch).sum(1)
         # Map raw ids into the table's rows (a no-op for ids already below num_embeddings).
         values = torch.remainder(values, self._local_rows.repeat_interleave(per_feature))
@@ -530,8 +534,12 @@ class HybridEmbeddingBagCollection(nn.Module):
         return self._dims[self._features.index(feature)]
 
     def _ps_ids(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
-        """Per PS table the ids of its features, concatenated in ``feature_names`` order."""
-        return {t: torch.cat([features[f].values() for f in names]).cpu() for t, names in self._ps_features.items()}
+        """Per PS table the ids of its features, concatenated in ``feature_names`` order, as int64 (uint64 ids as
+        their bit patterns): the K = 0 update gathers them as 8-byte values, whatever the batch's id dtype."""
+        return {
+            t: _int64_ids(torch.cat([features[f].values() for f in names]).cpu())
+            for t, names in self._ps_features.items()
+        }
 
     def _ps_forward(self, features: KeyedJaggedTensor, batch: int) -> dict[str, torch.Tensor]:
         assert self.ps is not None
@@ -560,7 +568,10 @@ class HybridEmbeddingBagCollection(nn.Module):
             def push(grad: torch.Tensor) -> None:
                 g = grad * scale if scale != 1.0 else grad
                 if stash is not None:
-                    stash[table] = (item.ids[table], g)  # pushed by _push_synchronously, with every trainer's
+                    # Pushed by _push_synchronously, with every trainer's. A second backward through the same
+                    # forward (multi-task losses, retain_graph) adds to it, as the local tables and K > 0 apply both.
+                    before = stash.get(table)
+                    stash[table] = (item.ids[table], g if before is None else before[1] + g)
                 else:
                     pushes.append(self.ps.push_gradients_async(table, item.ids[table], g))
                 if len(pushes if stash is None else stash) == expected:
@@ -656,6 +667,15 @@ class HybridEmbeddingBagCollection(nn.Module):
             self._pushes.pop(nxt, None)
             self._done_through = nxt
         return self._done_through >= index
+
+
+def _int64_ids(values: torch.Tensor) -> torch.Tensor:
+    """Feature ids as int64: uint64 as the same bit patterns (what the servers hash), narrower integers widened."""
+    if values.dtype == torch.int64:
+        return values
+    if values.dtype == torch.uint64:
+        return values.view(torch.int64)
+    return values.to(torch.int64)
 
 
 def _unpack_rows(full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -343,10 +343,17 @@ def _gather_1d(x: torch.Tensor) -> torch.Tensor:
 
 
 def _save_trainer_state(
-    path: Path, step: int, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any, ps_version: int | None
+    path: Path,
+    step: int,
+    model: nn.Module,
+    hybrid: HybridEmbeddingBagCollection,
+    opt: Any,
+    ps_version: int | None,
+    layout: dict[str, int],
 ) -> None:
     state = {
         "step": step,
+        **layout,  # trainers and per-trainer batch size: where `step` is in the data stream depends on both
         "ps_version": ps_version,  # the PS checkpoint version saved with this state (see check_resume)
         "dense": {k: v.clone() for k, v in dense_state_dict(model).items()},
         "dense_optimizer": opt.state_dict(),
@@ -386,9 +393,20 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
     return state
 
 
-def _load_trainer_state(directory: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any) -> int:
+def _load_trainer_state(
+    directory: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any, layout: dict[str, int]
+) -> int:
     path = directory / "trainer.pt"
     state = check_resume(directory, hybrid.ps is not None)
+    # A resumed run skips `step` global batches of trainers x batch_size samples: with another layout it would
+    # train on samples the checkpoint has seen, or skip some. (Checkpoints from before this check lack the keys.)
+    changed = {k: (state[k], v) for k, v in layout.items() if k in state and state[k] != v}
+    if changed:
+        what = ", ".join(f"{k} {was} (now {now})" for k, (was, now) in changed.items())
+        raise PlannerError(
+            f"--resume: checkpoint {path} was trained with {what}; resuming would replay or skip training data",
+            fixes=("resume with the --trainers and --batch-size of the checkpointed run", "or train from scratch"),
+        )
     own = model.state_dict()
     reshaped = [k for k, v in state["dense"].items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
     if reshaped:
@@ -468,9 +486,10 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     else:
         opt = torch.optim.Adagrad(dense, lr=cfg.dense_lr)
     start_step = 0
+    layout = {"trainers": job.trainers, "batch_size": batch_size}
     ckpt = Path(cfg.checkpoint) if cfg.checkpoint else None
     if cfg.resume and ckpt is not None:
-        start_step = _load_trainer_state(ckpt, model, hybrid, opt)
+        start_step = _load_trainer_state(ckpt, model, hybrid, opt, layout)
         if j == 0 and hybrid.ps is not None:
             client.load(ckpt / "ps")
         dist.barrier()
@@ -513,7 +532,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     if ckpt is not None:
         if j == 0:
             version = client.save(ckpt / "ps") if hybrid.ps is not None else None
-            _save_trainer_state(ckpt / "trainer.pt", step, model, hybrid, opt, version)
+            _save_trainer_state(ckpt / "trainer.pt", step, model, hybrid, opt, version, layout)
         dist.barrier()
     if j != 0:
         return None

@@ -101,6 +101,12 @@ def test_raw_ids_map_into_rows_like_a_hashed_ebc():
         keys=kjt.keys(), values=torch.remainder(kjt.values(), rows.repeat_interleave(per_key)), lengths=kjt.lengths()
     )
     torch.testing.assert_close(hybrid(kjt).values(), ref(wrapped).values(), rtol=0, atol=0)
+    # uint64 ids (what the PS path accepts) map by their int64 bit patterns; int32 ids as their values.
+    as_uint64 = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values().view(torch.uint64), lengths=kjt.lengths())
+    torch.testing.assert_close(hybrid(as_uint64).values(), ref(wrapped).values(), rtol=0, atol=0)
+    narrow = random_kjt(gen, ["a", "b", "c", "d"], batch=5, high=2**31 - 1)
+    as_int32 = KeyedJaggedTensor(keys=narrow.keys(), values=narrow.values().int(), lengths=narrow.lengths())
+    torch.testing.assert_close(hybrid(as_int32).values(), hybrid(narrow).values(), rtol=0, atol=0)
 
 
 def test_mean_pooling_matches():
@@ -219,6 +225,42 @@ class _Net(torch.nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         return self.head(self.ebc(sparse).values())
+
+
+def _k0_int32_ids_two_backwards(j: int, client, _unused) -> list[list[float]]:
+    """K = 0, two trainers, the same batch of int32 ids, two backward passes through one forward (multi-task)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from persia_planner.modules.ps.launch import trainers_store
+
+    dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=2, timeout=datetime.timedelta(60))
+    try:
+        configs = [EmbeddingBagConfig(name="t", feature_names=["a"], num_embeddings=100, embedding_dim=4)]
+        sgd = SparseOptimizer(Optimizer.SGD, learning_rate=1.0)
+        hybrid = HybridEmbeddingBagCollection(configs, {"t": ps_placement(4)}, ps=client, staleness=0, optimizer=sgd)
+        held = torch.tensor([5, 7])
+        before = client.lookup("t", held)  # inserts both rows (either trainer may come first: same rows)
+        dist.barrier()
+        out = hybrid(
+            KeyedJaggedTensor(keys=["a"], values=torch.tensor([5, 7, 5], dtype=torch.int32), lengths=torch.tensor([3]))
+        ).values()
+        out.sum().backward(retain_graph=True)
+        (2 * out).sum().backward()
+        hybrid.flush()
+        return (before - client.lookup("t", held, train=False)).tolist()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+def test_k0_gathers_int32_ids_and_every_backward_through_a_forward():
+    """The gathered K = 0 update packs ids as 8 bytes (int32 ids broke it) and sums every backward pass of a step
+    (a second one replaced the first), as the local tables and K > 0 do."""
+    moved = local_cluster(1, 2, _k0_int32_ids_two_backwards, None, timeout_s=30.0)
+    # Sum pooling: id 5 twice, id 7 once; gradients 1 + 2, averaged over two identical trainers; SGD lr 1.
+    assert moved == [[[6.0] * 4, [3.0] * 4]] * 2
 
 
 def _staleness_scenarios(j: int, client, _unused) -> dict:

@@ -68,6 +68,9 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path):
     torch.save(state, tmp_path / "trainer.pt")
     with pytest.raises(PlannerError, match=rf"holds {key} of shape .*saved with another model.yaml"):
         run(steps=1, checkpoint=str(tmp_path), resume=True, **common)
+    # So is a resume with another data layout: step 3 would point at other samples of the stream.
+    with pytest.raises(PlannerError, match=r"trained with trainers 2 \(now 1\), batch_size 256 \(now 128\); resum"):
+        run(steps=1, checkpoint=str(tmp_path), resume=True, **(common | {"trainers": 1, "batch_size": 128}))
 
 
 @pytest.mark.parametrize(
