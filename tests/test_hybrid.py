@@ -260,7 +260,7 @@ def test_k0_gathers_int32_ids_and_every_backward_through_a_forward():
     (a second one replaced the first), as the local tables and K > 0 do."""
     moved = local_cluster(1, 2, _k0_int32_ids_two_backwards, None, timeout_s=30.0)
     # Sum pooling: id 5 twice, id 7 once; gradients 1 + 2, averaged over two identical trainers; SGD lr 1.
-    assert moved == [[[6.0] * 4, [3.0] * 4]] * 2
+    torch.testing.assert_close(torch.tensor(moved), torch.tensor([[[6.0] * 4, [3.0] * 4]] * 2), rtol=0, atol=1e-5)
 
 
 def _staleness_scenarios(j: int, client, _unused) -> dict:
