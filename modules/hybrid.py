@@ -407,7 +407,8 @@ class HybridEmbeddingBagCollection(nn.Module):
                 return False
             raise StalenessError(
                 f"cannot prefetch batch {j}: with staleness {self.max_staleness} it needs the gradients of batch "
-                f"{needed}, which has not run backward yet (prefetch at most K batches ahead)"
+                f"{needed}, which has not run backward yet (prefetch at most K batches ahead; if it did run "
+                "backward, every PS table's pooled output must reach the loss, or its gradient hook never fires)"
             )
         if self._synchronous:
             self._push_synchronously()

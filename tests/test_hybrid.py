@@ -335,6 +335,7 @@ def test_bounded_staleness_gauge_and_misuse():
     assert max(result[2]["gauges"]) == 2 == result[2]["max"], result[2]["gauges"]
     assert result[0]["pending"] == result[2]["pending"] == 0
     assert "cannot prefetch batch 2" in result["too_far"] and "needs the gradients of batch 0" in result["too_far"]
+    assert "every PS table's pooled output must reach the loss" in result["too_far"]  # the other way to get here
     assert "different batch than the next prefetched one" in result["out_of_order"]
     trained, evaluated = result["eval_after_step"]
     assert torch.equal(evaluated, trained - 0.5)
