@@ -341,7 +341,6 @@ def train_command(
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
     from persia_planner.modules.config import TrainConfig, check_before_start
-    from persia_planner.placement import Mode
     from persia_planner.plan import load_plan, require_valid
 
     with _edge():
@@ -371,7 +370,7 @@ def train_command(
         else:
             the_plan = make_plan(model_spec, topo, seed=seed)
         require_valid(the_plan, model_spec, topo)
-        remote = [n for n, p in the_plan.tables.items() if p.mode is Mode.ASYNC]
+        remote = the_plan.remote_tables()
         check_before_start(cfg, model_spec, with_ps=bool(remote))
         servers = max(1, len(topo.servers))
         under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
