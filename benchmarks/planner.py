@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torchrec").setLevel(logging.ERROR)  # its "construct Topology via TopologyFactory" notices
     started = time.perf_counter()
     if args.quick:
-        sizes, torchrec_runs, n_quality, n_vs, vs_timeout = [10, 100, 1000], [(10, 8, 30.0), (100, 8, 30.0)], 8, 3, 30.0
+        # TorchRec's planner on 100 tables takes minutes (the full run times it): 15 s bounds it in CI all the same.
+        sizes, torchrec_runs, n_quality, n_vs, vs_timeout = [10, 100, 1000], [(10, 8, 30.0), (100, 8, 15.0)], 8, 3, 30.0
     else:
         sizes = [10, 100, 1000, 10000]
         torchrec_runs = [(100, 64, 240.0), (500, 64, 240.0), (1000, 8, 240.0), (100, 8, 240.0)]

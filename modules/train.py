@@ -393,13 +393,18 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
     return state
 
 
-def _load_trainer_state(
-    directory: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any, layout: dict[str, int]
-) -> int:
-    path = directory / "trainer.pt"
-    state = check_resume(directory, hybrid.ps is not None)
-    # A resumed run skips `step` global batches of trainers x batch_size samples: with another layout it would
-    # train on samples the checkpoint has seen, or skip some. (Checkpoints from before this check lack the keys.)
+def _data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, int]:
+    """Where a step sits in the data stream: the trainer count and the per-trainer batch size (saved, then checked on
+    resume)."""
+    return {"trainers": trainers, "batch_size": cfg.batch_size or max(1, spec.batch_size // trainers)}
+
+
+def _check_layout(path: Path, state: dict[str, Any], layout: dict[str, int]) -> None:
+    """Refuse to resume ``state`` (read from ``path``) with another data layout.
+
+    A resumed run skips ``step`` global batches of trainers x batch_size samples: with another layout it would
+    train on samples the checkpoint has seen, or skip some. (Checkpoints from before this check lack the keys.)
+    """
     changed = {k: (state[k], v) for k, v in layout.items() if k in state and state[k] != v}
     if changed:
         what = ", ".join(f"{k} {was} (now {now})" for k, (was, now) in changed.items())
@@ -407,6 +412,14 @@ def _load_trainer_state(
             f"--resume: checkpoint {path} was trained with {what}; resuming would replay or skip training data",
             fixes=("resume with the --trainers and --batch-size of the checkpointed run", "or train from scratch"),
         )
+
+
+def _load_trainer_state(
+    directory: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any, layout: dict[str, int]
+) -> int:
+    path = directory / "trainer.pt"
+    state = check_resume(directory, hybrid.ps is not None)
+    _check_layout(path, state, layout)  # again: under torchrun no launcher checked it before the processes started
     own = model.state_dict()
     reshaped = [k for k, v in state["dense"].items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
     if reshaped:
@@ -460,7 +473,8 @@ def _trainer(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
 
 def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     cfg, spec = job.cfg, job.spec
-    batch_size = cfg.batch_size or max(1, spec.batch_size // job.trainers)
+    layout = _data_layout(cfg, spec, job.trainers)
+    batch_size = layout["batch_size"]
     sparse_opt = SparseOptimizer(sparse_optimizer_of(cfg, spec), learning_rate=cfg.sparse_lr)
     on_cuda = torch.cuda.is_available()
     device = torch.device("cpu")
@@ -486,7 +500,6 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     else:
         opt = torch.optim.Adagrad(dense, lr=cfg.dense_lr)
     start_step = 0
-    layout = {"trainers": job.trainers, "batch_size": batch_size}
     ckpt = Path(cfg.checkpoint) if cfg.checkpoint else None
     if cfg.resume and ckpt is not None:
         start_step = _load_trainer_state(ckpt, model, hybrid, opt, layout)
@@ -603,8 +616,9 @@ def train_local(
 
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     check_before_start(cfg, spec, with_ps=has_ps)
-    if cfg.resume and cfg.checkpoint:
-        check_resume(Path(cfg.checkpoint), has_ps)  # here, before any process starts
+    if cfg.resume and cfg.checkpoint:  # here, before any process starts
+        path = Path(cfg.checkpoint)
+        _check_layout(path / "trainer.pt", check_resume(path, has_ps), _data_layout(cfg, spec, cfg.trainers))
     job = _Job(cfg, spec, dict(tables), servers if has_ps else 1, cfg.trainers)
     results = local_cluster(
         job.servers,

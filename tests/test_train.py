@@ -47,7 +47,7 @@ def test_default_job_learns_with_both_paths():
 
 
 @pytest.mark.timeout(900)
-def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path):
+def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatch):
     # Two trainers in sync mode (K = 0): one gathered row-wise Adagrad update per id and step, so the run is
     # reproducible and "exactly" is a fair demand. (With K > 0 the servers apply pushes in arrival order.)
     common = {"batch_size": 256, "mode": "sync", "trainers": 2}
@@ -68,9 +68,18 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path):
     torch.save(state, tmp_path / "trainer.pt")
     with pytest.raises(PlannerError, match=rf"holds {key} of shape .*saved with another model.yaml"):
         run(steps=1, checkpoint=str(tmp_path), resume=True, **common)
-    # So is a resume with another data layout: step 3 would point at other samples of the stream.
+    # So is a resume with another data layout (step 3 would point at other samples of the stream), and before any
+    # process starts.
+    from persia_planner.modules.ps import launch
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("local_cluster started for a resume that must be refused")
+
+    monkeypatch.setattr(launch, "local_cluster", no_cluster)
     with pytest.raises(PlannerError, match=r"trained with trainers 2 \(now 1\), batch_size 256 \(now 128\); resum"):
         run(steps=1, checkpoint=str(tmp_path), resume=True, **(common | {"trainers": 1, "batch_size": 128}))
+    with pytest.raises(PlannerError, match=r"trained with batch_size 256 \(now 64\); resum"):
+        run(steps=1, checkpoint=str(tmp_path), resume=True, **(common | {"batch_size": 64}))
 
 
 @pytest.mark.parametrize(
