@@ -354,7 +354,7 @@ class EmbeddingStore:
         # One 16-byte record per slot: its id, the training lookup batch of its last access, its access count
         # (saturating at int32 max). A lookup's probe reads the id and records the access in the same cache line,
         # instead of three lines of three arrays (measured in process, 25.8k ids of a full 10M-row table: probe +
-        # bookkeeping + gather 3.2-3.5 -> 1.9-2.1 ms with :func:`.kernels.take_rows`). Views give the three columns.
+        # bookkeeping + gather 3.2-3.5 -> 1.9-2.1 ms, with that day's compiled gather). Views give the three columns.
         self._records = _table_empty(capacity, 2, dtype=torch.int64)
         self._ids = self._records[:, 0]
         self._last = self._records.view(torch.int32)[:, 2]
