@@ -10,7 +10,9 @@ that cannot be one is answered in a fraction of a second, as ``persia plan`` ans
 from __future__ import annotations
 
 import enum
+import math
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,11 +150,18 @@ class TrainConfig:
             raise PlannerError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.staleness < 0:
             raise PlannerError(f"--staleness must be >= 0, got {self.staleness}")
-        if self.ps_delay_ms < 0:
-            raise PlannerError(f"--ps-delay-ms must be >= 0, got {self.ps_delay_ms}")
+        if not 0 <= self.ps_delay_ms < math.inf:  # nan fails this too
+            raise PlannerError(f"--ps-delay-ms must be a finite number >= 0, got {self.ps_delay_ms}")
+        if self.eval_every < 0:
+            raise PlannerError(f"--eval-every must be >= 0 (0: only at the end), got {self.eval_every}")
+        for name, value in (("sparse_lr", self.sparse_lr), ("dense_lr", self.dense_lr)):
+            if not 0 < value < math.inf:
+                raise PlannerError(f"{name} must be a finite number > 0, got {value}")
+        if not 0 < self.teacher_rows_scale <= 1:
+            raise PlannerError(f"teacher_rows_scale must be in (0, 1], got {self.teacher_rows_scale}")
         if self.resume and not self.checkpoint:
             raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
-        if not (self.data == "synthetic" or self.data.startswith("criteo:")):
+        if not (self.data == "synthetic" or (self.data.startswith("criteo:") and self.data != "criteo:")):
             raise PlannerError(
                 f"--data must be 'synthetic' or 'criteo:PATH', got {self.data!r}",
                 fixes=("e.g. --data criteo:/data/day_0.tsv",),
@@ -208,7 +217,8 @@ def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
 
 
 def check_checkpoint_dir(cfg: TrainConfig) -> None:
-    """``--checkpoint`` must be a directory or a path one can become: found out before training, not at its end."""
+    """``--checkpoint`` must be a writable directory or a path one can become (it is created here): found out before
+    training, not at its end."""
     if not cfg.checkpoint:
         return
     path = Path(cfg.checkpoint)
@@ -218,6 +228,17 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
             f"--checkpoint {path}: {blocker} is a file, not a directory",
             fixes=("pass a directory (it is created if missing)",),
         )
+    # Whether it can be written is only known by writing (permissions, read-only mounts, /proc): create it now and
+    # write a probe, rather than train for hours and fail at the save.
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise PlannerError(
+            f"--checkpoint {path}: cannot write there ({err.strerror or err})",
+            fixes=("pass a writable directory",),
+        ) from None
 
 
 def check_resume_exists(directory: str | os.PathLike[str]) -> Path:
@@ -307,9 +328,9 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
         PlannerError: The first problem found (``SpecError`` for the data).
     """
     check_data_matches(spec, cfg)
-    check_checkpoint_dir(cfg)
-    if cfg.resume and cfg.checkpoint:
+    if cfg.resume and cfg.checkpoint:  # first: a refused resume creates nothing
         check_resume_exists(cfg.checkpoint)
+    check_checkpoint_dir(cfg)
     sparse_optimizer_of(cfg, spec)
     if with_ps:
         rpc_transports()

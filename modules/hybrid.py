@@ -371,6 +371,17 @@ class HybridEmbeddingBagCollection(nn.Module):
         mine = self.tbe.split_optimizer_states()
         if len(mine) != len(states):
             raise PlannerError(f"optimizer state for {len(states)} local tables, this collection has {len(mine)}")
+        # Checked before anything is copied: another sparse optimizer keeps state of other shapes (Adagrad: one value
+        # per weight, row-wise Adagrad: one per row), and a half-restored state must not train on.
+        for config, dst_table, src_table in zip(self.local_tables, mine, states, strict=True):
+            have = [tuple(t.shape) for t in src_table]
+            want = [tuple(t.shape) for t in dst_table]
+            if have != want:
+                raise PlannerError(
+                    f"optimizer state of local table {config.name!r} has shapes {have}, this collection's "
+                    f"{self.optimizer.kind.value} needs {want} (saved with another sparse optimizer?)",
+                    fixes=("resume with the sparse optimizer the checkpoint was trained with", "or train from scratch"),
+                )
         with torch.no_grad():
             for dst_table, src_table in zip(mine, states, strict=True):
                 for dst, src in zip(dst_table, src_table, strict=True):

@@ -349,11 +349,11 @@ def _save_trainer_state(
     hybrid: HybridEmbeddingBagCollection,
     opt: Any,
     ps_version: int | None,
-    layout: dict[str, int],
+    layout: dict[str, Any],
 ) -> None:
     state = {
         "step": step,
-        **layout,  # trainers and per-trainer batch size: where `step` is in the data stream depends on both
+        **layout,  # trainers, per-trainer batch size, data, seed: what `step` points at in the data stream
         "ps_version": ps_version,  # the PS checkpoint version saved with this state (see check_resume)
         "dense": {k: v.clone() for k, v in dense_state_dict(model).items()},
         "dense_optimizer": opt.state_dict(),
@@ -380,7 +380,19 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
     from .ps.checkpoint import read_latest
 
     path = check_resume_exists(directory)
-    state = torch.load(path, weights_only=False, map_location="cpu")
+    try:
+        state = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as err:  # a truncated or foreign file: torch raises RuntimeError, pickle errors, EOFError...
+        raise PlannerError(
+            f"--resume: {path} is not a readable trainer checkpoint ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else 'no detail'})",
+            fixes=("resume from another checkpoint directory", "or train from scratch without --resume"),
+        ) from None
+    if not isinstance(state, dict) or not {"step", "dense", "local"} <= state.keys():
+        raise PlannerError(
+            f"--resume: {path} is not a trainer checkpoint of persia train (it lacks step/dense/local)",
+            fixes=("resume from another checkpoint directory", "or train from scratch without --resume"),
+        )
     if with_ps:
         latest = read_latest(directory / "ps")
         have = latest["version"] if latest else None
@@ -393,29 +405,41 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
     return state
 
 
-def _data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, int]:
-    """Where a step sits in the data stream: the trainer count and the per-trainer batch size (saved, then checked on
-    resume)."""
-    return {"trainers": trainers, "batch_size": cfg.batch_size or max(1, spec.batch_size // trainers)}
+def _data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
+    """What a step of the data stream is: the trainer count, the per-trainer batch size, the data and the seed
+    (synthetic data: the teacher that labels the samples, and the samples) (saved, then checked on resume)."""
+    data = cfg.data
+    if data.startswith("criteo:"):  # the same files under another spelling of their path are the same data
+        data = "criteo:" + str(Path(data.split(":", 1)[1]).resolve())
+    return {
+        "trainers": trainers,
+        "batch_size": cfg.batch_size or max(1, spec.batch_size // trainers),
+        "data": data,
+        "seed": cfg.seed,
+    }
 
 
-def _check_layout(path: Path, state: dict[str, Any], layout: dict[str, int]) -> None:
+def _check_layout(path: Path, state: dict[str, Any], layout: dict[str, Any]) -> None:
     """Refuse to resume ``state`` (read from ``path``) with another data layout.
 
     A resumed run skips ``step`` global batches of trainers x batch_size samples: with another layout it would
-    train on samples the checkpoint has seen, or skip some. (Checkpoints from before this check lack the keys.)
+    train on samples the checkpoint has seen, or skip some; with other data or another seed it would go on with
+    another task. (Checkpoints from before these checks lack the keys.)
     """
     changed = {k: (state[k], v) for k, v in layout.items() if k in state and state[k] != v}
     if changed:
         what = ", ".join(f"{k} {was} (now {now})" for k, (was, now) in changed.items())
         raise PlannerError(
             f"--resume: checkpoint {path} was trained with {what}; resuming would replay or skip training data",
-            fixes=("resume with the --trainers and --batch-size of the checkpointed run", "or train from scratch"),
+            fixes=(
+                "resume with the --trainers, --batch-size, --data and --seed of the checkpointed run",
+                "or train from scratch",
+            ),
         )
 
 
 def _load_trainer_state(
-    directory: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any, layout: dict[str, int]
+    directory: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any, layout: dict[str, Any]
 ) -> int:
     path = directory / "trainer.pt"
     state = check_resume(directory, hybrid.ps is not None)
@@ -514,6 +538,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     progress = _progress(cfg) if (j == 0 and cfg.progress) else None
     task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
     t0 = time.perf_counter()
+    eval_s = 0.0
     samples = 0
     step = start_step
     try:
@@ -525,28 +550,31 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
             losses.append(stats.loss)
             step_ms.append(stats.step_ms)
             samples += stats.samples * job.trainers
-            rate = samples / (time.perf_counter() - t0)
+            rate = samples / max(1e-9, time.perf_counter() - t0 - eval_s)
             history.append({"step": step, "loss": stats.loss, "samples": samples, "staleness": stats.staleness})
             if progress:
                 progress.update(task, advance=1, loss=_ema(losses), rate=rate, stale=stats.staleness)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < start_step + cfg.steps:
+                eval_started = time.perf_counter()
                 hybrid.flush()
                 dist.barrier()  # every trainer's pushes are applied before anyone evaluates
                 history[-1].update(_evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device))
+                eval_s += time.perf_counter() - eval_started
         hybrid.flush()
-        elapsed = time.perf_counter() - t0
+        # Training throughput: the evaluations along the way are not training (they would halve it at eval_every=1).
+        elapsed = time.perf_counter() - t0 - eval_s
     finally:
         if progress:
             progress.stop()
-    dist.barrier()  # every trainer's pushes are applied before the evaluation and the checkpoint
-    result = _evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device)
-    if history:
-        history[-1].update(result)
-    if ckpt is not None:
+    dist.barrier()  # every trainer's pushes are applied before the checkpoint and the evaluation
+    if ckpt is not None:  # before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing
         if j == 0:
             version = client.save(ckpt / "ps") if hybrid.ps is not None else None
             _save_trainer_state(ckpt / "trainer.pt", step, model, hybrid, opt, version, layout)
         dist.barrier()
+    result = _evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device)
+    if history:
+        history[-1].update(result)
     if j != 0:
         return None
     tail = losses[-max(1, len(losses) // 10) :]
@@ -605,6 +633,11 @@ def _progress(cfg: TrainConfig) -> Any:
     )
 
 
+# A trainer's PS request timeout, on one machine and under torchrun alike: checkpoint saves and loads of large
+# tables are requests too, and take far longer than the client's 10 s default for lookups.
+PS_REQUEST_TIMEOUT_S = 60.0
+
+
 # ---- launchers -----------------------------------------------------------------------------------------------
 
 
@@ -627,7 +660,7 @@ def train_local(
         job,
         delay_ms=cfg.ps_delay_ms,
         wire_dtype=cfg.ps_wire_dtype,
-        timeout_s=60.0,
+        timeout_s=PS_REQUEST_TIMEOUT_S,
         run_timeout_s=run_timeout_s,
     )
     return results[0]
@@ -650,7 +683,14 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
         ps_server.serve(rank, world)
         return None
     job = _Job(replace(cfg, trainers=world - servers), spec, dict(tables), servers, world - servers)
-    client = connect(f"trainer{rank - servers}", rank, world, delay_ms=cfg.ps_delay_ms, wire_dtype=cfg.ps_wire_dtype)
+    client = connect(
+        f"trainer{rank - servers}",
+        rank,
+        world,
+        timeout_s=PS_REQUEST_TIMEOUT_S,
+        delay_ms=cfg.ps_delay_ms,
+        wire_dtype=cfg.ps_wire_dtype,
+    )
     import torch.distributed.rpc as rpc
 
     try:

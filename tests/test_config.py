@@ -64,7 +64,14 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"steps": 0}, "--steps, trainers and eval batches must be >= 1"),
         ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
         ({"staleness": -1}, "--staleness must be >= 0, got -1"),
-        ({"ps_delay_ms": -0.5}, "--ps-delay-ms must be >= 0, got -0.5"),
+        ({"ps_delay_ms": -0.5}, "--ps-delay-ms must be a finite number >= 0, got -0.5"),
+        ({"ps_delay_ms": float("inf")}, "--ps-delay-ms must be a finite number >= 0, got inf"),
+        ({"ps_delay_ms": float("nan")}, "--ps-delay-ms must be a finite number >= 0, got nan"),
+        ({"eval_every": -3}, "--eval-every must be >= 0 (0: only at the end), got -3"),
+        ({"sparse_lr": -1.0}, "sparse_lr must be a finite number > 0, got -1.0"),
+        ({"dense_lr": float("nan")}, "dense_lr must be a finite number > 0, got nan"),
+        ({"teacher_rows_scale": -5.0}, "teacher_rows_scale must be in (0, 1], got -5.0"),
+        ({"data": "criteo:"}, "--data must be 'synthetic' or 'criteo:PATH', got 'criteo:'"),
     ],
 )
 def test_bad_options_are_one_line_errors_naming_the_option(options, message):
@@ -103,8 +110,15 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
         check_before_start(TrainConfig(data=f"criteo:{day}"), model("sgd"), with_ps=False)
     with pytest.raises(PlannerError, match=f"--checkpoint {day}/x: {day} is a file, not a directory"):
         check_before_start(TrainConfig(checkpoint=str(day / "x")), criteo_model, with_ps=False)
-    with pytest.raises(PlannerError, match=f"--resume: no trainer checkpoint at {tmp_path}/trainer.pt"):
-        check_before_start(TrainConfig(checkpoint=str(tmp_path), resume=True), criteo_model, with_ps=False)
+    # A checkpoint directory that cannot be written is found now, not at the save after training. (/proc refuses
+    # new directories even to root, for whom permission bits would not.)
+    with pytest.raises(PlannerError, match=r"^--checkpoint /proc/persia-ckpt/run: cannot write there \("):
+        check_before_start(TrainConfig(checkpoint="/proc/persia-ckpt/run"), criteo_model, with_ps=False)
+    check_before_start(TrainConfig(checkpoint=str(tmp_path / "new" / "ckpt")), criteo_model, with_ps=False)
+    assert (tmp_path / "new" / "ckpt").is_dir() and not any((tmp_path / "new" / "ckpt").iterdir())
+    with pytest.raises(PlannerError, match=f"--resume: no trainer checkpoint at {tmp_path}/gone/trainer.pt"):
+        check_before_start(TrainConfig(checkpoint=str(tmp_path / "gone"), resume=True), criteo_model, with_ps=False)
+    assert not (tmp_path / "gone").exists()  # a refused resume creates nothing
     (tmp_path / "trainer.pt").write_bytes(b"")
     check_before_start(TrainConfig(checkpoint=str(tmp_path), resume=True), criteo_model, with_ps=False)
     with pytest.raises(PlannerError, match="tables name different sparse optimizers"):

@@ -90,6 +90,22 @@ def test_local_rowwise_adagrad_matches_torchrec_rowwise_adagrad():
     )
 
 
+def test_local_optimizer_state_of_another_optimizer_is_refused_before_anything_is_copied():
+    rowwise = HybridEmbeddingBagCollection(CONFIGS, optimizer=SparseOptimizer(Optimizer.ROWWISE_ADAGRAD))
+    adagrad = HybridEmbeddingBagCollection(CONFIGS, optimizer=SparseOptimizer(Optimizer.ADAGRAD))
+    saved = rowwise.local_optimizer_states()
+    for table in saved:
+        for state in table:
+            state.fill_(7.0)
+    before = adagrad.local_optimizer_states()
+    with pytest.raises(PlannerError, match=r"optimizer state of local table 't0' has shapes \[\(50,\)\], this co"):
+        adagrad.load_local_optimizer_states(saved)
+    after = adagrad.local_optimizer_states()
+    assert all(torch.equal(a, b) for x, y in zip(before, after, strict=True) for a, b in zip(x, y, strict=True))
+    rowwise.load_local_optimizer_states(saved)  # its own optimizer's state loads
+    assert all(bool((s == 7.0).all()) for table in rowwise.local_optimizer_states() for s in table)
+
+
 def test_raw_ids_map_into_rows_like_a_hashed_ebc():
     hybrid = HybridEmbeddingBagCollection(CONFIGS)
     ref = reference_from(hybrid)

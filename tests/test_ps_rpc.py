@@ -263,6 +263,22 @@ def test_a_push_failing_after_the_body_returned_fails_the_trainer():
         local_cluster(1, 1, _leaves_a_failing_push, timeout_s=3.0, run_timeout_s=60)
 
 
+def _fails_while_the_other_waits(j, client):
+    if j == 0:
+        raise RuntimeError("trainer 0 gives up")
+    barrier(timeout_s=600)  # for trainer 0, which never comes
+
+
+def test_a_failed_trainer_does_not_leave_the_run_waiting_for_the_others():
+    """A trainer waiting for a failed one (here in a barrier, in training a gloo collective) would hold the run
+    until its own timeout: the launcher gives the others ``failure_grace_s``, then kills everything and reports."""
+    start = time.monotonic()
+    with pytest.raises(TrainerError, match=r"^trainer0 failed: RuntimeError: trainer 0 gives up"):
+        local_cluster(1, 2, _fails_while_the_other_waits, run_timeout_s=600, failure_grace_s=2.0)
+    assert time.monotonic() - start < 120  # the barrier alone would wait 600 s
+    assert [p.name for p in multiprocessing.active_children() if p.name.startswith(("ps", "trainer"))] == []
+
+
 def test_a_trainer_that_cannot_start_leaves_no_server_running():
     """The servers start first; if a trainer then cannot (its body does not pickle), they are killed, not left
     waiting for the group until their rendezvous timeout."""

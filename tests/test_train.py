@@ -80,6 +80,9 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         run(steps=1, checkpoint=str(tmp_path), resume=True, **(common | {"trainers": 1, "batch_size": 128}))
     with pytest.raises(PlannerError, match=r"trained with batch_size 256 \(now 64\); resum"):
         run(steps=1, checkpoint=str(tmp_path), resume=True, **(common | {"batch_size": 64}))
+    # Another seed is another teacher labelling the synthetic samples: another task, refused as well.
+    with pytest.raises(PlannerError, match=r"trained with seed 0 \(now 5\); resum"):
+        run(steps=1, checkpoint=str(tmp_path), resume=True, seed=5, **common)
 
 
 @pytest.mark.parametrize(
@@ -223,10 +226,35 @@ def test_resume_refuses_a_trainer_state_from_another_ps_version(tmp_path):
     from persia_planner.modules.train import check_resume
 
     stores = [{"t": EmbeddingStore(4, 10, RowWiseAdagrad())}]
-    torch.save({"step": 3, "ps_version": 1}, tmp_path / "trainer.pt")
+    torch.save({"step": 3, "ps_version": 1, "dense": {}, "local": {}}, tmp_path / "trainer.pt")
     save_all(stores, tmp_path / "ps", version=1)
     assert check_resume(tmp_path, with_ps=True)["step"] == 3
     save_all(stores, tmp_path / "ps", version=2)  # a later save committed the servers, then died before trainer.pt
     with pytest.raises(PlannerError, match="trainer state for PS version 1 but the parameter-server checkpoint is at"):
         check_resume(tmp_path, with_ps=True)
     assert check_resume(tmp_path, with_ps=False)["step"] == 3  # a plan without PS tables needs no PS checkpoint
+    # A truncated or foreign file is bad input (one line naming the file), not an internal error.
+    whole = (tmp_path / "trainer.pt").read_bytes()
+    (tmp_path / "trainer.pt").write_bytes(whole[:100])
+    with pytest.raises(PlannerError, match=rf"^--resume: {tmp_path}/trainer.pt is not a readable trainer checkpoint"):
+        check_resume(tmp_path, with_ps=False)
+    torch.save(torch.zeros(3), tmp_path / "trainer.pt")
+    with pytest.raises(PlannerError, match=r"is not a trainer checkpoint of persia train \(it lacks step/dense/local"):
+        check_resume(tmp_path, with_ps=False)
+
+
+@pytest.mark.timeout(600)
+def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
+    """Criteo data that ends before --steps: the trainers train to its end, then find no held-out batches; the
+    training done is saved all the same."""
+    import torch
+
+    from persia_planner.modules.data import SyntheticClicks, Teacher, to_criteo
+
+    teacher = Teacher(rows={t.name: max(1, t.rows // 50) for t in SPEC.tables}, seed=3)
+    to_criteo(SyntheticClicks(teacher, batch_size=64, num_batches=6, seed=3), tmp_path / "day_0")
+    with pytest.raises(PlannerError, match="no evaluation samples"):
+        run(steps=100, batch_size=64, data=f"criteo:{tmp_path / 'day_0'}", checkpoint=str(tmp_path / "ckpt"))
+    state = torch.load(tmp_path / "ckpt" / "trainer.pt", weights_only=False)
+    assert state["step"] == 3 and state["seed"] == 0  # 6 batches of 64 = 3 steps of 2 trainers x 64
+    assert state["data"] == f"criteo:{(tmp_path / 'day_0').resolve()}"

@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import re
 import threading
@@ -124,8 +125,8 @@ class PsClient:
             raise ValueError("PsClient needs at least one server")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        if not delay_ms >= 0:
-            raise ValueError(f"delay_ms must be >= 0, got {delay_ms}")
+        if not 0 <= delay_ms < math.inf:
+            raise ValueError(f"delay_ms must be a finite number >= 0, got {delay_ms}")
         self.wire_dtype = check_wire_dtype(wire_dtype)
         self.servers = list(servers)
         self.timeout_s = float(timeout_s)

@@ -8,7 +8,9 @@ launching process hosts before any of them starts (:func:`hosted_store`, torchru
 Each trainer runs ``fn(trainer_index, client, *args)`` and sends its return value (or its traceback) back through a
 queue; the trainers may synchronise with each other through :func:`barrier`. After all trainers reported, the
 processes shut down gracefully (every worker reaches ``rpc.shutdown()``); if a server died (as in the failure tests)
-no graceful shutdown is possible and the survivors are terminated instead.
+no graceful shutdown is possible and the survivors are terminated instead. Once a trainer reported a failure, the
+others get a few seconds (``failure_grace_s``) to report theirs, then every process is killed: they may be waiting
+for the failed one in a collective.
 
 Used by the tests and the benchmarks::
 
@@ -213,6 +215,7 @@ def local_cluster(
     rpc_timeout_s: float = 60.0,
     run_timeout_s: float = 300.0,
     shutdown_timeout_s: float = 30.0,
+    failure_grace_s: float = 5.0,
     log_level: int = logging.WARNING,
     delay_ms: float = 0.0,
     wire_dtype: torch.dtype = torch.float32,
@@ -229,6 +232,9 @@ def local_cluster(
         rpc_timeout_s: Default RPC timeout of every process (rendezvous, shutdown barrier).
         run_timeout_s: Give up (and kill everything) if the trainers have not all reported by then.
         shutdown_timeout_s: Time allowed for the graceful shutdown after the trainers reported.
+        failure_grace_s: Once a trainer reported a failure, how long the others still have to report before
+            everything is killed: a trainer may wait for the failed one in a collective (a barrier, an all-gather)
+            until its own timeout, minutes later, and the run has failed anyway.
         log_level: Logging level of the child processes.
         delay_ms: Latency the trainers' clients inject before every request (``PsClient(delay_ms=...)``).
         wire_dtype: The dtype the trainers' clients send rows and gradients in (``PsClient(wire_dtype=...)``).
@@ -281,7 +287,7 @@ def local_cluster(
         # Only GLIBC_TUNABLES changes, and only while the processes start.
         before = os.environ.get("GLIBC_TUNABLES")
         started: list[Any] = []
-        outcome: dict[int, tuple[bool, Any]] = {}
+        outcome: dict[int, tuple[bool, Any, float]] = {}  # trainer -> (ok, value, when reported)
         try:
             try:
                 os.environ.update(_server.allocator_env())
@@ -294,10 +300,15 @@ def local_cluster(
                 else:
                     os.environ["GLIBC_TUNABLES"] = before
             deadline = time.monotonic() + run_timeout_s
+            given_up = False
             while len(outcome) < n_clients:
+                failed_at = [t for ok, _value, t in outcome.values() if not ok]
+                if failed_at and time.monotonic() > min(failed_at) + failure_grace_s:
+                    given_up = True  # the rest are killed below; the failure is raised after
+                    break
                 try:
-                    j, ok, value = results.get(timeout=1.0)
-                    outcome[j] = (ok, value)
+                    j, ok, value = results.get(timeout=min(1.0, failure_grace_s) if failed_at else 1.0)
+                    outcome[j] = (ok, value, time.monotonic())
                 except queue.Empty:
                     # A process that exits before its trainer reported (e.g. failed to join the group) would
                     # otherwise leave us waiting for the whole run_timeout_s.
@@ -312,7 +323,7 @@ def local_cluster(
                         raise TrainerError(f"local cluster failed: {why}") from None
             # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
             server_died = any(p.exitcode not in (None, 0) for p in servers)
-            grace = time.monotonic() + (0.0 if server_died else shutdown_timeout_s)
+            grace = time.monotonic() + (0.0 if server_died or given_up else shutdown_timeout_s)
             for p in procs:
                 p.join(max(0.0, grace - time.monotonic()))
         finally:
@@ -322,7 +333,7 @@ def local_cluster(
             for p in started:
                 p.join()
             results.close()
-        failed = [(j, value) for j, (ok, value) in sorted(outcome.items()) if not ok]
+        failed = [(j, value) for j, (ok, value, _t) in sorted(outcome.items()) if not ok]
         if failed:
             j, (message, tb, internal) = failed[0]
             raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
