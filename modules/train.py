@@ -569,7 +569,8 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     dist.barrier()  # every trainer's pushes are applied before the checkpoint and the evaluation
     if ckpt is not None:  # before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing
         if j == 0:
-            version = client.save(ckpt / "ps") if hybrid.ps is not None else None
+            # keep=2: this version and the one before; every run into the directory would otherwise add a full copy
+            version = client.save(ckpt / "ps", keep=2) if hybrid.ps is not None else None
             _save_trainer_state(ckpt / "trainer.pt", step, model, hybrid, opt, version, layout)
         dist.barrier()
     result = _evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device)
