@@ -36,6 +36,7 @@ __all__ = [
     "check_checkpoint_dir",
     "check_data_matches",
     "check_resume_exists",
+    "dlrm_embedding_dim",
     "master_address",
     "rpc_transports",
     "sparse_optimizer_of",
@@ -317,11 +318,26 @@ def rpc_transports(environ: Mapping[str, str] | None = None) -> list[str]:
     return names
 
 
+def dlrm_embedding_dim(spec: ModelSpec) -> int:
+    """The one embedding dim of ``spec``'s tables, which DLRM's feature interaction needs.
+
+    Raises:
+        PlannerError: The tables do not share one dim.
+    """
+    dims = {t.dim for t in spec.tables}
+    if len(dims) != 1:
+        raise PlannerError(
+            f"model {spec.name!r}: a DLRM needs one embedding dim for all tables, got {sorted(dims)}",
+            fixes=("give every table the same dim",),
+        )
+    return dims.pop()
+
+
 def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> None:
     """The run's inputs that every process would trip over: one line here, before any process starts.
 
     Checks the data (:func:`check_data_matches`), the checkpoint directory and, with ``--resume``, that it holds a
-    trainer state; that the model's tables agree on one sparse optimizer; and, when the plan has PS tables
+    trainer state; that the model's tables agree on one sparse optimizer and one dim; and, when the plan has PS tables
     (``with_ps``), ``PERSIA_RPC_TRANSPORTS``.
 
     Raises:
@@ -332,5 +348,6 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
         check_resume_exists(cfg.checkpoint)
     check_checkpoint_dir(cfg)
     sparse_optimizer_of(cfg, spec)
+    dlrm_embedding_dim(spec)
     if with_ps:
         rpc_transports()

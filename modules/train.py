@@ -41,6 +41,7 @@ from .config import (
     TrainConfig,
     check_before_start,
     check_resume_exists,
+    dlrm_embedding_dim,
     sparse_optimizer_of,
 )
 from .data.criteo import NUM_INTEGER, Batch, CriteoReader
@@ -93,13 +94,7 @@ def build_model(
 
     from persia_planner.export import to_embedding_bag_configs
 
-    dims = {t.dim for t in spec.tables}
-    if len(dims) != 1:
-        raise PlannerError(
-            f"model {spec.name!r}: a DLRM needs one embedding dim for all tables, got {sorted(dims)}",
-            fixes=("give every table the same dim",),
-        )
-    dim = dims.pop()
+    dim = dlrm_embedding_dim(spec)
     capacity = {
         t.name: math.ceil(t.rows / ps_servers * 1.25) + 1024
         for t in spec.tables

@@ -123,6 +123,10 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
     check_before_start(TrainConfig(checkpoint=str(tmp_path), resume=True), criteo_model, with_ps=False)
     with pytest.raises(PlannerError, match="tables name different sparse optimizers"):
         check_before_start(TrainConfig(), model("sgd", "adam"), with_ps=False)
+    tables = [{"name": n, "rows": 10, "dim": d, "optimizer": "sgd"} for n, d in (("t0", 8), ("t1", 7))]
+    two_dims = ModelSpec.from_dict({"name": "m", "batch_size": 8, "tables": tables})
+    with pytest.raises(PlannerError, match=r"model 'm': a DLRM needs one embedding dim for all tables, got \[7, "):
+        check_before_start(TrainConfig(), two_dims, with_ps=False)
     monkeypatch.setenv("PERSIA_RPC_TRANSPORTS", "foo")
     check_before_start(TrainConfig(), criteo_model, with_ps=False)  # no PS tables: the transports do not matter
     with pytest.raises(PlannerError, match=r"unknown TensorPipe transport\(s\) \['foo'\]"):
