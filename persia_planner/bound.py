@@ -35,6 +35,7 @@ __all__ = ["LowerBound", "TierChoice", "lower_bound", "lower_bound_ms"]
 
 _ASYNC = 5  # ps_ddr, ps_nic, switch, busiest host nic, slowest pcie
 _HINT_TRUST = 1.3
+_MAX_ROUNDS = 200  # of the pattern search over the weights (see lower_bound)
 
 
 def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -245,7 +246,11 @@ def lower_bound(cost: CostModel) -> LowerBound:
             if value > best:
                 best, best_w, best_pick, best_mu = value, weights, pick, mu
     step = 0.1
-    while step > 0.03:
+    # Bounded: where the relaxation is infeasible (more bytes than the cluster holds) the Lagrangian grows without
+    # limit and every move "improves" it; any weights give a valid bound, so stopping early only loosens it.
+    rounds = 0
+    while step > 0.03 and rounds < _MAX_ROUNDS:
+        rounds += 1
         improved = False
         for i in range(n):
             for j in range(n):

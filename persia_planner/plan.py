@@ -303,6 +303,9 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
             problems.append(f"shard {i} hash {list(shard.hash)} needs 0 <= bucket < buckets")
         if shard.rows is None and shard.hash is None:
             problems.append(f"shard {i} has neither 'rows' nor 'hash'")
+        if shard.rows is not None and shard.hash is not None:
+            # Its size would be read from `rows` (a range shard's), while the servers hold a hash bucket's share.
+            problems.append(f"shard {i} has both 'rows' and 'hash' (a range shard gives rows, a ps_hash shard hash)")
     if problems:
         return problems
     if s is Sharding.PS_HASH:

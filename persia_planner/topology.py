@@ -302,6 +302,12 @@ def _graph_from_hosts(top: Fields, switch_bw: float, latency: float) -> nx.Graph
                 n_gpus, hbm, hbm_bw, tflops, pcie_bw, nvlink_bw = gpu_fields
                 gpu_names = tuple(f"{host_name}/gpu{i}" for i in range(n_gpus))
                 for gpu_name in gpu_names:
+                    if gpu_name in graph:  # a host named like a GPU ("trainer0/gpu0") would be replaced silently
+                        raise item.error(
+                            "name",
+                            f"GPU {gpu_name!r} has the name of a host defined earlier",
+                            fixes=("rename the host",),
+                        )
                     spec = Gpu(gpu_name, host_name, hbm, hbm_bw, tflops, pcie_bw, nvlink_bw)
                     graph.add_node(gpu_name, kind=NodeKind.GPU, spec=spec)
                     graph.add_edge(gpu_name, host_name, bandwidth=pcie_bw, latency=0.0, link="pcie")

@@ -164,6 +164,15 @@ def test_validate_reports_ps_hash_shards_on_a_gpu(the_plan):
     ]
 
 
+def test_validate_refuses_a_ps_hash_shard_that_also_gives_rows(the_plan):
+    # Its size would be read from the range: a 1-row range made a 6.3 GiB table pass as 68 bytes a server.
+    big = the_plan.tables["big"]
+    both = dataclasses.replace(big, shards=(dataclasses.replace(big.shards[0], rows=(0, 1)), *big.shards[1:]))
+    assert validate(_replace_table(the_plan, "big", both), MODEL, TOPO) == [
+        "table 'big': shard 0 has both 'rows' and 'hash' (a range shard gives rows, a ps_hash shard hash)"
+    ]
+
+
 def test_load_plan_unreadable_files(tmp_path):
     with pytest.raises(SpecError) as err:
         load_plan(tmp_path)

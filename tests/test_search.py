@@ -129,6 +129,28 @@ def test_same_seed_same_plan(rows_dims, shape, seed):
     assert first.to_json() == second.to_json()
 
 
+@pytest.mark.timeout(120)
+def test_lower_bound_returns_for_a_model_larger_than_the_cluster():
+    # Infeasible relaxation (120 GiB of tables, 16 GiB of memory): the Lagrangian grew with every move of the
+    # weights and the search ran for ever; `persia plan` refuses such a model first, a direct call did not.
+    model = ModelSpec.from_dict(
+        {
+            "name": "m",
+            "batch_size": 512,
+            "staleness": 0,
+            "tables": [
+                {"name": "t0", "rows": 777_777, "dim": 128, "pooling_factor": 5.0, "optimizer": "sgd"},
+                {"name": "t1", "rows": 40_000_000, "dim": 256, "pooling_factor": 30.0, "optimizer": "adam"},
+                {"name": "t2", "rows": 40_000_000, "dim": 16, "pooling_factor": 5.0, "optimizer": "adagrad"},
+                {"name": "t3", "rows": 5, "dim": 96, "pooling_factor": 1.0, "optimizer": "adagrad"},
+            ],
+            "dense": {"parameters": 1000, "flops_per_sample": 1e6},
+        }
+    )
+    small = cluster(1, 3, 2, 1, 16, 1)
+    assert lower_bound_ms(CostModel(model, small)) > 0
+
+
 def test_lower_bound_is_below_every_option_of_a_single_table():
     # One table, one GPU: every option is enumerable; the bound must not exceed the best of them.
     model = make_model([(1_000_000, 64, 4.0, "rowwise_adagrad", 1.0)])

@@ -82,6 +82,14 @@ def test_load_model_file_errors(tmp_path):
     bad.write_text("tables: [\n")
     with pytest.raises(SpecError, match=r"m.yaml: malformed YAML at line \d+, column \d+"):
         load_model(bad)
+    # A key given twice is refused, not resolved to the last one (that silently replaced 100M rows by 1000).
+    bad.write_text(
+        "name: m\nbatch_size: 64\ntables:\n  - name: a\n    rows: 100_000_000\n    dim: 16\n    rows: 1000\n"
+    )
+    with pytest.raises(
+        SpecError, match=r"m.yaml: malformed YAML at line 7, column 5: key 'rows' given twice in one ma"
+    ):
+        load_model(bad)
     with pytest.raises(SpecError, match="file not found"):
         load_model(tmp_path / "nope.yaml")
 
