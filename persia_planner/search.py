@@ -6,7 +6,8 @@ byte of each memory); every option of a table is scored on the best devices at o
 best feasible one is kept; a second pass redoes it knowing the load the not-yet-placed tables will bring.
 Improvement is local search around the bottleneck: re-insert a table at its best option given everything else, or
 swap a hot table into a full faster tier by evicting colder ones, while the score drops. Ties are broken by a seeded
-RNG, so a seed fixes the plan.
+RNG, so a seed fixes the plan, as long as the local search ends before its wall-clock budget (``improve_time_s``):
+when the budget cuts it, the plan depends on how far it got on that machine (raise the budget for a reproducible plan).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class SearchConfig:
     """Knobs of the search.
 
     Attributes:
-        seed: Seeds tie-breaking; the same seed gives the same plan.
+        seed: Seeds tie-breaking; the same seed gives the same plan unless ``improve_time_s`` cuts the search.
         improve_time_s: Wall-clock budget of the local-search phase.
         improve_rounds: At most this many accepted moves.
         shardings: Sharding types the search may use.
