@@ -220,6 +220,9 @@ class ModelSpec:
         return cls(name, int(batch_size), tuple(specs), dense or DenseSpec(), dtype)
 
 
+MAX_TABLE_COUNT = 1_000_000  # of one table entry's `count:` copies
+
+
 def _read_tables(item: Fields) -> Iterable[TableSpec]:
     name = item.take_str("name")
     rows = item.take_positive("rows", Quantity.COUNT)
@@ -231,6 +234,10 @@ def _read_tables(item: Fields) -> Iterable[TableSpec]:
     item.finish()
     if not name:
         raise item.error("name", "table name is empty")
+    if count > MAX_TABLE_COUNT:  # each copy is a table of its own: a billion of them would not fit in memory
+        raise item.error(
+            "count", f"at most {MAX_TABLE_COUNT:,} copies of a table, got {count:,}", fixes=("check the count",)
+        )
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
     return [TableSpec(n, rows, dim, pooling, optimizer, alpha) for n in names]
 

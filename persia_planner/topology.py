@@ -236,6 +236,10 @@ class Topology:
         return cls.from_dict(data, f"{name}.yaml")
 
 
+MAX_HOST_COUNT = 100_000  # hosts of one `hosts:` entry
+MAX_GPUS_PER_HOST = 1024
+
+
 def _path_weight(u: str, v: str, edge: Mapping[str, Any]) -> float:
     # Lowest latency first; the tiny per-hop term breaks ties towards fewer hops.
     return edge.get("latency", 0.0) + 1e-12
@@ -282,6 +286,10 @@ def _graph_from_hosts(top: Fields, switch_bw: float, latency: float) -> nx.Graph
     for _, item in top.take_list("hosts"):
         base = item.take_str("name")
         count = item.take_positive("count", Quantity.COUNT, default=1)
+        if count > MAX_HOST_COUNT:  # every host is a graph node: a wrong count would hang rather than fail
+            raise item.error(
+                "count", f"at most {MAX_HOST_COUNT:,} hosts per entry, got {count:,}", fixes=("check the count",)
+            )
         ddr = item.take_positive("ddr", Quantity.SIZE)
         ddr_bw = item.take_positive("ddr_bandwidth", Quantity.BANDWIDTH)
         nic_bw = item.take_positive("nic_bandwidth", Quantity.BANDWIDTH)
@@ -323,6 +331,10 @@ def _graph_from_hosts(top: Fields, switch_bw: float, latency: float) -> nx.Graph
 
 def _read_gpu_fields(gpus: Fields) -> tuple[int, int, float, float, float, float]:
     n_gpus = gpus.take_positive("count", Quantity.COUNT, default=1)
+    if n_gpus > MAX_GPUS_PER_HOST:  # a host's GPUs are all linked pairwise (NVLink edges): n^2 of them
+        raise gpus.error(
+            "count", f"at most {MAX_GPUS_PER_HOST} GPUs per host, got {n_gpus:,}", fixes=("check the count",)
+        )
     hbm = gpus.take_positive("hbm", Quantity.SIZE)
     hbm_bw = gpus.take_positive("hbm_bandwidth", Quantity.BANDWIDTH)
     tflops = gpus.take_positive("tflops", Quantity.NUMBER)

@@ -68,6 +68,10 @@ def test_count_expands_names():
         ),
         ({"embedding_dtype": "fp64"}, "model.yaml: embedding_dtype: unknown value 'fp64'"),
         ({"tabels": []}, "model.yaml: tabels: unknown key; fix: did you mean 'tables'?"),
+        (
+            {"tables": [{"name": "a", "rows": 10, "dim": 4, "count": 10**9}]},
+            "model.yaml: tables[0].count: at most 1,000,000 copies of a table, got 1,000,000,000",
+        ),
     ],
 )
 def test_errors_name_file_and_key_path(patch, message):

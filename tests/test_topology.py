@@ -115,6 +115,14 @@ def test_nodes_and_links_form_builds_the_same_kind_of_graph():
             "topology.yaml: hosts[0].gpus.hbm: must be > 0, got 0",
         ),
         (
+            {**TOPO, "hosts": [{**TOPO["hosts"][0], "count": 10**7}]},
+            "topology.yaml: hosts[0].count: at most 100,000 hosts per entry, got 10,000,000",
+        ),
+        (
+            {**TOPO, "hosts": [{**TOPO["hosts"][0], "gpus": {**TOPO["hosts"][0]["gpus"], "count": 5000}}]},
+            "topology.yaml: hosts[0].gpus.count: at most 1024 GPUs per host, got 5,000",
+        ),
+        (
             {**TOPO, "hosts": [{**TOPO["hosts"][0], "role": "worker"}]},
             "topology.yaml: hosts[0].role: unknown value 'worker'; fix: use one of trainer | parameter_server",
         ),
