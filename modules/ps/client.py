@@ -255,16 +255,31 @@ class PsClient:
         self._configs[config.name] = config
 
     def lookup_async(self, table: str, ids: torch.Tensor, *, train: bool = True) -> Future:
-        """Future of the rows of ``ids``: float32 ``[*ids.shape, dim]``; see :meth:`lookup`."""
+        """Future of the rows of ``ids``: float32 ``[*ids.shape, dim]``; see :meth:`lookup`.
+
+        The rows are put in the batch's order on the RPC thread that receives the last answer, so a trainer's
+        forward and backward passes run meanwhile.
+        """
+        sent = self._send_lookup(table, ids, train)
+        if isinstance(sent, torch.Tensor):
+            done: Future = Future()
+            done.set_result(sent)
+            return done
+        futs, expand = sent
+        return self._all(futs, expand)
+
+    def _send_lookup(
+        self, table: str, ids: torch.Tensor, train: bool
+    ) -> torch.Tensor | tuple[list[Future], Callable[[list[torch.Tensor]], torch.Tensor]]:
+        """Send a lookup's requests: the futures of the servers' answers and ``expand(answers)``, which puts their
+        rows in the batch's order; or the zero-row result of an empty batch."""
         dim = self._config(table).dim
         shape = tuple(ids.shape)
         flat = ids.reshape(-1)
         if flat.dtype == torch.uint64:
             flat = flat.view(torch.int64)  # the uint64 bit pattern, as the store and server_of expect
         if flat.numel() == 0:
-            done: Future = Future()
-            done.set_result(torch.zeros(*shape, dim))
-            return done
+            return torch.zeros(*shape, dim)
         uniq, inverse = _unique(flat)
         order, pieces = self._split(table, uniq)
         multi = len(pieces) > 1
@@ -287,7 +302,7 @@ class PsClient:
             position = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel()))
             inverse = position.index_select(0, inverse)
 
-        def combine(results: list[torch.Tensor]) -> torch.Tensor:
+        def expand(results: list[torch.Tensor]) -> torch.Tensor:
             rows = results[0] if len(results) == 1 else torch.cat(results)
             if rows.dtype not in (torch.float32, torch.float16):
                 # Upcast the distinct rows before the expansion: fewer values to convert than the expanded batch has.
@@ -297,7 +312,7 @@ class PsClient:
             # only later by the trainer; index_select below 1 MiB. Either is ~2x faster than rows[inverse] on CPU.
             return kernels.gather_rows(rows, inverse).reshape(*shape, dim)
 
-        return self._all(futs, combine)
+        return futs, expand
 
     def lookup(self, table: str, ids: torch.Tensor, *, train: bool = True) -> torch.Tensor:
         """Rows of ``ids`` (int64 carrying uint64 bit patterns, or uint64), float32 ``[*ids.shape, dim]``.
@@ -309,7 +324,14 @@ class PsClient:
         Raises:
             PsUnavailableError: A server owning some of the ids did not answer within ``timeout_s``.
         """
-        return self.lookup_async(table, ids, train=train).wait()
+        sent = self._send_lookup(table, ids, train)
+        if isinstance(sent, torch.Tensor):
+            return sent
+        futs, expand = sent
+        # The caller waits anyway: the rows are put in the batch's order on its own thread instead of on the RPC
+        # thread, which would then have to wake it. One server + one client, 10M-row table, 64k Zipf ids, two runs
+        # of 3 x 40 alternating lookups: 11.2-12.1 against 11.4-12.2 ms, and 11.5-12.7 against 13.8-14.0 ms.
+        return expand(self._all(futs, list).wait())
 
     def push_gradients_async(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> Future:
         """Send ``grads`` ``[*ids.shape, dim]`` of ``ids``; the future holds the number of rows the servers updated.
