@@ -29,13 +29,16 @@ from rich.console import Console
 from rich.table import Table
 
 from persia_planner import load_model, load_topology, plan
-from persia_planner.modules.train import DEFAULT_MODEL, DEFAULT_TOPOLOGY, TrainConfig, train_local
-from persia_planner.modules.verify import compare_with_torchrec
+
+# The training modules (torchrec, fbgemm, torchmetrics: ~7 s of imports) are imported inside the functions: the
+# parameter servers are spawned processes, which run this file's top level again and need none of them.
 
 console = Console()
 
 
 def train(spec, the_plan, servers: int, **options: Any) -> dict[str, Any]:
+    from persia_planner.modules.train import TrainConfig, train_local
+
     cfg = TrainConfig(progress=False, **options)
     started = time.perf_counter()
     result = train_local(cfg, spec, dict(the_plan.tables), servers=servers)
@@ -60,7 +63,7 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, o
     from persia_planner.export import to_embedding_bag_configs
     from persia_planner.modules.data import SyntheticClicks
     from persia_planner.modules.ps.launch import exit_now, use_hosted_store
-    from persia_planner.modules.train import teacher_for
+    from persia_planner.modules.train import DEFAULT_MODEL, TrainConfig, teacher_for
     from persia_planner.modules.verify import _in_range
 
     warnings.filterwarnings("ignore")
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (CI)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
+    from persia_planner.modules.train import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+    from persia_planner.modules.verify import compare_with_torchrec
 
     spec, topo = load_model(DEFAULT_MODEL), load_topology(DEFAULT_TOPOLOGY)
     the_plan = plan(spec, topo)
@@ -252,16 +257,18 @@ def main(argv: list[str] | None = None) -> int:
             mark(e["pass"]),
         )
     table.add_row("teacher AUC", f"{teacher:.4f}", "", "")
-    table.add_row("sync AUC (gap to teacher)", f"{sync['auc']:.4f} ({teacher - sync['auc']:.4f})", "gap <= 0.01", "")
-    table.add_row(
-        "hybrid K=4 AUC (gap to teacher)", f"{hybrid['auc']:.4f} ({teacher - hybrid['auc']:.4f})", "gap <= 0.01", ""
-    )
-    table.add_row("hybrid - sync AUC", f"{q['hybrid_minus_sync']:+.4f}", "|.| <= 0.002", mark(q["pass"]))
+    # Every row with a target gets its own mark; the JSON's "pass" of a section is all of its rows.
+    for label, auc in (("sync AUC", sync["auc"]), ("hybrid K=4 AUC", hybrid["auc"])):
+        gap = teacher - auc
+        table.add_row(f"{label} (gap to teacher)", f"{auc:.4f} ({gap:.4f})", "gap <= 0.01", mark(gap <= 0.01))
+    diff = q["hybrid_minus_sync"]
+    table.add_row("hybrid - sync AUC", f"{diff:+.4f}", "|.| <= 0.002", mark(abs(diff) <= 0.002))
     table.add_row("PS delay (= sync step ms)", f"{delay:.1f} ms", "", "")
     for k in ("k0_delay", "k4_delay", "k4_no_delay"):
         table.add_row(f"samples/s {k}", f"{rate[k]:,.0f}", "", "")
-    table.add_row("K=4 / K=0 with delay", f"{s['k4_over_k0_with_delay']:.2f}x", ">= 1.6x", "")
-    table.add_row("K=4 with / without delay", f"{s['k4_delay_over_k4_no_delay']:.2f}x", ">= 0.85x", mark(s["pass"]))
+    over_k0, with_without = s["k4_over_k0_with_delay"], s["k4_delay_over_k4_no_delay"]
+    table.add_row("K=4 / K=0 with delay", f"{over_k0:.2f}x", ">= 1.6x", mark(over_k0 >= 1.6))
+    table.add_row("K=4 with / without delay", f"{with_without:.2f}x", ">= 0.85x", mark(with_without >= 0.85))
     table.add_row("TorchRec DMP samples/s (all local)", f"{dmp['samples_per_s']:,.0f}", "", "")
     table.add_row("hybrid K=4 / DMP", f"{results['dmp']['hybrid_over_dmp']:.2f}x", "", "")
     console.print(table)

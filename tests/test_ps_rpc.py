@@ -1,6 +1,6 @@
 """Parameter server over torch RPC: real server and trainer processes on 127.0.0.1 (each test its own cluster).
 
-The trainer bodies are module-level functions (the spawned processes import this module to find them) and assert
+The trainer bodies are module-level functions (the forked processes import this module to find them) and assert
 inside the trainer; a failed assertion comes back as a ``TrainerError`` (its ``detail`` holds the trainer's traceback).
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.rpc as rpc
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import server as server_module
@@ -103,6 +104,28 @@ def test_round_trip_two_servers():
     # The group runs on the uv transport: no shm reactor (a thread that polls a core even when idle). (Tensors
     # between these processes take the cma channel where the kernel allows cross-process reads; not asserted.)
     assert "TP_UV_loop" in result["threads"] and "TP_SHM_reactor" not in result["threads"]
+
+
+def _environment(j, client):
+    with open("/proc/self/environ", "rb") as f:  # the environment this process image was started with
+        started_with = f.read().split(b"\0")
+    return {
+        "trainer": os.environ.get("PERSIA_TEST_MARK"),
+        "server": rpc.rpc_sync(client.servers[0], os.getenv, args=("PERSIA_TEST_MARK",)),
+        "tcache_off": b"GLIBC_TUNABLES=glibc.malloc.tcache_count=0" in started_with,
+    }
+
+
+def test_processes_take_the_environment_of_each_launch(monkeypatch):
+    """The processes are forks of one fork server started by the first launch: they must still see the environment
+    of their own launch, and the allocator setting that only takes effect when a process image starts."""
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("PS_TUNE_MALLOC", raising=False)
+    for mark in ("first", "second"):
+        monkeypatch.setenv("PERSIA_TEST_MARK", mark)
+        [seen] = local_cluster(1, 1, _environment, run_timeout_s=60)
+        assert seen == {"trainer": mark, "server": mark, "tcache_off": True}
+    assert os.environ.get("GLIBC_TUNABLES") is None  # set only while the processes start
 
 
 # ------------------------------------------------------------------- (2) equals a local store (RowWiseAdagrad)
