@@ -229,8 +229,9 @@ def _context(fn: Callable[..., Any]) -> Any:
     """
     ctx = mp.get_context("forkserver")
     modules = [__name__]
-    if fn.__module__ not in ("__main__", "__mp_main__"):  # a script's functions are imported by the child itself
-        modules.append(fn.__module__)
+    module = getattr(fn, "__module__", None)
+    if module and module not in ("__main__", "__mp_main__"):  # a script's functions are imported by the child itself
+        modules.append(module)
     ctx.set_forkserver_preload(modules)  # takes effect when the fork server starts: the first launch
     return ctx
 
