@@ -12,6 +12,22 @@ from typing import Any
 __all__ = ["CostConstants"]
 
 
+# Achieved / peak: above 1 would claim more than the hardware's peak (dense_kernel_efficiency is relative to
+# another kernel instead, so only > 0 is required of it).
+_FRACTIONS_OF_PEAK = frozenset(
+    {
+        "hbm_efficiency",
+        "uvm_efficiency",
+        "ddr_efficiency",
+        "nvlink_efficiency",
+        "nic_efficiency",
+        "ps_efficiency",
+        "tflops_efficiency",
+    }
+)
+_INTEGER_FIELDS = frozenset({"id_bytes", "min_access_bytes"})
+
+
 @dataclass(frozen=True)
 class CostConstants:
     """Efficiency factors (achieved / peak) and planner reservations.
@@ -69,6 +85,9 @@ class CostConstants:
         if unknown:
             raise KeyError(sorted(unknown)[0])
         values = dict(overrides)
+        for name in _INTEGER_FIELDS & set(values):
+            if float(values[name]).is_integer():  # YAML's 8.0 is 8; validate() refuses a fraction
+                values[name] = int(values[name])
         if "cache_fractions" in values:
             values["cache_fractions"] = tuple(float(x) for x in values["cache_fractions"])
         return dataclasses.replace(self, **values)
@@ -83,6 +102,12 @@ class CostConstants:
             elif name.endswith("reserve_fraction"):
                 if not 0 <= value < 1:
                     return f"{name} must be in [0, 1), got {value}"
+            elif name in _FRACTIONS_OF_PEAK:
+                if not 0 < value <= 1:
+                    return f"{name} is a fraction of peak bandwidth or FLOPS and must be in (0, 1], got {value}"
+            elif name in _INTEGER_FIELDS:
+                if value != int(value) or value <= 0:
+                    return f"{name} must be a whole number of bytes > 0, got {value}"
             elif value <= 0:
                 return f"{name} must be > 0, got {value}"
         return None

@@ -137,6 +137,15 @@ def test_nodes_and_links_form_builds_the_same_kind_of_graph():
             "topology.yaml: constants: hbm_reserve_fraction must be in [0, 1), got 1.5",
         ),
         (
+            {**TOPO, "constants": {"hbm_efficiency": 1.5}},
+            "topology.yaml: constants: hbm_efficiency is a fraction of peak bandwidth or FLOPS and must be in (0, 1], "
+            "got 1.5",
+        ),
+        (
+            {**TOPO, "constants": {"id_bytes": 1.5}},
+            "topology.yaml: constants: id_bytes must be a whole number of bytes > 0, got 1.5",
+        ),
+        (
             {**TOPO, "hosts": [TOPO["hosts"][0], TOPO["hosts"][0]]},
             "topology.yaml: hosts[1].name: host 'trainer0' is defined twice",
         ),
@@ -166,6 +175,13 @@ def test_errors(data, message):
     with pytest.raises(SpecError) as err:
         Topology.from_dict(data)
     assert str(err.value).startswith(message)
+
+
+def test_constants_take_whole_byte_counts_and_any_efficiency_up_to_one():
+    constants = {"id_bytes": 4.0, "hbm_efficiency": 1, "dense_kernel_efficiency": 2}
+    topo = Topology.from_dict({**TOPO, "constants": constants})
+    assert topo.constants.id_bytes == 4 and isinstance(topo.constants.id_bytes, int)
+    assert topo.constants.hbm_efficiency == 1 and topo.constants.dense_kernel_efficiency == 2
 
 
 def test_bundled_examples_load():
