@@ -30,8 +30,9 @@ from rich.table import Table
 
 from persia_planner import load_model, load_topology, plan
 
-# The training modules (torchrec, fbgemm, torchmetrics: ~7 s of imports) are imported inside the functions: the
-# parameter servers are spawned processes, which run this file's top level again and need none of them.
+# The training modules (torchrec, fbgemm, torchmetrics: ~7 s of imports) are imported inside the functions: every
+# process a run starts (forks of local_cluster's fork server, mp.spawn workers) runs this file's top level again, and
+# the parameter servers need none of them.
 
 console = Console()
 

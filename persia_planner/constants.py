@@ -106,7 +106,7 @@ class CostConstants:
                 if not 0 < value <= 1:
                     return f"{name} is a fraction of peak bandwidth or FLOPS and must be in (0, 1], got {value}"
             elif name in _INTEGER_FIELDS:
-                if value != int(value) or value <= 0:
+                if not float(value).is_integer() or value <= 0:  # also refuses inf and nan (int() would raise)
                     return f"{name} must be a whole number of bytes > 0, got {value}"
             elif value <= 0:
                 return f"{name} must be > 0, got {value}"

@@ -177,6 +177,13 @@ def test_errors(data, message):
     assert str(err.value).startswith(message)
 
 
+def test_constants_validate_refuses_non_finite_byte_counts():
+    from persia_planner.constants import CostConstants
+
+    for bad in (float("inf"), float("nan")):
+        assert CostConstants(id_bytes=bad).validate() == f"id_bytes must be a whole number of bytes > 0, got {bad}"
+
+
 def test_constants_take_whole_byte_counts_and_any_efficiency_up_to_one():
     constants = {"id_bytes": 4.0, "hbm_efficiency": 1, "dense_kernel_efficiency": 2}
     topo = Topology.from_dict({**TOPO, "constants": constants})
