@@ -77,6 +77,8 @@ def _round_trip(j, client):
     assert torch.equal(flat, flat[first[inverse]])  # the same id always reads the same row
     assert (flat.abs() > 0).any(dim=1).all() and (flat.abs() <= 0.1).all()  # initialised, from Uniform(-0.1, 0.1)
     assert torch.equal(client.lookup("user", ids), rows)  # found again, nothing re-initialised
+    none = torch.empty(2, 0, dtype=torch.int64)  # an empty batch sends nothing and reads [*shape, dim] zeros
+    assert client.lookup("user", none).shape == client.lookup_async("user", none).wait().shape == (2, 0, 8)
     assert torch.equal(
         client.lookup("user", torch.tensor([2**64 - 1], dtype=torch.uint64))[0], flat[ids.view(-1) == -1][0]
     )

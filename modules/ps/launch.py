@@ -280,7 +280,8 @@ def local_cluster(
     check_wire_dtype(wire_dtype)
     ctx = _context(fn)
     world_size = n_servers + n_clients
-    environ = dict(os.environ) | _server.allocator_env()
+    tuning = _server.allocator_env()
+    environ = dict(os.environ) | tuning
     with hosted_store(max(timeout_s, run_timeout_s)) as port:
         results = ctx.Queue()
         trainer_barrier = ctx.Barrier(n_clients)
@@ -322,7 +323,7 @@ def local_cluster(
         outcome: dict[int, tuple[bool, Any, float]] = {}  # trainer -> (ok, value, when reported)
         try:
             try:
-                os.environ.update(_server.allocator_env())
+                os.environ.update(tuning)
                 for p in procs:
                     p.start()  # may raise (e.g. fn or args do not pickle): the ones started are killed below
                     started.append(p)
