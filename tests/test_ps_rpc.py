@@ -109,12 +109,16 @@ def test_round_trip_two_servers():
 
 
 def _environment(j, client):
-    with open("/proc/self/environ", "rb") as f:  # the environment this process image was started with
-        started_with = f.read().split(b"\0")
+    # The environment this process image was started with. glibc rewrites GLIBC_TUNABLES there while parsing it
+    # (the tunables come out separated by NULs), so each one is looked for in the raw bytes.
+    with open("/proc/self/environ", "rb") as f:
+        started_with = f.read()
     return {
         "trainer": os.environ.get("PERSIA_TEST_MARK"),
         "server": rpc.rpc_sync(client.servers[0], os.getenv, args=("PERSIA_TEST_MARK",)),
-        "tcache_off": b"GLIBC_TUNABLES=glibc.malloc.tcache_count=0" in started_with,
+        "tunables": [
+            t for t in ("glibc.malloc.tcache_count=0", "glibc.malloc.hugetlb=1") if t.encode() in started_with
+        ],
     }
 
 
@@ -126,7 +130,11 @@ def test_processes_take_the_environment_of_each_launch(monkeypatch):
     for mark in ("first", "second"):
         monkeypatch.setenv("PERSIA_TEST_MARK", mark)
         [seen] = local_cluster(1, 1, _environment, run_timeout_s=60)
-        assert seen == {"trainer": mark, "server": mark, "tcache_off": True}
+        assert seen == {
+            "trainer": mark,
+            "server": mark,
+            "tunables": ["glibc.malloc.tcache_count=0", "glibc.malloc.hugetlb=1"],
+        }
     assert os.environ.get("GLIBC_TUNABLES") is None  # set only while the processes start
 
 
@@ -427,11 +435,16 @@ def test_delay_scheduler_fires_in_due_order_without_blocking():
 def test_client_argument_checks_and_allocator_env():
     with pytest.raises(ValueError, match="delay_ms"):
         PsClient(["ps0"], delay_ms=-1.0)
-    assert allocator_env({}) == {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
+    ours = "glibc.malloc.tcache_count=0:glibc.malloc.hugetlb=1"
+    assert allocator_env({}) == {"GLIBC_TUNABLES": ours}
     assert allocator_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
-        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0"
+        "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{ours}"
     }
-    assert allocator_env({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=3"}) == {}  # the user's choice stands
+    # The user's own setting of a tunable stands; only the ones not named are added.
+    assert allocator_env({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=3"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.tcache_count=3:glibc.malloc.hugetlb=1"
+    }
+    assert allocator_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.tcache_count=3"}) == {}
     assert allocator_env({"PS_TUNE_MALLOC": "0"}) == {}
 
 
