@@ -6,6 +6,7 @@ Each may be overridden from topology.yaml under ``constants:`` (e.g. after calib
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,7 @@ class CostConstants:
         return None
 
 
-def _integer_fields() -> set[str]:
+@functools.cache
+def _integer_fields() -> frozenset[str]:
     """The constants declared ``int`` (byte counts): YAML's ``8.0`` is taken as 8, a fraction is refused."""
-    return {f.name for f in dataclasses.fields(CostConstants) if f.type in (int, "int")}
+    return frozenset(f.name for f in dataclasses.fields(CostConstants) if f.type in (int, "int"))

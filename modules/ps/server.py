@@ -545,7 +545,7 @@ def _wait_for_listener(addr: str, port: int, timeout_s: float) -> str | None:
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # glibc mallopt parameters (malloc.h)
 # glibc tunables for request buffers (see allocator_env), each applied unless the environment already names it.
-_TUNABLES = ("glibc.malloc.tcache_count=0", "glibc.malloc.hugetlb=1")
+_TUNABLES = {"glibc.malloc.tcache_count": "0", "glibc.malloc.hugetlb": "1"}
 _tuned = False
 
 
@@ -576,7 +576,7 @@ def allocator_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     if environ.get("PS_TUNE_MALLOC", "1") == "0":
         return {}
     named = {item.split("=", 1)[0] for item in current.split(":") if item}
-    missing = [t for t in _TUNABLES if t.split("=", 1)[0] not in named]
+    missing = [f"{name}={value}" for name, value in _TUNABLES.items() if name not in named]
     if not missing:
         return {}
     return {"GLIBC_TUNABLES": ":".join([current, *missing] if current else missing)}
