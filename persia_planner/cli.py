@@ -265,6 +265,10 @@ def ps_command(
     world_size: Annotated[int, typer.Option("--world-size", min=1, help="parameter servers + trainers")],
     name: Annotated[str | None, typer.Option("--name", help="RPC worker name (default ps{rank})")] = None,
     rpc_timeout: Annotated[float, typer.Option("--rpc-timeout", min=1.0, help="seconds, for rendezvous")] = 60.0,
+    peer_timeout: Annotated[
+        float,
+        typer.Option("--peer-timeout", min=0.0, help="give up on a worker that stopped answering after N s (0: never)"),
+    ] = 60.0,
 ) -> None:
     """Run one embedding parameter server until the job ends (torch.distributed.rpc; MASTER_ADDR/MASTER_PORT from
     the environment, as torchrun sets them)."""
@@ -282,7 +286,7 @@ def ps_command(
         from persia_planner.modules.ps.server import serve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        serve(rank, world_size, name=name, rpc_timeout_s=rpc_timeout)
+        serve(rank, world_size, name=name, rpc_timeout_s=rpc_timeout, peer_timeout_s=peer_timeout)
 
 
 @app.command("train")

@@ -33,26 +33,93 @@ rpc.shutdown()
 """
 
 
+# A trainer that dies (or hangs) once it has used the server. The lookups run for about a second first, so that a
+# server checking its peers every 0.5 s has seen this one answer before it stops.
+LOST_TRAINER = """
+import os, signal, sys, time, torch
+from persia_planner.modules.ps.client import connect
+from persia_planner.modules.ps.server import TableConfig
+from persia_planner.modules.ps.optim import SGD
+client = connect("trainer1", 1, 2)
+client.register(TableConfig("t", 4, 100, SGD(lr=1.0)))
+end = time.monotonic() + 1.0
+while time.monotonic() < end:
+    client.lookup("t", torch.tensor([5, 7, 5]))
+print("used the server", flush=True)
+if sys.argv[1] == "crash":
+    os._exit(3)  # no shutdown: the graceful shutdown of the group can never complete
+os.kill(os.getpid(), signal.SIGSTOP)  # hangs: alive, its RPC threads answer nothing
+"""
+
+
+def _ps_env() -> dict[str, str]:
+    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TP_SOCKET_IFNAME": "lo"}
+
+
 @pytest.mark.timeout(120)
-def test_persia_ps_serves_a_trainer():
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TP_SOCKET_IFNAME": "lo"}
+@pytest.mark.parametrize("peer_timeout", [None, "1"])
+def test_persia_ps_serves_a_trainer(peer_timeout):
+    """With the default peer timeout and with one short enough that the server checks its trainer during the run and
+    at its shutdown: a trainer that shuts down normally is never taken for a lost one."""
+    env = _ps_env()
+    extra = ["--peer-timeout", peer_timeout] if peer_timeout else []
     server = subprocess.Popen(
-        [str(PERSIA), "ps", "--rank", "0", "--world-size", "2"],
+        [str(PERSIA), "ps", "--rank", "0", "--world-size", "2", *extra],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        trainer = subprocess.run([sys.executable, "-c", TRAINER], env=env, capture_output=True, text=True, timeout=90)
+        busy = "import time, torch\nend = time.monotonic() + 2.0\nwhile time.monotonic() < end:\n"
+        busy += "    client.lookup('t', torch.tensor([5]))\nrpc.shutdown()"
+        script = TRAINER.replace("rpc.shutdown()", busy) if peer_timeout else TRAINER
+        trainer = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90)
         assert trainer.returncode == 0, trainer.stderr
         assert trainer.stdout.strip().splitlines()[-1] == "rows 2"
         out, _ = server.communicate(timeout=60)  # the server returns once the trainer shut down
         assert server.returncode == 0, out
         assert "ps0: serving (rank 0 of 2" in out
+        assert "ps0: shut down after" in out and "gave up" not in out, out
     finally:
         if server.poll() is None:
             server.kill()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("how", "cause"), [("crash", "stopped answering ("), ("hang", "(no answer within 2 s)")])
+def test_persia_ps_gives_up_on_a_lost_trainer_naming_it(how, cause):
+    """A trainer that died, or hangs, never reaches the group's shutdown: the server does not wait for it forever
+    but exits 2 with one line naming it, after about --peer-timeout."""
+    env = _ps_env()
+    server = subprocess.Popen(
+        [str(PERSIA), "ps", "--rank", "0", "--world-size", "2", "--peer-timeout", "4"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", LOST_TRAINER, how], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _, err = server.communicate(timeout=90)
+        assert server.returncode == 2, err
+        lines = err.strip().splitlines()
+        assert "Traceback" not in err, err
+        assert lines[-1].startswith(
+            "error: parameter server ps0: worker trainer1 of its RPC group stopped answering ("
+        ), err
+        assert "and the group had not shut down 5 s later; this server stops" in lines[-1]
+        assert "fix: look at trainer1's log" in lines[-1] and "--peer-timeout" in lines[-1]
+        assert cause in lines[-1]
+        assert "ps0: gave up on its group after" in err
+        assert trainer.stdout.readline() == "used the server\n"
+    finally:
+        for process in (server, trainer):
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
 
 
 @pytest.mark.parametrize(

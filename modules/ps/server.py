@@ -1,8 +1,10 @@
 """One embedding parameter server process: a registry of :class:`EmbeddingStore` tables served over torch RPC.
 
 A server is a ``torch.distributed.rpc`` worker (TensorPipe backend) named ``ps{rank}`` that does nothing but answer
-requests: :func:`serve` joins the RPC group and then blocks in the *graceful* ``rpc.shutdown()``, which returns once
-every worker of the group (the trainers included) has reached its own shutdown.
+requests: :func:`serve` joins the RPC group and then waits in the *graceful* ``rpc.shutdown()``, which returns once
+every worker of the group (the trainers included) has reached its own shutdown. Meanwhile it checks that the other
+workers still answer: one that died or hangs would keep that shutdown waiting forever, so the server gives up with
+:class:`PeerLostError` naming it instead.
 
 Clients (:mod:`.client`) call the module-level functions :func:`_create`, :func:`_lookup`, :func:`_update` and
 :func:`_metrics` with ``rpc_async``; RPC pickles them *by reference* (module + name), so they run here against this
@@ -34,6 +36,7 @@ import datetime
 import functools
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -56,9 +59,11 @@ from .optim import SGD, RowOptimizer
 from .store import EmbeddingStore, Eviction, Normal, Uniform
 
 __all__ = [
+    "DEFAULT_PEER_TIMEOUT_S",
     "DEFAULT_RPC_TRANSPORTS",
     "RPC_TRANSPORTS_ENV",
     "WIRE_DTYPES",
+    "PeerLostError",
     "PsServerError",
     "RemoteFailure",
     "TableConfig",
@@ -72,6 +77,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_RPC_TIMEOUT_S = 60.0
+# How long a server waits for another worker of its group that stopped answering before it gives up (see serve).
+DEFAULT_PEER_TIMEOUT_S = 60.0
 # Dtypes rows and gradients may travel in (``PsClient(wire_dtype=...)``); the stores always hold float32.
 WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DEFAULT_OPTIMIZER = SGD()  # frozen dataclasses: safe to share as defaults
@@ -86,6 +93,34 @@ class PsServerError(PlannerError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, kind=ErrorKind.INPUT)
+
+
+class PeerLostError(PlannerError):
+    """Another worker of the group died or stopped answering while this server was serving.
+
+    The group's graceful shutdown needs every worker, so it could never complete: the server stops instead of
+    waiting forever. Attributes: ``server`` (this server's RPC name) and ``peer`` (the lost worker's).
+    """
+
+    def __init__(self, server: str, peer: str, cause: str, grace_s: float) -> None:
+        """``cause``: the failed ping's error; ``grace_s``: how long the shutdown was then awaited."""
+        self.server, self.peer = server, peer
+        # The agent's first line is the useful part ("ECONNRESET: connection reset by peer"); drop its source location.
+        detail = (cause.strip().splitlines() or ["no details"])[0].split(" (this error originated")[0]
+        timed_out = re.search(r"ran for more than set timeout \((\d+) ms\)", detail)
+        if timed_out:  # the ping's own timeout: alive, perhaps, but not answering
+            detail = f"no answer within {int(timed_out.group(1)) / 1000:g} s"
+        super().__init__(
+            f"parameter server {server}: worker {peer} of its RPC group stopped answering ({detail}) and the group "
+            f"had not shut down {grace_s:g} s later; this server stops, and the rows it held since the last "
+            "checkpoint are lost",
+            kind=ErrorKind.UNAVAILABLE,
+            fixes=(
+                f"look at {peer}'s log for why it stopped, then restart the job from its last checkpoint "
+                "(persia train --resume, PsClient.load)",
+                "raise --peer-timeout if that worker can be busy for that long",
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -619,11 +654,16 @@ def serve(
     name: str | None = None,
     rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S,
     metrics_interval_s: float | None = 60.0,
+    peer_timeout_s: float | None = DEFAULT_PEER_TIMEOUT_S,
 ) -> None:
     """Join the RPC group as server ``name`` (default ``ps{rank}``) and serve until every worker shuts down.
 
-    Blocks in the graceful ``rpc.shutdown()`` (no timeout), which returns once all workers of the group reached
-    theirs; then logs the final metrics.
+    Waits in the graceful ``rpc.shutdown()``, which returns once all workers of the group reached theirs; then logs
+    the final metrics. Meanwhile every other worker is asked every ``peer_timeout_s / 2`` seconds whether it is
+    alive (its RPC threads answer, whatever its main thread is doing): one that died, or did not answer within
+    ``peer_timeout_s / 2``, can never reach its shutdown, so the server gives up on the group ``peer_timeout_s / 2``
+    (at least 5 s) later unless the shutdown completed meanwhile (a worker that has just shut down also stops
+    answering).
 
     Args:
         rank: This process's rank; servers conventionally take ``0 .. n_servers-1``.
@@ -631,6 +671,12 @@ def serve(
         name: RPC worker name; clients address the server by it.
         rpc_timeout_s: Default timeout of RPCs this process issues (the rendezvous and shutdown barrier).
         metrics_interval_s: Log the metrics at INFO this often (seconds); None or 0: only at shutdown.
+        peer_timeout_s: Give up on a worker that stopped answering after this long (seconds); None or 0: wait for
+            every worker forever.
+
+    Raises:
+        PeerLostError: Another worker of the group died or stopped answering (naming it); the RPC agent is left
+            as it is, so the process should exit.
     """
     name = name or server_name(rank)
     tune_allocator()
@@ -643,19 +689,68 @@ def serve(
     stop = threading.Event()
     if metrics_interval_s:
         log_metrics_every(metrics_interval_s, stop)
+    shut_down = threading.Event()
+    failure: list[BaseException] = []
+
+    def graceful_shutdown() -> None:
+        try:
+            rpc.shutdown()
+        except BaseException as err:  # handed to the main thread
+            failure.append(err)
+        finally:
+            shut_down.set()
+
+    # The shutdown waits on its own thread so that this one can watch the peers (and take a Ctrl-C).
+    threading.Thread(target=graceful_shutdown, name=f"{name}-shutdown", daemon=True).start()
+    lost = None
     try:
-        rpc.shutdown()
+        lost = _watch_peers(name, peer_timeout_s, shut_down)
+        if lost is not None:
+            raise PeerLostError(name, *lost)
+        if failure:
+            raise failure[0]
     finally:
         stop.set()
         m = server_metrics()
         log.info(
-            "%s: shut down after %.1f s: %d rows, %d lookups, %d updates",
+            "%s: %s after %.1f s: %d rows, %d lookups, %d updates",
             state.name,
+            "shut down" if lost is None else "gave up on its group",
             m["uptime_s"],
             m["rows"],
             m["lookups"],
             m["updates"],
         )
+
+
+# A worker stops answering the moment it completed the group's shutdown, a little before this server's own shutdown
+# returns (it still waits for its in-flight requests and stops its threads): never less time than this for that.
+_MIN_SHUTDOWN_GRACE_S = 5.0
+
+
+def _watch_peers(me: str, timeout_s: float | None, shut_down: threading.Event) -> tuple[str, str, float] | None:
+    """Until ``shut_down`` is set, ask every other worker of the group every ``timeout_s / 2`` s whether it is alive.
+
+    Returns ``(peer, cause, grace_s)`` for the first that failed to answer within ``timeout_s / 2`` (a dead process
+    fails at once: its connection is reset) if the group still had not shut down ``grace_s`` later (``timeout_s /
+    2``, at least 5 s); None once the group shut down. Waits for the shutdown alone where ``timeout_s`` is None or 0.
+    """
+    if not timeout_s:
+        shut_down.wait()
+        return None
+    half = timeout_s / 2
+    grace = max(half, _MIN_SHUTDOWN_GRACE_S)
+    peers = sorted(info.name for info in rpc._get_current_rpc_agent().get_worker_infos() if info.name != me)
+    while not shut_down.wait(half):
+        # os.getpid is importable in every peer, whatever else it runs; its RPC threads answer it, busy or not.
+        pings = {peer: rpc.rpc_async(peer, os.getpid, timeout=half) for peer in peers}
+        for peer, ping in pings.items():
+            try:
+                ping.wait()
+            except Exception as err:  # any failure of the RPC layer means "did not answer"
+                # Workers that have just completed the group's shutdown stop answering too: give it time.
+                return None if shut_down.wait(grace) else (peer, str(err), grace)
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -666,6 +761,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default=None, help="RPC worker name (default ps{rank})")
     parser.add_argument("--rpc-timeout", type=float, default=DEFAULT_RPC_TIMEOUT_S, help="seconds")
     parser.add_argument("--metrics-interval", type=float, default=60.0, help="log metrics every N s (0: off)")
+    parser.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=DEFAULT_PEER_TIMEOUT_S,
+        help="give up on a worker that stopped answering after N s (0: wait forever)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -675,6 +776,7 @@ def main(argv: list[str] | None = None) -> None:
         name=args.name,
         rpc_timeout_s=args.rpc_timeout,
         metrics_interval_s=args.metrics_interval,
+        peer_timeout_s=args.peer_timeout,
     )
 
 
