@@ -30,6 +30,11 @@ unacknowledged pushes when the current batch's rows were requested.
 
 Ids: a local table maps ids into its rows with ``id mod num_embeddings`` (a no-op for ids already in range), so raw
 64-bit feature ids work on both paths and the plan may move a table between tiers without touching the data.
+
+Weighted features (``is_weighted=True``, as TorchRec's ``EmbeddingBagCollection``): each id's row is scaled by the
+batch's per-id weight (``KeyedJaggedTensor.weights()``) before the sum, and its gradient by the same weight. Local
+tables pass the weights to fbgemm's kernel (``per_sample_weights``; gathered with the ids across trainers), PS tables
+scale the looked-up rows before their ``index_add``, so the servers receive ``weight * grad`` summed per id.
 """
 
 from __future__ import annotations
@@ -182,10 +187,12 @@ class HybridEmbeddingBagCollection(nn.Module):
         ps_capacity: Rows per server and PS table (default: the table's ``num_embeddings``, all ids fit).
         ps_init: Initialiser of new PS rows (default: uniform in ``+-sqrt(1 / num_embeddings)``, like TorchRec).
         seed: Seed of the local tables' initialisation and of the PS tables' row initialisers.
+        is_weighted: Pool ``weight * row`` with the batch's per-id weights (TorchRec's ``is_weighted``; sum pooling
+            only, as in TorchRec). Unweighted collections ignore weights a batch carries, as TorchRec's do.
 
     Raises:
-        PlannerError: The plan misses a table or names an unknown one, PS tables without a client, or an optimizer
-            the local kernel does not support.
+        PlannerError: The plan misses a table or names an unknown one, PS tables without a client, an optimizer
+            the local kernel does not support, or weights with mean pooling.
     """
 
     def __init__(
@@ -201,10 +208,19 @@ class HybridEmbeddingBagCollection(nn.Module):
         ps_capacity: int | Mapping[str, int] | None = None,
         ps_init: Any = None,
         seed: int = 0,
+        is_weighted: bool = False,
     ) -> None:
         super().__init__()
         if not tables:
             raise PlannerError("HybridEmbeddingBagCollection needs at least one table")
+        mean = [c.name for c in tables if c.pooling == PoolingType.MEAN]
+        if is_weighted and mean:
+            # torch's EmbeddingBag (what TorchRec's weighted EBC runs) defines per-sample weights for sum alone.
+            raise PlannerError(
+                f"tables {mean[:3]} use mean pooling, but weighted features are defined for sum pooling only",
+                fixes=("use PoolingType.SUM for weighted features", "or is_weighted=False"),
+            )
+        self._is_weighted = bool(is_weighted)
         if staleness < 0:
             raise PlannerError(f"staleness must be >= 0, got {staleness}", fixes=("use 0 for synchronous training",))
         self._configs = list(tables)
@@ -326,6 +342,10 @@ class HybridEmbeddingBagCollection(nn.Module):
         return tbe
 
     # ------------------------------------------------------------------------------------------- public API
+
+    def is_weighted(self) -> bool:
+        """Whether rows are pooled with the batch's per-id weights (``EmbeddingBagCollection.is_weighted()``)."""
+        return self._is_weighted
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         """The table configs, as ``EmbeddingBagCollection.embedding_bag_configs()`` (TorchRec models read them)."""
@@ -480,15 +500,18 @@ class HybridEmbeddingBagCollection(nn.Module):
                 f"(it has {list(features.keys())[:5]}...)",
                 fixes=("build the batch with every feature of the tables",),
             )
-        _check_kjt(features)
+        _check_kjt(features, weighted=self._is_weighted)
 
     def _local_forward(self, features: KeyedJaggedTensor, batch: int) -> dict[str, torch.Tensor]:
         keys = features.keys()
+        weights = features.weights_or_none() if self._is_weighted else None
         if features.values().dtype == torch.uint64:  # fbgemm's permute has no uint64 kernel: the same bits as int64
             features = KeyedJaggedTensor(
-                keys=keys, values=features.values().view(torch.int64), lengths=features.lengths()
+                keys=keys, values=features.values().view(torch.int64), lengths=features.lengths(), weights=weights
             )
         kjt = features.permute([keys.index(f) for f in self._local_features])
+        if weights is not None:
+            weights = kjt.weights().cpu().to(torch.float32)
         n_features = len(self._local_features)
         lengths = kjt.lengths().to(torch.int64).cpu()
         values = kjt.values().cpu().to(torch.int64)  # int32 ids widened for the remainder by int64 row counts
@@ -497,13 +520,19 @@ class HybridEmbeddingBagCollection(nn.Module):
         values = torch.remainder(values, self._local_rows.repeat_interleave(per_feature))
         distributed = self.world_size > 1 and self.training  # eval: each trainer scores its own batch
         if distributed:
-            lengths, values, sizes = self._gather_global(lengths.view(n_features, batch), values, per_feature)
+            lengths, values, sizes, weights = self._gather_global(
+                lengths.view(n_features, batch), values, per_feature, weights
+            )
         else:
             sizes = [batch]
             lengths = lengths.view(n_features, batch)
         offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
         torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
-        out = self.tbe(values.to(self.device), offsets.to(self.device))
+        out = self.tbe(
+            values.to(self.device),
+            offsets.to(self.device),
+            per_sample_weights=None if weights is None else weights.to(self.device),
+        )
         if distributed:
             scale = 1.0 / self.world_size
             out = _ShardOfGlobal.apply(out, sizes, self.rank, self.group, scale)
@@ -512,9 +541,10 @@ class HybridEmbeddingBagCollection(nn.Module):
         )
 
     def _gather_global(
-        self, lengths: torch.Tensor, values: torch.Tensor, per_feature: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Every trainer's ids, laid out as one global batch: feature-major, then trainer, then sample."""
+        self, lengths: torch.Tensor, values: torch.Tensor, per_feature: torch.Tensor, weights: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int], torch.Tensor | None]:
+        """Every trainer's ids (and their weights, if any), laid out as one global batch: feature-major, then
+        trainer, then sample."""
         n_features, batch = lengths.shape
         meta = torch.tensor([batch, values.numel()], dtype=torch.int64)
         metas = [torch.empty_like(meta) for _ in range(self.world_size)]
@@ -540,7 +570,14 @@ class HybridEmbeddingBagCollection(nn.Module):
             ]
         )
         order = torch.argsort(keys, stable=True)
-        return torch.cat(lengths_r, dim=1), torch.cat(values_r)[order], sizes
+        gathered_weights = None
+        if weights is not None:  # float32, so a gather of its own (the ids' pack is int64)
+            padded = torch.zeros(widest_n, dtype=torch.float32)
+            padded[: weights.numel()] = weights
+            all_w = [torch.empty_like(padded) for _ in sizes]
+            dist.all_gather(all_w, padded, group=self.group)
+            gathered_weights = torch.cat([w[:n] for w, n in zip(all_w, counts, strict=True)])[order]
+        return torch.cat(lengths_r, dim=1), torch.cat(values_r)[order], sizes, gathered_weights
 
     def _dim_of(self, feature: str) -> int:
         return self._dims[self._features.index(feature)]
@@ -605,7 +642,11 @@ class HybridEmbeddingBagCollection(nn.Module):
             names = c.feature_names
             lengths = torch.stack([lengths_all[keys.index(f)] for f in names])  # [F_t, B]
             bag = torch.repeat_interleave(torch.arange(len(names) * batch), lengths.reshape(-1))
-            sums = torch.zeros(len(names) * batch, c.embedding_dim).index_add(0, bag, rows[c.name])
+            per_id = rows[c.name]
+            if self._is_weighted:  # autograd then hands the servers weight * grad for each id
+                weights = torch.cat([features[f].weights() for f in names]).cpu().to(per_id.dtype)
+                per_id = per_id * weights.unsqueeze(1)
+            sums = torch.zeros(len(names) * batch, c.embedding_dim).index_add(0, bag, per_id)
             if c.pooling == PoolingType.MEAN:
                 sums = sums / lengths.reshape(-1, 1).clamp(min=1)
             for k, name in enumerate(names):
@@ -697,8 +738,9 @@ def _unpack_rows(full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return full[:, :2].contiguous().view(torch.int64).view(-1), full[:, 2:]
 
 
-def _check_kjt(features: KeyedJaggedTensor) -> None:
-    """One-line errors for a KeyedJaggedTensor whose parts disagree (fbgemm and the PS would read past its ids)."""
+def _check_kjt(features: KeyedJaggedTensor, *, weighted: bool = False) -> None:
+    """One-line errors for a KeyedJaggedTensor whose parts disagree (fbgemm and the PS would read past its ids), or
+    that lacks the per-id weights a weighted collection pools with."""
     values, lengths = features.values(), features.lengths()
     if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
         raise PlannerError(
@@ -719,6 +761,20 @@ def _check_kjt(features: KeyedJaggedTensor) -> None:
         raise PlannerError(
             f"KeyedJaggedTensor lengths sum to {total} but it holds {values.numel()} values",
             fixes=("make sum(lengths) equal len(values)",),
+        )
+    if not weighted:
+        return
+    weights = features.weights_or_none()
+    if weights is None:
+        raise PlannerError(
+            "the collection is weighted (is_weighted=True) but the KeyedJaggedTensor has no weights",
+            fixes=("build it with weights= (one float per id)", "or construct the collection with is_weighted=False"),
+        )
+    if not weights.is_floating_point() or tuple(weights.shape) != (values.numel(),):
+        raise PlannerError(
+            f"KeyedJaggedTensor weights are {weights.dtype} {tuple(weights.shape)}, expected floating point "
+            f"[{values.numel()}] (one per id)",
+            fixes=("give one float weight per value",),
         )
 
 

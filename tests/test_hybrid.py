@@ -166,6 +166,61 @@ def test_swaps_into_torchrec_dlrm_and_trains():
     assert losses[-1] < 0.5 * losses[0], losses
 
 
+def weighted_kjt(gen: torch.Generator, keys: list[str], batch: int, high: int) -> KeyedJaggedTensor:
+    kjt = random_kjt(gen, keys, batch, high)
+    weights = torch.rand(kjt.values().numel(), generator=gen) * 4 - 2  # negative ones too
+    return KeyedJaggedTensor(keys=keys, values=kjt.values(), lengths=kjt.lengths(), weights=weights)
+
+
+def test_weighted_local_tables_match_torchrec_weighted_ebc_through_sgd_steps():
+    sgd = SparseOptimizer(Optimizer.SGD, learning_rate=0.5)
+    hybrid = HybridEmbeddingBagCollection(CONFIGS, optimizer=sgd, is_weighted=True)
+    assert hybrid.is_weighted()
+    ref = EmbeddingBagCollection(tables=CONFIGS, is_weighted=True)
+    with torch.no_grad():
+        for name, weight in hybrid.local_weights().items():
+            ref.embedding_bags[name].weight.copy_(weight)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    gen = torch.Generator().manual_seed(11)
+    for step in range(4):
+        kjt = weighted_kjt(gen, ["d", "x", "c", "a", "b"], batch=6, high=20)
+        if step == 3:  # uint64 ids keep their weights through the bit-pattern view
+            kjt = KeyedJaggedTensor(
+                keys=kjt.keys(), values=kjt.values().view(torch.uint64), lengths=kjt.lengths(), weights=kjt.weights()
+            )
+        out = hybrid(kjt)
+        expected = ref(KeyedJaggedTensor(kjt.keys(), kjt.values().view(torch.int64), kjt.weights(), kjt.lengths()))
+        torch.testing.assert_close(out.values(), expected.values(), rtol=0, atol=1e-6)
+        grad = torch.randn(out.values().shape, generator=gen)
+        (out.values() * grad).sum().backward()
+        (expected.values() * grad).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for name, weight in hybrid.local_weights().items():
+        torch.testing.assert_close(weight, ref.embedding_bags[name].weight.detach(), rtol=0, atol=1e-6)
+    # The same batch through an unweighted collection: weights ignored, as TorchRec's unweighted EBC ignores them.
+    plain = HybridEmbeddingBagCollection(CONFIGS)
+    kjt = weighted_kjt(gen, ["a", "b", "c", "d"], batch=3, high=20)
+    unweighted = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths())
+    torch.testing.assert_close(plain(kjt).values(), plain(unweighted).values(), rtol=0, atol=0)
+    assert not plain.is_weighted()
+
+
+def test_weighted_features_need_weights_of_every_id_and_sum_pooling():
+    hybrid = HybridEmbeddingBagCollection(CONFIGS, is_weighted=True)
+    kjt = random_kjt(torch.Generator().manual_seed(12), ["a", "b", "c", "d"], batch=3, high=20)
+    with pytest.raises(PlannerError, match=r"is weighted \(is_weighted=True\) but the KeyedJaggedTensor has no weig"):
+        hybrid(kjt)
+    short = KeyedJaggedTensor(kjt.keys(), kjt.values(), torch.ones(kjt.values().numel() + 1), kjt.lengths())
+    with pytest.raises(PlannerError, match=r"weights are torch.float32 \(\d+,\), expected floating point \[\d+\]"):
+        hybrid(short)
+    mean = [
+        EmbeddingBagConfig(name="m", feature_names=["a"], num_embeddings=10, embedding_dim=4, pooling=PoolingType.MEAN)
+    ]
+    with pytest.raises(PlannerError, match=r"tables \['m'\] use mean pooling, but weighted features are defined for s"):
+        HybridEmbeddingBagCollection(mean, is_weighted=True)
+
+
 # ---- bad use -----------------------------------------------------------------------------------------------------
 def test_plan_must_cover_exactly_the_tables():
     plan = {"t0": local_placement(50, 4), "t1": local_placement(30, 8)}
@@ -277,6 +332,70 @@ def test_k0_gathers_int32_ids_and_every_backward_through_a_forward():
     moved = local_cluster(1, 2, _k0_int32_ids_two_backwards, None, timeout_s=30.0)
     # Sum pooling: id 5 twice, id 7 once; gradients 1 + 2, averaged over two identical trainers; SGD lr 1.
     torch.testing.assert_close(torch.tensor(moved), torch.tensor([[[6.0] * 4, [3.0] * 4]] * 2), rtol=0, atol=1e-5)
+
+
+WEIGHTED = [
+    EmbeddingBagConfig(name="near", feature_names=["a", "b"], num_embeddings=40, embedding_dim=4),
+    EmbeddingBagConfig(name="far", feature_names=["c"], num_embeddings=30, embedding_dim=4),
+]
+
+
+def _weighted_two_trainers(j: int, client, steps: int) -> dict[str, float]:
+    """K = 0, two trainers, a local and a PS table with weighted features, against TorchRec's weighted EBC trained on
+    both trainers' batches (the mean of their losses, as the hybrid averages over trainers)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from persia_planner.modules.ps.launch import trainers_store
+
+    dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=2, timeout=datetime.timedelta(60))
+    try:
+        sgd = SparseOptimizer(Optimizer.SGD, learning_rate=0.5)
+        plan = {"near": local_placement(40, 4), "far": ps_placement(4)}
+        hybrid = HybridEmbeddingBagCollection(WEIGHTED, plan, ps=client, staleness=0, optimizer=sgd, is_weighted=True)
+        every_id = torch.arange(30)
+        far_before = client.lookup("far", every_id)  # inserts every row: per-id init, whichever trainer comes first
+        near_before = hybrid.local_weights()["near"].clone()
+        dist.barrier()
+        ref = EmbeddingBagCollection(tables=WEIGHTED, is_weighted=True)
+        with torch.no_grad():
+            ref.embedding_bags["near"].weight.copy_(near_before)
+            ref.embedding_bags["far"].weight.copy_(far_before)
+        opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+        forward = 0.0
+        for step in range(steps):
+            gens = [torch.Generator().manual_seed(100 * step + r) for r in range(2)]
+            batches = [weighted_kjt(g, ["c", "a", "b"], batch=5, high=30) for g in gens]
+            grads = [torch.randn(5, 12, generator=g) for g in gens]
+            out = hybrid(batches[j]).values()
+            (out * grads[j]).sum().backward()
+            expected = [ref(b).values() for b in batches]
+            forward = max(forward, float((out - expected[j]).abs().max()))
+            (sum((e * g).sum() for e, g in zip(expected, grads, strict=True)) / 2).backward()
+            opt.step()
+            opt.zero_grad()
+        hybrid.flush()
+        far_after = client.lookup("far", every_id, train=False)
+        near_after = hybrid.local_weights()["near"]
+        return {
+            "forward": forward,
+            "near": float((near_after - ref.embedding_bags["near"].weight).abs().max()),
+            "far": float((far_after - ref.embedding_bags["far"].weight).abs().max()),
+            "near_moved": float((near_after - near_before).abs().max()),
+            "far_moved": float((far_after - far_before).abs().max()),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+def test_weighted_features_match_torchrec_weighted_ebc_across_trainers_and_servers():
+    """Weights reach fbgemm after the trainers' gather of local ids and scale the PS rows (and so the pushed
+    gradients): every output and every row after training equals TorchRec's weighted EBC."""
+    for result in local_cluster(1, 2, _weighted_two_trainers, 4, timeout_s=30.0):
+        assert result["forward"] <= 1e-6 and result["near"] <= 1e-6 and result["far"] <= 1e-6, result
+        assert result["near_moved"] > 1e-3 and result["far_moved"] > 1e-3, result
 
 
 def _staleness_scenarios(j: int, client, _unused) -> dict:
