@@ -504,14 +504,17 @@ class HybridEmbeddingBagCollection(nn.Module):
 
     def _local_forward(self, features: KeyedJaggedTensor, batch: int) -> dict[str, torch.Tensor]:
         keys = features.keys()
-        weights = features.weights_or_none() if self._is_weighted else None
-        if features.values().dtype == torch.uint64:  # fbgemm's permute has no uint64 kernel: the same bits as int64
-            features = KeyedJaggedTensor(
-                keys=keys, values=features.values().view(torch.int64), lengths=features.lengths(), weights=weights
-            )
+        carried = features.weights_or_none()
+        # fbgemm's permute has no uint64 kernel (the same bits as int64 do) and moves any weights along, bfloat16 ones
+        # included, which it has no kernel for either: an unweighted collection drops them, a weighted one widens them.
+        weights = carried.to(torch.float32) if self._is_weighted and carried is not None else None
+        ids = features.values()
+        if ids.dtype == torch.uint64 or carried is not weights:
+            ids = ids.view(torch.int64) if ids.dtype == torch.uint64 else ids
+            features = KeyedJaggedTensor(keys=keys, values=ids, lengths=features.lengths(), weights=weights)
         kjt = features.permute([keys.index(f) for f in self._local_features])
         if weights is not None:
-            weights = kjt.weights().cpu().to(torch.float32)
+            weights = kjt.weights().cpu()
         n_features = len(self._local_features)
         lengths = kjt.lengths().to(torch.int64).cpu()
         values = kjt.values().cpu().to(torch.int64)  # int32 ids widened for the remainder by int64 row counts
@@ -519,6 +522,12 @@ class HybridEmbeddingBagCollection(nn.Module):
         # Map raw ids into the table's rows (a no-op for ids already below num_embeddings).
         values = torch.remainder(values, self._local_rows.repeat_interleave(per_feature))
         distributed = self.world_size > 1 and self.training  # eval: each trainer scores its own batch
+        if distributed and weights is not None and weights.requires_grad:
+            raise PlannerError(
+                "learnable per-id weights (weights that require grad) cannot train local tables across trainers: "
+                "the trainers' all-gather of the weights has no backward",
+                fixes=("place the weighted tables on the ps tier", "or pass the weights detached"),
+            )
         if distributed:
             lengths, values, sizes, weights = self._gather_global(
                 lengths.view(n_features, batch), values, per_feature, weights

@@ -198,12 +198,38 @@ def test_weighted_local_tables_match_torchrec_weighted_ebc_through_sgd_steps():
         opt.zero_grad()
     for name, weight in hybrid.local_weights().items():
         torch.testing.assert_close(weight, ref.embedding_bags[name].weight.detach(), rtol=0, atol=1e-6)
-    # The same batch through an unweighted collection: weights ignored, as TorchRec's unweighted EBC ignores them.
+    # The same batch through an unweighted collection: weights ignored, as TorchRec's unweighted EBC ignores them,
+    # also bfloat16 ones (fbgemm's permute, which would carry them along, has no bfloat16 kernel).
     plain = HybridEmbeddingBagCollection(CONFIGS)
     kjt = weighted_kjt(gen, ["a", "b", "c", "d"], batch=3, high=20)
     unweighted = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths())
+    halves = (kjt.weights() * 4).round() / 4  # exact in bfloat16
+    narrow = KeyedJaggedTensor(kjt.keys(), kjt.values(), halves.to(torch.bfloat16), kjt.lengths())
     torch.testing.assert_close(plain(kjt).values(), plain(unweighted).values(), rtol=0, atol=0)
+    torch.testing.assert_close(plain(narrow).values(), plain(unweighted).values(), rtol=0, atol=0)
     assert not plain.is_weighted()
+    # A weighted collection widens bfloat16 and float64 weights to float32 before pooling.
+    wide = KeyedJaggedTensor(kjt.keys(), kjt.values(), halves, kjt.lengths())
+    for other in (narrow, KeyedJaggedTensor(kjt.keys(), kjt.values(), halves.double(), kjt.lengths())):
+        torch.testing.assert_close(hybrid(other).values(), hybrid(wide).values(), rtol=0, atol=0)
+
+
+def test_learnable_weights_get_their_gradient_from_a_local_table():
+    """Weights that require grad (position weights, say) are learned as with TorchRec's weighted EBC."""
+    hybrid = HybridEmbeddingBagCollection(CONFIGS, optimizer=SparseOptimizer(Optimizer.SGD), is_weighted=True)
+    ref = EmbeddingBagCollection(tables=CONFIGS, is_weighted=True)
+    with torch.no_grad():
+        for name, weight in hybrid.local_weights().items():
+            ref.embedding_bags[name].weight.copy_(weight)
+    kjt = weighted_kjt(torch.Generator().manual_seed(13), ["a", "b", "c", "d"], batch=4, high=20)
+    grads = {}
+    for key, module in (("hybrid", hybrid), ("ref", ref)):
+        weights = kjt.weights().clone().requires_grad_(True)
+        out = module(KeyedJaggedTensor(kjt.keys(), kjt.values(), weights, kjt.lengths())).values()
+        (out * torch.arange(out.numel()).view(out.shape)).sum().backward()
+        grads[key] = weights.grad
+    assert grads["hybrid"] is not None and float(grads["hybrid"].abs().max()) > 0
+    torch.testing.assert_close(grads["hybrid"], grads["ref"], rtol=0, atol=1e-5)
 
 
 def test_weighted_features_need_weights_of_every_id_and_sum_pooling():
@@ -375,10 +401,27 @@ def _weighted_two_trainers(j: int, client, steps: int) -> dict[str, float]:
             (sum((e * g).sum() for e, g in zip(expected, grads, strict=True)) / 2).backward()
             opt.step()
             opt.zero_grad()
+        # Learnable weights cannot go through the trainers' gather of local ids (it has no backward): refused.
+        learnable = weighted_kjt(torch.Generator().manual_seed(99), ["c", "a", "b"], batch=5, high=30)
+        learnable = KeyedJaggedTensor(
+            learnable.keys(), learnable.values(), learnable.weights().requires_grad_(True), learnable.lengths()
+        )
+        refused = False
+        try:
+            hybrid(learnable)
+        except PlannerError as err:
+            refused = "learnable per-id weights" in str(err)
         hybrid.flush()
+        # Eval: each trainer pools its own batch with its weights (no gather), local and PS tables alike.
+        hybrid.eval()
+        scored = weighted_kjt(torch.Generator().manual_seed(1000 + j), ["c", "a", "b"], batch=5, high=30)
+        with torch.no_grad():
+            evaluated = float((hybrid(scored).values() - ref(scored).values()).abs().max())
         far_after = client.lookup("far", every_id, train=False)
         near_after = hybrid.local_weights()["near"]
         return {
+            "refused": refused,
+            "eval": evaluated,
             "forward": forward,
             "near": float((near_after - ref.embedding_bags["near"].weight).abs().max()),
             "far": float((far_after - ref.embedding_bags["far"].weight).abs().max()),
@@ -395,6 +438,7 @@ def test_weighted_features_match_torchrec_weighted_ebc_across_trainers_and_serve
     gradients): every output and every row after training equals TorchRec's weighted EBC."""
     for result in local_cluster(1, 2, _weighted_two_trainers, 4, timeout_s=30.0):
         assert result["forward"] <= 1e-6 and result["near"] <= 1e-6 and result["far"] <= 1e-6, result
+        assert result["eval"] <= 1e-6 and result["refused"], result
         assert result["near_moved"] > 1e-3 and result["far_moved"] > 1e-3, result
 
 

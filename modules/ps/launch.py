@@ -162,7 +162,9 @@ def _server_main(
     _adopt_environment(environ)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     use_hosted_store(port)
-    _server.serve(rank, world_size, rpc_timeout_s=rpc_timeout_s)
+    # No peer watch: this launcher supervises its children itself (run_timeout_s, failure_grace_s) and names the
+    # trainer that failed; a server giving up first would make the others report the server instead.
+    _server.serve(rank, world_size, rpc_timeout_s=rpc_timeout_s, peer_timeout_s=None)
 
 
 def _trainer_main(

@@ -43,7 +43,7 @@ import time
 import urllib.parse
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,7 @@ class PeerLostError(PlannerError):
     """
 
     def __init__(self, server: str, peer: str, cause: str, grace_s: float) -> None:
-        """``cause``: the failed ping's error; ``grace_s``: how long the shutdown was then awaited."""
+        """``cause``: the last failed ping's error; ``grace_s``: how long the shutdown was awaited before it."""
         self.server, self.peer = server, peer
         # The agent's first line is the useful part ("ECONNRESET: connection reset by peer"); drop its source location.
         detail = (cause.strip().splitlines() or ["no details"])[0].split(" (this error originated")[0]
@@ -111,14 +111,15 @@ class PeerLostError(PlannerError):
         if timed_out:  # the ping's own timeout: alive, perhaps, but not answering
             detail = f"no answer within {int(timed_out.group(1)) / 1000:g} s"
         super().__init__(
-            f"parameter server {server}: worker {peer} of its RPC group stopped answering ({detail}) and the group "
-            f"had not shut down {grace_s:g} s later; this server stops, and the rows it held since the last "
-            "checkpoint are lost",
+            f"parameter server {server}: worker {peer} of its RPC group stopped answering ({detail}), still did not "
+            f"answer {grace_s:g} s later, and the group had not shut down; this server stops, and the rows it held "
+            "since the last checkpoint are lost",
             kind=ErrorKind.UNAVAILABLE,
             fixes=(
                 f"look at {peer}'s log for why it stopped, then restart the job from its last checkpoint "
                 "(persia train --resume, PsClient.load)",
-                "raise --peer-timeout if that worker can be busy for that long",
+                "raise the peer timeout (persia ps --peer-timeout, serve(peer_timeout_s=...)) if that worker can be "
+                "busy for that long",
             ),
         )
 
@@ -660,10 +661,10 @@ def serve(
 
     Waits in the graceful ``rpc.shutdown()``, which returns once all workers of the group reached theirs; then logs
     the final metrics. Meanwhile every other worker is asked every ``peer_timeout_s / 2`` seconds whether it is
-    alive (its RPC threads answer, whatever its main thread is doing): one that died, or did not answer within
-    ``peer_timeout_s / 2``, can never reach its shutdown, so the server gives up on the group ``peer_timeout_s / 2``
-    (at least 5 s) later unless the shutdown completed meanwhile (a worker that has just shut down also stops
-    answering).
+    alive (its RPC threads answer, whatever its main thread is doing): one that died, or hangs, can never reach its
+    shutdown. One that did not answer within ``peer_timeout_s / 2`` is asked again ``peer_timeout_s / 2`` (at least
+    5 s) later, unless the shutdown completed meanwhile (a worker that has just shut down also stops answering); if
+    it fails again the server gives up on the group.
 
     Args:
         rank: This process's rank; servers conventionally take ``0 .. n_servers-1``.
@@ -700,11 +701,13 @@ def serve(
         finally:
             shut_down.set()
 
+    # Read before the shutdown starts: it resets the agent.
+    peers = sorted(info.name for info in rpc._get_current_rpc_agent().get_worker_infos() if info.name != name)
     # The shutdown waits on its own thread so that this one can watch the peers (and take a Ctrl-C).
     threading.Thread(target=graceful_shutdown, name=f"{name}-shutdown", daemon=True).start()
     lost = None
     try:
-        lost = _watch_peers(name, peer_timeout_s, shut_down)
+        lost = _watch_peers(peers, peer_timeout_s, shut_down)
         if lost is not None:
             raise PeerLostError(name, *lost)
         if failure:
@@ -715,7 +718,7 @@ def serve(
         log.info(
             "%s: %s after %.1f s: %d rows, %d lookups, %d updates",
             state.name,
-            "shut down" if lost is None else "gave up on its group",
+            "gave up on its group" if lost is not None else "failed to shut down" if failure else "shut down",
             m["uptime_s"],
             m["rows"],
             m["lookups"],
@@ -728,29 +731,47 @@ def serve(
 _MIN_SHUTDOWN_GRACE_S = 5.0
 
 
-def _watch_peers(me: str, timeout_s: float | None, shut_down: threading.Event) -> tuple[str, str, float] | None:
-    """Until ``shut_down`` is set, ask every other worker of the group every ``timeout_s / 2`` s whether it is alive.
+def _watch_peers(
+    peers: Sequence[str], timeout_s: float | None, shut_down: threading.Event
+) -> tuple[str, str, float] | None:
+    """Until ``shut_down`` is set, ask every worker in ``peers`` every ``timeout_s / 2`` s whether it is alive.
 
-    Returns ``(peer, cause, grace_s)`` for the first that failed to answer within ``timeout_s / 2`` (a dead process
-    fails at once: its connection is reset) if the group still had not shut down ``grace_s`` later (``timeout_s /
-    2``, at least 5 s); None once the group shut down. Waits for the shutdown alone where ``timeout_s`` is None or 0.
+    A worker that fails to answer within ``timeout_s / 2`` (a dead process fails at once: its connection is reset)
+    is asked again ``grace_s`` later (``timeout_s / 2``, at least 5 s), unless the group shut down meanwhile: workers
+    that have just completed the shutdown stop answering too, and a loaded one may miss a single ping. Returns
+    ``(peer, cause, grace_s)`` if it failed again; None once the group shut down. Waits for the shutdown alone where
+    ``timeout_s`` is None or 0.
     """
     if not timeout_s:
         shut_down.wait()
         return None
     half = timeout_s / 2
     grace = max(half, _MIN_SHUTDOWN_GRACE_S)
-    peers = sorted(info.name for info in rpc._get_current_rpc_agent().get_worker_infos() if info.name != me)
     while not shut_down.wait(half):
-        # os.getpid is importable in every peer, whatever else it runs; its RPC threads answer it, busy or not.
-        pings = {peer: rpc.rpc_async(peer, os.getpid, timeout=half) for peer in peers}
-        for peer, ping in pings.items():
-            try:
-                ping.wait()
-            except Exception as err:  # any failure of the RPC layer means "did not answer"
-                # Workers that have just completed the group's shutdown stop answering too: give it time.
-                return None if shut_down.wait(grace) else (peer, str(err), grace)
+        for peer in _unanswered(peers, half):
+            if shut_down.wait(grace):
+                return None
+            again = _unanswered([peer], half)
+            if again and not shut_down.is_set():
+                return peer, again[peer], grace
     return None
+
+
+def _unanswered(peers: Sequence[str], timeout_s: float) -> dict[str, str]:
+    """The workers among ``peers`` that did not answer a ping within ``timeout_s``, with the RPC layer's error."""
+    pings, failed = {}, {}
+    for peer in peers:
+        try:
+            # os.getpid is importable in every peer, whatever else it runs; its RPC threads answer it, busy or not.
+            pings[peer] = rpc.rpc_async(peer, os.getpid, timeout=timeout_s)
+        except Exception as err:  # this agent is shutting down: the caller checks for that
+            failed[peer] = str(err)
+    for peer, ping in pings.items():
+        try:
+            ping.wait()
+        except Exception as err:  # any failure of the RPC layer means "did not answer"
+            failed[peer] = str(err)
+    return failed
 
 
 def main(argv: list[str] | None = None) -> None:
