@@ -3,7 +3,8 @@
 Sizes: integers (bytes) or ``B KB MB GB TB`` (powers of 1000) and ``KiB MiB GiB TiB`` (powers of 1024); a lower-case
 final ``b`` (bits) is an error. Bandwidths: ``B/s`` forms (``3.35TB/s``, ``900GiB/s``) and bit forms (``400Gbps``,
 ``25Gb/s``, ``1Gib/s``): the case of the final ``b``/``B`` alone decides bits or bytes; returned in bytes/s.
-Durations: ``ns us ms s`` (``5us``); returned in seconds. Counts: ``40_000_000``, ``1e9``, ``4M`` is *not* a count.
+Durations: ``ns us ms s`` (``5us``), lower case only (``5Ms`` is an error, not 5 ms); returned in seconds.
+Counts: ``40_000_000``, ``1e9``, ``4M`` is *not* a count.
 """
 
 from __future__ import annotations
@@ -95,8 +96,13 @@ def _scale(value: str, kind: Quantity) -> Decimal:
             per_second = number * _SIZE_UNITS[prefix.lower()]
             return per_second / 8 if prefix.endswith("b") else per_second
     elif kind is Quantity.DURATION:
-        if key in _DURATION_UNITS:
-            return number * _DURATION_UNITS[key]
+        if unit in _DURATION_UNITS:
+            return number * _DURATION_UNITS[unit]
+        if key in _DURATION_UNITS:  # "5Ms" read as 5 ms would hide a typo (or a mega-second)
+            raise UnitError(
+                f"unit {unit!r} in {value!r} is not a duration unit: they are lower case (ns, us, ms, s); "
+                f"did you mean {key!r}?"
+            )
     elif unit == "":
         return number
     raise UnitError(f"unknown unit {unit!r} in {value!r}; expected {_EXAMPLES[kind]}")

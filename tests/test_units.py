@@ -77,6 +77,13 @@ def test_counts(text, count):
         ("4M", Quantity.COUNT, "unknown unit 'M' in '4M'"),
         (math.inf, Quantity.NUMBER, "must be a finite"),
         ("-2us", Quantity.DURATION, "'-2us' must be a finite, non-negative duration"),
+        (
+            "5Ms",
+            Quantity.DURATION,
+            "unit 'Ms' in '5Ms' is not a duration unit: they are lower case (ns, us, ms, s); did you mean 'ms'?",
+        ),
+        ("2US", Quantity.DURATION, "unit 'US' in '2US' is not a duration unit"),
+        ("1S", Quantity.DURATION, "did you mean 's'?"),
         ("-128GiB", Quantity.SIZE, "'-128GiB' must be a finite, non-negative size"),
         ("80Gb", Quantity.SIZE, "'80Gb' is in bits (lower-case 'b'); a size is bytes: write 'GB'"),
         ("16Gib", Quantity.SIZE, "'16Gib' is in bits (lower-case 'b'); a size is bytes: write 'GiB'"),
