@@ -38,7 +38,7 @@ def random_kjt(gen: torch.Generator, keys: list[str], batch: int, high: int, low
 
 
 def reference_from(hybrid: HybridEmbeddingBagCollection, configs=CONFIGS) -> EmbeddingBagCollection:
-    ref = EmbeddingBagCollection(tables=configs)
+    ref = EmbeddingBagCollection(tables=configs, is_weighted=hybrid.is_weighted())
     with torch.no_grad():
         for name, weight in hybrid.local_weights().items():
             ref.embedding_bags[name].weight.copy_(weight)
@@ -176,10 +176,7 @@ def test_weighted_local_tables_match_torchrec_weighted_ebc_through_sgd_steps():
     sgd = SparseOptimizer(Optimizer.SGD, learning_rate=0.5)
     hybrid = HybridEmbeddingBagCollection(CONFIGS, optimizer=sgd, is_weighted=True)
     assert hybrid.is_weighted()
-    ref = EmbeddingBagCollection(tables=CONFIGS, is_weighted=True)
-    with torch.no_grad():
-        for name, weight in hybrid.local_weights().items():
-            ref.embedding_bags[name].weight.copy_(weight)
+    ref = reference_from(hybrid)
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     gen = torch.Generator().manual_seed(11)
     for step in range(4):
@@ -217,10 +214,7 @@ def test_weighted_local_tables_match_torchrec_weighted_ebc_through_sgd_steps():
 def test_learnable_weights_get_their_gradient_from_a_local_table():
     """Weights that require grad (position weights, say) are learned as with TorchRec's weighted EBC."""
     hybrid = HybridEmbeddingBagCollection(CONFIGS, optimizer=SparseOptimizer(Optimizer.SGD), is_weighted=True)
-    ref = EmbeddingBagCollection(tables=CONFIGS, is_weighted=True)
-    with torch.no_grad():
-        for name, weight in hybrid.local_weights().items():
-            ref.embedding_bags[name].weight.copy_(weight)
+    ref = reference_from(hybrid)
     kjt = weighted_kjt(torch.Generator().manual_seed(13), ["a", "b", "c", "d"], batch=4, high=20)
     grads = {}
     for key, module in (("hybrid", hybrid), ("ref", ref)):
