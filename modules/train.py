@@ -669,7 +669,7 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
     Returns the summary on the first trainer, None elsewhere.
     """
     from .ps import server as ps_server
-    from .ps.client import connect
+    from .ps.client import joined
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world <= servers:
@@ -679,23 +679,16 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
         ps_server.serve(rank, world)
         return None
     job = _Job(replace(cfg, trainers=world - servers), spec, dict(tables), servers, world - servers)
-    client = connect(
+    # joined: a failed step leaves at once; a server lost at the end is named within the peer timeout, not awaited.
+    with joined(
         f"trainer{rank - servers}",
         rank,
         world,
         timeout_s=PS_REQUEST_TIMEOUT_S,
         delay_ms=cfg.ps_delay_ms,
         wire_dtype=cfg.ps_wire_dtype,
-    )
-    import torch.distributed.rpc as rpc
-
-    try:
-        result = _trainer(rank - servers, client, job)
-        client.flush()
-    finally:
-        client.close()
-        rpc.shutdown()
-    return result
+    ) as client:
+        return _trainer(rank - servers, client, job)
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:

@@ -16,20 +16,19 @@ from persia_planner.modules.ps.launch import free_port
 PERSIA = Path(sys.executable).with_name("persia")
 TRAINER = """
 import sys, torch
-import torch.distributed.rpc as rpc
-from persia_planner.modules.ps.client import connect
+from persia_planner.modules.ps.client import joined
 from persia_planner.modules.ps.server import TableConfig
 from persia_planner.modules.ps.optim import SGD
-client = connect("trainer1", 1, 2)
-client.register(TableConfig("t", 4, 100, SGD(lr=1.0)))
-ids = torch.tensor([5, 7, 5])
-before = client.lookup("t", ids)
-client.push_gradients("t", ids, torch.ones(3, 4))
-after = client.lookup("t", ids, train=False)
-# id 5 appears twice: its two gradients are summed before the SGD step
-assert torch.allclose(after[0], before[0] - 2) and torch.allclose(after[1], before[1] - 1), (before, after)
-print("rows", client.metrics()[0]["rows"])
-rpc.shutdown()
+with joined("trainer1", 1, 2) as client:
+    client.register(TableConfig("t", 4, 100, SGD(lr=1.0)))
+    ids = torch.tensor([5, 7, 5])
+    before = client.lookup("t", ids)
+    client.push_gradients("t", ids, torch.ones(3, 4))
+    after = client.lookup("t", ids, train=False)
+    # id 5 appears twice: its two gradients are summed before the SGD step
+    assert torch.allclose(after[0], before[0] - 2) and torch.allclose(after[1], before[1] - 1), (before, after)
+    print("rows", client.metrics()[0]["rows"])
+    # busy
 """
 
 
@@ -49,6 +48,33 @@ print("used the server", flush=True)
 if sys.argv[1] == "crash":
     os._exit(3)  # no shutdown: the graceful shutdown of the group can never complete
 os.kill(os.getpid(), signal.SIGSTOP)  # hangs: alive, its RPC threads answer nothing
+"""
+
+
+# A trainer whose server dies (or hangs) once it has been used: idle, the trainer finds out leaving the group; in use,
+# from its next lookup. Either way one line naming the server, not a wait for it forever.
+LOSING_TRAINER = """
+import os, select, signal, sys, torch
+from persia_planner.errors import PlannerError
+from persia_planner.modules.ps.client import joined
+from persia_planner.modules.ps.server import TableConfig
+from persia_planner.modules.ps.optim import SGD
+how, server, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+try:
+    with joined("trainer1", 1, 2, timeout_s=3, peer_timeout_s=4) as client:
+        client.register(TableConfig("t", 4, 100, SGD(lr=1.0)))
+        client.lookup("t", torch.tensor([5, 7, 5]))
+        if how == "crash":
+            died = os.pidfd_open(server)
+            os.kill(server, signal.SIGKILL)
+            assert select.select([died], [], [], 10)[0], "ps0 did not die"
+        else:
+            os.kill(server, signal.SIGSTOP)
+        if when == "in use":
+            client.lookup("t", torch.tensor([5]))
+except PlannerError as err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)
 """
 
 
@@ -72,9 +98,9 @@ def test_persia_ps_serves_a_trainer(peer_timeout):
         text=True,
     )
     try:
-        busy = "import time, torch\nend = time.monotonic() + 8.0\nwhile time.monotonic() < end:\n"
-        busy += "    client.lookup('t', torch.tensor([5]))\nrpc.shutdown()"
-        script = TRAINER.replace("rpc.shutdown()", busy) if peer_timeout else TRAINER
+        busy = "import time\n    end = time.monotonic() + 8.0\n    while time.monotonic() < end:\n"
+        busy += "        client.lookup('t', torch.tensor([5]))"
+        script = TRAINER.replace("# busy", busy) if peer_timeout else TRAINER
         trainer = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90)
         assert trainer.returncode == 0, trainer.stderr
         assert trainer.stdout.strip().splitlines()[-1] == "rows 2"
@@ -121,6 +147,45 @@ def test_persia_ps_gives_up_on_a_lost_trainer_naming_it(how, cause):
             if process.poll() is None:
                 process.kill()
             process.communicate()
+
+
+LOST_SERVER = "error: trainer trainer1: worker ps0 of its RPC group stopped answering"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("how", "when", "message"),
+    [
+        ("crash", "idle", f"{LOST_SERVER} ("),
+        ("hang", "idle", f"{LOST_SERVER} (no answer within 2 s)"),
+        ("hang", "in use", "error: parameter server ps0 did not answer a lookup of table 't' within 3 s"),
+    ],
+)
+def test_a_trainer_names_a_lost_server_instead_of_waiting_for_it(how, when, message):
+    """Before, a trainer whose server hung waited in the graceful shutdown forever (idle, or after its failed
+    lookup), and one whose server died ended in torch's traceback from that shutdown."""
+    env = _ps_env()
+    server = subprocess.Popen(
+        [str(PERSIA), "ps", "--rank", "0", "--world-size", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        trainer = subprocess.run(
+            [sys.executable, "-c", LOSING_TRAINER, how, str(server.pid), when],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert trainer.returncode == 2, trainer.stderr
+        assert "Traceback" not in trainer.stderr, trainer.stderr
+        (line,) = [x for x in trainer.stderr.splitlines() if x.startswith("error:")]
+        assert line.startswith(message), line
+        if when == "idle":
+            assert "; this trainer leaves without it, and the rows that server held since the last checkpoint" in line
+            assert "fix: look at ps0's log" in line and "joined(peer_timeout_s=...)" in line
+    finally:
+        server.kill()
+        server.communicate()
 
 
 @pytest.mark.parametrize(

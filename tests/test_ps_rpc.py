@@ -33,9 +33,11 @@ from persia_planner.modules.ps.client import (
 from persia_planner.modules.ps.launch import TrainerError, barrier, local_cluster, trainers_store
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
 from persia_planner.modules.ps.server import (
+    PeerLostError,
     PsServerError,
     RemoteFailure,
     TableConfig,
+    _shutdown_error,
     allocator_env,
     check_wire_dtype,
     log_metrics_every,
@@ -688,3 +690,35 @@ def test_server_load_refusing_a_table_loads_none(monkeypatch, tmp_path):
     assert "cannot load table 'b_small'" in refused.message and "nothing was loaded" in refused.message
     table = server_module._state().table("a_big").store
     assert len(table) == 5 and torch.equal(server_module._lookup("a_big", torch.arange(100, 105), False, True), before)
+
+
+@pytest.mark.parametrize(
+    ("name", "peers", "message", "lost"),
+    [
+        # A follower's shutdown fails on its call to the leader (the smallest name): the leader is the lost one.
+        ("trainer0", ["ps0", "ps1"], "ECONNRESET: connection reset by peer (this error originated at x.cc:132)", "ps0"),
+        # The leader's fails on the followers torch lists.
+        (
+            "ps0",
+            ["ps1", "trainer0"],
+            "Followers ['trainer0'] timed out in _all_gather after 0.00 seconds. The first exception is ECONNRESET: "
+            "connection reset by peer (this error originated at x.cc:132)",
+            "trainer0",
+        ),
+        ("ps0", ["ps1", "trainer0"], "something torch did not say who", None),
+    ],
+)
+def test_a_failed_shutdown_names_the_worker_it_failed_on(name, peers, message, lost):
+    err = RuntimeError(message)
+    error = _shutdown_error(name, peers, err, is_server=name.startswith("ps"))
+    if lost is None:
+        assert error is err  # nothing to name: torch's own error goes on
+        return
+    assert isinstance(error, PeerLostError) and error.peer == lost and error.worker == name
+    who = "parameter server ps0" if name == "ps0" else "trainer trainer0"
+    assert str(error).startswith(
+        f"{who}: worker {lost} of its RPC group stopped answering (ECONNRESET: connection reset by peer) during the "
+        "group's shutdown; "
+    ), str(error)
+    assert "\n" not in str(error) and f"fix: look at {lost}'s log" in str(error)
+    assert _shutdown_error(name, peers, KeyboardInterrupt(), is_server=False).__class__ is KeyboardInterrupt

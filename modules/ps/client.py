@@ -27,6 +27,7 @@ see :mod:`.server`) are raised as :class:`~.server.PsServerError`.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -35,7 +36,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ from .checkpoint import commit, prune, read_latest
 from .server import PsServerError, RemoteFailure, TableConfig, check_wire_dtype
 from .sharding import server_of
 
-__all__ = ["PsClient", "PsUnavailableError", "WireOverflowError", "connect"]
+__all__ = ["PsClient", "PsUnavailableError", "WireOverflowError", "connect", "joined"]
 
 log = logging.getLogger(__name__)
 
@@ -540,7 +541,8 @@ def connect(
         delay_ms: Latency injected before every request (see :class:`PsClient`).
         wire_dtype: The dtype rows and gradients travel in (see :class:`PsClient`).
 
-    The caller ends with ``rpc.shutdown()`` once done (it waits for the servers and the other trainers).
+    The caller leaves the group once done: :func:`.server.leave_group` (a graceful ``rpc.shutdown()`` that gives up
+    on a worker that died or hangs) or ``rpc.shutdown()``. :func:`joined` does it all.
 
     Raises:
         ValueError: ``wire_dtype`` is not torch.float32, torch.float16 or torch.bfloat16 (checked before joining
@@ -557,6 +559,49 @@ def connect(
         delay_ms=delay_ms,
         wire_dtype=wire_dtype,
     )
+
+
+@contextlib.contextmanager
+def joined(
+    name: str,
+    rank: int,
+    world_size: int,
+    *,
+    peer_timeout_s: float | None = _server.DEFAULT_PEER_TIMEOUT_S,
+    **options: Any,
+) -> Iterator[PsClient]:
+    """:func:`connect`, and leave the group when the block ends, never waiting forever for a lost worker.
+
+    On a normal exit the client flushes its pushes and waits for the rest of the group in the graceful shutdown
+    (:func:`.server.leave_group`); a server that died or hangs meanwhile is given up on after about
+    ``peer_timeout_s`` with one line naming it, instead of keeping this trainer waiting forever. If the block (or the
+    flush) raises, the trainer leaves at once (``rpc.shutdown(graceful=False)``) and the error goes on as it came:
+    a graceful shutdown would wait for the very server that failed it, or for other trainers that wait for this one
+    in a collective. The servers then give up on this trainer after their own peer timeout (``persia ps``), or the
+    launcher (torchrun) ends the job::
+
+        with joined(f"trainer{i}", rank, world_size) as client:
+            client.register(config)
+            ...
+
+    Args:
+        name, rank, world_size: As for :func:`connect`.
+        peer_timeout_s: See :func:`.server.leave_group`; None or 0: wait for every worker forever.
+        **options: :func:`connect`'s keyword arguments (``timeout_s``, ``wire_dtype``...).
+
+    Raises:
+        PeerLostError: A worker of the group stopped answering while this one waited for the shutdown.
+    """
+    client = connect(name, rank, world_size, **options)
+    try:
+        yield client
+        client.flush()
+    except BaseException:
+        client.close()
+        rpc.shutdown(graceful=False)
+        raise
+    client.close()
+    _server.leave_group(peer_timeout_s=peer_timeout_s)
 
 
 def _unique(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -68,6 +68,7 @@ __all__ = [
     "RemoteFailure",
     "TableConfig",
     "check_wire_dtype",
+    "leave_group",
     "rpc_backend_options",
     "rpc_transports",
     "serve",
@@ -77,7 +78,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_RPC_TIMEOUT_S = 60.0
-# How long a server waits for another worker of its group that stopped answering before it gives up (see serve).
+# How long a worker waits for another one of its group that stopped answering before it gives up (see leave_group).
 DEFAULT_PEER_TIMEOUT_S = 60.0
 # Dtypes rows and gradients may travel in (``PsClient(wire_dtype=...)``); the stores always hold float32.
 WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -96,30 +97,50 @@ class PsServerError(PlannerError):
 
 
 class PeerLostError(PlannerError):
-    """Another worker of the group died or stopped answering while this server was serving.
+    """Another worker of the group died or stopped answering while this one waited for the group's shutdown.
 
-    The group's graceful shutdown needs every worker, so it could never complete: the server stops instead of
-    waiting forever. Attributes: ``server`` (this server's RPC name) and ``peer`` (the lost worker's).
+    The graceful shutdown needs every worker, so it could never complete: this worker stops waiting instead of
+    waiting forever (see :func:`leave_group`). Attributes: ``worker`` (this worker's RPC name), ``server`` (the
+    same, kept for callers of a server's error) and ``peer`` (the lost worker's).
     """
 
-    def __init__(self, server: str, peer: str, cause: str, grace_s: float) -> None:
-        """``cause``: the last failed ping's error; ``grace_s``: how long the shutdown was awaited before it."""
-        self.server, self.peer = server, peer
-        # The agent's first line is the useful part ("ECONNRESET: connection reset by peer"); drop its source location.
+    def __init__(self, worker: str, peer: str, cause: str, grace_s: float | None, *, is_server: bool = True) -> None:
+        """``cause``: the last failed ping's (or the shutdown's) error; ``grace_s``: how long the shutdown was awaited
+        before the second ping, None if the shutdown itself failed on ``peer``; ``is_server``: whether this worker
+        is a parameter server (else a trainer)."""
+        self.worker = self.server = worker
+        self.peer = peer
+        # The agent's first line is the useful part ("ECONNRESET: connection reset by peer"); drop its source location
+        # and the shutdown's preamble ("Followers [...] timed out in _all_gather ... The first exception is ...").
         detail = (cause.strip().splitlines() or ["no details"])[0].split(" (this error originated")[0]
+        detail = detail.split("The first exception is ")[-1]
         timed_out = re.search(r"ran for more than set timeout \((\d+) ms\)", detail)
         if timed_out:  # the ping's own timeout: alive, perhaps, but not answering
             detail = f"no answer within {int(timed_out.group(1)) / 1000:g} s"
+        if is_server:
+            who = f"parameter server {worker}"
+            outcome = "this server stops, and the rows it held since the last checkpoint are lost"
+            setting = "persia ps --peer-timeout, serve(peer_timeout_s=...)"
+        else:
+            who = f"trainer {worker}"
+            # Servers are named ps0..ps{n-1} (discover_servers relies on it).
+            lost_rows = re.fullmatch(r"ps\d+", peer) is not None
+            outcome = "this trainer leaves without it" + (
+                ", and the rows that server held since the last checkpoint are lost" if lost_rows else ""
+            )
+            setting = "joined(peer_timeout_s=...), leave_group(peer_timeout_s=...)"
+        when = (
+            " during the group's shutdown"
+            if grace_s is None
+            else f", still did not answer {grace_s:g} s later, and the group had not shut down"
+        )
         super().__init__(
-            f"parameter server {server}: worker {peer} of its RPC group stopped answering ({detail}), still did not "
-            f"answer {grace_s:g} s later, and the group had not shut down; this server stops, and the rows it held "
-            "since the last checkpoint are lost",
+            f"{who}: worker {peer} of its RPC group stopped answering ({detail}){when}; {outcome}",
             kind=ErrorKind.UNAVAILABLE,
             fixes=(
                 f"look at {peer}'s log for why it stopped, then restart the job from its last checkpoint "
                 "(persia train --resume, PsClient.load)",
-                "raise the peer timeout (persia ps --peer-timeout, serve(peer_timeout_s=...)) if that worker can be "
-                "busy for that long",
+                f"raise the peer timeout ({setting}) if that worker can be busy for that long",
             ),
         )
 
@@ -659,12 +680,9 @@ def serve(
 ) -> None:
     """Join the RPC group as server ``name`` (default ``ps{rank}``) and serve until every worker shuts down.
 
-    Waits in the graceful ``rpc.shutdown()``, which returns once all workers of the group reached theirs; then logs
-    the final metrics. Meanwhile every other worker is asked every ``peer_timeout_s / 2`` seconds whether it is
-    alive (its RPC threads answer, whatever its main thread is doing): one that died, or hangs, can never reach its
-    shutdown. One that did not answer within ``peer_timeout_s / 2`` is asked again ``peer_timeout_s / 2`` (at least
-    5 s) later, unless the shutdown completed meanwhile (a worker that has just shut down also stops answering); if
-    it fails again the server gives up on the group.
+    Waits in the graceful ``rpc.shutdown()`` (:func:`leave_group`), which returns once all workers of the group
+    reached theirs, giving up on a worker that died or hangs after about ``peer_timeout_s``; then logs the final
+    metrics.
 
     Args:
         rank: This process's rank; servers conventionally take ``0 .. n_servers-1``.
@@ -690,40 +708,114 @@ def serve(
     stop = threading.Event()
     if metrics_interval_s:
         log_metrics_every(metrics_interval_s, stop)
-    shut_down = threading.Event()
-    failure: list[BaseException] = []
-
-    def graceful_shutdown() -> None:
-        try:
-            rpc.shutdown()
-        except BaseException as err:  # handed to the main thread
-            failure.append(err)
-        finally:
-            shut_down.set()
-
-    # Read before the shutdown starts: it resets the agent.
-    peers = sorted(info.name for info in rpc._get_current_rpc_agent().get_worker_infos() if info.name != name)
-    # The shutdown waits on its own thread so that this one can watch the peers (and take a Ctrl-C).
-    threading.Thread(target=graceful_shutdown, name=f"{name}-shutdown", daemon=True).start()
-    lost = None
+    outcome = "failed to shut down"
     try:
-        lost = _watch_peers(peers, peer_timeout_s, shut_down)
-        if lost is not None:
-            raise PeerLostError(name, *lost)
-        if failure:
-            raise failure[0]
+        leave_group(peer_timeout_s=peer_timeout_s, is_server=True)
+        outcome = "shut down"
+    except PeerLostError:
+        outcome = "gave up on its group"
+        raise
+    except KeyboardInterrupt:
+        outcome = "was interrupted"
+        raise
     finally:
         stop.set()
         m = server_metrics()
         log.info(
             "%s: %s after %.1f s: %d rows, %d lookups, %d updates",
             state.name,
-            "gave up on its group" if lost is not None else "failed to shut down" if failure else "shut down",
+            outcome,
             m["uptime_s"],
             m["rows"],
             m["lookups"],
             m["updates"],
         )
+
+
+def leave_group(*, peer_timeout_s: float | None = DEFAULT_PEER_TIMEOUT_S, is_server: bool = False) -> None:
+    """Leave this process's RPC group gracefully: ``rpc.shutdown()``, giving up on a worker that stopped answering.
+
+    The graceful shutdown returns once every worker of the group reached its own; one that died, or hangs, never
+    does. So the shutdown waits on a thread of its own while every other worker is asked every
+    ``peer_timeout_s / 2`` seconds whether it is alive (its RPC threads answer, whatever its main thread is doing).
+    One that did not answer within ``peer_timeout_s / 2`` is asked again ``peer_timeout_s / 2`` (at least 5 s)
+    later, unless the shutdown completed meanwhile (a worker that has just shut down also stops answering); if it
+    fails again this worker gives up. :func:`serve` ends with it; a trainer does through :func:`.client.joined`.
+
+    Args:
+        peer_timeout_s: Give up on a worker that stopped answering after this long (seconds); None or 0: wait for
+            every worker forever (``rpc.shutdown()`` alone).
+        is_server: Whether this process is a parameter server (only the error's wording depends on it).
+
+    Raises:
+        PeerLostError: Another worker of the group died or stopped answering (naming it); the RPC agent is left
+            as it is, so the process should exit.
+    """
+    agent = rpc._get_current_rpc_agent()
+    name = agent.get_worker_info().name
+    # Read before the shutdown starts: it resets the agent.
+    peers = sorted(info.name for info in agent.get_worker_infos() if info.name != name)
+    shut_down = threading.Event()
+    if peer_timeout_s:
+        # A worker already lost is named before the shutdown starts: the shutdown would fail on it (torch logs a
+        # traceback first) or wait for it. Until this worker starts its shutdown every live peer answers.
+        lost = _lost_peer(peers, peer_timeout_s, shut_down)
+        if lost is not None:
+            raise PeerLostError(name, *lost, is_server=is_server)
+    failure: list[BaseException] = []
+
+    def graceful_shutdown() -> None:
+        try:
+            with _quiet_shutdown_failure():
+                rpc.shutdown()
+        except BaseException as err:  # handed to the calling thread
+            failure.append(err)
+        finally:
+            shut_down.set()
+
+    # The shutdown waits on its own thread so that this one can watch the peers (and take a Ctrl-C).
+    threading.Thread(target=graceful_shutdown, name=f"{name}-shutdown", daemon=True).start()
+    lost = _watch_peers(peers, peer_timeout_s, shut_down)
+    if lost is not None:
+        raise PeerLostError(name, *lost, is_server=is_server)
+    if failure:
+        error = _shutdown_error(name, peers, failure[0], is_server=is_server)
+        if error is failure[0]:
+            raise error
+        raise error from failure[0]
+
+
+def _shutdown_error(name: str, peers: Sequence[str], err: BaseException, *, is_server: bool) -> BaseException:
+    """What to raise for a graceful shutdown that failed with ``err``: a :class:`PeerLostError` naming the worker it
+    failed on where torch's error tells which, else ``err`` itself.
+
+    torch's shutdown is an all-gather led by the smallest worker name: a follower fails on the leader (its
+    ``rpc_sync`` to it), the leader on the followers it lists (``Followers ['trainer1'] timed out ...``).
+    """
+    if not isinstance(err, RuntimeError):
+        return err
+    leader = min([name, *peers])
+    named = re.search(r"Followers \['([^']+)'", str(err))
+    peer = leader if name != leader else named.group(1) if named else None
+    return err if peer is None else PeerLostError(name, peer, str(err), None, is_server=is_server)
+
+
+class _DropShutdownFailure(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Shutdown Proceed" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_shutdown_failure() -> Iterator[None]:
+    """Drop torch's own log of a failed graceful shutdown (a traceback at ERROR): :func:`leave_group` reports that
+    failure as one line naming the worker."""
+    logger = logging.getLogger("torch.distributed.rpc.api")
+    drop = _DropShutdownFailure()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 # A worker stops answering the moment it completed the group's shutdown, a little before this server's own shutdown
@@ -734,26 +826,36 @@ _MIN_SHUTDOWN_GRACE_S = 5.0
 def _watch_peers(
     peers: Sequence[str], timeout_s: float | None, shut_down: threading.Event
 ) -> tuple[str, str, float] | None:
-    """Until ``shut_down`` is set, ask every worker in ``peers`` every ``timeout_s / 2`` s whether it is alive.
-
-    A worker that fails to answer within ``timeout_s / 2`` (a dead process fails at once: its connection is reset)
-    is asked again ``grace_s`` later (``timeout_s / 2``, at least 5 s), unless the group shut down meanwhile: workers
-    that have just completed the shutdown stop answering too, and a loaded one may miss a single ping. Returns
-    ``(peer, cause, grace_s)`` if it failed again; None once the group shut down. Waits for the shutdown alone where
-    ``timeout_s`` is None or 0.
+    """Until ``shut_down`` is set, ask every worker in ``peers`` every ``timeout_s / 2`` s whether it is alive
+    (:func:`_lost_peer`). Returns ``(peer, cause, grace_s)`` for a lost one; None once the group shut down. Waits
+    for the shutdown alone where ``timeout_s`` is None or 0.
     """
     if not timeout_s:
         shut_down.wait()
         return None
+    while not shut_down.wait(timeout_s / 2):
+        lost = _lost_peer(peers, timeout_s, shut_down)
+        if lost is not None:
+            return lost
+    return None
+
+
+def _lost_peer(peers: Sequence[str], timeout_s: float, shut_down: threading.Event) -> tuple[str, str, float] | None:
+    """Ask every worker in ``peers`` whether it is alive; ``(peer, cause, grace_s)`` for one that is lost.
+
+    A worker that fails to answer within ``timeout_s / 2`` (a dead process fails at once: its connection is reset)
+    is asked again ``grace_s`` later (``timeout_s / 2``, at least 5 s), unless the group shut down meanwhile: workers
+    that have just completed the shutdown stop answering too, and a loaded one may miss a single ping. It is lost if
+    it fails again. None if every worker answered or the group shut down.
+    """
     half = timeout_s / 2
     grace = max(half, _MIN_SHUTDOWN_GRACE_S)
-    while not shut_down.wait(half):
-        for peer in _unanswered(peers, half):
-            if shut_down.wait(grace):
-                return None
-            again = _unanswered([peer], half)
-            if again and not shut_down.is_set():
-                return peer, again[peer], grace
+    for peer in _unanswered(peers, half):
+        if shut_down.wait(grace):
+            return None
+        again = _unanswered([peer], half)
+        if again and not shut_down.is_set():
+            return peer, again[peer], grace
     return None
 
 
