@@ -126,17 +126,20 @@ def _environment(j, client):
 
 def test_processes_take_the_environment_of_each_launch(monkeypatch):
     """The processes are forks of one fork server started by the first launch: they must still see the environment
-    of their own launch, and the allocator setting that only takes effect when a process image starts."""
+    of their own launch, and the allocator setting that only takes effect when a process image starts (the fork
+    server is restarted when a launch asks for other tunables than it started with)."""
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    monkeypatch.delenv("PS_TUNE_MALLOC", raising=False)
-    for mark in ("first", "second"):
+    tuned = ["glibc.malloc.tcache_count=0", "glibc.malloc.hugetlb=1"]
+    for mark, tune, expected in (
+        ("first", "1", tuned),
+        ("second", "1", tuned),
+        ("third", "0", []),
+        ("fourth", "1", tuned),
+    ):
         monkeypatch.setenv("PERSIA_TEST_MARK", mark)
+        monkeypatch.setenv("PS_TUNE_MALLOC", tune)
         [seen] = local_cluster(1, 1, _environment, run_timeout_s=60)
-        assert seen == {
-            "trainer": mark,
-            "server": mark,
-            "tunables": ["glibc.malloc.tcache_count=0", "glibc.malloc.hugetlb=1"],
-        }
+        assert seen == {"trainer": mark, "server": mark, "tunables": expected}, mark
     assert os.environ.get("GLIBC_TUNABLES") is None  # set only while the processes start
 
 

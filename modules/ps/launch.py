@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import multiprocessing.forkserver as mp_forkserver
 import os
 import pickle
 import queue
@@ -238,6 +239,29 @@ def _context(fn: Callable[..., Any]) -> Any:
     return ctx
 
 
+# GLIBC_TUNABLES the running fork server was started with (None: not started by a launch of ours, or without them).
+_forkserver_tunables: str | None = None
+
+
+def _restart_forkserver_unless(tunables: str | None) -> None:
+    """Stop the fork server if it was started with other glibc tunables than ``tunables``; the next start forks a
+    fresh one with them.
+
+    Why: glibc reads its tunables (:func:`.server.allocator_env`) only when a process image starts, and every child
+    is a fork of the fork server, so without this a launch with ``PS_TUNE_MALLOC=0`` after a default one (or the
+    other way round) would silently run with the first launch's allocator. Uses the standard library's own
+    ``ForkServer._stop`` (what its tests use); where that is missing the fork server is left as it is.
+    """
+    global _forkserver_tunables
+    server = getattr(mp_forkserver, "_forkserver", None)
+    running = getattr(server, "_forkserver_pid", None) is not None
+    if running and _forkserver_tunables != tunables and hasattr(server, "_stop"):
+        server._stop()
+        running = False
+    if not running:
+        _forkserver_tunables = tunables
+
+
 def local_cluster(
     n_servers: int,
     n_clients: int,
@@ -284,6 +308,7 @@ def local_cluster(
     world_size = n_servers + n_clients
     tuning = _server.allocator_env()
     environ = dict(os.environ) | tuning
+    _restart_forkserver_unless(environ.get("GLIBC_TUNABLES"))
     with hosted_store(max(timeout_s, run_timeout_s)) as port:
         results = ctx.Queue()
         trainer_barrier = ctx.Barrier(n_clients)
