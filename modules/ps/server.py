@@ -100,15 +100,15 @@ class PeerLostError(PlannerError):
     """Another worker of the group died or stopped answering while this one waited for the group's shutdown.
 
     The graceful shutdown needs every worker, so it could never complete: this worker stops waiting instead of
-    waiting forever (see :func:`leave_group`). Attributes: ``worker`` (this worker's RPC name), ``server`` (the
-    same, kept for callers of a server's error) and ``peer`` (the lost worker's).
+    waiting forever (see :func:`leave_group`). Attributes: ``worker`` (this worker's RPC name) and ``peer`` (the
+    lost worker's).
     """
 
     def __init__(self, worker: str, peer: str, cause: str, grace_s: float | None, *, is_server: bool = True) -> None:
         """``cause``: the last failed ping's (or the shutdown's) error; ``grace_s``: how long the shutdown was awaited
         before the second ping, None if the shutdown itself failed on ``peer``; ``is_server``: whether this worker
         is a parameter server (else a trainer)."""
-        self.worker = self.server = worker
+        self.worker = worker
         self.peer = peer
         # The agent's first line is the useful part ("ECONNRESET: connection reset by peer"); drop its source location
         # and the shutdown's preamble ("Followers [...] timed out in _all_gather ... The first exception is ...").
