@@ -1,4 +1,5 @@
-"""Planner benchmark: planning time, plan quality, the Persia 100T setting, and TorchRec's planner beside ours.
+"""Planner benchmark: planning time, plan quality, nearly full clusters, the Persia 100T setting, and TorchRec's
+planner beside ours.
 
 Prints tables and writes JSON (``--json OUT``). Every comparison is a ratio measured in this same run.
 
@@ -21,7 +22,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from persia_planner import load_model, load_topology, plan, validate
+from persia_planner import CapacityError, load_model, load_topology, plan, validate
+from persia_planner.bound import MAX_WEIGHTINGS, lower_bound
+from persia_planner.cost import CostModel
 from persia_planner.synthetic import random_model, random_topology
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "persia_planner" / "examples"
@@ -145,6 +148,55 @@ def bench_vs_torchrec(count: int, timeout_s: float) -> dict[str, Any]:
     }
 
 
+def tight_case(n_tables: int, fill: float, seed: int) -> tuple[Any, Any]:
+    """``n_tables`` generated tables on 1 host x 1 GPU + 4 PS whose PS DDR is sized so that every tier together
+    holds the tables' bytes times ``fill`` (1.003: all of HBM, DDR and PS DDR within 0.3% of full)."""
+    model = random_model(n_tables, seed=seed, rows_range=(1e3, 3e9))
+    local = random_topology(trainers=1, gpus_per_trainer=1, servers=4)
+    room = sum(local.hbm_capacity(g) for g in local.gpus) + sum(local.ddr_capacity(h) for h in local.trainers)
+    ps_usable = 1 - local.constants.ps_reserve_fraction
+    ps_ddr = int((model.total_bytes * fill - room) / 4 / ps_usable)
+    return model, random_topology(trainers=1, gpus_per_trainer=1, servers=4, ps_ddr_bytes=ps_ddr)
+
+
+def bench_tight(cases: list[tuple[int, float, int]]) -> dict[str, Any]:
+    """Nearly full clusters: the lower bound at its default budget of weightings against the same search run until
+    it stops by itself (as it did before the budget), and the whole plan's time."""
+    rows = []
+    for n, fill, seed in cases:
+        cost = CostModel(*tight_case(n, fill, seed))
+        started = time.perf_counter()
+        budget = lower_bound(cost)
+        budget_s = time.perf_counter() - started
+        started = time.perf_counter()
+        unbounded = lower_bound(cost, max_weightings=10**6)
+        unbounded_s = time.perf_counter() - started
+        model, topology = tight_case(n, fill, seed)
+        try:
+            result, seconds = timed_plan(model, topology)
+            planned = "ok" if validate(result, model, topology) == [] else "invalid"
+        except CapacityError:
+            seconds, planned = float("nan"), "does not fit"
+        rows.append(
+            {
+                "tables": n,
+                "fill": fill,
+                "seed": seed,
+                "bound_seconds": budget_s,
+                "bound_weightings": budget.weightings,
+                "bound_ms": budget.value_ms,
+                "unbudgeted_seconds": unbounded_s,
+                "unbudgeted_weightings": unbounded.weightings,
+                "unbudgeted_ms": unbounded.value_ms,
+                "time_ratio": budget_s / unbounded_s,
+                "bound_ratio": budget.value_ms / unbounded.value_ms,
+                "plan_seconds": seconds,
+                "plan": planned,
+            }
+        )
+    return {"cases": rows, "max_weightings": MAX_WEIGHTINGS}
+
+
 def bench_persia_100t() -> dict[str, Any]:
     model = load_model(EXAMPLES / "persia_100t.yaml")
     topology = load_topology(EXAMPLES / "persia_100t_cluster.yaml")
@@ -192,6 +244,20 @@ def render(results: dict[str, Any]) -> None:
                 f"{r['speedup']:.0f}x" + ("" if r["status"] == "ok" else "+"),
             )
         console.print(t)
+    t = Table(title="Nearly full clusters (1 host x 1 GPU + 4 PS): bound at its budget / run to its end")
+    for col in ("tables", "fill", "budget s (n)", "to end s (n)", "time", "bound", "plan s"):
+        t.add_column(col, justify="right")
+    for r in results["tight"]["cases"]:
+        t.add_row(
+            str(r["tables"]),
+            f"{r['fill']:.3f}",
+            f"{r['bound_seconds']:.2f} ({r['bound_weightings']})",
+            f"{r['unbudgeted_seconds']:.2f} ({r['unbudgeted_weightings']})",
+            f"{r['time_ratio']:.2f}",
+            f"{r['bound_ratio']:.4f}",
+            f"{r['plan_seconds']:.2f}" if r["plan"] == "ok" else r["plan"],
+        )
+    console.print(t)
     q = results["quality"]
     console.print(
         f"Plan quality over {len(q['cases'])} seeded cases: step / lower bound median "
@@ -245,10 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         # TorchRec's planner on 100 tables takes minutes (the full run times it): 15 s bounds it in CI all the same.
         sizes, torchrec_runs, n_quality, n_vs, vs_timeout = [10, 100, 1000], [(10, 8, 30.0), (100, 8, 15.0)], 8, 3, 30.0
+        tight_cases = [(100, 1.003, 4)]
     else:
         sizes = [10, 100, 1000, 10000]
         torchrec_runs = [(100, 64, 240.0), (500, 64, 240.0), (1000, 8, 240.0), (100, 8, 240.0)]
         n_quality, n_vs, vs_timeout = 20, 9, 120.0
+        tight_cases = [(100, 1.003, 4), (200, 1.001, 1), (200, 1.01, 1), (300, 1.001, 1)]
     if args.no_torchrec:
         torchrec_runs, n_vs = [], 0
     results: dict[str, Any] = {
@@ -258,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     results["speed"] = bench_speed(sizes, torchrec_runs)
     results["quality"] = bench_quality(n_quality)
+    results["tight"] = bench_tight(tight_cases)
     if n_vs:
         results["vs_torchrec"] = bench_vs_torchrec(n_vs, vs_timeout)
     results["persia_100t"] = bench_persia_100t()

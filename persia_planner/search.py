@@ -38,6 +38,8 @@ _BALANCE_WEIGHT = 0.05
 # Tables tried per move type in each local-search round; the heaviest few are also tried split.
 _IMPROVE_CANDIDATES = 12
 _SPLIT_CANDIDATES = 3
+# Constructions tried with the tables that failed placed first, before the model is called infeasible.
+_SQUEAKY_RETRIES = 8
 # Devices scored per shard placement beyond the least-loaded GPU of every host.
 _CANDIDATES = 8
 # Column-wise splits are tried for tables whose single-GPU work exceeds this share of the current mean GPU load.
@@ -162,6 +164,21 @@ class GreedyLocalSearch:
                 fallbacks.insert(0, _Start(hint.preferred, hint.prices))
             firsts = [run for start in fallbacks if (run := self._attempt(cost, start))]
             starts = starts + [f for f in fallbacks if f not in starts]
+        if not firsts and len(cost.model.tables) <= _BOTH_STARTS_MAX_TABLES:
+            # Still nothing: the order failed, not necessarily the memory. Squeaky wheel: every table a construction
+            # could not place goes first in the next one (in the order they failed), until one fits or the tables
+            # that must go first repeat. Each retry costs one construction and an infeasible model pays them all,
+            # hence only on models small enough for constructions to take milliseconds.
+            first: tuple[str, ...] = ()
+            for _ in range(_SQUEAKY_RETRIES):
+                start = _Start(None, guided.prices, largest_first=True, first=first)
+                run, failed = self._attempt_named(cost, start)
+                if run is not None:
+                    firsts, starts = [run], [*starts, start]
+                    break
+                if failed in first:
+                    break
+                first = (*first, failed)
         if not firsts:
             firsts = [self._construct(cost, plain)]  # raises the CapacityError that names what is short
         base = min(firsts, key=_Run.current_score)
@@ -177,14 +194,22 @@ class GreedyLocalSearch:
 
     def _construct(self, cost: CostModel, start: _Start, previous: _Run | None = None) -> _Run:
         run = _Run(cost, self.config, start.prices)
-        run.construct(start.preferred, previous=previous, largest_first=start.largest_first)
+        run.construct(start.preferred, previous=previous, largest_first=start.largest_first, first=start.first)
         return run
 
     def _attempt(self, cost: CostModel, start: _Start, previous: _Run | None = None) -> _Run | None:
+        return self._attempt_named(cost, start, previous)[0]
+
+    def _attempt_named(
+        self, cost: CostModel, start: _Start, previous: _Run | None = None
+    ) -> tuple[_Run | None, str | None]:
+        """The constructed run, or None and the name of the table that found no room."""
+        run = _Run(cost, self.config, start.prices)
         try:
-            return self._construct(cost, start, previous)
+            run.construct(start.preferred, previous=previous, largest_first=start.largest_first, first=start.first)
         except CapacityError:
-            return None
+            return None, run.failed
+        return run, None
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,6 +219,7 @@ class _Start:
     preferred: Mapping[str, TierChoice] | None = None
     prices: tuple[float, float, float] | None = None
     largest_first: bool = False  # place the largest tables first (packing) instead of the hottest bytes
+    first: tuple[str, ...] = ()  # tables placed before all others, in this order (those an earlier start failed on)
 
 
 class _Run:
@@ -208,6 +234,7 @@ class _Run:
         self.mem = np.zeros(self.lay.mem_size)
         self.cap = cost.capacities()
         self.choices: dict[str, _Choice] = {}
+        self.failed: str | None = None  # the table a construction found no room for
         self.specs = {t.name: t for t in cost.model.tables}
         topo = cost.topology
         self.host_gpus = [np.flatnonzero(cost.gpu_host == h) for h in range(self.lay.n_hosts)]
@@ -525,13 +552,19 @@ class _Run:
         hint: Mapping[str, TierChoice] | None = None,
         previous: _Run | None = None,
         largest_first: bool = False,
+        first: Sequence[str] = (),
     ) -> None:
         """Place every table, hottest bytes first (prices, if any, apply only here).
 
         With ``previous`` (an earlier construction), every table not yet placed still counts with its load from
         that run: early choices then see how busy each resource will be (the parameter servers are not idle just
         because the colder tables have not been placed yet). With ``largest_first``, the largest tables go first
-        (first-fit decreasing: for memory that is too tight for the hottest-first order)."""
+        (first-fit decreasing: for memory that is too tight for the hottest-first order). The tables named in
+        ``first`` go before all others, in that order.
+
+        Raises:
+            CapacityError: A table found no room; its name is left in :attr:`failed`.
+        """
         tables = list(self.cost.model.tables)
         density = np.array([t.pooling_factor / t.row_bytes(self.dtype) / t.rows for t in tables])
         order = np.argsort(-density, kind="stable")
@@ -544,6 +577,10 @@ class _Run:
             big = sizes > self.min_hbm
             by_size = np.argsort(-sizes, kind="stable")
             order = np.concatenate([by_size[big[by_size]], order[~big[order]]])
+        if first:
+            position = {t.name: i for i, t in enumerate(tables)}
+            early = [position[name] for name in first]
+            order = np.concatenate([early, order[~np.isin(order, early)]]).astype(int)
         if previous is not None:
             self.loads = previous.loads.copy()
             self._gpu_step = self._candidates = None
@@ -553,6 +590,7 @@ class _Run:
                 self.loads = self.loads - previous.choices[table.name].loads
             choice, _ = self.best_choice(table, hint.get(table.name) if hint else None)
             if choice is None:
+                self.failed = table.name
                 raise self._capacity_error(table)
             self.add(table.name, choice)
         self.pricing = False

@@ -5,10 +5,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Sharding, Tier, Topology, validate
-from persia_planner.bound import lower_bound_ms
+from persia_planner.bound import MAX_WEIGHTINGS, lower_bound, lower_bound_ms
 from persia_planner.cost import CostModel
 from persia_planner.plan import Plan
 from persia_planner.search import GreedyLocalSearch
+from persia_planner.synthetic import random_model, random_topology
 
 FAST = SearchConfig(improve_time_s=0.5)
 
@@ -116,6 +117,47 @@ def test_every_plan_validates_fits_and_is_bounded(rows_dims, shape, staleness, s
     assert again.tables == plan.tables
 
 
+def exact_cluster(trainers, gpus, servers, hbm_bytes, ddr_bytes, ps_bytes):
+    """``cluster`` with capacities in bytes and no reserve: what the planner may use is exactly what is given."""
+    gpu = {"count": gpus, "hbm": hbm_bytes, "hbm_bandwidth": "2TB/s", "tflops": 300, "pcie_bandwidth": "32GB/s"}
+    hosts = [
+        {"name": "trainer", "count": trainers, "ddr": ddr_bytes, "ddr_bandwidth": "200GB/s"}
+        | {"nic_bandwidth": "25GB/s", "gpus": gpu | {"nvlink_bandwidth": "300GB/s"}}
+    ]
+    if servers:
+        hosts.append(
+            {"name": "ps", "count": servers, "role": "parameter_server", "ddr": ps_bytes}
+            | {"ddr_bandwidth": "100GB/s", "nic_bandwidth": "25GB/s"}
+        )
+    zero = {"hbm_reserve_fraction": 0, "ddr_reserve_fraction": 0, "ps_reserve_fraction": 0}
+    return Topology.from_dict({"name": "exact", "constants": zero, "hosts": hosts})
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(tables, clusters, st.integers(0, 2**16))
+def test_a_cluster_shrunk_to_a_plans_usage_still_gets_a_plan(rows_dims, shape, seed):
+    """Capacities cut to what a plan of the model uses (the largest use among devices of a kind) plus 2%: that plan
+    proves the model fits, so the search must find one too, not call it infeasible. (Without the 2% the search may
+    miss an exact packing: bin packing is NP-hard, and the fallbacks find most but not all of them.)"""
+    trainers, gpus, servers, hbm_gib, ddr_gib, ps_gib = shape
+    model = make_model(rows_dims)
+    gib = 2**30
+    roomy = exact_cluster(trainers, gpus, servers, hbm_gib * gib, ddr_gib * gib, ps_gib * gib)
+    planner = Planner(GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=0.2)))
+    try:
+        witness = planner.plan(model, roomy)
+    except CapacityError:
+        return
+
+    hbm = max(witness.devices[g.name].hbm_bytes for g in roomy.gpus)
+    ddr = max(witness.devices[h.name].ddr_bytes for h in roomy.trainers)
+    ps = max((witness.devices[h.name].ddr_bytes for h in roomy.servers), default=0)
+    tight = exact_cluster(trainers, gpus, servers, *(max(int(b * 1.02), 1) for b in (hbm, ddr, ps)))
+    assert validate(witness, model, tight) == []  # the witness fits the shrunk cluster
+    plan = planner.plan(model, tight)
+    assert validate(plan, model, tight) == []
+
+
 @settings(max_examples=15, deadline=None)
 @given(tables, clusters, st.integers(0, 2**16))
 def test_same_seed_same_plan(rows_dims, shape, seed):
@@ -149,6 +191,27 @@ def test_lower_bound_returns_for_a_model_larger_than_the_cluster():
     )
     small = cluster(1, 3, 2, 1, 16, 1)
     assert lower_bound_ms(CostModel(model, small)) > 0
+
+
+def test_the_bound_stops_at_its_weighting_budget_where_every_tier_is_nearly_full():
+    """With HBM, DDR and PS DDR all within 0.3% of full, the warm-started memory prices gain a little at every
+    weighting, so the search over weights went on for 431 of them (3 s on 100 tables, 8 s on 200); it stops at
+    ``max_weightings`` (default MAX_WEIGHTINGS), and more weightings only tighten the bound."""
+    model = random_model(100, seed=4, rows_range=(1e3, 3e9))
+    local = random_topology(trainers=1, gpus_per_trainer=1, servers=4)
+    room = sum(local.hbm_capacity(g) for g in local.gpus) + sum(local.ddr_capacity(h) for h in local.trainers)
+    ps_usable = 1 - local.constants.ps_reserve_fraction
+    ps_ddr = int((model.total_bytes * 1.003 - room) / 4 / ps_usable)
+    topo = random_topology(trainers=1, gpus_per_trainer=1, servers=4, ps_ddr_bytes=ps_ddr)
+    cost = CostModel(model, topo)
+    short, default = lower_bound(cost, max_weightings=20), lower_bound(cost)
+    assert (short.weightings, default.weightings) == (20, MAX_WEIGHTINGS)
+    assert 0 < short.value_ms <= default.value_ms
+    plan = Planner(GreedyLocalSearch(FAST)).plan(model, topo)
+    assert validate(plan, model, topo) == []
+    assert default.value_ms <= plan.step_ms * (1 + 1e-9)
+    with pytest.raises(ValueError, match="max_weightings must be at least 1"):
+        lower_bound(cost, max_weightings=0)
 
 
 def test_lower_bound_is_below_every_option_of_a_single_table():
@@ -229,6 +292,34 @@ def test_tight_memory_packs_before_calling_the_model_infeasible():
     plan = Planner(GreedyLocalSearch(FAST)).plan(model, topo)
     assert validate(plan, model, topo) == []
     assert plan.tables["big"].tier is Tier.PS and plan.tables["hot"].tier is not Tier.PS
+
+
+def test_a_model_that_fills_the_cluster_exactly_is_planned():
+    """Every tier full to the byte (capacities taken from a plan of these tables): hottest-first, the bound's tiers
+    and largest-first constructions all ran out of room; placing first the table a construction could not place,
+    and then the next one that failed (squeaky wheel), finds a plan."""
+    rows_dims = [
+        (25_291_502, 32, 0.97, "rowwise_adagrad", 0.095),
+        (174_478_950, 8, 28.9, "adam", 0.859),
+        (21_317_335, 64, 18.23, "adagrad", 0.09),
+        (10_448_976, 64, 28.71, "adagrad", 0.658),
+        (17, 16, 0.89, "adam", 0.945),
+    ]
+    gpu = {"count": 2, "hbm": 1_004_001_756, "hbm_bandwidth": "2TB/s", "tflops": 300, "pcie_bandwidth": "32GB/s"}
+    topo = Topology.from_dict(
+        {
+            "constants": {"hbm_reserve_fraction": 0, "ddr_reserve_fraction": 0, "ps_reserve_fraction": 0},
+            "hosts": [
+                {"name": "trainer", "count": 2, "ddr": 8_374_989_696, "ddr_bandwidth": "200GB/s"}
+                | {"nic_bandwidth": "25GB/s", "gpus": gpu | {"nvlink_bandwidth": "300GB/s"}},
+                {"name": "ps", "count": 3, "role": "parameter_server", "ddr": 6_534_276_884}
+                | {"ddr_bandwidth": "100GB/s", "nic_bandwidth": "25GB/s"},
+            ],
+        }
+    )
+    model = make_model(rows_dims)
+    plan = Planner(GreedyLocalSearch(FAST)).plan(model, topo)
+    assert validate(plan, model, topo) == []
 
 
 def test_unequal_servers_name_the_one_short_of_its_share():
