@@ -164,14 +164,14 @@ def bench_tight(cases: list[tuple[int, float, int]]) -> dict[str, Any]:
     it stops by itself (as it did before the budget), and the whole plan's time."""
     rows = []
     for n, fill, seed in cases:
-        cost = CostModel(*tight_case(n, fill, seed))
+        model, topology = tight_case(n, fill, seed)
+        cost = CostModel(model, topology)
         started = time.perf_counter()
         budget = lower_bound(cost)
         budget_s = time.perf_counter() - started
         started = time.perf_counter()
         unbounded = lower_bound(cost, max_weightings=10**6)
         unbounded_s = time.perf_counter() - started
-        model, topology = tight_case(n, fill, seed)
         try:
             result, seconds = timed_plan(model, topology)
             planned = "ok" if validate(result, model, topology) == [] else "invalid"
