@@ -25,7 +25,7 @@ from rich.table import Table
 from persia_planner import CapacityError, load_model, load_topology, plan, validate
 from persia_planner.bound import MAX_WEIGHTINGS, lower_bound
 from persia_planner.cost import CostModel
-from persia_planner.synthetic import random_model, random_topology
+from persia_planner.synthetic import nearly_full_topology, random_model, random_topology
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "persia_planner" / "examples"
 console = Console()
@@ -148,23 +148,13 @@ def bench_vs_torchrec(count: int, timeout_s: float) -> dict[str, Any]:
     }
 
 
-def tight_case(n_tables: int, fill: float, seed: int) -> tuple[Any, Any]:
-    """``n_tables`` generated tables on 1 host x 1 GPU + 4 PS whose PS DDR is sized so that every tier together
-    holds the tables' bytes times ``fill`` (1.003: all of HBM, DDR and PS DDR within 0.3% of full)."""
-    model = random_model(n_tables, seed=seed, rows_range=(1e3, 3e9))
-    local = random_topology(trainers=1, gpus_per_trainer=1, servers=4)
-    room = sum(local.hbm_capacity(g) for g in local.gpus) + sum(local.ddr_capacity(h) for h in local.trainers)
-    ps_usable = 1 - local.constants.ps_reserve_fraction
-    ps_ddr = int((model.total_bytes * fill - room) / 4 / ps_usable)
-    return model, random_topology(trainers=1, gpus_per_trainer=1, servers=4, ps_ddr_bytes=ps_ddr)
-
-
 def bench_tight(cases: list[tuple[int, float, int]]) -> dict[str, Any]:
     """Nearly full clusters: the lower bound at its default budget of weightings against the same search run until
     it stops by itself (as it did before the budget), and the whole plan's time."""
     rows = []
     for n, fill, seed in cases:
-        model, topology = tight_case(n, fill, seed)
+        model = random_model(n, seed=seed, rows_range=(1e3, 3e9))
+        topology = nearly_full_topology(model, fill)
         cost = CostModel(model, topology)
         started = time.perf_counter()
         budget = lower_bound(cost)

@@ -55,9 +55,13 @@ class CapacityError(PlannerError):
     Attributes:
         resource: The capacity that is short (e.g. ``"PS DDR"``, ``"trainer0 DDR"``).
         short_bytes: How many bytes are missing after the stated reservation.
+        table: The table that found no room, where one did (None where the tables do not fit in total).
     """
 
-    def __init__(self, resource: str, short_bytes: int, message: str, fixes: tuple[str, ...]):
+    def __init__(
+        self, resource: str, short_bytes: int, message: str, fixes: tuple[str, ...], *, table: str | None = None
+    ):
         self.resource = resource
         self.short_bytes = int(short_bytes)
+        self.table = table
         super().__init__(message, kind=ErrorKind.CAPACITY, fixes=fixes)

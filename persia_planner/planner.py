@@ -89,4 +89,5 @@ def check_capacity(model: ModelSpec, topology: Topology) -> None:
             f"table {largest.name!r} ({format_bytes(largest.bytes(dtype))}) is larger than any tier "
             f"(largest holds {format_bytes(room)}; short by {format_bytes(short)})",
             ("add parameter servers or DDR", "reduce its rows or dim"),
+            table=largest.name,
         )

@@ -176,7 +176,7 @@ class GreedyLocalSearch:
                 if run is not None:
                     firsts, starts = [run], [*starts, start]
                     break
-                if failed in first:
+                if failed is None or failed in first:
                     break
                 first = (*first, failed)
         if not firsts:
@@ -204,12 +204,10 @@ class GreedyLocalSearch:
         self, cost: CostModel, start: _Start, previous: _Run | None = None
     ) -> tuple[_Run | None, str | None]:
         """The constructed run, or None and the name of the table that found no room."""
-        run = _Run(cost, self.config, start.prices)
         try:
-            run.construct(start.preferred, previous=previous, largest_first=start.largest_first, first=start.first)
-        except CapacityError:
-            return None, run.failed
-        return run, None
+            return self._construct(cost, start, previous), None
+        except CapacityError as err:
+            return None, err.table
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,7 +232,6 @@ class _Run:
         self.mem = np.zeros(self.lay.mem_size)
         self.cap = cost.capacities()
         self.choices: dict[str, _Choice] = {}
-        self.failed: str | None = None  # the table a construction found no room for
         self.specs = {t.name: t for t in cost.model.tables}
         topo = cost.topology
         self.host_gpus = [np.flatnonzero(cost.gpu_host == h) for h in range(self.lay.n_hosts)]
@@ -563,7 +560,7 @@ class _Run:
         ``first`` go before all others, in that order.
 
         Raises:
-            CapacityError: A table found no room; its name is left in :attr:`failed`.
+            CapacityError: A table found no room (named by the error's ``table``).
         """
         tables = list(self.cost.model.tables)
         density = np.array([t.pooling_factor / t.row_bytes(self.dtype) / t.rows for t in tables])
@@ -590,7 +587,6 @@ class _Run:
                 self.loads = self.loads - previous.choices[table.name].loads
             choice, _ = self.best_choice(table, hint.get(table.name) if hint else None)
             if choice is None:
-                self.failed = table.name
                 raise self._capacity_error(table)
             self.add(table.name, choice)
         self.pricing = False
@@ -790,6 +786,7 @@ class _Run:
                     "use embedding_dtype: fp16 or fewer rows",
                     "lower the reserve fractions under 'constants:' in topology.yaml",
                 ),
+                table=table.name,
             )
         fixes = (
             "add parameter servers or more DDR per server"
@@ -805,6 +802,7 @@ class _Run:
             f"{format_bytes(max(free[resource], 0))} free after placing the hotter tables "
             f"(short by {format_bytes(max(short, 0))})",
             fixes,
+            table=table.name,
         )
 
     # ---- results --------------------------------------------------------------------------------------------

@@ -54,3 +54,13 @@ def random_topology(
         ps_ddr_bytes=ps_ddr_bytes,
         name=f"{trainers}x{gpus_per_trainer}+{servers}ps",
     )
+
+
+def nearly_full_topology(model: ModelSpec, fill: float, *, servers: int = 4) -> Topology:
+    """:func:`random_topology` with 1 host x 1 GPU and ``servers`` parameter servers whose DDR is sized so that every
+    tier together holds ``model``'s bytes times ``fill`` (1.003: HBM, DDR and PS DDR within 0.3% of full)."""
+    local = random_topology(trainers=1, gpus_per_trainer=1, servers=servers)
+    room = sum(local.hbm_capacity(g) for g in local.gpus) + sum(local.ddr_capacity(h) for h in local.trainers)
+    ps_usable = 1 - local.constants.ps_reserve_fraction
+    ps_ddr = int((model.total_bytes * fill - room) / servers / ps_usable)
+    return random_topology(trainers=1, gpus_per_trainer=1, servers=servers, ps_ddr_bytes=ps_ddr)

@@ -9,7 +9,7 @@ from persia_planner.bound import MAX_WEIGHTINGS, lower_bound, lower_bound_ms
 from persia_planner.cost import CostModel
 from persia_planner.plan import Plan
 from persia_planner.search import GreedyLocalSearch
-from persia_planner.synthetic import random_model, random_topology
+from persia_planner.synthetic import nearly_full_topology, random_model
 
 FAST = SearchConfig(improve_time_s=0.5)
 
@@ -198,11 +198,7 @@ def test_the_bound_stops_at_its_weighting_budget_where_every_tier_is_nearly_full
     weighting, so the search over weights went on for 431 of them (3 s on 100 tables, 8 s on 200); it stops at
     ``max_weightings`` (default MAX_WEIGHTINGS), and more weightings only tighten the bound."""
     model = random_model(100, seed=4, rows_range=(1e3, 3e9))
-    local = random_topology(trainers=1, gpus_per_trainer=1, servers=4)
-    room = sum(local.hbm_capacity(g) for g in local.gpus) + sum(local.ddr_capacity(h) for h in local.trainers)
-    ps_usable = 1 - local.constants.ps_reserve_fraction
-    ps_ddr = int((model.total_bytes * 1.003 - room) / 4 / ps_usable)
-    topo = random_topology(trainers=1, gpus_per_trainer=1, servers=4, ps_ddr_bytes=ps_ddr)
+    topo = nearly_full_topology(model, 1.003)
     cost = CostModel(model, topo)
     short, default = lower_bound(cost, max_weightings=20), lower_bound(cost)
     assert (short.weightings, default.weightings) == (20, MAX_WEIGHTINGS)
@@ -305,18 +301,7 @@ def test_a_model_that_fills_the_cluster_exactly_is_planned():
         (10_448_976, 64, 28.71, "adagrad", 0.658),
         (17, 16, 0.89, "adam", 0.945),
     ]
-    gpu = {"count": 2, "hbm": 1_004_001_756, "hbm_bandwidth": "2TB/s", "tflops": 300, "pcie_bandwidth": "32GB/s"}
-    topo = Topology.from_dict(
-        {
-            "constants": {"hbm_reserve_fraction": 0, "ddr_reserve_fraction": 0, "ps_reserve_fraction": 0},
-            "hosts": [
-                {"name": "trainer", "count": 2, "ddr": 8_374_989_696, "ddr_bandwidth": "200GB/s"}
-                | {"nic_bandwidth": "25GB/s", "gpus": gpu | {"nvlink_bandwidth": "300GB/s"}},
-                {"name": "ps", "count": 3, "role": "parameter_server", "ddr": 6_534_276_884}
-                | {"ddr_bandwidth": "100GB/s", "nic_bandwidth": "25GB/s"},
-            ],
-        }
-    )
+    topo = exact_cluster(2, 2, 3, 1_004_001_756, 8_374_989_696, 6_534_276_884)
     model = make_model(rows_dims)
     plan = Planner(GreedyLocalSearch(FAST)).plan(model, topo)
     assert validate(plan, model, topo) == []
