@@ -181,7 +181,7 @@ def _half_bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     st.lists(FLOATS, min_size=1, max_size=64),
 )
 def test_take_rows_half_rounds_as_half_and_reports_the_peak(dim, rows, picks, values):
-    """The fused gather + float16 rounding equals ``take_rows(...).half()`` bit for bit (zero rows for slot -1), and
+    """The gather + compiled float16 rounding equals ``take_rows(...).half()`` bit for bit (zero rows for slot -1), and
     the peak is the largest ``|value|`` of the rows taken, NaN ignored."""
     g = torch.Generator().manual_seed(len(values) * 31 + dim)
     table = torch.randn(rows, dim, generator=g) * 100
@@ -201,11 +201,11 @@ def test_take_rows_half_falls_back_and_refuses_slots_out_of_range(monkeypatch):
     table[7, 5], table[9, 1] = float("nan"), -7e4
     slots = torch.randint(0, 5000, (70_000,))
     slots[:2] = torch.tensor([7, 9])
-    fused = kernels.take_rows_half(table, slots)
+    compiled = kernels.take_rows_half(table, slots)
     monkeypatch.setattr(kernels, "_F16C", False)  # the torch path: take_rows, then .half() and one reduction
     plain = kernels.take_rows_half(table, slots)
-    assert _half_bits_equal(fused[0], plain[0]) and fused[1] == plain[1] == 7e4
-    assert _half_bits_equal(fused[0], table.index_select(0, slots).half())
+    assert _half_bits_equal(compiled[0], plain[0]) and compiled[1] == plain[1] == 7e4
+    assert _half_bits_equal(compiled[0], table.index_select(0, slots).half())
     monkeypatch.undo()
     for bad in (5000, -2, 2**40):
         slots[-3] = bad

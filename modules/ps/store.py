@@ -399,7 +399,7 @@ class EmbeddingStore:
         """Rows of ``ids`` as float32 ``[*ids.shape, dim]`` (a copy). See the class docstring for the semantics.
 
         ``dtype=torch.float16`` returns them rounded to float16 (``rows.half()``, what a float16 wire sends),
-        converted in the gather's own pass (:func:`.kernels.take_rows_half`); ``OverflowError`` if a row holds a
+        converted right after the gather (:func:`.kernels.take_rows_half`); ``OverflowError`` if a row holds a
         value that float16 rounds to ``inf`` (``|w| >= 65520``, or ``inf`` itself), raised after the lookup's side
         effects (NaN passes as NaN).
 
