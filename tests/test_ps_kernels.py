@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from persia_planner.modules.ps import kernels
-from persia_planner.modules.ps.store import _EMPTY, _HashIndex
+from persia_planner.modules.ps.store import _EMPTY, _hash, _HashIndex
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 EXTREMES = [-1, 0, 1, 2**63 - 1, -(2**63), 2**32]
@@ -64,8 +64,30 @@ def test_find_agrees_with_a_dict_after_inserts_and_removals(ids, removed, strang
     expected = torch.tensor([held.get(key, -1) for key in ids + strangers], dtype=torch.int64)
     assert torch.equal(slots, expected)
     found = slots >= 0
-    assert torch.equal(index.buckets[where[found]].long(), slots[found]) and (where[~found] == -1).all()
+    assert torch.equal(index.slots_at(where[found]), slots[found]) and (where[~found] == -1).all()
     assert (index.buckets != _EMPTY).sum() == capacity  # removals left tombstones, not empty buckets
+
+
+@pytest.mark.parametrize("home", [0, 3, 7])  # 7: the last bucket, so the probe wraps around to bucket 0
+def test_find_confirms_fingerprint_matches_against_the_ids(home):
+    """Two ids whose hashes agree in the fingerprint's 31 bits: the probe's match on the first is refuted by its id,
+    the probe goes on to the held id (or finds none), and only the held id's record is touched."""
+    n_buckets = 8
+    key = next(k for k in range(10**6) if int(_hash(torch.tensor([k]))) % n_buckets == home)
+    absent = next(k for k in range(key + 1, 10**6) if int(_hash(torch.tensor([k]))) % n_buckets == (home + 2) % 8)
+    records = torch.zeros(3, 2, dtype=torch.int64)
+    records[:, 0] = torch.tensor([key, -5, -6])  # slot 0 holds key; slots 1 and 2 hold ids the decoys stand for
+    index = _HashIndex(3, 3 / n_buckets, records[:, 0])
+    assert index.n_buckets == n_buckets
+    fingerprint = lambda k: int(_hash(torch.tensor([k]))) >> 32  # noqa: E731
+    # The decoys: buckets whose fingerprints say key / absent but whose slots hold other ids.
+    index.buckets[home] = fingerprint(key) << 32 | 1
+    index.buckets[(home + 1) % 8] = fingerprint(key) << 32 | 0
+    index.buckets[(home + 2) % 8] = fingerprint(absent) << 32 | 2
+    last, count = records.view(torch.int32)[:, 2], records.view(torch.int32)[:, 3]
+    slots, where = kernels.find(index.buckets, records[:, 0], torch.tensor([key, absent]), touch=(last, count, 9, None))
+    assert slots.tolist() == [0, -1] and where.tolist() == [(home + 1) % 8, -1]
+    assert last.tolist() == [9, 0, 0] and count.tolist() == [1, 0, 0]
 
 
 @settings(max_examples=60, deadline=None)

@@ -16,15 +16,17 @@ torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0, 2 cores:
 
 The own design: rows live in preallocated tensors and the occupied slots are always the prefix ``[0, len)`` (evicting
 moves the rows above the new end into the holes below it, so no free list is needed). Ids are found through a
-vectorised open-addressing hash table of int32 slot numbers (linear probing, splitmix64 hash, about ``2 * capacity``
-buckets = 8 B/row): a batch is resolved in one compiled probe pass (:func:`.kernels.find`, which also records a
-training lookup's accesses), inserts claim buckets in rounds of tensor ops with ``scatter_reduce(amax)``
+vectorised open-addressing hash table of int64 words, a slot number and a 31-bit fingerprint of the id (linear
+probing, splitmix64 hash, about ``2 * capacity`` buckets = 16 B/row): a batch is resolved in one compiled pass that
+probes the buckets alone and, a few ids behind, confirms each match against the slot's id and records a training
+lookup's accesses (:func:`.kernels.find`); inserts claim buckets in rounds of tensor ops with ``scatter_reduce(amax)``
 (deterministic winner), evictions leave tombstones that a vectorised rebuild clears. Exact 64-bit ids, no collisions.
-Per row: a 16-byte record (id 8 + last access 4 + count 4: the probe reads and writes one cache line) + index 8 + dirty
-flag 1 B on top of the weights and the optimizer state: dim 64 + row-wise Adagrad = 285 B vs 260 B raw; measured RSS
-at 10M rows 298-301 B/row = 1.15x; dim 16 at 100M rows: 94-96 B/row, 8.9 GiB. A 64k-id Zipf batch (25.8k distinct) on
-the 10M-row table, 2 cores, in process: lookup 3.6-4.6 ms (0.9-1.0 ms for the distinct ids the client sends), update
-9-12 ms (3.2 ms distinct).
+Per row: a 16-byte record (id 8 + last access 4 + count 4: confirming the id and recording the access touch one cache
+line) + index 16 + dirty flag 1 B on top of the weights and the optimizer state: dim 64 + row-wise Adagrad = 293 B vs
+260 B raw; measured RSS at 10M rows 316 B/row = 1.22x (298-307 B/row = 1.15-1.18x with the int32 buckets used until
+2026-11-24, which made every probe wait for the slot's id); dim 16 at 100M rows: 104 B/row, 9.7 GiB. A 64k-id Zipf
+batch (25.8k distinct) on the 10M-row table, 2 cores, in process: lookup 3.6-4.6 ms (0.9-1.0 ms for the distinct ids
+the client sends), update 9-12 ms (3.2 ms distinct).
 
 LRU/LFU victims are chosen exactly (``kthvalue`` over the occupied slots), which reads every row: on a full table
 the store therefore evicts a chunk of ``eviction_chunk * capacity`` rows (default 1/64) at once, so that pass runs
@@ -54,6 +56,7 @@ __all__ = ["EmbeddingStore", "Eviction", "Normal", "Uniform"]
 
 _EMPTY = -1  # a bucket never used since the last rebuild: ends a probe sequence
 _TOMBSTONE = -2  # a bucket whose row was evicted: probes continue past it, inserts may reuse it
+_SLOT_BITS = 0xFFFFFFFF  # a held bucket's low 32 bits: its slot (the fingerprint sits above)
 _INT32_MAX = 2**31 - 1
 # The smallest magnitude that float16 rounds to inf (the midpoint between 65504 and 2**16, rounded to even).
 _FLOAT16_OVERFLOW = 65520.0
@@ -214,20 +217,20 @@ def _table_empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
 class _HashIndex:
     """Open-addressing (linear probing) table from id to slot, every operation vectorised over a batch.
 
-    Buckets hold an int32 slot number, ``_EMPTY`` or ``_TOMBSTONE``; the id itself is read from the store's slot ids,
-    so a bucket costs 4 B. Invariant: ``live + tombstones < buckets`` (there is always an empty bucket), so every
-    probe sequence terminates; :meth:`needs_rebuild` keeps the filled fraction <= ``max_fill``.
+    A bucket is one int64 word: ``fingerprint << 32 | slot`` for a held id (the fingerprint is the top 31 bits of the
+    id's 63-bit hash, so the word is >= 0), ``_EMPTY`` (-1) or ``_TOMBSTONE`` (-2). The id itself is read from the
+    store's slot ids only to confirm a fingerprint match, a few ids after the probe (see :func:`.kernels.find`), so
+    the probe reads one random cache line per id and never waits for a second that depends on it; a bucket costs
+    8 B. Invariant: ``live + tombstones < buckets`` (there is always an empty bucket), so every probe sequence
+    terminates; :meth:`needs_rebuild` keeps the filled fraction <= ``max_fill``.
     """
 
     def __init__(self, capacity: int, load_factor: float, slot_ids: torch.Tensor) -> None:
         self.n_buckets = max(math.ceil(capacity / load_factor), capacity + 1)
-        self.buckets = _table_empty(self.n_buckets, dtype=torch.int32).fill_(_EMPTY)
+        self.buckets = _table_empty(self.n_buckets, dtype=torch.int64).fill_(_EMPTY)
         self.slot_ids = slot_ids
         self.tombstones = 0
         self.max_fill = (1.0 + load_factor) / 2  # rebuild once tombstones take half the slack
-
-    def _home(self, ids: torch.Tensor) -> torch.Tensor:
-        return _hash(ids) % self.n_buckets
 
     def find(
         self, ids: torch.Tensor, *, touch: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None] | None = None
@@ -241,20 +244,29 @@ class _HashIndex:
 
     def insert(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """Insert distinct ids known to be absent, pointing at ``slots``."""
-        pos = self._home(ids)
-        slots32 = slots.to(torch.int32)
-        while slots32.numel():
+        hashed = _hash(ids)
+        pos = hashed % self.n_buckets
+        words = (hashed >> 32 << 32) | slots.to(torch.int64)  # the hash is >= 0: the shift is logical
+        while words.numel():
             b = self.buckets.index_select(0, pos)
             free = b < 0
-            cand_pos, cand_slot = pos[free], slots32[free]
-            # Several ids may claim the same bucket: the largest slot wins, deterministically; the rest probe on.
-            self.buckets.scatter_reduce_(0, cand_pos, cand_slot, reduce="amax")
+            cand_pos, cand_word = pos[free], words[free]
+            # Several ids may claim the same bucket: the largest word wins, deterministically; the rest probe on.
+            self.buckets.scatter_reduce_(0, cand_pos, cand_word, reduce="amax", include_self=False)
             won = torch.zeros_like(free)
-            won[free] = self.buckets[cand_pos] == cand_slot
+            won[free] = self.buckets[cand_pos] == cand_word
             self.tombstones -= int((b[won] == _TOMBSTONE).sum())
             lose = ~won
-            pos, slots32 = pos[lose] + 1, slots32[lose]
+            pos, words = pos[lose] + 1, words[lose]
             pos[pos == self.n_buckets] = 0
+
+    def slots_at(self, buckets: torch.Tensor) -> torch.Tensor:
+        """The slots that occupied ``buckets`` point to (int64)."""
+        return self.buckets.index_select(0, buckets) & _SLOT_BITS
+
+    def repoint(self, buckets: torch.Tensor, slots: torch.Tensor) -> None:
+        """Point the occupied ``buckets`` at new ``slots`` (their ids' rows moved), keeping the fingerprints."""
+        self.buckets[buckets] = (self.buckets.index_select(0, buckets) & ~_SLOT_BITS) | slots.to(torch.int64)
 
     def remove_buckets(self, buckets: torch.Tensor) -> None:
         """Tombstone the given occupied buckets."""
@@ -305,7 +317,7 @@ class EmbeddingStore:
         init_seed: If set, a new row's initial value depends only on ``(init_seed, id)`` (``init.rows_for``), so
             every server, arrival order and resumed run initialises an id alike; if None, rows are drawn from the
             seeded generator in insertion order.
-        index_load_factor: Live rows per hash bucket at full capacity (index costs ``4 / load_factor`` B/row).
+        index_load_factor: Live rows per hash bucket at full capacity (index costs ``8 / load_factor`` B/row).
         eviction_chunk: When a full table must make room, it evicts at least this fraction of its capacity at
             once (the policy's lowest-ranked rows, never the batch's own ids), so the O(rows) choice of victims
             runs once per that many inserts instead of once per batch. A full table then holds between
@@ -508,7 +520,7 @@ class EmbeddingStore:
             _, mover_buckets = self._index.find(self._ids[movers])
             for rows in (self._records, self._weights, self._state, self._dirty):
                 rows.index_copy_(0, holes, rows.index_select(0, movers))
-            self._index.buckets[mover_buckets] = holes.to(torch.int32)
+            self._index.repoint(mover_buckets, holes)
             # The batch's hits that moved: map old slot -> new slot through the movers (ascending by construction).
             at = torch.searchsorted(movers, slots).clamp_(max=movers.numel() - 1)
             moved = movers[at] == slots
