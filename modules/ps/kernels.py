@@ -110,8 +110,8 @@ def _find(buckets, slot_ids, ids, slots, where, last, count, step, counts, touch
     # record of id i - _CONFIRM_PREFETCH's slot is prefetched; and the match of id i - _CONFIRM_AT is confirmed
     # against its slot's id, writing a training lookup's bookkeeping into the same line. Until 2026-11-24 the probe
     # compared the slot's id itself: a second random read that waited for the first, one id at a time (25.8k ids
-    # of a full 10M-row table, cold caches, alternating: 1.41 / 1.80 / 2.29 -> 0.77 / 1.06 / 1.54 ms in three
-    # runs; the same buckets probed first and confirmed in a second pass: 1.20 / 1.44 / 2.22 ms).
+    # of a full 10M-row table, cold caches, alternating in one process: 1.46 / 1.54 -> 1.01 / 1.09 ms; probing
+    # first and confirming in a second pass gained less, 1.17-2.22 against 1.34-2.29 ms: it waited again).
     # touch: 0 none, 1 one access per id, 2 counts[i] accesses.
     n_buckets = buckets.shape[0]
     n = ids.shape[0]
