@@ -56,7 +56,7 @@ __all__ = ["EmbeddingStore", "Eviction", "Normal", "Uniform"]
 
 _EMPTY = -1  # a bucket never used since the last rebuild: ends a probe sequence
 _TOMBSTONE = -2  # a bucket whose row was evicted: probes continue past it, inserts may reuse it
-_SLOT_BITS = 0xFFFFFFFF  # a held bucket's low 32 bits: its slot (the fingerprint sits above)
+_SLOT_BITS = int(kernels._SLOT_BITS)  # a held bucket's low 32 bits: its slot (the probe defines the word)
 _INT32_MAX = 2**31 - 1
 # The smallest magnitude that float16 rounds to inf (the midpoint between 65504 and 2**16, rounded to even).
 _FLOAT16_OVERFLOW = 65520.0
