@@ -73,20 +73,21 @@ def test_find_confirms_fingerprint_matches_against_the_ids(home):
     """Two ids whose hashes agree in the fingerprint's 31 bits: the probe's match on the first is refuted by its id,
     the probe goes on to the held id (or finds none), and only the held id's record is touched."""
     n_buckets = 8
-    key = next(k for k in range(10**6) if int(_hash(torch.tensor([k]))) % n_buckets == home)
-    absent = next(k for k in range(key + 1, 10**6) if int(_hash(torch.tensor([k]))) % n_buckets == (home + 2) % 8)
+    hashed = lambda k: int(_hash(torch.tensor([k])))  # noqa: E731
+    key = next(k for k in range(10**6) if hashed(k) % n_buckets == home)
+    absent = next(k for k in range(key + 1, 10**6) if hashed(k) % n_buckets == (home + 2) % n_buckets)
     records = torch.zeros(3, 2, dtype=torch.int64)
     records[:, 0] = torch.tensor([key, -5, -6])  # slot 0 holds key; slots 1 and 2 hold ids the decoys stand for
     index = _HashIndex(3, 3 / n_buckets, records[:, 0])
     assert index.n_buckets == n_buckets
-    fingerprint = lambda k: int(_hash(torch.tensor([k]))) >> 32  # noqa: E731
+    fingerprint = lambda k: hashed(k) >> 32  # noqa: E731
     # The decoys: buckets whose fingerprints say key / absent but whose slots hold other ids.
     index.buckets[home] = fingerprint(key) << 32 | 1
-    index.buckets[(home + 1) % 8] = fingerprint(key) << 32 | 0
-    index.buckets[(home + 2) % 8] = fingerprint(absent) << 32 | 2
+    index.buckets[(home + 1) % n_buckets] = fingerprint(key) << 32 | 0
+    index.buckets[(home + 2) % n_buckets] = fingerprint(absent) << 32 | 2
     last, count = records.view(torch.int32)[:, 2], records.view(torch.int32)[:, 3]
     slots, where = kernels.find(index.buckets, records[:, 0], torch.tensor([key, absent]), touch=(last, count, 9, None))
-    assert slots.tolist() == [0, -1] and where.tolist() == [(home + 1) % 8, -1]
+    assert slots.tolist() == [0, -1] and where.tolist() == [(home + 1) % n_buckets, -1]
     assert last.tolist() == [9, 0, 0] and count.tolist() == [1, 0, 0]
 
 
