@@ -23,7 +23,7 @@ import datetime
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,10 @@ import torch.distributed as dist
 from torch import nn
 
 from persia_planner.errors import PlannerError
+from persia_planner.export import check_executable, planned_execution
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import ModelSpec
+from persia_planner.topology import Topology
 
 from .config import (
     DenseOptimizer,
@@ -46,6 +48,14 @@ from .config import (
 )
 from .data.criteo import NUM_INTEGER, Batch, CriteoReader
 from .data.synthetic import SyntheticClicks, Teacher
+from .distributed import (
+    data_parallel_tables,
+    dense_parameters,
+    distribute,
+    executed_plan,
+    hybrid_of,
+    sparse_torch_optimizer,
+)
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 from .ps.launch import trainers_store
 
@@ -53,10 +63,11 @@ __all__ = [
     "TrainConfig",
     "TrainLoop",
     "build_model",
-    "data_parallel",
-    "dense_parameters",
+    "check_trainers",
     "dense_state_dict",
+    "make_optimizer",
     "teacher_for",
+    "torchrun_role",
     "train_local",
     "train_torchrun",
 ]
@@ -83,9 +94,10 @@ def build_model(
     ps_servers: int = 1,
     num_dense: int = NUM_INTEGER,
     device: torch.device | None = None,
+    local_device: torch.device | None = None,
 ) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
     """A TorchRec ``DLRM`` over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs
-    from plain TorchRec). Returns ``(model, hybrid)``.
+    from plain TorchRec). Returns ``(model, hybrid)``; shard it with :func:`.distributed.distribute`.
 
     Raises:
         PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
@@ -110,6 +122,7 @@ def build_model(
         ps_capacity=capacity,
         seed=seed,
         device=device,
+        local_device=local_device,
     )
     model = DLRM(
         embedding_bag_collection=hybrid,
@@ -120,41 +133,42 @@ def build_model(
     return model, hybrid
 
 
-def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters outside every :class:`HybridEmbeddingBagCollection` (the sparse ones have fused optimizers)."""
-    sparse = {id(p) for m in model.modules() if isinstance(m, HybridEmbeddingBagCollection) for p in m.parameters()}
-    return [p for p in model.parameters() if id(p) not in sparse and p.requires_grad]
-
-
 def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s state without the tensors of its :class:`HybridEmbeddingBagCollection` s (detached, not copied)."""
-    sparse = {
-        id(t)
-        for m in model.modules()
-        if isinstance(m, HybridEmbeddingBagCollection)
-        for t in (*m.parameters(), *m.buffers())
-    }
-    return {k: v.detach() for k, v in model.state_dict(keep_vars=True).items() if id(v) not in sparse}
+    """``model``'s state without its :class:`HybridEmbeddingBagCollection` (detached, not copied)."""
+    path, _ = hybrid_of(model)
+    prefix = f"{path}." if path else ""
+    return {k: v.detach() for k, v in model.state_dict().items() if not (prefix and k.startswith(prefix))}
 
 
-def data_parallel(model: nn.Module, process_group: Any = None, device: torch.device | None = None) -> nn.Module:
-    """``DistributedDataParallel`` over the dense parameters; embedding modules are left out of its all-reduce.
+def make_optimizer(model: nn.Module, cfg: TrainConfig, sparse: SparseOptimizer) -> Any:
+    """The optimizer a step calls: the dense one over the dense parameters, the sparse one over local tables that
+    fbgemm does not update in its fused backward (data-parallel replicas). Fused tables need none."""
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
-    Args:
-        model: The model (dense parameters already on ``device``).
-        process_group: The trainers' group (default: the default group); nccl on CUDA, gloo on CPU.
-        device: The CUDA device of this trainer, or None on CPU.
+    def dense_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if cfg.dense_optimizer is DenseOptimizer.SGD:
+            return torch.optim.SGD(params, lr=cfg.dense_lr)
+        return torch.optim.Adagrad(params, lr=cfg.dense_lr)
+
+    def sparse_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return sparse_torch_optimizer(sparse.kind, params, lr=sparse.learning_rate, eps=sparse.eps)
+
+    parts = [(dense_parameters(model), dense_opt), (data_parallel_tables(model), sparse_opt)]
+    return CombinedOptimizer([KeyedOptimizerWrapper(p, make) for p, make in parts if p])
+
+
+def check_trainers(trainers: int, topology: Topology) -> None:
+    """The trainers must be the topology's trainer devices: rank ``r`` runs what the plan put on ``gpus[r]``.
+
+    Raises:
+        PlannerError: Another count, naming both and the fix.
     """
-    from torch.nn.parallel import DistributedDataParallel
-
-    ignore = []
-    for prefix, module in model.named_modules():
-        if isinstance(module, HybridEmbeddingBagCollection):
-            names = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
-            ignore += [f"{prefix}.{n}" if prefix else n for n in names]
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
-    on_cuda = device is not None and device.type == "cuda"
-    return DistributedDataParallel(model, process_group=process_group, device_ids=[device] if on_cuda else None)
+    if trainers != len(topology.gpus):
+        raise PlannerError(
+            f"--trainers is {trainers} but topology {topology.name!r} has {len(topology.gpus)} trainer devices "
+            "(the plan's ranks)",
+            fixes=(f"use --trainers {len(topology.gpus)}", "plan for a topology with one device per trainer"),
+        )
 
 
 # ---- the step loop -------------------------------------------------------------------------------------------
@@ -293,7 +307,7 @@ def _evaluate(model: nn.Module, batches: Iterator[Batch], device: torch.device |
     model.eval()
     preds, labels, probs = [], [], []
     with torch.no_grad():
-        for b in batches:
+        for b in _lockstep(batches):  # sharded tables answer in collectives: every trainer runs as many batches
             sparse = b.sparse if device is None or device.type == "cpu" else b.sparse.to(device)
             dense = b.dense if device is None else b.dense.to(device)
             preds.append(torch.sigmoid(model(dense, sparse).squeeze(-1)).cpu())
@@ -337,11 +351,19 @@ def _gather_1d(x: torch.Tensor) -> torch.Tensor:
 # ---- checkpoints ---------------------------------------------------------------------------------------------
 
 
+def _local_state(hybrid: HybridEmbeddingBagCollection) -> dict[str, Any]:
+    """The local tables' full weights and every trainer's fused-optimizer state (collectives: every trainer)."""
+    return {
+        "local": {k: v.detach().clone() for k, v in hybrid.local_weights().items()},
+        "local_optimizer": hybrid.local.optimizer_pieces() if hybrid.local is not None else {},
+    }
+
+
 def _save_trainer_state(
     path: Path,
     step: int,
     model: nn.Module,
-    hybrid: HybridEmbeddingBagCollection,
+    local: dict[str, Any],
     opt: Any,
     ps_version: int | None,
     layout: dict[str, Any],
@@ -352,8 +374,7 @@ def _save_trainer_state(
         "ps_version": ps_version,  # the PS checkpoint version saved with this state (see check_resume)
         "dense": {k: v.clone() for k, v in dense_state_dict(model).items()},
         "dense_optimizer": opt.state_dict(),
-        "local": {k: v.detach().clone() for k, v in hybrid.local_weights().items()},
-        "local_optimizer": hybrid.local_optimizer_states(),
+        **local,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -381,12 +402,12 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
         raise PlannerError(
             f"--resume: {path} is not a readable trainer checkpoint ({type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else 'no detail'})",
-            fixes=("resume from another checkpoint directory", "or train from scratch without --resume"),
+            fixes=("resume from another checkpoint directory", "train from scratch without --resume"),
         ) from None
     if not isinstance(state, dict) or not {"step", "dense", "local"} <= state.keys():
         raise PlannerError(
             f"--resume: {path} is not a trainer checkpoint of persia train (it lacks step/dense/local)",
-            fixes=("resume from another checkpoint directory", "or train from scratch without --resume"),
+            fixes=("resume from another checkpoint directory", "train from scratch without --resume"),
         )
     if with_ps:
         latest = read_latest(directory / "ps")
@@ -395,7 +416,7 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
             raise PlannerError(
                 f"--resume: {directory} holds trainer state for PS version {state.get('ps_version')} but the "
                 f"parameter-server checkpoint is at version {have} (a save was interrupted?)",
-                fixes=("resume from another checkpoint directory", "or train from scratch without --resume"),
+                fixes=("resume from another checkpoint directory", "train from scratch without --resume"),
             )
     return state
 
@@ -428,7 +449,7 @@ def _check_layout(path: Path, state: dict[str, Any], layout: dict[str, Any]) -> 
             f"--resume: checkpoint {path} was trained with {what}; resuming would replay or skip training data",
             fixes=(
                 "resume with the --trainers, --batch-size, --data and --seed of the checkpointed run",
-                "or train from scratch",
+                "train from scratch",
             ),
         )
 
@@ -446,14 +467,21 @@ def _load_trainer_state(
         raise PlannerError(
             f"--resume: checkpoint {path} holds {k} of shape {tuple(state['dense'][k].shape)}, this model's is "
             f"{tuple(own[k].shape)} (saved with another model.yaml?)",
-            fixes=("resume with the model the checkpoint was trained with", "or train from scratch without --resume"),
+            fixes=("resume with the model the checkpoint was trained with", "train from scratch without --resume"),
         )
     _missing, unexpected = model.load_state_dict(state["dense"], strict=False)
     if unexpected:
         raise PlannerError(f"--resume: checkpoint {path} holds parameters {unexpected[:3]} this model lacks")
     opt.load_state_dict(state["dense_optimizer"])
+    if not isinstance(state.get("local_optimizer"), dict):
+        raise PlannerError(
+            f"--resume: checkpoint {path} was written by an earlier version of persia train (its local tables' "
+            "optimizer state is not per shard)",
+            fixes=("train from scratch without --resume",),
+        )
     hybrid.load_local_weights(state["local"])
-    hybrid.load_local_optimizer_states(state["local_optimizer"])
+    if hybrid.local is not None:
+        hybrid.local.load_optimizer_pieces(state["local_optimizer"])
     return int(state["step"])
 
 
@@ -467,6 +495,7 @@ class _Job:
     cfg: TrainConfig
     spec: ModelSpec
     tables: dict[str, TablePlacement]
+    topology: Topology
     servers: int
     trainers: int
     extra: dict[str, Any] = field(default_factory=dict)
@@ -479,11 +508,16 @@ def _trainer(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
 
     # torch's own deprecation chatter about gloo groups and fx tracing says nothing to a user of this command
     warnings.filterwarnings("ignore", message="You are using a Backend")
+    warnings.filterwarnings("ignore", message=".*broadcast_buffers")  # TorchRec's own DDP arguments
+    warnings.filterwarnings("ignore", message=".*autograd kernel was not registered")  # fbgemm's dense DP kernel
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    logging.getLogger("torchrec").setLevel(logging.ERROR)  # "caching params will be ignored" per DP table
     torch.set_num_threads(1)
-    # The trainers' group rendezvous in the job's store (torchrun's agent or local_cluster's), under a prefix.
+    # The trainers' group rendezvous in the job's store (torchrun's agent or local_cluster's), under a prefix. gloo
+    # carries the CPU collectives (ids, lockstep, metrics); on CUDA nccl carries TorchRec's all-to-alls and DDP's.
     timeout = datetime.timedelta(seconds=300)
-    dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=job.trainers, timeout=timeout)
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, store=trainers_store(), rank=j, world_size=job.trainers, timeout=timeout)
     try:
         return _train(j, client, job)
     finally:
@@ -509,15 +543,11 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         seed=cfg.seed,
         ps_servers=job.servers,
         device=device,
+        local_device=torch.device("meta"),  # only the shards this trainer holds are allocated, by DMP
     )
-    model.to(device)
-    # gloo carries the small CPU collectives (ids, lockstep, metrics); DDP's gradients go over nccl on CUDA.
-    ddp = data_parallel(model, dist.new_group(backend="nccl") if on_cuda else None, device if on_cuda else None)
-    dense = dense_parameters(model)
-    if cfg.dense_optimizer is DenseOptimizer.SGD:
-        opt: torch.optim.Optimizer = torch.optim.SGD(dense, lr=cfg.dense_lr)
-    else:
-        opt = torch.optim.Adagrad(dense, lr=cfg.dense_lr)
+    dmp = distribute(model, job.tables, job.topology, device=device)
+    executed = executed_plan(model)
+    opt = make_optimizer(model, cfg, sparse_opt)
     start_step = 0
     ckpt = Path(cfg.checkpoint) if cfg.checkpoint else None
     if cfg.resume and ckpt is not None:
@@ -529,7 +559,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     history: list[dict[str, Any]] = []
     losses: list[float] = []
     step_ms: list[float] = []
-    loop = TrainLoop(ddp, hybrid, opt, device)
+    loop = TrainLoop(dmp, hybrid, opt, device)
     progress = _progress(cfg) if (j == 0 and cfg.progress) else None
     task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
     t0 = time.perf_counter()
@@ -553,7 +583,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
                 eval_started = time.perf_counter()
                 hybrid.flush()
                 dist.barrier()  # every trainer's pushes are applied before anyone evaluates
-                history[-1].update(_evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device))
+                history[-1].update(_evaluate(dmp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device))
                 eval_s += time.perf_counter() - eval_started
         hybrid.flush()
         # Training throughput: the evaluations along the way are not training (they would halve it at eval_every=1).
@@ -563,12 +593,13 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
             progress.stop()
     dist.barrier()  # every trainer's pushes are applied before the checkpoint and the evaluation
     if ckpt is not None:  # before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing
+        local = _local_state(hybrid)  # gathers every trainer's shards
         if j == 0:
             # keep=2: this version and the one before; every run into the directory would otherwise add a full copy
             version = client.save(ckpt / "ps", keep=2) if hybrid.ps is not None else None
-            _save_trainer_state(ckpt / "trainer.pt", step, model, hybrid, opt, version, layout)
+            _save_trainer_state(ckpt / "trainer.pt", step, model, local, opt, version, layout)
         dist.barrier()
-    result = _evaluate(ddp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device)
+    result = _evaluate(dmp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device)
     if history:
         history[-1].update(result)
     if j != 0:
@@ -592,6 +623,8 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         "servers": job.servers if hybrid.ps is not None else 0,
         "ps_tables": [c.name for c in hybrid.ps_tables],
         "local_tables": [c.name for c in hybrid.local_tables],
+        "executed_plan": executed,
+        "executed_matches_plan": executed == planned_execution(job.tables, spec, job.topology),
         "ps_delay_ms": cfg.ps_delay_ms,
         "ps_wire": cfg.ps_wire.value,
         "data": cfg.data,
@@ -637,18 +670,34 @@ PS_REQUEST_TIMEOUT_S = 60.0
 # ---- launchers -----------------------------------------------------------------------------------------------
 
 
+def _check_plan_runs(cfg: TrainConfig, tables: dict[str, TablePlacement], topology: Topology) -> None:
+    """Before any process starts: the trainers are the plan's ranks, and TorchRec runs every table as planned."""
+    check_trainers(cfg.trainers, topology)
+    check_executable(tables, "cuda" if torch.cuda.is_available() else "cpu")
+
+
 def train_local(
-    cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int, run_timeout_s: float = 3600
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement],
+    *,
+    servers: int,
+    topology: Topology,
+    run_timeout_s: float = 3600,
 ) -> dict[str, Any]:
-    """Run ``servers`` PS processes and ``cfg.trainers`` trainers on this machine; returns trainer 0's summary."""
+    """Run ``servers`` PS processes and ``cfg.trainers`` trainers on this machine; returns trainer 0's summary.
+
+    ``topology`` is the one the plan was made for: trainer ``r`` runs what the plan put on ``topology.gpus[r]``.
+    """
     from .ps.launch import local_cluster
 
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     check_before_start(cfg, spec, with_ps=has_ps)
+    _check_plan_runs(cfg, tables, topology)
     if cfg.resume and cfg.checkpoint:  # here, before any process starts
         path = Path(cfg.checkpoint)
         _check_layout(path / "trainer.pt", check_resume(path, has_ps), _data_layout(cfg, spec, cfg.trainers))
-    job = _Job(cfg, spec, dict(tables), servers if has_ps else 1, cfg.trainers)
+    job = _Job(cfg, spec, dict(tables), topology, servers if has_ps else 0, cfg.trainers)
     results = local_cluster(
         job.servers,
         cfg.trainers,
@@ -662,8 +711,31 @@ def train_local(
     return results[0]
 
 
-def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int) -> Any:
-    """The same job under ``torchrun``: ranks ``< servers`` serve the PS tables, the others train.
+def torchrun_role(servers: int, environ: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """This torchrun process's role: ``("server", i)`` serves as ``ps{i}``, ``("trainer", j)`` trains as rank ``j``.
+
+    The servers are spread over the nodes: with ``N`` nodes of ``L`` processes each and ``servers`` a multiple of
+    ``N``, the first ``servers / N`` local ranks of every node serve and the rest train (one node: ranks
+    ``< servers`` serve, as before). Otherwise global ranks ``< servers`` serve. Server and trainer indices follow
+    node order, so trainer ``j`` is ``topology.gpus[j]`` whatever the layout.
+    """
+    env = os.environ if environ is None else environ
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local, per_node = int(env.get("LOCAL_RANK", rank)), int(env.get("LOCAL_WORLD_SIZE", world))
+    nodes = world // per_node if per_node and world % per_node == 0 else 1
+    if nodes > 1 and servers % nodes == 0 and per_node > servers // nodes:
+        node, serving = rank // per_node, servers // nodes
+        if local < serving:
+            return "server", node * serving + local
+        return "trainer", node * (per_node - serving) + local - serving
+    return ("server", rank) if rank < servers else ("trainer", rank - servers)
+
+
+def train_torchrun(
+    cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int, topology: Topology
+) -> Any:
+    """The same job under ``torchrun``, on one node or several: some processes serve the PS tables, the others
+    train (:func:`torchrun_role`).
 
     RPC and the trainers' gloo group both rendezvous in torchrun's store at ``MASTER_ADDR:MASTER_PORT``.
     Returns the summary on the first trainer, None elsewhere.
@@ -675,20 +747,23 @@ def train_torchrun(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePla
     if world <= servers:
         raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
     check_before_start(cfg, spec, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()))
-    if rank < servers:
-        ps_server.serve(rank, world)
+    cfg = replace(cfg, trainers=world - servers)
+    _check_plan_runs(cfg, tables, topology)
+    role, index = torchrun_role(servers)
+    if role == "server":
+        ps_server.serve(rank, world, name=ps_server.server_name(index))
         return None
-    job = _Job(replace(cfg, trainers=world - servers), spec, dict(tables), servers, world - servers)
+    job = _Job(cfg, spec, dict(tables), topology, servers, world - servers)
     # joined: a failed step leaves at once; a server lost at the end is named within the peer timeout, not awaited.
     with joined(
-        f"trainer{rank - servers}",
+        f"trainer{index}",
         rank,
         world,
         timeout_s=PS_REQUEST_TIMEOUT_S,
         delay_ms=cfg.ps_delay_ms,
         wire_dtype=cfg.ps_wire_dtype,
     ) as client:
-        return _trainer(rank - servers, client, job)
+        return _trainer(index, client, job)
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
@@ -706,5 +781,6 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ("PS wire dtype", result["ps_wire"]),
         ("PS tables (async)", ", ".join(result["ps_tables"]) or "-"),
         ("local tables (sync)", f"{len(result['local_tables'])}"),
+        ("executed as planned", "yes" if result.get("executed_matches_plan") else "no"),
     ]
     return rows

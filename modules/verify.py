@@ -1,7 +1,8 @@
 """Check a hybrid run against plain TorchRec: with staleness 0 the losses must match step by step.
 
 :func:`compare_with_torchrec` trains, in the same trainer processes and on the same batches, the hybrid DLRM
-(:func:`.train.build_model`: local tables in fbgemm, PS tables on the parameter servers, dense part under DDP) and
+(:func:`.train.build_model` sharded by :func:`.distributed.distribute`: local tables sharded by the plan in TorchRec's
+``DistributedModelParallel``, PS tables on the parameter servers, dense part under DDP) and
 a reference: TorchRec's ``DLRM`` over a plain ``EmbeddingBagCollection`` holding every table, the whole model under
 ``DistributedDataParallel``. The reference starts from the hybrid's initial weights (local tables and dense layers
 copied; PS rows read from the servers). Dense layers use SGD; embedding tables SGD or row-wise Adagrad (TorchRec's
@@ -24,12 +25,15 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from persia_planner.errors import PlannerError
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import ModelSpec, Optimizer
+from persia_planner.topology import Topology
 
+from .config import TrainConfig
 from .data.criteo import NUM_INTEGER, Batch
 from .data.synthetic import SyntheticClicks, Teacher
+from .distributed import distribute
 from .hybrid import SparseOptimizer
 from .ps.launch import trainers_store
-from .train import build_model, data_parallel, dense_parameters, dense_state_dict
+from .train import build_model, dense_state_dict, make_optimizer
 
 __all__ = ["compare_with_torchrec"]
 
@@ -38,6 +42,7 @@ __all__ = ["compare_with_torchrec"]
 class _Job:
     spec: ModelSpec
     tables: dict[str, TablePlacement]
+    topology: Topology
     steps: int
     batch_size: int
     learning_rate: float
@@ -69,6 +74,8 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
     from persia_planner.export import to_embedding_bag_configs
 
     warnings.filterwarnings("ignore", message="You are using a Backend")
+    warnings.filterwarnings("ignore", message=".*broadcast_buffers")
+    warnings.filterwarnings("ignore", message=".*autograd kernel was not registered")
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", store=trainers_store(), rank=j, world_size=job.trainers, timeout=datetime.timedelta(seconds=300)
@@ -85,7 +92,9 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
             seed=job.seed,
             ps_servers=job.servers,
             device=torch.device("cpu"),
+            local_device=torch.device("meta"),
         )
+        hyb_net = distribute(model, job.tables, job.topology)
         dim = spec.tables[0].dim
         reference = DLRM(
             embedding_bag_collection=EmbeddingBagCollection(tables=to_embedding_bag_configs(spec)),
@@ -97,6 +106,7 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
         _missing, unexpected = reference.load_state_dict(dense_state_dict(model), strict=False)
         assert not unexpected, unexpected
         bags = reference.sparse_arch.embedding_bag_collection.embedding_bags
+        start: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for name, weight in hybrid.local_weights().items():
                 bags[name].weight.copy_(weight)
@@ -106,10 +116,10 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
                     for name in ps_names:
                         bags[name].weight.copy_(client.lookup(name, torch.arange(spec.table(name).rows)))
                 dist.barrier()
+            start = {name: bag.weight.detach().clone() for name, bag in bags.items()}
         ref_ddp = nn.parallel.DistributedDataParallel(reference)
         ref_opt = _reference_optimizer(reference, job)
-        hyb_ddp = data_parallel(model)
-        hyb_opt = torch.optim.SGD(dense_parameters(model), lr=job.learning_rate)
+        hyb_opt = make_optimizer(model, TrainConfig(dense_optimizer="sgd", dense_lr=job.learning_rate), sparse)
         teacher = Teacher(features=tuple(t.name for t in spec.tables), rows={t.name: t.rows for t in spec.tables})
         data = SyntheticClicks(teacher, batch_size=job.batch_size, num_batches=job.steps * job.trainers, seed=job.seed)
         loss_fn = nn.BCEWithLogitsLoss()
@@ -122,7 +132,7 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
                 if not hybrid.prefetch(batches[prefetched].sparse, block=prefetched == step):
                     break
                 prefetched += 1
-            for key, net, opt in (("hybrid", hyb_ddp, hyb_opt), ("reference", ref_ddp, ref_opt)):
+            for key, net, opt in (("hybrid", hyb_net, hyb_opt), ("reference", ref_ddp, ref_opt)):
                 loss = loss_fn(net(batch.dense, batch.sparse).squeeze(-1), batch.labels)
                 opt.zero_grad()
                 loss.backward()
@@ -130,6 +140,12 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
                 out[key].append(float(loss.detach()))
         hybrid.flush()
         dist.barrier()
+        # Every table's rows after training, the hybrid's (local shards gathered; PS rows as the servers hold them)
+        # against the reference's: a loss can match while the embeddings moved differently.
+        trained = hybrid.local_weights()
+        trained |= {n: client.lookup(n, torch.arange(spec.table(n).rows), train=False) for n in ps_names}
+        out["weight_diff"] = [max(float((trained[n] - bags[n].weight).abs().max()) for n in trained)]
+        out["weight_moved"] = [min(float((trained[n] - start[n]).abs().max()) for n in trained)]
         return out
     finally:
         dist.destroy_process_group()
@@ -158,6 +174,7 @@ def _reference_optimizer(reference: nn.Module, job: _Job) -> Any:
 def compare_with_torchrec(
     spec: ModelSpec,
     tables: dict[str, TablePlacement],
+    topology: Topology,
     *,
     steps: int = 50,
     trainers: int = 2,
@@ -173,6 +190,7 @@ def compare_with_torchrec(
     Args:
         spec: The model (every table's ids are reduced modulo its rows so the reference can hold it).
         tables: The plan's placements (PS tables go to ``servers`` parameter servers).
+        topology: The plan's topology (one trainer per device).
         steps: Training steps.
         trainers: Trainer processes (both models run in each).
         servers: Parameter-server processes.
@@ -183,7 +201,9 @@ def compare_with_torchrec(
         staleness: The hybrid's K (only K = 0 is expected to match; larger K shows how far asynchrony drifts).
 
     Returns:
-        ``{"hybrid": [[loss per step] per trainer], "reference": [...], "max_abs_diff": float}``.
+        ``{"hybrid": [[loss per step] per trainer], "reference": [...], "max_abs_diff": float, "max_weight_diff":
+        float, "min_weight_moved": float}``: the largest loss difference, the largest difference of any table's
+        rows after training, and how far the least-moved table moved (0: a table did not train).
     """
     from .ps.launch import local_cluster
 
@@ -192,6 +212,7 @@ def compare_with_torchrec(
     job = _Job(
         spec,
         dict(tables),
+        topology,
         steps,
         batch_size,
         learning_rate,
@@ -205,4 +226,10 @@ def compare_with_torchrec(
     hybrid = [r["hybrid"] for r in results]
     reference = [r["reference"] for r in results]
     diff = max(abs(a - b) for h, r in zip(hybrid, reference, strict=True) for a, b in zip(h, r, strict=True))
-    return {"hybrid": hybrid, "reference": reference, "max_abs_diff": diff}
+    return {
+        "hybrid": hybrid,
+        "reference": reference,
+        "max_abs_diff": diff,
+        "max_weight_diff": max(r["weight_diff"][0] for r in results),
+        "min_weight_moved": min(r["weight_moved"][0] for r in results),
+    }

@@ -384,14 +384,14 @@ def train_command(
                 raise PlannerError(
                     f"TORCHELASTIC_RUN_ID is set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
                     "not: not a complete torchrun environment",
-                    fixes=("launch with torchrun", "or unset TORCHELASTIC_RUN_ID to train locally"),
+                    fixes=("launch with torchrun", "unset TORCHELASTIC_RUN_ID to train locally"),
                 )
 
         from persia_planner.modules.train import summary_rows, train_local, train_torchrun
 
         logging.basicConfig(level=logging.WARNING)
         if under_torchrun:
-            result = train_torchrun(cfg, model_spec, dict(the_plan.tables), servers=servers)
+            result = train_torchrun(cfg, model_spec, dict(the_plan.tables), servers=servers, topology=topo)
             if result is None:
                 return
         else:
@@ -402,7 +402,7 @@ def train_command(
                     f"{servers if remote else 0} servers, {cfg.mode} mode, staleness {cfg.effective_staleness}",
                     to_stderr=False,
                 )
-            result = train_local(cfg, model_spec, dict(the_plan.tables), servers=servers)
+            result = train_local(cfg, model_spec, dict(the_plan.tables), servers=servers, topology=topo)
         result.pop("history", None)
         if as_json:
             typer.echo(json.dumps(result))

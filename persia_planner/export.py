@@ -42,9 +42,11 @@ __all__ = [
     "KERNEL_OF_TIER",
     "ShardBox",
     "TorchRecSharding",
+    "check_executable",
     "from_sharding_options",
     "gpu_tables",
     "meta_collection",
+    "planned_execution",
     "score_with_torchrec",
     "shardings_from_plan",
     "to_embedding_bag_configs",
@@ -294,6 +296,55 @@ def torchrec_shardings(plan: PlanLike, model: ModelSpec, topology: Topology) -> 
             continue
         result.append(_table_sharding(table, placement, topology))
     return result
+
+
+def planned_execution(plan: PlanLike, model: ModelSpec, topology: Topology) -> dict[str, dict[str, Any]]:
+    """How a run must execute ``plan``, table by table, in the terms a run reports what it executed.
+
+    Returns:
+        ``{table: {"sharding", "kernel", "ranks"}}`` (TorchRec's sharding type, compute kernel and ranks in shard
+        order) for local tables, ``{table: {"servers": [...]}}`` for parameter-server tables, in model order.
+    """
+    local = {
+        e.table: {"sharding": e.sharding_type, "kernel": e.compute_kernel, "ranks": e.ranks}
+        for e in torchrec_shardings(plan, model, topology)
+    }
+    tables = _tables_of(plan)
+    out = {}
+    for t in model.tables:
+        if t.name in local:
+            out[t.name] = local[t.name]
+        else:
+            out[t.name] = {"servers": sorted({s.device for s in tables[t.name].shards})}
+    return out
+
+
+def check_executable(plan: PlanLike, device_type: str) -> None:
+    """Refuse a plan that TorchRec would not run as written on trainers of ``device_type`` (``cpu`` or ``cuda``).
+
+    On CPU TorchRec runs the ``fused_uvm`` and ``fused_uvm_caching`` kernels (tiers ``ddr``, ``hbm_cache``) as
+    plain host memory with the ``fused`` kernel: the plan would be silently changed, so it is refused instead.
+
+    Raises:
+        PlannerError: Kind ``unsupported``, naming the first such table and the fix.
+    """
+    if device_type == "cuda":
+        return
+    for name, p in _tables_of(plan).items():
+        tiers = {s.tier for s in p.shards}
+        bad = tiers & {Tier.DDR, Tier.HBM_CACHE}
+        if bad:
+            tier = sorted(bad)[0]
+            raise PlannerError(
+                f"table {name!r} is planned on tier {tier.value} (TorchRec kernel {KERNEL_OF_TIER[tier]}), which "
+                "needs CUDA unified memory; these trainers have no GPU",
+                kind=ErrorKind.UNSUPPORTED,
+                fixes=(
+                    "plan for CPU trainers without ddr/hbm_cache tiers (persia plan on a topology whose devices hold "
+                    "the local tables in hbm)",
+                    "train on GPUs",
+                ),
+            )
 
 
 def _table_sharding(table: TableSpec, placement: TablePlacement, topology: Topology) -> TorchRecSharding:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from plans import TOPO_1X2, TOPO_2X2_PS, forced_plan, gpu_host
 
 from persia_planner import (
     CostModel,
@@ -35,64 +36,8 @@ from persia_planner.export import (
     torchrec_shardings,
 )
 from persia_planner.placement import Shard, TablePlacement
-from persia_planner.plan import usage_of
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def gpu_host(name: str, count: int, gpus: int) -> dict:
-    return {
-        "name": name,
-        "count": count,
-        "ddr": "64GiB",
-        "ddr_bandwidth": "200GB/s",
-        "nic_bandwidth": "50GB/s",
-        "gpus": {
-            "count": gpus,
-            "hbm": "16GiB",
-            "hbm_bandwidth": "2TB/s",
-            "tflops": 100,
-            "pcie_bandwidth": "32GB/s",
-            "nvlink_bandwidth": "300GB/s",
-        },
-    }
-
-
-# 1 host x 2 GPUs: the DMP test's cluster. 2 hosts x 2 GPUs + 2 parameter servers: the structural tests'.
-TOPO_1X2 = {"name": "1x2", "hosts": [gpu_host("trainer", 1, 2)]}
-TOPO_2X2_PS = {
-    "name": "2x2-2ps",
-    "hosts": [
-        gpu_host("trainer", 2, 2),
-        {"name": "ps", "count": 2, "role": "parameter_server", "ddr": "64GiB", "ddr_bandwidth": "100GB/s",
-         "nic_bandwidth": "25GB/s"},
-    ],
-}  # fmt: skip
-
-
-def forced_plan(model: ModelSpec, topology: Topology, force: dict[str, tuple[Sharding, Tier]]) -> Plan:
-    """A plan made by our planner, each table planned with its sharding type and tier forced by SearchConfig."""
-    placements = {}
-    for table in model.tables:
-        sharding, tier = force[table.name]
-        config = SearchConfig(shardings=frozenset({sharding}), tiers=frozenset({tier}), improve_time_s=0.2)
-        sub = ModelSpec(model.name, model.batch_size, (table,), embedding_dtype=model.embedding_dtype)
-        placements[table.name] = Planner(GreedyLocalSearch(config)).plan(sub, topology).tables[table.name]
-        assert placements[table.name].sharding is sharding
-        assert {s.tier for s in placements[table.name].shards} == {tier}
-    cost = CostModel(model, topology)
-    estimate, mem = cost.evaluate(placements)
-    plan = Plan(
-        model.name,
-        topology.name,
-        placements,
-        usage_of(cost, estimate, mem, placements),
-        estimate.step_ms,
-        0.0,
-        estimate.samples_per_s,
-    )
-    assert validate(plan, model, topology) == []
-    return plan
 
 
 def boxes_tile(entry: TorchRecSharding, rows: int, dim: int) -> bool:

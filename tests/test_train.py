@@ -29,7 +29,7 @@ def test_default_plan_sends_the_largest_tables_to_the_servers():
 
 def run(**options) -> dict:
     cfg = TrainConfig(progress=False, eval_batches=2, **options)
-    return train_local(cfg, SPEC, dict(PLAN.tables), servers=len(TOPOLOGY.servers))
+    return train_local(cfg, SPEC, dict(PLAN.tables), servers=len(TOPOLOGY.servers), topology=TOPOLOGY)
 
 
 @pytest.mark.timeout(600)
@@ -76,7 +76,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         raise AssertionError("local_cluster started for a resume that must be refused")
 
     monkeypatch.setattr(launch, "local_cluster", no_cluster)
-    with pytest.raises(PlannerError, match=r"trained with trainers 2 \(now 1\), batch_size 256 \(now 128\); resum"):
+    with pytest.raises(PlannerError, match=r"--trainers is 1 but topology 'local-2trainers-2ps' has 2 trainer dev"):
         run(steps=1, checkpoint=str(tmp_path), resume=True, **(common | {"trainers": 1, "batch_size": 128}))
     with pytest.raises(PlannerError, match=r"trained with batch_size 256 \(now 64\); resum"):
         run(steps=1, checkpoint=str(tmp_path), resume=True, **(common | {"batch_size": 64}))
@@ -258,3 +258,111 @@ def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
     state = torch.load(tmp_path / "ckpt" / "trainer.pt", weights_only=False)
     assert state["step"] == 3 and state["seed"] == 0  # 6 batches of 64 = 3 steps of 2 trainers x 64
     assert state["data"] == f"criteo:{(tmp_path / 'day_0').resolve()}"
+
+
+def _edited_plan(tmp_path: Path, edit: dict[str, dict]) -> Path:
+    """plan.json of the default job with some tables' placements rewritten by hand, as a user would."""
+    out = tmp_path / "plan.json"
+    done = subprocess.run([*PERSIA, "plan", str(DEFAULT_MODEL), str(DEFAULT_TOPOLOGY), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    data["tables"].update(edit)
+    out.write_text(json.dumps(data))
+    return out
+
+
+def _shard(device: str, rows: tuple[int, int], cols: tuple[int, int], tier: str = "hbm", **extra) -> dict:
+    # what `persia validate` checks: rows x (cols x fp32 + row-wise Adagrad's one float per row)
+    held = (rows[1] - rows[0]) * ((cols[1] - cols[0]) * 4 + 4)
+    return {"rows": list(rows), "cols": list(cols), "tier": tier, "device": device, "bytes": held, **extra}
+
+
+GPU0, GPU1 = "trainer0/gpu0", "trainer0/gpu1"
+HAND_EDITED = {
+    "c3": {"sharding": "column_wise", "mode": "sync",
+           "shards": [_shard(GPU1, (0, 5000), (0, 8)), _shard(GPU0, (0, 5000), (8, 16))]},
+    "c12": {"sharding": "row_wise", "mode": "sync",
+            "shards": [_shard(GPU0, (0, 4000), (0, 16)), _shard(GPU1, (4000, 8000), (0, 16))]},
+    "c2": {"sharding": "table_wise", "mode": "sync", "shards": [_shard(GPU1, (0, 2000), (0, 16))]},
+    "c21": {"sharding": "data_parallel", "mode": "sync",
+            "shards": [_shard(g, (0, 9000), (0, 16), replica=True) for g in (GPU0, GPU1)]},
+}  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_a_hand_edited_plan_is_run_exactly_as_written(tmp_path):
+    path = _edited_plan(tmp_path, HAND_EDITED)
+    done = subprocess.run([*PERSIA, "validate", str(DEFAULT_MODEL), str(DEFAULT_TOPOLOGY), str(path)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    quick = ["--steps", "3", "--eval-batches", "1", "--batch-size", "64", "--json"]
+    done = subprocess.run([*PERSIA, "train", "--plan", str(path), *quick], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    executed = result["executed_plan"]
+    assert executed["c3"] == {"sharding": "column_wise", "kernel": "fused", "ranks": [1, 0]}
+    assert executed["c12"] == {"sharding": "row_wise", "kernel": "fused", "ranks": [0, 1]}
+    assert executed["c2"] == {"sharding": "table_wise", "kernel": "fused", "ranks": [1]}
+    assert executed["c21"] == {"sharding": "data_parallel", "kernel": "dense", "ranks": [0, 1]}
+    assert executed["c1"] == {"servers": ["ps0", "ps1"]}
+    assert result["executed_matches_plan"] is True
+
+
+@pytest.mark.timeout(300)
+def test_a_plan_torchrec_would_change_or_the_wrong_trainer_count_is_refused_before_training(tmp_path):
+    uvm = {"c2": {"sharding": "table_wise", "mode": "sync", "shards": [_shard(GPU1, (0, 2000), (0, 16), "ddr")]}}
+    line = _one_line_error(["--plan", str(_edited_plan(tmp_path, uvm)), "--steps", "2"])
+    assert "table 'c2' is planned on tier ddr (TorchRec kernel fused_uvm), which needs CUDA" in line, line
+    line = _one_line_error(["--trainers", "3", "--steps", "2"])
+    assert "--trainers is 3 but topology 'local-2trainers-2ps' has 2 trainer devices" in line, line
+    assert "use --trainers 2" in line
+
+
+def test_torchrun_roles_spread_the_servers_over_the_nodes():
+    from persia_planner.modules.train import torchrun_role
+
+    def roles(world: int, per_node: int, servers: int) -> list[tuple[str, int]]:
+        env = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(per_node)}
+        return [torchrun_role(servers, env | {"RANK": str(r), "LOCAL_RANK": str(r % per_node)}) for r in range(world)]
+
+    # one node: the first ranks serve, as before
+    assert roles(4, 4, 2) == [("server", 0), ("server", 1), ("trainer", 0), ("trainer", 1)]
+    # two nodes of two: a server and a trainer on each, indices in node order
+    assert roles(4, 2, 2) == [("server", 0), ("trainer", 0), ("server", 1), ("trainer", 1)]
+    # servers that do not divide over the nodes: the first ranks serve
+    assert roles(6, 3, 1) == [("server", 0), *[("trainer", j) for j in range(5)]]
+
+
+def _torchrun_node(port: int, extra: list[str]) -> subprocess.Popen:
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    rdzv = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "two-nodes"]
+    rdzv += ["--rdzv-endpoint", f"localhost:{port}"]  # the first agent to come hosts the store
+    return subprocess.Popen(
+        [torchrun, *rdzv, "-m", "persia_planner.cli", "train", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.timeout(600)
+def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
+    """Two torchrun node groups on this machine (a server and a trainer on each) run the same K = 0 job as the
+    single launcher, step for step."""
+    from persia_planner.modules.ps.launch import free_port
+
+    job = ["--mode", "sync", "--steps", "4", "--batch-size", "128", "--eval-batches", "1", "--json"]
+    port = free_port()
+    nodes = [_torchrun_node(port, job) for _ in range(2)]
+    outs = [p.communicate(timeout=540) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], [err[-3000:] for _, err in outs]
+    lines = [x for out, _ in outs for x in out.splitlines() if x.startswith("{")]
+    assert len(lines) == 1, lines  # only the first trainer prints
+    multi = json.loads(lines[0])
+    assert multi["trainers"] == 2 and multi["servers"] == 2 and multi["executed_matches_plan"] is True
+    done = subprocess.run([*PERSIA, "train", *job], capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    single = json.loads(done.stdout)
+    for key in ("loss", "auc", "eval_loss"):
+        assert multi[key] == pytest.approx(single[key], abs=1e-6), key

@@ -138,7 +138,7 @@ class PsClient:
                 rank = rpc.get_worker_info(name).id
             except RuntimeError as err:
                 raise PsUnavailableError(name, "connect", None, self.timeout_s, f"not in the RPC group: {err}") from err
-            if rank != i:
+            if _server.server_index(name, rank) != i:
                 # A server shards its checkpoints by its rank and the client routes ids by list position: a mismatch
                 # would load and save other servers' rows.
                 raise PlannerError(

@@ -186,23 +186,26 @@ def _trainer_main(
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     use_hosted_store(port)
     _BARRIER = trainer_barrier
-    client: PsClient = connect(
-        f"trainer{j}",
-        n_servers + j,
-        world_size,
-        servers=[_server.server_name(i) for i in range(n_servers)],
-        timeout_s=timeout_s,
-        rpc_timeout_s=rpc_timeout_s,
-        delay_ms=delay_ms,
-        wire_dtype=wire_dtype,
-    )
+    client: PsClient | None = None
+    if n_servers:  # a job without parameter-server tables runs no RPC group at all
+        client = connect(
+            f"trainer{j}",
+            n_servers + j,
+            world_size,
+            servers=[_server.server_name(i) for i in range(n_servers)],
+            timeout_s=timeout_s,
+            rpc_timeout_s=rpc_timeout_s,
+            delay_ms=delay_ms,
+            wire_dtype=wire_dtype,
+        )
     failed = False
     try:
         try:
             value = fn(j, client, *args)
             # Before reporting success: a push still in flight that fails is this trainer's failure (its gradients
             # are lost), not something to find only in the child's exit code after the parent has moved on.
-            client.flush()
+            if client is not None:
+                client.flush()
             # Plain pickle, not the queue's: torch's reducers would pass tensors as shared-memory handles that
             # the parent can only open while this process lives, and it may be gone (or killed) by then.
             results.put((j, True, pickle.dumps(value)))
@@ -213,8 +216,9 @@ def _trainer_main(
                 raise  # an interrupt or exit goes on as it came
             failed = True
     finally:
-        client.close()
-        rpc.shutdown()  # graceful: waits for the servers and the other trainers
+        if client is not None:
+            client.close()
+            rpc.shutdown()  # graceful: waits for the servers and the other trainers
     if failed:
         # The parent reports the error (its traceback travelled with it); re-raising here would make
         # multiprocessing print that traceback on the user's terminal before the parent's one-line error.
@@ -281,7 +285,7 @@ def local_cluster(
     ``fn`` and ``args`` must be picklable (a module-level function); ``fn`` may call :func:`barrier`.
 
     Args:
-        n_servers: Server processes (``ps0 ..``).
+        n_servers: Server processes (``ps0 ..``); 0: no RPC group, ``fn`` gets ``None`` as its client.
         n_clients: Trainer processes (``trainer0 ..``).
         fn: The trainer body; its return value must be picklable.
         timeout_s: The clients' per-request timeout.
@@ -301,8 +305,8 @@ def local_cluster(
     Raises:
         TrainerError: A trainer raised (first in trainer order), or the run timed out.
     """
-    if n_servers < 1 or n_clients < 1:
-        raise ValueError(f"need at least one server and one client, got {n_servers} and {n_clients}")
+    if n_servers < 0 or n_clients < 1:
+        raise ValueError(f"need servers >= 0 and at least one client, got {n_servers} and {n_clients}")
     check_wire_dtype(wire_dtype)
     ctx = _context(fn)
     world_size = n_servers + n_clients

@@ -202,6 +202,15 @@ def server_name(rank: int) -> str:
     return f"ps{rank}"
 
 
+def server_index(name: str, rank: int) -> int:
+    """Index of a server (its shard of every table and checkpoint): ``i`` of its name ``ps{i}``, else its RPC rank.
+
+    Under torchrun on several nodes the servers are spread over the nodes, so ``ps1`` need not have RPC rank 1.
+    """
+    m = re.fullmatch(r"ps(\d+)", name)
+    return int(m.group(1)) if m else rank
+
+
 def check_wire_dtype(wire_dtype: Any) -> torch.dtype:
     """``wire_dtype`` if it is one of :data:`WIRE_DTYPES`.
 
@@ -235,7 +244,7 @@ class _ServerState:
         self.dumped_or_loaded = False  # then last_dump_sequence is this run's: later files are a rolled-back run's
         try:
             info = rpc.get_worker_info()
-            self.name, self.index = info.name, info.id
+            self.name, self.index = info.name, server_index(info.name, info.id)
         except RuntimeError:  # not inside an RPC group (unit use of the functions)
             self.name, self.index = f"pid{os.getpid()}", 0
 

@@ -1,0 +1,158 @@
+"""Shard a model holding a :class:`~.hybrid.HybridEmbeddingBagCollection` as its plan says, and report what runs.
+
+:func:`distribute` hands the model to TorchRec's ``DistributedModelParallel`` with the plan's exported
+``ShardingPlan`` (:func:`persia_planner.export.to_sharding_plan`) for the collection's local tables, TorchRec's
+``EmbeddingBagCollectionSharder`` with the sparse optimizer fused into fbgemm, and DMP's DDP around the dense part.
+:func:`executed_plan` reads back, from the built modules, how every table runs, in the terms of
+:func:`persia_planner.export.planned_execution`, so a run can show that it executed its plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from persia_planner.errors import PlannerError
+from persia_planner.export import check_executable, to_sharding_plan
+from persia_planner.placement import TablePlacement
+from persia_planner.specs import ModelSpec, Optimizer
+from persia_planner.topology import Topology
+
+from .hybrid import HybridEmbeddingBagCollection
+
+__all__ = [
+    "data_parallel_tables",
+    "dense_parameters",
+    "distribute",
+    "executed_plan",
+    "hybrid_of",
+    "sparse_torch_optimizer",
+]
+
+
+def hybrid_of(model: nn.Module) -> tuple[str, HybridEmbeddingBagCollection]:
+    """The model's one :class:`HybridEmbeddingBagCollection` and its path (DMP or DDP wrappers looked through).
+
+    Raises:
+        PlannerError: None or several.
+    """
+    found = [(p, m) for p, m in model.named_modules() if isinstance(m, HybridEmbeddingBagCollection)]
+    if len(found) != 1:
+        raise PlannerError(f"the model must hold exactly one HybridEmbeddingBagCollection, it holds {len(found)}")
+    return found[0]
+
+
+def distribute(
+    model: nn.Module,
+    tables: Mapping[str, TablePlacement],
+    topology: Topology,
+    *,
+    device: torch.device | None = None,
+    process_group: Any = None,
+) -> nn.Module:
+    """``DistributedModelParallel`` over ``model``: local tables sharded by the plan, dense part under DDP.
+
+    Rank ``r`` of the trainers' group is ``topology.gpus[r]``, as in the plan. After sharding, the local tables are
+    initialised as the unsharded collection would be (the same full tables on every trainer, sliced to its shards).
+
+    Args:
+        model: The model (any ``nn.Module`` holding one :class:`HybridEmbeddingBagCollection`).
+        tables: The plan's placements of the collection's tables.
+        topology: The topology the plan was made for.
+        device: This trainer's device (default CPU).
+        process_group: The trainers' group (default: the default group).
+
+    Returns:
+        The ``DistributedModelParallel`` module (call it as the model).
+
+    Raises:
+        PlannerError: The group's size is not the topology's trainer count, a placement TorchRec cannot express,
+            or one it would not run as written on ``device`` (see :func:`persia_planner.export.check_executable`).
+    """
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    device = device or torch.device("cpu")
+    group = process_group or dist.GroupMember.WORLD
+    world = dist.get_world_size(group)
+    if world != len(topology.gpus):
+        raise PlannerError(
+            f"{world} trainers, but topology {topology.name!r} has {len(topology.gpus)} trainer devices the plan "
+            "placed tables on",
+            fixes=(f"run {len(topology.gpus)} trainers", "plan for a topology with one device per trainer"),
+        )
+    check_executable(tables, device.type)
+    path, hybrid = hybrid_of(model)
+    local = hybrid.local
+    sharding_plan = None
+    if local is not None:
+        module_path = f"{path}.local.ebc" if path else "local.ebc"
+        # Table shapes and dtype come from the collection itself: the plan must be the one made for it.
+        spec = ModelSpec.from_torchrec(hybrid.embedding_bag_configs(), batch_size=1)
+        sharding_plan = to_sharding_plan(tables, spec, topology, module_path=module_path, device_type=device.type)
+    sharder = EmbeddingBagCollectionSharder(fused_params=hybrid.optimizer.fbgemm(device.type == "cuda"))
+    dmp = DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(group),
+        device=device,
+        plan=sharding_plan,
+        sharders=[sharder],
+    )
+    if local is not None:
+        local.world_size, local.group = world, group
+        local.reset_parameters()
+    return dmp
+
+
+def data_parallel_tables(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Weights of local tables outside fbgemm's fused optimizers (data-parallel replicas; every table before
+    sharding), by parameter name: TorchRec leaves their optimizer to the caller."""
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    _, hybrid = hybrid_of(model)
+    if hybrid.local is None:
+        return {}
+    return dict(in_backward_optimizer_filter(hybrid.local.named_parameters()))
+
+
+def dense_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Every trainable parameter outside the model's embedding collection (for the dense optimizer)."""
+    _, hybrid = hybrid_of(model)
+    sparse = {id(p) for p in hybrid.parameters()}
+    return {n: p for n, p in model.named_parameters() if id(p) not in sparse and p.requires_grad}
+
+
+def sparse_torch_optimizer(kind: Optimizer, params: list[nn.Parameter], *, lr: float, eps: float) -> Any:
+    """The sparse optimizer as a ``torch.optim`` optimizer, for tables outside fbgemm's fused kernels (data-parallel
+    replicas): TorchRec's ``RowWiseAdagrad`` for row-wise Adagrad, the one formula fbgemm and the servers apply."""
+    if kind is Optimizer.SGD:
+        return torch.optim.SGD(params, lr=lr)
+    if kind is Optimizer.ADAGRAD:
+        return torch.optim.Adagrad(params, lr=lr, eps=eps)
+    if kind is Optimizer.ADAM:
+        return torch.optim.Adam(params, lr=lr, eps=eps)
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    return RowWiseAdagrad(params, lr=lr, eps=eps)
+
+
+def executed_plan(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """How every table of the model's collection runs, read from the built modules (a collective when sharded).
+
+    Returns:
+        ``{table: {"sharding", "kernel", "ranks"}}`` for local tables and ``{table: {"servers": [...]}}`` for the
+        parameter-server ones (the servers the client spreads the table over).
+    """
+    _, hybrid = hybrid_of(model)
+    out: dict[str, dict[str, Any]] = {}
+    if hybrid.local is not None:
+        out.update({name: table.to_dict() for name, table in hybrid.local.executed().items()})
+    if hybrid.ps is not None:
+        servers = sorted(hybrid.ps.servers)
+        out.update({c.name: {"servers": servers} for c in hybrid.ps_tables})
+    return {c.name: out[c.name] for c in hybrid.embedding_bag_configs()}
