@@ -86,14 +86,14 @@ def distribute(
             "placed tables on",
             fixes=(f"run {len(topology.gpus)} trainers", "plan for a topology with one device per trainer"),
         )
-    check_executable(tables, device.type)
     path, hybrid = hybrid_of(model)
+    # Table shapes and dtype come from the collection itself: the plan must be the one made for it.
+    spec = ModelSpec.from_torchrec(hybrid.embedding_bag_configs(), batch_size=1)
+    check_executable(tables, device.type, dtype=spec.embedding_dtype, optimizer=hybrid.optimizer.kind)
     local = hybrid.local
     sharding_plan = None
     if local is not None:
         module_path = f"{path}.local.ebc" if path else "local.ebc"
-        # Table shapes and dtype come from the collection itself: the plan must be the one made for it.
-        spec = ModelSpec.from_torchrec(hybrid.embedding_bag_configs(), batch_size=1)
         sharding_plan = to_sharding_plan(tables, spec, topology, module_path=module_path, device_type=device.type)
     sharder = EmbeddingBagCollectionSharder(fused_params=hybrid.optimizer.fbgemm(device.type == "cuda"))
     dmp = DistributedModelParallel(

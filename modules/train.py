@@ -670,10 +670,11 @@ PS_REQUEST_TIMEOUT_S = 60.0
 # ---- launchers -----------------------------------------------------------------------------------------------
 
 
-def _check_plan_runs(cfg: TrainConfig, tables: dict[str, TablePlacement], topology: Topology) -> None:
+def _check_plan_runs(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], topology: Topology) -> None:
     """Before any process starts: the trainers are the plan's ranks, and TorchRec runs every table as planned."""
     check_trainers(cfg.trainers, topology)
-    check_executable(tables, "cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_executable(tables, device, dtype=spec.embedding_dtype, optimizer=sparse_optimizer_of(cfg, spec))
 
 
 def train_local(
@@ -693,7 +694,7 @@ def train_local(
 
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     check_before_start(cfg, spec, with_ps=has_ps)
-    _check_plan_runs(cfg, tables, topology)
+    _check_plan_runs(cfg, spec, tables, topology)
     if cfg.resume and cfg.checkpoint:  # here, before any process starts
         path = Path(cfg.checkpoint)
         _check_layout(path / "trainer.pt", check_resume(path, has_ps), _data_layout(cfg, spec, cfg.trainers))
@@ -748,7 +749,7 @@ def train_torchrun(
         raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
     check_before_start(cfg, spec, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()))
     cfg = replace(cfg, trainers=world - servers)
-    _check_plan_runs(cfg, tables, topology)
+    _check_plan_runs(cfg, spec, tables, topology)
     role, index = torchrun_role(servers)
     if role == "server":
         ps_server.serve(rank, world, name=ps_server.server_name(index))

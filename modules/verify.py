@@ -144,7 +144,7 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
         # against the reference's: a loss can match while the embeddings moved differently.
         trained = hybrid.local_weights()
         trained |= {n: client.lookup(n, torch.arange(spec.table(n).rows), train=False) for n in ps_names}
-        out["weight_diff"] = [max(float((trained[n] - bags[n].weight).abs().max()) for n in trained)]
+        out["weight_diff"] = [max(float((trained[n] - bags[n].weight.detach()).abs().max()) for n in trained)]
         out["weight_moved"] = [min(float((trained[n] - start[n]).abs().max()) for n in trained)]
         return out
     finally:

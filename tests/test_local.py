@@ -246,3 +246,23 @@ def test_unexecutable_tiers_are_refused_before_sharding(one_trainer):
     hybrid = HybridEmbeddingBagCollection(CONFIGS, plan, local_device=torch.device("meta"))
     with pytest.raises(PlannerError, match=r"table 't1' is planned on tier hbm_cache \(TorchRec kernel fused_uvm_c"):
         distribute(hybrid, plan, Topology.from_dict(TOPO_1X1))
+
+
+def test_fp16_tables_keep_fp16_weights_in_fbgemm(one_trainer):
+    from torchrec.modules.embedding_configs import DataType
+
+    configs = [
+        EmbeddingBagConfig(name=c.name, feature_names=c.feature_names, num_embeddings=c.num_embeddings,
+                           embedding_dim=c.embedding_dim, data_type=DataType.FP16)
+        for c in CONFIGS
+    ]  # fmt: skip
+    net, hybrid = sharded(configs, SparseOptimizer(Optimizer.SGD, learning_rate=0.5))
+    assert {piece.dtype for _, _, piece, _ in hybrid.local.pieces()} == {torch.float16}
+    ref = reference_from(hybrid)  # float32 copies of the fp16 weights
+    kjt = random_kjt(torch.Generator().manual_seed(21), ["a", "b", "c", "d"], batch=6, high=20)
+    out = net(kjt)
+    torch.testing.assert_close(out.values(), ref(kjt).values(), rtol=0, atol=1e-3)
+    before = hybrid.local_weights()
+    out.values().sum().backward()
+    after = hybrid.local_weights()
+    assert all(not torch.equal(before[n], after[n]) for n in before)  # the fused fp16 update ran
