@@ -28,14 +28,6 @@ def gpu_host(name: str, count: int, gpus: int) -> dict:
 # 1 host x 1 GPU (one trainer), 1 host x 2 GPUs (two trainers), and 2 hosts x 2 GPUs + 2 parameter servers.
 TOPO_1X1 = {"name": "1x1", "hosts": [gpu_host("trainer", 1, 1)]}
 TOPO_1X2 = {"name": "1x2", "hosts": [gpu_host("trainer", 1, 2)]}
-TOPO_1X2_PS = {
-    "name": "1x2-2ps",
-    "hosts": [
-        gpu_host("trainer", 1, 2),
-        {"name": "ps", "count": 2, "role": "parameter_server", "ddr": "64GiB", "ddr_bandwidth": "100GB/s",
-         "nic_bandwidth": "25GB/s"},
-    ],
-}  # fmt: skip
 TOPO_2X2_PS = {
     "name": "2x2-2ps",
     "hosts": [

@@ -1,0 +1,68 @@
+"""Write benchmarks/RESULTS.md from the benchmarks' JSON files (the figures are never typed by hand).
+
+    python benchmarks/results.py benchmarks/results/hybrid.json [more.json ...] > benchmarks/RESULTS.md
+
+Each file becomes one section: its headline keys (the ones an issue names) first, then every other scalar, one level
+of nesting flattened (``speed.k4_over_k0_no_delay``). Lists (per-step losses, per-round rates) are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HEADLINES = {
+    "hybrid": (
+        "dmp_samples_per_s",
+        "local_samples_per_s",
+        "hybrid_samples_per_s",
+        "hybrid_vs_dmp",
+        "sync_vs_torchrec_max_abs_diff",
+        "executed_matches_plan",
+    ),
+}
+
+
+def _scalars(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and not prefix:
+            out.update(_scalars(value, f"{name}."))
+        elif isinstance(value, bool | int | float | str) or value is None:
+            out[name] = value
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
+    return str(value)
+
+
+def section(path: Path) -> str:
+    data = json.loads(path.read_text())
+    name = path.stem.split("-")[0]
+    flat = _scalars(data)
+    first = [k for k in HEADLINES.get(name, ()) if k in flat]
+    lines = [f"## {path.stem}", "", f"`{path.name}`, machine: {data.get('machine', {}).get('platform', '?')}", ""]
+    lines += ["| key | value |", "|---|---|"]
+    lines += [f"| **{k}** | {_fmt(flat[k])} |" for k in first]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in flat.items() if k not in first and not k.startswith("machine.")]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print("# Benchmark results\n\nWritten by `benchmarks/results.py` from the JSON of the runs each section names.\n")
+    for arg in argv:
+        print(section(Path(arg)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
