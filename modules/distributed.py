@@ -25,11 +25,13 @@ from persia_planner.topology import Topology
 from .hybrid import HybridEmbeddingBagCollection
 
 __all__ = [
+    "check_trainers",
     "data_parallel_tables",
     "dense_parameters",
     "distribute",
     "executed_plan",
     "hybrid_of",
+    "quiet_trainer",
     "sparse_torch_optimizer",
 ]
 
@@ -44,6 +46,33 @@ def hybrid_of(model: nn.Module) -> tuple[str, HybridEmbeddingBagCollection]:
     if len(found) != 1:
         raise PlannerError(f"the model must hold exactly one HybridEmbeddingBagCollection, it holds {len(found)}")
     return found[0]
+
+
+def quiet_trainer() -> None:
+    """Silence what torch, TorchRec and fbgemm print in every trainer at every run and that says nothing to a user:
+    gloo-group deprecations, fx-tracing notes, TorchRec's DDP arguments and its per data-parallel table "caching
+    params will be ignored", fbgemm's dense kernel's autograd registration."""
+    import logging
+    import warnings
+
+    for message in ("You are using a Backend", ".*broadcast_buffers", ".*autograd kernel was not registered"):
+        warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+
+
+def check_trainers(trainers: int, topology: Topology) -> None:
+    """The trainers must be the topology's trainer devices: rank ``r`` runs what the plan put on ``gpus[r]``.
+
+    Raises:
+        PlannerError: Another count, naming both and the fix.
+    """
+    if trainers != len(topology.gpus):
+        raise PlannerError(
+            f"--trainers is {trainers} but topology {topology.name!r} has {len(topology.gpus)} trainer devices "
+            "(the plan's ranks)",
+            fixes=(f"use --trainers {len(topology.gpus)}", "plan for a topology with one device per trainer"),
+        )
 
 
 def distribute(
@@ -79,13 +108,7 @@ def distribute(
 
     device = device or torch.device("cpu")
     group = process_group or dist.GroupMember.WORLD
-    world = dist.get_world_size(group)
-    if world != len(topology.gpus):
-        raise PlannerError(
-            f"{world} trainers, but topology {topology.name!r} has {len(topology.gpus)} trainer devices the plan "
-            "placed tables on",
-            fixes=(f"run {len(topology.gpus)} trainers", "plan for a topology with one device per trainer"),
-        )
+    check_trainers(dist.get_world_size(group), topology)
     path, hybrid = hybrid_of(model)
     # Table shapes and dtype come from the collection itself: the plan must be the one made for it.
     spec = ModelSpec.from_torchrec(hybrid.embedding_bag_configs(), batch_size=1)
@@ -104,7 +127,7 @@ def distribute(
         sharders=[sharder],
     )
     if local is not None:
-        local.world_size, local.group = world, group
+        local.group = group
         local.reset_parameters()
     return dmp
 

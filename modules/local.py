@@ -100,8 +100,7 @@ class LocalEmbeddingBags(nn.Module):
         self.seed = int(seed)
         device = device or torch.device("cpu")
         self.ebc = EmbeddingBagCollection(tables=self.configs, is_weighted=is_weighted, device=device)
-        self.world_size = 1  # the trainers that hold shards, and their group (set by distribute)
-        self.group: Any = None
+        self.group: Any = None  # the trainers' group DMP shards over (None: the default group)
         if device.type != "meta":
             self.reset_parameters()
 
@@ -111,6 +110,11 @@ class LocalEmbeddingBags(nn.Module):
     def sharded(self) -> bool:
         """Whether DMP replaced ``ebc`` by TorchRec's sharded module."""
         return not isinstance(self.ebc, EmbeddingBagCollection)
+
+    @property
+    def world_size(self) -> int:
+        """Trainers the tables are sharded over (1 unsharded)."""
+        return dist.get_world_size(self.group) if self.sharded and dist.is_initialized() else 1
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of the local features of ``features`` (a KJT holding at least those keys).
@@ -238,7 +242,7 @@ class LocalEmbeddingBags(nn.Module):
                 full[table].copy_(piece.detach().float())
             else:
                 mine.append((table, row, col, piece.detach().float().cpu()))
-        if self.sharded and self.world_size > 1:
+        if self.world_size > 1:
             everyone: list[Any] = [None] * self.world_size
             dist.all_gather_object(everyone, mine, group=self.group)
             mine = [p for part in everyone for p in part]

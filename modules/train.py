@@ -49,11 +49,13 @@ from .config import (
 from .data.criteo import NUM_INTEGER, Batch, CriteoReader
 from .data.synthetic import SyntheticClicks, Teacher
 from .distributed import (
+    check_trainers,
     data_parallel_tables,
     dense_parameters,
     distribute,
     executed_plan,
     hybrid_of,
+    quiet_trainer,
     sparse_torch_optimizer,
 )
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
@@ -63,7 +65,6 @@ __all__ = [
     "TrainConfig",
     "TrainLoop",
     "build_model",
-    "check_trainers",
     "dense_state_dict",
     "make_optimizer",
     "teacher_for",
@@ -155,20 +156,6 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, sparse: SparseOptimizer) 
 
     parts = [(dense_parameters(model), dense_opt), (data_parallel_tables(model), sparse_opt)]
     return CombinedOptimizer([KeyedOptimizerWrapper(p, make) for p, make in parts if p])
-
-
-def check_trainers(trainers: int, topology: Topology) -> None:
-    """The trainers must be the topology's trainer devices: rank ``r`` runs what the plan put on ``gpus[r]``.
-
-    Raises:
-        PlannerError: Another count, naming both and the fix.
-    """
-    if trainers != len(topology.gpus):
-        raise PlannerError(
-            f"--trainers is {trainers} but topology {topology.name!r} has {len(topology.gpus)} trainer devices "
-            "(the plan's ranks)",
-            fixes=(f"use --trainers {len(topology.gpus)}", "plan for a topology with one device per trainer"),
-        )
 
 
 # ---- the step loop -------------------------------------------------------------------------------------------
@@ -503,15 +490,7 @@ class _Job:
 
 def _trainer(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     """Body of trainer ``j`` (also under torchrun); returns the summary on trainer 0."""
-    import logging
-    import warnings
-
-    # torch's own deprecation chatter about gloo groups and fx tracing says nothing to a user of this command
-    warnings.filterwarnings("ignore", message="You are using a Backend")
-    warnings.filterwarnings("ignore", message=".*broadcast_buffers")  # TorchRec's own DDP arguments
-    warnings.filterwarnings("ignore", message=".*autograd kernel was not registered")  # fbgemm's dense DP kernel
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    logging.getLogger("torchrec").setLevel(logging.ERROR)  # "caching params will be ignored" per DP table
+    quiet_trainer()
     torch.set_num_threads(1)
     # The trainers' group rendezvous in the job's store (torchrun's agent or local_cluster's), under a prefix. gloo
     # carries the CPU collectives (ids, lockstep, metrics); on CUDA nccl carries TorchRec's all-to-alls and DDP's.

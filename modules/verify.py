@@ -30,12 +30,12 @@ from persia_planner.topology import Topology
 from .config import TrainConfig
 from .data.criteo import NUM_INTEGER, Batch
 from .data.synthetic import SyntheticClicks, Teacher
-from .distributed import distribute
+from .distributed import distribute, quiet_trainer
 from .hybrid import SparseOptimizer
 from .ps.launch import trainers_store
 from .train import build_model, dense_state_dict, make_optimizer
 
-__all__ = ["compare_with_torchrec"]
+__all__ = ["compare_with_torchrec", "in_range"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class _Job:
     trainers: int
 
 
-def _in_range(batch: Batch, spec: ModelSpec) -> Batch:
+def in_range(batch: Batch, spec: ModelSpec) -> Batch:
     """The batch with every id reduced modulo its table's rows, so that a plain EmbeddingBagCollection accepts it
     and a PS table's id ``i`` is the reference's row ``i``."""
     kjt = batch.sparse
@@ -66,16 +66,12 @@ def _in_range(batch: Batch, spec: ModelSpec) -> Batch:
 
 
 def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
-    import warnings
-
     from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from persia_planner.export import to_embedding_bag_configs
 
-    warnings.filterwarnings("ignore", message="You are using a Backend")
-    warnings.filterwarnings("ignore", message=".*broadcast_buffers")
-    warnings.filterwarnings("ignore", message=".*autograd kernel was not registered")
+    quiet_trainer()
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", store=trainers_store(), rank=j, world_size=job.trainers, timeout=datetime.timedelta(seconds=300)
@@ -124,7 +120,7 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
         data = SyntheticClicks(teacher, batch_size=job.batch_size, num_batches=job.steps * job.trainers, seed=job.seed)
         loss_fn = nn.BCEWithLogitsLoss()
         out: dict[str, list[float]] = {"hybrid": [], "reference": []}
-        batches = [_in_range(data.batch(step * job.trainers + j), spec) for step in range(job.steps)]
+        batches = [in_range(data.batch(step * job.trainers + j), spec) for step in range(job.steps)]
         prefetched = 0
         for step, batch in enumerate(batches):
             # As TrainLoop does: request the PS rows of up to K coming batches when the bound allows it.
@@ -144,7 +140,9 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
         # against the reference's: a loss can match while the embeddings moved differently.
         trained = hybrid.local_weights()
         trained |= {n: client.lookup(n, torch.arange(spec.table(n).rows), train=False) for n in ps_names}
-        out["weight_diff"] = [max(float((trained[n] - bags[n].weight.detach()).abs().max()) for n in trained)]
+        by_table = {n: float((trained[n] - bags[n].weight.detach()).abs().max()) for n in trained}
+        out["weight_diff"] = [max(by_table.values())]
+        out["worst_table"] = [max(by_table, key=by_table.get)]
         out["weight_moved"] = [min(float((trained[n] - start[n]).abs().max()) for n in trained)]
         return out
     finally:
@@ -202,8 +200,9 @@ def compare_with_torchrec(
 
     Returns:
         ``{"hybrid": [[loss per step] per trainer], "reference": [...], "max_abs_diff": float, "max_weight_diff":
-        float, "min_weight_moved": float}``: the largest loss difference, the largest difference of any table's
-        rows after training, and how far the least-moved table moved (0: a table did not train).
+        float, "worst_table": str, "min_weight_moved": float}``: the largest loss difference, the largest
+        difference of any table's rows after training (and its table), and how far the least-moved table moved (0:
+        a table did not train).
     """
     from .ps.launch import local_cluster
 
@@ -231,5 +230,6 @@ def compare_with_torchrec(
         "reference": reference,
         "max_abs_diff": diff,
         "max_weight_diff": max(r["weight_diff"][0] for r in results),
+        "worst_table": max(results, key=lambda r: r["weight_diff"][0])["worst_table"][0],
         "min_weight_moved": min(r["weight_moved"][0] for r in results),
     }
