@@ -62,8 +62,9 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, j
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
     from persia_planner.export import to_embedding_bag_configs, to_sharding_plan
     from persia_planner.modules.data import SyntheticClicks
@@ -96,9 +97,16 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, j
         # Our planner's all-local plan, exported: the same sharding the persia run executes.
         plan = to_sharding_plan(tables, spec, topology, module_path="sparse_arch.embedding_bag_collection")
         dmp = DistributedModelParallel(model, device=torch.device("cpu"), sharders=[sharder], plan=plan)
-        opt = KeyedOptimizerWrapper(
-            dict(in_backward_optimizer_filter(dmp.named_parameters())),
-            lambda params: torch.optim.Adagrad(params, lr=cfg.dense_lr),
+        # As a TorchRec user would: fused tables update in backward; data-parallel replicas get the same row-wise
+        # Adagrad (TorchRec's), the dense layers Adagrad.
+        unfused = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+        replicas = {n: p for n, p in unfused.items() if "embedding_bags" in n}
+        dense = {n: p for n, p in unfused.items() if n not in replicas}
+        opt = CombinedOptimizer(
+            [
+                KeyedOptimizerWrapper(replicas, lambda ps: RowWiseAdagrad(ps, lr=cfg.sparse_lr, eps=1e-8)),
+                KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr)),
+            ]
         )
         data = SyntheticClicks(teacher_for(spec, cfg), batch_size=batch_size, num_batches=steps * world)
         loss_fn = nn.BCEWithLogitsLoss()

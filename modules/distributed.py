@@ -61,18 +61,30 @@ def quiet_trainer() -> None:
     logging.getLogger("torchrec").setLevel(logging.ERROR)
 
 
-def check_trainers(trainers: int, topology: Topology) -> None:
+def check_trainers(trainers: int, topology: Topology, *, torchrun_servers: int | None = None) -> None:
     """The trainers must be the topology's trainer devices: rank ``r`` runs what the plan put on ``gpus[r]``.
+
+    Args:
+        trainers: The trainer count.
+        topology: The plan's topology.
+        torchrun_servers: Under torchrun, the servers of the world (the trainers are the rest of it).
 
     Raises:
         PlannerError: Another count, naming both and the fix.
     """
-    if trainers != len(topology.gpus):
-        raise PlannerError(
-            f"--trainers is {trainers} but topology {topology.name!r} has {len(topology.gpus)} trainer devices "
-            "(the plan's ranks)",
-            fixes=(f"use --trainers {len(topology.gpus)}", "plan for a topology with one device per trainer"),
-        )
+    devices = len(topology.gpus)
+    if trainers == devices:
+        return
+    if torchrun_servers is None:
+        what, fix = f"--trainers is {trainers}", f"use --trainers {devices}"
+    else:
+        world = trainers + torchrun_servers
+        what = f"the torchrun world of {world} leaves {trainers} trainers after {torchrun_servers} servers"
+        fix = f"launch {devices + torchrun_servers} processes in all (nodes x --nproc-per-node)"
+    raise PlannerError(
+        f"{what} but topology {topology.name!r} has {devices} trainer devices (the plan's ranks)",
+        fixes=(fix, "plan for a topology with one device per trainer"),
+    )
 
 
 def distribute(
@@ -164,8 +176,13 @@ def sparse_torch_optimizer(kind: Optimizer, params: list[nn.Parameter], *, lr: f
     return RowWiseAdagrad(params, lr=lr, eps=eps)
 
 
-def executed_plan(model: nn.Module) -> dict[str, dict[str, Any]]:
+def executed_plan(model: nn.Module, topology: Topology | None = None) -> dict[str, dict[str, Any]]:
     """How every table of the model's collection runs, read from the built modules (a collective when sharded).
+
+    Args:
+        model: The model (DMP-wrapped or not).
+        topology: The plan's topology: server ``i`` of the client is reported as its ``i``-th parameter-server
+            host (plan.json's name); without it, or with another server count, as the RPC name ``ps{i}``.
 
     Returns:
         ``{table: {"sharding", "kernel", "ranks"}}`` for local tables and ``{table: {"servers": [...]}}`` for the
@@ -176,6 +193,9 @@ def executed_plan(model: nn.Module) -> dict[str, dict[str, Any]]:
     if hybrid.local is not None:
         out.update({name: table.to_dict() for name, table in hybrid.local.executed().items()})
     if hybrid.ps is not None:
-        servers = sorted(hybrid.ps.servers)
+        servers = list(hybrid.ps.servers)
+        if topology is not None and len(topology.servers) == len(servers):
+            servers = [host.name for host in topology.servers]
+        servers = sorted(servers)
         out.update({c.name: {"servers": servers} for c in hybrid.ps_tables})
     return {c.name: out[c.name] for c in hybrid.embedding_bag_configs()}

@@ -256,11 +256,12 @@ class HybridEmbeddingBagCollection(nn.Module):
 
     # ---- local tables' state ------------------------------------------------------------------------------------
 
-    def local_weights(self) -> dict[str, torch.Tensor]:
-        """The local tables' full weights, by table name (a collective once sharded)."""
+    def local_weights(self, dst: int | None = None) -> dict[str, torch.Tensor]:
+        """The local tables' full weights, by table name (a collective once sharded; ``dst``: only that trainer
+        gets them, the others ``{}``)."""
         if self.local is None:
             return {}
-        return {k.split(".")[-2]: v for k, v in self.local.torchrec_state_dict().items()}
+        return {k.split(".")[-2]: v for k, v in self.local.torchrec_state_dict(dst).items()}
 
     def load_local_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy ``weights`` (table name -> ``[rows, dim]``) into the local tables (e.g. from a checkpoint)."""

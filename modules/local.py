@@ -195,13 +195,10 @@ class LocalEmbeddingBags(nn.Module):
     def reset_parameters(self) -> None:
         """TorchRec's default initialisation, seeded: the same full tables on every trainer, whatever the sharding."""
         gen = torch.Generator().manual_seed(self.seed)
-        full = {}
-        for c in self.configs:
+        for c in self.configs:  # one full table at a time: the largest bounds the memory
             bound = (1.0 / c.num_embeddings) ** 0.5
-            full[f"embedding_bags.{c.name}.weight"] = torch.empty(c.num_embeddings, c.embedding_dim).uniform_(
-                -bound, bound, generator=gen
-            )
-        self.load_torchrec_state_dict(full)
+            full = torch.empty(c.num_embeddings, c.embedding_dim).uniform_(-bound, bound, generator=gen)
+            self.load_torchrec_state_dict({f"embedding_bags.{c.name}.weight": full}, strict=False)
 
     def load_torchrec_state_dict(self, state: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
         """Copy full tables (a TorchRec ``EmbeddingBagCollection`` state dict) into this trainer's shards.
@@ -232,43 +229,64 @@ class LocalEmbeddingBags(nn.Module):
                     piece.copy_(value[row : row + rows, col : col + cols])
         self._reset_caches()
 
-    def torchrec_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full tables under TorchRec's keys (a collective when sharded: every trainer gets every table)."""
+    def torchrec_state_dict(self, dst: int | None = None) -> dict[str, torch.Tensor]:
+        """Full tables under TorchRec's keys (a collective when sharded).
+
+        Args:
+            dst: Only this trainer gets the tables (the others get ``{}``); None: every trainer does.
+        """
         self._flush_caches()
-        full = {c.name: torch.zeros(c.num_embeddings, c.embedding_dim) for c in self.configs}
         mine = []
+        replicas = {}
         for table, (row, col), piece, replicated in self.pieces():
             if replicated:
-                full[table].copy_(piece.detach().float())
+                replicas[table] = piece.detach().float().cpu().clone()
             else:
                 mine.append((table, row, col, piece.detach().float().cpu()))
         if self.world_size > 1:
-            everyone: list[Any] = [None] * self.world_size
-            dist.all_gather_object(everyone, mine, group=self.group)
-            mine = [p for part in everyone for p in part]
+            mine = self._collect(mine, dst)
+            if mine is None:
+                return {}
+        full = {c.name: replicas.get(c.name, torch.zeros(c.num_embeddings, c.embedding_dim)) for c in self.configs}
         for table, row, col, piece in mine:
             full[table][row : row + piece.shape[0], col : col + piece.shape[1]] = piece
         return {f"embedding_bags.{name}.weight": weight for name, weight in full.items()}
 
-    def optimizer_pieces(self) -> dict[tuple[str, str, tuple[int, ...]], torch.Tensor]:
+    def _collect(self, mine: list[Any], dst: int | None) -> list[Any] | None:
+        """Every trainer's ``mine``, concatenated in rank order, on ``dst`` (None: on all); None elsewhere."""
+        everyone: list[Any] = [None] * self.world_size
+        if dst is None:
+            dist.all_gather_object(everyone, mine, group=self.group)
+        else:
+            rank = dist.get_rank(self.group)
+            dist.gather_object(mine, everyone if rank == dst else None, dst=dst, group=self.group)
+            if rank != dst:
+                return None
+        return [p for part in everyone for p in part]
+
+    def optimizer_pieces(self, dst: int | None = None) -> dict[tuple[str, str, tuple[int, ...]], torch.Tensor]:
         """Every trainer's fused-optimizer state, by (parameter, state, shard offset) (a collective when sharded).
 
         Keyed by shard offsets: row-wise states of column-wise shards are per shard, not one per table row.
+
+        Args:
+            dst: Only this trainer gets them (the others get ``{}``); None: every trainer does.
         """
         if not self.sharded:
             return {}
         self._flush_caches()
-        mine = {}
+        mine = []
         for param, states in self.ebc.fused_optimizer.state_dict()["state"].items():
             for name, value in states.items():
                 for shard in value.local_shards() if hasattr(value, "local_shards") else ():
-                    mine[(param, name, tuple(shard.metadata.shard_offsets))] = shard.tensor.detach().clone().cpu()
-        everyone: list[Any] = [None] * self.world_size
+                    mine.append(
+                        ((param, name, tuple(shard.metadata.shard_offsets)), shard.tensor.detach().clone().cpu())
+                    )
         if self.world_size > 1:
-            dist.all_gather_object(everyone, mine, group=self.group)
-        else:
-            everyone = [mine]
-        return {k: v for part in everyone for k, v in part.items()}
+            mine = self._collect(mine, dst)
+            if mine is None:
+                return {}
+        return dict(mine)
 
     def load_optimizer_pieces(self, saved: Mapping[tuple[str, str, tuple[int, ...]], torch.Tensor]) -> None:
         """Restore :meth:`optimizer_pieces` (saved under the same sharding plan).

@@ -7,9 +7,9 @@ fused into fbgemm (local tables) or applied by the servers (PS tables); the dens
 over the dense parameters only.
 
 :func:`train_local` spawns the servers and trainers on this machine (:func:`.ps.launch.local_cluster`);
-:func:`train_torchrun` is the same job under ``torchrun`` on several machines: ranks ``0 .. servers - 1`` serve, the
-others train. Each trainer reads its own share of the data: batch ``b`` of the stream goes to trainer
-``b mod trainers``.
+:func:`train_torchrun` is the same job under ``torchrun`` on several machines: some processes of every node serve,
+the others train (:func:`torchrun_role`). Each trainer reads its own share of the data: batch ``b`` of the stream
+goes to trainer ``b mod trainers``.
 
 The step loop (:class:`TrainLoop`) reads up to ``K`` batches ahead and asks the hybrid module to prefetch their PS
 rows whenever the staleness bound allows it without waiting, so lookups travel while earlier batches compute and
@@ -339,10 +339,11 @@ def _gather_1d(x: torch.Tensor) -> torch.Tensor:
 
 
 def _local_state(hybrid: HybridEmbeddingBagCollection) -> dict[str, Any]:
-    """The local tables' full weights and every trainer's fused-optimizer state (collectives: every trainer)."""
+    """The local tables' full weights and every trainer's fused-optimizer state, on trainer 0 (collectives: every
+    trainer calls it; the others get empty maps)."""
     return {
-        "local": {k: v.detach().clone() for k, v in hybrid.local_weights().items()},
-        "local_optimizer": hybrid.local.optimizer_pieces() if hybrid.local is not None else {},
+        "local": {k: v.detach().clone() for k, v in hybrid.local_weights(dst=0).items()},
+        "local_optimizer": hybrid.local.optimizer_pieces(dst=0) if hybrid.local is not None else {},
     }
 
 
@@ -395,6 +396,12 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
         raise PlannerError(
             f"--resume: {path} is not a trainer checkpoint of persia train (it lacks step/dense/local)",
             fixes=("resume from another checkpoint directory", "train from scratch without --resume"),
+        )
+    if not isinstance(state.get("local_optimizer"), dict):
+        raise PlannerError(
+            f"--resume: {path} was written by an earlier version of persia train (its local tables' optimizer "
+            "state is not per shard)",
+            fixes=("train from scratch without --resume",),
         )
     if with_ps:
         latest = read_latest(directory / "ps")
@@ -459,13 +466,8 @@ def _load_trainer_state(
     _missing, unexpected = model.load_state_dict(state["dense"], strict=False)
     if unexpected:
         raise PlannerError(f"--resume: checkpoint {path} holds parameters {unexpected[:3]} this model lacks")
+    opt.init_state()  # a zero-gradient step: every state exists (Adam creates its own at the first step) to load into
     opt.load_state_dict(state["dense_optimizer"])
-    if not isinstance(state.get("local_optimizer"), dict):
-        raise PlannerError(
-            f"--resume: checkpoint {path} was written by an earlier version of persia train (its local tables' "
-            "optimizer state is not per shard)",
-            fixes=("train from scratch without --resume",),
-        )
     hybrid.load_local_weights(state["local"])
     if hybrid.local is not None:
         hybrid.local.load_optimizer_pieces(state["local_optimizer"])
@@ -508,10 +510,13 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     layout = _data_layout(cfg, spec, job.trainers)
     batch_size = layout["batch_size"]
     sparse_opt = SparseOptimizer(sparse_optimizer_of(cfg, spec), learning_rate=cfg.sparse_lr)
-    on_cuda = torch.cuda.is_available()
+    # TorchRec groups ranks into nodes by LOCAL_WORLD_SIZE / LOCAL_RANK (table-row-wise and grid shardings); under
+    # torchrun they count the server processes too. The plan's nodes are the topology's hosts: say so.
+    per_host = len(job.topology.trainers[0].gpus)
+    os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(per_host), str(j % per_host)
     device = torch.device("cpu")
-    if on_cuda:  # one GPU per trainer: LOCAL_RANK under torchrun, the trainer index locally
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", j)) % torch.cuda.device_count())
+    if torch.cuda.is_available():  # trainer j is GPU j % per_host of its host, as in the plan
+        device = torch.device("cuda", (j % per_host) % torch.cuda.device_count())
         torch.cuda.set_device(device)
     model, hybrid = build_model(
         spec,
@@ -525,7 +530,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         local_device=torch.device("meta"),  # only the shards this trainer holds are allocated, by DMP
     )
     dmp = distribute(model, job.tables, job.topology, device=device)
-    executed = executed_plan(model)
+    executed = executed_plan(model, job.topology)
     opt = make_optimizer(model, cfg, sparse_opt)
     start_step = 0
     ckpt = Path(cfg.checkpoint) if cfg.checkpoint else None
@@ -728,11 +733,12 @@ def train_torchrun(
         raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
     check_before_start(cfg, spec, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()))
     cfg = replace(cfg, trainers=world - servers)
-    _check_plan_runs(cfg, spec, tables, topology)
+    check_trainers(cfg.trainers, topology, torchrun_servers=servers)
     role, index = torchrun_role(servers)
     if role == "server":
         ps_server.serve(rank, world, name=ps_server.server_name(index))
         return None
+    _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
     job = _Job(cfg, spec, dict(tables), topology, servers, world - servers)
     # joined: a failed step leaves at once; a server lost at the end is named within the peer timeout, not awaited.
     with joined(

@@ -336,8 +336,8 @@ def train_command(
     """Train a DLRM with the plan: local tables sync (fbgemm), PS tables async (bounded staleness), dense DDP.
 
     With no options: the bundled small DLRM on synthetic click data with a known best AUC, 2 parameter servers and
-    2 trainers on this machine. Under torchrun, ranks below the topology's parameter-server count serve and the
-    others train.
+    2 trainers on this machine. Under torchrun, some processes of every node serve the parameter-server tables and
+    the others train.
     """
     import json
     import logging

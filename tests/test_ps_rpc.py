@@ -65,7 +65,7 @@ def _round_trip(j, client):
         client.lookup("item", torch.tensor([1]))
     with pytest.raises(ValueError, match="do not match"):  # [dim, n] has the numel of [n, dim], not its layout
         client.push_gradients("user", torch.arange(3), torch.zeros(8, 3))
-    with pytest.raises(PlannerError, match="parameter server ps1 has rank 1 but is listed as server 0"):
+    with pytest.raises(PlannerError, match="parameter server ps1 is server 1 but is listed as server 0"):
         PsClient(list(reversed(client.servers)))  # servers shard their checkpoints by rank: the order must match
 
     # Duplicates, a 2-d batch, and ids across the whole uint64 range (negative int64 = high uint64 bit patterns).

@@ -226,8 +226,12 @@ def test_resume_refuses_a_trainer_state_from_another_ps_version(tmp_path):
     from persia_planner.modules.train import check_resume
 
     stores = [{"t": EmbeddingStore(4, 10, RowWiseAdagrad())}]
-    torch.save({"step": 3, "ps_version": 1, "dense": {}, "local": {}}, tmp_path / "trainer.pt")
+    state = {"step": 3, "ps_version": 1, "dense": {}, "local": {}, "local_optimizer": []}
+    torch.save(state, tmp_path / "trainer.pt")  # local optimizer state as an earlier version wrote it
     save_all(stores, tmp_path / "ps", version=1)
+    with pytest.raises(PlannerError, match=r"written by an earlier version of persia train \(its local tables' opt"):
+        check_resume(tmp_path, with_ps=True)
+    torch.save(state | {"local_optimizer": {}}, tmp_path / "trainer.pt")
     assert check_resume(tmp_path, with_ps=True)["step"] == 3
     save_all(stores, tmp_path / "ps", version=2)  # a later save committed the servers, then died before trainer.pt
     with pytest.raises(PlannerError, match="trainer state for PS version 1 but the parameter-server checkpoint is at"):

@@ -138,13 +138,14 @@ class PsClient:
                 rank = rpc.get_worker_info(name).id
             except RuntimeError as err:
                 raise PsUnavailableError(name, "connect", None, self.timeout_s, f"not in the RPC group: {err}") from err
-            if _server.server_index(name, rank) != i:
-                # A server shards its checkpoints by its rank and the client routes ids by list position: a mismatch
-                # would load and save other servers' rows.
+            index = _server.server_index(name, rank)
+            if index != i:
+                # A server shards its checkpoints by its index (ps{i}, else its rank) and the client routes ids by
+                # list position: a mismatch would load and save other servers' rows.
                 raise PlannerError(
-                    f"parameter server {name} has rank {rank} but is listed as server {i}: servers must be listed "
-                    "in rank order",
-                    fixes=("start server i with --rank i (named ps{i})", "list the servers ordered by rank"),
+                    f"parameter server {name} is server {index} but is listed as server {i}: servers must be "
+                    "listed in index order",
+                    fixes=("name server i ps{i}", "list the servers ordered by index"),
                 )
         self._configs: dict[str, TableConfig] = {}
         self._pending: set[Future] = set()
