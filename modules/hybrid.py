@@ -217,12 +217,18 @@ class HybridEmbeddingBagCollection(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``features``: a ``KeyedTensor`` with one ``[B, dim]`` value per feature."""
         self._check_batch(features)
-        pooled: dict[str, torch.Tensor] = {}
+        parts: list[KeyedTensor] = []
         if self.local is not None:
-            pooled.update(self.local(features).to_dict())
+            parts.append(self.local(features))
         if self.remote is not None:
-            pooled.update(self.remote(features))
-        values = torch.cat([pooled[f] for f in self._features], dim=1)
+            pooled = self.remote(features)
+            names = list(pooled)
+            dims = [pooled[n].shape[1] for n in names]
+            parts.append(KeyedTensor(keys=names, length_per_key=dims, values=torch.cat(list(pooled.values()), dim=1)))
+        if len(parts) == 1 and parts[0].keys() == self._features:
+            values = parts[0].values()
+        else:  # TorchRec's output is grouped by rank: one regroup (fbgemm's permute) puts every key in config order
+            values = KeyedTensor.regroup(parts, [self._features])[0]
         return KeyedTensor(keys=list(self._features), length_per_key=list(self._dims), values=values, key_dim=1)
 
     # ---- the PS step protocol --------------------------------------------------------------------------------------

@@ -135,16 +135,19 @@ class LocalEmbeddingBags(nn.Module):
         weights = features.weights_or_none()
         weights = weights.to(torch.float32) if self._is_weighted and weights is not None else None
         values = int64_ids(features.values())
-        if values is not features.values() or weights is not features.weights_or_none():
-            features = KeyedJaggedTensor(keys=keys, values=values, lengths=features.lengths(), weights=weights)
         if weights is not None and weights.requires_grad and self.world_size > 1:
             raise PlannerError(
                 "learnable per-id weights (weights that require grad) cannot train sharded local tables across "
                 "trainers: TorchRec's input all-to-all of the weights has no backward",
                 fixes=("place the weighted tables on the ps tier", "pass the weights detached"),
             )
-        kjt = features.permute([keys.index(f) for f in self.features])
-        values, weights = kjt.values(), kjt.weights_or_none()
+        if keys == self.features:  # the batch holds exactly the local features, in order: nothing to permute
+            kjt = KeyedJaggedTensor(keys=keys, values=values, lengths=features.lengths(), weights=weights)
+        else:
+            if values is not features.values() or weights is not features.weights_or_none():
+                features = KeyedJaggedTensor(keys=keys, values=values, lengths=features.lengths(), weights=weights)
+            kjt = features.permute([keys.index(f) for f in self.features])
+            values, weights = kjt.values(), kjt.weights_or_none()
         per_key = torch.tensor(kjt.length_per_key(), device=values.device)
         values = torch.remainder(values, self._rows.to(values.device).repeat_interleave(per_key))
         return KeyedJaggedTensor(keys=self.features, values=values, lengths=kjt.lengths(), weights=weights)
