@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     # The all-local comparison runs longer than the other speed runs: a few start-up steps (TorchRec's lazy input
     # dists, first allocations) weigh on a 40-step run's samples/s as much as the 5% it must resolve.
     local_steps = 100 if args.quick else 200
-    rounds = 2 if args.quick else 3
+    rounds = 3 if args.quick else 5
     results: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
         "quick": args.quick,
