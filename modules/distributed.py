@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from persia_planner.errors import PlannerError
-from persia_planner.export import check_executable, to_sharding_plan
+from persia_planner.export import check_executable, to_sharding_plan, torch_optimizer
 from persia_planner.placement import TablePlacement
 from persia_planner.specs import ModelSpec, Optimizer
 from persia_planner.topology import Topology
@@ -163,17 +163,10 @@ def dense_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def sparse_torch_optimizer(kind: Optimizer, params: list[nn.Parameter], *, lr: float, eps: float) -> Any:
-    """The sparse optimizer as a ``torch.optim`` optimizer, for tables outside fbgemm's fused kernels (data-parallel
-    replicas): TorchRec's ``RowWiseAdagrad`` for row-wise Adagrad, the one formula fbgemm and the servers apply."""
-    if kind is Optimizer.SGD:
-        return torch.optim.SGD(params, lr=lr)
-    if kind is Optimizer.ADAGRAD:
-        return torch.optim.Adagrad(params, lr=lr, eps=eps)
-    if kind is Optimizer.ADAM:
-        return torch.optim.Adam(params, lr=lr, eps=eps)
-    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
-
-    return RowWiseAdagrad(params, lr=lr, eps=eps)
+    """The sparse optimizer as a ``torch.optim`` optimizer (:func:`persia_planner.export.torch_optimizer`), for
+    tables outside fbgemm's fused kernels (data-parallel replicas)."""
+    extra = {} if kind is Optimizer.SGD else {"eps": eps}
+    return torch_optimizer(kind)(params, lr=lr, **extra)
 
 
 def executed_plan(model: nn.Module, topology: Topology | None = None) -> dict[str, dict[str, Any]]:

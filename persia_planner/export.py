@@ -53,6 +53,7 @@ __all__ = [
     "to_sharding_options",
     "to_sharding_plan",
     "to_torchrec_topology",
+    "torch_optimizer",
     "torchrec_constraints",
     "torchrec_row_blocks",
     "torchrec_shardings",
@@ -627,7 +628,8 @@ def to_sharding_plan(
     return ShardingPlan(plan={module_path: module_plan})
 
 
-def _torch_optimizer(optimizer: Optimizer) -> Any:
+def torch_optimizer(optimizer: Optimizer) -> Any:
+    """The ``torch.optim`` class of a sparse optimizer (TorchRec's ``RowWiseAdagrad`` for row-wise Adagrad)."""
     import torch
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
@@ -652,7 +654,7 @@ def meta_collection(model: ModelSpec, tables: Iterable[str] | None = None) -> An
     ebc = EmbeddingBagCollection(tables=to_embedding_bag_configs(model, tables), device=torch.device("meta"))
     for config in ebc.embedding_bag_configs():
         spec = model.table(config.name)
-        apply_optimizer_in_backward(_torch_optimizer(spec.optimizer), [ebc.embedding_bags[config.name].weight], {})
+        apply_optimizer_in_backward(torch_optimizer(spec.optimizer), [ebc.embedding_bags[config.name].weight], {})
     return ebc
 
 
