@@ -123,6 +123,10 @@ class HybridEmbeddingBagCollection(nn.Module):
         seed: Seed of the local tables' initialisation and of the PS tables' row initialisers.
         is_weighted: Pool ``weight * row`` with the batch's per-id weights (TorchRec's ``is_weighted``; sum pooling
             only, as in TorchRec). Unweighted collections ignore weights a batch carries, as TorchRec's do.
+        keep_order: Return the keys in config order (the drop-in default). ``False`` returns them as the engines
+            give them (the local tables grouped as TorchRec's sharded collection gives them, then the PS tables),
+            which saves one copy of the pooled output forward and backward; for models that read the output by key,
+            as TorchRec's ``DLRM`` does.
 
     Raises:
         PlannerError: The plan misses a table or names an unknown one, PS tables without a client, an optimizer
@@ -144,6 +148,7 @@ class HybridEmbeddingBagCollection(nn.Module):
         ps_init: Any = None,
         seed: int = 0,
         is_weighted: bool = False,
+        keep_order: bool = True,
     ) -> None:
         super().__init__()
         if not tables:
@@ -158,6 +163,7 @@ class HybridEmbeddingBagCollection(nn.Module):
         if staleness < 0:
             raise PlannerError(f"staleness must be >= 0, got {staleness}", fixes=("use 0 for synchronous training",))
         self._is_weighted = bool(is_weighted)
+        self.keep_order = bool(keep_order)
         self._configs = list(tables)
         self.optimizer = optimizer or SparseOptimizer()
         self.max_staleness = int(staleness)
@@ -217,14 +223,24 @@ class HybridEmbeddingBagCollection(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``features``: a ``KeyedTensor`` with one ``[B, dim]`` value per feature."""
         self._check_batch(features)
-        parts: list[KeyedTensor] = []
-        if self.local is not None:
-            parts.append(self.local(features))
-        if self.remote is not None:
-            pooled = self.remote(features)
-            names = list(pooled)
-            dims = [pooled[n].shape[1] for n in names]
-            parts.append(KeyedTensor(keys=names, length_per_key=dims, values=torch.cat(list(pooled.values()), dim=1)))
+        local = self.local(features) if self.local is not None else None
+        pooled = self.remote(features) if self.remote is not None else {}
+        if not self.keep_order:  # one concatenation at most: the keys as the engines give them
+            if not pooled:
+                return local
+            keys, dims, values = (
+                ([], [], []) if local is None else (local.keys(), local.length_per_key(), [local.values()])
+            )
+            return KeyedTensor(
+                keys=keys + list(pooled),
+                length_per_key=dims + [v.shape[1] for v in pooled.values()],
+                values=torch.cat(values + list(pooled.values()), dim=1),
+                key_dim=1,
+            )
+        parts = [local] if local is not None else []
+        if pooled:
+            dims = [v.shape[1] for v in pooled.values()]
+            parts.append(KeyedTensor(list(pooled), dims, torch.cat(list(pooled.values()), dim=1), key_dim=1))
         if len(parts) == 1 and parts[0].keys() == self._features:
             values = parts[0].values()
         else:  # TorchRec's output is grouped by rank: one regroup (fbgemm's permute) puts every key in config order

@@ -124,6 +124,7 @@ def build_model(
         seed=seed,
         device=device,
         local_device=local_device,
+        keep_order=False,  # DLRM reads the pooled embeddings by key
     )
     model = DLRM(
         embedding_bag_collection=hybrid,
@@ -553,7 +554,9 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     try:
         if progress:
             progress.start()
-        batches = _lockstep(_stream(spec, cfg, batch_size, eval_=False, skip=start_step))
+        batches = _stream(spec, cfg, batch_size, eval_=False, skip=start_step)
+        if cfg.data != "synthetic":  # every trainer gets exactly cfg.steps synthetic batches: no count to agree on
+            batches = _lockstep(batches)
         for stats in loop.run(batches):
             step += 1
             losses.append(stats.loss)

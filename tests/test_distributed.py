@@ -111,9 +111,13 @@ def _read_by_key(j: int, client, job: tuple) -> dict:
         net.eval()
         with torch.no_grad():
             out, expected = net(kjt), ref(kjt)
+            hybrid.keep_order = False
+            loose = net(kjt)
         return {
             "keys": out.keys(),
+            "loose_keys": loose.keys(),
             "diff": max(float((out[k] - expected[k]).abs().max()) for k in expected.keys()),  # noqa: SIM118
+            "loose_diff": max(float((loose[k] - expected[k]).abs().max()) for k in expected.keys()),  # noqa: SIM118
             "executed": executed_plan(hybrid),
         }
     finally:
@@ -129,4 +133,7 @@ def test_keyed_tensor_is_read_by_key_after_mixed_sharding_and_the_run_reports_wh
     for result in results:
         assert result["keys"] == [t.name for t in spec.tables]  # config order, whatever TorchRec's rank grouping
         assert result["diff"] <= 1e-6, result
+        # keep_order=False: the keys as TorchRec's sharded collection groups them, then the PS tables; same values
+        assert result["loose_keys"] != result["keys"] and result["loose_keys"][-1] == "far"
+        assert sorted(result["loose_keys"]) == sorted(result["keys"]) and result["loose_diff"] <= 1e-6, result
         assert result["executed"] == planned
