@@ -35,6 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import ErrorKind, PlannerError
 
+from .breakdown import PS_PUSH, PS_WAIT
 from .local import int64_ids
 from .ps import optim as ps_optim
 from .ps.server import TableConfig
@@ -171,12 +172,14 @@ class RemoteEmbeddingBags(nn.Module):
                 "backward, every PS table's pooled output must reach the loss, or its gradient hook never fires)"
             )
         if self._synchronous:
-            self._push_synchronously()
-        if not self._wait_pushes_through(needed, block):
-            return False
-        if self._synchronous:
-            # K = 0: every trainer's pushes must be applied before anyone reads; ours are, so wait for the others.
-            dist.barrier(group=self.group)
+            with torch.autograd.profiler.record_function(PS_PUSH):
+                self._push_synchronously()
+        with torch.autograd.profiler.record_function(PS_WAIT):
+            if not self._wait_pushes_through(needed, block):
+                return False
+            if self._synchronous:
+                # K = 0: every trainer's pushes must be applied before anyone reads; ours are, so wait for the others.
+                dist.barrier(group=self.group)
         staleness = max(0, (j - 1) - self._done_through)
         ids = self._ps_ids(features)
         rows = {t: self.ps.lookup_async(t, v, train=True) for t, v in ids.items()}
@@ -230,7 +233,8 @@ class RemoteEmbeddingBags(nn.Module):
             )
         self.staleness = item.staleness
         self.staleness_max_seen = max(self.staleness_max_seen, item.staleness)
-        rows = {t: f.wait().requires_grad_(True) for t, f in item.rows.items()}
+        with torch.autograd.profiler.record_function(PS_WAIT):
+            rows = {t: f.wait().requires_grad_(True) for t, f in item.rows.items()}
         scale = 1.0 / self.world_size
         pushes = self._pushes.setdefault(item.index, [])
         stash = self._stashed.setdefault(item.index, {}) if self._synchronous else None
@@ -245,7 +249,8 @@ class RemoteEmbeddingBags(nn.Module):
                     before = stash.get(table)
                     stash[table] = (item.ids[table], g if before is None else before[1] + g)
                 else:
-                    pushes.append(self.ps.push_gradients_async(table, item.ids[table], g))
+                    with torch.autograd.profiler.record_function(PS_PUSH):
+                        pushes.append(self.ps.push_gradients_async(table, item.ids[table], g))
                 if len(pushes if stash is None else stash) == expected:
                     self._backward_through = max(self._backward_through, item.index)
 

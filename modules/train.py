@@ -19,6 +19,7 @@ gradient pushes never block the step.
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import math
 import os
@@ -38,6 +39,7 @@ from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
 
+from .breakdown import StepProfiler
 from .config import (
     DenseOptimizer,
     TrainConfig,
@@ -170,6 +172,7 @@ class StepStats:
     step_ms: float
     staleness: int
     samples: int
+    data_ms: float = 0.0
 
 
 class TrainLoop:
@@ -180,6 +183,7 @@ class TrainLoop:
         hybrid: Its hybrid embedding collection (for prefetch and the staleness gauge).
         optimizer: The dense optimizer.
         device: Where the model computes (batches are moved there); default CPU.
+        profiler: Profiles a window of steps for the step-time breakdown (see :mod:`.breakdown`).
     """
 
     def __init__(
@@ -188,10 +192,12 @@ class TrainLoop:
         hybrid: HybridEmbeddingBagCollection,
         optimizer: torch.optim.Optimizer,
         device: torch.device | None = None,
+        profiler: StepProfiler | None = None,
     ):
         self.model, self.hybrid, self.optimizer = model, hybrid, optimizer
         self.device = device or torch.device("cpu")
         self.loss_fn = nn.BCEWithLogitsLoss()
+        self.profiler = profiler
 
     def _to_device(self, batch: Batch) -> Batch:
         # Moved once, when read: the module matches a forward to its prefetch by the KJT's identity.
@@ -205,7 +211,9 @@ class TrainLoop:
         window = self.hybrid.max_staleness + 1
         exhausted = False
         self.model.train()
+        index = 0
         while True:
+            fetch = time.perf_counter()
             while not exhausted and len(ahead) < window:
                 nxt = next(batches, None)
                 if nxt is None:
@@ -214,23 +222,26 @@ class TrainLoop:
                     ahead.append((self._to_device(nxt), False))
             if not ahead:
                 return
-            # Prefetch what the bound allows without waiting; the current batch (first) may wait.
-            for k, (b, sent) in enumerate(ahead):
-                if sent:
-                    continue
-                if not self.hybrid.prefetch(b.sparse, block=(k == 0)):
-                    break
-                ahead[k] = (b, True)
-            batch, _ = ahead.popleft()
             start = time.perf_counter()
-            logits = self.model(batch.dense, batch.sparse).squeeze(-1)
-            loss = self.loss_fn(logits, batch.labels)
-            self.optimizer.zero_grad()
-            loss.backward()
-            self.optimizer.step()
-            yield StepStats(
-                float(loss.detach()), (time.perf_counter() - start) * 1e3, self.hybrid.staleness, batch.size
-            )
+            with self.profiler.step(index) if self.profiler else contextlib.nullcontext():
+                # Prefetch what the bound allows without waiting; the current batch (first) may wait: that wait is
+                # part of the step (K = 0 waits for every trainer's update here).
+                for k, (b, sent) in enumerate(ahead):
+                    if sent:
+                        continue
+                    if not self.hybrid.prefetch(b.sparse, block=(k == 0)):
+                        break
+                    ahead[k] = (b, True)
+                batch, _ = ahead.popleft()
+                logits = self.model(batch.dense, batch.sparse).squeeze(-1)
+                loss = self.loss_fn(logits, batch.labels)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                loss_value = float(loss.detach())
+            index += 1
+            end = time.perf_counter()
+            yield StepStats(loss_value, (end - start) * 1e3, self.hybrid.staleness, batch.size, (start - fetch) * 1e3)
 
 
 # ---- data ----------------------------------------------------------------------------------------------------
@@ -544,7 +555,11 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     history: list[dict[str, Any]] = []
     losses: list[float] = []
     step_ms: list[float] = []
-    loop = TrainLoop(dmp, hybrid, opt, device)
+    # Every trainer profiles the same window (a profiled trainer is slower: the others would wait in collectives).
+    warmup = min(10, cfg.steps // 4)
+    profiler = StepProfiler(warmup, min(10, max(1, cfg.steps // 4))) if cfg.steps >= 4 else None
+    data_ms: list[float] = []
+    loop = TrainLoop(dmp, hybrid, opt, device, profiler)
     progress = _progress(cfg) if (j == 0 and cfg.progress) else None
     task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
     t0 = time.perf_counter()
@@ -561,6 +576,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
             step += 1
             losses.append(stats.loss)
             step_ms.append(stats.step_ms)
+            data_ms.append(stats.data_ms)
             samples += stats.samples * job.trainers
             rate = samples / max(1e-9, time.perf_counter() - t0 - eval_s)
             history.append({"step": step, "loss": stats.loss, "samples": samples, "staleness": stats.staleness})
@@ -593,12 +609,17 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         return None
     tail = losses[-max(1, len(losses) // 10) :]
     steps_done = step - start_step
+    timed = _unprofiled(step_ms, profiler)
+    breakdown = {"data": _median(_unprofiled(data_ms, profiler))}
+    if profiler is not None and profiler.shares is not None:
+        breakdown |= {term: share * _median(timed) for term, share in profiler.shares.items()}
     return {
         **result,
         "teacher_auc": result.get("teacher_auc"),
         "loss": sum(tail) / len(tail) if tail else float("nan"),
         "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
-        "step_ms": _median(step_ms),
+        "step_ms": _median(timed),
+        "step_breakdown_ms": breakdown,
         "wall_step_ms": elapsed * 1e3 / max(1, steps_done),
         "batch_size": batch_size * job.trainers,
         "steps": steps_done,
@@ -618,6 +639,14 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         "seed": cfg.seed,
         "history": history,
     }
+
+
+def _unprofiled(xs: list[float], profiler: StepProfiler | None) -> list[float]:
+    """The steps after warm-up, without the profiled ones (the profiler's overhead inflates them)."""
+    if profiler is None:
+        return xs
+    kept = xs[profiler.start + profiler.count :]
+    return kept or xs
 
 
 def _median(xs: list[float]) -> float:
@@ -763,7 +792,12 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ("train loss (last 10%)", f"{result['loss']:.4f}"),
         ("eval log loss", f"{result['eval_loss']:.4f}"),
         ("samples/s", f"{result['samples_per_s']:,.0f}"),
-        ("step ms (median, compute)", f"{result['step_ms']:.1f}"),
+        ("step ms (median, after warm-up)", f"{result['step_ms']:.1f}"),
+        (
+            "  of which (ms)",
+            ", ".join(f"{k} {v:.1f}" for k, v in result.get("step_breakdown_ms", {}).items() if k != "data") or "-",
+        ),
+        ("data ms per step (not in the step)", f"{result.get('step_breakdown_ms', {}).get('data', 0.0):.1f}"),
         ("global batch x steps", f"{result['batch_size']} x {result['steps']}"),
         ("staleness K (max seen)", f"{result['staleness']} ({result['staleness_max_seen']})"),
         ("trainers / PS servers", f"{result['trainers']} / {result['servers']}"),

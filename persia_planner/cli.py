@@ -419,5 +419,49 @@ def train_command(
             _note(f"checkpoint in {checkpoint}", to_stderr=False)
 
 
+@app.command("calibrate")
+def calibrate_command(
+    quick: Annotated[bool, typer.Option("--quick", help="fewer, smaller measurements (about a minute)")] = False,
+    out: Annotated[Path, typer.Option("--out", help="the profile to write (topology.yaml names it as profile:)")] = (
+        Path("profile.yaml")
+    ),
+) -> None:
+    """Measure this machine as the runtime uses it (memory, fbgemm TBE, gloo collectives, PS rpc and store, dense
+    MLP) and write a hardware profile; prints the figures fitted from it."""
+    import yaml
+
+    from persia_planner.profile import HardwareProfile
+
+    with _edge():
+        if out.exists() and not out.is_file():
+            raise PlannerError(f"--out {out} is not a regular file", fixes=("give a file path, e.g. profile.yaml",))
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from persia_planner.modules.calibrate import BENCHMARKS, calibrate
+
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=_console(stderr=True)
+        ) as progress:
+            task = progress.add_task("calibrating", total=len(BENCHMARKS))
+
+            def done(name: str, seconds: float) -> None:
+                progress.update(task, advance=1, description=f"{name} done ({seconds:.1f} s)")
+
+            raw = calibrate(quick=quick, on_done=done)
+        fitted = HardwareProfile.from_dict(raw, str(out))
+        text = "# persia calibrate: raw measurements; the planner fits its figures from them (persia_planner.profile)\n"
+        text += yaml.safe_dump(raw, sort_keys=False)
+        _write(out, "the profile", lambda path: path.write_text(text, encoding="utf-8"))
+        from rich.table import Table
+
+        table = Table(title=f"persia calibrate ({'quick' if quick else 'full'}): fitted figures")
+        for column in ("figure", "fitted", "worst fit error"):
+            table.add_column(column, justify="left" if column == "figure" else "right")
+        for row in fitted.summary():
+            table.add_row(*row)
+        _console().print(table)
+        _note(f"wrote {out}", to_stderr=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

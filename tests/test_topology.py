@@ -151,7 +151,7 @@ def test_nodes_and_links_form_builds_the_same_kind_of_graph():
         ),
         (  # a parameter server named like a GPU defined after it: the GPU would replace it in the graph
             {**TOPO, "hosts": [{**TOPO["hosts"][1], "name": "trainer0/gpu", "count": 1}, TOPO["hosts"][0]]},
-            "topology.yaml: hosts[1].name: GPU 'trainer0/gpu0' has the name of a host defined earlier",
+            "topology.yaml: hosts[1].name: device 'trainer0/gpu0' has the name of a host defined earlier",
         ),
         (
             {**TOPO, "hosts": [{**TOPO["hosts"][0], "ddr": "2Tb"}]},

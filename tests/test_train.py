@@ -44,6 +44,19 @@ def test_default_job_learns_with_both_paths():
     first = sum(h["loss"] for h in result["history"][:8]) / 8
     assert result["loss"] < first - 0.02, (first, result["loss"])
     assert result["samples_per_s"] > 0 and result["step_ms"] > 0
+    parts = result["step_breakdown_ms"]
+    assert set(parts) == {"data", "embedding", "all_to_all", "dense", "all_reduce", "ps_wait", "push"}
+    assert all(v >= 0 for v in parts.values()) and parts["dense"] > 0 and parts["embedding"] > 0
+    assert sum(v for k, v in parts.items() if k != "data") == pytest.approx(result["step_ms"], rel=1e-6)
+
+
+@pytest.mark.timeout(600)
+def test_the_breakdown_shows_a_slow_parameter_server_as_ps_wait():
+    # K = 0: every step waits for its rows and for the previous step's update, each delayed 40 ms.
+    result = run(steps=16, batch_size=256, mode="sync", ps_delay_ms=40.0)
+    parts = result["step_breakdown_ms"]
+    assert parts["ps_wait"] >= 30.0, parts
+    assert parts["ps_wait"] > max(v for k, v in parts.items() if k not in ("ps_wait", "data")), parts
 
 
 @pytest.mark.timeout(900)

@@ -1,0 +1,345 @@
+"""A machine's measured figures (``persia calibrate``'s profile), and the cost-model figures fitted from them.
+
+The profile file keeps raw measurements (seconds or rates per benchmark point); this module fits the few numbers the
+cost model needs: a fixed time plus a rate for each engine (memory gathers, fbgemm's TBE forward and fused backward
+per optimizer, gloo collectives, parameter-server requests). Fitting here, not in the benchmark, keeps the planner
+torch-free and lets a profile be re-fitted without measuring again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from persia_planner._fields import Fields, load_yaml
+from persia_planner.constants import CostConstants
+from persia_planner.errors import SpecError
+from persia_planner.units import Quantity
+
+__all__ = [
+    "PROFILE_FORMAT",
+    "EmbeddingFit",
+    "HardwareProfile",
+    "LinearFit",
+    "fit_embedding",
+    "fit_linear",
+    "fit_terms",
+    "load_profile",
+]
+
+PROFILE_FORMAT = 1
+BYTES_PER_FLOAT = 4  # the benchmarks' tables are fp32
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """``seconds = fixed_s + units / units_per_s``: a per-call (or per-row) cost plus a rate.
+
+    Attributes:
+        fixed_s: The cost at zero units (latency, per-row overhead).
+        units_per_s: Units (bytes, rows) per second beyond it; ``inf`` when the size does not matter.
+        worst_error: Largest relative error of the fit over the points it was fitted to.
+    """
+
+    fixed_s: float
+    units_per_s: float
+    worst_error: float = 0.0
+
+    def seconds(self, units: float) -> float:
+        return self.fixed_s + units / self.units_per_s
+
+
+def fit_terms(columns: Mapping[str, Sequence[float]], seconds: Sequence[float]) -> tuple[dict[str, float], float]:
+    """Non-negative least-squares fit of ``seconds`` to ``sum_k coef_k * columns[k]``, in relative error (a small
+    call matters as much as a large one: a step makes many small ones).
+
+    Returns:
+        The coefficients by column name (a term the data does not support is 0), and the worst relative error.
+    """
+    y = np.asarray(seconds, dtype=float)
+    if len(y) == 0 or np.any(y <= 0):
+        raise ValueError("a fit needs points with positive times")
+    names = list(columns)
+    x = np.stack([np.asarray(columns[n], dtype=float) for n in names], axis=1) / y[:, None]
+    active = list(range(len(names)))
+    coef = np.zeros(len(names))
+    while active:  # active set: drop the most negative term and refit, until every term is >= 0
+        solution, *_ = np.linalg.lstsq(x[:, active], np.ones_like(y), rcond=None)
+        if np.all(solution >= 0):
+            coef[active] = solution
+            break
+        active.pop(int(np.argmin(solution)))
+    worst = float(np.max(np.abs(x @ coef - 1))) if active else 1.0
+    return dict(zip(names, (float(c) for c in coef), strict=True)), worst
+
+
+def fit_linear(units: Sequence[float], seconds: Sequence[float]) -> LinearFit:
+    """Fit ``seconds`` to ``fixed + units / rate`` (see :func:`fit_terms`); a constant where size does not
+    matter, a pure rate where there is no measurable fixed cost."""
+    coef, worst = fit_terms({"fixed": [1.0] * len(units), "slope": units}, seconds)
+    if coef["fixed"] == 0 and coef["slope"] == 0:
+        raise ValueError("no positive fit")
+    slope = coef["slope"]
+    return LinearFit(coef["fixed"], math.inf if slope == 0 else 1.0 / slope, worst)
+
+
+@dataclass(frozen=True)
+class EmbeddingFit:
+    """fbgemm TBE time of one call: ``bags * per_bag_s + ids * (per_id_s + row_bytes / bytes_per_s)``.
+
+    A bag is one sample's ids of one feature (pooled into one output row); an id is one looked-up row.
+
+    Attributes:
+        per_bag_s: Cost per bag (offsets, the pooled output row).
+        per_id_s: Cost per looked-up id beyond its bytes (index arithmetic, a cache miss's latency).
+        bytes_per_s: Rate of the row bytes moved (read forward; gradient, weights and state backward).
+        worst_error: Largest relative error over the fitted points.
+    """
+
+    per_bag_s: float
+    per_id_s: float
+    bytes_per_s: float
+    worst_error: float = 0.0
+
+    def seconds(self, bags: float, ids: float, row_bytes: float) -> float:
+        return bags * self.per_bag_s + ids * (self.per_id_s + row_bytes / self.bytes_per_s)
+
+
+def fit_embedding(points: Sequence[Mapping[str, float]], rate_key: str) -> EmbeddingFit:
+    """Fit :class:`EmbeddingFit` to points of ``{dim, pooling, <rate_key>}`` (ids per second at that pooling)."""
+    # Per id: seconds / ids = per_bag / pooling + per_id + row_bytes * (1 / bytes_per_s)
+    coef, worst = fit_terms(
+        {
+            "bag": [1 / p["pooling"] for p in points],
+            "id": [1.0] * len(points),
+            "byte": [p["dim"] * BYTES_PER_FLOAT for p in points],
+        },
+        [1 / p[rate_key] for p in points],
+    )
+    return EmbeddingFit(coef["bag"], coef["id"], math.inf if coef["byte"] == 0 else 1 / coef["byte"], worst)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """The fitted figures of one machine (one trainer process, one CPU thread, as the runtime runs).
+
+    Attributes:
+        source: The profile file.
+        machine: What was measured (platform, CPUs, library versions, date).
+        stream_bytes_per_s: Streaming copy bandwidth (read + write).
+        gather: Random row gathers: seconds per row vs row bytes.
+        embedding_forward: Per optimizer, fbgemm TBE forward (:class:`EmbeddingFit`).
+        embedding_backward: Per optimizer, the fused backward (gradient + optimizer update), the same way.
+        dense_flops_per_s: Dense MLP forward + backward FLOPs per second.
+        all_to_all: gloo all-to-all between local processes: seconds per call vs bytes per process.
+        all_reduce: gloo all-reduce, the same way.
+        ps_lookup: A lookup request to a parameter server: seconds vs rows (fixed part = round trip).
+        ps_push: A gradient push, the same way.
+        ps_row_bytes: Bytes per row of the PS requests measured (ids + fp32 rows).
+        store_lookup_rows_per_s: The server's store alone: rows found per second.
+        store_update_rows_per_s: The store's optimizer updates per second.
+        unique_ids_per_s: De-duplication (``torch.unique``) of request ids per second.
+    """
+
+    source: str
+    machine: Mapping[str, Any]
+    stream_bytes_per_s: float
+    gather: LinearFit
+    embedding_forward: Mapping[str, EmbeddingFit]
+    embedding_backward: Mapping[str, EmbeddingFit]
+    dense_flops_per_s: float
+    all_to_all: LinearFit
+    all_reduce: LinearFit
+    ps_lookup: LinearFit
+    ps_push: LinearFit
+    ps_row_bytes: int
+    store_lookup_rows_per_s: float
+    store_update_rows_per_s: float
+    unique_ids_per_s: float
+
+    def embedding_seconds(self, optimizer: str, bags: float, ids: float, row_bytes: float) -> float:
+        """Seconds of fbgemm's forward + fused backward for ``bags`` bags of ``ids`` looked-up ids in all, of
+        ``row_bytes`` each."""
+        name = optimizer if optimizer in self.embedding_forward else _nearest_optimizer(optimizer, self)
+        forward, backward = self.embedding_forward[name], self.embedding_backward[name]
+        return forward.seconds(bags, ids, row_bytes) + backward.seconds(bags, ids, row_bytes)
+
+    def device_figures(self, constants: CostConstants) -> dict[str, float]:
+        """Defaults of a CPU trainer device on this machine, in topology.yaml's terms (``bandwidth``, ``tflops``,
+        ``link_bandwidth``), declared so that the cost model's figure (declared x its efficiency constant) is
+        what was measured.
+
+        ``bandwidth`` is fitted to fbgemm's forward + fused backward of one id of a 16-wide fp32 row under row-wise
+        Adagrad, divided into the bytes the cost model charges for it (:meth:`.cost.CostModel.moved_bytes`).
+        """
+        row = max(16 * BYTES_PER_FLOAT, constants.min_access_bytes)
+        moved = row * (1 + constants.update_passes) + 2 * BYTES_PER_FLOAT
+        seconds = self.embedding_seconds("rowwise_adagrad", 1, 1, 16 * BYTES_PER_FLOAT)
+        link = self.all_to_all.units_per_s
+        return {
+            "bandwidth": moved / seconds / constants.hbm_efficiency,
+            "tflops": self.dense_flops_per_s / 1e12 / constants.tflops_efficiency,
+            "link_bandwidth": (link if math.isfinite(link) else self.stream_bytes_per_s) / constants.nvlink_efficiency,
+        }
+
+    def host_figures(self, parameter_server: bool, constants: CostConstants) -> dict[str, float]:
+        """Defaults of a host of this machine in topology.yaml's terms (``ddr_bandwidth``, ``nic_bandwidth``),
+        declared so that declared x efficiency is what was measured.
+
+        A trainer: stream bandwidth, and the collectives' rate. A parameter server: its store's update rate times
+        the bytes the cost model charges per row (its DDR), and the RPC lookup rate in bytes (its NIC).
+        """
+        if not parameter_server:
+            link = self.all_to_all.units_per_s
+            return {
+                "ddr_bandwidth": self.stream_bytes_per_s / constants.ddr_efficiency,
+                "nic_bandwidth": (link if math.isfinite(link) else self.stream_bytes_per_s) / constants.nic_efficiency,
+            }
+        row = max(self.ps_row_bytes - 8, constants.min_access_bytes)
+        moved = row * (1 + constants.update_passes) + 2 * BYTES_PER_FLOAT
+        rpc_rows = self.ps_lookup.units_per_s if math.isfinite(self.ps_lookup.units_per_s) else 1e9
+        return {
+            "ddr_bandwidth": self.store_update_rows_per_s * moved / constants.ps_efficiency,
+            "nic_bandwidth": rpc_rows * self.ps_row_bytes / constants.nic_efficiency,
+        }
+
+    def summary(self) -> list[tuple[str, str, str]]:
+        """(figure, fitted value, worst fit error) rows for people."""
+
+        def rate(fit: LinearFit, unit: str, scale: float = 1.0) -> str:
+            r = "size-independent" if math.isinf(fit.units_per_s) else f"{fit.units_per_s * scale:,.3g} {unit}"
+            return f"{fit.fixed_s * 1e6:,.1f} us + {r}"
+
+        rows = [
+            ("memory stream", f"{self.stream_bytes_per_s / 1e9:.2f} GB/s", ""),
+            ("random row gather", rate(self.gather, "GB/s", 1e-9) + " per row", f"{self.gather.worst_error:.0%}"),
+            ("dense MLP", f"{self.dense_flops_per_s / 1e9:.1f} GFLOP/s", ""),
+        ]
+
+        def tbe(fit: EmbeddingFit) -> str:
+            per_byte = "" if math.isinf(fit.bytes_per_s) else f" + bytes / {fit.bytes_per_s / 1e9:,.3g} GB/s"
+            return f"{fit.per_bag_s * 1e9:,.0f} ns/bag + {fit.per_id_s * 1e9:,.0f} ns/id{per_byte}"
+
+        for name, fwd in self.embedding_forward.items():
+            bwd = self.embedding_backward[name]
+            rows.append((f"TBE forward, {name}", tbe(fwd), f"{fwd.worst_error:.0%}"))
+            rows.append((f"TBE backward, {name}", tbe(bwd), f"{bwd.worst_error:.0%}"))
+        rows += [
+            ("all-to-all (gloo)", rate(self.all_to_all, "GB/s", 1e-9), f"{self.all_to_all.worst_error:.0%}"),
+            ("all-reduce (gloo)", rate(self.all_reduce, "GB/s", 1e-9), f"{self.all_reduce.worst_error:.0%}"),
+            ("PS lookup (rpc)", rate(self.ps_lookup, "rows/s"), f"{self.ps_lookup.worst_error:.0%}"),
+            ("PS push (rpc)", rate(self.ps_push, "rows/s"), f"{self.ps_push.worst_error:.0%}"),
+            ("PS store lookup", f"{self.store_lookup_rows_per_s:,.3g} rows/s", ""),
+            ("PS store update", f"{self.store_update_rows_per_s:,.3g} rows/s", ""),
+            ("id de-duplication", f"{self.unique_ids_per_s:,.3g} ids/s", ""),
+        ]
+        return rows
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "profile.yaml") -> HardwareProfile:
+        """Fit a profile's raw measurements (the YAML ``persia calibrate`` writes).
+
+        Raises:
+            SpecError: A missing section or field, a wrong format version, a non-positive measurement.
+        """
+        top = Fields(data, source, "")
+        version = top.take("format", Quantity.COUNT)
+        if version != PROFILE_FORMAT:
+            raise top.error(
+                "format", f"profile format {version} is not {PROFILE_FORMAT}", fixes=("run persia calibrate again",)
+            )
+        machine = top.take("machine", default={})
+        mem = top.sub("memory")
+        stream = mem.take_positive("stream_bytes_per_s", Quantity.NUMBER)
+        gather = _fit_points(mem, "gather", "row_bytes", lambda p: p["row_bytes"] / p["bytes_per_s"])
+        mem.finish()
+        forward: dict[str, EmbeddingFit] = {}
+        backward: dict[str, EmbeddingFit] = {}
+        points = _points(top, "embedding", ("optimizer", "dim", "pooling", "forward_rows_per_s", "backward_rows_per_s"))
+        for name in dict.fromkeys(p["optimizer"] for p in points):
+            mine = [p for p in points if p["optimizer"] == name]
+            forward[name] = fit_embedding(mine, "forward_rows_per_s")
+            backward[name] = fit_embedding(mine, "backward_rows_per_s")
+        dense = top.sub("dense")
+        flops = dense.take_positive("flops_per_s", Quantity.NUMBER)
+        dense.take("width", default=None), dense.take("batch", default=None)
+        dense.finish()
+        coll = top.sub("collectives")
+        coll.take("backend", default=None), coll.take("processes", default=None)
+        a2a = _fit_points(coll, "all_to_all", "bytes", lambda p: p["seconds"])
+        allreduce = _fit_points(coll, "all_reduce", "bytes", lambda p: p["seconds"])
+        coll.finish()
+        rpc = top.sub("rpc")
+        dim = rpc.take_positive("dim", Quantity.COUNT)
+        requests = _points(rpc, "requests", ("rows", "dim", "lookup_seconds", "push_seconds"))
+        lookup = fit_linear([p["rows"] for p in requests], [p["lookup_seconds"] for p in requests])
+        push = fit_linear([p["rows"] for p in requests], [p["push_seconds"] for p in requests])
+        rpc.finish()
+        store = top.sub("ps_store")
+        store.take("dim", default=None)
+        figures = {
+            k: store.take_positive(k, Quantity.NUMBER)
+            for k in ("lookup_rows_per_s", "admit_rows_per_s", "update_rows_per_s", "unique_ids_per_s")
+        }
+        store.finish()
+        top.finish()
+        return cls(
+            source=source,
+            machine=dict(machine) if isinstance(machine, Mapping) else {},
+            stream_bytes_per_s=stream,
+            gather=gather,
+            embedding_forward=forward,
+            embedding_backward=backward,
+            dense_flops_per_s=flops,
+            all_to_all=a2a,
+            all_reduce=allreduce,
+            ps_lookup=lookup,
+            ps_push=push,
+            ps_row_bytes=8 + dim * BYTES_PER_FLOAT,
+            store_lookup_rows_per_s=figures["lookup_rows_per_s"],
+            store_update_rows_per_s=figures["update_rows_per_s"],
+            unique_ids_per_s=figures["unique_ids_per_s"],
+        )
+
+
+def _nearest_optimizer(optimizer: str, profile: HardwareProfile) -> str:
+    # Adagrad-like optimizers move the most state: use the heaviest measured one rather than the lightest.
+    for name in ("adagrad", "rowwise_adagrad", "sgd"):
+        if name in profile.embedding_forward:
+            return name
+    return next(iter(profile.embedding_forward))
+
+
+def _points(section: Fields, key: str, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """A non-empty list of points, each with ``names``; numbers > 0 (except the ``optimizer`` name)."""
+    out = []
+    for _, item in section.take_list(key):
+        point = {n: item.take_str(n) if n == "optimizer" else item.take_positive(n, Quantity.NUMBER) for n in names}
+        item.finish()
+        out.append(point)
+    if not out:
+        raise section.error(key, "has no measurements", fixes=("run persia calibrate again",))
+    return out
+
+
+def _fit_points(section: Fields, key: str, x: str, seconds: Any) -> LinearFit:
+    names = ("row_bytes", "bytes_per_s") if x == "row_bytes" else ("bytes", "seconds")
+    points = _points(section, key, names)
+    return fit_linear([p[x] for p in points], [seconds(p) for p in points])
+
+
+def load_profile(path: str | Path) -> HardwareProfile:
+    """Load and fit a profile file.
+
+    Raises:
+        SpecError: The file is missing, malformed or not a profile (the message names the file and key).
+    """
+    data, source = load_yaml(path)
+    if data is None:
+        raise SpecError(source, "", "file is empty", fixes=("run persia calibrate --out " + str(path),))
+    return HardwareProfile.from_dict(data, Path(source).name)

@@ -1,0 +1,52 @@
+"""persia calibrate: every microbenchmark runs and gives a profile the planner fits; bad --out is one line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from persia_planner.cli import app
+from persia_planner.profile import HardwareProfile
+
+TINY = dict(
+    memory_bytes=4 * 1024**2,
+    row_bytes=(64, 256),
+    dims=(16, 32),
+    poolings=(1, 4),
+    optimizers=("sgd", "rowwise_adagrad"),
+    message_bytes=(1024, 65536),
+    rpc_rows=(1, 256),
+    repeats=2,
+    batch=256,
+)
+
+
+@pytest.mark.timeout(300)
+def test_every_benchmark_gives_figures_the_planner_fits():
+    from persia_planner.modules.calibrate import BENCHMARKS, Sizes, calibrate
+
+    done = []
+    raw = calibrate(sizes=Sizes(**TINY), on_done=lambda name, s: done.append(name))
+    assert done == list(BENCHMARKS)
+    assert raw["machine"]["cpus"] >= 1 and raw["machine"]["torch"]
+    assert len(raw["embedding"]) == 2 * 2 * 2 and len(raw["collectives"]["all_to_all"]) == 2
+    profile = HardwareProfile.from_dict(raw)
+    figures = [
+        profile.stream_bytes_per_s,
+        profile.dense_flops_per_s,
+        profile.store_update_rows_per_s,
+        profile.unique_ids_per_s,
+        profile.all_to_all.seconds(1e6),
+        profile.ps_lookup.seconds(1000),
+        profile.embedding_seconds("rowwise_adagrad", 256, 1024, 64),
+    ]
+    assert all(math.isfinite(f) and f > 0 for f in figures), figures
+    assert set(profile.embedding_forward) == {"sgd", "rowwise_adagrad"}
+
+
+def test_out_must_be_a_file(tmp_path):
+    result = CliRunner().invoke(app, ["calibrate", "--quick", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "--out" in result.output and "regular file" in result.output

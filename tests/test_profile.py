@@ -1,0 +1,112 @@
+"""The profile's fits: a fixed cost plus a rate, recovered from points; bad profiles refused with one line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from persia_planner.errors import SpecError
+from persia_planner.profile import PROFILE_FORMAT, HardwareProfile, fit_linear
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    fit = fit_linear(sizes, [50e-6 + s / 2e9 for s in sizes])
+    assert fit.fixed_s == pytest.approx(50e-6, rel=1e-6)
+    assert fit.units_per_s == pytest.approx(2e9, rel=1e-6)
+    assert fit.worst_error < 1e-9
+    assert fit.seconds(1e6) == pytest.approx(50e-6 + 5e-4)
+
+
+def test_fit_without_fixed_cost_goes_through_the_origin_and_flat_points_give_a_constant():
+    through_origin = fit_linear([1, 2, 4], [0.9, 2.0, 4.1])
+    assert through_origin.fixed_s == 0.0 and through_origin.units_per_s == pytest.approx(1.0, rel=0.05)
+    flat = fit_linear([10, 100, 1000], [2e-3, 2e-3, 1.9e-3])
+    assert math.isinf(flat.units_per_s) and flat.fixed_s == pytest.approx(1.97e-3, rel=0.02)
+    with pytest.raises(ValueError):
+        fit_linear([1, 2], [0.0, 1.0])
+
+
+def raw_profile() -> dict:
+    """A profile as persia calibrate writes it, with known figures."""
+    return {
+        "format": PROFILE_FORMAT,
+        "machine": {"cpus": 2},
+        "memory": {
+            "stream_bytes_per_s": 8e9,
+            "gather": [{"row_bytes": b, "bytes_per_s": b / (20e-9 + b / 4e9)} for b in (64, 256, 1024)],
+        },
+        "embedding": [
+            {
+                "optimizer": opt,
+                "dim": d,
+                "pooling": p,
+                "forward_rows_per_s": 1 / (200e-9 / p + 30e-9 + 4 * d / 2e9),
+                "backward_rows_per_s": 1 / (k * 60e-9 + 4 * d / 1e9),
+            }
+            for opt, k in (("sgd", 1), ("rowwise_adagrad", 2))
+            for d in (16, 64)
+            for p in (1, 8)
+        ],
+        "dense": {"flops_per_s": 3e10, "width": 512, "batch": 2048},
+        "collectives": {
+            "backend": "gloo",
+            "processes": 2,
+            "all_to_all": [{"bytes": b, "seconds": 100e-6 + b / 1e9} for b in (1024, 65536, 1 << 20)],
+            "all_reduce": [{"bytes": b, "seconds": 80e-6 + b / 2e9} for b in (1024, 65536, 1 << 20)],
+        },
+        "rpc": {
+            "dim": 16,
+            "requests": [
+                {"rows": r, "dim": 16, "lookup_seconds": 300e-6 + r / 5e6, "push_seconds": 250e-6 + r / 4e6}
+                for r in (1, 1024, 16384)
+            ],
+        },
+        "ps_store": {
+            "dim": 16,
+            "lookup_rows_per_s": 2e7,
+            "admit_rows_per_s": 1e6,
+            "update_rows_per_s": 1e7,
+            "unique_ids_per_s": 5e7,
+        },
+    }
+
+
+def test_profile_fits_every_engine():
+    profile = HardwareProfile.from_dict(raw_profile())
+    assert profile.all_to_all.fixed_s == pytest.approx(100e-6, rel=1e-6)
+    assert profile.all_to_all.units_per_s == pytest.approx(1e9, rel=1e-6)
+    assert profile.ps_lookup.fixed_s == pytest.approx(300e-6, rel=1e-6)
+    assert profile.ps_lookup.units_per_s == pytest.approx(5e6, rel=1e-6)
+    assert profile.gather.fixed_s == pytest.approx(20e-9, rel=1e-6)
+    forward = profile.embedding_forward["sgd"]
+    assert forward.per_bag_s == pytest.approx(200e-9, rel=1e-6) and forward.per_id_s == pytest.approx(30e-9, rel=1e-6)
+    assert forward.bytes_per_s == pytest.approx(2e9, rel=1e-6) and forward.worst_error < 1e-9
+    backward = profile.embedding_backward["rowwise_adagrad"]
+    assert backward.per_bag_s < 1e-15 and backward.per_id_s == pytest.approx(120e-9, rel=1e-6)
+    # forward + backward of 100 bags of 10 ids of 64 B under SGD
+    expected = 100 * 200e-9 + 1000 * (30e-9 + 64 / 2e9 + 60e-9 + 64 / 1e9)
+    assert profile.embedding_seconds("sgd", 100, 1000, 64) == pytest.approx(expected, rel=1e-6)
+    # an optimizer not measured takes the heaviest one measured
+    heaviest = profile.embedding_seconds("rowwise_adagrad", 100, 1000, 64)
+    assert profile.embedding_seconds("adam", 100, 1000, 64) == heaviest
+    assert ("dense MLP", "30.0 GFLOP/s", "") in profile.summary()
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda d: d.update(format=9), "format"),
+        (lambda d: d.pop("collectives"), "collectives"),
+        (lambda d: d["memory"].update(stream_bytes_per_s=-1), "stream_bytes_per_s"),
+        (lambda d: d["rpc"].update(requests=[]), "requests"),
+        (lambda d: d["dense"].update(flop=1), "flop"),
+    ],
+)
+def test_a_bad_profile_is_one_line_naming_the_key(edit, words):
+    data = raw_profile()
+    edit(data)
+    with pytest.raises(SpecError) as err:
+        HardwareProfile.from_dict(data, "mine.yaml")
+    assert "mine.yaml" in str(err.value) and words in str(err.value) and "\n" not in str(err.value)
