@@ -264,7 +264,11 @@ def _stream(spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, eval_: bool, 
         # The synthetic held-out set is fixed (its own seed): a resumed run evaluates on the same samples.
         start = 0 if eval_ else skip
         data = SyntheticClicks(
-            teacher_for(spec, cfg), batch_size=batch_size, num_batches=(start + count) * world, seed=seed
+            teacher_for(spec, cfg),
+            batch_size=batch_size,
+            num_batches=(start + count) * world,
+            seed=seed,
+            pooling={t.name: t.pooling_factor for t in spec.tables},  # the ids per sample the plan was priced for
         )
         for step in range(start, start + count):
             yield data.batch(step * world + rank)

@@ -15,6 +15,8 @@ __all__ = ["CostConstants"]
 
 # Relative to fbgemm's fused kernel, not to a peak: the one efficiency that may exceed 1.
 _RELATIVE_EFFICIENCY = "dense_kernel_efficiency"
+# Fixed costs that a GPU cluster may not have at all.
+_MAY_BE_ZERO = frozenset({"collective_latency_ms", "ps_request_ms", "step_overhead_ms"})
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,14 @@ class CostConstants:
         min_access_bytes: Smallest memory access per row (GPU sectors / cache lines): narrower rows cost as much.
         shard_overhead_ms: Fixed GPU time per shard per step (kernel launches, index bookkeeping), so that splitting
             a table or replicating it is not free.
+        collective_latency_ms: Fixed time of one collective between a host's trainers (all-to-all, all-reduce),
+            on top of its bytes. A step makes four all-to-alls (TorchRec's input splits and ids, the pooled output
+            forward and backward) and one all-reduce. Fitted from a ``profile:`` (gloo on CPU); 0 by default
+            (NCCL's microseconds are in the noise of a GPU step).
+        ps_request_ms: Fixed cost of one parameter-server request (a lookup or a push to one server), paid by the
+            server and by the trainer that sends it. Fitted from a ``profile:``; 0 by default.
+        step_overhead_ms: Fixed framework time per step on every trainer (Python, autograd, optimizer calls) beyond
+            the modelled work. An assumption (0 by default), to set from a measured step breakdown.
         hbm_reserve_fraction: Share of each GPU's HBM the planner leaves free (activations, buffers, cache slack).
         ddr_reserve_fraction: Share of each trainer host's DDR left free (OS, data loader, pinned buffers).
         ps_reserve_fraction: Share of each parameter server's DDR left free (hash-table overhead, checkpoints).
@@ -59,6 +69,9 @@ class CostConstants:
     dp_update_passes: float = 9.22
     min_access_bytes: int = 128
     shard_overhead_ms: float = 0.01
+    collective_latency_ms: float = 0.0
+    ps_request_ms: float = 0.0
+    step_overhead_ms: float = 0.0
     hbm_reserve_fraction: float = 0.1
     ddr_reserve_fraction: float = 0.1
     ps_reserve_fraction: float = 0.2
@@ -97,6 +110,9 @@ class CostConstants:
             elif name in _integer_fields():
                 if not float(value).is_integer() or value <= 0:  # also refuses inf and nan (int() would raise)
                     return f"{name} must be a whole number of bytes > 0, got {value}"
+            elif name in _MAY_BE_ZERO:
+                if not 0 <= value < float("inf"):
+                    return f"{name} must be a finite number >= 0, got {value}"
             elif value <= 0:
                 return f"{name} must be > 0, got {value}"
         return None

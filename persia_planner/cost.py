@@ -225,8 +225,17 @@ class CostModel:
         self.allreduce_ms_per_byte = 2 * (n_g - 1) / n_g / self.nvlink_bw + 2 * (H - 1) / H / nic_of_gpu
         latency_ms = topology.latency_s * MS if H + lay.n_servers > 1 else 0.0
         self.allreduce_latency_ms = 2 * (H - 1) * latency_ms
+        # Fixed costs of a step (profiled on CPU clusters, ~0 on GPUs): four all-to-alls and one all-reduce between
+        # the trainers, each with a collective's latency, and the framework's own time.
+        collective = c.collective_latency_ms if G > 1 else 0.0
+        self.a2a_fixed_ms = 4 * collective
+        self.allreduce_latency_ms += collective
+        self.dense_ms = self.dense_ms + c.step_overhead_ms
         self._fixed_sync_ms = (
-            self.dense_ms + self.dense_grad_bytes * self.allreduce_ms_per_byte + (self.allreduce_latency_ms)
+            self.dense_ms
+            + self.dense_grad_bytes * self.allreduce_ms_per_byte
+            + self.allreduce_latency_ms
+            + self.a2a_fixed_ms
         )
         self.rtt_ms = 2 * max((topology.path_latency(gpus[0].name, s.name) for s in servers), default=0.0) * MS
 
@@ -332,6 +341,11 @@ class CostModel:
         moved = self.moved_bytes(table, self.batch * table.pooling_factor, table.dim)
         loads[lay.ps_ddr] = moved * shares / self.ps_ddr_bw
         loads[lay.switch] = 2 * self.batch * row_traffic * total / self.switch_bw
+        # Every trainer sends each server that holds a share one lookup and one push per step: a fixed cost for the
+        # server, and for the trainer's own thread, which prepares and sends them.
+        holding = shares > 0
+        loads[lay.ps_nic] += np.where(holding, 2 * lay.n_gpus * self.constants.ps_request_ms, 0.0)
+        loads[lay.emb] += 2 * float(holding.sum()) * self.constants.ps_request_ms
         return loads
 
     def server_index(self, name: str) -> int:
@@ -384,7 +398,7 @@ class CostModel:
         loads = np.atleast_2d(loads)
         hosts = self.gpu_host
         emb = np.maximum(loads[:, lay.emb], loads[:, lay.host_ddr][:, hosts])
-        a2a = loads[:, lay.nvlink] + loads[:, lay.nic_sync][:, hosts]
+        a2a = loads[:, lay.nvlink] + loads[:, lay.nic_sync][:, hosts] + self.a2a_fixed_ms
         grad_bytes = self.dense_grad_bytes + loads[:, lay.dp_bytes]
         allreduce = grad_bytes[:, None] * self.allreduce_ms_per_byte[None, :] + self.allreduce_latency_ms
         dense = np.broadcast_to(self.dense_ms, emb.shape)

@@ -187,6 +187,16 @@ class HardwareProfile:
             "link_bandwidth": (link if math.isfinite(link) else self.stream_bytes_per_s) / constants.nvlink_efficiency,
         }
 
+    def fitted_constants(self) -> dict[str, float]:
+        """The cost model's constants this profile measures (see :class:`~persia_planner.constants.CostConstants`):
+        ``collective_latency_ms`` (the all-to-all's fixed cost) and ``ps_request_ms`` (a PS request's fixed cost,
+        lookup and push averaged). The efficiencies stay assumptions: the profile's rates are declared through
+        them (:meth:`device_figures`, :meth:`host_figures`)."""
+        return {
+            "collective_latency_ms": self.all_to_all.fixed_s * 1e3,
+            "ps_request_ms": (self.ps_lookup.fixed_s + self.ps_push.fixed_s) / 2 * 1e3,
+        }
+
     def host_figures(self, parameter_server: bool, constants: CostConstants) -> dict[str, float]:
         """Defaults of a host of this machine in topology.yaml's terms (``ddr_bandwidth``, ``nic_bandwidth``),
         declared so that declared x efficiency is what was measured.

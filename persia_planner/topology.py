@@ -7,7 +7,7 @@ import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
@@ -17,6 +17,9 @@ from persia_planner.devices import DeviceKind, Gpu, Host, NodeKind, Role
 from persia_planner.errors import SpecError
 from persia_planner.topology_files import SWITCH, graph_from_hosts, graph_from_nodes, read_constants
 from persia_planner.units import Quantity
+
+if TYPE_CHECKING:
+    from persia_planner.profile import HardwareProfile
 
 __all__ = ["DeviceKind", "Gpu", "Host", "NodeKind", "Role", "Topology", "load_topology"]
 
@@ -152,6 +155,9 @@ class Topology:
             graph = graph_from_nodes(top)
         else:
             graph = graph_from_hosts(top, switch_bw, latency, constants, Path(base_dir) if base_dir else None)
+            profile = _measured_profile(graph)
+            if profile is not None:  # it measures the fixed costs; the file's own constants: still win
+                constants = read_constants(Fields(data, source, ""), profile.fitted_constants())
         top.finish()
         try:
             return cls(graph, name, constants)
@@ -210,6 +216,13 @@ class Topology:
 def _path_weight(u: str, v: str, edge: Mapping[str, Any]) -> float:
     # Lowest latency first; the tiny per-hop term breaks ties towards fewer hops.
     return edge.get("latency", 0.0) + 1e-12
+
+
+def _measured_profile(graph: nx.Graph) -> HardwareProfile | None:
+    """The trainers' profile (else any host's): the one whose fixed costs the cost model takes."""
+    hosts = [s for s in nx.get_node_attributes(graph, "spec").values() if isinstance(s, Host) and s.profile]
+    trainers = [h for h in hosts if h.gpus]
+    return (trainers or hosts)[0].profile if hosts else None
 
 
 def load_topology(path: str | Path) -> Topology:

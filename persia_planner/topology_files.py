@@ -26,11 +26,12 @@ MAX_HOST_COUNT = 100_000  # hosts of one `hosts:` entry
 MAX_GPUS_PER_HOST = 1024
 
 
-def read_constants(top: Fields) -> CostConstants:
+def read_constants(top: Fields, fitted: Mapping[str, Any] | None = None) -> CostConstants:
+    """The ``constants:`` section over ``fitted`` (a profile's) over the defaults."""
     section = top.sub("constants", default=None)
     if section is None:
-        return CostConstants()
-    overrides: dict[str, Any] = {}
+        return CostConstants().replace(dict(fitted or {}))
+    overrides: dict[str, Any] = dict(fitted or {})
     for key in CostConstants.names():
         if key == "cache_fractions" and section.has(key):
             overrides[key] = _read_cache_fractions(section)
