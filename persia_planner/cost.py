@@ -1,6 +1,6 @@
 """The analytic cost model: what a step costs for a given placement, on a given topology.
 
-Every formula lives here (CONTRIBUTING.md quotes them). Time is in milliseconds, sizes in bytes.
+Every formula lives here (docs/design/cost_model.md explains them). Time is in milliseconds, sizes in bytes.
 
 The model keeps a *load vector* per plan: for every resource (each GPU's memory path, NVLink and PCIe; each trainer
 host's DDR and NIC; each parameter server's NIC and DDR; the switch) the milliseconds of work per step placed on it.
