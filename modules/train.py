@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import math
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -35,6 +34,7 @@ from torch import nn
 
 from persia_planner.errors import PlannerError
 from persia_planner.export import check_executable, planned_execution
+from persia_planner.memory import ps_capacity
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
@@ -110,8 +110,9 @@ def build_model(
     from persia_planner.export import to_embedding_bag_configs
 
     dim = dlrm_embedding_dim(spec)
+    # Each server's store: the capacity the planner charged it for (room for the hash's imbalance).
     capacity = {
-        t.name: math.ceil(t.rows / ps_servers * 1.25) + 1024
+        t.name: int(ps_capacity(-(-t.rows // ps_servers)))
         for t in spec.tables
         if tables is not None and tables[t.name].mode is Mode.ASYNC
     }

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from persia_planner.cost import CostModel, zipf_hit_rate
-from persia_planner.placement import Tier, cache_bytes
+from persia_planner.memory import ps_holds
+from persia_planner.placement import Tier, even_split, tier_bytes
 
 __all__ = ["MAX_WEIGHTINGS", "LowerBound", "TierChoice", "lower_bound", "lower_bound_ms"]
 
@@ -73,19 +74,23 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     # GPU-ms (summed over GPUs) per byte of a host's DDR traffic: every GPU of the host waits on it.
     host_ddr = float(np.min(cost.gpus_per_host / cost.host_ddr_bw))
 
+    def charge(column: int, tier: Tier, fraction: float = 0.0) -> None:
+        """Each table's (HBM, DDR) bytes as one shard of ``tier``: what the runtime allocates (placement.tier_bytes)."""
+        for i, t in enumerate(tables):
+            mem[:2, i, column] = tier_bytes(t, tier, t.rows, t.dim, dtype, fraction)
+
     sync[:, 0] = moved / hbm_bw + out
-    mem[0, :, 0] = sizes
+    charge(0, Tier.HBM)
     sync[:, 1] = moved / uvm_bw + out
     sync_ddr[:, :dp] = exchange[:, None]  # the overhead is GPU time, not host-DDR time
     sync_ddr[:, 1] += moved * host_ddr
-    mem[1, :, 1] = sizes
+    charge(1, Tier.DDR)
     nic[:, :dp] = out_nic[:, None]
     for j, f in enumerate(fractions):
         hit = np.array([zipf_hit_rate(t.zipf_alpha, t.rows, f) for t in tables])
         sync[:, 2 + j] = hit * moved / hbm_bw + (1 - hit) * moved / uvm_bw + out
         sync_ddr[:, 2 + j] += (1 - hit) * moved * host_ddr
-        mem[0, :, 2 + j] = [cache_bytes(int(r), int(d), f, dtype) for r, d in zip(rows, dims, strict=True)]
-        mem[1, :, 2 + j] = sizes
+        charge(2 + j, Tier.HBM_CACHE, f)
     # data-parallel: a replica on every GPU, whose gradients join the all-reduce.
     dp_ok = sizes <= cost.capacities()[lay.hbm].min()
     dense_bw = cost.hbm_bw * c.dense_kernel_efficiency
@@ -98,14 +103,17 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     if lay.n_servers:
         row_traffic = np.array([t.pooling_factor for t in tables]) * (dims * dtype.n_bytes + c.id_bytes)
         traffic = 2 * cost.batch * row_traffic
-        sync[:, ps] = 0.0
+        # A server's store holds a bounded number of rows of a table: beyond that the ps tier is no option.
+        sync[:, ps] = np.where(ps_holds(rows, lay.n_servers), 0.0, np.inf)
         asyn[0, :, ps] = moved / float(cost.ps_ddr_bw.sum())
         asyn[1, :, ps] = traffic / float(cost.ps_nic_bw.sum())
         asyn[2, :, ps] = traffic / cost.switch_bw
         asyn[3, :, ps] = traffic / G * float(np.max(cost.gpus_per_host / cost.nic_bw))
         asyn[4, :, ps] = traffic / G / float(cost.pcie_bw.min())
         nic[:, ps] = traffic / G * float(np.mean(cost.gpus_per_host / cost.nic_bw))
-        mem[2, :, ps] = sizes
+        # Every server holds one hash bucket of the table, in its store's layout.
+        for i, t in enumerate(tables):
+            mem[2, i, ps] = float(tier_bytes(t, Tier.PS, even_split(t.rows, lay.n_servers), t.dim, dtype)[1].sum())
     return sync, sync_ddr, asyn, nic, mem
 
 

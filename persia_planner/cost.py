@@ -361,14 +361,14 @@ class CostModel:
         shards = placement.shards
         if placement.sharding is Sharding.DATA_PARALLEL:
             gpus = np.array([self.topology.gpu_index(s.device) for s in shards])
-            mem[lay.hbm.start + gpus] = [s.bytes for s in shards]
+            mem[lay.hbm.start + gpus] = [s.storage(table, self.dtype).hbm_bytes for s in shards]
             return self.replica_loads(table)[gpus].sum(axis=0), mem
         if placement.sharding is Sharding.PS_HASH:
             shares = np.zeros(lay.n_servers)
             for s in shards:
                 p = self.server_index(s.device)
                 shares[p] += s.row_fraction(table) * s.n_cols / table.dim
-                mem[lay.ps_mem.start + p] += s.bytes
+                mem[lay.ps_mem.start + p] += s.storage(table, self.dtype).ddr_bytes
             return self.ps_table_loads(table, shares), mem
         loads = np.zeros(lay.size)
         twrw = placement.sharding is Sharding.TABLE_ROW_WISE

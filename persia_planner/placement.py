@@ -1,14 +1,29 @@
-"""Value objects of a placement: tiers, sharding types, shards. Shared by the cost model, search and plan."""
+"""Value objects of a placement: tiers, sharding types, shards. Shared by the cost model, search and plan.
+
+A shard's :meth:`Shard.storage` is what the runtime allocates for it (:func:`tier_bytes`, from the layouts in
+:mod:`.memory`).
+"""
 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
+from typing import Any
 
+from persia_planner import memory
 from persia_planner.specs import DType, TableSpec
 
-__all__ = ["Mode", "Shard", "Sharding", "Storage", "TablePlacement", "Tier", "cache_bytes"]
+__all__ = [
+    "Mode",
+    "Shard",
+    "Sharding",
+    "Storage",
+    "TablePlacement",
+    "Tier",
+    "bucket_rows",
+    "even_split",
+    "tier_bytes",
+]
 
 
 class Tier(enum.StrEnum):
@@ -67,7 +82,8 @@ class Shard:
         device: A GPU (``trainer0/gpu1``) for hbm/ddr/hbm_cache, a parameter server (``ps0``) for ps.
         tier: Where the rows live.
         cols: Column range ``[start, end)``.
-        bytes: Weights plus optimizer state held by this shard (DDR bytes for ddr/hbm_cache).
+        bytes: Weights (in the model's dtype) plus optimizer state (float32) held by this shard: the table's data,
+            whatever its tier; what the runtime allocates for it is :meth:`storage`.
         rows: Row range ``[start, end)`` for range shards, None for hash shards.
         hash: ``(bucket, buckets)`` for ``ps_hash`` shards.
         cache_fraction: Share of the shard's rows cached in HBM (``hbm_cache`` only).
@@ -92,8 +108,7 @@ class Shard:
         if self.rows is not None:
             return self.rows[1] - self.rows[0]
         assert self.hash is not None
-        bucket, buckets = self.hash
-        return table.rows // buckets + (1 if bucket < table.rows % buckets else 0)
+        return bucket_rows(table.rows, *self.hash)
 
     def row_fraction(self, table: TableSpec) -> float:
         """Share of the table's ids that this shard serves (lookups spread evenly over rows / buckets)."""
@@ -102,17 +117,38 @@ class Shard:
         return self.n_rows(table) / table.rows
 
     def storage(self, table: TableSpec, dtype: DType) -> Storage:
-        """HBM and DDR bytes this shard occupies (an HBM cache counts in HBM, its backing rows in DDR)."""
-        if self.tier is Tier.HBM:
-            return Storage(hbm_bytes=self.bytes)
-        if self.tier is Tier.HBM_CACHE:
-            return Storage(cache_bytes(self.n_rows(table), self.n_cols, self.cache_fraction or 0.0, dtype), self.bytes)
-        return Storage(ddr_bytes=self.bytes)
+        """HBM and DDR bytes this shard occupies as the runtime allocates them (see :func:`tier_bytes`)."""
+        hbm, ddr = tier_bytes(table, self.tier, self.n_rows(table), self.n_cols, dtype, self.cache_fraction or 0.0)
+        return Storage(int(hbm), int(ddr))
 
 
-def cache_bytes(rows: int, cols: int, fraction: float, dtype: DType) -> int:
-    """HBM bytes of a cache holding ``fraction`` of ``rows`` (weights only; fbgemm keeps state with the rows)."""
-    return math.ceil(rows * fraction) * cols * dtype.n_bytes
+def bucket_rows(total: int, bucket: int, buckets: int) -> int:
+    """Rows of hash bucket ``bucket`` of ``buckets`` (the first ``total % buckets`` buckets one larger)."""
+    return total // buckets + (1 if bucket < total % buckets else 0)
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` near-equal integers, the first ones one larger: the rows of a ``ps_hash``
+    table's buckets (one per server), the columns of a column-wise split."""
+    return [bucket_rows(total, i, parts) for i in range(parts)]
+
+
+def tier_bytes(
+    table: TableSpec, tier: Tier, rows: Any, cols: int, dtype: DType, cache_fraction: float = 0.0
+) -> tuple[Any, Any]:
+    """``(hbm, ddr)`` bytes of a shard of ``rows`` rows (an int or a numpy array of row counts) and ``cols`` columns
+    on ``tier``, as the runtime that executes the tier allocates them.
+
+    ``hbm``, ``ddr`` and ``hbm_cache`` run as fbgemm's TBE with its table in ``DEVICE``, ``MANAGED`` (UVM) and
+    ``MANAGED_CACHING`` memory (TorchRec's ``fused``, ``fused_uvm`` and ``fused_uvm_caching`` kernels), see
+    :func:`.memory.fbgemm_bytes`; ``ps`` rows live in a parameter server's store, see :func:`.memory.ps_bytes`
+    (DDR of the server). The search, the lower bound, validation and the report all charge these.
+    """
+    if tier is Tier.PS:
+        return 0, memory.ps_bytes(rows, cols, table.optimizer)
+    managed = tier is not Tier.HBM
+    fraction = cache_fraction if tier is Tier.HBM_CACHE else 0.0
+    return memory.fbgemm_bytes(table, rows, cols, dtype, managed=managed, cache_fraction=fraction)
 
 
 @dataclass(frozen=True)

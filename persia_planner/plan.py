@@ -14,6 +14,7 @@ import numpy as np
 from persia_planner._fields import Fields, read_text
 from persia_planner.cost import CostModel, Estimate
 from persia_planner.errors import ErrorKind, PlannerError, SpecError
+from persia_planner.memory import PS_MAX_ROWS, ps_servers_needed
 from persia_planner.placement import Mode, Shard, Sharding, TablePlacement, Tier
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
@@ -239,8 +240,9 @@ def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
     """Re-check a plan against its model and topology.
 
     Checks: every table is placed exactly once (range shards tile rows x cols; hash buckets each once per column
-    range; replicas on every GPU), tiers match devices and sharding types, shard bytes are right, and no GPU, host
-    or parameter server exceeds its capacity minus the reservation.
+    range; replicas on every GPU), tiers match devices and sharding types, shard bytes are right, no parameter
+    server holds more rows of a table than its store can, and no GPU, host or parameter server exceeds its capacity
+    minus the reservation, with every shard charged what its runtime allocates (``Shard.storage``).
 
     Returns:
         Problems found, one line each; empty when the plan is valid.
@@ -310,6 +312,7 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
         return problems
     if s is Sharding.PS_HASH:
         problems += _check_hash(table, placement)
+        problems += _check_store_rows(table, placement, len(topology.servers))
     elif s is Sharding.DATA_PARALLEL:
         devices = [sh.device for sh in placement.shards]
         if sorted(devices) != sorted(gpu_names) or not all(sh.replica for sh in placement.shards):
@@ -340,6 +343,20 @@ def _check_hash(table, placement: TablePlacement) -> list[str]:
         if len(n) != 1 or sorted(b[0] for b in buckets) != list(range(next(iter(n)))):
             problems.append(f"cols {list(cols)}: hash buckets {sorted(buckets)} are not each of 0..n-1 once")
     return problems
+
+
+def _check_store_rows(table, placement: TablePlacement, n_servers: int) -> list[str]:
+    """One line if a server would hold more rows of the table than its store can (``memory.PS_MAX_ROWS``)."""
+    fullest = max(placement.shards, key=lambda shard: shard.n_rows(table))
+    rows = fullest.n_rows(table)
+    if rows <= PS_MAX_ROWS:
+        return []
+    need = ps_servers_needed(table.rows)
+    fix = f"plan it with at least {need} parameter servers" if need > n_servers else "spread it over more hash buckets"
+    return [
+        f"{fullest.device} would hold {rows:,} of its rows, over the {PS_MAX_ROWS:,} rows of one table that a "
+        f"parameter server's store holds; fix: {fix}"
+    ]
 
 
 def _cols_tile(table, ranges: list[tuple[int, int]]) -> list[str]:

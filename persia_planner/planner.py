@@ -5,6 +5,7 @@ from __future__ import annotations
 from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
 from persia_planner.errors import CapacityError
+from persia_planner.memory import ps_holds, ps_rows_error
 from persia_planner.plan import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, SearchConfig, Searcher
 from persia_planner.specs import ModelSpec
@@ -79,6 +80,11 @@ def check_capacity(model: ModelSpec, topology: Topology) -> None:
             f"reservations: {resource} is short by {format_bytes(short)}",
             tuple(fixes),
         )
+    # A table larger than all of HBM and all of DDR can only go to the parameter servers: each must hold its share.
+    local = max(hbm, ddr)
+    for table in model.tables:
+        if table.bytes(dtype) > local and topology.servers and not ps_holds(table.rows, len(topology.servers)):
+            raise ps_rows_error(table, len(topology.servers), local)
     largest = max(model.tables, key=lambda t: t.bytes(dtype))
     room = max(hbm, ddr, ps)
     if largest.bytes(dtype) > room:

@@ -23,7 +23,8 @@ import numpy as np
 from persia_planner.bound import LowerBound, TierChoice
 from persia_planner.cost import CostModel
 from persia_planner.errors import CapacityError, PlannerError
-from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, cache_bytes
+from persia_planner.memory import ps_holds, ps_rows_error
+from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, even_split, tier_bytes
 from persia_planner.specs import TableSpec
 from persia_planner.units import format_bytes
 
@@ -160,6 +161,8 @@ class GreedyLocalSearch:
             # calling the model infeasible, pack: the bound's tiers even when its loads were unbalanced, and
             # largest tables first (first-fit decreasing).
             fallbacks = [_Start(largest_first=True), _Start(None, guided.prices, largest_first=True)]
+            if self.config.tiers & {Tier.HBM, Tier.DDR, Tier.HBM_CACHE} and Tier.PS in self.config.tiers:
+                fallbacks.append(_Start(keep_local=True))
             if hint is not None and not hint.trustworthy:
                 fallbacks.insert(0, _Start(hint.preferred, hint.prices))
             firsts = [run for start in fallbacks if (run := self._attempt(cost, start))]
@@ -194,7 +197,13 @@ class GreedyLocalSearch:
 
     def _construct(self, cost: CostModel, start: _Start, previous: _Run | None = None) -> _Run:
         run = _Run(cost, self.config, start.prices)
-        run.construct(start.preferred, previous=previous, largest_first=start.largest_first, first=start.first)
+        run.construct(
+            start.preferred,
+            previous=previous,
+            largest_first=start.largest_first,
+            first=start.first,
+            keep_local=start.keep_local,
+        )
         return run
 
     def _attempt(self, cost: CostModel, start: _Start, previous: _Run | None = None) -> _Run | None:
@@ -217,6 +226,9 @@ class _Start:
     preferred: Mapping[str, TierChoice] | None = None
     prices: tuple[float, float, float] | None = None
     largest_first: bool = False  # place the largest tables first (packing) instead of the hottest bytes
+    # Pack for tight servers: the tables the servers' stores would hold least compactly first, each kept local where
+    # it fits.
+    keep_local: bool = False
     first: tuple[str, ...] = ()  # tables placed before all others, in this order (those an earlier start failed on)
 
 
@@ -335,6 +347,7 @@ class _Run:
             Sharding.PS_HASH in cfg.shardings
             and Tier.PS in cfg.tiers
             and self.lay.n_servers
+            and self._ps_holds(table)
             and (hint is None or hint.tier is Tier.PS)
         ):
             opts.append(Option(Sharding.PS_HASH, Tier.PS))
@@ -352,8 +365,7 @@ class _Run:
     ) -> list[Option]:
         shardings = self.config.shardings
         opts: list[Option] = []
-        hbm_need = size if tier is Tier.HBM else cache_bytes(table.rows, table.dim, fraction, self.dtype)
-        ddr_need = 0 if tier is Tier.HBM else size
+        hbm_need, ddr_need = (float(b) for b in tier_bytes(table, tier, table.rows, table.dim, self.dtype, fraction))
         # Room for a 1/k piece on k distinct GPUs: the k-th largest free HBM (DDR is per host; checked in best()).
         hbm_sorted = np.sort(free_hbm)[::-1]
 
@@ -402,15 +414,10 @@ class _Run:
         """Memory vectors (one row per GPU in ``gpus``) of a shard of ``rows`` rows and ``cols`` columns."""
         mem = np.zeros((len(gpus), self.lay.mem_size))
         rows = np.broadcast_to(np.asarray(rows, dtype=float), (len(gpus),))
-        size = rows * table.row_bytes(self.dtype, cols)
+        hbm, ddr = tier_bytes(table, option.tier, rows, cols, self.dtype, option.cache_fraction)
         idx = np.arange(len(gpus))
-        if option.tier is Tier.HBM:
-            mem[idx, self.lay.hbm.start + gpus] = size
-        else:
-            if option.tier is Tier.HBM_CACHE:
-                cached = np.ceil(rows * option.cache_fraction) * cols * self.dtype.n_bytes
-                mem[idx, self.lay.hbm.start + gpus] = cached
-            mem[idx, self.lay.ddr.start + self.cost.gpu_host[gpus]] = size
+        mem[idx, self.lay.hbm.start + gpus] = hbm
+        mem[idx, self.lay.ddr.start + self.cost.gpu_host[gpus]] += ddr
         return mem
 
     def _range(
@@ -483,7 +490,7 @@ class _Run:
         shares = self._ps_rows(table) / table.rows
         loads = self.cost.ps_table_loads(table, shares)
         mem = np.zeros(lay.mem_size)
-        mem[lay.ps_mem] = self._ps_rows(table) * table.row_bytes(self.dtype)
+        mem[lay.ps_mem] = self._ps_mem(table)
         return _Choice(option, (), loads, mem) if self.fits(mem)[0] else None
 
     def _row_split(self, table: TableSpec, option: Option, gpus: np.ndarray, twrw: bool = False):
@@ -494,7 +501,16 @@ class _Run:
         return loads, self._shard_mem(table, option, gpus, rows, table.dim)
 
     def _ps_rows(self, table: TableSpec) -> np.ndarray:
-        return np.array(_split(table.rows, self.lay.n_servers), dtype=float)
+        """Rows each server holds (one hash bucket each)."""
+        return np.array(even_split(table.rows, self.lay.n_servers), dtype=float)
+
+    def _ps_mem(self, table: TableSpec) -> np.ndarray:
+        """DDR bytes each server's store takes for the table."""
+        return tier_bytes(table, Tier.PS, self._ps_rows(table), table.dim, self.dtype)[1]
+
+    def _ps_holds(self, table: TableSpec) -> bool:
+        """Whether no server would hold more of the table's rows than its store can (see memory.PS_MAX_ROWS)."""
+        return bool(ps_holds(table.rows, self.lay.n_servers))
 
     def _pick(self, scores: np.ndarray, ok: np.ndarray) -> int:
         scores = np.where(ok, scores, np.inf)
@@ -550,6 +566,7 @@ class _Run:
         previous: _Run | None = None,
         largest_first: bool = False,
         first: Sequence[str] = (),
+        keep_local: bool = False,
     ) -> None:
         """Place every table, hottest bytes first (prices, if any, apply only here).
 
@@ -557,7 +574,9 @@ class _Run:
         that run: early choices then see how busy each resource will be (the parameter servers are not idle just
         because the colder tables have not been placed yet). With ``largest_first``, the largest tables go first
         (first-fit decreasing: for memory that is too tight for the hottest-first order). The tables named in
-        ``first`` go before all others, in that order.
+        ``first`` go before all others, in that order. With ``keep_local`` (for servers that are the tight memory), the
+        tables whose rows cost the servers' stores the most per byte of the table go first, and each takes its best
+        local option where one fits: a store adds a record and index per row, so narrow tables gain the most.
 
         Raises:
             CapacityError: A table found no room (named by the error's ``table``).
@@ -567,6 +586,9 @@ class _Run:
         order = np.argsort(-density, kind="stable")
         if largest_first:
             order = np.argsort(-np.array([t.bytes(self.dtype) for t in tables], dtype=float), kind="stable")
+        elif keep_local:
+            in_stores = np.array([self._ps_mem(t).sum() / t.bytes(self.dtype) for t in tables])
+            order = np.argsort(-in_stores, kind="stable")
         elif hint:
             # The hint already says which tables deserve fast memory; what remains is packing: the big tables that
             # must be split go first, largest first, while every GPU still has room for its even share.
@@ -585,11 +607,25 @@ class _Run:
             table = tables[i]
             if previous is not None:
                 self.loads = self.loads - previous.choices[table.name].loads
-            choice, _ = self.best_choice(table, hint.get(table.name) if hint else None)
+            choice = None
+            if keep_local:
+                choice = self._packed_locally(table)
+            if choice is None:
+                choice, _ = self.best_choice(table, hint.get(table.name) if hint else None)
             if choice is None:
                 raise self._capacity_error(table)
             self.add(table.name, choice)
         self.pricing = False
+
+    def _packed_locally(self, table: TableSpec) -> _Choice | None:
+        """The best choice of ``table`` in trainer DDR (the least HBM a local table takes: its row-wise state), else
+        in HBM or the HBM cache; None where no local option fits."""
+        options = [o for o in self.options(table, hint=TierChoice(Tier.DDR)) if o.tier is Tier.DDR]
+        choice, _ = self.best_choice_of(table, options)
+        if choice is None:
+            local = [o for o in self.options(table) if o.tier is not Tier.PS]
+            choice, _ = self.best_choice_of(table, local)
+        return choice
 
     def improve(self, deadline: float) -> int:
         """Local search from the bottleneck, while the score drops. Returns the accepted moves.
@@ -767,23 +803,28 @@ class _Run:
             "trainer DDR": float((self.cap[lay.ddr] - self.mem[lay.ddr]).sum()),
             "PS DDR": float((self.cap[lay.ps_mem] - self.mem[lay.ps_mem]).sum()),
         }
+        if self.lay.n_servers and not self._ps_holds(table):
+            return ps_rows_error(table, self.lay.n_servers, max(free["GPU HBM"], free["trainer DDR"]))
         resource = "PS DDR" if self.lay.n_servers else max(free, key=free.get)
+        if resource == "PS DDR":
+            # The servers' stores keep float32 rows, a record and an index: more than the table's bytes.
+            size = int(self._ps_mem(table).sum())
         short = int(size - free[resource])
         if self.lay.n_servers and short <= 0:
             # The servers have room in total, but every server holds an equal share of the rows (one hash bucket
             # each, as the parameter servers route ids): the server with the least room is what is short.
-            gap = self._ps_rows(table) * table.row_bytes(self.dtype) - (self.cap[lay.ps_mem] - self.mem[lay.ps_mem])
+            gap = self._ps_mem(table) - (self.cap[lay.ps_mem] - self.mem[lay.ps_mem])
             worst = int(np.argmax(gap))
             server = self.cost.topology.servers[worst].name
             return CapacityError(
                 resource,
                 int(max(gap[worst], 0)),
-                f"table {table.name!r} ({format_bytes(size)}) fits nowhere: the {self.lay.n_servers} parameter "
-                f"servers hold an equal share of its rows each, and {server} is short by "
-                f"{format_bytes(max(gap[worst], 0))} for its share after placing the hotter tables",
+                f"table {table.name!r} ({format_bytes(size)} in the servers' stores) fits nowhere: the "
+                f"{self.lay.n_servers} parameter servers hold an equal share of its rows each, and {server} is short "
+                f"by {format_bytes(max(gap[worst], 0))} for its share after placing the hotter tables",
                 (
                     f"give {server} more DDR (parameter servers of equal DDR hold the most)",
-                    "use embedding_dtype: fp16 or fewer rows",
+                    "reduce its rows (the stores keep float32 whatever embedding_dtype is)",
                     "lower the reserve fractions under 'constants:' in topology.yaml",
                 ),
                 table=table.name,
@@ -792,13 +833,14 @@ class _Run:
             "add parameter servers or more DDR per server"
             if self.lay.n_servers
             else "add parameter servers (hosts with role: parameter_server)",
-            "use embedding_dtype: fp16 or fewer rows",
+            "reduce its rows" if self.lay.n_servers else "use embedding_dtype: fp16 or fewer rows",
             "lower the reserve fractions under 'constants:' in topology.yaml",
         )
+        held = " in the servers' stores" if resource == "PS DDR" else ""
         return CapacityError(
             resource,
             max(short, 0),
-            f"table {table.name!r} ({format_bytes(size)}) fits nowhere: {resource} has "
+            f"table {table.name!r} ({format_bytes(size)}{held}) fits nowhere: {resource} has "
             f"{format_bytes(max(free[resource], 0))} free after placing the hotter tables "
             f"(short by {format_bytes(max(short, 0))})",
             fixes,
@@ -826,12 +868,6 @@ def row_splittable(rows: int, parts: int) -> bool:
     return parts > 1 and (parts - 1) * -(-rows // parts) < rows
 
 
-def _split(total: int, parts: int) -> list[int]:
-    """``total`` split into ``parts`` near-equal integers (the first ones one larger)."""
-    base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
     edges = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     return [(int(a), int(b)) for a, b in itertools.pairwise(edges)]
@@ -851,7 +887,7 @@ def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Seq
     full_rows, full_cols = (0, table.rows), (0, table.dim)
     if s is Sharding.PS_HASH:
         n = len(topo.servers)
-        rows = _split(table.rows, n)
+        rows = even_split(table.rows, n)
         shards = tuple(
             Shard(server.name, Tier.PS, full_cols, rows[i] * table.row_bytes(dtype), hash=(i, n))
             for i, server in enumerate(topo.servers)
@@ -860,7 +896,7 @@ def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Seq
     if s is Sharding.DATA_PARALLEL:
         return TablePlacement(s, tuple(shard(d, full_rows, full_cols, replica=True) for d in names))
     if s in (Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE, Sharding.TABLE_WISE):
-        cols = _bounds(_split(table.dim, len(names)))
+        cols = _bounds(even_split(table.dim, len(names)))
         return TablePlacement(s, tuple(shard(d, full_rows, c) for d, c in zip(names, cols, strict=True)))
     rows = _bounds(row_blocks(table.rows, len(names)))
     return TablePlacement(s, tuple(shard(d, r, full_cols) for d, r in zip(names, rows, strict=True)))

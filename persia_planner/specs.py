@@ -15,6 +15,7 @@ from persia_planner.units import Quantity
 __all__ = ["DType", "DenseSpec", "ModelSpec", "Optimizer", "TableSpec", "load_model"]
 
 DEFAULT_STALENESS = 4
+OPTIMIZER_STATE_VALUE_BYTES = 4  # float32: fbgemm's momentum tensors and the parameter-server store's state
 
 
 class DType(enum.StrEnum):
@@ -37,15 +38,22 @@ class Optimizer(enum.StrEnum):
     ADAGRAD = "adagrad"
     ADAM = "adam"
 
-    def state_bytes_per_row(self, dim: int, dtype: DType) -> int:
-        """Optimizer state bytes per row (formats.md): sgd 0, rowwise_adagrad 1 fp32, adagrad dim, adam 2*dim."""
+    @property
+    def rowwise(self) -> bool:
+        """Whether the state is one value per row (fbgemm then keeps it in HBM even for UVM tables)."""
+        return self is Optimizer.ROWWISE_ADAGRAD
+
+    def state_bytes_per_row(self, dim: int) -> int:
+        """Optimizer state bytes per row of ``dim`` columns (formats.md): sgd 0, rowwise_adagrad 1, adagrad ``dim``,
+        adam ``2 * dim`` values, each float32 whatever the weights' dtype (fbgemm's ``momentum1`` / ``momentum2``
+        are float32 unless ``optimizer_state_dtypes`` says otherwise, which TorchRec does not set)."""
         if self is Optimizer.SGD:
             return 0
         if self is Optimizer.ROWWISE_ADAGRAD:
-            return 4
+            return OPTIMIZER_STATE_VALUE_BYTES
         if self is Optimizer.ADAGRAD:
-            return dim * dtype.n_bytes
-        return 2 * dim * dtype.n_bytes
+            return dim * OPTIMIZER_STATE_VALUE_BYTES
+        return 2 * dim * OPTIMIZER_STATE_VALUE_BYTES
 
 
 @dataclass(frozen=True)
@@ -73,16 +81,13 @@ class TableSpec:
             raise ValueError(f"table {self.name!r}: rows and dim must be > 0")
 
     def row_bytes(self, dtype: DType, cols: int | None = None) -> int:
-        """Bytes per row (weights + optimizer state) for ``cols`` of the table's columns (default: all).
+        """Bytes per row (weights in ``dtype`` + float32 optimizer state) for ``cols`` of the table's columns
+        (default: all).
 
-        Row-wise state (one fp32 per row) is kept whole by every column shard, as fbgemm does.
+        Row-wise state (one float32 per row) is kept whole by every column shard, as fbgemm does.
         """
         cols = self.dim if cols is None else cols
-        if self.optimizer is Optimizer.ROWWISE_ADAGRAD:
-            state = 4
-        else:
-            state = self.optimizer.state_bytes_per_row(cols, dtype)
-        return cols * dtype.n_bytes + state
+        return cols * dtype.n_bytes + self.optimizer.state_bytes_per_row(cols)
 
     def bytes(self, dtype: DType) -> int:
         """Bytes of the whole table: rows x (dim x dtype bytes + state bytes)."""

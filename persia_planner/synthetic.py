@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from persia_planner.placement import Tier, even_split, tier_bytes
 from persia_planner.specs import DenseSpec, DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
 
@@ -58,9 +59,32 @@ def random_topology(
 
 def nearly_full_topology(model: ModelSpec, fill: float, *, servers: int = 4) -> Topology:
     """:func:`random_topology` with 1 host x 1 GPU and ``servers`` parameter servers whose DDR is sized so that every
-    tier together holds ``model``'s bytes times ``fill`` (1.003: HBM, DDR and PS DDR within 0.3% of full)."""
+    tier together holds ``model``'s bytes times ``fill`` (1.003: HBM, DDR and PS DDR within 0.3% of full).
+
+    Each tier charges a table what its runtime allocates (``placement.tier_bytes``): more in the servers' stores
+    than locally, and a ``ddr`` table's row-wise state in HBM. The servers are sized for the tables a packing leaves
+    them (greedily, the tables that would cost the stores the most per local byte first, each whole into the
+    trainer's DDR with its state in HBM, or else into HBM, if it fits), plus ``fill - 1`` of all the memory.
+    """
     local = random_topology(trainers=1, gpus_per_trainer=1, servers=servers)
-    room = sum(local.hbm_capacity(g) for g in local.gpus) + sum(local.ddr_capacity(h) for h in local.trainers)
+    hbm_free = float(sum(local.hbm_capacity(g) for g in local.gpus))
+    ddr_free = float(sum(local.ddr_capacity(h) for h in local.trainers))
+    room = hbm_free + ddr_free
+    dtype = model.embedding_dtype
+    in_stores = [
+        float(tier_bytes(t, Tier.PS, even_split(t.rows, servers), t.dim, dtype)[1].sum()) for t in model.tables
+    ]
+    order = np.argsort([-b / t.bytes(dtype) for t, b in zip(model.tables, in_stores, strict=True)], kind="stable")
+    need = 0.0
+    for i in order:
+        table = model.tables[i]
+        state, rows = (float(b) for b in tier_bytes(table, Tier.DDR, table.rows, table.dim, dtype))
+        if rows <= ddr_free and state <= hbm_free:
+            ddr_free, hbm_free = ddr_free - rows, hbm_free - state
+        elif table.bytes(dtype) <= hbm_free:
+            hbm_free -= table.bytes(dtype)
+        else:
+            need += in_stores[i]
     ps_usable = 1 - local.constants.ps_reserve_fraction
-    ps_ddr = int((model.total_bytes * fill - room) / servers / ps_usable)
+    ps_ddr = int((need + (fill - 1) * (room + need)) / servers / ps_usable)
     return random_topology(trainers=1, gpus_per_trainer=1, servers=servers, ps_ddr_bytes=ps_ddr)

@@ -33,8 +33,9 @@ def test_formats_md_example_bytes():
         (Optimizer.SGD, DType.FP32, 64 * 4),
         (Optimizer.ROWWISE_ADAGRAD, DType.FP32, 64 * 4 + 4),
         (Optimizer.ROWWISE_ADAGRAD, DType.FP16, 64 * 2 + 4),
-        (Optimizer.ADAGRAD, DType.FP16, 64 * 2 * 2),
+        (Optimizer.ADAGRAD, DType.FP16, 64 * 2 + 64 * 4),  # fbgemm's momentum is float32 under fp16 weights
         (Optimizer.ADAM, DType.FP32, 64 * 4 * 3),
+        (Optimizer.ADAM, DType.FP16, 64 * 2 + 2 * 64 * 4),
     ],
 )
 def test_state_bytes_per_optimizer(optimizer, dtype, row_bytes):

@@ -28,6 +28,11 @@ line) + index 16 + dirty flag 1 B on top of the weights and the optimizer state:
 batch (25.8k distinct) on the 10M-row table, 2 cores, in process: lookup 3.6-4.6 ms (0.9-1.0 ms for the distinct ids
 the client sends), update 9-12 ms (3.2 ms distinct).
 
+The planner restates this layout (``persia_planner.memory``: ``ps_store_bytes``, the index load factor, the capacity
+limit, the capacity ``persia train`` gives each server) to charge each server what its stores take; the store takes
+its default load factor and the limit from there, and ``tests/test_memory.py`` checks :meth:`EmbeddingStore.arrays`
+and a filled store's resident memory against it.
+
 LRU/LFU victims are chosen exactly (``kthvalue`` over the occupied slots), which reads every row: on a full table
 the store therefore evicts a chunk of ``eviction_chunk * capacity`` rows (default 1/64) at once, so that pass runs
 once per chunk of inserts, not in every batch (10M rows, 8k new ids a batch: 256 -> 22 ms per batch). Ids looked
@@ -48,6 +53,8 @@ from enum import StrEnum
 from typing import Any
 
 import torch
+
+from persia_planner.memory import PS_INDEX_LOAD_FACTOR, PS_MAX_CAPACITY
 
 from . import kernels
 from .optim import RowOptimizer
@@ -307,7 +314,8 @@ class EmbeddingStore:
 
     Args:
         dim: Embedding width.
-        capacity: Maximum number of rows.
+        capacity: Maximum number of rows, at most ``persia_planner.memory.PS_MAX_CAPACITY`` (2**31 - 2: slot numbers
+            are int32), which caps the rows of one table on one server.
         optimizer: The sparse optimizer applied by :meth:`update`.
         init: Initialiser of new rows.
         eviction: ``"lru"`` or ``"lfu"``.
@@ -317,7 +325,8 @@ class EmbeddingStore:
         init_seed: If set, a new row's initial value depends only on ``(init_seed, id)`` (``init.rows_for``), so
             every server, arrival order and resumed run initialises an id alike; if None, rows are drawn from the
             seeded generator in insertion order.
-        index_load_factor: Live rows per hash bucket at full capacity (index costs ``8 / load_factor`` B/row).
+        index_load_factor: Live rows per hash bucket at full capacity (index costs ``8 / load_factor`` B/row); the
+            default is the planner's (``persia_planner.memory.PS_INDEX_LOAD_FACTOR``), whose bytes it charges.
         eviction_chunk: When a full table must make room, it evicts at least this fraction of its capacity at
             once (the policy's lowest-ranked rows, never the batch's own ids), so the O(rows) choice of victims
             runs once per that many inserts instead of once per batch. A full table then holds between
@@ -335,14 +344,14 @@ class EmbeddingStore:
         admission_probability: float = 1.0,
         clip: float | None = None,
         seed: int = 0,
-        index_load_factor: float = 0.5,
+        index_load_factor: float = PS_INDEX_LOAD_FACTOR,
         init_seed: int | None = None,
         eviction_chunk: float = 1 / 64,
     ) -> None:
         if dim <= 0 or capacity <= 0:
             raise ValueError(f"dim and capacity must be positive, got dim={dim}, capacity={capacity}")
-        if capacity > _INT32_MAX - 1:
-            raise ValueError(f"capacity must be < 2**31 - 1 (int32 slot numbers), got {capacity}")
+        if capacity > PS_MAX_CAPACITY:
+            raise ValueError(f"capacity must be at most {PS_MAX_CAPACITY:,} (int32 slot numbers), got {capacity:,}")
         if not 0.0 <= admission_probability <= 1.0:
             raise ValueError(f"admission_probability must be in [0, 1], got {admission_probability}")
         if clip is not None and not clip > 0:
@@ -396,6 +405,21 @@ class EmbeddingStore:
         flat = _as_ids(ids)
         slots, _ = self._index.find(flat)
         return (slots >= 0).reshape(ids.shape)
+
+    def arrays(self) -> dict[str, torch.Tensor]:
+        """Every array the store allocates, by role: the per-slot ``records``, ``weights``, ``state`` and ``dirty``
+        (``capacity`` rows each, resident as rows are inserted) and the hash ``index`` (written whole at creation).
+
+        The planner charges a server these bytes (``persia_planner.memory.ps_store_bytes``); ``tests/test_memory.py``
+        holds the two together.
+        """
+        return {
+            "records": self._records,
+            "weights": self._weights,
+            "state": self._state,
+            "dirty": self._dirty,
+            "index": self._index.buckets,
+        }
 
     def metrics(self) -> dict[str, int]:
         """Counters since construction: rows, capacity, lookups (ids, with repeats), misses (distinct per batch),
