@@ -190,8 +190,9 @@ def bench_tight(cases: list[tuple[int, float, int]]) -> dict[str, Any]:
 
 
 def bench_persia_100t() -> dict[str, Any]:
-    """The Persia paper's model on its trainers. The paper's 30 parameter servers are refused (a server's store holds
-    at most memory.PS_MAX_ROWS rows of one table), so it is planned with as many servers as its largest table needs."""
+    """The Persia paper's model on its trainers, with as many parameter servers as its largest table needs (a server's
+    store holds at most memory.PS_MAX_ROWS rows of one table; the paper's 30 are refused). ``refused``: the line a
+    cluster with fewer servers than that gets, or None when the file declares enough."""
     model = load_model(EXAMPLES / "persia_100t.yaml")
     refused = None
     try:
