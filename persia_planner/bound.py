@@ -1,24 +1,36 @@
 """A lower bound on the step time that no plan can beat under the same cost model.
 
-Derivation (Lagrangian relaxation). For any plan, let
+It covers every plan that passes ``plan.validate`` and is built from the search's options: ``hbm_cache`` shards use
+the constants' ``cache_fractions``, and a ``table_row_wise`` table spans every GPU of its host (as TorchRec lays it
+out). Other valid plans may beat it: a cache of another size (the hit rate is concave in the size, so the step is
+convex in it and a size between two options can beat both), or a table-row-wise table on part of a host (the cost
+model charges each shard 1/n of the host's output, as if all n GPUs of the host held one).
 
-- ``S``   = the fixed dense time plus the synchronous embedding time, averaged over GPUs (step >= max_g sync_g >= S);
-- ``A_r`` = the time of an asynchronous resource r with its work spread perfectly: the parameter servers' DDR
-  and NICs (summed bandwidth), the switch, the busiest host NIC, the slowest PCIe link (max_g async_g >= A_r);
-- ``N``   = the trainer hosts' NIC time (all-to-all + parameter-server traffic), averaged over hosts
-  (step >= max_h nic_h >= N).
+Derivation (Lagrangian relaxation). With the step formula of ``cost.py`` (staleness K), every plan has
 
-Then, for any weights on the simplex, ``step >= lam_S * (S + [K == 0] A_r) + lam_r * A_r + lam_N * N`` (with K the
-staleness: at K = 0 async work adds to the sync path instead of overlapping it). Each of S, A_r and N is a sum over
+- ``S``   = the fixed dense time plus the synchronous embedding time, averaged over GPUs (step >= max_g sync_g >= S),
+  also with the GPUs' memory paths replaced by their hosts' DDR time (``max(emb, ddr)`` is at least either);
+- ``A_r`` = the time of an asynchronous resource r with its work spread perfectly: the parameter servers' DDR and
+  NICs (summed bandwidth), the switch, the busiest host NIC, the slowest PCIe link (max_g async_g >= A_r);
+- ``N_w`` = the trainer hosts' NIC time (all-to-all + parameter-server traffic) under a weighting w of the hosts:
+  their average and, where hosts differ, the busiest alone (step >= max_h nic_h >= N_w).
+
+At K >= 1, step >= S, A_r and N_w each. At K = 0 a GPU's async time adds to its own sync path: step >= max_g (sync_g
++ async_g) >= S + avg_g async_g. That average is what may join S: for the shared resources (servers, switch, the
+same for every GPU) A_r as above, but for the host NICs and PCIe links the GPU average of each GPU's own time, not
+the busiest. (S plus the busiest NIC is no bound: where hosts differ, the GPUs behind the slow NIC may carry less
+sync work than the average, and the step is then below it.) So step >= S + A_r with those A_r.
+
+For any weights lam on the simplex a convex combination of these functionals is then a bound. Each is a sum over
 tables of a term that depends only on the table's *tier*, taken at its smallest over every device and sharding of
-that tier (lookup bytes at the tier's fastest bandwidth; pooled output at the cheapest all-to-all owner). Capacity
-of the aggregate HBM, trainer DDR and PS DDR is priced into the objective with multipliers mu >= 0:
+that tier (lookup bytes at the tier's fastest bandwidth; pooled output at the cheapest all-to-all owner under the
+functional's weights); an option whose bytes alone exceed an aggregate capacity is in no plan. Capacity of the
+aggregate HBM, trainer DDR and PS DDR is priced into the objective with multipliers mu >= 0:
 
     L(lam, mu) = lam_S * fixed + sum_t min_o [ c_t(o; lam) + mu . mem_t(o) ] - mu . capacity
 
-which is a valid lower bound for every (lam, mu) (weak duality). We take the best of a small grid over lam with
-golden-section refinement, maximising over each mu by ternary search (L is concave in mu) only where its capacity
-binds.
+which is a valid lower bound for every (lam, mu) (weak duality). We search lam (a few pairs, then a pattern search)
+and maximise over each mu by bisection on the subgradient (L is concave in mu) only where its capacity binds.
 """
 
 from __future__ import annotations
@@ -29,12 +41,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from persia_planner.cost import CostModel, zipf_hit_rate
-from persia_planner.memory import ps_holds
+from persia_planner.memory import (
+    FBGEMM_CACHE_INDEX_BYTES_PER_ROW,
+    FBGEMM_CACHE_STATE_BYTES_PER_SLOT,
+    fbgemm_bytes,
+    ps_holds,
+)
 from persia_planner.placement import Tier, even_split, tier_bytes
 
 __all__ = ["MAX_WEIGHTINGS", "LowerBound", "TierChoice", "lower_bound", "lower_bound_ms"]
 
-_ASYNC = 5  # ps_ddr, ps_nic, switch, busiest host nic, slowest pcie
+_ASYNC = 5  # ps_ddr, ps_nic, switch, host nic, pcie (busiest / slowest at K >= 1, GPU average at K = 0)
 _HINT_TRUST = 1.3
 # Weightings the bound's search evaluates by default (see lower_bound). Each is a maximisation over the memory prices.
 MAX_WEIGHTINGS = 100
@@ -42,7 +59,8 @@ MAX_WEIGHTINGS = 100
 
 def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per table x tier option, each summed over GPUs (T x O): sync time counting the GPU's own memory path, sync
-    time counting its host's shared DDR instead; async terms (R x T x O); NIC terms; memory (3 x T x O).
+    time counting its host's shared DDR instead; async terms (R x T x O); NIC terms, one per weighting of the hosts
+    (W x T x O); memory (3 x T x O).
 
     Option columns: hbm, ddr, hbm_cache for each cache fraction, data_parallel, ps.
     """
@@ -56,7 +74,6 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     sync = np.full((T, n_opt), np.inf)
     sync_ddr = np.zeros((T, n_opt))
     asyn = np.zeros((_ASYNC, T, n_opt))
-    nic = np.zeros((T, n_opt))
     mem = np.zeros((3, T, n_opt))  # hbm, trainer ddr, ps ddr
 
     rows = np.array([t.rows for t in tables], dtype=float)
@@ -64,12 +81,10 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     sizes = np.array([t.bytes(dtype) for t in tables], dtype=float)
     moved = np.array([cost.moved_bytes(t, cost.batch * t.pooling_factor, t.dim) for t in tables])
     out_bytes = cost.batch * dims * dtype.n_bytes
-    nic_cols = cost.a2a[:, lay.nic_sync]
     # Every local option has at least one shard: its fixed overhead, its pooled output, the ids it receives.
     ids_bytes = cost.batch * np.array([t.pooling_factor for t in tables]) * c.id_bytes
     exchange = (out_bytes + ids_bytes / 2) * float(cost.a2a_gpu_sum.min())
     out = exchange + c.shard_overhead_ms
-    out_nic = (out_bytes + ids_bytes / 2) * float(nic_cols.sum(axis=1).min()) / H
     hbm_bw, uvm_bw = float(cost.hbm_bw.max()), float(cost.uvm_bw.max())
     # GPU-ms (summed over GPUs) per byte of a host's DDR traffic: every GPU of the host waits on it.
     host_ddr = float(np.min(cost.gpus_per_host / cost.host_ddr_bw))
@@ -85,14 +100,20 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     sync_ddr[:, :dp] = exchange[:, None]  # the overhead is GPU time, not host-DDR time
     sync_ddr[:, 1] += moved * host_ddr
     charge(1, Tier.DDR)
-    nic[:, :dp] = out_nic[:, None]
     for j, f in enumerate(fractions):
         hit = np.array([zipf_hit_rate(t.zipf_alpha, t.rows, f) for t in tables])
         sync[:, 2 + j] = hit * moved / hbm_bw + (1 - hit) * moved / uvm_bw + out
         sync_ddr[:, 2 + j] += (1 - hit) * moved * host_ddr
-        charge(2 + j, Tier.HBM_CACHE, f)
+        # fbgemm rounds each shard's cache up to whole sets of slots; any cut into at most G row pieces holds at least
+        # rows * f - G slots (each piece's floor loses less than one), and every row keeps its index entry.
+        for i, t in enumerate(tables):
+            hbm, ddr = fbgemm_bytes(t, t.rows, t.dim, dtype, managed=True)
+            slots = max(0.0, t.rows * f - G)
+            mem[0, i, 2 + j] = float(hbm) + t.rows * FBGEMM_CACHE_INDEX_BYTES_PER_ROW
+            mem[0, i, 2 + j] += slots * (t.dim * dtype.n_bytes + FBGEMM_CACHE_STATE_BYTES_PER_SLOT)
+            mem[1, i, 2 + j] = float(ddr)
     # data-parallel: a replica on every GPU, whose gradients join the all-reduce.
-    dp_ok = sizes <= cost.capacities()[lay.hbm].min()
+    dp_ok = sizes <= cost.capacities()[lay.hbm].min() + 0.5
     dense_bw = cost.hbm_bw * c.dense_kernel_efficiency
     replica = np.array([cost.replica_moved_bytes(t) for t in tables]) * float((1 / dense_bw).sum())
     replica += G * c.shard_overhead_ms
@@ -108,12 +129,26 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         asyn[0, :, ps] = moved / float(cost.ps_ddr_bw.sum())
         asyn[1, :, ps] = traffic / float(cost.ps_nic_bw.sum())
         asyn[2, :, ps] = traffic / cost.switch_bw
-        asyn[3, :, ps] = traffic / G * float(np.max(cost.gpus_per_host / cost.nic_bw))
-        asyn[4, :, ps] = traffic / G / float(cost.pcie_bw.min())
-        nic[:, ps] = traffic / G * float(np.mean(cost.gpus_per_host / cost.nic_bw))
+        # Per byte a GPU sends: ms on its host's NIC (shared by the host's GPUs) and on its PCIe link.
+        nic_ms, pcie_ms = cost.gpus_per_host[cost.gpu_host] / cost.nic_bw[cost.gpu_host], 1 / cost.pcie_bw
+        # K >= 1: the busiest NIC and the slowest link. K = 0: the GPU average (see the module docstring).
+        reduce = np.mean if cost.model.staleness == 0 else np.max
+        asyn[3, :, ps] = traffic / G * float(reduce(nic_ms))
+        asyn[4, :, ps] = traffic / G * float(reduce(pcie_ms))
         # Every server holds one hash bucket of the table, in its store's layout.
         for i, t in enumerate(tables):
             mem[2, i, ps] = float(tier_bytes(t, Tier.PS, even_split(t.rows, lay.n_servers), t.dim, dtype)[1].sum())
+    # Host NICs, weighted: the average over hosts and, where hosts differ, the busiest one alone (largest ms per byte
+    # a GPU sends to the servers). A local table's output leaves from its cheapest owner under the weights.
+    per_gpu_nic = cost.gpus_per_host / cost.nic_bw
+    weights = [np.full(H, 1 / H)]
+    if per_gpu_nic.max() > per_gpu_nic.min() * (1 + 1e-9):
+        weights.append(np.eye(H)[int(np.argmax(per_gpu_nic))])
+    nic = np.zeros((len(weights), T, n_opt))
+    for i, w in enumerate(weights):
+        nic[i, :, :dp] = ((out_bytes + ids_bytes / 2) * float((cost.a2a[:, lay.nic_sync] @ w).min()))[:, None]
+        if lay.n_servers:
+            nic[i, :, ps] = traffic / G * float(w @ per_gpu_nic)
     return sync, sync_ddr, asyn, nic, mem
 
 
@@ -133,16 +168,21 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     feasible = np.isfinite(sync)
     sync_avg = np.where(feasible, sync / lay.n_gpus, 0.0)
     ddr_avg = np.where(feasible, sync_ddr / lay.n_gpus, 0.0)
-    fixed = float(
-        np.mean(cost.dense_ms + cost.dense_grad_bytes * cost.allreduce_ms_per_byte + cost.allreduce_latency_ms)
-    )
-    caps = cost.capacities()
+    fixed = float(np.mean(cost.fixed_sync_ms))
+    caps = cost.capacities() + 0.5  # validate() allows half a byte over each device's capacity
     # A fourth, implied constraint: HBM + trainer DDR together. Its price moves both local tiers at once, which
     # the per-tier prices alone cannot do without oscillating (a table priced out of HBM lands in DDR and back).
     mem = np.concatenate([mem, (mem[0] + mem[1])[None]], axis=0)
     capacity = np.array(
         [caps[lay.hbm].sum(), caps[lay.ddr].sum(), caps[lay.ps_mem].sum(), caps[lay.hbm].sum() + caps[lay.ddr].sum()]
     )
+    # An option whose bytes alone exceed an aggregate capacity is in no valid plan. A table's cached shards may mix
+    # the cache fractions, so those options go together, where even the smallest cache does not fit. (Where a table
+    # fits nowhere no plan exists: its options stay, so that the bound stays finite.)
+    fits = np.all(mem <= capacity[:, None, None], axis=0)
+    cached = np.array([c.tier is Tier.HBM_CACHE for c in _choices(cost)])
+    fits[:, cached] = fits[:, cached].any(axis=1, keepdims=True)
+    feasible &= fits | ~np.any(feasible & fits, axis=1, keepdims=True)
     # A capacity that even the most memory-hungry option of every table cannot exceed never binds: price 0.
     binding = [k for k in (3, 0, 1, 2) if capacity[k] < float(mem[k].max(axis=1).sum())]
     rows = np.arange(len(sync))
@@ -210,7 +250,7 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
         # The two strongest asynchronous resources carry the bound; more only slow the weight search down.
         strongest_two = sorted(used, key=lambda r: -float(asyn[r].max(axis=1).sum()))[:2]
         functionals.extend((asyn[r], 0.0) for r in strongest_two)
-    functionals.append((nic, 0.0))
+    functionals.extend((f, 0.0) for f in nic)
 
     def combination(weights: np.ndarray) -> tuple[np.ndarray, float]:
         terms = sum(w * f[0] for w, f in zip(weights, functionals, strict=True) if w > 0)

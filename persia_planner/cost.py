@@ -231,7 +231,7 @@ class CostModel:
         self.a2a_fixed_ms = 4 * collective
         self.allreduce_latency_ms += collective
         self.dense_ms = self.dense_ms + c.step_overhead_ms
-        self._fixed_sync_ms = (
+        self.fixed_sync_ms = (
             self.dense_ms
             + self.dense_grad_bytes * self.allreduce_ms_per_byte
             + self.allreduce_latency_ms
@@ -436,7 +436,7 @@ class CostModel:
         sync = np.maximum(loads[:, lay.emb], loads[:, lay.host_ddr][:, hosts])
         sync += loads[:, lay.nvlink]
         sync += loads[:, lay.nic_sync][:, hosts]
-        sync += self._fixed_sync_ms
+        sync += self.fixed_sync_ms
         sync += loads[:, lay.dp_bytes, None] * self.allreduce_ms_per_byte
         if lay.n_servers == 0:
             return sync

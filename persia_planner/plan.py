@@ -44,7 +44,7 @@ class Plan:
         tables: Placement per table name, in model order.
         devices: Usage per device name.
         step_ms: Estimated step time under the cost model.
-        lower_bound_ms: A bound no plan can beat under the same cost model (see ``bound.py``).
+        lower_bound_ms: A bound no plan can beat under the same cost model (see ``bound.py``), as computed.
         samples_per_s: Global batch / step time.
         alternatives: For the largest tables, the step time under other options (explanations; not in JSON).
     """
@@ -60,8 +60,14 @@ class Plan:
 
     @property
     def quality(self) -> float:
-        """Estimated step time / lower bound (1.0 is provably optimal under the model)."""
+        """Estimated step time / lower bound: at least 1, as no plan beats the bound (see :attr:`proven_optimal`)."""
         return self.step_ms / self.lower_bound_ms if self.lower_bound_ms > 0 else float("inf")
+
+    @property
+    def proven_optimal(self) -> bool:
+        """Whether the step time meets the lower bound (to 1e-9): no plan of the search's options is faster under the
+        cost model (see ``bound.py``)."""
+        return self.lower_bound_ms > 0 and self.step_ms <= self.lower_bound_ms * (1 + 1e-9)
 
     def remote_tables(self) -> list[str]:
         """Names of the tables sent to the parameter servers."""

@@ -42,7 +42,7 @@ class Planner:
             tables=result.placements,
             devices=usage_of(cost, estimate, mem, result.placements),
             step_ms=estimate.step_ms,
-            lower_bound_ms=min(bound.value_ms, estimate.step_ms),
+            lower_bound_ms=bound.value_ms,
             samples_per_s=estimate.samples_per_s,
             alternatives=result.alternatives,
         )

@@ -199,13 +199,14 @@ def table_rows(plan: Plan, model: ModelSpec, topology: Topology) -> list[TableRo
 
 
 def summary(plan: Plan) -> str:
-    """One line: step time, lower bound, quality ratio, throughput and the tables sent to parameter servers."""
+    """One line: step time, lower bound, quality ratio (and "provably optimal" only where the step meets the bound),
+    throughput and the tables sent to parameter servers."""
     remote = plan.remote_tables()
     remote_text = f"{len(remote)} of {len(plan.tables)} tables remote (PS, async): {_names(remote)}" if remote else ""
     parts = [
         f"step {plan.step_ms:.2f} ms",
         f"lower bound {plan.lower_bound_ms:.2f} ms",
-        f"quality {plan.quality:.3f}x",
+        f"quality {plan.quality:.3f}x" + (" (provably optimal under the model)" if plan.proven_optimal else ""),
         f"{plan.samples_per_s:,.0f} samples/s",
         remote_text or "no table remote",
     ]

@@ -198,7 +198,7 @@ def test_bundled_examples_load():
 
     examples = Path(persia_planner.__file__).parent / "examples"
     topo = load_topology(examples / "persia_100t_cluster.yaml")
-    assert len(topo.gpus) == 64 and len(topo.servers) == 30
+    assert len(topo.gpus) == 64 and len(topo.servers) == 350
     assert topo.servers[0].ddr_bytes == 12 * 10**12
 
 
