@@ -94,3 +94,23 @@ def test_bad_cpu_topologies_are_one_line(tmp_path, hosts, words):
         load_topology(write(tmp_path, hosts))
     message = str(err.value)
     assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_a_slower_measured_network_moves_tables_off_the_parameter_servers(tmp_path):
+    """The same machine measured twice, once with PS requests ten times slower: the planner keeps more local."""
+    model = load_model("persia_planner/examples/dlrm_small.yaml")
+    remote = {}
+    for name, slowdown in (("fast", 1.0), ("slow", 10.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        raw = raw_profile()
+        for request in raw["rpc"]["requests"]:
+            request["lookup_seconds"] *= slowdown
+            request["push_seconds"] *= slowdown
+        (folder / "profiles").mkdir()
+        (folder / "profiles" / "cpu.yaml").write_text(yaml.safe_dump(raw))
+        path = folder / "topology.yaml"
+        hosts = [{**TRAINER, "cpus": {"count": 2, "memory": "64MiB"}}, SERVER]
+        path.write_text(yaml.safe_dump({"name": name, "hosts": hosts, "network": {"latency": "200us"}}))
+        remote[name] = set(plan(model, load_topology(path)).remote_tables())
+    assert remote["slow"] < remote["fast"], remote
