@@ -569,7 +569,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
     t0 = time.perf_counter()
     eval_s = 0.0
-    samples = 0
+    samples = excluded_samples = excluded_steps = 0
     step = start_step
     try:
         if progress:
@@ -583,7 +583,13 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
             step_ms.append(stats.step_ms)
             data_ms.append(stats.data_ms)
             samples += stats.samples * job.trainers
-            rate = samples / max(1e-9, time.perf_counter() - t0 - eval_s)
+            index = step - start_step - 1
+            if profiler is not None and profiler.start <= index < profiler.start + profiler.count:
+                # The breakdown's profiled steps run slower: they are measurement, not training throughput.
+                eval_s += (stats.step_ms + stats.data_ms) / 1e3
+                excluded_samples += stats.samples * job.trainers
+                excluded_steps += 1
+            rate = (samples - excluded_samples) / max(1e-9, time.perf_counter() - t0 - eval_s)
             history.append({"step": step, "loss": stats.loss, "samples": samples, "staleness": stats.staleness})
             if progress:
                 progress.update(task, advance=1, loss=_ema(losses), rate=rate, stale=stats.staleness)
@@ -594,7 +600,8 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
                 history[-1].update(_evaluate(dmp, _stream(spec, cfg, batch_size, eval_=True, skip=start_step), device))
                 eval_s += time.perf_counter() - eval_started
         hybrid.flush()
-        # Training throughput: the evaluations along the way are not training (they would halve it at eval_every=1).
+        # Training throughput: the evaluations along the way (they would halve it at eval_every=1) and the profiled
+        # steps are not training.
         elapsed = time.perf_counter() - t0 - eval_s
     finally:
         if progress:
@@ -622,10 +629,10 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
         **result,
         "teacher_auc": result.get("teacher_auc"),
         "loss": sum(tail) / len(tail) if tail else float("nan"),
-        "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+        "samples_per_s": (samples - excluded_samples) / elapsed if elapsed > 0 else 0.0,
         "step_ms": _median(timed),
         "step_breakdown_ms": breakdown,
-        "wall_step_ms": elapsed * 1e3 / max(1, steps_done),
+        "wall_step_ms": elapsed * 1e3 / max(1, steps_done - excluded_steps),
         "batch_size": batch_size * job.trainers,
         "steps": steps_done,
         "first_step": start_step,

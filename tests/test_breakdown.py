@@ -37,3 +37,25 @@ def test_shares_give_each_operator_to_its_range():
     assert shares["all_reduce"] == pytest.approx(0.1) and shares["ps_wait"] == pytest.approx(0.2)
     assert shares["push"] == 0.0
     assert shares_of([]) == dict.fromkeys(TERMS, 0.0)
+
+
+def test_the_profiled_window_gives_shares_and_an_error_inside_it_reaches_stderr():
+    import os
+
+    import torch
+
+    from persia_planner.modules.breakdown import StepProfiler
+
+    before = os.fstat(2).st_ino
+    profiler = StepProfiler(start=1, count=2)
+    for index in range(4):
+        with profiler.step(index):
+            torch.ones(64, 64) @ torch.ones(64, 64)
+    assert profiler.shares is not None and profiler.shares["dense"] == pytest.approx(1.0)
+    assert os.fstat(2).st_ino == before and not torch.autograd._profiler_enabled()
+
+    failing = StepProfiler(start=0, count=3)
+    with pytest.raises(RuntimeError, match="boom"), failing.step(0):
+        raise RuntimeError("boom")
+    assert os.fstat(2).st_ino == before and not torch.autograd._profiler_enabled()
+    assert failing.shares is None
