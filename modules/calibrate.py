@@ -25,7 +25,7 @@ import torch
 
 from persia_planner.profile import PROFILE_FORMAT
 
-__all__ = ["Sizes", "calibrate"]
+__all__ = ["BENCHMARKS", "Sizes", "calibrate"]
 
 MiB = 1024**2
 

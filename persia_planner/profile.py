@@ -277,10 +277,12 @@ class HardwareProfile:
             backward[name] = fit_embedding(mine, "backward_rows_per_s")
         dense = top.sub("dense")
         flops = dense.take_positive("flops_per_s", Quantity.NUMBER)
-        dense.take("width", default=None), dense.take("batch", default=None)
+        for key in ("width", "batch"):  # what was measured: kept in the file, not needed by the fit
+            dense.take(key, default=None)
         dense.finish()
         coll = top.sub("collectives")
-        coll.take("backend", default=None), coll.take("processes", default=None)
+        for key in ("backend", "processes"):
+            coll.take(key, default=None)
         a2a = _fit_points(coll, "all_to_all", "bytes", lambda p: p["seconds"])
         allreduce = _fit_points(coll, "all_reduce", "bytes", lambda p: p["seconds"])
         coll.finish()
