@@ -135,9 +135,10 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         reduce = np.mean if cost.model.staleness == 0 else np.max
         asyn[3, :, ps] = traffic / G * float(reduce(nic_ms))
         asyn[4, :, ps] = traffic / G * float(reduce(pcie_ms))
-        # Every server holds one hash bucket of the table, in its store's layout.
+        # The store's bytes are linear in the rows plus a fixed slack per server that holds a share, and a plan may
+        # hash a table over fewer servers than there are: the least any plan can hold is all rows on one server.
         for i, t in enumerate(tables):
-            mem[2, i, ps] = float(tier_bytes(t, Tier.PS, even_split(t.rows, lay.n_servers), t.dim, dtype)[1].sum())
+            mem[2, i, ps] = float(tier_bytes(t, Tier.PS, even_split(t.rows, 1), t.dim, dtype)[1].sum())
     # Host NICs, weighted: the average over hosts and, where hosts differ, the busiest one alone (largest ms per byte
     # a GPU sends to the servers). A local table's output leaves from its cheapest owner under the weights.
     per_gpu_nic = cost.gpus_per_host / cost.nic_bw
