@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -99,23 +98,6 @@ def _thread_events(profile: Any) -> list[tuple[str, float, int | None]]:
     ]
 
 
-class _NativeStderr:
-    """fd 2 pointed at /dev/null until :meth:`close` (C++ writes there directly, past ``sys.stderr``)."""
-
-    def __init__(self) -> None:
-        sys.stderr.flush()
-        self._saved = os.dup(2)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.close(devnull)
-
-    def close(self) -> None:
-        if self._saved >= 0:
-            os.dup2(self._saved, 2)
-            os.close(self._saved)
-            self._saved = -1
-
-
 class StepProfiler:
     """Profiles steps ``[start, start + count)`` of a loop and gives the shares of each term.
 
@@ -127,7 +109,6 @@ class StepProfiler:
     def __init__(self, start: int, count: int):
         self.start, self.count = start, count
         self._profile: Any = None
-        self._quiet: _NativeStderr | None = None
         self.shares: Mapping[str, float] | None = None
 
     @contextlib.contextmanager
@@ -136,18 +117,15 @@ class StepProfiler:
         import torch
 
         if index == self.start and self.count > 0:
-            # Kineto logs every start and stop ("USDT ... profiler_stop") unless its level is above USDT's (5), and
-            # torch warns once per process that an RPC under the profiler is not profiled on the server, which is
-            # known here (the server's time is the client's wait). Both would print in every trainer of every run.
+            # Kineto logs every start and stop ("USDT ... profiler_stop") unless its level is above USDT's (5).
             os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-            self._quiet = _NativeStderr()
             self._profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             self._profile.__enter__()
         try:
             with torch.autograd.profiler.record_function(STEP):
                 yield
         except BaseException:
-            self._stop()  # the error must reach stderr
+            self._stop()
             raise
         if self._profile is not None and index == self.start + self.count - 1:
             self.shares = shares_of(_thread_events(self._stop()))
@@ -156,6 +134,4 @@ class StepProfiler:
         profile, self._profile = self._profile, None
         if profile is not None:
             profile.__exit__(None, None, None)
-            if self._quiet is not None:
-                self._quiet.close()
         return profile

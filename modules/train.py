@@ -561,8 +561,11 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     losses: list[float] = []
     step_ms: list[float] = []
     # Every trainer profiles the same window (a profiled trainer is slower: the others would wait in collectives).
+    # Not with PS tables: a trainer crashed (SIGSEGV) under torch.profiler with RPCs in flight (decision 0014).
     warmup = min(10, cfg.steps // 4)
-    profiler = StepProfiler(warmup, min(10, max(1, cfg.steps // 4))) if cfg.steps >= 4 else None
+    profiler = None
+    if cfg.steps >= 4 and hybrid.ps is None:
+        profiler = StepProfiler(warmup, min(10, max(1, cfg.steps // 4)))
     data_ms: list[float] = []
     loop = TrainLoop(dmp, hybrid, opt, device, profiler)
     progress = _progress(cfg) if (j == 0 and cfg.progress) else None
