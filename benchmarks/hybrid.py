@@ -156,8 +156,8 @@ def all_local_topology() -> Any:
     data["name"] = f"{data['name']}-all-local"
     data["hosts"] = [h for h in data["hosts"] if h.get("role") != "parameter_server"]
     for host in data["hosts"]:
-        host["gpus"]["hbm"] = "256MiB"
-    return Topology.from_dict(data)
+        host["cpus"]["memory"] = "256MiB"
+    return Topology.from_dict(data, base_dir=DEFAULT_TOPOLOGY.parent)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PS_PUSH", "PS_WAIT", "STEP", "TERMS", "StepProfiler", "classify", "shares_of"]
+__all__ = ["PS_PUSH", "PS_WAIT", "STEP", "TERMS", "StepProfiler", "Stopwatch", "classify", "shares_of"]
 
 PS_WAIT = "persia:ps_wait"
 PS_PUSH = "persia:ps_push"
@@ -23,6 +24,30 @@ STEP = "persia:step"
 # In the order of the cost model's breakdown (persia_planner.cost.CostModel.step_parts): emb, a2a, dense,
 # allreduce, then the PS tier's parts of "async".
 TERMS = ("embedding", "all_to_all", "dense", "all_reduce", "ps_wait", "push")
+
+
+class Stopwatch:
+    """Milliseconds spent inside labelled ranges, summed per label, without a profiler: the parameter-server waits
+    and pushes are timed this way in every run (a profiler is not safe with RPCs in flight; decision 0014). The
+    range is also a ``record_function``, so a profile that is taken shows it too."""
+
+    def __init__(self) -> None:
+        self.totals_ms: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def range(self, label: str) -> Iterator[None]:
+        import torch
+
+        start = time.perf_counter()
+        try:
+            with torch.autograd.profiler.record_function(label):
+                yield
+        finally:
+            self.totals_ms[label] = self.totals_ms.get(label, 0.0) + (time.perf_counter() - start) * 1e3
+
+    def snapshot(self) -> dict[str, float]:
+        """The totals so far (a copy: subtract two snapshots for one step's share)."""
+        return dict(self.totals_ms)
 
 
 def classify(name: str) -> str | None:

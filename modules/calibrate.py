@@ -25,9 +25,12 @@ import torch
 
 from persia_planner.profile import PROFILE_FORMAT
 
+from .data.criteo import NUM_INTEGER
+
 __all__ = ["BENCHMARKS", "Sizes", "calibrate"]
 
 MiB = 1024**2
+HOT_ROWS = 1024  # a table that stays in the CPU's caches
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Sizes:
     rpc_rows: tuple[int, ...]
     repeats: int
     batch: int
+    dlrm_shapes: tuple[tuple[int, int], ...]  # (sparse features, embedding dim) of the DLRM dense steps
+    dlrm_batches: tuple[int, ...]
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
@@ -57,6 +62,8 @@ class Sizes:
                 rpc_rows=(1, 1024, 16384),
                 repeats=5,
                 batch=2048,
+                dlrm_shapes=((8, 16), (26, 16), (26, 64)),
+                dlrm_batches=(256, 2048),
             )
         return cls(
             memory_bytes=256 * MiB,
@@ -68,6 +75,8 @@ class Sizes:
             rpc_rows=(1, 256, 4096, 32768),
             repeats=9,
             batch=4096,
+            dlrm_shapes=((4, 16), (8, 16), (13, 32), (26, 16), (26, 64), (40, 32)),
+            dlrm_batches=(128, 1024, 4096),
         )
 
 
@@ -113,37 +122,45 @@ def embedding(sizes: Sizes) -> list[dict[str, Any]]:
     points = []
     for optimizer in sizes.optimizers:
         for dim in sizes.dims:
-            rows = max(1024, sizes.memory_bytes // (dim * 4))
-            tbe = SplitTableBatchedEmbeddingBagsCodegen(
-                [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
-                **SparseOptimizer(optimizer, learning_rate=0.01).fbgemm(on_cuda=False),
-            )
-            for pooling in sizes.poolings:
-                ids = torch.randint(rows, (sizes.batch * pooling,))
-                offsets = torch.arange(0, sizes.batch * pooling + 1, pooling)
-                grad = torch.ones(sizes.batch, dim)
-                forward = _median_s(lambda t=tbe, i=ids, o=offsets: t(i, o), sizes.repeats)
-                out = tbe(ids, offsets)
-                backward = (
-                    _median_s(lambda t=tbe, i=ids, o=offsets, g=grad: t(i, o).backward(g), sizes.repeats) - forward
+            # A table larger than the caches (every id a distinct row, a miss) and one that stays in them (ids
+            # repeat): the fit separates the cost per id from the cost per distinct row.
+            for rows in (max(1024, sizes.memory_bytes // (dim * 4)), HOT_ROWS):
+                tbe = SplitTableBatchedEmbeddingBagsCodegen(
+                    [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                    **SparseOptimizer(optimizer, learning_rate=0.01).fbgemm(on_cuda=False),
                 )
-                del out
-                looked_up = sizes.batch * pooling
-                points.append(
-                    {
-                        "optimizer": optimizer,
-                        "dim": dim,
-                        "pooling": pooling,
-                        "forward_rows_per_s": looked_up / forward,
-                        "backward_rows_per_s": looked_up / max(backward, 1e-9),
-                    }
-                )
-            del tbe
+                for pooling in sizes.poolings:
+                    ids = torch.randint(rows, (sizes.batch * pooling,))
+                    offsets = torch.arange(0, sizes.batch * pooling + 1, pooling)
+                    grad = torch.ones(sizes.batch, dim)
+                    forward = _median_s(lambda t=tbe, i=ids, o=offsets: t(i, o), sizes.repeats)
+                    backward = (
+                        _median_s(lambda t=tbe, i=ids, o=offsets, g=grad: t(i, o).backward(g), sizes.repeats) - forward
+                    )
+                    looked_up = sizes.batch * pooling
+                    points.append(
+                        {
+                            "optimizer": optimizer,
+                            "dim": dim,
+                            "pooling": pooling,
+                            "rows": rows,
+                            "unique_share": torch.unique(ids).numel() / looked_up,
+                            "forward_rows_per_s": looked_up / forward,
+                            "backward_rows_per_s": looked_up / max(backward, 1e-9),
+                        }
+                    )
+                del tbe
     return points
 
 
 def dense(sizes: Sizes) -> dict[str, Any]:
-    """Dense MLP forward + backward FLOPs per second (the DLRM's layers are of this kind)."""
+    """Dense forward + backward FLOPs per second of a wide MLP (the peak), and steps of the DLRM dense network as
+    ``persia train`` runs it (TorchRec's bottom MLP, interaction and top MLP, the loss and the dense Adagrad) over
+    feature counts, dims and batches."""
+    from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
+
+    from persia_planner.specs import DLRM_BOTTOM, DLRM_TOP, DenseSpec
+
     width = 512
     mlp = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width))
     x = torch.rand(sizes.batch, width)
@@ -154,7 +171,37 @@ def dense(sizes: Sizes) -> dict[str, Any]:
 
     seconds = _median_s(step, sizes.repeats)
     flops = 3 * 2 * 2 * width * width * sizes.batch  # two layers; forward 2*in*out per sample, backward twice that
-    return {"flops_per_s": flops / seconds, "width": width, "batch": sizes.batch}
+    points = []
+    for features, dim in sizes.dlrm_shapes:
+        arches = torch.nn.ModuleList(
+            [
+                DenseArch(NUM_INTEGER, [*DLRM_BOTTOM, dim]),
+                InteractionArch(features),
+                OverArch(dim + (features + 1) * features // 2, list(DLRM_TOP)),
+            ]
+        )
+        optimizer = torch.optim.Adagrad(arches.parameters(), lr=0.01)
+        for batch in sizes.dlrm_batches:
+            dense_x = torch.rand(batch, NUM_INTEGER)
+            sparse = torch.rand(batch, features, dim, requires_grad=True)
+            labels = torch.randint(2, (batch,)).float()
+
+            def dlrm_step(a=arches, o=optimizer, d=dense_x, s=sparse, y=labels) -> None:
+                o.zero_grad()
+                logits = a[2](a[1](a[0](d), s)).squeeze(-1)
+                torch.nn.functional.binary_cross_entropy_with_logits(logits, y).backward()
+                o.step()
+
+            points.append(
+                {
+                    "features": features,
+                    "dim": dim,
+                    "batch": batch,
+                    "flops_per_sample": DenseSpec.dlrm(NUM_INTEGER, dim, features).flops_per_sample,
+                    "seconds": _median_s(dlrm_step, sizes.repeats),
+                }
+            )
+    return {"flops_per_s": flops / seconds, "width": width, "batch": sizes.batch, "dlrm": points}
 
 
 def ps_store(sizes: Sizes) -> dict[str, Any]:

@@ -257,6 +257,11 @@ class HybridEmbeddingBagCollection(nn.Module):
         """
         return True if self.remote is None else self.remote.prefetch(features, block=block)
 
+    def ps_time_ms(self) -> dict[str, float]:
+        """Milliseconds spent so far waiting on the parameter servers and sending pushes, by label
+        (:data:`.breakdown.PS_WAIT`, :data:`.breakdown.PS_PUSH`); empty without PS tables."""
+        return self.remote.stopwatch.snapshot() if self.remote is not None else {}
+
     def flush(self) -> None:
         """Wait until every PS gradient push was acknowledged (with K = 0 and several trainers: a collective)."""
         if self.remote is not None:

@@ -35,7 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import ErrorKind, PlannerError
 
-from .breakdown import PS_PUSH, PS_WAIT
+from .breakdown import PS_PUSH, PS_WAIT, Stopwatch
 from .local import int64_ids
 from .ps import optim as ps_optim
 from .ps.server import TableConfig
@@ -122,6 +122,8 @@ class RemoteEmbeddingBags(nn.Module):
         self._backward_through = -1  # every batch <= this went through backward (its pushes exist)
         self.staleness = 0
         self.staleness_max_seen = 0
+        # Milliseconds this trainer waited on the servers (PS_WAIT) and spent sending pushes (PS_PUSH), summed.
+        self.stopwatch = Stopwatch()
         for c in self.tables:
             rows = capacity.get(c.name, c.num_embeddings) if isinstance(capacity, Mapping) else capacity
             bound = (1.0 / c.num_embeddings) ** 0.5
@@ -172,9 +174,9 @@ class RemoteEmbeddingBags(nn.Module):
                 "backward, every PS table's pooled output must reach the loss, or its gradient hook never fires)"
             )
         if self._synchronous:
-            with torch.autograd.profiler.record_function(PS_PUSH):
+            with self.stopwatch.range(PS_PUSH):
                 self._push_synchronously()
-        with torch.autograd.profiler.record_function(PS_WAIT):
+        with self.stopwatch.range(PS_WAIT):
             if not self._wait_pushes_through(needed, block):
                 return False
             if self._synchronous:
@@ -233,7 +235,7 @@ class RemoteEmbeddingBags(nn.Module):
             )
         self.staleness = item.staleness
         self.staleness_max_seen = max(self.staleness_max_seen, item.staleness)
-        with torch.autograd.profiler.record_function(PS_WAIT):
+        with self.stopwatch.range(PS_WAIT):
             rows = {t: f.wait().requires_grad_(True) for t, f in item.rows.items()}
         scale = 1.0 / self.world_size
         pushes = self._pushes.setdefault(item.index, [])
@@ -249,7 +251,7 @@ class RemoteEmbeddingBags(nn.Module):
                     before = stash.get(table)
                     stash[table] = (item.ids[table], g if before is None else before[1] + g)
                 else:
-                    with torch.autograd.profiler.record_function(PS_PUSH):
+                    with self.stopwatch.range(PS_PUSH):
                         pushes.append(self.ps.push_gradients_async(table, item.ids[table], g))
                 if len(pushes if stash is None else stash) == expected:
                     self._backward_through = max(self._backward_through, item.index)

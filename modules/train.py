@@ -36,10 +36,10 @@ from persia_planner.errors import PlannerError
 from persia_planner.export import check_executable, planned_execution
 from persia_planner.memory import ps_capacity
 from persia_planner.placement import Mode, TablePlacement
-from persia_planner.specs import ModelSpec
+from persia_planner.specs import DLRM_BOTTOM, DLRM_TOP, ModelSpec
 from persia_planner.topology import Topology
 
-from .breakdown import StepProfiler
+from .breakdown import PS_PUSH, PS_WAIT, StepProfiler
 from .config import (
     DenseOptimizer,
     TrainConfig,
@@ -132,8 +132,8 @@ def build_model(
     model = DLRM(
         embedding_bag_collection=hybrid,
         dense_in_features=num_dense,
-        dense_arch_layer_sizes=[64, dim],
-        over_arch_layer_sizes=[64, 32, 1],
+        dense_arch_layer_sizes=[*DLRM_BOTTOM, dim],
+        over_arch_layer_sizes=list(DLRM_TOP),
     )
     return model, hybrid
 
@@ -174,6 +174,8 @@ class StepStats:
     staleness: int
     samples: int
     data_ms: float = 0.0
+    ps_wait_ms: float = 0.0
+    push_ms: float = 0.0
 
 
 class TrainLoop:
@@ -224,6 +226,7 @@ class TrainLoop:
             if not ahead:
                 return
             start = time.perf_counter()
+            ps_before = self.hybrid.ps_time_ms()
             with self.profiler.step(index) if self.profiler else contextlib.nullcontext():
                 # Prefetch what the bound allows without waiting; the current batch (first) may wait: that wait is
                 # part of the step (K = 0 waits for every trainer's update here).
@@ -242,7 +245,20 @@ class TrainLoop:
                 loss_value = float(loss.detach())
             index += 1
             end = time.perf_counter()
-            yield StepStats(loss_value, (end - start) * 1e3, self.hybrid.staleness, batch.size, (start - fetch) * 1e3)
+            ps_after = self.hybrid.ps_time_ms()
+
+            def spent(label: str, after: dict[str, float] = ps_after, before: dict[str, float] = ps_before) -> float:
+                return after.get(label, 0.0) - before.get(label, 0.0)
+
+            yield StepStats(
+                loss_value,
+                (end - start) * 1e3,
+                self.hybrid.staleness,
+                batch.size,
+                (start - fetch) * 1e3,
+                spent(PS_WAIT),
+                spent(PS_PUSH),
+            )
 
 
 # ---- data ----------------------------------------------------------------------------------------------------
@@ -567,6 +583,7 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     if cfg.steps >= 4 and hybrid.ps is None:
         profiler = StepProfiler(warmup, min(10, max(1, cfg.steps // 4)))
     data_ms: list[float] = []
+    ps_ms: dict[str, list[float]] = {"ps_wait": [], "push": []}
     loop = TrainLoop(dmp, hybrid, opt, device, profiler)
     progress = _progress(cfg) if (j == 0 and cfg.progress) else None
     task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
@@ -585,6 +602,8 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
             losses.append(stats.loss)
             step_ms.append(stats.step_ms)
             data_ms.append(stats.data_ms)
+            ps_ms["ps_wait"].append(stats.ps_wait_ms)
+            ps_ms["push"].append(stats.push_ms)
             samples += stats.samples * job.trainers
             index = step - start_step - 1
             if profiler is not None and profiler.start <= index < profiler.start + profiler.count:
@@ -628,6 +647,9 @@ def _train(j: int, client: Any, job: _Job) -> dict[str, Any] | None:
     breakdown = {"data": _median(_unprofiled(data_ms, profiler))}
     if profiler is not None and profiler.shares is not None:
         breakdown |= {term: share * _median(timed) for term, share in profiler.shares.items()}
+    elif hybrid.ps is not None:  # not profiled (decision 0014): the PS terms are timed directly, the rest together
+        breakdown |= {term: _median(_unprofiled(xs, profiler)) for term, xs in ps_ms.items()}
+        breakdown["other"] = max(0.0, _median(timed) - breakdown["ps_wait"] - breakdown["push"])
     return {
         **result,
         "teacher_auc": result.get("teacher_auc"),

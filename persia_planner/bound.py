@@ -79,7 +79,13 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     rows = np.array([t.rows for t in tables], dtype=float)
     dims = np.array([t.dim for t in tables], dtype=float)
     sizes = np.array([t.bytes(dtype) for t in tables], dtype=float)
-    moved = np.array([cost.moved_bytes(t, cost.batch * t.pooling_factor, t.dim) for t in tables])
+    moved = np.array(
+        [cost.moved_bytes(t, cost.batch * t.pooling_factor, t.dim, cost.unique_rows(t, cost.batch)) for t in tables]
+    )
+    # A range shard's kernel time is at least its share of the whole table's on the fastest device (a split adds
+    # bags and fixed costs, never removes ids or distinct rows).
+    all_gpus = np.arange(G)
+    hbm_ms = np.array([float(cost.hbm_emb_ms(t, 1.0, t.dim, all_gpus).min()) for t in tables])
     out_bytes = cost.batch * dims * dtype.n_bytes
     # Every local option has at least one shard: its fixed overhead, its pooled output, the ids it receives.
     ids_bytes = cost.batch * np.array([t.pooling_factor for t in tables]) * c.id_bytes
@@ -94,7 +100,7 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         for i, t in enumerate(tables):
             mem[:2, i, column] = tier_bytes(t, tier, t.rows, t.dim, dtype, fraction)
 
-    sync[:, 0] = moved / hbm_bw + out
+    sync[:, 0] = hbm_ms + out
     charge(0, Tier.HBM)
     sync[:, 1] = moved / uvm_bw + out
     sync_ddr[:, :dp] = exchange[:, None]  # the overhead is GPU time, not host-DDR time
@@ -122,11 +128,10 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     sync_ddr[:, dp] = allreduce
     mem[0, :, dp] = sizes * G
     if lay.n_servers:
-        row_traffic = np.array([t.pooling_factor for t in tables]) * (dims * dtype.n_bytes + c.id_bytes)
-        traffic = 2 * cost.batch * row_traffic
+        traffic = G * np.array([cost.ps_bytes_per_gpu(t) for t in tables])
         # A server's store holds a bounded number of rows of a table: beyond that the ps tier is no option.
         sync[:, ps] = np.where(ps_holds(rows, lay.n_servers), 0.0, np.inf)
-        asyn[0, :, ps] = moved / float(cost.ps_ddr_bw.sum())
+        asyn[0, :, ps] = np.array([cost.ps_moved_bytes(t) for t in tables]) / float(cost.ps_ddr_bw.sum())
         asyn[1, :, ps] = traffic / float(cost.ps_nic_bw.sum())
         asyn[2, :, ps] = traffic / cost.switch_bw
         # Per byte a GPU sends: ms on its host's NIC (shared by the host's GPUs) and on its PCIe link.

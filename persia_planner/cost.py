@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from persia_planner.access import expected_unique, zipf_hit_rate
+from persia_planner.devices import DeviceKind
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
 from persia_planner.specs import DType, ModelSpec, TableSpec
 from persia_planner.topology import Topology
@@ -156,28 +158,6 @@ class Estimate:
     samples_per_s: float
 
 
-def zipf_hit_rate(alpha: float, rows: int, fraction: float) -> float:
-    """Share of lookups that hit a cache of the ``fraction`` hottest rows, for Zipf(alpha) ids over ``rows``.
-
-    Uses the generalised harmonic number H(n, a) ~ 1 + (n^(1-a) - 1) / (1 - a) (1 + ln n at a = 1):
-    hit = H(k, a) / H(n, a) with k = fraction * rows. Uniform ids (a = 0) give hit = fraction.
-    """
-    if fraction <= 0:
-        return 0.0
-    if fraction >= 1:
-        return 1.0
-    k = max(1.0, fraction * rows)
-
-    def harmonic(n: float) -> float:
-        if abs(alpha - 1.0) < 1e-9:
-            return 1.0 + math.log(n)
-        return 1.0 + (n ** (1.0 - alpha) - 1.0) / (1.0 - alpha)
-
-    if alpha <= 0:
-        return k / rows
-    return min(1.0, harmonic(k) / harmonic(rows))
-
-
 class CostModel:
     """Scores placements of ``model`` on ``topology``.
 
@@ -216,9 +196,16 @@ class CostModel:
         self.ps_ddr_bw = np.array([s.ddr_bandwidth for s in servers]) * c.ps_efficiency / MS
         self.switch_bw = topology.switch_bandwidth * c.nic_efficiency / MS
 
+        # CPU trainer devices of a host with a measured profile: their kernels are priced by the profile's fits
+        # (fbgemm's TBE per bag, id and distinct row; the DLRM dense step), not through a bandwidth.
+        self.profiles = [hosts[host_index[g.host]].profile if g.kind is DeviceKind.CPU else None for g in gpus]
+        self.profiled = np.array([p is not None for p in self.profiles], dtype=bool)
+
         # Dense part: forward + 2x backward FLOPs on the local batch; hierarchical ring all-reduce of fp32 grads.
         tflops = np.array([g.tflops for g in gpus]) * c.tflops_efficiency / MS
         self.dense_ms = 3.0 * model.dense.flops_per_sample * self.local_batch / tflops
+        for g in np.flatnonzero(self.profiled):
+            self.dense_ms[g] = self.profiles[g].dense_seconds(model.dense.flops_per_sample, self.local_batch) * MS
         self.dense_grad_bytes = 4.0 * model.dense.parameters
         H = lay.n_hosts
         nic_of_gpu = self.nic_bw[self.gpu_host]
@@ -263,13 +250,41 @@ class CostModel:
         self.a2a_gpu_sum = self.a2a @ visible
 
     # ---- per-shard work ---------------------------------------------------------------------------------------
-    def moved_bytes(self, table: TableSpec, lookups: float, cols: int) -> float:
-        """Bytes a lookup-and-update pass moves in the shard's memory: read the rows, then the backward pass
-        and optimizer (``update_passes`` x the weights, read + write of the optimizer state)."""
+    def moved_bytes(self, table: TableSpec, lookups: float, cols: int, unique: float | None = None) -> float:
+        """Bytes a lookup-and-update pass moves in the shard's memory: read the rows of the ``lookups`` ids, then
+        the backward pass and optimizer on the ``unique`` distinct rows among them (all, if None): fbgemm aggregates
+        a row's gradients and updates it once (``update_passes`` x the weights, read + write of the state)."""
         state = table.row_bytes(self.dtype, cols) - cols * self.dtype.n_bytes
         # Memory is read in whole sectors: a narrow row (a thin column shard) costs at least min_access_bytes.
         row = max(cols * self.dtype.n_bytes, self.constants.min_access_bytes)
-        return lookups * (row * (1 + self.constants.update_passes) + 2 * state)
+        rows = lookups if unique is None else unique
+        return lookups * row + rows * (row * self.constants.update_passes + 2 * state)
+
+    def unique_rows(self, table: TableSpec, samples: float) -> float:
+        """Expected distinct rows of ``table`` looked up by ``samples`` samples (see :mod:`.access`)."""
+        return expected_unique(table.zipf_alpha, table.rows, samples * table.pooling_factor)
+
+    def hbm_emb_ms(
+        self, table: TableSpec, rows_fraction: float | np.ndarray, cols: int, gpus: np.ndarray
+    ) -> np.ndarray:
+        """Embedding time (forward, backward and update, ms) of a shard in the device memory of each GPU in
+        ``gpus``, holding ``rows_fraction`` of the table's rows (and so of its lookups) and ``cols`` columns.
+
+        A GPU: the bytes moved over its HBM bandwidth. A profiled CPU trainer: the profile's TBE fit, with the
+        whole batch's bags (every range shard receives every bag), its share of the ids and distinct rows.
+        """
+        lookups = self.batch * table.pooling_factor * rows_fraction
+        unique = self.unique_rows(table, self.batch) * rows_fraction
+        out = self.moved_bytes(table, lookups, cols, unique) / self.hbm_bw[gpus]
+        if self.profiled.any():
+            lookups, unique = np.broadcast_to(lookups, gpus.shape), np.broadcast_to(unique, gpus.shape)
+            row_bytes = cols * self.dtype.n_bytes
+            for k in np.flatnonzero(self.profiled[gpus]):
+                seconds = self.profiles[gpus[k]].embedding_seconds(
+                    table.optimizer.value, self.batch, lookups[k], row_bytes, unique[k]
+                )
+                out[k] = seconds * MS
+        return out
 
     def range_shard_loads(
         self,
@@ -289,7 +304,7 @@ class CostModel:
         """
         lay = self.layout
         lookups = self.batch * table.pooling_factor * rows_fraction
-        moved = self.moved_bytes(table, lookups, cols)
+        moved = self.moved_bytes(table, lookups, cols, self.unique_rows(table, self.batch) * rows_fraction)
         out_bytes = self.batch * cols * self.dtype.n_bytes
         loads = (self.a2a_twrw if twrw else self.a2a)[gpus] * out_bytes
         # Input distribution: the ids of the shard's lookups travel to it, forward only (half an a2a pattern).
@@ -299,7 +314,7 @@ class CostModel:
         hosts = self.gpu_host[gpus]
         loads[idx, lay.emb.start + gpus] += self.constants.shard_overhead_ms
         if tier is Tier.HBM:
-            loads[idx, lay.emb.start + gpus] += moved / self.hbm_bw[gpus]
+            loads[idx, lay.emb.start + gpus] += self.hbm_emb_ms(table, rows_fraction, cols, gpus)
         else:
             hit = zipf_hit_rate(table.zipf_alpha, table.rows, cache_fraction) if tier is Tier.HBM_CACHE else 0.0
             loads[idx, lay.emb.start + gpus] += hit * moved / self.hbm_bw[gpus] + (1 - hit) * moved / self.uvm_bw[gpus]
@@ -325,6 +340,17 @@ class CostModel:
         loads[:, lay.dp_bytes] = 4.0 * table.rows * table.dim / lay.n_gpus
         return loads
 
+    def ps_bytes_per_gpu(self, table: TableSpec) -> float:
+        """Bytes a trainer exchanges with the parameter servers per step for ``table``: the client de-duplicates
+        its batch's ids, then looks up and pushes each distinct row once (ids and rows, both ways)."""
+        rows = self.unique_rows(table, self.local_batch)
+        return 2 * rows * (table.dim * self.dtype.n_bytes + self.constants.id_bytes)
+
+    def ps_moved_bytes(self, table: TableSpec) -> float:
+        """Bytes the servers' stores move per step for ``table``: every trainer's distinct rows read, then updated."""
+        rows = self.layout.n_gpus * self.unique_rows(table, self.local_batch)
+        return self.moved_bytes(table, rows, table.dim, rows)
+
     def ps_table_loads(self, table: TableSpec, shares: np.ndarray) -> np.ndarray:
         """Load vector of a table hashed over the parameter servers, ``shares[p]`` of its ids on server p.
 
@@ -333,14 +359,13 @@ class CostModel:
         lay = self.layout
         loads = np.zeros(lay.size)
         total = float(shares.sum())
-        row_traffic = table.pooling_factor * (table.dim * self.dtype.n_bytes + self.constants.id_bytes)
-        per_gpu = 2 * self.local_batch * row_traffic * total
+        per_gpu = self.ps_bytes_per_gpu(table) * total
+        G = lay.n_gpus
         loads[lay.pcie] = per_gpu / self.pcie_bw
         loads[lay.nic_async] = per_gpu * self.gpus_per_host / self.nic_bw
-        loads[lay.ps_nic] = 2 * self.batch * row_traffic * shares / self.ps_nic_bw
-        moved = self.moved_bytes(table, self.batch * table.pooling_factor, table.dim)
-        loads[lay.ps_ddr] = moved * shares / self.ps_ddr_bw
-        loads[lay.switch] = 2 * self.batch * row_traffic * total / self.switch_bw
+        loads[lay.ps_nic] = G * self.ps_bytes_per_gpu(table) * shares / self.ps_nic_bw
+        loads[lay.ps_ddr] = self.ps_moved_bytes(table) * shares / self.ps_ddr_bw
+        loads[lay.switch] = G * per_gpu / self.switch_bw
         # Every trainer sends each server that holds a share one lookup and one push per step: a fixed cost for the
         # server, and for the trainer's own thread, which prepares and sends them.
         holding = shares > 0

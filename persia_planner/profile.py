@@ -23,9 +23,11 @@ from persia_planner.units import Quantity
 
 __all__ = [
     "PROFILE_FORMAT",
+    "DenseFit",
     "EmbeddingFit",
     "HardwareProfile",
     "LinearFit",
+    "fit_dense",
     "fit_embedding",
     "fit_linear",
     "fit_terms",
@@ -90,38 +92,84 @@ def fit_linear(units: Sequence[float], seconds: Sequence[float]) -> LinearFit:
 
 @dataclass(frozen=True)
 class EmbeddingFit:
-    """fbgemm TBE time of one call: ``bags * per_bag_s + ids * (per_id_s + row_bytes / bytes_per_s)``.
+    """fbgemm TBE time of one call:
+    ``bags * per_bag_s + ids * per_id_s + unique * (per_row_s + row_bytes / bytes_per_s)``.
 
-    A bag is one sample's ids of one feature (pooled into one output row); an id is one looked-up row.
+    A bag is one sample's ids of one feature (pooled into one output row); an id is one looked-up row; ``unique``
+    counts the distinct rows among the ids. A repeated id finds its row in the CPU's caches, and the fused backward
+    aggregates the gradients of a row before it updates the row once: memory traffic follows the distinct rows.
 
     Attributes:
         per_bag_s: Cost per bag (offsets, the pooled output row).
-        per_id_s: Cost per looked-up id beyond its bytes (index arithmetic, a cache miss's latency).
-        bytes_per_s: Rate of the row bytes moved (read forward; gradient, weights and state backward).
+        per_id_s: Cost per looked-up id (index arithmetic, the gradient's aggregation).
+        per_row_s: Cost per distinct row beyond its bytes (a cache miss's latency, the update's bookkeeping).
+        bytes_per_s: Rate of a distinct row's bytes (read forward; weights and state read and written backward).
         worst_error: Largest relative error over the fitted points.
     """
 
     per_bag_s: float
     per_id_s: float
+    per_row_s: float
     bytes_per_s: float
     worst_error: float = 0.0
 
-    def seconds(self, bags: float, ids: float, row_bytes: float) -> float:
-        return bags * self.per_bag_s + ids * (self.per_id_s + row_bytes / self.bytes_per_s)
+    def seconds(self, bags: float, ids: float, row_bytes: float, unique: float | None = None) -> float:
+        """Seconds for ``bags`` bags of ``ids`` ids of ``row_bytes`` each, ``unique`` of them distinct (all if
+        None)."""
+        rows = ids if unique is None else unique
+        return bags * self.per_bag_s + ids * self.per_id_s + rows * (self.per_row_s + row_bytes / self.bytes_per_s)
 
 
 def fit_embedding(points: Sequence[Mapping[str, float]], rate_key: str) -> EmbeddingFit:
-    """Fit :class:`EmbeddingFit` to points of ``{dim, pooling, <rate_key>}`` (ids per second at that pooling)."""
-    # Per id: seconds / ids = per_bag / pooling + per_id + row_bytes * (1 / bytes_per_s)
+    """Fit :class:`EmbeddingFit` to points of ``{dim, pooling, <rate_key>}`` (ids per second at that pooling) and
+    optionally ``unique_share`` (distinct rows / ids; 1 where absent)."""
+    # Per id: seconds / ids = per_bag / pooling + per_id + share * (per_row + row_bytes / bytes_per_s)
+    share = [float(p.get("unique_share", 1.0)) for p in points]
     coef, worst = fit_terms(
         {
             "bag": [1 / p["pooling"] for p in points],
             "id": [1.0] * len(points),
-            "byte": [p["dim"] * BYTES_PER_FLOAT for p in points],
+            "row": share,
+            "byte": [u * p["dim"] * BYTES_PER_FLOAT for u, p in zip(share, points, strict=True)],
         },
         [1 / p[rate_key] for p in points],
     )
-    return EmbeddingFit(coef["bag"], coef["id"], math.inf if coef["byte"] == 0 else 1 / coef["byte"], worst)
+    byte = coef["byte"]
+    return EmbeddingFit(coef["bag"], coef["id"], coef["row"], math.inf if byte == 0 else 1 / byte, worst)
+
+
+@dataclass(frozen=True)
+class DenseFit:
+    """Time of a dense step: ``per_call_s + samples * (per_sample_s + flops_per_sample / flops_per_s)``.
+
+    Attributes:
+        per_call_s: Per step (launching the layers, the optimizer over every parameter).
+        per_sample_s: Per sample beyond its FLOPs (activations, the interaction's gathers, the loss).
+        flops_per_s: Forward FLOPs per second, the backward's included (a forward FLOP costs 3 in all).
+        worst_error: Largest relative error over the fitted points.
+    """
+
+    per_call_s: float
+    per_sample_s: float
+    flops_per_s: float
+    worst_error: float = 0.0
+
+    def seconds(self, flops_per_sample: float, samples: float) -> float:
+        return self.per_call_s + samples * (self.per_sample_s + flops_per_sample / self.flops_per_s)
+
+
+def fit_dense(points: Sequence[Mapping[str, float]]) -> DenseFit:
+    """Fit :class:`DenseFit` to points of ``{batch, flops_per_sample, seconds}``."""
+    coef, worst = fit_terms(
+        {
+            "call": [1.0] * len(points),
+            "sample": [p["batch"] for p in points],
+            "flop": [p["batch"] * p["flops_per_sample"] for p in points],
+        },
+        [p["seconds"] for p in points],
+    )
+    flop = coef["flop"]
+    return DenseFit(coef["call"], coef["sample"], math.inf if flop == 0 else 1 / flop, worst)
 
 
 @dataclass(frozen=True)
@@ -135,7 +183,10 @@ class HardwareProfile:
         gather: Random row gathers: seconds per row vs row bytes.
         embedding_forward: Per optimizer, fbgemm TBE forward (:class:`EmbeddingFit`).
         embedding_backward: Per optimizer, the fused backward (gradient + optimizer update), the same way.
-        dense_flops_per_s: Dense MLP forward + backward FLOPs per second.
+        dense_flops_per_s: Dense MLP forward + backward FLOPs per second (wide layers: the peak the MLP reaches).
+        dense_step: The DLRM dense network as ``persia train`` runs it (bottom MLP, pairwise interaction, top MLP,
+            loss, dense optimizer), fitted over batches and sizes (narrow layers and the interaction's small
+            batched products run far below the wide MLP's rate).
         all_to_all: gloo all-to-all between local processes: seconds per call vs bytes per process.
         all_reduce: gloo all-reduce, the same way.
         ps_lookup: A lookup request to a parameter server: seconds vs rows (fixed part = round trip).
@@ -153,6 +204,7 @@ class HardwareProfile:
     embedding_forward: Mapping[str, EmbeddingFit]
     embedding_backward: Mapping[str, EmbeddingFit]
     dense_flops_per_s: float
+    dense_step: DenseFit
     all_to_all: LinearFit
     all_reduce: LinearFit
     ps_lookup: LinearFit
@@ -162,12 +214,19 @@ class HardwareProfile:
     store_update_rows_per_s: float
     unique_ids_per_s: float
 
-    def embedding_seconds(self, optimizer: str, bags: float, ids: float, row_bytes: float) -> float:
+    def embedding_seconds(
+        self, optimizer: str, bags: float, ids: float, row_bytes: float, unique: float | None = None
+    ) -> float:
         """Seconds of fbgemm's forward + fused backward for ``bags`` bags of ``ids`` looked-up ids in all, of
-        ``row_bytes`` each."""
+        ``row_bytes`` each, ``unique`` of them distinct (all if None)."""
         name = optimizer if optimizer in self.embedding_forward else _nearest_optimizer(optimizer, self)
         forward, backward = self.embedding_forward[name], self.embedding_backward[name]
-        return forward.seconds(bags, ids, row_bytes) + backward.seconds(bags, ids, row_bytes)
+        return forward.seconds(bags, ids, row_bytes, unique) + backward.seconds(bags, ids, row_bytes, unique)
+
+    def dense_seconds(self, flops_per_sample: float, samples: float) -> float:
+        """Seconds of the dense network's forward, backward and optimizer step for ``samples`` samples of
+        ``flops_per_sample`` forward FLOPs each."""
+        return self.dense_step.seconds(flops_per_sample, samples)
 
     def device_figures(self, constants: CostConstants) -> dict[str, float]:
         """Defaults of a CPU trainer device on this machine, in topology.yaml's terms (``bandwidth``, ``tflops``,
@@ -225,15 +284,23 @@ class HardwareProfile:
             r = "size-independent" if math.isinf(fit.units_per_s) else f"{fit.units_per_s * scale:,.3g} {unit}"
             return f"{fit.fixed_s * 1e6:,.1f} us + {r}"
 
+        def dense_rate(fit: DenseFit) -> str:
+            flops = "" if math.isinf(fit.flops_per_s) else f" + {fit.flops_per_s / 1e9:,.3g} GFLOP/s"
+            return f"{fit.per_call_s * 1e6:,.0f} us + {fit.per_sample_s * 1e9:,.0f} ns/sample{flops}"
+
         rows = [
             ("memory stream", f"{self.stream_bytes_per_s / 1e9:.2f} GB/s", ""),
             ("random row gather", rate(self.gather, "GB/s", 1e-9) + " per row", f"{self.gather.worst_error:.0%}"),
             ("dense MLP", f"{self.dense_flops_per_s / 1e9:.1f} GFLOP/s", ""),
+            ("DLRM dense step", dense_rate(self.dense_step), f"{self.dense_step.worst_error:.0%}"),
         ]
 
         def tbe(fit: EmbeddingFit) -> str:
             per_byte = "" if math.isinf(fit.bytes_per_s) else f" + bytes / {fit.bytes_per_s / 1e9:,.3g} GB/s"
-            return f"{fit.per_bag_s * 1e9:,.0f} ns/bag + {fit.per_id_s * 1e9:,.0f} ns/id{per_byte}"
+            return (
+                f"{fit.per_bag_s * 1e9:,.0f} ns/bag + {fit.per_id_s * 1e9:,.0f} ns/id"
+                f" + {fit.per_row_s * 1e9:,.0f} ns/row{per_byte}"
+            )
 
         for name, fwd in self.embedding_forward.items():
             bwd = self.embedding_backward[name]
@@ -270,13 +337,23 @@ class HardwareProfile:
         mem.finish()
         forward: dict[str, EmbeddingFit] = {}
         backward: dict[str, EmbeddingFit] = {}
-        points = _points(top, "embedding", ("optimizer", "dim", "pooling", "forward_rows_per_s", "backward_rows_per_s"))
+        points = _points(
+            top,
+            "embedding",
+            ("optimizer", "dim", "pooling", "forward_rows_per_s", "backward_rows_per_s"),
+            optional=("unique_share", "rows"),
+        )
         for name in dict.fromkeys(p["optimizer"] for p in points):
             mine = [p for p in points if p["optimizer"] == name]
             forward[name] = fit_embedding(mine, "forward_rows_per_s")
             backward[name] = fit_embedding(mine, "backward_rows_per_s")
         dense = top.sub("dense")
         flops = dense.take_positive("flops_per_s", Quantity.NUMBER)
+        dlrm = dense.take("dlrm", default=None)
+        if dlrm is None:  # profiles of the first format revision: the wide MLP's rate for the whole network
+            dense_step = DenseFit(0.0, 0.0, flops / 3)
+        else:
+            dense_step = fit_dense(_points(dense, "dlrm", ("features", "dim", "batch", "flops_per_sample", "seconds")))
         for key in ("width", "batch"):  # what was measured: kept in the file, not needed by the fit
             dense.take(key, default=None)
         dense.finish()
@@ -308,6 +385,7 @@ class HardwareProfile:
             embedding_forward=forward,
             embedding_backward=backward,
             dense_flops_per_s=flops,
+            dense_step=dense_step,
             all_to_all=a2a,
             all_reduce=allreduce,
             ps_lookup=lookup,
@@ -327,11 +405,16 @@ def _nearest_optimizer(optimizer: str, profile: HardwareProfile) -> str:
     return next(iter(profile.embedding_forward))
 
 
-def _points(section: Fields, key: str, names: tuple[str, ...]) -> list[dict[str, Any]]:
-    """A non-empty list of points, each with ``names``; numbers > 0 (except the ``optimizer`` name)."""
+def _points(section: Fields, key: str, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """A non-empty list of points, each with ``names`` (and those of ``optional`` it has); numbers > 0 (except the
+    ``optimizer`` name)."""
     out = []
     for _, item in section.take_list(key):
         point = {n: item.take_str(n) if n == "optimizer" else item.take_positive(n, Quantity.NUMBER) for n in names}
+        for n in optional:
+            value = item.take(n, Quantity.NUMBER, default=None)
+            if value is not None:
+                point[n] = value
         item.finish()
         out.append(point)
     if not out:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,11 @@ class TableSpec:
         return self.rows * self.dim
 
 
+# The hidden layers of the DLRM ``persia train`` builds (TorchRec's ``DLRM``): bottom MLP, then top MLP to one logit.
+DLRM_BOTTOM = (64,)
+DLRM_TOP = (64, 32, 1)
+
+
 @dataclass(frozen=True)
 class DenseSpec:
     """The dense network, trained data-parallel.
@@ -109,6 +115,30 @@ class DenseSpec:
 
     parameters: int = 0
     flops_per_sample: float = 0.0
+
+    @classmethod
+    def dlrm(
+        cls,
+        num_dense: int,
+        dim: int,
+        features: int,
+        bottom: tuple[int, ...] = DLRM_BOTTOM,
+        top: tuple[int, ...] = DLRM_TOP,
+    ) -> DenseSpec:
+        """TorchRec's ``DLRM`` dense part as ``persia train`` builds it: a bottom MLP ``num_dense -> bottom ->
+        dim``, the pairwise dot interaction of the ``features`` pooled embeddings and the bottom output (one
+        batched ``F x dim`` by ``dim x F`` product, ``F = features + 1``), and a top MLP over ``dim`` plus the
+        ``F (F - 1) / 2`` dot products to ``top``. FLOPs are 2 per multiply-add."""
+        params = macs = 0
+        for fan_in, fan_out in itertools.pairwise((num_dense, *bottom, dim)):
+            params += fan_in * fan_out + fan_out
+            macs += fan_in * fan_out
+        f = features + 1
+        macs += f * f * dim
+        for fan_in, fan_out in itertools.pairwise((dim + f * (f - 1) // 2, *top)):
+            params += fan_in * fan_out + fan_out
+            macs += fan_in * fan_out
+        return cls(params, 2.0 * macs)
 
 
 @dataclass(frozen=True)

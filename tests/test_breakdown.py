@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from persia_planner.modules.breakdown import PS_PUSH, PS_WAIT, STEP, TERMS, classify, shares_of
+from persia_planner.modules.breakdown import PS_PUSH, PS_WAIT, STEP, TERMS, Stopwatch, classify, shares_of
 
 
 def test_terms_follow_labelled_ranges_and_operators():
@@ -59,3 +59,18 @@ def test_the_profiled_window_gives_shares_and_an_error_inside_it_reaches_stderr(
         raise RuntimeError("boom")
     assert os.fstat(2).st_ino == before and not torch.autograd._profiler_enabled()
     assert failing.shares is None
+
+
+def test_stopwatch_sums_each_label_and_counts_a_range_that_raises():
+    watch = Stopwatch()
+    with watch.range(PS_WAIT):
+        pass
+    before = watch.snapshot()
+    with pytest.raises(RuntimeError), watch.range(PS_WAIT):
+        raise RuntimeError("a server went away")
+    with watch.range(PS_PUSH):
+        pass
+    after = watch.snapshot()
+    assert set(after) == {PS_WAIT, PS_PUSH}
+    assert after[PS_WAIT] > before[PS_WAIT] >= 0 and after[PS_PUSH] >= 0
+    assert before == {PS_WAIT: before[PS_WAIT]}  # a snapshot is a copy

@@ -71,10 +71,21 @@ def test_moved_bytes(cost):
     assert cost.moved_bytes(cost.model.tables[0], 2000, 4) == 2000 * 32 * 4
 
 
+def test_moved_bytes_updates_distinct_rows_once(cost):
+    # reads follow the 2000 ids (40 B each); the 3 update passes only the 500 distinct rows
+    assert cost.moved_bytes(cost.model.tables[0], 2000, 10, 500) == 2000 * 40 + 500 * 40 * 3
+
+
+# A table's step: 2000 uniform ids over 1000 rows, reading 40 B each; they touch 1000 (1 - (1 - 1/1000)^2000)
+# distinct rows, each updated once (3 passes).
+UNIQUE = 1000 * (1 - (1 - 1 / 1000) ** 2000)
+MOVED = 2000 * 40 + UNIQUE * 40 * 3
+
+
 def test_hbm_lookup_and_all_to_all(cost):
     lay = cost.layout
     loads = cost.range_shard_loads(cost.model.tables[0], 1.0, 10, Tier.HBM, np.array([0]))[0]
-    assert loads[lay.emb.start] == pytest.approx(320_000 / 1e9 + 0.001)  # HBM: 1e9 B/ms, plus the shard overhead
+    assert loads[lay.emb.start] == pytest.approx(MOVED / 1e9 + 0.001)  # HBM: 1e9 B/ms, plus the shard overhead
     # pooled output 1000 x 10 x 4 = 40,000 B forward and backward, plus the 2000 ids x 8 B forward only (half a
     # round trip); the owner sends/receives 1/2 of it over NVLink (1e8 B/ms), full duplex
     exchange = 40_000 + 16_000 / 2
@@ -88,23 +99,25 @@ def test_ddr_and_cache_tiers(cost):
     lay = cost.layout
     t = cost.model.tables[0]
     ddr = cost.range_shard_loads(t, 1.0, 10, Tier.DDR, np.array([1]))[0]
-    assert ddr[lay.emb.start + 1] == pytest.approx(320_000 / 1e7 + 0.001)  # UVM: min(PCIe 10, DDR 20) GB/s
-    assert ddr[lay.host_ddr.start] == pytest.approx(320_000 / 2e7)
+    assert ddr[lay.emb.start + 1] == pytest.approx(MOVED / 1e7 + 0.001)  # UVM: min(PCIe 10, DDR 20) GB/s
+    assert ddr[lay.host_ddr.start] == pytest.approx(MOVED / 2e7)
     cache = cost.range_shard_loads(t, 1.0, 10, Tier.HBM_CACHE, np.array([1]), cache_fraction=0.2)[0]
     # uniform ids (alpha 0): hit rate = cache fraction
-    assert cache[lay.emb.start + 1] == pytest.approx(0.2 * 320_000 / 1e9 + 0.8 * 320_000 / 1e7 + 0.001)
-    assert cache[lay.host_ddr.start] == pytest.approx(0.8 * 320_000 / 2e7)
+    assert cache[lay.emb.start + 1] == pytest.approx(0.2 * MOVED / 1e9 + 0.8 * MOVED / 1e7 + 0.001)
+    assert cache[lay.host_ddr.start] == pytest.approx(0.8 * MOVED / 2e7)
 
 
 def test_parameter_server_terms(cost):
     lay = cost.layout
     loads = cost.ps_table_loads(cost.model.tables[1], np.array([1.0]))
-    # per GPU: 500 samples x 2 ids x (40 B row + 8 B id), fetched and pushed
-    per_gpu = 2 * 500 * 2 * 48
+    # per GPU: the distinct rows of 500 samples x 2 ids (uniform over 1000 rows) x (40 B row + 8 B id), fetched and
+    # pushed; the store reads and updates each GPU's distinct rows (4 passes of 40 B)
+    unique = 1000 * (1 - (1 - 1 / 1000) ** 1000)
+    per_gpu = 2 * unique * 48
     assert loads[lay.pcie] == pytest.approx([per_gpu / 1e7] * 2)
     assert loads[lay.nic_async.start] == pytest.approx(2 * per_gpu / 1e7)
     assert loads[lay.ps_nic.start] == pytest.approx(2 * per_gpu / 1e7)
-    assert loads[lay.ps_ddr.start] == pytest.approx(320_000 / 5e7)
+    assert loads[lay.ps_ddr.start] == pytest.approx(2 * unique * 40 * 4 / 5e7)
     assert loads[lay.switch] == 0  # unlimited switch
 
 
@@ -123,6 +136,13 @@ def test_dense_and_allreduce(cost):
     assert cost.dense_grad_bytes * cost.allreduce_ms_per_byte == pytest.approx([0.04, 0.04])
 
 
+# Table b on the server: each GPU fetches and pushes its distinct rows (40 B + an 8 B id) over PCIe (10 GB/s), its
+# host's NIC (both GPUs, 10 GB/s) and the server's NIC; the store reads and updates them (4 x 40 B, 50 GB/s).
+UNIQUE_PER_GPU = 1000 * (1 - (1 - 1 / 1000) ** 1000)
+PER_GPU = 2 * UNIQUE_PER_GPU * 48
+PS_TERMS = (PER_GPU / 1e7, 2 * PER_GPU / 1e7, 2 * PER_GPU / 1e7, 2 * UNIQUE_PER_GPU * 160 / 5e7)
+
+
 def plan_a_hbm_b_ps(cost):
     t = {x.name: x for x in cost.model.tables}
     return {
@@ -133,8 +153,8 @@ def plan_a_hbm_b_ps(cost):
 
 def test_step_overlaps_async_work(cost):
     est, mem = cost.evaluate(plan_a_hbm_b_ps(cost))
-    sync0 = 3.2e-4 + 0.001 + 48_000 * 0.5 / 1e8 + 0.015 + 0.04
-    async_ = max(0.0096, 0.0192, 0.0192, 0.0064) + 2 * 0.01 / 4  # + round trip / staleness
+    sync0 = MOVED / 1e9 + 0.001 + 48_000 * 0.5 / 1e8 + 0.015 + 0.04
+    async_ = max(*PS_TERMS) + 2 * 0.01 / 4  # + round trip / staleness
     assert est.per_gpu["sync"][0] == pytest.approx(sync0)
     assert est.per_gpu["async"][0] == pytest.approx(async_)
     assert est.step_ms == pytest.approx(max(sync0, async_))
@@ -148,7 +168,7 @@ def test_step_overlaps_async_work(cost):
 def test_staleness_zero_adds_async_work():
     cost = CostModel(model(staleness=0), Topology.from_dict(TOPO))
     est, _ = cost.evaluate(plan_a_hbm_b_ps(cost))
-    assert est.step_ms == pytest.approx(3.2e-4 + 0.001 + 2.4e-4 + 0.015 + 0.04 + 0.0192 + 2 * 0.01)
+    assert est.step_ms == pytest.approx(MOVED / 1e9 + 0.001 + 2.4e-4 + 0.015 + 0.04 + max(*PS_TERMS) + 2 * 0.01)
 
 
 def test_placement_loads_equal_shard_sum(cost):

@@ -42,14 +42,31 @@ def raw_profile() -> dict:
                 "optimizer": opt,
                 "dim": d,
                 "pooling": p,
-                "forward_rows_per_s": 1 / (200e-9 / p + 30e-9 + 4 * d / 2e9),
-                "backward_rows_per_s": 1 / (k * 60e-9 + 4 * d / 1e9),
+                "unique_share": u,
+                "forward_rows_per_s": 1 / (200e-9 / p + 30e-9 + u * (10e-9 + 4 * d / 2e9)),
+                "backward_rows_per_s": 1 / (k * 20e-9 + u * (k * 40e-9 + 4 * d / 1e9)),
             }
             for opt, k in (("sgd", 1), ("rowwise_adagrad", 2))
             for d in (16, 64)
             for p in (1, 8)
+            for u in (1.0, 0.1)
         ],
-        "dense": {"flops_per_s": 3e10, "width": 512, "batch": 2048},
+        "dense": {
+            "flops_per_s": 3e10,
+            "width": 512,
+            "batch": 2048,
+            "dlrm": [
+                {
+                    "features": f,
+                    "dim": 16,
+                    "batch": b,
+                    "flops_per_sample": 1e4 * f,
+                    "seconds": 1e-3 + b * (2e-6 + f / 1e5),
+                }
+                for f in (8, 26)
+                for b in (256, 2048)
+            ],
+        },
         "collectives": {
             "backend": "gloo",
             "processes": 2,
@@ -82,12 +99,16 @@ def test_profile_fits_every_engine():
     assert profile.gather.fixed_s == pytest.approx(20e-9, rel=1e-6)
     forward = profile.embedding_forward["sgd"]
     assert forward.per_bag_s == pytest.approx(200e-9, rel=1e-6) and forward.per_id_s == pytest.approx(30e-9, rel=1e-6)
+    assert forward.per_row_s == pytest.approx(10e-9, rel=1e-6)
     assert forward.bytes_per_s == pytest.approx(2e9, rel=1e-6) and forward.worst_error < 1e-9
     backward = profile.embedding_backward["rowwise_adagrad"]
-    assert backward.per_bag_s < 1e-15 and backward.per_id_s == pytest.approx(120e-9, rel=1e-6)
-    # forward + backward of 100 bags of 10 ids of 64 B under SGD
-    expected = 100 * 200e-9 + 1000 * (30e-9 + 64 / 2e9 + 60e-9 + 64 / 1e9)
-    assert profile.embedding_seconds("sgd", 100, 1000, 64) == pytest.approx(expected, rel=1e-6)
+    assert backward.per_bag_s < 1e-15 and backward.per_id_s == pytest.approx(40e-9, rel=1e-6)
+    assert backward.per_row_s == pytest.approx(80e-9, rel=1e-6)
+    # forward + backward of 100 bags of 10 ids of 64 B under SGD, 300 distinct rows among the 1000 ids
+    expected = 100 * 200e-9 + 1000 * (30e-9 + 20e-9) + 300 * (10e-9 + 64 / 2e9 + 40e-9 + 64 / 1e9)
+    assert profile.embedding_seconds("sgd", 100, 1000, 64, 300) == pytest.approx(expected, rel=1e-6)
+    # the DLRM dense step: 1 ms per step + 2 us per sample + forward FLOPs at 1 GFLOP/s
+    assert profile.dense_seconds(1e5, 1000) == pytest.approx(1e-3 + 1000 * (2e-6 + 1e5 / 1e9), rel=1e-6)
     # an optimizer not measured takes the heaviest one measured
     heaviest = profile.embedding_seconds("rowwise_adagrad", 100, 1000, 64)
     assert profile.embedding_seconds("adam", 100, 1000, 64) == heaviest

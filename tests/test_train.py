@@ -45,8 +45,11 @@ def test_default_job_learns_with_both_paths():
     first = sum(h["loss"] for h in result["history"][:8]) / 8
     assert result["loss"] < first - 0.02, (first, result["loss"])
     assert result["samples_per_s"] > 0 and result["step_ms"] > 0
-    # PS tables: no profiled window (decision 0014); the data time is measured all the same.
-    assert set(result["step_breakdown_ms"]) == {"data"} and result["step_breakdown_ms"]["data"] > 0
+    # PS tables: no profiled window (decision 0014); the PS wait and push are timed directly, the rest is "other".
+    parts = result["step_breakdown_ms"]
+    assert set(parts) == {"data", "ps_wait", "push", "other"} and parts["data"] > 0, parts
+    assert parts["ps_wait"] > 0 and parts["push"] > 0 and parts["other"] > 0, parts
+    assert parts["ps_wait"] + parts["push"] <= result["step_ms"] * 1.5, parts  # medians of parts, not of the sum
 
 
 @pytest.mark.timeout(600)
@@ -54,8 +57,8 @@ def test_an_all_local_run_measures_its_step_breakdown():
     data = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())
     data["hosts"] = [h for h in data["hosts"] if h.get("role") != "parameter_server"]
     for host in data["hosts"]:
-        host["gpus"]["hbm"] = "256MiB"
-    topology = Topology.from_dict(data)
+        host["cpus"]["memory"] = "256MiB"
+    topology = Topology.from_dict(data, base_dir=DEFAULT_TOPOLOGY.parent)
     the_plan = plan(SPEC, topology)
     assert not the_plan.remote_tables()
     cfg = TrainConfig(progress=False, eval_batches=1, steps=24, batch_size=256, mode="sync")
@@ -285,10 +288,10 @@ def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
     assert state["data"] == f"criteo:{(tmp_path / 'day_0').resolve()}"
 
 
-def _edited_plan(tmp_path: Path, edit: dict[str, dict]) -> Path:
+def _edited_plan(tmp_path: Path, edit: dict[str, dict], topology: Path = DEFAULT_TOPOLOGY) -> Path:
     """plan.json of the default job with some tables' placements rewritten by hand, as a user would."""
     out = tmp_path / "plan.json"
-    done = subprocess.run([*PERSIA, "plan", str(DEFAULT_MODEL), str(DEFAULT_TOPOLOGY), "--out", str(out)],
+    done = subprocess.run([*PERSIA, "plan", str(DEFAULT_MODEL), str(topology), "--out", str(out)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
@@ -303,15 +306,15 @@ def _shard(device: str, rows: tuple[int, int], cols: tuple[int, int], tier: str 
     return {"rows": list(rows), "cols": list(cols), "tier": tier, "device": device, "bytes": held, **extra}
 
 
-GPU0, GPU1 = "trainer0/gpu0", "trainer0/gpu1"
+CPU0, CPU1 = "trainer0/cpu0", "trainer0/cpu1"
 HAND_EDITED = {
     "c3": {"sharding": "column_wise", "mode": "sync",
-           "shards": [_shard(GPU1, (0, 5000), (0, 8)), _shard(GPU0, (0, 5000), (8, 16))]},
+           "shards": [_shard(CPU1, (0, 5000), (0, 8)), _shard(CPU0, (0, 5000), (8, 16))]},
     "c12": {"sharding": "row_wise", "mode": "sync",
-            "shards": [_shard(GPU0, (0, 4000), (0, 16)), _shard(GPU1, (4000, 8000), (0, 16))]},
-    "c2": {"sharding": "table_wise", "mode": "sync", "shards": [_shard(GPU1, (0, 2000), (0, 16))]},
+            "shards": [_shard(CPU0, (0, 4000), (0, 16)), _shard(CPU1, (4000, 8000), (0, 16))]},
+    "c2": {"sharding": "table_wise", "mode": "sync", "shards": [_shard(CPU1, (0, 2000), (0, 16))]},
     "c21": {"sharding": "data_parallel", "mode": "sync",
-            "shards": [_shard(g, (0, 9000), (0, 16), replica=True) for g in (GPU0, GPU1)]},
+            "shards": [_shard(g, (0, 9000), (0, 16), replica=True) for g in (CPU0, CPU1)]},
 }  # fmt: skip
 
 
@@ -336,8 +339,17 @@ def test_a_hand_edited_plan_is_run_exactly_as_written(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_plan_torchrec_would_change_or_the_wrong_trainer_count_is_refused_before_training(tmp_path):
-    uvm = {"c2": {"sharding": "table_wise", "mode": "sync", "shards": [_shard(GPU1, (0, 2000), (0, 16), "ddr")]}}
-    line = _one_line_error(["--plan", str(_edited_plan(tmp_path, uvm)), "--steps", "2"])
+    # The same machine described with GPU-like trainers (the default describes CPU trainers, which have no DDR tier)
+    gpus = {"count": 2, "hbm": "4MiB", "hbm_bandwidth": "20GB/s", "tflops": 0.5, "pcie_bandwidth": "10GB/s"}
+    trainer = {"name": "trainer", "ddr": "64MiB", "ddr_bandwidth": "10GB/s", "nic_bandwidth": "10GB/s", "gpus": gpus}
+    server = {"name": "ps", "count": 2, "role": "parameter_server", "ddr": "2GiB", "ddr_bandwidth": "10GB/s"}
+    server["nic_bandwidth"] = "1GB/s"
+    topology = tmp_path / "gpus.yaml"
+    topology.write_text(yaml.safe_dump({"name": "local-gpus", "hosts": [trainer, server]}))
+    shard = _shard("trainer0/gpu1", (0, 2000), (0, 16), "ddr")
+    uvm = {"c2": {"sharding": "table_wise", "mode": "sync", "shards": [shard]}}
+    args = ["--plan", str(_edited_plan(tmp_path, uvm, topology)), "--topology", str(topology), "--steps", "2"]
+    line = _one_line_error(args)
     assert "table 'c2' is planned on tier ddr (TorchRec kernel fused_uvm), which needs CUDA" in line, line
     line = _one_line_error(["--trainers", "3", "--steps", "2"])
     assert "--trainers is 3 but topology 'local-2trainers-2ps' has 2 trainer devices" in line, line

@@ -33,7 +33,9 @@ from persia_planner.errors import SpecError
 
 from .criteo import FEATURE_NAMES, NUM_CATEGORICAL, NUM_INTEGER, Batch, write_criteo
 
-__all__ = ["SyntheticClicks", "Teacher", "teacher_auc", "to_criteo"]
+__all__ = ["ZIPF_ALPHA", "SyntheticClicks", "Teacher", "teacher_auc", "to_criteo"]
+
+ZIPF_ALPHA = 1.05  # the default skew of every feature's ids (a model.yaml table's zipf_alpha describes the same)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -73,7 +75,7 @@ class Teacher:
 
     features: tuple[str, ...] = FEATURE_NAMES
     rows: int | Mapping[str, int] = 100_000
-    alpha: float = 1.05
+    alpha: float = ZIPF_ALPHA
     dim: int = 8
     num_dense: int = NUM_INTEGER
     target_ctr: float = 0.25
