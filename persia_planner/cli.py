@@ -173,7 +173,8 @@ def plan_command(
             )
         model_spec = load_model(model)
         topo = load_topology(topology)
-        result = make_plan(model_spec, topo, seed=seed)
+        # Only --explain prints the alternatives: without it, the search need not score them.
+        result = make_plan(model_spec, topo, seed=seed, **({} if explain else {"explain_top": 0}))
         require_valid(result, model_spec, topo)
         if out is not None:
             _write(out, "the plan", result.save)

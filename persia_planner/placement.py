@@ -7,6 +7,7 @@ A shard's :meth:`Shard.storage` is what the runtime allocates for it (:func:`tie
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,8 +119,15 @@ class Shard:
 
     def storage(self, table: TableSpec, dtype: DType) -> Storage:
         """HBM and DDR bytes this shard occupies as the runtime allocates them (see :func:`tier_bytes`)."""
-        hbm, ddr = tier_bytes(table, self.tier, self.n_rows(table), self.n_cols, dtype, self.cache_fraction or 0.0)
-        return Storage(int(hbm), int(ddr))
+        return _storage(table, self.tier, self.n_rows(table), self.n_cols, dtype, self.cache_fraction or 0.0)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _storage(table: TableSpec, tier: Tier, rows: int, cols: int, dtype: DType, cache_fraction: float) -> Storage:
+    # Validation, scoring and the report each ask for every shard's storage, and the shards of a table (a replica on
+    # every GPU, equal row blocks) mostly share one: numpy on scalars costs microseconds per call.
+    hbm, ddr = tier_bytes(table, tier, rows, cols, dtype, cache_fraction)
+    return Storage(int(hbm), int(ddr))
 
 
 def bucket_rows(total: int, bucket: int, buckets: int) -> int:

@@ -92,7 +92,10 @@ class Plan:
         }
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        """plan.json text: with ``indent``, one shard or device per line (as formats.md shows); else compact."""
+        if indent is None:
+            return json.dumps(self.to_dict())
+        return _dumps(self.to_dict(), indent)
 
     def save(self, path: str | Path) -> None:
         """Write plan.json atomically (a crash never leaves a half-written plan)."""
@@ -151,6 +154,30 @@ class Plan:
         return cls(
             model, topology, tables, devices, numbers["step_ms"], numbers["lower_bound_ms"], numbers["samples_per_s"]
         )
+
+
+def _dumps(value: Any, indent: int, depth: int = 0) -> str:
+    """JSON with ``indent``, but a mapping or list of scalars and lists of scalars on one line.
+
+    A shard, a device's usage and the estimate each fit on one line; ``json.dumps(indent=...)`` would give every
+    number its own line (228k lines for 1,000 tables) through its pure-Python encoder, a quarter second.
+    """
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+    if children is None or all(_scalars(v) for v in children):
+        return json.dumps(value)
+    inner, outer = " " * (indent * (depth + 1)), " " * (indent * depth)
+    if isinstance(value, dict):
+        items = [f"{inner}{json.dumps(str(k))}: {_dumps(v, indent, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{outer}}}"
+    items = [inner + _dumps(v, indent, depth + 1) for v in value]
+    return "[\n" + ",\n".join(items) + f"\n{outer}]"
+
+
+def _scalars(value: Any) -> bool:
+    """Whether ``value`` is a scalar or a list of scalars."""
+    if isinstance(value, dict):
+        return False
+    return not isinstance(value, list) or not any(isinstance(v, dict | list) for v in value)
 
 
 def _placement_to_dict(p: TablePlacement) -> dict[str, Any]:

@@ -48,9 +48,21 @@ class Planner:
         )
 
 
-def plan(model: ModelSpec, topology: Topology, *, seed: int = 0, improve_time_s: float = 5.0) -> Plan:
-    """Plan ``model`` on ``topology`` with the default search (see :class:`Planner`)."""
-    return Planner(GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=improve_time_s))).plan(model, topology)
+def plan(
+    model: ModelSpec,
+    topology: Topology,
+    *,
+    seed: int = 0,
+    improve_time_s: float = 5.0,
+    explain_top: int = SearchConfig.explain_top,
+) -> Plan:
+    """Plan ``model`` on ``topology`` with the default search (see :class:`Planner`).
+
+    ``explain_top``: how many of the largest tables get ``Plan.alternatives`` (0: none, which saves re-scoring them;
+    the plan is the same).
+    """
+    config = SearchConfig(seed=seed, improve_time_s=improve_time_s, explain_top=explain_top)
+    return Planner(GreedyLocalSearch(config)).plan(model, topology)
 
 
 def check_capacity(model: ModelSpec, topology: Topology) -> None:

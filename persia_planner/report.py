@@ -308,20 +308,50 @@ def topology_lines(topology: Topology) -> list[str]:
 
 
 # ---- rich rendering -----------------------------------------------------------------------------------------------
-def render_devices(plan: Plan, topology: Topology) -> Table:
-    """The per-device rich table."""
-    from rich.table import Table
+_DEVICE_COLUMNS = (
+    ("device", "left"),
+    ("kind", "left"),
+    ("HBM used / usable", "right"),
+    ("HBM %", "right"),
+    ("DDR used / usable", "right"),
+    ("DDR %", "right"),
+    ("est. ms", "right"),
+)
+_TABLE_COLUMNS = (
+    ("table", "left"),
+    ("sharding", "left"),
+    ("tier", "left"),
+    ("mode", "left"),
+    ("devices", "left"),
+    ("bytes held", "right"),
+    ("sync ms", "right"),
+    ("async ms", "right"),
+    ("cost %", "right"),
+)
 
-    table = Table(title=f"devices ({plan.topology})", title_justify="left")
-    table.add_column("device")
-    table.add_column("kind")
-    table.add_column("HBM used / usable", justify="right")
-    table.add_column("HBM %", justify="right")
-    table.add_column("DDR used / usable", justify="right")
-    table.add_column("DDR %", justify="right")
-    table.add_column("est. ms", justify="right")
-    for row in device_rows(plan, topology):
-        table.add_row(
+
+def render_devices(plan: Plan, topology: Topology, *, packed: bool = False) -> Table:
+    """The per-device rich table (``packed``: see :func:`render_tables`)."""
+    return _rich_table(f"devices ({plan.topology})", _DEVICE_COLUMNS, _device_cells(plan, topology), packed)
+
+
+def render_tables(plan: Plan, model: ModelSpec, topology: Topology, *, packed: bool = False) -> Table:
+    """The per-table rich table.
+
+    Args:
+        plan: The plan.
+        model: Its model.
+        topology: Its topology.
+        packed: Put every row's cells into one rich row, one line each, and never wrap them: the same text when the
+            table fits the console's width (rich then lays out one cell per column instead of one per table and
+            column, ~5x faster on 1,000 tables), cells cut short with an ellipsis when it does not.
+    """
+    return _rich_table(f"tables ({plan.model})", _TABLE_COLUMNS, _table_cells(plan, model, topology), packed)
+
+
+def _device_cells(plan: Plan, topology: Topology) -> list[tuple[str, ...]]:
+    return [
+        (
             row.name,
             row.kind,
             _used(row.hbm_bytes, row.hbm_usable, show_zero=row.kind == "GPU"),
@@ -330,28 +360,13 @@ def render_devices(plan: Plan, topology: Topology) -> Table:
             _percent(row.ddr_fraction),
             f"{row.cost_ms:.2f}",
         )
-    return table
+        for row in device_rows(plan, topology)
+    ]
 
 
-def render_tables(plan: Plan, model: ModelSpec, topology: Topology) -> Table:
-    """The per-table rich table."""
-    from rich.table import Table
-
-    table = Table(title=f"tables ({plan.model})", title_justify="left")
-    for header, justify in (
-        ("table", "left"),
-        ("sharding", "left"),
-        ("tier", "left"),
-        ("mode", "left"),
-        ("devices", "left"),
-        ("bytes held", "right"),
-        ("sync ms", "right"),
-        ("async ms", "right"),
-        ("cost %", "right"),
-    ):
-        table.add_column(header, justify=justify)  # type: ignore[arg-type]
-    for row in table_rows(plan, model, topology):
-        table.add_row(
+def _table_cells(plan: Plan, model: ModelSpec, topology: Topology) -> list[tuple[str, ...]]:
+    return [
+        (
             row.name,
             f"{row.sharding} x{row.shards}" if row.shards > 1 else row.sharding,
             row.tier,
@@ -362,6 +377,21 @@ def render_tables(plan: Plan, model: ModelSpec, topology: Topology) -> Table:
             f"{row.async_ms:.3f}",
             f"{100 * row.share:.1f}",
         )
+        for row in table_rows(plan, model, topology)
+    ]
+
+
+def _rich_table(title: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple[str, ...]], packed: bool) -> Table:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for header, justify in columns:
+        table.add_column(header, justify=justify, no_wrap=packed)  # type: ignore[arg-type]
+    if packed and rows:
+        table.add_row(*("\n".join(cells) for cells in zip(*rows, strict=True)))
+    else:
+        for row in rows:
+            table.add_row(*row)
     return table
 
 
@@ -404,8 +434,15 @@ def print_plan(
     from rich.console import Console
 
     console = console or Console()
-    console.print(render_devices(plan, topology))
-    console.print(render_tables(plan, model, topology))
+    devices = (f"devices ({plan.topology})", _DEVICE_COLUMNS, _device_cells(plan, topology))
+    tables = (f"tables ({plan.model})", _TABLE_COLUMNS, _table_cells(plan, model, topology))
+    for title, columns, rows in (devices, tables):
+        table = _rich_table(title, columns, rows, packed=True)
+        # Packed, a table reads the same as row by row only where no cell has to wrap.
+        unbounded = console.options.update_width(1 << 20)
+        if console.measure(table, options=unbounded).maximum > console.width:
+            table = _rich_table(title, columns, rows, packed=False)
+        console.print(table)
     if explain:
         console.print(render_explanation(plan, model, topology))
     console.print(summary(plan), soft_wrap=True, markup=False, highlight=False)

@@ -125,6 +125,8 @@ class _Choice:
     gpus: tuple[int, ...]  # shard devices (GPU indices) in shard order; empty for ps
     loads: np.ndarray
     mem: np.ndarray
+    # The score of the state it was chosen in with it added (what best() scored it by, saving a second scoring).
+    score: float | None = None
 
 
 class GreedyLocalSearch:
@@ -243,6 +245,7 @@ class _Run:
         self.loads = cost.fixed_loads()
         self.mem = np.zeros(self.lay.mem_size)
         self.cap = cost.capacities()
+        self._room = self.cap + 0.5  # validate() allows half a byte over
         self.choices: dict[str, _Choice] = {}
         self.specs = {t.name: t for t in cost.model.tables}
         topo = cost.topology
@@ -250,6 +253,8 @@ class _Run:
         self.min_hbm = min(topo.hbm_capacity(g) for g in topo.gpus)
         # Table-row-wise needs the same GPU count on every host (TorchRec's layout); so do we.
         self._uniform_hosts = len({len(g) for g in self.host_gpus}) == 1
+        # Hosts x their GPUs, where every host has as many: the least-loaded GPU per host is then one argmin.
+        self._host_grid = np.array(self.host_gpus) if self._uniform_hosts and len(self.host_gpus[0]) else None
         self.dtype = cost.dtype
         self._gpu_step: np.ndarray | None = None
         self._candidates: np.ndarray | None = None
@@ -279,8 +284,12 @@ class _Run:
             return self._candidates
         step = self.gpu_step.copy()
         step[list(exclude)] = np.inf
-        order = np.lexsort((step, self.cost.gpu_host))  # by host, then load
-        firsts = order[np.r_[True, np.diff(self.cost.gpu_host[order]) != 0]]
+        if self._host_grid is not None:
+            grid = self._host_grid
+            firsts = grid[np.arange(len(grid)), np.argmin(step[grid], axis=1)]  # ties: the lowest index, as below
+        else:
+            order = np.lexsort((step, self.cost.gpu_host))  # by host, then load
+            firsts = order[np.r_[True, np.diff(self.cost.gpu_host[order]) != 0]]
         top = np.argsort(step, kind="stable")[:_CANDIDATES]
         picked = np.union1d(firsts, top)
         picked = picked[np.isfinite(step[picked])]
@@ -299,9 +308,10 @@ class _Run:
         parts = self.cost.gpu_step_ms(loads)
         nic = loads[:, self.lay.nic_sync] + loads[:, self.lay.nic_async]
         every = np.concatenate([parts, nic], axis=1)
-        scale = np.maximum(every.max(axis=1, keepdims=True), 1e-12)
-        balance = scale[:, 0] * np.mean((every / scale) ** 8, axis=1) ** (1 / 8)
-        step = np.maximum(parts.max(axis=1), nic.max(axis=1, initial=0.0))
+        step = every.max(axis=1)  # the step time: the slowest GPU or NIC
+        scale = np.maximum(step, 1e-12)[:, None]
+        # np.mean's own arithmetic (a sum, then a division by the count) without its per-call overhead.
+        balance = scale[:, 0] * (np.add.reduce((every / scale) ** 8, axis=1) / every.shape[1]) ** (1 / 8)
         return step + _BALANCE_WEIGHT * balance
 
     def current_score(self) -> float:
@@ -309,7 +319,7 @@ class _Run:
 
     def fits(self, mem: np.ndarray) -> np.ndarray:
         mem = np.atleast_2d(mem)
-        return np.all(self.mem[None, :] + mem <= self.cap[None, :] + 0.5, axis=1)
+        return np.all(self.mem[None, :] + mem <= self._room[None, :], axis=1)
 
     # ---- options --------------------------------------------------------------------------------------------
     def options(self, table: TableSpec, explore: bool = False, hint: TierChoice | None = None) -> list[Option]:
@@ -413,7 +423,6 @@ class _Run:
     ) -> np.ndarray:
         """Memory vectors (one row per GPU in ``gpus``) of a shard of ``rows`` rows and ``cols`` columns."""
         mem = np.zeros((len(gpus), self.lay.mem_size))
-        rows = np.broadcast_to(np.asarray(rows, dtype=float), (len(gpus),))
         hbm, ddr = tier_bytes(table, option.tier, rows, cols, self.dtype, option.cache_fraction)
         idx = np.arange(len(gpus))
         mem[idx, self.lay.hbm.start + gpus] = hbm
@@ -437,48 +446,68 @@ class _Run:
             chosen: list[int] = []
             loads, mem = np.zeros(lay.size), np.zeros(lay.mem_size)
             cols = table.dim // option.splits
+            # A shard's own vectors do not depend on the other shards: for several, cost every GPU's once.
+            every = self._range(table, option, all_gpus, table.rows, cols) if option.splits > 1 else None
+
+            def shards_on(gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                if every is None:
+                    return self._range(table, option, gpus, table.rows, cols)
+                return every[0][gpus], every[1][gpus]
+
             for _ in range(option.splits):
                 gpus = self.candidates(exclude=chosen)
-                cand_l, cand_m = self._range(table, option, gpus, table.rows, cols)
-                cand_l += loads
-                cand_m += mem
+                cand_l, cand_m = shards_on(gpus)
+                if chosen:
+                    cand_l += loads
+                    cand_m += mem
                 ok = self.fits(cand_m)
                 if not ok.any():
                     # The least-loaded GPUs are full: fall back to every GPU with room.
                     gpus = np.setdiff1d(all_gpus, chosen)
-                    cand_l, cand_m = self._range(table, option, gpus, table.rows, cols)
-                    cand_l += loads
-                    cand_m += mem
+                    cand_l, cand_m = shards_on(gpus)
+                    if chosen:
+                        cand_l += loads
+                        cand_m += mem
                     ok = self.fits(cand_m)
                     if not ok.any():
                         return None
-                i = self._pick(self.score(self.loads + cand_l), ok)
+                scores = self.score(self.loads + cand_l)
+                i = self._pick(scores, ok)
                 chosen.append(int(gpus[i]))
                 loads, mem = cand_l[i], cand_m[i]
-            return _Choice(option, tuple(chosen), loads, mem)
+            return _Choice(option, tuple(chosen), loads, mem, float(scores[i]))
         if s in (Sharding.TABLE_COLUMN_WISE, Sharding.TABLE_ROW_WISE):
-            cands = []
-            for gpus in self.host_gpus:
-                if s is Sharding.TABLE_COLUMN_WISE:
-                    order = gpus[np.argsort(self.gpu_step[gpus], kind="stable")]
-                    gpus = order[: option.splits]
-                    if len(gpus) < option.splits:
-                        continue
-                    part_l, part_m = self._range(table, option, gpus, table.rows, table.dim // option.splits)
+            # One candidate per host, all scored in one matrix: every host's shards go through the cost model at once.
+            if s is Sharding.TABLE_COLUMN_WISE:
+                if self._host_grid is not None:
+                    grid = self._host_grid
+                    by_load = np.argsort(self.gpu_step[grid], axis=1, kind="stable")[:, : option.splits]
+                    picked = list(np.take_along_axis(grid, by_load, axis=1)) if grid.shape[1] >= option.splits else []
                 else:
-                    part_l, part_m = self._row_split(table, option, gpus, twrw=True)
-                cands.append((tuple(int(g) for g in gpus), part_l.sum(axis=0), part_m.sum(axis=0)))
-            if not cands:
-                return None
-            loads = np.array([c[1] for c in cands])
-            mem = np.array([c[2] for c in cands])
+                    picked = [
+                        gpus[np.argsort(self.gpu_step[gpus], kind="stable")][: option.splits]
+                        for gpus in self.host_gpus
+                        if len(gpus) >= option.splits
+                    ]
+                if not picked:
+                    return None
+                part_l, part_m = self._range(
+                    table, option, np.concatenate(picked), table.rows, table.dim // option.splits
+                )
+            else:
+                picked = list(self.host_gpus)
+                part_l, part_m = self._row_split(table, option, picked, twrw=True)
+            ends = np.cumsum([len(gpus) for gpus in picked])
+            loads = np.array([part_l[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
+            mem = np.array([part_m[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
             ok = self.fits(mem)
             if not ok.any():
                 return None
-            i = self._pick(self.score(self.loads + loads), ok)
-            return _Choice(option, cands[i][0], loads[i], mem[i])
+            scores = self.score(self.loads + loads)
+            i = self._pick(scores, ok)
+            return _Choice(option, tuple(int(g) for g in picked[i]), loads[i], mem[i], float(scores[i]))
         if s is Sharding.ROW_WISE:
-            part_l, part_m = self._row_split(table, option, all_gpus)
+            part_l, part_m = self._row_split(table, option, [all_gpus])
             loads, mem = part_l.sum(axis=0), part_m.sum(axis=0)
             return _Choice(option, tuple(range(G)), loads, mem) if self.fits(mem)[0] else None
         if s is Sharding.DATA_PARALLEL:
@@ -493,8 +522,12 @@ class _Run:
         mem[lay.ps_mem] = self._ps_mem(table)
         return _Choice(option, (), loads, mem) if self.fits(mem)[0] else None
 
-    def _row_split(self, table: TableSpec, option: Option, gpus: np.ndarray, twrw: bool = False):
-        rows = np.array(row_blocks(table.rows, len(gpus)))
+    def _row_split(
+        self, table: TableSpec, option: Option, groups: Sequence[np.ndarray], twrw: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Loads and memory (one row per GPU) of ``table`` split in row blocks over each group of GPUs in turn."""
+        rows = np.array([n for gpus in groups for n in row_blocks(table.rows, len(gpus))])
+        gpus = np.concatenate(groups)
         loads = self.cost.range_shard_loads(
             table, rows / table.rows, table.dim, option.tier, gpus, cache_fraction=option.cache_fraction, twrw=twrw
         )
@@ -538,7 +571,9 @@ class _Run:
         for option in options:
             choice = self.best(table, option)
             if choice is not None:
-                value = float(self.score(self.loads + choice.loads)[0])
+                if choice.score is None:
+                    choice.score = float(self.score(self.loads + choice.loads)[0])
+                value = choice.score
                 if self.pricing:
                     value += float(choice.mem @ self.mem_price)
                 scored.append((choice, value))
@@ -670,7 +705,7 @@ class _Run:
     def _reinsert(self, tables: Mapping[str, TableSpec], name: str, current: float, explore: bool = False) -> bool:
         old = self.remove(name)
         choice, _ = self.best_choice(tables[name], explore=explore)
-        if choice is not None and float(self.score(self.loads + choice.loads)[0]) < current * (1 - 1e-9):
+        if choice is not None and choice.score is not None and choice.score < current * (1 - 1e-9):
             self.add(name, choice)
             return True
         self.add(name, old)
@@ -880,8 +915,13 @@ def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Seq
     fraction = option.cache_fraction if option.tier is Tier.HBM_CACHE else None
     s = option.sharding
 
+    row_bytes: dict[int, int] = {}  # per column count: a replica on every GPU, equal splits
+
     def shard(device: str, rows: tuple[int, int], cols: tuple[int, int], replica: bool = False) -> Shard:
-        n_bytes = (rows[1] - rows[0]) * table.row_bytes(dtype, cols[1] - cols[0])
+        width = cols[1] - cols[0]
+        if width not in row_bytes:
+            row_bytes[width] = table.row_bytes(dtype, width)
+        n_bytes = (rows[1] - rows[0]) * row_bytes[width]
         return Shard(device, option.tier, cols, n_bytes, rows=rows, cache_fraction=fraction, replica=replica)
 
     full_rows, full_cols = (0, table.rows), (0, table.dim)

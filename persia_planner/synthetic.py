@@ -8,7 +8,7 @@ from persia_planner.placement import Tier, even_split, tier_bytes
 from persia_planner.specs import DenseSpec, DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
 
-__all__ = ["random_model", "random_topology"]
+__all__ = ["model_dict", "random_model", "random_topology"]
 
 
 def random_model(
@@ -42,6 +42,28 @@ def random_model(
     )
     dense = DenseSpec(parameters=5_000_000, flops_per_sample=30_000_000)
     return ModelSpec(f"generated-{n_tables}-s{seed}", batch_size, tables, dense, dtype, staleness)
+
+
+def model_dict(model: ModelSpec) -> dict:
+    """``model`` as model.yaml content (``ModelSpec.from_dict`` reads it back), e.g. to plan it with ``persia plan``."""
+    return {
+        "name": model.name,
+        "batch_size": model.batch_size,
+        "embedding_dtype": model.embedding_dtype.value,
+        "staleness": model.staleness,
+        "tables": [
+            {
+                "name": t.name,
+                "rows": t.rows,
+                "dim": t.dim,
+                "pooling_factor": t.pooling_factor,
+                "optimizer": t.optimizer.value,
+                "zipf_alpha": t.zipf_alpha,
+            }
+            for t in model.tables
+        ],
+        "dense": {"parameters": model.dense.parameters, "flops_per_sample": model.dense.flops_per_sample},
+    }
 
 
 def random_topology(

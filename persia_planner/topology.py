@@ -179,7 +179,30 @@ class Topology:
         name: str = "generated",
     ) -> Topology:
         """A homogeneous H100-class cluster, for tests and benchmarks."""
-        data = {
+        data = cls.simple_dict(
+            trainers=trainers,
+            gpus_per_trainer=gpus_per_trainer,
+            servers=servers,
+            hbm_bytes=hbm_bytes,
+            ddr_bytes=ddr_bytes,
+            ps_ddr_bytes=ps_ddr_bytes,
+            name=name,
+        )
+        return cls.from_dict(data, f"{name}.yaml")
+
+    @staticmethod
+    def simple_dict(
+        *,
+        trainers: int,
+        gpus_per_trainer: int,
+        servers: int = 0,
+        hbm_bytes: int = 80 * 1024**3,
+        ddr_bytes: int = 2 * 1024**4,
+        ps_ddr_bytes: int = 1024**4,
+        name: str = "generated",
+    ) -> dict[str, Any]:
+        """:meth:`simple`'s cluster as topology.yaml content (to write it for ``persia plan``)."""
+        data: dict[str, Any] = {
             "name": name,
             "hosts": [
                 {
@@ -210,7 +233,7 @@ class Topology:
                     "nic_bandwidth": "25GB/s",
                 }
             )
-        return cls.from_dict(data, f"{name}.yaml")
+        return data
 
 
 def _path_weight(u: str, v: str, edge: Mapping[str, Any]) -> float:
