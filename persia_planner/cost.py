@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from persia_planner.access import expected_unique, zipf_hit_rate
+from persia_planner.access import expected_unique, expected_unique_many, zipf_hit_rate
 from persia_planner.devices import DeviceKind
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
 from persia_planner.specs import DType, ModelSpec, TableSpec
@@ -196,6 +196,18 @@ class CostModel:
         self.ps_ddr_bw = np.array([s.ddr_bandwidth for s in servers]) * c.ps_efficiency / MS
         self.switch_bw = topology.switch_bandwidth * c.nic_efficiency / MS
 
+        # Distinct rows per step of every table, for the global batch (a shard's) and a trainer's (its PS requests).
+        tables = model.tables
+        self._unique_specs = {t.name: t for t in tables}
+        self._unique: dict[tuple[str, float], float] = {}
+        for samples in (self.batch, self.local_batch):
+            counts = expected_unique_many(
+                np.array([t.zipf_alpha for t in tables]),
+                np.array([t.rows for t in tables]),
+                np.array([samples * t.pooling_factor for t in tables]),
+            )
+            self._unique |= {(t.name, samples): float(u) for t, u in zip(tables, counts, strict=True)}
+
         # CPU trainer devices of a host with a measured profile: their kernels are priced by the profile's fits
         # (fbgemm's TBE per bag, id and distinct row; the DLRM dense step), not through a bandwidth.
         self.profiles = [hosts[host_index[g.host]].profile if g.kind is DeviceKind.CPU else None for g in gpus]
@@ -262,6 +274,9 @@ class CostModel:
 
     def unique_rows(self, table: TableSpec, samples: float) -> float:
         """Expected distinct rows of ``table`` looked up by ``samples`` samples (see :mod:`.access`)."""
+        known = self._unique.get((table.name, samples))
+        if known is not None and self._unique_specs[table.name] is table:
+            return known
         return expected_unique(table.zipf_alpha, table.rows, samples * table.pooling_factor)
 
     def hbm_emb_ms(
