@@ -323,7 +323,7 @@ class LocalEmbeddingBags(nn.Module):
         """This trainer's fbgemm table-batched embedding modules (fused kernels and data-parallel replicas alike),
         which hold its shards' weights, optimizer state and caches. TorchRec keeps them outside the module tree (and
         its fused modules list only their weights as parameters), so :meth:`parameters` does not reach them. None
-        unsharded."""
+        before DMP has sharded the collection."""
         if not self.sharded:
             return
         for lookup in self.ebc._lookups:
