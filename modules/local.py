@@ -319,7 +319,11 @@ class LocalEmbeddingBags(nn.Module):
                 dst.copy_(src)
         self._reset_caches()
 
-    def _tbes(self) -> Iterator[nn.Module]:
+    def tbes(self) -> Iterator[nn.Module]:
+        """This trainer's fbgemm table-batched embedding modules (fused kernels and data-parallel replicas alike),
+        which hold its shards' weights, optimizer state and caches. TorchRec keeps them outside the module tree (and
+        its fused modules list only their weights as parameters), so :meth:`parameters` does not reach them. None
+        before DMP has sharded the collection."""
         if not self.sharded:
             return
         for lookup in self.ebc._lookups:
@@ -328,12 +332,12 @@ class LocalEmbeddingBags(nn.Module):
 
     def _flush_caches(self) -> None:
         # An HBM cache (fused_uvm_caching) holds updated rows that its backing store has not seen yet.
-        for tbe in self._tbes():
+        for tbe in self.tbes():
             if hasattr(tbe, "flush"):
                 tbe.flush()
 
     def _reset_caches(self) -> None:
         # Cached rows would shadow what was just written to the backing store.
-        for tbe in self._tbes():
+        for tbe in self.tbes():
             if hasattr(tbe, "reset_cache_states"):
                 tbe.reset_cache_states()

@@ -78,7 +78,6 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 
     rows = np.array([t.rows for t in tables], dtype=float)
     dims = np.array([t.dim for t in tables], dtype=float)
-    sizes = np.array([t.bytes(dtype) for t in tables], dtype=float)
     moved = np.array(
         [cost.moved_bytes(t, cost.batch * t.pooling_factor, t.dim, cost.unique_rows(t, cost.batch)) for t in tables]
     )
@@ -118,15 +117,16 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
             mem[0, i, 2 + j] = float(hbm) + t.rows * FBGEMM_CACHE_INDEX_BYTES_PER_ROW
             mem[0, i, 2 + j] += slots * (t.dim * dtype.n_bytes + FBGEMM_CACHE_STATE_BYTES_PER_SLOT)
             mem[1, i, 2 + j] = float(ddr)
-    # data-parallel: a replica on every GPU, whose gradients join the all-reduce.
-    dp_ok = sizes <= cost.capacities()[lay.hbm].min() + 0.5
+    # data-parallel: a replica on every GPU (weights, state and DDP's gradient), whose gradients join the all-reduce.
+    replicas = np.array([float(tier_bytes(t, Tier.HBM, t.rows, t.dim, dtype, replica=True)[0]) for t in tables])
+    dp_ok = replicas <= cost.capacities()[lay.hbm].min() + 0.5
     dense_bw = cost.hbm_bw * c.dense_kernel_efficiency
     replica = np.array([cost.replica_moved_bytes(t) for t in tables]) * float((1 / dense_bw).sum())
     replica += G * c.shard_overhead_ms
     allreduce = 4.0 * rows * dims * float(cost.allreduce_ms_per_byte.sum())
     sync[:, dp] = np.where(dp_ok, replica + allreduce, np.inf)
     sync_ddr[:, dp] = allreduce
-    mem[0, :, dp] = sizes * G
+    mem[0, :, dp] = replicas * G
     if lay.n_servers:
         traffic = G * np.array([cost.ps_bytes_per_gpu(t) for t in tables])
         # A server's store holds a bounded number of rows of a table: beyond that the ps tier is no option.

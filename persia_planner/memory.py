@@ -2,8 +2,9 @@
 
 The planner never imports torch or fbgemm, so the layouts it charges are restated here, each next to the source it
 comes from. ``tests/test_memory.py`` checks them against the real allocations (fbgemm's buffers, the store's tensors
-and a process's resident memory), and the store takes its capacity limit and defaults from here, so the two cannot
-drift apart silently.
+and a process's resident memory), ``persia_planner.modules.allocated`` (``tests/test_allocated.py``) against the
+modules ``persia train`` builds, per trainer and server, and the store takes its capacity limit and defaults from
+here, so the two cannot drift apart silently.
 
 **fbgemm** (fbgemm_gpu 1.8, ``split_table_batched_embeddings_ops_training.py``,
 ``SplitTableBatchedEmbeddingBagsCodegen`` as TorchRec 1.8's fused kernels build it: ``hbm`` ->
@@ -35,6 +36,20 @@ drift apart silently.
   at most 31 slots where fbgemm rounds once per TBE; where cached tables of different widths share a TBE, fbgemm
   pads every slot to the widest (``max_D_cache``), which a per-shard charge does not see.
 
+**Data-parallel replicas** (TorchRec 1.8's ``data_parallel`` sharding): every rank holds the whole table in fbgemm's
+dense TBE (``DenseTableBatchedEmbeddingBagsCodegen``: ``weights``, in the model's dtype) and trains it outside the
+fused kernels, so two more things live beside the weights:
+
+* its gradient: TorchRec wraps the replicas' lookup in DDP with ``gradient_as_bucket_view=True``
+  (``ShardedEmbeddingBagCollection.init_data_parallel``), whose reducer keeps a bucket of the parameter's size and
+  dtype for good and hands out the gradient as a view of it: rows x cols x dtype;
+* the ``torch.optim`` state (``data_parallel_tables`` in ``modules/distributed.py``: TorchRec's ``RowWiseAdagrad``
+  one value per row, ``Adagrad`` one per element, ``Adam`` two), in the weights' dtype, which is float32 whenever
+  there is state (``export.check_executable`` refuses a stateful optimizer on fp16 / bf16 replicas); a scalar step
+  count per table is not charged.
+
+So a replica costs :func:`fbgemm_bytes` of the table in ``DEVICE`` memory plus its gradient (:func:`replica_bytes`).
+
 **Parameter-server store** (``modules/ps/store.py``, ``EmbeddingStore``), per table and server, for a capacity of C
 rows holding R of them:
 
@@ -50,7 +65,9 @@ resident as rows are inserted, always as the prefix [0, R). So a server's table 
 ``R x (16 + 4 x (dim + state_width)) + C x 1 + 8 x buckets(C)`` bytes of DDR: that is what is charged, with R the
 shard's rows and C what ``persia train`` gives each server (:func:`ps_capacity`). The store refuses a capacity of
 ``2**31 - 1`` or more (its slot numbers are int32), which caps the rows of one table on one server
-(:data:`PS_MAX_ROWS`).
+(:data:`PS_MAX_ROWS`). A server's resident memory grows by a few MiB more than its stores' arrays, which no layout
+charges: the last huge page (2 MiB) of each partly filled array of 32 MiB or more, and code and heap that its first
+large requests leave; that is a constant per table and server, inside ``ps_reserve_fraction``.
 """
 
 from __future__ import annotations
@@ -85,6 +102,7 @@ __all__ = [
     "ps_servers_needed",
     "ps_state_values",
     "ps_store_bytes",
+    "replica_bytes",
 ]
 
 # ---- fbgemm ------------------------------------------------------------------------------------------------------
@@ -136,6 +154,15 @@ def fbgemm_bytes(
             + slots * (cols * dtype.n_bytes + FBGEMM_CACHE_STATE_BYTES_PER_SLOT)
         )
     return hbm, ddr
+
+
+def replica_bytes(table: TableSpec, rows: Any, cols: int, dtype: DType) -> Any:
+    """HBM bytes of a data-parallel replica of ``rows`` x ``cols``: its weights and optimizer state as fbgemm's
+    ``DEVICE`` TBE holds them (:func:`fbgemm_bytes`) plus the gradient DDP's bucket keeps, rows x cols in the
+    weights' dtype (see the module docstring). ``rows`` may be a numpy array."""
+    rows = np.asarray(rows, dtype=float)
+    hbm, _ = fbgemm_bytes(table, rows, cols, dtype, managed=False)
+    return hbm + rows * (cols * dtype.n_bytes)
 
 
 # ---- the parameter-server store ----------------------------------------------------------------------------------

@@ -119,14 +119,17 @@ class Shard:
 
     def storage(self, table: TableSpec, dtype: DType) -> Storage:
         """HBM and DDR bytes this shard occupies as the runtime allocates them (see :func:`tier_bytes`)."""
-        return _storage(table, self.tier, self.n_rows(table), self.n_cols, dtype, self.cache_fraction or 0.0)
+        fraction = self.cache_fraction or 0.0
+        return _storage(table, self.tier, self.n_rows(table), self.n_cols, dtype, fraction, self.replica)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _storage(table: TableSpec, tier: Tier, rows: int, cols: int, dtype: DType, cache_fraction: float) -> Storage:
+def _storage(
+    table: TableSpec, tier: Tier, rows: int, cols: int, dtype: DType, cache_fraction: float, replica: bool
+) -> Storage:
     # Validation, scoring and the report each ask for every shard's storage, and the shards of a table (a replica on
     # every GPU, equal row blocks) mostly share one: numpy on scalars costs microseconds per call.
-    hbm, ddr = tier_bytes(table, tier, rows, cols, dtype, cache_fraction)
+    hbm, ddr = tier_bytes(table, tier, rows, cols, dtype, cache_fraction, replica=replica)
     return Storage(int(hbm), int(ddr))
 
 
@@ -142,16 +145,26 @@ def even_split(total: int, parts: int) -> list[int]:
 
 
 def tier_bytes(
-    table: TableSpec, tier: Tier, rows: Any, cols: int, dtype: DType, cache_fraction: float = 0.0
+    table: TableSpec,
+    tier: Tier,
+    rows: Any,
+    cols: int,
+    dtype: DType,
+    cache_fraction: float = 0.0,
+    *,
+    replica: bool = False,
 ) -> tuple[Any, Any]:
     """``(hbm, ddr)`` bytes of a shard of ``rows`` rows (an int or a numpy array of row counts) and ``cols`` columns
     on ``tier``, as the runtime that executes the tier allocates them.
 
     ``hbm``, ``ddr`` and ``hbm_cache`` run as fbgemm's TBE with its table in ``DEVICE``, ``MANAGED`` (UVM) and
     ``MANAGED_CACHING`` memory (TorchRec's ``fused``, ``fused_uvm`` and ``fused_uvm_caching`` kernels), see
-    :func:`.memory.fbgemm_bytes`; ``ps`` rows live in a parameter server's store, see :func:`.memory.ps_bytes`
+    :func:`.memory.fbgemm_bytes`; a data-parallel ``replica`` (``hbm``) also keeps its DDP gradient, see
+    :func:`.memory.replica_bytes`; ``ps`` rows live in a parameter server's store, see :func:`.memory.ps_bytes`
     (DDR of the server). The search, the lower bound, validation and the report all charge these.
     """
+    if replica:
+        return memory.replica_bytes(table, rows, cols, dtype), 0
     if tier is Tier.PS:
         return 0, memory.ps_bytes(rows, cols, table.optimizer)
     managed = tier is not Tier.HBM

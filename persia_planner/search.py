@@ -513,7 +513,7 @@ class _Run:
         if s is Sharding.DATA_PARALLEL:
             loads = self.cost.replica_loads(table).sum(axis=0)
             mem = np.zeros(lay.mem_size)
-            mem[lay.hbm] = table.bytes(self.dtype)
+            mem[lay.hbm] = float(tier_bytes(table, Tier.HBM, table.rows, table.dim, self.dtype, replica=True)[0])
             return _Choice(option, tuple(range(G)), loads, mem) if self.fits(mem)[0] else None
         # ps_hash: every server holds one bucket; shares follow the bucket row counts.
         shares = self._ps_rows(table) / table.rows

@@ -236,6 +236,16 @@ def test_a_full_store_allocates_what_is_charged(optimizer, dim):
     assert allocated == ps_store_bytes(capacity, capacity, dim, optimizer)
 
 
+@pytest.mark.parametrize("optimizer", [Optimizer.ROWWISE_ADAGRAD, Optimizer.ADAM])
+def test_a_partly_filled_store_accounts_for_what_is_charged(optimizer):
+    """The store's own account (what a server reports): the rows it holds of the per-slot arrays, the dirty mask
+    and the hash index whole: the planner's bytes for those rows at that capacity."""
+    capacity, rows, dim = 3_000, 1_234, 8
+    store = EmbeddingStore(dim, capacity, PS_OPTIMIZER[optimizer])
+    store.lookup(torch.arange(rows, dtype=torch.int64) * 31 + 7)
+    assert store.resident_bytes() == ps_store_bytes(rows, capacity, dim, optimizer)
+
+
 def test_the_store_takes_its_limits_from_the_planner():
     assert EmbeddingStore(4, 10, ps_optim.SGD())._index.n_buckets == 10 / PS_INDEX_LOAD_FACTOR
     with pytest.raises(ValueError, match="capacity must be at most 2,147,483,646"):

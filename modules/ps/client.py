@@ -505,6 +505,11 @@ class PsClient:
         futs = [self._call(i, _server._metrics, (), "metrics", None) for i in range(self.n_servers)]
         return self._all(futs, list).wait()
 
+    def memory(self) -> list[dict[str, Any]]:
+        """Each server's resident memory and its stores' bytes (``server.server_memory``), in server order."""
+        futs = [self._call(i, _server._memory, (), "memory", None) for i in range(self.n_servers)]
+        return self._all(futs, list).wait()
+
 
 def discover_servers() -> list[str]:
     """Names ``ps0 .. ps{n-1}`` of the servers in the current RPC group, in index order."""

@@ -6,11 +6,11 @@ every worker of the group (the trainers included) has reached its own shutdown. 
 workers still answer: one that died or hangs would keep that shutdown waiting forever, so the server gives up with
 :class:`PeerLostError` naming it instead.
 
-Clients (:mod:`.client`) call the module-level functions :func:`_create`, :func:`_lookup`, :func:`_update` and
-:func:`_metrics` with ``rpc_async``; RPC pickles them *by reference* (module + name), so they run here against this
-process's :data:`_STATE`. Tables are created on demand from a :class:`TableConfig` that clients send: creating a
-table twice with the same config is a no-op (every trainer may register every table), with a different config an
-error.
+Clients (:mod:`.client`) call the module-level functions :func:`_create`, :func:`_lookup`, :func:`_update`,
+:func:`_metrics` and :func:`_memory` with ``rpc_async``; RPC pickles them *by reference* (module + name), so they
+run here against this process's :data:`_STATE`. Tables are created on demand from a :class:`TableConfig` that clients
+send: creating a table twice with the same config is a no-op (every trainer may register every table), with a
+different config an error.
 
 Threading: the RPC agent runs requests on a pool of worker threads, and an :class:`EmbeddingStore` is not
 thread-safe (lookups insert and evict), so each table has its own lock; requests for different tables run in
@@ -72,6 +72,7 @@ __all__ = [
     "rpc_backend_options",
     "rpc_transports",
     "serve",
+    "server_memory",
     "server_name",
 ]
 
@@ -463,6 +464,12 @@ def _metrics() -> dict[str, Any]:
     return m
 
 
+@_server_errors
+def _memory() -> dict[str, Any]:
+    """This server's memory (see :func:`server_memory`)."""
+    return server_memory()
+
+
 def _log_metrics(m: dict[str, Any]) -> None:
     log.info(
         "%s: %d rows, %.1f MiB, %d evictions, %.0f lookups/s, %.0f updates/s",
@@ -518,6 +525,41 @@ def server_metrics() -> dict[str, Any]:
         **totals,
         "lookups_per_s": totals["lookups"] / uptime,
         "updates_per_s": totals["updates"] / uptime,
+        "tables": tables,
+    }
+
+
+def server_memory() -> dict[str, Any]:
+    """This process's resident memory and its stores' own account of theirs.
+
+    Freed heap is first handed back to the system (glibc's ``malloc_trim``; :func:`tune_allocator` keeps up to
+    256 MiB of it otherwise), so the resident set holds what the process still uses: its stores, plus a constant for
+    the interpreter, the libraries and the RPC agent. The difference of ``resident_bytes`` between two calls is then
+    what the stores grew by. Trimming costs the next requests their warm buffers: call it to measure, not while
+    serving.
+
+    Returns:
+        ``name``, ``pid``, ``resident_bytes`` (the process's resident set from ``/proc/self/statm``; 0 where that
+        file does not exist), ``store_bytes`` (the sum over tables) and ``tables``: each table's ``rows`` and
+        ``bytes`` (:meth:`EmbeddingStore.resident_bytes`).
+    """
+    import ctypes
+
+    state = _state()
+    tables: dict[str, dict[str, int]] = {}
+    for name, t in list(state.tables.items()):
+        with t.lock:
+            tables[name] = {"rows": len(t.store), "bytes": t.store.resident_bytes()}
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    resident = 0
+    with contextlib.suppress(OSError), open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return {
+        "name": state.name,
+        "pid": os.getpid(),
+        "resident_bytes": resident,
+        "store_bytes": sum(t["bytes"] for t in tables.values()),
         "tables": tables,
     }
 

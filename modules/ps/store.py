@@ -421,6 +421,19 @@ class EmbeddingStore:
             "index": self._index.buckets,
         }
 
+    def resident_bytes(self) -> int:
+        """Bytes of :meth:`arrays` that hold data: the per-slot arrays up to the rows held (occupied slots are
+        always the prefix ``[0, len)``), the dirty mask and the hash index whole (both written at creation).
+
+        Untouched capacity costs no resident memory (see ``_table_empty``), so this is the store's own account of
+        what a server's resident memory grows by (``persia_planner.modules.allocated`` sets the two side by side).
+        """
+        held = 0
+        for role, array in self.arrays().items():
+            nbytes = array.numel() * array.element_size()
+            held += nbytes if role in ("dirty", "index") else nbytes * self._n // self.capacity
+        return held
+
     def metrics(self) -> dict[str, int]:
         """Counters since construction: rows, capacity, lookups (ids, with repeats), misses (distinct per batch),
         inserts, not_admitted, evictions, updates (distinct rows updated)."""
