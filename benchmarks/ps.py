@@ -44,9 +44,9 @@ from rich.table import Table
 from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels
 from persia_planner.modules.ps import server as ps_server
 from persia_planner.modules.ps.client import PsClient, _unique
+from persia_planner.modules.ps.index import table_empty
 from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.modules.ps.server import TableConfig
-from persia_planner.modules.ps.store import _table_empty
 
 console = Console()
 DIM = 64
@@ -93,7 +93,7 @@ def bench_ceiling(rows: int, repeats: int) -> dict[str, float]:
     """The same batch through a preallocated tensor: index_select (lookups) and index_add_ (updates).
 
     Timed on two copies of one table, alternating call by call: torch's own allocation (4 KiB pages here, as THP is
-    ``madvise``) and transparent huge pages (``store._table_empty``, the store's own allocator). The ceiling is the
+    ``madvise``) and transparent huge pages (``index.table_empty``, the store's own allocator). The ceiling is the
     faster of the two: the store's arrays live on huge pages, and a ceiling paying a TLB miss per row would flatter
     every ratio (on this VM huge pages made the same ``index_select`` 1.16-1.45x faster).
 
@@ -102,7 +102,7 @@ def bench_ceiling(rows: int, repeats: int) -> dict[str, float]:
     ~1 ms), and page faults are not the memory bandwidth this ceiling stands for.
     """
     plain = torch.randn(rows, DIM)
-    huge = _table_empty(rows, DIM, dtype=torch.float32).copy_(plain)
+    huge = table_empty(rows, DIM, dtype=torch.float32).copy_(plain)
     idx = zipf_ids(BATCH, rows, ZIPF, seed=1) % rows
     grads = torch.randn(BATCH, DIM)
     out = torch.empty(BATCH, DIM)

@@ -38,8 +38,8 @@ from persia_planner.errors import ErrorKind, PlannerError
 from .breakdown import PS_PUSH, PS_WAIT
 from .local import int64_ids
 from .ps import optim as ps_optim
+from .ps.policies import Uniform
 from .ps.server import TableConfig
-from .ps.store import Uniform
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.futures import Future

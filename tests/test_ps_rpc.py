@@ -32,6 +32,7 @@ from persia_planner.modules.ps.client import (
 )
 from persia_planner.modules.ps.launch import TrainerError, barrier, local_cluster, trainers_store
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
+from persia_planner.modules.ps.policies import Uniform
 from persia_planner.modules.ps.server import (
     PeerLostError,
     PsServerError,
@@ -43,7 +44,7 @@ from persia_planner.modules.ps.server import (
     log_metrics_every,
 )
 from persia_planner.modules.ps.sharding import server_of
-from persia_planner.modules.ps.store import EmbeddingStore, Uniform
+from persia_planner.modules.ps.store import EmbeddingStore
 
 pytestmark = pytest.mark.timeout(90)  # far below the suite's 600 s: a hang fails here, not the whole run
 

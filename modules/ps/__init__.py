@@ -9,7 +9,8 @@ vectorised map from uint64 feature id to a row of weights plus optimizer state (
 """
 
 from .optim import SGD, Adagrad, Adam, RowOptimizer, RowWiseAdagrad
-from .store import EmbeddingStore, Eviction, Normal, Uniform
+from .policies import Eviction, Normal, Uniform
+from .store import EmbeddingStore
 
 __all__ = [
     "SGD",
