@@ -39,7 +39,7 @@ from .breakdown import PS_PUSH, PS_WAIT
 from .local import int64_ids
 from .ps import optim as ps_optim
 from .ps.policies import Uniform
-from .ps.server import TableConfig
+from .ps.protocol import TableConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.futures import Future

@@ -773,7 +773,7 @@ def train_torchrun(
     Returns the summary on the first trainer, None elsewhere.
     """
     from .ps import server as ps_server
-    from .ps.client import joined
+    from .ps.trainer import joined
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world <= servers:

@@ -431,17 +431,18 @@ def test_float16_lookup_is_the_float32_lookup_rounded_and_refuses_what_float16_c
 
 
 def test_per_id_initialisation_ignores_arrival_order_and_server():
-    from persia_planner.modules.ps.server import TableConfig
+    from persia_planner.modules.ps.protocol import TableConfig
+    from persia_planner.modules.ps.server import make_store
 
     config = TableConfig("user", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3)
-    a, b = config.make_store(0), config.make_store(1)
+    a, b = make_store(config, 0), make_store(config, 1)
     ids = torch.tensor([5, -7, 2**62 + 1, 40, 41])
     rows_a = a.lookup(ids)
     b.lookup(torch.tensor([41, 999]))  # another order, other ids first, another server index
     rows_b = b.lookup(ids.flip(0)).flip(0)
     torch.testing.assert_close(rows_a, rows_b, rtol=0, atol=0)
     assert rows_a.abs().max() <= 0.01 and rows_a.std() > 0.003  # the config's Uniform(-0.01, 0.01), not constant
-    other_table = TableConfig("item", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3).make_store(0)
+    other_table = make_store(TableConfig("item", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3), 0)
     assert not torch.equal(other_table.lookup(ids), rows_a)  # tables are salted by name
 
 
