@@ -43,8 +43,6 @@ __all__ = [
     "shutdown_error",
 ]
 
-log = logging.getLogger(__name__)
-
 DEFAULT_RPC_TIMEOUT_S = 60.0
 # How long a worker waits for another one of its group that stopped answering before it gives up (see leave_group).
 DEFAULT_PEER_TIMEOUT_S = 60.0

@@ -111,7 +111,7 @@ class PeerLostError(PlannerError):
     """Another worker of the group died or stopped answering while this one waited for the group's shutdown.
 
     The graceful shutdown needs every worker, so it could never complete: this worker stops waiting instead of
-    waiting forever (see :func:`leave_group`). Attributes: ``worker`` (this worker's RPC name) and ``peer`` (the
+    waiting forever (see :func:`.group.leave_group`). Attributes: ``worker`` (this worker's RPC name) and ``peer`` (the
     lost worker's).
     """
 

@@ -414,7 +414,7 @@ def serve(
 ) -> None:
     """Join the RPC group as server ``name`` (default ``ps{rank}``) and serve until every worker shuts down.
 
-    Waits in the graceful ``rpc.shutdown()`` (:func:`leave_group`), which returns once all workers of the group
+    Waits in the graceful ``rpc.shutdown()`` (:func:`.group.leave_group`), which returns once all workers of the group
     reached theirs, giving up on a worker that died or hangs after about ``peer_timeout_s``; then logs the final
     metrics.
 
