@@ -41,12 +41,12 @@ import torch.distributed.rpc as rpc
 from rich.console import Console
 from rich.table import Table
 
-from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels
+from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels, protocol
 from persia_planner.modules.ps import server as ps_server
-from persia_planner.modules.ps.client import PsClient, _unique
+from persia_planner.modules.ps.client import PsClient, distinct_ids
+from persia_planner.modules.ps.index import table_empty
 from persia_planner.modules.ps.launch import local_cluster
-from persia_planner.modules.ps.server import TableConfig
-from persia_planner.modules.ps.store import _table_empty
+from persia_planner.modules.ps.protocol import TableConfig
 
 console = Console()
 DIM = 64
@@ -93,7 +93,7 @@ def bench_ceiling(rows: int, repeats: int) -> dict[str, float]:
     """The same batch through a preallocated tensor: index_select (lookups) and index_add_ (updates).
 
     Timed on two copies of one table, alternating call by call: torch's own allocation (4 KiB pages here, as THP is
-    ``madvise``) and transparent huge pages (``store._table_empty``, the store's own allocator). The ceiling is the
+    ``madvise``) and transparent huge pages (``index.table_empty``, the store's own allocator). The ceiling is the
     faster of the two: the store's arrays live on huge pages, and a ceiling paying a TLB miss per row would flatter
     every ratio (on this VM huge pages made the same ``index_select`` 1.16-1.45x faster).
 
@@ -102,7 +102,7 @@ def bench_ceiling(rows: int, repeats: int) -> dict[str, float]:
     ~1 ms), and page faults are not the memory bandwidth this ceiling stands for.
     """
     plain = torch.randn(rows, DIM)
-    huge = _table_empty(rows, DIM, dtype=torch.float32).copy_(plain)
+    huge = table_empty(rows, DIM, dtype=torch.float32).copy_(plain)
     idx = zipf_ids(BATCH, rows, ZIPF, seed=1) % rows
     grads = torch.randn(BATCH, DIM)
     out = torch.empty(BATCH, DIM)
@@ -135,7 +135,7 @@ def fill(store: EmbeddingStore, ids: torch.Tensor) -> None:
 
 def _fill_table(table: str, ids: torch.Tensor) -> int:
     """Runs on the server: :func:`fill` its store of ``table``; returns the rows held."""
-    store = ps_server._state().table(table).store
+    store = ps_server.state().table(table).store
     fill(store, ids)
     return len(store)
 
@@ -183,7 +183,7 @@ def _same_answer(table: str, ids: torch.Tensor) -> torch.Tensor:
     that a request costs the RPC and the transfer of a real answer but no store work."""
     key = (table, ids.numel())
     if key not in _ANSWERS:
-        _ANSWERS[key] = ps_server._lookup(table, ids, False, True)
+        _ANSWERS[key] = ps_server.lookup(table, ids, False, True)
     return _ANSWERS[key]
 
 
@@ -196,12 +196,12 @@ def _breakdown(client: PsClient, ids: torch.Tensor, repeats: int) -> dict[str, f
     stores (``kernels.stream_gathers``, switched between windows).
     """
     server = client.servers[0]
-    uniq, inverse = _unique(ids)
+    uniq, inverse = distinct_ids(ids)
 
     def variant(dedup: bool, store: bool, expand: bool):
         def send() -> Any:
-            u, inv = _unique(ids) if dedup else (uniq, inverse)
-            fn, args = (ps_server._lookup, ("bench", u, True, True)) if store else (_same_answer, ("bench", u))
+            u, inv = distinct_ids(ids) if dedup else (uniq, inverse)
+            fn, args = (protocol.lookup, ("bench", u, True, True)) if store else (_same_answer, ("bench", u))
             fut = rpc.rpc_async(server, fn, args=args)
             return fut.then(lambda f: kernels.gather_rows(f.wait(), inv)) if expand else fut
 
@@ -291,7 +291,7 @@ def _rpc_trainer(index: int, client: Any, rows: int, repeats: int, breakdown: bo
 def bench_rpc(rows: int, repeats: int, breakdown: bool = False) -> dict[str, float]:
     """1 server + 1 client process over torch.distributed.rpc on localhost.
 
-    ``local_cluster`` starts both with ``server.allocator_env()`` and they call ``server.tune_allocator()`` (set
+    ``local_cluster`` starts both with ``allocator.allocator_env()`` and they call ``allocator.tune_allocator()`` (set
     ``PS_TUNE_MALLOC=0`` to measure glibc's defaults). The ceiling in this process needs neither: it writes into a
     preallocated output.
     """
@@ -302,7 +302,7 @@ _MEMORY_CHILD = """
 import os, sys, torch
 from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels
 from persia_planner.modules.ps.launch import local_cluster
-from persia_planner.modules.ps.server import TableConfig
+from persia_planner.modules.ps.protocol import TableConfig
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

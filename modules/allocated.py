@@ -180,7 +180,7 @@ def _fill(client: Any, spec: ModelSpec, tables: Mapping[str, TablePlacement], ra
 def _warm_up(client: Any, spec: ModelSpec) -> None:
     """Run what a fill runs once on a small table of its own, so that the baseline already holds what the first
     requests allocate for good (the compiled kernels, the RPC connections and threads)."""
-    from .ps.server import TableConfig
+    from .ps.protocol import TableConfig
 
     dim = max(t.dim for t in spec.tables)
     client.register(TableConfig(name="__memory_warm_up__", dim=dim, capacity=_WARM_ROWS))

@@ -270,7 +270,7 @@ def collectives(sizes: Sizes) -> dict[str, Any]:
 
 
 def _rpc_trainer(j: int, client: Any, sizes: Sizes) -> list[dict[str, float]]:
-    from persia_planner.modules.ps.server import TableConfig
+    from persia_planner.modules.ps.protocol import TableConfig
 
     dim = 16
     client.register(TableConfig("calibrate", dim, capacity=max(sizes.rpc_rows) * 2))

@@ -3,8 +3,8 @@
 ``persia train`` builds a :class:`TrainConfig` and runs :func:`check_before_start` before it imports the engine
 (:mod:`.train`: torch ~2 s, torchrec ~4.5 s), so a mistyped option, a missing data file or a checkpoint directory
 that cannot be one is answered in a fraction of a second, as ``persia plan`` answers. :mod:`.train` re-exports
-:class:`TrainConfig` and runs the same checks for callers of its Python API. The RPC group's environment
-(:func:`master_address`, :func:`rpc_transports`) is read here too, so ``persia ps`` refuses a bad one as fast.
+:class:`TrainConfig` and runs the same checks for callers of its Python API. The RPC group's environment is read by
+:mod:`.rpcenv`, torch-free as well.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import enum
 import math
 import os
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from persia_planner.errors import PlannerError, SpecError
 from persia_planner.specs import ModelSpec, Optimizer
 
+from .rpcenv import rpc_transports
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
-    "DEFAULT_RPC_TRANSPORTS",
     "FEATURE_NAMES",
-    "RPC_TRANSPORTS_ENV",
     "DenseOptimizer",
     "TrainConfig",
     "TrainMode",
@@ -37,8 +36,6 @@ __all__ = [
     "check_data_matches",
     "check_resume_exists",
     "dlrm_embedding_dim",
-    "master_address",
-    "rpc_transports",
     "sparse_optimizer_of",
 ]
 
@@ -255,67 +252,6 @@ def check_resume_exists(directory: str | os.PathLike[str]) -> Path:
             f"--resume: no trainer checkpoint at {path}", fixes=("train once with --checkpoint DIR first",)
         )
     return path
-
-
-def master_address(purpose: str) -> tuple[str, int]:
-    """``MASTER_ADDR`` and ``MASTER_PORT`` (the torchrun convention), the rendezvous of ``purpose``.
-
-    Raises:
-        PlannerError: If either variable is unset, or ``MASTER_PORT`` is not a port number in 1..65535 (one line,
-            naming the variable and ``purpose``).
-    """
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port:
-        raise PlannerError(
-            f"MASTER_ADDR and MASTER_PORT must be set for {purpose} (got MASTER_ADDR={addr!r}, MASTER_PORT={port!r})",
-            fixes=("export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>, or launch with torchrun",),
-        )
-    try:
-        number = int(port)
-    except ValueError:
-        number = 0
-    if not 1 <= number <= 65535:
-        raise PlannerError(
-            f"MASTER_PORT must be a port number in 1..65535 for {purpose} (got MASTER_PORT={port!r})",
-            fixes=("export MASTER_PORT=<free port>, e.g. 29500",),
-        )
-    return addr, number
-
-
-# TensorPipe transports the group uses unless PERSIA_RPC_TRANSPORTS names others (see rpc_transports).
-RPC_TRANSPORTS_ENV = "PERSIA_RPC_TRANSPORTS"
-DEFAULT_RPC_TRANSPORTS = ("uv",)
-_KNOWN_TRANSPORTS = ("uv", "shm", "ibv")
-
-
-def rpc_transports(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The TensorPipe transports of this process: ``PERSIA_RPC_TRANSPORTS`` (comma-separated, in order of
-    preference) or :data:`DEFAULT_RPC_TRANSPORTS`.
-
-    Why ``uv`` (TCP, epoll) and not TensorPipe's default ``shm`` first: the shm transport's reactor thread polls
-    without sleeping, so every PS and trainer process on a host keeps a core busy even when idle (measured here: 1.0
-    CPU-second per second); on a 2-core machine with a server and a trainer that is the whole machine. Tensors
-    between processes of one host still take TensorPipe's ``cma`` channel (one kernel copy) with uv. Measured with
-    one server and one client, 64k-id lookups on a 10M-row table: CPU per lookup 16 -> 9 core-ms, 4 lookups in flight
-    6.7 -> 5.6-6.0 ms each; ``persia train`` as fast either way. Hosts with spare cores may prefer
-    ``PERSIA_RPC_TRANSPORTS=shm,uv`` (a few tens of microseconds less latency per call). Every process of a group
-    must offer at least one transport of the others.
-
-    Raises:
-        PlannerError: The variable names a transport TensorPipe does not have (one line, naming the variable).
-    """
-    environ = os.environ if environ is None else environ
-    value = environ.get(RPC_TRANSPORTS_ENV, "").strip()
-    if not value:
-        return list(DEFAULT_RPC_TRANSPORTS)
-    names = [name.strip() for name in value.split(",") if name.strip()]
-    unknown = [name for name in names if name not in _KNOWN_TRANSPORTS]
-    if unknown or not names:
-        raise PlannerError(
-            f"{RPC_TRANSPORTS_ENV}={value!r}: unknown TensorPipe transport(s) {unknown or [value]}",
-            fixes=(f"use a comma-separated list of {', '.join(_KNOWN_TRANSPORTS)} (default: uv)",),
-        )
-    return names
 
 
 def dlrm_embedding_dim(spec: ModelSpec) -> int:

@@ -38,8 +38,8 @@ from persia_planner.errors import ErrorKind, PlannerError
 from .breakdown import PS_PUSH, PS_WAIT, Stopwatch
 from .local import int64_ids
 from .ps import optim as ps_optim
-from .ps.server import TableConfig
-from .ps.store import Uniform
+from .ps.policies import Uniform
+from .ps.protocol import TableConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.futures import Future

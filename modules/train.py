@@ -795,7 +795,8 @@ def train_torchrun(
     Returns the summary on the first trainer, None elsewhere.
     """
     from .ps import server as ps_server
-    from .ps.client import joined
+    from .ps.protocol import server_name
+    from .ps.trainer import joined
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world <= servers:
@@ -805,7 +806,7 @@ def train_torchrun(
     check_trainers(cfg.trainers, topology, torchrun_servers=servers)
     role, index = torchrun_role(servers)
     if role == "server":
-        ps_server.serve(rank, world, name=ps_server.server_name(index))
+        ps_server.serve(rank, world, name=server_name(index))
         return None
     _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
     job = _Job(cfg, spec, dict(tables), topology, servers, world - servers)

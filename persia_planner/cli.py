@@ -278,7 +278,7 @@ def ps_command(
     with _edge():
         if rank >= world_size:
             raise PlannerError(f"--rank {rank} must be below --world-size {world_size}")
-        from persia_planner.modules.config import master_address, rpc_transports
+        from persia_planner.modules.rpcenv import master_address, rpc_transports
 
         # The environment is checked before torch is imported (and before the network is touched): a mistake
         # is answered at once.

@@ -57,7 +57,7 @@ rows holding R of them:
   float16 wire rounds rows on the way out, the store keeps float32);
 * ``_records`` int64 [C, 2] (the id; last access int32 + access count int32): 16 B;
 * ``_dirty`` bool [C]: 1 B, zeroed (so written) when the store is created;
-* ``_HashIndex.buckets`` int64 [max(ceil(C / index_load_factor), C + 1)]: 16 B per row of capacity at the
+* ``HashIndex.buckets`` int64 [max(ceil(C / index_load_factor), C + 1)]: 16 B per row of capacity at the
   default load factor 0.5, all written (-1) when the store is created.
 
 The weights, state and records are allocated untouched (``torch.empty`` or an anonymous mapping) and become
@@ -173,7 +173,7 @@ PS_RECORD_BYTES = 16
 PS_DIRTY_BYTES = 1
 """Per row of capacity: the dirty mask ``_dirty``, bool [C], written whole (zeroed) at creation."""
 PS_BUCKET_BYTES = 8
-"""One bucket of the store's hash index (``_HashIndex.buckets``, int64)."""
+"""One bucket of the store's hash index (``HashIndex.buckets``, int64)."""
 PS_INDEX_LOAD_FACTOR = 0.5
 """Rows per bucket at full capacity: the store's default ``index_load_factor`` (buckets = capacity / 0.5)."""
 PS_MAX_CAPACITY = 2**31 - 2

@@ -16,8 +16,8 @@ from persia_planner.modules.ps.launch import free_port
 PERSIA = Path(sys.executable).with_name("persia")
 TRAINER = """
 import sys, torch
-from persia_planner.modules.ps.client import joined
-from persia_planner.modules.ps.server import TableConfig
+from persia_planner.modules.ps.trainer import joined
+from persia_planner.modules.ps.protocol import TableConfig
 from persia_planner.modules.ps.optim import SGD
 with joined("trainer1", 1, 2) as client:
     client.register(TableConfig("t", 4, 100, SGD(lr=1.0)))
@@ -36,8 +36,8 @@ with joined("trainer1", 1, 2) as client:
 # server has seen it as a working peer (it pings every 2 s with --peer-timeout 4; the group is formed by then).
 LOST_TRAINER = """
 import os, signal, sys, time, torch
-from persia_planner.modules.ps.client import connect
-from persia_planner.modules.ps.server import TableConfig
+from persia_planner.modules.ps.trainer import connect
+from persia_planner.modules.ps.protocol import TableConfig
 from persia_planner.modules.ps.optim import SGD
 client = connect("trainer1", 1, 2)
 client.register(TableConfig("t", 4, 100, SGD(lr=1.0)))
@@ -56,8 +56,8 @@ os.kill(os.getpid(), signal.SIGSTOP)  # hangs: alive, its RPC threads answer not
 LOSING_TRAINER = """
 import os, select, signal, sys, torch
 from persia_planner.errors import PlannerError
-from persia_planner.modules.ps.client import joined
-from persia_planner.modules.ps.server import TableConfig
+from persia_planner.modules.ps.trainer import joined
+from persia_planner.modules.ps.protocol import TableConfig
 from persia_planner.modules.ps.optim import SGD
 how, server, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 try:

@@ -20,8 +20,6 @@ from persia_planner.modules.config import (
     TrainMode,
     WireDtype,
     check_before_start,
-    master_address,
-    rpc_transports,
     sparse_optimizer_of,
 )
 
@@ -88,13 +86,6 @@ def test_training_applies_the_optimizer_the_model_names():
         sparse_optimizer_of(TrainConfig(), model("sgd", "adagrad"))
 
 
-def test_rpc_transports_default_to_uv_and_follow_the_variable():
-    assert rpc_transports({}) == ["uv"]
-    assert rpc_transports({"PERSIA_RPC_TRANSPORTS": " shm, uv "}) == ["shm", "uv"]
-    with pytest.raises(PlannerError, match="PERSIA_RPC_TRANSPORTS='ipc': unknown TensorPipe transport"):
-        rpc_transports({"PERSIA_RPC_TRANSPORTS": "ipc"})
-
-
 def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
     monkeypatch.delenv("PERSIA_RPC_TRANSPORTS", raising=False)
     day = tmp_path / "day_0"
@@ -131,18 +122,6 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
     check_before_start(TrainConfig(), criteo_model, with_ps=False)  # no PS tables: the transports do not matter
     with pytest.raises(PlannerError, match=r"unknown TensorPipe transport\(s\) \['foo'\]"):
         check_before_start(TrainConfig(), criteo_model, with_ps=True)
-
-
-@pytest.mark.parametrize("port", ["abc", "99999", "0", "-1"])
-def test_master_address_rejects_a_bad_port(monkeypatch, port):
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", port)
-    with pytest.raises(PlannerError, match=r"^MASTER_PORT must be a port number in 1\.\.65535 for the servers") as info:
-        master_address("the servers")
-    message = str(info.value)
-    assert f"MASTER_PORT={port!r}" in message and "export MASTER_PORT=<free port>" in message and "\n" not in message
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    assert master_address("the servers") == ("127.0.0.1", 29500)
 
 
 def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from persia_planner.modules.ps import kernels
-from persia_planner.modules.ps.store import _EMPTY, _hash, _HashIndex
+from persia_planner.modules.ps.index import HashIndex, hash_ids
+from persia_planner.modules.ps.kernels import EMPTY
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 EXTREMES = [-1, 0, 1, 2**63 - 1, -(2**63), 2**32]
@@ -53,7 +54,7 @@ def test_find_agrees_with_a_dict_after_inserts_and_removals(ids, removed, strang
     the ids held, at their slots and at a bucket that points to them."""
     capacity = len(ids)
     slot_ids = torch.tensor(ids, dtype=torch.int64)
-    index = _HashIndex(capacity, 0.9, slot_ids)  # a full table: long probes, wrap-around
+    index = HashIndex(capacity, 0.9, slot_ids)  # a full table: long probes, wrap-around
     index.insert(slot_ids, torch.arange(capacity))
     _, buckets = kernels.find(index.buckets, slot_ids, slot_ids)
     gone = torch.tensor(removed[:capacity])
@@ -65,7 +66,7 @@ def test_find_agrees_with_a_dict_after_inserts_and_removals(ids, removed, strang
     assert torch.equal(slots, expected)
     found = slots >= 0
     assert torch.equal(index.slots_at(where[found]), slots[found]) and (where[~found] == -1).all()
-    assert (index.buckets != _EMPTY).sum() == capacity  # removals left tombstones, not empty buckets
+    assert (index.buckets != EMPTY).sum() == capacity  # removals left tombstones, not empty buckets
 
 
 @pytest.mark.parametrize("home", [0, 3, 7])  # 7: the last bucket, so the probe wraps around to bucket 0
@@ -73,12 +74,12 @@ def test_find_confirms_fingerprint_matches_against_the_ids(home):
     """Two ids whose hashes agree in the fingerprint's 31 bits: the probe's match on the first is refuted by its id,
     the probe goes on to the held id (or finds none), and only the held id's record is touched."""
     n_buckets = 8
-    hashed = lambda k: int(_hash(torch.tensor([k])))  # noqa: E731
+    hashed = lambda k: int(hash_ids(torch.tensor([k])))  # noqa: E731
     key = next(k for k in range(10**6) if hashed(k) % n_buckets == home)
     absent = next(k for k in range(key + 1, 10**6) if hashed(k) % n_buckets == (home + 2) % n_buckets)
     records = torch.zeros(3, 2, dtype=torch.int64)
     records[:, 0] = torch.tensor([key, -5, -6])  # slot 0 holds key; slots 1 and 2 hold ids the decoys stand for
-    index = _HashIndex(3, 3 / n_buckets, records[:, 0])
+    index = HashIndex(3, 3 / n_buckets, records[:, 0])
     assert index.n_buckets == n_buckets
     fingerprint = lambda k: hashed(k) >> 32  # noqa: E731
     # The decoys: buckets whose fingerprints say key / absent but whose slots hold other ids.
@@ -143,7 +144,7 @@ def test_find_records_accesses_in_the_same_pass(ids, picks, with_counts, step):
     count.copy_(torch.randint(0, 2**31 - 1, (capacity,), generator=g, dtype=torch.int32))
     count[0] = 2**31 - 2  # one step from saturation
     before_last, before_count = last.clone(), count.clone()
-    index = _HashIndex(capacity, 0.9, records[:, 0])
+    index = HashIndex(capacity, 0.9, records[:, 0])
     index.insert(records[:, 0], torch.arange(capacity))
     wanted = sorted({p % (capacity + 3) for p in picks})  # distinct; ones past the ids are strangers
     queries = torch.tensor([ids[p] if p < capacity else -(p + 1) * 7919 for p in wanted], dtype=torch.int64)
@@ -225,7 +226,7 @@ def test_take_rows_half_falls_back_and_refuses_slots_out_of_range(monkeypatch):
     slots = torch.randint(0, 5000, (70_000,))
     slots[:2] = torch.tensor([7, 9])
     compiled = kernels.take_rows_half(table, slots)
-    monkeypatch.setattr(kernels, "_F16C", False)  # the torch path: take_rows, then .half() and one reduction
+    monkeypatch.setattr(kernels, "F16C", False)  # the torch path: take_rows, then .half() and one reduction
     plain = kernels.take_rows_half(table, slots)
     assert _half_bits_equal(compiled[0], plain[0]) and compiled[1] == plain[1] == 7e4
     assert _half_bits_equal(compiled[0], table.index_select(0, slots).half())
@@ -252,12 +253,12 @@ def test_gather_rows_widens_float16_rows(dim, rows, picks, values):
         table.view(-1)[spots] = torch.tensor(values, dtype=torch.float32).half()
     index = torch.tensor([p % rows for p in picks], dtype=torch.int64)
     expected = table.index_select(0, index).float()
-    for threshold, f16c in ((0, kernels._F16C), (kernels.STREAM_MIN_BYTES, kernels._F16C), (0, False)):
-        old = kernels.STREAM_MIN_BYTES, kernels._F16C
+    for threshold, f16c in ((0, kernels.F16C), (kernels.STREAM_MIN_BYTES, kernels.F16C), (0, False)):
+        old = kernels.STREAM_MIN_BYTES, kernels.F16C
         try:
-            kernels.STREAM_MIN_BYTES, kernels._F16C = threshold, f16c
+            kernels.STREAM_MIN_BYTES, kernels.F16C = threshold, f16c
             out = kernels.gather_rows(table, index)
         finally:
-            kernels.STREAM_MIN_BYTES, kernels._F16C = old
+            kernels.STREAM_MIN_BYTES, kernels.F16C = old
         assert out.dtype == torch.float32 and torch.equal(out.isnan(), expected.isnan())
         assert torch.equal(out.nan_to_num(), expected.nan_to_num())

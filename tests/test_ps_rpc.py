@@ -22,28 +22,27 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import server as server_module
+from persia_planner.modules.ps.allocator import allocator_env
 from persia_planner.modules.ps.checkpoint import apply_deltas, commit, load_rows, read_latest
-from persia_planner.modules.ps.client import (
-    PsClient,
-    PsUnavailableError,
-    WireOverflowError,
-    _DelayScheduler,
-    connect,
-)
+from persia_planner.modules.ps.client import PsClient
+from persia_planner.modules.ps.delay import DelayScheduler
+from persia_planner.modules.ps.group import shutdown_error
 from persia_planner.modules.ps.launch import TrainerError, barrier, local_cluster, trainers_store
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
-from persia_planner.modules.ps.server import (
+from persia_planner.modules.ps.policies import Uniform
+from persia_planner.modules.ps.protocol import (
     PeerLostError,
     PsServerError,
+    PsUnavailableError,
     RemoteFailure,
     TableConfig,
-    _shutdown_error,
-    allocator_env,
+    WireOverflowError,
     check_wire_dtype,
-    log_metrics_every,
 )
+from persia_planner.modules.ps.server import log_metrics_every
 from persia_planner.modules.ps.sharding import server_of
-from persia_planner.modules.ps.store import EmbeddingStore, Uniform
+from persia_planner.modules.ps.store import EmbeddingStore
+from persia_planner.modules.ps.trainer import connect
 
 pytestmark = pytest.mark.timeout(90)  # far below the suite's 600 s: a hang fails here, not the whole run
 
@@ -424,7 +423,7 @@ def test_delay_ms_delays_every_request_and_delays_overlap():
 
 
 def test_delay_scheduler_fires_in_due_order_without_blocking():
-    scheduler = _DelayScheduler()
+    scheduler = DelayScheduler()
     fired: list[tuple[str, float]] = []
     start = time.monotonic()
     for name, due_ms in (("c", 60), ("a", 20), ("b", 40), ("a2", 20)):
@@ -581,32 +580,32 @@ def test_wire_dtype_is_validated():
 
 def test_server_functions_cast_on_the_wire_in_process(monkeypatch):
     """The RPC functions called directly (no RPC group): casts, refusals and the float32 upcast of gradients."""
-    monkeypatch.setattr(server_module, "_STATE", None)  # a fresh server state, dropped after the test
+    server_module.reset_state()  # a fresh server state, as a restarted server has
     config = TableConfig("wire_unit", 8, 100, SGD(lr=1.0), Uniform(-1, 1), seed=9)
-    assert server_module._create(config) == 0
+    assert server_module.create(config) == 0
     ids = torch.tensor([3, 5, 9])
-    rows = server_module._lookup("wire_unit", ids, True, True)
+    rows = server_module.lookup("wire_unit", ids, True, True)
     assert rows.dtype == torch.float32
-    assert torch.equal(server_module._lookup("wire_unit", ids, True, True, torch.float16), rows.half())
-    assert torch.equal(server_module._lookup("wire_unit", ids, True, True, torch.float32), rows)
-    refused = server_module._lookup("wire_unit", ids, True, True, torch.int8)
+    assert torch.equal(server_module.lookup("wire_unit", ids, True, True, torch.float16), rows.half())
+    assert torch.equal(server_module.lookup("wire_unit", ids, True, True, torch.float32), rows)
+    refused = server_module.lookup("wire_unit", ids, True, True, torch.int8)
     assert isinstance(refused, RemoteFailure) and "torch.int8" in refused.message
     grads = torch.tensor([[1 / 3] * 8, [-2.0] * 8, [1e-3] * 8])
-    assert server_module._update("wire_unit", ids, grads.half(), True) == 3
-    after = server_module._lookup("wire_unit", ids, False, True)
+    assert server_module.update("wire_unit", ids, grads.half(), True) == 3
+    after = server_module.lookup("wire_unit", ids, False, True)
     assert torch.equal(after, rows - grads.half().float())  # SGD lr=1 on the upcast gradients, in float32
     # A weight beyond float16's range is refused for a float16 wire (it would arrive as inf), not for bfloat16.
-    assert server_module._update("wire_unit", ids[:1], torch.full((1, 8), -70000.0), True) == 1
-    refused = server_module._lookup("wire_unit", ids, False, True, torch.float16)
+    assert server_module.update("wire_unit", ids[:1], torch.full((1, 8), -70000.0), True) == 1
+    refused = server_module.lookup("wire_unit", ids, False, True, torch.float16)
     assert isinstance(refused, RemoteFailure) and "beyond float16's 65504" in refused.message
     assert "wire_unit" in refused.message and "\n" not in refused.message
-    assert torch.isfinite(server_module._lookup("wire_unit", ids, False, True, torch.bfloat16)).all()
+    assert torch.isfinite(server_module.lookup("wire_unit", ids, False, True, torch.bfloat16)).all()
     # ... until a weight passes bfloat16's range (~3.39e38, below float32's): then bfloat16 refuses too.
-    assert server_module._update("wire_unit", ids[1:2], torch.full((1, 8), -3.4e38), True) == 1
-    refused = server_module._lookup("wire_unit", ids, False, True, torch.bfloat16)
+    assert server_module.update("wire_unit", ids[1:2], torch.full((1, 8), -3.4e38), True) == 1
+    refused = server_module.lookup("wire_unit", ids, False, True, torch.bfloat16)
     assert isinstance(refused, RemoteFailure) and "beyond torch.bfloat16's range" in refused.message
     assert "\n" not in refused.message
-    assert torch.isfinite(server_module._lookup("wire_unit", ids[2:], False, True, torch.bfloat16)).all()
+    assert torch.isfinite(server_module.lookup("wire_unit", ids[2:], False, True, torch.bfloat16)).all()
 
 
 def test_trainers_store_needs_the_rendezvous_address(monkeypatch):
@@ -620,17 +619,17 @@ def test_trainers_store_needs_the_rendezvous_address(monkeypatch):
 def test_server_checkpoint_records_its_last_dump_for_replicas(monkeypatch, tmp_path):
     """A checkpoint saved by the servers records the last dump before it, so a replica starting from it applies only
     later deltas: an older delta's removals and upserts must not undo what the checkpoint holds."""
-    monkeypatch.setattr(server_module, "_STATE", None)
+    server_module.reset_state()
     config = TableConfig("seq", 4, 2, SGD(lr=1.0), Uniform(-1, 1), eviction_chunk=0.0)
-    server_module._create(config)
+    server_module.create(config)
     deltas, base = tmp_path / "deltas", tmp_path / "ckpt"
-    server_module._dump(str(deltas), 0)  # starts the eviction log
-    server_module._lookup("seq", torch.tensor([1, 2]), True, True)
-    server_module._dump(str(deltas), 1)
-    server_module._lookup("seq", torch.tensor([3]), True, True)  # evicts 1: delta 2 removes it
-    server_module._dump(str(deltas), 2)
-    server_module._lookup("seq", torch.tensor([1]), True, True)  # evicts 2, 1 is back
-    assert server_module._save(str(base), 1, 1) == 2
+    server_module.dump(str(deltas), 0)  # starts the eviction log
+    server_module.lookup("seq", torch.tensor([1, 2]), True, True)
+    server_module.dump(str(deltas), 1)
+    server_module.lookup("seq", torch.tensor([3]), True, True)  # evicts 1: delta 2 removes it
+    server_module.dump(str(deltas), 2)
+    server_module.lookup("seq", torch.tensor([1]), True, True)  # evicts 2, 1 is back
+    assert server_module.save(str(base), 1, 1) == 2
     commit(base, 1, n_servers=1)
     info = read_latest(base)
     assert info["delta_sequence"] == 2
@@ -638,61 +637,61 @@ def test_server_checkpoint_records_its_last_dump_for_replicas(monkeypatch, tmp_p
     folded = apply_deltas(rows, deltas, after=info["delta_sequence"])["seq"]
     assert folded["ids"].tolist() == [1, 3]  # what the server holds; applying delta 2 would drop 1 and keep 2
     # A server restarted from that checkpoint continues from the same point.
-    monkeypatch.setattr(server_module, "_STATE", None)
-    server_module._create(config)
-    assert server_module._load(str(base), 1) == 2
-    assert server_module._state().last_dump_sequence == 2
+    server_module.reset_state()
+    server_module.create(config)
+    assert server_module.load(str(base), 1) == 2
+    assert server_module.state().last_dump_sequence == 2
 
 
 def test_a_restored_server_supersedes_the_rolled_back_runs_deltas(monkeypatch, tmp_path):
     """Deltas a run dumped after the checkpoint it is later rolled back to must not reach replicas: the restored
     server's first dump removes its files numbered after the checkpoint's delta_sequence."""
-    monkeypatch.setattr(server_module, "_STATE", None)
+    server_module.reset_state()
     config = TableConfig("roll", 4, 100, SGD(lr=1.0), Uniform(-1, 1), seed=5)
-    server_module._create(config)
+    server_module.create(config)
     deltas, base = tmp_path / "deltas", tmp_path / "ckpt"
-    server_module._lookup("roll", torch.tensor([1]), True, True)
-    server_module._dump(str(deltas), 0)
-    server_module._save(str(base), 1, 1)
+    server_module.lookup("roll", torch.tensor([1]), True, True)
+    server_module.dump(str(deltas), 0)
+    server_module.save(str(base), 1, 1)
     commit(base, 1, n_servers=1)  # delta_sequence 0
     for sequence, new_id in ((1, 2), (2, 3), (3, 4)):  # the run that will be rolled back
-        server_module._lookup("roll", torch.tensor([new_id]), True, True)
-        server_module._dump(str(deltas), sequence)
-    monkeypatch.setattr(server_module, "_STATE", None)  # a crash; the job restarts from the checkpoint
-    server_module._create(config)
-    server_module._load(str(base), 1)
-    server_module._lookup("roll", torch.tensor([7]), True, True)
-    refused = server_module._dump(str(deltas), 0)  # at or below the checkpoint's: a replica would skip it
+        server_module.lookup("roll", torch.tensor([new_id]), True, True)
+        server_module.dump(str(deltas), sequence)
+    server_module.reset_state()  # a crash; the job restarts from the checkpoint
+    server_module.create(config)
+    server_module.load(str(base), 1)
+    server_module.lookup("roll", torch.tensor([7]), True, True)
+    refused = server_module.dump(str(deltas), 0)  # at or below the checkpoint's: a replica would skip it
     assert isinstance(refused, RemoteFailure) and "dump sequence 0 must be above 0" in refused.message
-    server_module._dump(str(deltas), 1)  # numbering goes on from the checkpoint's delta_sequence
+    server_module.dump(str(deltas), 1)  # numbering goes on from the checkpoint's delta_sequence
     assert sorted(p.name for p in deltas.iterdir()) == ["delta-00000000.server0.pt", "delta-00000001.server0.pt"]
     rows, _ = load_rows(base, server=0, n_servers=1)
     replica = apply_deltas(rows, deltas, after=read_latest(base)["delta_sequence"])["roll"]
-    held = server_module._state().table("roll").store.state_dict()["ids"]
+    held = server_module.state().table("roll").store.state_dict()["ids"]
     assert sorted(replica["ids"].tolist()) == sorted(held.tolist()) == [1, 7]
 
 
 def test_server_load_refusing_a_table_loads_none(monkeypatch, tmp_path):
     """A table the checkpoint cannot fill (more rows than its new capacity) makes the whole load fail with one line
     naming it, and no table is replaced: the server is not left half old, half new."""
-    monkeypatch.setattr(server_module, "_STATE", None)
+    server_module.reset_state()
     big, small = TableConfig("a_big", 4, 100, SGD(lr=1.0), seed=1), TableConfig("b_small", 4, 100, SGD(lr=1.0), seed=2)
-    server_module._create(big)
-    server_module._create(small)
-    server_module._lookup("a_big", torch.arange(10), True, True)
-    server_module._lookup("b_small", torch.arange(50), True, True)
-    assert server_module._save(str(tmp_path), 1, 1) == 60
+    server_module.create(big)
+    server_module.create(small)
+    server_module.lookup("a_big", torch.arange(10), True, True)
+    server_module.lookup("b_small", torch.arange(50), True, True)
+    assert server_module.save(str(tmp_path), 1, 1) == 60
     commit(tmp_path, 1, n_servers=1)
     # Restarted with b_small's capacity too low for its 50 saved rows; a_big already holds other rows.
-    monkeypatch.setattr(server_module, "_STATE", None)
-    server_module._create(big)
-    server_module._create(TableConfig("b_small", 4, 20, SGD(lr=1.0), seed=2))
-    before = server_module._lookup("a_big", torch.arange(100, 105), True, True)
-    refused = server_module._load(str(tmp_path), 1)
+    server_module.reset_state()
+    server_module.create(big)
+    server_module.create(TableConfig("b_small", 4, 20, SGD(lr=1.0), seed=2))
+    before = server_module.lookup("a_big", torch.arange(100, 105), True, True)
+    refused = server_module.load(str(tmp_path), 1)
     assert isinstance(refused, RemoteFailure) and "\n" not in refused.message
     assert "cannot load table 'b_small'" in refused.message and "nothing was loaded" in refused.message
-    table = server_module._state().table("a_big").store
-    assert len(table) == 5 and torch.equal(server_module._lookup("a_big", torch.arange(100, 105), False, True), before)
+    table = server_module.state().table("a_big").store
+    assert len(table) == 5 and torch.equal(server_module.lookup("a_big", torch.arange(100, 105), False, True), before)
 
 
 @pytest.mark.parametrize(
@@ -713,7 +712,7 @@ def test_server_load_refusing_a_table_loads_none(monkeypatch, tmp_path):
 )
 def test_a_failed_shutdown_names_the_worker_it_failed_on(name, peers, message, lost):
     err = RuntimeError(message)
-    error = _shutdown_error(name, peers, err, is_server=name.startswith("ps"))
+    error = shutdown_error(name, peers, err, is_server=name.startswith("ps"))
     if lost is None:
         assert error is err  # nothing to name: torch's own error goes on
         return
@@ -724,4 +723,4 @@ def test_a_failed_shutdown_names_the_worker_it_failed_on(name, peers, message, l
         "group's shutdown; "
     ), str(error)
     assert "\n" not in str(error) and f"fix: look at {lost}'s log" in str(error)
-    assert _shutdown_error(name, peers, KeyboardInterrupt(), is_server=False).__class__ is KeyboardInterrupt
+    assert shutdown_error(name, peers, KeyboardInterrupt(), is_server=False).__class__ is KeyboardInterrupt

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from persia_planner.modules.ps import store as store_module
+from persia_planner.modules.ps import index as index_module
+from persia_planner.modules.ps import policies
 from persia_planner.modules.ps.optim import SGD, Adagrad, Adam, RowWiseAdagrad
-from persia_planner.modules.ps.store import EmbeddingStore, Eviction, Normal, Uniform
+from persia_planner.modules.ps.policies import Eviction, Normal, Uniform
+from persia_planner.modules.ps.store import EmbeddingStore
 
 DIM = 8
 EXTREME_IDS = torch.tensor([0, -1, 2**63 - 1, -(2**63), 1, 2**32])  # uint64 0, 2**64-1, 2**63-1, 2**63, ...
@@ -87,9 +89,9 @@ def test_lru_keeps_most_recent():
 def test_lru_under_churn_is_recency_closed_and_index_stays_exact(monkeypatch):
     """Many batches with evictions (tombstones and index rebuilds): held ids are always the most recent ones."""
     rebuilds = []
-    original = store_module._HashIndex.rebuild
+    original = index_module.HashIndex.rebuild
     monkeypatch.setattr(
-        store_module._HashIndex, "rebuild", lambda self, live: rebuilds.append(live) or original(self, live)
+        index_module.HashIndex, "rebuild", lambda self, live: rebuilds.append(live) or original(self, live)
     )
     capacity, universe = 64, _random_ids(400, seed=1)
     store = EmbeddingStore(DIM, capacity, SGD(), eviction="lru")
@@ -257,13 +259,13 @@ def test_per_id_uniforms_stay_inside_the_open_interval():
     """The top bin of id_uniforms' 24 bits, (2**24 - 0.5) / 2**24, rounds to 1.0 in float32: it must stay below 1,
     and Uniform's rows below ``high`` (id 29468417 with seed 0, column 0 falls in that bin; found by search)."""
     edge = torch.tensor([29468417, 3, 4])
-    u = store_module.id_uniforms(edge, 1, seed=0)
+    u = policies.id_uniforms(edge, 1, seed=0)
     assert u[0, 0] == 1.0 - 2.0**-24  # the largest float32 below 1, not 1.0
     assert bool((u > 0).all() and (u < 1).all())
     rows = Uniform(-0.01, 0.01).rows_for(edge, 1, seed=0)
     high32 = torch.tensor(0.01, dtype=torch.float32)
     assert bool((rows < high32).all()) and rows[0, 0] > 0.0099  # just below high (it was high itself)
-    assert torch.equal(rows[1:], store_module.id_uniforms(edge[1:], 1, seed=0) * 0.02 - 0.01)  # others unchanged
+    assert torch.equal(rows[1:], policies.id_uniforms(edge[1:], 1, seed=0) * 0.02 - 0.01)  # others unchanged
     assert torch.equal(Uniform(0.5, 0.5).rows_for(edge, 2, seed=0), torch.full((3, 2), 0.5))  # an empty interval
 
 
@@ -429,17 +431,18 @@ def test_float16_lookup_is_the_float32_lookup_rounded_and_refuses_what_float16_c
 
 
 def test_per_id_initialisation_ignores_arrival_order_and_server():
-    from persia_planner.modules.ps.server import TableConfig
+    from persia_planner.modules.ps.protocol import TableConfig
+    from persia_planner.modules.ps.server import make_store
 
     config = TableConfig("user", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3)
-    a, b = config.make_store(0), config.make_store(1)
+    a, b = make_store(config, 0), make_store(config, 1)
     ids = torch.tensor([5, -7, 2**62 + 1, 40, 41])
     rows_a = a.lookup(ids)
     b.lookup(torch.tensor([41, 999]))  # another order, other ids first, another server index
     rows_b = b.lookup(ids.flip(0)).flip(0)
     torch.testing.assert_close(rows_a, rows_b, rtol=0, atol=0)
     assert rows_a.abs().max() <= 0.01 and rows_a.std() > 0.003  # the config's Uniform(-0.01, 0.01), not constant
-    other_table = TableConfig("item", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3).make_store(0)
+    other_table = make_store(TableConfig("item", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3), 0)
     assert not torch.equal(other_table.lookup(ids), rows_a)  # tables are salted by name
 
 
@@ -484,9 +487,9 @@ def test_huge_page_arrays_and_streaming_gathers_change_nothing(monkeypatch):
 
     def run(huge: bool) -> tuple[list[torch.Tensor], dict]:
         mapped = []
-        real_mmap = store_module.mmap.mmap
-        monkeypatch.setattr(store_module.mmap, "mmap", lambda *a, **k: mapped.append(a) or real_mmap(*a, **k))
-        monkeypatch.setattr(store_module, "_HUGE_PAGES_MIN_BYTES", 0 if huge else 1 << 62)
+        real_mmap = index_module.mmap.mmap
+        monkeypatch.setattr(index_module.mmap, "mmap", lambda *a, **k: mapped.append(a) or real_mmap(*a, **k))
+        monkeypatch.setattr(index_module, "HUGE_PAGES_MIN_BYTES", 0 if huge else 1 << 62)
         monkeypatch.setattr(kernels, "STREAM_MIN_BYTES", 0)
         monkeypatch.setattr(kernels, "stream_gathers", huge)
         store = EmbeddingStore(16, 200, RowWiseAdagrad(lr=0.1), eviction="lru", seed=4, eviction_chunk=0.05)

@@ -20,74 +20,47 @@ between requests, so a lookup issued while a push of the same rows is in flight 
 staleness, as in Persia); call :meth:`PsClient.flush` or wait on the push's future first when it must.
 
 Errors: every request carries an RPC timeout. A server that did not answer in time or whose connection broke
-(process killed, host down) surfaces as :class:`PsUnavailableError` with one line naming the server, the operation
-and the table. Errors the server reports (unknown table, conflicting config; returned as a ``RemoteFailure`` value,
-see :mod:`.server`) are raised as :class:`~.server.PsServerError`.
+(process killed, host down) surfaces as :class:`~.protocol.PsUnavailableError` with one line naming the server, the
+operation and the table. Errors the server reports (unknown table, conflicting config; returned as a
+``RemoteFailure`` value, see :mod:`.protocol`) are raised as :class:`~.protocol.PsServerError`.
+
+Requests are :mod:`.protocol`'s functions: the client knows the servers only by name and protocol. A process joins
+the group and gets a client with :func:`.trainer.connect` or :func:`.trainer.joined`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import heapq
-import itertools
 import logging
 import math
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed.rpc as rpc
 from torch.futures import Future
 
-from persia_planner.errors import ErrorKind, PlannerError
+from persia_planner.errors import PlannerError
 
-from . import kernels
-from . import server as _server
+from . import kernels, protocol
 from .checkpoint import commit, prune, read_latest
-from .server import PsServerError, RemoteFailure, TableConfig, check_wire_dtype
+from .delay import DelayScheduler
+from .protocol import (
+    PsServerError,
+    PsUnavailableError,
+    RemoteFailure,
+    TableConfig,
+    WireOverflowError,
+    check_wire_dtype,
+    server_index,
+)
 from .sharding import server_of
 
-__all__ = ["PsClient", "PsUnavailableError", "WireOverflowError", "connect", "joined"]
+__all__ = ["PsClient", "distinct_ids"]
 
 log = logging.getLogger(__name__)
-
-_SERVER_NAME = re.compile(r"ps(\d+)")
-
-
-class PsUnavailableError(PlannerError):
-    """A parameter server did not answer within the timeout, or its connection broke.
-
-    Attributes:
-        server: RPC name of the server.
-        operation: ``lookup``, ``push``, ``register`` or ``metrics``.
-        table: The table of the request, if any.
-    """
-
-    def __init__(self, server: str, operation: str, table: str | None, timeout_s: float, cause: str) -> None:
-        self.server, self.operation, self.table = server, operation, table
-        what = f"a {operation} of table {table!r}" if table is not None else f"a {operation} request"
-        # The agent's first line is the useful part ("eof", "Connection refused"); drop its source location.
-        detail = (cause.strip().splitlines() or ["no details"])[0].split(" (this error originated")[0]
-        if "timeout" in cause.lower() or "ran for more than" in cause.lower():
-            problem = f"did not answer {what} within {timeout_s:g} s"
-        else:
-            problem = f"did not answer {what}: connection lost ({detail})"
-        super().__init__(
-            f"parameter server {server} {problem} (is it running? check MASTER_ADDR/MASTER_PORT and its log)",
-            kind=ErrorKind.UNAVAILABLE,
-        )
-
-
-class WireOverflowError(PlannerError, ValueError):
-    """A finite summed gradient does not fit the client's narrower wire dtype; nothing was sent.
-
-    A ``PlannerError`` (the CLI prints it as one line and exits 2: diverging gradients are the run's condition, not a
-    bug of ours) and a ``ValueError`` (a bad value was passed in).
-    """
 
 
 class PsClient:
@@ -132,13 +105,13 @@ class PsClient:
         self.servers = list(servers)
         self.timeout_s = float(timeout_s)
         self.delay_ms = float(delay_ms)
-        self._delayed = _DelayScheduler() if self.delay_ms > 0 else None
+        self._delayed = DelayScheduler() if self.delay_ms > 0 else None
         for i, name in enumerate(self.servers):
             try:
                 rank = rpc.get_worker_info(name).id
             except RuntimeError as err:
                 raise PsUnavailableError(name, "connect", None, self.timeout_s, f"not in the RPC group: {err}") from err
-            index = _server.server_index(name, rank)
+            index = server_index(name, rank)
             if index != i:
                 # A server shards its checkpoints by its index (ps{i}, else its rank) and the client routes ids by
                 # list position: a mismatch would load and save other servers' rows.
@@ -252,7 +225,7 @@ class PsClient:
             PsServerError: A server holds the table with a different config.
             PsUnavailableError: A server did not answer.
         """
-        futs = [self._call(i, _server._create, (config,), "register", config.name) for i in range(self.n_servers)]
+        futs = [self._call(i, protocol.create, (config,), "register", config.name) for i in range(self.n_servers)]
         self._all(futs, lambda _: None).wait()
         self._configs[config.name] = config
 
@@ -277,7 +250,7 @@ class PsClient:
             flat = flat.view(torch.int64)  # the uint64 bit pattern, as the store and server_of expect
         if flat.numel() == 0:
             return [], lambda _: torch.zeros(*shape, dim)
-        uniq, inverse = _unique(flat)
+        uniq, inverse = distinct_ids(flat)
         order, pieces = self._split(table, uniq)
         multi = len(pieces) > 1
         sorted_ids = uniq[order] if multi else uniq
@@ -288,7 +261,7 @@ class PsClient:
         # distinct=True: the ids are unique, so the server skips its own de-duplication and gather.
         futs = [
             self._call(
-                i, _server._lookup, (table, sorted_ids[a:b].clone() if multi else sorted_ids, train, True, *wire), *op
+                i, protocol.lookup, (table, sorted_ids[a:b].clone() if multi else sorted_ids, train, True, *wire), *op
             )
             for i, a, b in pieces
         ]
@@ -354,7 +327,7 @@ class PsClient:
             done: Future = Future()
             done.set_result(0)
             return done
-        uniq, inverse = _unique(flat)
+        uniq, inverse = distinct_ids(flat)
         order, pieces = self._split(table, uniq)
         # Sum duplicates here: the servers get one gradient row per distinct id (less traffic, same result).
         summed = torch.zeros(uniq.numel(), dim).index_add_(0, inverse, grads.reshape(-1, dim).to(torch.float32))
@@ -363,13 +336,13 @@ class PsClient:
         # distinct=True: the ids are unique, so the server skips its own de-duplication and summation.
         if len(pieces) == 1:  # one owner: the whole (fresh) tensors travel, no reordering or copies
             ((i, _, _),) = pieces
-            futs = [self._call(i, _server._update, (table, uniq, summed, True), "push", table)]
+            futs = [self._call(i, protocol.update, (table, uniq, summed, True), "push", table)]
         else:
             sorted_ids, sorted_grads = uniq[order], summed[order]
             futs = [
                 self._call(
                     i,
-                    _server._update,
+                    protocol.update,
                     (table, sorted_ids[a:b].clone(), sorted_grads[a:b].clone(), True),
                     "push",
                     table,
@@ -464,7 +437,7 @@ class PsClient:
         latest = read_latest(directory)
         version = (latest["version"] if latest else 0) + 1
         futs = [
-            self._call(i, _server._save, (str(directory), self.n_servers, version), "save", None)
+            self._call(i, protocol.save, (str(directory), self.n_servers, version), "save", None)
             for i in range(self.n_servers)
         ]
         self._all(futs, sum).wait()
@@ -488,7 +461,7 @@ class PsClient:
             PsServerError: ``sequence`` is not above a server's last dump.
         """
         self.flush()
-        futs = [self._call(i, _server._dump, (str(directory), sequence), "dump", None) for i in range(self.n_servers)]
+        futs = [self._call(i, protocol.dump, (str(directory), sequence), "dump", None) for i in range(self.n_servers)]
         return self._all(futs, sum).wait()
 
     def load(self, directory: str | os.PathLike) -> int:
@@ -496,178 +469,28 @@ class PsClient:
         differ from the number that saved it). Register every table first. Returns the rows loaded."""
         self.flush()
         futs = [
-            self._call(i, _server._load, (str(directory), self.n_servers), "load", None) for i in range(self.n_servers)
+            self._call(i, protocol.load, (str(directory), self.n_servers), "load", None) for i in range(self.n_servers)
         ]
         return self._all(futs, sum).wait()
 
     def metrics(self) -> list[dict[str, Any]]:
-        """Each server's metrics (``server.server_metrics``), in server order."""
-        futs = [self._call(i, _server._metrics, (), "metrics", None) for i in range(self.n_servers)]
+        """Each server's metrics (:func:`.server.server_metrics`), in server order."""
+        futs = [self._call(i, protocol.metrics, (), "metrics", None) for i in range(self.n_servers)]
         return self._all(futs, list).wait()
 
     def memory(self) -> list[dict[str, Any]]:
         """Each server's resident memory and its stores' bytes (``server.server_memory``), in server order."""
-        futs = [self._call(i, _server._memory, (), "memory", None) for i in range(self.n_servers)]
+        futs = [self._call(i, protocol.memory, (), "memory", None) for i in range(self.n_servers)]
         return self._all(futs, list).wait()
 
 
-def discover_servers() -> list[str]:
-    """Names ``ps0 .. ps{n-1}`` of the servers in the current RPC group, in index order."""
-    agent = rpc.api._get_current_rpc_agent()
-    found = {}
-    for info in agent.get_worker_infos():
-        m = _SERVER_NAME.fullmatch(info.name)
-        if m:
-            found[int(m.group(1))] = info.name
-    if sorted(found) != list(range(len(found))):
-        raise PlannerError(f"parameter servers must be named ps0..ps{{n-1}}, found {sorted(found.values())}")
-    return [found[i] for i in range(len(found))]
-
-
-def connect(
-    name: str,
-    rank: int,
-    world_size: int,
-    *,
-    servers: Sequence[str] | None = None,
-    timeout_s: float = 10.0,
-    rpc_timeout_s: float = _server.DEFAULT_RPC_TIMEOUT_S,
-    delay_ms: float = 0.0,
-    wire_dtype: torch.dtype = torch.float32,
-) -> PsClient:
-    """Join the RPC group as trainer ``name`` (``MASTER_ADDR``/``MASTER_PORT`` from the env) and return a client.
-
-    Args:
-        name: This trainer's RPC name (e.g. ``trainer0``).
-        rank: Its rank; trainers conventionally follow the servers.
-        world_size: Servers plus trainers.
-        servers: Server names in index order; default: every ``ps{i}`` worker of the group.
-        timeout_s: Per-request timeout of the client.
-        rpc_timeout_s: Default RPC timeout of this process (rendezvous, shutdown barrier).
-        delay_ms: Latency injected before every request (see :class:`PsClient`).
-        wire_dtype: The dtype rows and gradients travel in (see :class:`PsClient`).
-
-    The caller leaves the group once done: :func:`.server.leave_group` (a graceful ``rpc.shutdown()`` that gives up
-    on a worker that died or hangs) or ``rpc.shutdown()``. :func:`joined` does it all.
-
-    Raises:
-        ValueError: ``wire_dtype`` is not torch.float32, torch.float16 or torch.bfloat16 (checked before joining
-            the group, whose other members would otherwise wait for this one at shutdown).
-        PlannerError: The group did not come together within ``rpc_timeout_s`` (see
-            :func:`.server.join_rpc_group`).
-    """
-    check_wire_dtype(wire_dtype)
-    _server.tune_allocator()
-    _server.join_rpc_group(name, rank, world_size, rpc_timeout_s)
-    return PsClient(
-        list(servers) if servers is not None else discover_servers(),
-        timeout_s=timeout_s,
-        delay_ms=delay_ms,
-        wire_dtype=wire_dtype,
-    )
-
-
-@contextlib.contextmanager
-def joined(
-    name: str,
-    rank: int,
-    world_size: int,
-    *,
-    peer_timeout_s: float | None = _server.DEFAULT_PEER_TIMEOUT_S,
-    **options: Any,
-) -> Iterator[PsClient]:
-    """:func:`connect`, and leave the group when the block ends, never waiting forever for a lost worker.
-
-    On a normal exit the client flushes its pushes and waits for the rest of the group in the graceful shutdown
-    (:func:`.server.leave_group`); a server that died or hangs meanwhile is given up on after about
-    ``peer_timeout_s`` with one line naming it, instead of keeping this trainer waiting forever. If the block (or the
-    flush) raises, the trainer leaves at once (``rpc.shutdown(graceful=False)``) and the error goes on as it came:
-    a graceful shutdown would wait for the very server that failed it, or for other trainers that wait for this one
-    in a collective. The servers then give up on this trainer after their own peer timeout (``persia ps``), or the
-    launcher (torchrun) ends the job::
-
-        with joined(f"trainer{i}", rank, world_size) as client:
-            client.register(config)
-            ...
-
-    Args:
-        name, rank, world_size: As for :func:`connect`.
-        peer_timeout_s: See :func:`.server.leave_group`; None or 0: wait for every worker forever.
-        **options: :func:`connect`'s keyword arguments (``timeout_s``, ``wire_dtype``...).
-
-    Raises:
-        PeerLostError: A worker of the group stopped answering while this one waited for the shutdown.
-    """
-    client = connect(name, rank, world_size, **options)
-    try:
-        yield client
-        client.flush()
-    except BaseException:
-        client.close()
-        rpc.shutdown(graceful=False)
-        raise
-    client.close()
-    _server.leave_group(peer_timeout_s=peer_timeout_s)
-
-
-def _unique(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def distinct_ids(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The distinct ids of a flat int64 batch (in order of first occurrence) and ``inverse``, ``uniq[inverse] ==
     flat``.
 
-    On CPU one compiled hash-set pass (:func:`.kernels.dedup`): 64k ids in ~0.35 ms, against 1.2-2 ms for the
-    sort-based ``unique`` of numpy or torch, and the servers accept distinct ids in any order.
+    On CPU one compiled hash-set pass (:func:`.kernels.dedup`), several times faster than the sort-based ``unique``
+    of numpy or torch; the servers accept distinct ids in any order. What every lookup and push sends.
     """
     if flat.device.type != "cpu":
         return torch.unique(flat, return_inverse=True)
     return kernels.dedup(flat)
-
-
-class _DelayScheduler:
-    """One daemon thread that runs callbacks at their due times (``time.monotonic()``), earliest first.
-
-    A heap of ``(due, sequence, callback)`` under a condition variable; :meth:`at` never blocks on the callbacks, and
-    a callback must not block either (it only issues an ``rpc_async``). Callbacks due at the same time run in the
-    order they were scheduled.
-    """
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="ps-client-delay", daemon=True)
-        self._thread.start()
-
-    def at(self, due: float, callback: Callable[[], None]) -> None:
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the client's delay scheduler is closed")
-            heapq.heappush(self._heap, (due, next(self._seq), callback))
-            if self._heap[0][2] is callback:
-                self._cond.notify()  # a new earliest deadline: wake the thread to re-arm its wait
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._heap:
-                        wait = self._heap[0][0] - time.monotonic()
-                        if wait <= 0:
-                            _, _, callback = heapq.heappop(self._heap)
-                            break
-                    elif self._closed:
-                        return  # closed and drained
-                    else:
-                        wait = None
-                    self._cond.wait(wait)
-            try:
-                callback()  # outside the lock: at() never waits for an rpc_async
-            except Exception:  # a callback completes its own future; never let one kill the scheduler
-                log.exception("delayed parameter-server request failed to send")

@@ -7,7 +7,7 @@ tensor ops can only express as several full passes (hash, gather, compare, then 
   on this 2-core VM: 0.34 ms, against 1.2-2.0 ms for an argsort-based ``unique`` (numpy's, already the faster one)
   and 1.5 ms for ``torch.unique``.
 * :func:`find`, on the server, of every request: the store's open-addressing probe (the same hash, bucket layout and
-  linear probing as :class:`.store.EmbeddingStore`'s index, so inserts made with tensor ops stay findable). Buckets
+  linear probing as :class:`.index.HashIndex`, so inserts made with tensor ops stay findable). Buckets
   carry a fingerprint of their id, so the probe reads one random cache line per id, prefetched ahead; each match is
   confirmed against the slot's id a few ids later (that record prefetched meanwhile), and a training lookup's LRU/LFU
   bookkeeping is written into the record's line then.
@@ -37,16 +37,26 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["dedup", "find", "gather_rows", "take_rows", "take_rows_half"]
+__all__ = [
+    "EMPTY",
+    "F16C",
+    "SLOT_BITS",
+    "STREAM_MIN_BYTES",
+    "dedup",
+    "find",
+    "gather_rows",
+    "take_rows",
+    "take_rows_half",
+]
 
-_EMPTY = -1  # must match store._EMPTY: a bucket that ends a probe sequence
+EMPTY = -1  # a bucket never used since the last rebuild: ends a probe sequence (the index fills with it)
 _INT32_MAX = 2**31 - 1
 _MASK63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _splitmix63(key: np.int64) -> np.int64:
-    # splitmix64's finaliser on the uint64 bit pattern, top bit cleared: store._hash, element by element.
+    # splitmix64's finaliser on the uint64 bit pattern, top bit cleared: index.hash_ids, element by element.
     x = np.uint64(key)
     x = x ^ (x >> np.uint64(30))
     x = x * np.uint64(0xBF58476D1CE4E5B9)
@@ -80,7 +90,7 @@ def _prefetch(typingctx, array, at):  # pragma: no cover - compiled
 
 _AHEAD = 8  # rows between a prefetch and its use in the gathers
 _PROBE_AHEAD = 32  # ids between a home bucket's prefetch and its probe (one stage: no dependent read to wait for)
-_SLOT_BITS = np.int64(0xFFFFFFFF)
+SLOT_BITS = np.int64(0xFFFFFFFF)  # a held bucket's low 32 bits: its slot (the probe defines the word)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -90,10 +100,10 @@ def _probe_exact(buckets, slot_ids, key, fingerprint, p):  # pragma: no cover - 
     n_buckets = buckets.shape[0]
     while True:
         b = buckets[p]
-        if b == _EMPTY:
+        if b == EMPTY:
             return -1, -1
-        if b >= 0 and (b >> 32) == fingerprint and slot_ids[b & _SLOT_BITS] == key:
-            return b & _SLOT_BITS, p
+        if b >= 0 and (b >> 32) == fingerprint and slot_ids[b & SLOT_BITS] == key:
+            return b & SLOT_BITS, p
         p += 1
         if p == n_buckets:
             p = 0
@@ -126,12 +136,12 @@ def _find(buckets, slot_ids, ids, slots, where, last, count, step, counts, touch
             p = where[i]
             while True:
                 b = buckets[p]
-                if b == _EMPTY:
+                if b == EMPTY:
                     slots[i] = -1
                     where[i] = -1
                     break
                 if b >= 0 and (b >> 32) == fingerprint:  # a tombstone (-2) never matches and the probe goes on
-                    slots[i] = b & _SLOT_BITS
+                    slots[i] = b & SLOT_BITS
                     where[i] = p
                     break
                 p += 1
@@ -367,7 +377,7 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     n_rows, dim = src.shape
     n = index.numel()
     half = src.dtype == torch.float16
-    streamable = src.dtype == torch.float32 or (half and _F16C)
+    streamable = src.dtype == torch.float32 or (half and F16C)
     if not stream_gathers or not streamable or dim % 8 or n * dim * 4 < STREAM_MIN_BYTES:
         out = src.index_select(0, index)
         return out.float() if half else out
@@ -433,8 +443,9 @@ def _has_f16c() -> bool:
     return {"+f16c", "+avx"} <= flags
 
 
-# Without F16C, LLVM would lower the vector conversion to a library call that numba's JIT need not resolve.
-_F16C = _has_f16c()
+# Without F16C, LLVM would lower the vector conversion to a library call that numba's JIT need not resolve. A
+# switch read at each call, like STREAM_MIN_BYTES: tests turn it off to run the path of a CPU without F16C.
+F16C = _has_f16c()
 
 
 def take_rows_half(src: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -459,7 +470,7 @@ def take_rows_half(src: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor
     """
     dim = src.shape[1]
     full = take_rows(src, slots)
-    if dim % 8 or not _F16C or src.dtype != torch.float32:
+    if dim % 8 or not F16C or src.dtype != torch.float32:
         peak = full.abs().nan_to_num(nan=0.0, posinf=math.inf).amax() if full.numel() else torch.tensor(0.0)
         return full.half(), float(peak)
     out = torch.empty(full.shape[0], dim, dtype=torch.float16)

@@ -1,6 +1,6 @@
 """Run a small parameter-server cluster on localhost: ``n_servers`` servers and ``n_clients`` trainer processes.
 
-Rank layout (what :func:`.server.serve` and :func:`.client.connect` assume): servers ``0 .. n_servers-1`` named
+Rank layout (what :func:`.server.serve` and :func:`.trainer.connect` assume): servers ``0 .. n_servers-1`` named
 ``ps{i}``, trainers ``n_servers + j`` named ``trainer{j}``. Every process is forked from a ``forkserver`` that has
 imported the modules once (:func:`_context`; no fork of a parent that may hold threads or an RPC agent), takes the
 launching process's environment, and rendezvous at ``127.0.0.1`` in a TCPStore that the launching process hosts
@@ -41,9 +41,12 @@ import torch.multiprocessing as mp
 
 from persia_planner.errors import PlannerError
 
-from . import server as _server
-from .client import PsClient, connect
-from .server import check_wire_dtype
+from ..rpcenv import master_address
+from .allocator import allocator_env
+from .client import PsClient
+from .protocol import check_wire_dtype, server_name
+from .server import serve
+from .trainer import connect
 
 __all__ = [
     "TrainerError",
@@ -145,7 +148,7 @@ def trainers_store(timeout_s: float = 300.0) -> dist.Store:
     Raises:
         PlannerError: ``MASTER_ADDR`` or ``MASTER_PORT`` is not set.
     """
-    addr, port = _server.master_address("the trainers' group")
+    addr, port = master_address("the trainers' group")
     agent = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
     run = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     return dist.PrefixStore(f"persia-trainers-{run}", agent)
@@ -165,7 +168,7 @@ def _server_main(
     use_hosted_store(port)
     # No peer watch: this launcher supervises its children itself (run_timeout_s, failure_grace_s) and names the
     # trainer that failed; a server giving up first would make the others report the server instead.
-    _server.serve(rank, world_size, rpc_timeout_s=rpc_timeout_s, peer_timeout_s=None)
+    serve(rank, world_size, rpc_timeout_s=rpc_timeout_s, peer_timeout_s=None)
 
 
 def _trainer_main(
@@ -192,7 +195,7 @@ def _trainer_main(
             f"trainer{j}",
             n_servers + j,
             world_size,
-            servers=[_server.server_name(i) for i in range(n_servers)],
+            servers=[server_name(i) for i in range(n_servers)],
             timeout_s=timeout_s,
             rpc_timeout_s=rpc_timeout_s,
             delay_ms=delay_ms,
@@ -251,7 +254,7 @@ def _restart_forkserver_unless(tunables: str | None) -> None:
     """Stop the fork server if it was started with other glibc tunables than ``tunables``; the next start forks a
     fresh one with them.
 
-    Why: glibc reads its tunables (:func:`.server.allocator_env`) only when a process image starts, and every child
+    Why: glibc reads its tunables (:func:`.allocator.allocator_env`) only when a process image starts, and every child
     is a fork of the fork server, so without this a launch with ``PS_TUNE_MALLOC=0`` after a default one (or the
     other way round) would silently run with the first launch's allocator. Uses the standard library's own
     ``ForkServer._stop`` (what its tests use); where that is missing the fork server is left as it is.
@@ -310,7 +313,7 @@ def local_cluster(
     check_wire_dtype(wire_dtype)
     ctx = _context(fn)
     world_size = n_servers + n_clients
-    tuning = _server.allocator_env()
+    tuning = allocator_env()
     environ = dict(os.environ) | tuning
     _restart_forkserver_unless(environ.get("GLIBC_TUNABLES"))
     with hosted_store(max(timeout_s, run_timeout_s)) as port:
@@ -320,7 +323,7 @@ def local_cluster(
             ctx.Process(
                 target=_server_main,
                 args=(i, world_size, port, rpc_timeout_s, log_level, environ),
-                name=_server.server_name(i),
+                name=server_name(i),
                 daemon=True,
             )
             for i in range(n_servers)
@@ -347,7 +350,7 @@ def local_cluster(
         ]
         procs = servers + trainers
         # The children inherit the environment at start: give them the allocator setting that keeps request buffers
-        # warm (see server.allocator_env), without changing this process's environment for longer than the start.
+        # warm (see allocator.allocator_env), without changing this process's environment for longer than the start.
         # Only GLIBC_TUNABLES changes, and only while the processes start.
         before = os.environ.get("GLIBC_TUNABLES")
         started: list[Any] = []

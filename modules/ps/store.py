@@ -1,7 +1,7 @@
 """Storage engine of one embedding parameter server table: a capacity-bounded map from uint64 id to a row.
 
 Decision: own id -> slot index, not TorchRec MCH and not fbgemm's hash ops. Evaluated on torch 2.13 CPU,
-torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0, 2 cores:
+torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0:
 
 * ``torchrec.modules.mc_modules.MCHManagedCollisionModule`` (LRU/LFU): a sorted id array (``searchsorted``) plus a
   slot map and int64 metadata, 24 B/slot. Every eviction round re-sorts the whole table (argsort of 10M int64:
@@ -15,18 +15,10 @@ torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0, 2 cores:
   conflict); ``pruned_hashmap_*`` are inference-only int32 maps without eviction.
 
 The own design: rows live in preallocated tensors and the occupied slots are always the prefix ``[0, len)`` (evicting
-moves the rows above the new end into the holes below it, so no free list is needed). Ids are found through a
-vectorised open-addressing hash table of int64 words, a slot number and a 31-bit fingerprint of the id (linear
-probing, splitmix64 hash, about ``2 * capacity`` buckets = 16 B/row): a batch is resolved in one compiled pass that
-probes the buckets alone and, a few ids behind, confirms each match against the slot's id and records a training
-lookup's accesses (:func:`.kernels.find`); inserts claim buckets in rounds of tensor ops with ``scatter_reduce(amax)``
-(deterministic winner), evictions leave tombstones that a vectorised rebuild clears. Exact 64-bit ids, no collisions.
-Per row: a 16-byte record (id 8 + last access 4 + count 4: confirming the id and recording the access touch one cache
-line) + index 16 + dirty flag 1 B on top of the weights and the optimizer state: dim 64 + row-wise Adagrad = 293 B vs
-260 B raw; measured RSS at 10M rows 316 B/row = 1.22x (298-307 B/row = 1.15-1.18x with the int32 buckets used until
-2026-11-24, which made every probe wait for the slot's id); dim 16 at 100M rows: 104 B/row, 9.7 GiB. A 64k-id Zipf
-batch (25.8k distinct) on the 10M-row table, 2 cores, in process: lookup 3.6-4.6 ms (0.9-1.0 ms for the distinct ids
-the client sends), update 9-12 ms (3.2 ms distinct).
+moves the rows above the new end into the holes below it, so no free list is needed); ids are found through an exact
+open-addressing hash index (:class:`.index.HashIndex`, no collisions). Per row: a 16-byte record (id 8 + last access
+4 + count 4: confirming the id and recording the access touch one cache line) + index 16 + dirty flag 1 B on top of
+the weights and the optimizer state: dim 64 + row-wise Adagrad = 293 B against 260 B raw.
 
 The planner restates this layout (``persia_planner.memory``: ``ps_store_bytes``, the index load factor, the capacity
 limit, the capacity ``persia train`` gives each server) to charge each server what its stores take; the store takes
@@ -35,8 +27,9 @@ and a filled store's resident memory against it.
 
 LRU/LFU victims are chosen exactly (``kthvalue`` over the occupied slots), which reads every row: on a full table
 the store therefore evicts a chunk of ``eviction_chunk * capacity`` rows (default 1/64) at once, so that pass runs
-once per chunk of inserts, not in every batch (10M rows, 8k new ids a batch: 256 -> 22 ms per batch). Ids looked
-up in the same batch are never evicted.
+once per chunk of inserts, not in every batch. Ids looked up in the same batch are never evicted. How a new row
+starts and which rows go are the table's policies (:mod:`.policies`); how a row learns is its optimizer
+(:mod:`.optim`).
 
 Incremental dumps (for serving replicas, see :mod:`.checkpoint`) use a dirty mask: one bool per slot (1 B/row,
 allocated zeroed), set when a row is inserted or its weights are updated and cleared by
@@ -45,11 +38,7 @@ allocated zeroed), set when a row is inserted or its weights are updated and cle
 
 from __future__ import annotations
 
-import contextlib
 import math
-import mmap
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import torch
@@ -57,130 +46,16 @@ import torch
 from persia_planner.memory import PS_INDEX_LOAD_FACTOR, PS_MAX_CAPACITY
 
 from . import kernels
+from .index import HashIndex, as_ids, table_empty
 from .optim import RowOptimizer
+from .policies import Eviction, Normal, Uniform
 
-__all__ = ["EmbeddingStore", "Eviction", "Normal", "Uniform"]
+__all__ = ["EmbeddingStore"]
 
-_EMPTY = -1  # a bucket never used since the last rebuild: ends a probe sequence
-_TOMBSTONE = -2  # a bucket whose row was evicted: probes continue past it, inserts may reuse it
-_SLOT_BITS = int(kernels._SLOT_BITS)  # a held bucket's low 32 bits: its slot (the probe defines the word)
 _INT32_MAX = 2**31 - 1
 # The smallest magnitude that float16 rounds to inf (the midpoint between 65504 and 2**16, rounded to even).
 _FLOAT16_OVERFLOW = 65520.0
-
-
-def _signed(c: int) -> int:
-    """A uint64 constant as the int64 with the same bits (torch has no uint64 arithmetic)."""
-    return c - (1 << 64) if c >= 1 << 63 else c
-
-
-_MIX1 = _signed(0xBF58476D1CE4E5B9)
-_MIX2 = _signed(0x94D049BB133111EB)
-
-
-def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
-    # torch's >> on int64 is arithmetic; mask the sign-extended bits to get the logical shift of the uint64 pattern.
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def _hash(ids: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finaliser on the uint64 bit pattern (int64 multiplication wraps modulo 2**64)."""
-    x = ids ^ _shr(ids, 30)
-    x = x * _MIX1
-    x = x ^ _shr(x, 27)
-    x = x * _MIX2
-    return (x ^ _shr(x, 31)) & (2**63 - 1)
-
-
-def _as_ids(ids: torch.Tensor) -> torch.Tensor:
-    """Flatten to int64 holding the uint64 bit pattern (a torch.uint64 tensor is reinterpreted, not converted)."""
-    if ids.dtype == torch.uint64:
-        ids = ids.view(torch.int64)
-    elif ids.dtype != torch.int64:
-        raise TypeError(f"ids must be int64 (uint64 bit pattern) or uint64, got {ids.dtype}")
-    return ids.reshape(-1)
-
-
-class Eviction(StrEnum):
-    """Which row a full table gives up for a new id."""
-
-    LRU = "lru"  # least recently looked up (granularity: one training lookup batch)
-    LFU = "lfu"  # least frequently looked up; ties broken by least recent
-
-
-_MIX1, _MIX2, _GOLD = -4658895280553007687, -7723592293110705685, -7046029254386353131  # splitmix64 constants
-_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
-
-
-def _srl(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def id_uniforms(ids: torch.Tensor, dim: int, seed: int, stream: int = 0) -> torch.Tensor:
-    """``[n, dim]`` float32 uniforms in (0, 1) that depend only on ``(seed, id, column, stream)``.
-
-    splitmix64 over int64 with wrapping arithmetic, vectorised. A new row's initial value is therefore a function of
-    its id, not of the order in which ids reached the server or of which server holds it, so runs with several
-    trainers, re-sharded servers and resumed jobs initialise every row alike.
-    """
-    cols = torch.arange(dim, dtype=torch.int64) * 2 + stream
-    salt = (seed * _MIX1) & 0xFFFFFFFFFFFFFFFF
-    salt -= (salt >> 63) << 64  # as a signed int64
-    x = ids.to(torch.int64).unsqueeze(1) * _MIX2 + cols.unsqueeze(0) * _GOLD + salt
-    for shift, mul in ((30, _MIX1), (27, _MIX2)):
-        x = (x ^ _srl(x, shift)) * mul
-    x = x ^ _srl(x, 31)
-    # The top 24 bits, centred in their bins: (k + 0.5) / 2**24. For the top bin that is 1 - 2**-25, which float32
-    # rounds to 1.0, outside (0, 1): it is held at the largest float32 below 1 (one value in 2**24 moves by 2**-25).
-    return ((_srl(x, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))).clamp_(max=_BELOW_ONE)
-
-
-@dataclass(frozen=True)
-class Uniform:
-    """Initialise new rows uniformly in ``[low, high)``."""
-
-    low: float = -0.01
-    high: float = 0.01
-
-    def __post_init__(self) -> None:
-        if not self.low <= self.high:
-            raise ValueError(f"Uniform needs low <= high, got [{self.low}, {self.high}]")
-
-    def sample(self, n: int, dim: int, generator: torch.Generator) -> torch.Tensor:
-        """``[n, dim]`` float32 rows drawn from ``generator``."""
-        return torch.empty(n, dim, dtype=torch.float32).uniform_(self.low, self.high, generator=generator)
-
-    def rows_for(self, ids: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
-        """``[len(ids), dim]`` rows in ``[low, high)`` that depend only on ``(seed, id)`` (see :func:`id_uniforms`)."""
-        rows = id_uniforms(ids, dim, seed) * (self.high - self.low) + self.low
-        if self.low < self.high:
-            # u < 1, but u * (high - low) + low can still round up to high in float32.
-            below_high = torch.nextafter(torch.tensor(self.high, dtype=torch.float32), torch.tensor(-math.inf))
-            rows.clamp_(max=float(below_high))
-        return rows
-
-
-@dataclass(frozen=True)
-class Normal:
-    """Initialise new rows from ``N(mean, std^2)``."""
-
-    std: float = 0.01
-    mean: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.std >= 0.0:
-            raise ValueError(f"Normal needs std >= 0, got {self.std}")
-
-    def sample(self, n: int, dim: int, generator: torch.Generator) -> torch.Tensor:
-        """``[n, dim]`` float32 rows drawn from ``generator``."""
-        return torch.empty(n, dim, dtype=torch.float32).normal_(self.mean, self.std, generator=generator)
-
-    def rows_for(self, ids: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
-        """``[len(ids), dim]`` rows that depend only on ``(seed, id)`` (Box-Muller over :func:`id_uniforms`)."""
-        u1, u2 = id_uniforms(ids, dim, seed, 0), id_uniforms(ids, dim, seed, 1)
-        z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * torch.pi) * u2)
-        return z * self.std + self.mean
+_DEFAULT_INIT = Uniform(-0.01, 0.01)  # a frozen dataclass: safe to share as a default
 
 
 def _lowest(score: torch.Tensor, k: int) -> torch.Tensor:
@@ -194,100 +69,6 @@ def _lowest(score: torch.Tensor, k: int) -> torch.Tensor:
     below = (score < threshold).nonzero().squeeze(1)
     at = (score == threshold).nonzero().squeeze(1)[: k - below.numel()]
     return torch.cat([below, at])
-
-
-_HUGE_PAGES_MIN_BYTES = 32 << 20
-
-
-def _table_empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.empty(*shape, dtype=dtype)`` for the store's per-row arrays and index, on transparent huge pages.
-
-    Why: a lookup touches these arrays at random (a bucket, the slot's record and its row per id); with
-    4 KiB pages nearly every such access also misses the TLB. The memory is an anonymous private mapping advised
-    ``MADV_HUGEPAGE`` (honoured where ``/sys/kernel/mm/transparent_hugepage/enabled`` says ``madvise`` or ``always``;
-    elsewhere the advice is ignored and these are ordinary pages): like ``torch.empty``, untouched capacity stays
-    unbacked, now in steps of 2 MiB. 25.8k distinct ids in a full 10M-row table, cold caches, on this VM: the
-    prefetching probe 1.4 -> 1.2 ms with huge pages, a plain one 2.4 -> 1.7 ms. Arrays under 32 MiB keep torch's
-    allocator.
-    """
-    numel = math.prod(shape)
-    nbytes = numel * dtype.itemsize
-    if nbytes < _HUGE_PAGES_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(*shape, dtype=dtype)
-    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(OSError):  # a kernel without transparent huge pages: ordinary pages
-        memory.madvise(mmap.MADV_HUGEPAGE)
-    # frombuffer keeps the mapping alive as long as the tensor (or a view of it) lives.
-    return torch.frombuffer(memory, dtype=dtype, count=numel).view(*shape)
-
-
-class _HashIndex:
-    """Open-addressing (linear probing) table from id to slot, every operation vectorised over a batch.
-
-    A bucket is one int64 word: ``fingerprint << 32 | slot`` for a held id (the fingerprint is the top 31 bits of the
-    id's 63-bit hash, so the word is >= 0), ``_EMPTY`` (-1) or ``_TOMBSTONE`` (-2). The id itself is read from the
-    store's slot ids only to confirm a fingerprint match, a few ids after the probe (see :func:`.kernels.find`), so
-    the probe reads one random cache line per id and never waits for a second that depends on it; a bucket costs
-    8 B. Invariant: ``live + tombstones < buckets`` (there is always an empty bucket), so every probe sequence
-    terminates; :meth:`needs_rebuild` keeps the filled fraction <= ``max_fill``.
-    """
-
-    def __init__(self, capacity: int, load_factor: float, slot_ids: torch.Tensor) -> None:
-        self.n_buckets = max(math.ceil(capacity / load_factor), capacity + 1)
-        self.buckets = _table_empty(self.n_buckets, dtype=torch.int64).fill_(_EMPTY)
-        self.slot_ids = slot_ids
-        self.tombstones = 0
-        self.max_fill = (1.0 + load_factor) / 2  # rebuild once tombstones take half the slack
-
-    def find(
-        self, ids: torch.Tensor, *, touch: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slot and bucket of each id, ``-1`` for both where absent. ``ids`` may repeat (not with ``touch``).
-
-        One compiled pass (:func:`.kernels.find`, which also takes ``touch``): the probe is per-id branching that
-        tensor ops need several passes and rounds for (3.6x slower).
-        """
-        return kernels.find(self.buckets, self.slot_ids, ids, touch=touch)
-
-    def insert(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
-        """Insert distinct ids known to be absent, pointing at ``slots``."""
-        hashed = _hash(ids)
-        pos = hashed % self.n_buckets
-        words = (hashed >> 32 << 32) | slots.to(torch.int64)  # the hash is >= 0: the shift is logical
-        while words.numel():
-            b = self.buckets.index_select(0, pos)
-            free = b < 0
-            cand_pos, cand_word = pos[free], words[free]
-            # Several ids may claim the same bucket: the largest word wins, deterministically; the rest probe on.
-            self.buckets.scatter_reduce_(0, cand_pos, cand_word, reduce="amax", include_self=False)
-            won = torch.zeros_like(free)
-            won[free] = self.buckets[cand_pos] == cand_word
-            self.tombstones -= int((b[won] == _TOMBSTONE).sum())
-            lose = ~won
-            pos, words = pos[lose] + 1, words[lose]
-            pos[pos == self.n_buckets] = 0
-
-    def slots_at(self, buckets: torch.Tensor) -> torch.Tensor:
-        """The slots that occupied ``buckets`` point to (int64)."""
-        return self.buckets.index_select(0, buckets) & _SLOT_BITS
-
-    def repoint(self, buckets: torch.Tensor, slots: torch.Tensor) -> None:
-        """Point the occupied ``buckets`` at new ``slots`` (their ids' rows moved), keeping the fingerprints."""
-        self.buckets[buckets] = (self.buckets.index_select(0, buckets) & ~_SLOT_BITS) | slots.to(torch.int64)
-
-    def remove_buckets(self, buckets: torch.Tensor) -> None:
-        """Tombstone the given occupied buckets."""
-        self.buckets[buckets] = _TOMBSTONE
-        self.tombstones += buckets.numel()
-
-    def needs_rebuild(self, live: int) -> bool:
-        return live + self.tombstones > self.max_fill * self.n_buckets
-
-    def rebuild(self, live: int) -> None:
-        """Drop all tombstones by re-inserting the ``live`` occupied slots ``[0, live)``."""
-        self.buckets.fill_(_EMPTY)
-        self.tombstones = 0
-        self.insert(self.slot_ids[:live], torch.arange(live))
 
 
 class EmbeddingStore:
@@ -339,7 +120,7 @@ class EmbeddingStore:
         capacity: int,
         optimizer: RowOptimizer,
         *,
-        init: Uniform | Normal = Uniform(-0.01, 0.01),  # a frozen dataclass: safe as a default
+        init: Uniform | Normal = _DEFAULT_INIT,
         eviction: Eviction | str = Eviction.LRU,
         admission_probability: float = 1.0,
         clip: float | None = None,
@@ -376,16 +157,16 @@ class EmbeddingStore:
         # (saturating at int32 max). A lookup's probe reads the id and records the access in the same cache line,
         # instead of three lines of three arrays (measured in process, 25.8k ids of a full 10M-row table: probe +
         # bookkeeping + gather 3.2-3.5 -> 1.9-2.1 ms, with that day's compiled gather). Views give the three columns.
-        self._records = _table_empty(capacity, 2, dtype=torch.int64)
+        self._records = table_empty(capacity, 2, dtype=torch.int64)
         self._ids = self._records[:, 0]
         self._last = self._records.view(torch.int32)[:, 2]
         self._count = self._records.view(torch.int32)[:, 3]
-        self._weights = _table_empty(capacity, dim, dtype=torch.float32)
-        self._state = _table_empty(capacity, self.state_width, dtype=torch.float32)
+        self._weights = table_empty(capacity, dim, dtype=torch.float32)
+        self._state = table_empty(capacity, self.state_width, dtype=torch.float32)
         # Rows inserted or updated since the last take_dirty(). Keyed by slot, not id: a slot that is evicted and
         # handed to a new id is dirty for the new id, so an evicted id never shows up in a dump.
         self._dirty = torch.zeros(capacity, dtype=torch.bool)
-        self._index = _HashIndex(capacity, index_load_factor, self._ids)
+        self._index = HashIndex(capacity, index_load_factor, self._ids)
         self._n = 0
         self._step = 0  # training lookup batches so far; int32 is ample (2**31 batches)
         self._metrics = dict.fromkeys(("lookups", "misses", "inserts", "not_admitted", "evictions", "updates"), 0)
@@ -402,7 +183,7 @@ class EmbeddingStore:
 
     def contains(self, ids: torch.Tensor) -> torch.Tensor:
         """Bool tensor of ``ids``' shape: which ids have a row. Read-only."""
-        flat = _as_ids(ids)
+        flat = as_ids(ids)
         slots, _ = self._index.find(flat)
         return (slots >= 0).reshape(ids.shape)
 
@@ -460,7 +241,7 @@ class EmbeddingStore:
         """
         if dtype not in (torch.float32, torch.float16):
             raise ValueError(f"lookup dtype must be torch.float32 or torch.float16, got {dtype}")
-        flat = _as_ids(ids)
+        flat = as_ids(ids)
         self._metrics["lookups"] += flat.numel()
         if distinct:
             uniq, inverse, counts = flat, None, None  # counts: one access per id
@@ -584,7 +365,7 @@ class EmbeddingStore:
                 ``+0.0`` by the summation (it can flip the sign of a weight that is exactly zero; never a value).
                 Repeated ids with ``distinct=True`` are undefined behaviour.
         """
-        flat = _as_ids(ids)
+        flat = as_ids(ids)
         grads = grads.reshape(flat.numel(), self.dim).to(torch.float32)
         if distinct:
             uniq, summed = flat, grads
@@ -635,7 +416,7 @@ class EmbeddingStore:
             ValueError: See :meth:`check_state_dict`; the store is unchanged then.
         """
         self.check_state_dict(state)
-        ids = _as_ids(state["ids"])
+        ids = as_ids(state["ids"])
         n = ids.numel()
         self._ids[:n] = ids
         self._weights[:n] = state["weights"]
@@ -653,7 +434,7 @@ class EmbeddingStore:
     def check_state_dict(self, state: dict[str, Any]) -> None:
         """Raise ``ValueError`` if :meth:`load_state_dict` would refuse ``state`` (more rows than the capacity, another
         dim or optimizer state width, repeated ids); changes nothing."""
-        ids = _as_ids(state["ids"])
+        ids = as_ids(state["ids"])
         n = ids.numel()
         if n > self.capacity:
             raise ValueError(f"checkpoint has {n} rows, capacity is {self.capacity}")
@@ -716,13 +497,13 @@ class EmbeddingStore:
         ``removals_complete=False`` (what the failed :meth:`take_dirty` said) marks the log incomplete again, so
         the next dump does not claim a full list of removals it never had.
         """
-        slots, _ = self._index.find(_as_ids(ids))
+        slots, _ = self._index.find(as_ids(ids))
         slots = slots[slots >= 0]
         self._dirty[slots] = True
         if removed is not None and removed.numel():
             if self._evicted is None:
                 self._reset_evicted()
-            self._log_evicted(_as_ids(removed))
+            self._log_evicted(as_ids(removed))
         if not removals_complete:
             self._drop_evicted()
         return slots.numel()
