@@ -4,11 +4,13 @@
 2. For CPU configurations that differ in tables, dims, pooling, batch, trainers' memory (so placement), PS processes
    and staleness: plan on a CPU topology that references the profile, predict the step (``CostModel``), and run
    ``persia train`` (median step after warm-up, and its measured breakdown). Errors are ``predicted / measured - 1``.
-3. Ranking: three plans of one model (the planner's, all local, more tables on the PS): is the predicted order the
-   measured one, and is the planner's plan within 5% of the best measured?
+3. Ranking: three plans of one model (the planner's, all local or all on the PS, half of the planner's local tables
+   moved to the PS): is the predicted order the measured one, and is the planner's plan within 5% of the best measured?
+4. Memory: the planner's bytes per device against what the built modules allocate (``modules/allocated.py``:
+   tensors' bytes on the trainers, resident memory on the servers).
 
 Prints a table per term and writes JSON (``--json OUT``) with ``cases``, ``median_abs_error``, ``worst_abs_error``,
-``ranking_correct`` and ``memory_max_abs_error`` (``None`` until the memory comparison lands here).
+``ranking_correct`` (and ``ranking``), ``memory_max_abs_error`` (and ``memory``) and ``calibrate_s``.
 
     python benchmarks/cost_model.py --quick --json out.json
 """
@@ -208,13 +210,33 @@ def step_table(title: str, results: list[dict[str, Any]]) -> Table:
     return table
 
 
+def memory_table(cases: dict[str, dict[str, dict[str, Any]]]) -> Table:
+    table = Table(title="memory: predicted vs allocated bytes per device")
+    for column in ("case", "device", "predicted", "allocated", "store's own account", "error"):
+        table.add_column(column, justify="left" if column in ("case", "device") else "right")
+    for case, devices in cases.items():
+        for device, d in devices.items():
+            accounted = d.get("accounted")
+            table.add_row(
+                case,
+                device,
+                f"{d['predicted']:,}",
+                f"{d['allocated']:,}",
+                "-" if accounted is None else f"{accounted:,}",
+                f"{d['error']:+.2%}",
+            )
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="quick calibration, fewer steps (CI)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--profile", type=Path, help="use this profile instead of calibrating now")
+    parser.add_argument("--save-profile", type=Path, help="also keep the profile calibrated in this run here")
     args = parser.parse_args(argv)
     steps = 40 if args.quick else 80
+    calibrate_s = None
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         profile = args.profile.resolve() if args.profile else folder / "profile.yaml"
@@ -224,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             console.print("[bold]1. calibrate[/] this machine")
             started = time.perf_counter()
             profile.write_text(yaml.safe_dump(calibrate(quick=args.quick)))
-            console.print(f"   {time.perf_counter() - started:.0f} s")
+            calibrate_s = time.perf_counter() - started
+            console.print(f"   {calibrate_s:.0f} s")
+            if args.save_profile:
+                args.save_profile.write_text(profile.read_text())
         console.print(f"[bold]2. predicted vs measured[/]: {len(cases())} configurations, {steps} steps")
         results = []
         for case in cases():
@@ -233,15 +258,21 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"   {r['name']}: predicted {r['predicted_ms']:.1f} ms, measured {r['measured_ms']:.1f} ms")
         console.print("[bold]3. ranking[/]: three plans of one model")
         ranked = ranking(profile, folder, steps)
+    from persia_planner.modules.allocated import memory_error
+
+    console.print("[bold]4. memory[/]: the planner's bytes per device against what the built modules allocate")
+    memory = memory_error()
     errors = [abs(r["error"]) for r in results]
     out = {
         "quick": args.quick,
+        "calibrate_s": calibrate_s,
         "cases": results,
         "median_abs_error": statistics.median(errors),
         "worst_abs_error": max(errors),
         "ranking": ranked,
         "ranking_correct": ranked["ranking_correct"],
-        "memory_max_abs_error": None,
+        "memory_max_abs_error": memory["memory_max_abs_error"],
+        "memory": memory["cases"],
     }
     console.print(step_table("cost model: predicted vs measured step (ms)", results))
     console.print(
@@ -249,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "(target <= 30%); terms are predicted / measured ('-': not measured in runs with PS tables)"
     )
     console.print(step_table("ranking: three plans of one model (ms)", ranked["plans"]))
+    console.print(memory_table(memory["cases"]))
     console.print(
         f"predicted order {ranked['predicted_order']}, measured {ranked['measured_order']}: "
         f"ranking_correct {ranked['ranking_correct']}; the planner's plan / best measured "
