@@ -3,7 +3,8 @@
     python benchmarks/results.py benchmarks/results/hybrid.json [more.json ...] > benchmarks/RESULTS.md
 
 Each file becomes one section: its headline keys (the ones an issue names) first, then every other scalar, one level
-of nesting flattened (``speed.k4_over_k0_no_delay``). Lists (per-step losses, per-round rates) are left out.
+of nesting flattened (``speed.k4_over_k0_no_delay``), then one table per list of named records (the cost model's
+cases: a row per record, a column per scalar field). Other lists (per-step losses, per-round rates) are left out.
 """
 
 from __future__ import annotations
@@ -22,7 +23,36 @@ HEADLINES = {
         "sync_vs_torchrec_max_abs_diff",
         "executed_matches_plan",
     ),
+    "cost_model": (
+        "median_abs_error",
+        "worst_abs_error",
+        "ranking_correct",
+        "memory_max_abs_error",
+        "calibrate_s",
+    ),
+    "planner": ("plan_process_s",),
 }
+
+
+def _records(data: dict[str, Any], prefix: str = "") -> dict[str, list[dict[str, Any]]]:
+    """Lists of named records (dicts with a ``name``), one level of nesting deep, by their flattened key."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value):
+            out[name] = value
+        elif isinstance(value, dict) and not prefix:
+            out.update(_records(value, f"{name}."))
+    return out
+
+
+def _table(key: str, records: list[dict[str, Any]]) -> list[str]:
+    columns = list(dict.fromkeys(k for r in records for k, v in _scalars(r).items()))
+    lines = ["", f"`{key}`:", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in records:
+        flat = _scalars(r)
+        lines.append("| " + " | ".join(_fmt(flat.get(c, "")) for c in columns) + " |")
+    return lines
 
 
 def _scalars(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -51,6 +81,8 @@ def section(path: Path) -> str:
     lines += ["| key | value |", "|---|---|"]
     lines += [f"| **{k}** | {_fmt(flat[k])} |" for k in first]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in flat.items() if k not in first and not k.startswith("machine.")]
+    for key, records in _records(data).items():
+        lines += _table(key, records)
     return "\n".join(lines) + "\n"
 
 

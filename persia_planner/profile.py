@@ -56,9 +56,15 @@ class LinearFit:
         return self.fixed_s + units / self.units_per_s
 
 
-def fit_terms(columns: Mapping[str, Sequence[float]], seconds: Sequence[float]) -> tuple[dict[str, float], float]:
+def fit_terms(
+    columns: Mapping[str, Sequence[float]], seconds: Sequence[float], *, robust: bool = True
+) -> tuple[dict[str, float], float]:
     """Non-negative least-squares fit of ``seconds`` to ``sum_k coef_k * columns[k]``, in relative error (a small
     call matters as much as a large one: a step makes many small ones).
+
+    ``robust``: a point that the fit without it misses by more than 3x the median relative error (and by more than
+    25%) is a measurement hit by the machine's noise, not a shape the model must follow; up to a tenth of the points
+    are set aside that way, the worst first. The worst error reported is over the points kept.
 
     Returns:
         The coefficients by column name (a term the data does not support is 0), and the worst relative error.
@@ -68,16 +74,34 @@ def fit_terms(columns: Mapping[str, Sequence[float]], seconds: Sequence[float]) 
         raise ValueError("a fit needs points with positive times")
     names = list(columns)
     x = np.stack([np.asarray(columns[n], dtype=float) for n in names], axis=1) / y[:, None]
-    active = list(range(len(names)))
-    coef = np.zeros(len(names))
+    kept = np.ones(len(y), dtype=bool)
+    coef, errors = _nnls_relative(x, kept)
+    for _ in range(len(y) // 10 if robust else 0):
+        # The worst point, judged by the fit without it (an outlier bends the fit that includes it towards itself).
+        worst = int(np.argmax(np.where(kept, errors, -1.0)))
+        trial = kept.copy()
+        trial[worst] = False
+        trial_coef, trial_errors = _nnls_relative(x, trial)
+        if trial_errors[worst] <= max(0.25, 3 * float(np.median(trial_errors[trial]))):
+            break
+        kept, coef, errors = trial, trial_coef, trial_errors
+    worst_error = float(errors[kept].max()) if coef.any() else 1.0
+    return dict(zip(names, (float(c) for c in coef), strict=True)), worst_error
+
+
+def _nnls_relative(x: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Coefficients >= 0 minimising the relative errors of the kept rows (each row of ``x`` is already divided by
+    its point's seconds, so the target is 1), and every row's absolute relative error."""
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    rows = x[kept]
     while active:  # active set: drop the most negative term and refit, until every term is >= 0
-        solution, *_ = np.linalg.lstsq(x[:, active], np.ones_like(y), rcond=None)
+        solution, *_ = np.linalg.lstsq(rows[:, active], np.ones(len(rows)), rcond=None)
         if np.all(solution >= 0):
             coef[active] = solution
             break
         active.pop(int(np.argmin(solution)))
-    worst = float(np.max(np.abs(x @ coef - 1))) if active else 1.0
-    return dict(zip(names, (float(c) for c in coef), strict=True)), worst
+    return coef, np.abs(x @ coef - 1)
 
 
 def fit_linear(units: Sequence[float], seconds: Sequence[float]) -> LinearFit:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from persia_planner.errors import SpecError
-from persia_planner.profile import PROFILE_FORMAT, HardwareProfile, fit_linear
+from persia_planner.profile import PROFILE_FORMAT, HardwareProfile, fit_linear, fit_terms
 
 
 def test_fit_recovers_latency_and_bandwidth():
@@ -131,3 +132,14 @@ def test_a_bad_profile_is_one_line_naming_the_key(edit, words):
     with pytest.raises(SpecError) as err:
         HardwareProfile.from_dict(data, "mine.yaml")
     assert "mine.yaml" in str(err.value) and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_fit_sets_aside_a_point_the_machine_s_noise_hit():
+    units = np.arange(1, 21, dtype=float) * 1000
+    seconds = 1e-4 + units / 1e7
+    seconds[7] /= 8  # one measurement far off: a difference of medians on a busy machine
+    coef, worst = fit_terms({"fixed": [1.0] * 20, "slope": units}, seconds)
+    assert coef["fixed"] == pytest.approx(1e-4, rel=1e-6) and coef["slope"] == pytest.approx(1e-7, rel=1e-6)
+    assert worst < 1e-6  # over the points kept
+    coef, worst = fit_terms({"fixed": [1.0] * 20, "slope": units}, seconds, robust=False)
+    assert worst > 0.5
