@@ -20,6 +20,8 @@ TINY = dict(
     rpc_rows=(1, 256),
     repeats=2,
     batch=256,
+    dlrm_shapes=((4, 16), (8, 16)),
+    dlrm_batches=(64, 256),
 )
 
 
@@ -31,7 +33,11 @@ def test_every_benchmark_gives_figures_the_planner_fits():
     raw = calibrate(sizes=Sizes(**TINY), on_done=lambda name, s: done.append(name))
     assert done == list(BENCHMARKS)
     assert raw["machine"]["cpus"] >= 1 and raw["machine"]["torch"]
-    assert len(raw["embedding"]) == 2 * 2 * 2 and len(raw["collectives"]["all_to_all"]) == 2
+    # optimizers x dims x (a table out of the caches, one in them) x poolings
+    assert len(raw["embedding"]) == 2 * 2 * 2 * 2 and len(raw["collectives"]["all_to_all"]) == 2
+    hot = [p for p in raw["embedding"] if p["rows"] == 1024]
+    assert len(hot) == 8 and all(0 < p["unique_share"] < 1 for p in hot)  # ids repeat in the small table
+    assert len(raw["dense"]["dlrm"]) == 2 * 2
     profile = HardwareProfile.from_dict(raw)
     figures = [
         profile.stream_bytes_per_s,
@@ -41,6 +47,8 @@ def test_every_benchmark_gives_figures_the_planner_fits():
         profile.all_to_all.seconds(1e6),
         profile.ps_lookup.seconds(1000),
         profile.embedding_seconds("rowwise_adagrad", 256, 1024, 64),
+        profile.embedding_seconds("rowwise_adagrad", 256, 1024, 64, 100),
+        profile.dense_seconds(30_000, 512),
     ]
     assert all(math.isfinite(f) and f > 0 for f in figures), figures
     assert set(profile.embedding_forward) == {"sgd", "rowwise_adagrad"}
