@@ -130,9 +130,16 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     if lay.n_servers:
         traffic = G * np.array([cost.ps_bytes_per_gpu(t) for t in tables])
         # A server's store holds a bounded number of rows of a table: beyond that the ps tier is no option.
-        sync[:, ps] = np.where(ps_holds(rows, lay.n_servers), 0.0, np.inf)
+        # Every GPU sends at least one server a lookup and a push per step: their fixed cost on the trainer
+        # (CostModel.ps_table_loads), summed over GPUs.
+        request_ms = 2 * G * c.ps_request_ms
+        sync[:, ps] = np.where(ps_holds(rows, lay.n_servers), request_ms, np.inf)
         asyn[0, :, ps] = np.array([cost.ps_moved_bytes(t) for t in tables]) / float(cost.ps_ddr_bw.sum())
-        asyn[1, :, ps] = traffic / float(cost.ps_nic_bw.sum())
+        # The servers' NICs: the bytes, and the requests' fixed cost on the servers that hold a share (at least one).
+        # The busiest server is at least the bandwidth-weighted average, in which a request to the server with the
+        # least bandwidth weighs least.
+        share = float(cost.ps_nic_bw.min() / cost.ps_nic_bw.sum())
+        asyn[1, :, ps] = traffic / float(cost.ps_nic_bw.sum()) + request_ms * share
         asyn[2, :, ps] = traffic / cost.switch_bw
         # Per byte a GPU sends: ms on its host's NIC (shared by the host's GPUs) and on its PCIe link.
         nic_ms, pcie_ms = cost.gpus_per_host[cost.gpu_host] / cost.nic_bw[cost.gpu_host], 1 / cost.pcie_bw

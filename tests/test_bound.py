@@ -100,7 +100,10 @@ tables = st.lists(
 staleness = st.sampled_from([0, 0, 1, 4])
 
 
-def cluster_dict(host_specs: list[dict], server_specs: list[dict], switch: float | None = None) -> dict:
+def cluster_dict(
+    host_specs: list[dict], server_specs: list[dict], switch: float | None = None, fixed_ms: float = 0.0
+) -> dict:
+    """``fixed_ms``: each fixed cost a profile measures (a collective's, a PS request's, the step's framework time)."""
     data = {
         "name": "het",
         "hosts": [trainer(f"h{i}_", **spec) for i, spec in enumerate(host_specs)]
@@ -108,6 +111,9 @@ def cluster_dict(host_specs: list[dict], server_specs: list[dict], switch: float
     }
     if switch:
         data["network"] = {"bandwidth": f"{switch:g}GB/s"}
+    if fixed_ms:
+        names = ("collective_latency_ms", "ps_request_ms", "step_overhead_ms")
+        data["constants"] = dict.fromkeys(names, fixed_ms)
     return data
 
 
@@ -220,12 +226,23 @@ def assert_bounded(model: ModelSpec, topo: Topology, placements: dict[str, Table
     return bound, estimate.step_ms
 
 
+FIXED_MS = st.sampled_from([0.0, 0.0, 0.01, 2.0])
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tables, hosts, servers, staleness, st.sampled_from([1.0, 1.0, 1.05, 2.0, 1e3]), st.integers(0, 2**32 - 1))
-def test_no_random_plan_beats_the_bound(rows_dims, host_specs, server_specs, k, slack, seed):
+@given(
+    tables,
+    hosts,
+    servers,
+    staleness,
+    st.sampled_from([1.0, 1.0, 1.05, 2.0, 1e3]),
+    FIXED_MS,
+    st.integers(0, 2**32 - 1),
+)
+def test_no_random_plan_beats_the_bound(rows_dims, host_specs, server_specs, k, slack, fixed_ms, seed):
     """Random valid plans on heterogeneous clusters, memory cut to the plan's own use times ``slack``."""
     model = make_model(rows_dims, k)
-    data = cluster_dict(host_specs, server_specs)
+    data = cluster_dict(host_specs, server_specs, fixed_ms=fixed_ms)
     roomy = Topology.from_dict(data)
     placements = random_placements(model, roomy, np.random.default_rng(seed))
     mem = CostModel(model, roomy).evaluate(placements)[1]
@@ -233,11 +250,11 @@ def test_no_random_plan_beats_the_bound(rows_dims, host_specs, server_specs, k, 
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tables, hosts, servers, staleness, st.sampled_from([None, 10.0, 400.0]), st.integers(0, 2**16))
-def test_the_planners_plan_is_not_faster_than_its_bound(rows_dims, host_specs, server_specs, k, switch, seed):
+@given(tables, hosts, servers, staleness, st.sampled_from([None, 10.0, 400.0]), FIXED_MS, st.integers(0, 2**16))
+def test_the_planners_plan_is_not_faster_than_its_bound(rows_dims, host_specs, server_specs, k, switch, fixed_ms, seed):
     """The search's plan (near the best) on heterogeneous clusters, with and without servers, K = 0 and K > 0."""
     model = make_model(rows_dims, k)
-    topo = Topology.from_dict(cluster_dict(host_specs, server_specs, switch))
+    topo = Topology.from_dict(cluster_dict(host_specs, server_specs, switch, fixed_ms))
     try:
         plan = Planner(GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=0.2))).plan(model, topo)
     except CapacityError:
