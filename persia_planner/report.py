@@ -344,7 +344,7 @@ def render_tables(plan: Plan, model: ModelSpec, topology: Topology, *, packed: b
         topology: Its topology.
         packed: Put every row's cells into one rich row, one line each, and never wrap them: the same text when the
             table fits the console's width (rich then lays out one cell per column instead of one per table and
-            column, ~5x faster on 1,000 tables), cells cut short with an ellipsis when it does not.
+            column, several times faster on large plans), cells cut short with an ellipsis when it does not.
     """
     return _rich_table(f"tables ({plan.model})", _TABLE_COLUMNS, _table_cells(plan, model, topology), packed)
 

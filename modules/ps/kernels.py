@@ -360,13 +360,11 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``src.index_select(0, index)`` for a ``[rows, dim]`` table, written with non-temporal stores when large; a
     float16 table's rows come out widened to float32 (``src.index_select(0, index).float()``) in the same pass.
 
-    Why: the client expands a lookup's distinct rows (6.6 MB for 64k Zipf ids of dim 64) into the batch's order
-    (16.7 MB), a fresh output that nobody reads before it leaves the cache. Plain stores first read every
-    destination line into the cache and evict what the transfer and the other process needed; streaming stores skip
-    both. That gather with cold caches, one thread: 2.4 -> 1.2 ms on this VM (warm: the same 1.0 ms); 4 lookups in
-    flight on a full 10M-row table, three alternating runs each: 5.45-5.77 -> 4.72-4.84 ms per lookup. The server's
-    gather of rows picked at random from its table gains nothing from it (it waits on the reads, and the transport
-    reads its answer right after): that is :func:`take_rows`. Used for float32 outputs of at least
+    Why: the client expands a lookup's distinct rows into the batch's order, a fresh output larger than the caches
+    that nobody reads before it leaves them. Plain stores first read every destination line into the cache and evict
+    what the transfer and the other process needed; streaming stores skip both (decision 0007 has the measurements).
+    The server's gather of rows picked at random from its table gains nothing from it (it waits on the reads, and the
+    transport reads its answer right after): that is :func:`take_rows`. Used for float32 outputs of at least
     :data:`STREAM_MIN_BYTES` whose rows are whole 32-byte vectors (``dim % 8 == 0``); otherwise, or with
     :data:`stream_gathers` off, this is ``index_select`` (then ``.float()`` for float16, also where the CPU lacks
     F16C). Other dtypes keep theirs.
@@ -397,12 +395,9 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def take_rows(src: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """The store's gather: ``src[slots]`` for a ``[rows, dim]`` table, a zero row where a slot is ``-1``.
 
-    ``index_select`` (after a clamp and followed by a masked fill, only when some slot is ``-1``). A compiled loop
-    that prefetched the rows 8 ahead was used until 2026-11-24; on that day's host ``index_select`` was faster in
-    every alternating comparison: 25.8k slots of a full 10M-row table with cold caches, 2.65-2.77 ms against
-    3.15-3.36 on one thread (1.52 against 3.04 on two); probe + gather 5.6 against 6.5 ms; over rpc with 4 lookups
-    in flight 7.50-7.74 against 8.56-9.38 ms per lookup, one at a time the same (12.0-12.3 ms), on 4M rows a wash.
-    The out-of-order core keeps enough row copies in flight by itself.
+    ``index_select`` (after a clamp and followed by a masked fill, only when some slot is ``-1``): the out-of-order
+    core keeps enough row copies in flight by itself, and a compiled loop that prefetched rows ahead was slower in
+    every comparison (decision 0006).
 
     Raises:
         IndexError: A slot lies outside ``[-1, rows)``.
