@@ -27,7 +27,7 @@ from persia_planner.profile import PROFILE_FORMAT
 
 from .data.criteo import NUM_INTEGER
 
-__all__ = ["BENCHMARKS", "Sizes", "calibrate"]
+__all__ = ["BENCHMARKS", "PHASES", "STEP_JOB", "Sizes", "calibrate", "step"]
 
 MiB = 1024**2
 HOT_ROWS = 1024  # a table that stays in the CPU's caches
@@ -48,6 +48,7 @@ class Sizes:
     batch: int
     dlrm_shapes: tuple[tuple[int, int], ...]  # (sparse features, embedding dim) of the DLRM dense steps
     dlrm_batches: tuple[int, ...]
+    step_steps: int  # steps of the small training job (the median after warm-up is its step)
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
@@ -64,6 +65,7 @@ class Sizes:
                 batch=2048,
                 dlrm_shapes=((8, 16), (26, 16), (26, 64)),
                 dlrm_batches=(256, 2048),
+                step_steps=40,
             )
         return cls(
             memory_bytes=256 * MiB,
@@ -77,6 +79,7 @@ class Sizes:
             batch=4096,
             dlrm_shapes=((4, 16), (8, 16), (13, 32), (26, 16), (26, 64), (40, 32)),
             dlrm_batches=(128, 1024, 4096),
+            step_steps=80,
         )
 
 
@@ -305,6 +308,57 @@ def rpc(sizes: Sizes) -> dict[str, Any]:
     return {"dim": points[0]["dim"], "requests": points}
 
 
+# ---- a whole training step ---------------------------------------------------------------------------------------
+
+# The small job whose measured step fits the cost model's step_overhead_ms: what a step costs beyond the kernels and
+# collectives the other benchmarks price (TorchRec's input distribution, Python, autograd, and the waits of two
+# trainers sharing this machine in their collectives).
+STEP_JOB = {"tables": 4, "rows": 2000, "dim": 16, "batch": 1024, "trainers": 2}
+
+
+def step(sizes: Sizes, measured: dict[str, Any]) -> dict[str, Any]:
+    """Train :data:`STEP_JOB` with ``persia train`` (all tables local, K = 0) and set its median step against the
+    cost model's prediction from ``measured`` (the other benchmarks' results): the difference is the fixed time per
+    step that no other term accounts for."""
+    import yaml
+
+    from persia_planner import CostModel, ModelSpec, Topology, plan
+    from persia_planner.specs import DenseSpec, TableSpec
+
+    from .data.synthetic import ZIPF_ALPHA
+    from .train import TrainConfig, train_local
+
+    job = STEP_JOB
+    tables = tuple(TableSpec(f"c{i + 1}", job["rows"], job["dim"], zipf_alpha=ZIPF_ALPHA) for i in range(job["tables"]))
+    dense = DenseSpec.dlrm(NUM_INTEGER, job["dim"], job["tables"])
+    model = ModelSpec("calibrate-step", job["batch"], tables, dense=dense, staleness=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "profile.yaml").write_text(yaml.safe_dump(measured))
+        host = {"name": "trainer", "ddr": "8GiB", "profile": "profile.yaml"}
+        host["cpus"] = {"count": job["trainers"], "memory": "256MiB"}
+        topology = Topology.from_dict({"name": "calibrate", "hosts": [host]}, base_dir=tmp)
+        the_plan = plan(model, topology)
+        predicted = CostModel(model, topology).evaluate(the_plan.tables)[0].step_ms
+        cfg = TrainConfig(
+            steps=sizes.step_steps,
+            mode="sync",
+            staleness=0,
+            trainers=job["trainers"],
+            eval_batches=1,
+            progress=False,
+            teacher_rows_scale=1.0,
+        )
+        result = train_local(cfg, model, dict(the_plan.tables), servers=0, topology=topology)
+    return {
+        **job,
+        "steps": sizes.step_steps,
+        "measured_ms": result["step_ms"],
+        "predicted_ms": predicted,
+        "overhead_ms": max(0.0, result["step_ms"] - predicted),
+        "breakdown_ms": {k: float(v) for k, v in result["step_breakdown_ms"].items()},
+    }
+
+
 # ---- the whole run -------------------------------------------------------------------------------------------------
 
 BENCHMARKS: dict[str, Callable[[Sizes], Any]] = {
@@ -315,6 +369,8 @@ BENCHMARKS: dict[str, Callable[[Sizes], Any]] = {
     "collectives": collectives,
     "rpc": rpc,
 }
+# The benchmarks above, then the step (it needs their results).
+PHASES = (*BENCHMARKS, "step")
 
 
 def _version(package: str) -> str | None:
@@ -353,4 +409,8 @@ def calibrate(
         profile[name] = bench(sizes)
         if on_done is not None:
             on_done(name, time.perf_counter() - started)
+    started = time.perf_counter()
+    profile["step"] = step(sizes, profile)
+    if on_done is not None:
+        on_done("step", time.perf_counter() - started)
     return profile

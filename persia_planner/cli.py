@@ -438,12 +438,12 @@ def calibrate_command(
             raise PlannerError(f"--out {out} is not a regular file", fixes=("give a file path, e.g. profile.yaml",))
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from persia_planner.modules.calibrate import BENCHMARKS, calibrate
+        from persia_planner.modules.calibrate import PHASES, calibrate
 
         with Progress(
             TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=_console(stderr=True)
         ) as progress:
-            task = progress.add_task("calibrating", total=len(BENCHMARKS))
+            task = progress.add_task("calibrating", total=len(PHASES))
 
             def done(name: str, seconds: float) -> None:
                 progress.update(task, advance=1, description=f"{name} done ({seconds:.1f} s)")

@@ -219,6 +219,8 @@ class HardwareProfile:
         store_lookup_rows_per_s: The server's store alone: rows found per second.
         store_update_rows_per_s: The store's optimizer updates per second.
         unique_ids_per_s: De-duplication (``torch.unique``) of request ids per second.
+        step_overhead_ms: A small ``persia train`` job's median step minus the cost model's prediction of it from
+            the other figures (None in a profile without the ``step`` section).
     """
 
     source: str
@@ -237,6 +239,7 @@ class HardwareProfile:
     store_lookup_rows_per_s: float
     store_update_rows_per_s: float
     unique_ids_per_s: float
+    step_overhead_ms: float | None = None
 
     def embedding_seconds(
         self, optimizer: str, bags: float, ids: float, row_bytes: float, unique: float | None = None
@@ -272,13 +275,17 @@ class HardwareProfile:
 
     def fitted_constants(self) -> dict[str, float]:
         """The cost model's constants this profile measures (see :class:`~persia_planner.constants.CostConstants`):
-        ``collective_latency_ms`` (the all-to-all's fixed cost) and ``ps_request_ms`` (a PS request's fixed cost,
-        lookup and push averaged). The efficiencies stay assumptions: the profile's rates are declared through
-        them (:meth:`device_figures`, :meth:`host_figures`)."""
-        return {
+        ``collective_latency_ms`` (the all-to-all's fixed cost), ``ps_request_ms`` (a PS request's fixed cost,
+        lookup and push averaged) and, where the profile has a measured training step, ``step_overhead_ms`` (that
+        step beyond the model's prediction of it). The efficiencies stay assumptions: the profile's rates are
+        declared through them (:meth:`device_figures`, :meth:`host_figures`)."""
+        fitted = {
             "collective_latency_ms": self.all_to_all.fixed_s * 1e3,
             "ps_request_ms": (self.ps_lookup.fixed_s + self.ps_push.fixed_s) / 2 * 1e3,
         }
+        if self.step_overhead_ms is not None:
+            fitted["step_overhead_ms"] = self.step_overhead_ms
+        return fitted
 
     def host_figures(self, parameter_server: bool, constants: CostConstants) -> dict[str, float]:
         """Defaults of a host of this machine in topology.yaml's terms (``ddr_bandwidth``, ``nic_bandwidth``),
@@ -339,6 +346,8 @@ class HardwareProfile:
             ("PS store update", f"{self.store_update_rows_per_s:,.3g} rows/s", ""),
             ("id de-duplication", f"{self.unique_ids_per_s:,.3g} ids/s", ""),
         ]
+        if self.step_overhead_ms is not None:
+            rows.append(("training step beyond the model", f"{self.step_overhead_ms:.2f} ms", ""))
         return rows
 
     @classmethod
@@ -400,6 +409,15 @@ class HardwareProfile:
             for k in ("lookup_rows_per_s", "admit_rows_per_s", "update_rows_per_s", "unique_ids_per_s")
         }
         store.finish()
+        overhead = None
+        if top.has("step"):
+            step = top.sub("step")
+            overhead = step.take("overhead_ms", Quantity.NUMBER)
+            if overhead < 0:
+                raise step.error("overhead_ms", f"must be >= 0, got {overhead}", fixes=("run persia calibrate again",))
+            for key in list(step.data):  # what was measured: kept in the file, not needed by the fit
+                step.take(key, default=None)
+            step.finish()
         top.finish()
         return cls(
             source=source,
@@ -418,6 +436,7 @@ class HardwareProfile:
             store_lookup_rows_per_s=figures["lookup_rows_per_s"],
             store_update_rows_per_s=figures["update_rows_per_s"],
             unique_ids_per_s=figures["unique_ids_per_s"],
+            step_overhead_ms=overhead,
         )
 
 

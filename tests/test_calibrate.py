@@ -22,16 +22,17 @@ TINY = dict(
     batch=256,
     dlrm_shapes=((4, 16), (8, 16)),
     dlrm_batches=(64, 256),
+    step_steps=8,
 )
 
 
 @pytest.mark.timeout(300)
 def test_every_benchmark_gives_figures_the_planner_fits():
-    from persia_planner.modules.calibrate import BENCHMARKS, Sizes, calibrate
+    from persia_planner.modules.calibrate import PHASES, Sizes, calibrate
 
     done = []
     raw = calibrate(sizes=Sizes(**TINY), on_done=lambda name, s: done.append(name))
-    assert done == list(BENCHMARKS)
+    assert done == list(PHASES)
     assert raw["machine"]["cpus"] >= 1 and raw["machine"]["torch"]
     # optimizers x dims x (a table out of the caches, one in them) x poolings
     assert len(raw["embedding"]) == 2 * 2 * 2 * 2 and len(raw["collectives"]["all_to_all"]) == 2
@@ -52,6 +53,11 @@ def test_every_benchmark_gives_figures_the_planner_fits():
     ]
     assert all(math.isfinite(f) and f > 0 for f in figures), figures
     assert set(profile.embedding_forward) == {"sgd", "rowwise_adagrad"}
+    # the small training job: its step, the model's prediction of it, and the remainder the model takes as fixed
+    step = raw["step"]
+    assert step["measured_ms"] > 0 and step["predicted_ms"] > 0
+    assert step["overhead_ms"] == pytest.approx(max(0.0, step["measured_ms"] - step["predicted_ms"]))
+    assert profile.fitted_constants()["step_overhead_ms"] == step["overhead_ms"]
 
 
 def test_out_must_be_a_file(tmp_path):

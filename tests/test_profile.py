@@ -143,3 +143,15 @@ def test_a_fit_sets_aside_a_point_the_machine_s_noise_hit():
     assert worst < 1e-6  # over the points kept
     coef, worst = fit_terms({"fixed": [1.0] * 20, "slope": units}, seconds, robust=False)
     assert worst > 0.5
+
+
+def test_a_measured_training_step_fits_the_step_overhead():
+    raw = raw_profile()
+    assert "step_overhead_ms" not in HardwareProfile.from_dict(raw).fitted_constants()
+    raw["step"] = {"tables": 4, "measured_ms": 12.0, "predicted_ms": 7.5, "overhead_ms": 4.5}
+    profile = HardwareProfile.from_dict(raw)
+    assert profile.fitted_constants()["step_overhead_ms"] == 4.5
+    assert ("training step beyond the model", "4.50 ms", "") in profile.summary()
+    raw["step"]["overhead_ms"] = -1.0
+    with pytest.raises(SpecError, match="step.overhead_ms"):
+        HardwareProfile.from_dict(raw)
