@@ -27,7 +27,7 @@ from persia_planner.profile import PROFILE_FORMAT
 
 from .data.criteo import NUM_INTEGER
 
-__all__ = ["BENCHMARKS", "PHASES", "STEP_JOB", "Sizes", "calibrate", "step"]
+__all__ = ["BENCHMARKS", "PHASES", "Sizes", "calibrate"]
 
 MiB = 1024**2
 HOT_ROWS = 1024  # a table that stays in the CPU's caches
@@ -48,7 +48,7 @@ class Sizes:
     batch: int
     dlrm_shapes: tuple[tuple[int, int], ...]  # (sparse features, embedding dim) of the DLRM dense steps
     dlrm_batches: tuple[int, ...]
-    step_steps: int  # steps of the small training job (the median after warm-up is its step)
+    step_steps: int  # steps of each small training job (:mod:`.calibrate_step`)
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
@@ -308,57 +308,6 @@ def rpc(sizes: Sizes) -> dict[str, Any]:
     return {"dim": points[0]["dim"], "requests": points}
 
 
-# ---- a whole training step ---------------------------------------------------------------------------------------
-
-# The small job whose measured step fits the cost model's step_overhead_ms: what a step costs beyond the kernels and
-# collectives the other benchmarks price (TorchRec's input distribution, Python, autograd, and the waits of two
-# trainers sharing this machine in their collectives).
-STEP_JOB = {"tables": 4, "rows": 2000, "dim": 16, "batch": 1024, "trainers": 2}
-
-
-def step(sizes: Sizes, measured: dict[str, Any]) -> dict[str, Any]:
-    """Train :data:`STEP_JOB` with ``persia train`` (all tables local, K = 0) and set its median step against the
-    cost model's prediction from ``measured`` (the other benchmarks' results): the difference is the fixed time per
-    step that no other term accounts for."""
-    import yaml
-
-    from persia_planner import CostModel, ModelSpec, Topology, plan
-    from persia_planner.specs import DenseSpec, TableSpec
-
-    from .data.synthetic import ZIPF_ALPHA
-    from .train import TrainConfig, train_local
-
-    job = STEP_JOB
-    tables = tuple(TableSpec(f"c{i + 1}", job["rows"], job["dim"], zipf_alpha=ZIPF_ALPHA) for i in range(job["tables"]))
-    dense = DenseSpec.dlrm(NUM_INTEGER, job["dim"], job["tables"])
-    model = ModelSpec("calibrate-step", job["batch"], tables, dense=dense, staleness=0)
-    with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "profile.yaml").write_text(yaml.safe_dump(measured))
-        host = {"name": "trainer", "ddr": "8GiB", "profile": "profile.yaml"}
-        host["cpus"] = {"count": job["trainers"], "memory": "256MiB"}
-        topology = Topology.from_dict({"name": "calibrate", "hosts": [host]}, base_dir=tmp)
-        the_plan = plan(model, topology)
-        predicted = CostModel(model, topology).evaluate(the_plan.tables)[0].step_ms
-        cfg = TrainConfig(
-            steps=sizes.step_steps,
-            mode="sync",
-            staleness=0,
-            trainers=job["trainers"],
-            eval_batches=1,
-            progress=False,
-            teacher_rows_scale=1.0,
-        )
-        result = train_local(cfg, model, dict(the_plan.tables), servers=0, topology=topology)
-    return {
-        **job,
-        "steps": sizes.step_steps,
-        "measured_ms": result["step_ms"],
-        "predicted_ms": predicted,
-        "overhead_ms": max(0.0, result["step_ms"] - predicted),
-        "breakdown_ms": {k: float(v) for k, v in result["step_breakdown_ms"].items()},
-    }
-
-
 # ---- the whole run -------------------------------------------------------------------------------------------------
 
 BENCHMARKS: dict[str, Callable[[Sizes], Any]] = {
@@ -369,7 +318,7 @@ BENCHMARKS: dict[str, Callable[[Sizes], Any]] = {
     "collectives": collectives,
     "rpc": rpc,
 }
-# The benchmarks above, then the step (it needs their results).
+# The benchmarks above, then whole training steps (:mod:`.calibrate_step`: they need the others' results).
 PHASES = (*BENCHMARKS, "step")
 
 
@@ -409,8 +358,10 @@ def calibrate(
         profile[name] = bench(sizes)
         if on_done is not None:
             on_done(name, time.perf_counter() - started)
+    from .calibrate_step import calibrate_step
+
     started = time.perf_counter()
-    profile["step"] = step(sizes, profile)
+    profile["step"] = calibrate_step(profile, sizes.step_steps)
     if on_done is not None:
         on_done("step", time.perf_counter() - started)
     return profile

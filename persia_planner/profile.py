@@ -219,8 +219,11 @@ class HardwareProfile:
         store_lookup_rows_per_s: The server's store alone: rows found per second.
         store_update_rows_per_s: The store's optimizer updates per second.
         unique_ids_per_s: De-duplication (``torch.unique``) of request ids per second.
-        step_overhead_ms: A small ``persia train`` job's median step minus the cost model's prediction of it from
-            the other figures (None in a profile without the ``step`` section).
+        step_overhead_ms: What a training step costs beyond the terms the other figures price (fitted from small
+            ``persia train`` jobs, ``modules/calibrate_step.py``; None in a profile without the ``step`` section).
+        a2a_slowdown: How much slower an all-to-all runs inside a training step than alone (1 without ``step``).
+        step_ps_request_ms: What one PS request costs a trainer inside a step (None without ``step``: the RPC's
+            round trip stands for it).
     """
 
     source: str
@@ -240,6 +243,8 @@ class HardwareProfile:
     store_update_rows_per_s: float
     unique_ids_per_s: float
     step_overhead_ms: float | None = None
+    a2a_slowdown: float = 1.0
+    step_ps_request_ms: float | None = None
 
     def embedding_seconds(
         self, optimizer: str, bags: float, ids: float, row_bytes: float, unique: float | None = None
@@ -266,11 +271,10 @@ class HardwareProfile:
         row = max(16 * BYTES_PER_FLOAT, constants.min_access_bytes)
         moved = row * (1 + constants.update_passes) + 2 * BYTES_PER_FLOAT
         seconds = self.embedding_seconds("rowwise_adagrad", 1, 1, 16 * BYTES_PER_FLOAT)
-        link = self.all_to_all.units_per_s
         return {
             "bandwidth": moved / seconds / constants.hbm_efficiency,
             "tflops": self.dense_flops_per_s / 1e12 / constants.tflops_efficiency,
-            "link_bandwidth": (link if math.isfinite(link) else self.stream_bytes_per_s) / constants.nvlink_efficiency,
+            "link_bandwidth": self.collective_bytes_per_s / constants.nvlink_efficiency,
         }
 
     def fitted_constants(self) -> dict[str, float]:
@@ -283,9 +287,18 @@ class HardwareProfile:
             "collective_latency_ms": self.all_to_all.fixed_s * 1e3,
             "ps_request_ms": (self.ps_lookup.fixed_s + self.ps_push.fixed_s) / 2 * 1e3,
         }
+        if self.step_ps_request_ms is not None:
+            fitted["ps_request_ms"] = self.step_ps_request_ms
         if self.step_overhead_ms is not None:
             fitted["step_overhead_ms"] = self.step_overhead_ms
         return fitted
+
+    @property
+    def collective_bytes_per_s(self) -> float:
+        """The all-to-all's byte rate inside a training step: alone, over :attr:`a2a_slowdown` (the memory stream
+        where the size did not matter)."""
+        link = self.all_to_all.units_per_s
+        return (link if math.isfinite(link) else self.stream_bytes_per_s) / self.a2a_slowdown
 
     def host_figures(self, parameter_server: bool, constants: CostConstants) -> dict[str, float]:
         """Defaults of a host of this machine in topology.yaml's terms (``ddr_bandwidth``, ``nic_bandwidth``),
@@ -295,10 +308,9 @@ class HardwareProfile:
         the bytes the cost model charges per row (its DDR), and the RPC lookup rate in bytes (its NIC).
         """
         if not parameter_server:
-            link = self.all_to_all.units_per_s
             return {
                 "ddr_bandwidth": self.stream_bytes_per_s / constants.ddr_efficiency,
-                "nic_bandwidth": (link if math.isfinite(link) else self.stream_bytes_per_s) / constants.nic_efficiency,
+                "nic_bandwidth": self.collective_bytes_per_s / constants.nic_efficiency,
             }
         row = max(self.ps_row_bytes - 8, constants.min_access_bytes)
         moved = row * (1 + constants.update_passes) + 2 * BYTES_PER_FLOAT
@@ -348,6 +360,9 @@ class HardwareProfile:
         ]
         if self.step_overhead_ms is not None:
             rows.append(("training step beyond the model", f"{self.step_overhead_ms:.2f} ms", ""))
+            rows.append(("all-to-all in a step / alone", f"{self.a2a_slowdown:.2f}x", ""))
+        if self.step_ps_request_ms is not None:
+            rows.append(("PS request in a step (trainer)", f"{self.step_ps_request_ms:.2f} ms", ""))
         return rows
 
     @classmethod
@@ -409,14 +424,19 @@ class HardwareProfile:
             for k in ("lookup_rows_per_s", "admit_rows_per_s", "update_rows_per_s", "unique_ids_per_s")
         }
         store.finish()
-        overhead = None
+        overhead = request = None
+        slowdown = 1.0
         if top.has("step"):
             step = top.sub("step")
             overhead = step.take("overhead_ms", Quantity.NUMBER)
-            if overhead < 0:
-                raise step.error("overhead_ms", f"must be >= 0, got {overhead}", fixes=("run persia calibrate again",))
-            for key in list(step.data):  # what was measured: kept in the file, not needed by the fit
-                step.take(key, default=None)
+            slowdown = step.take("a2a_slowdown", Quantity.NUMBER, default=1.0)
+            request = step.take("ps_request_ms", Quantity.NUMBER, default=None)
+            for key, value, least in (("overhead_ms", overhead, 0.0), ("a2a_slowdown", slowdown, 1.0)):
+                if value < least:
+                    raise step.error(key, f"must be >= {least:g}, got {value}", fixes=("run persia calibrate again",))
+            if request is not None and request < 0:
+                raise step.error("ps_request_ms", f"must be >= 0, got {request}", fixes=("run persia calibrate again",))
+            step.take("jobs", default=None)  # what was measured: kept in the file, not needed by the fit
             step.finish()
         top.finish()
         return cls(
@@ -437,6 +457,8 @@ class HardwareProfile:
             store_update_rows_per_s=figures["update_rows_per_s"],
             unique_ids_per_s=figures["unique_ids_per_s"],
             step_overhead_ms=overhead,
+            a2a_slowdown=slowdown,
+            step_ps_request_ms=request,
         )
 
 

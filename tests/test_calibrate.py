@@ -53,11 +53,13 @@ def test_every_benchmark_gives_figures_the_planner_fits():
     ]
     assert all(math.isfinite(f) and f > 0 for f in figures), figures
     assert set(profile.embedding_forward) == {"sgd", "rowwise_adagrad"}
-    # the small training job: its step, the model's prediction of it, and the remainder the model takes as fixed
+    # the small training jobs: their steps against the model's predictions, and what the fit takes from them
     step = raw["step"]
-    assert step["measured_ms"] > 0 and step["predicted_ms"] > 0
-    assert step["overhead_ms"] == pytest.approx(max(0.0, step["measured_ms"] - step["predicted_ms"]))
-    assert profile.fitted_constants()["step_overhead_ms"] == step["overhead_ms"]
+    assert set(step["jobs"]) == {"small", "large", "ps"}
+    assert all(j["measured_ms"] > 0 and j["predicted_ms"] > 0 for j in step["jobs"].values())
+    assert step["overhead_ms"] >= 0 and step["a2a_slowdown"] >= 1 and step["ps_request_ms"] >= 0
+    fitted = profile.fitted_constants()
+    assert fitted["step_overhead_ms"] == step["overhead_ms"] and fitted["ps_request_ms"] == step["ps_request_ms"]
 
 
 def test_out_must_be_a_file(tmp_path):
