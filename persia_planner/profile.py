@@ -221,7 +221,6 @@ class HardwareProfile:
         unique_ids_per_s: De-duplication (``torch.unique``) of request ids per second.
         step_overhead_ms: What a training step costs beyond the terms the other figures price (fitted from small
             ``persia train`` jobs, ``modules/calibrate_step.py``; None in a profile without the ``step`` section).
-        a2a_slowdown: How much slower an all-to-all runs inside a training step than alone (1 without ``step``).
         step_ps_request_ms: What one PS request costs a trainer inside a step (None without ``step``: the RPC's
             round trip stands for it).
     """
@@ -243,7 +242,6 @@ class HardwareProfile:
     store_update_rows_per_s: float
     unique_ids_per_s: float
     step_overhead_ms: float | None = None
-    a2a_slowdown: float = 1.0
     step_ps_request_ms: float | None = None
 
     def embedding_seconds(
@@ -295,10 +293,9 @@ class HardwareProfile:
 
     @property
     def collective_bytes_per_s(self) -> float:
-        """The all-to-all's byte rate inside a training step: alone, over :attr:`a2a_slowdown` (the memory stream
-        where the size did not matter)."""
+        """The all-to-all's byte rate (the memory stream where the size did not matter)."""
         link = self.all_to_all.units_per_s
-        return (link if math.isfinite(link) else self.stream_bytes_per_s) / self.a2a_slowdown
+        return link if math.isfinite(link) else self.stream_bytes_per_s
 
     def host_figures(self, parameter_server: bool, constants: CostConstants) -> dict[str, float]:
         """Defaults of a host of this machine in topology.yaml's terms (``ddr_bandwidth``, ``nic_bandwidth``),
@@ -360,7 +357,6 @@ class HardwareProfile:
         ]
         if self.step_overhead_ms is not None:
             rows.append(("training step beyond the model", f"{self.step_overhead_ms:.2f} ms", ""))
-            rows.append(("all-to-all in a step / alone", f"{self.a2a_slowdown:.2f}x", ""))
         if self.step_ps_request_ms is not None:
             rows.append(("PS request in a step (trainer)", f"{self.step_ps_request_ms:.2f} ms", ""))
         return rows
@@ -425,18 +421,15 @@ class HardwareProfile:
         }
         store.finish()
         overhead = request = None
-        slowdown = 1.0
         if top.has("step"):
             step = top.sub("step")
             overhead = step.take("overhead_ms", Quantity.NUMBER)
-            slowdown = step.take("a2a_slowdown", Quantity.NUMBER, default=1.0)
             request = step.take("ps_request_ms", Quantity.NUMBER, default=None)
-            for key, value, least in (("overhead_ms", overhead, 0.0), ("a2a_slowdown", slowdown, 1.0)):
-                if value < least:
-                    raise step.error(key, f"must be >= {least:g}, got {value}", fixes=("run persia calibrate again",))
-            if request is not None and request < 0:
-                raise step.error("ps_request_ms", f"must be >= 0, got {request}", fixes=("run persia calibrate again",))
-            step.take("jobs", default=None)  # what was measured: kept in the file, not needed by the fit
+            for key, value in (("overhead_ms", overhead), ("ps_request_ms", request)):
+                if value is not None and value < 0:
+                    raise step.error(key, f"must be >= 0, got {value}", fixes=("run persia calibrate again",))
+            for key in ("check_error", "jobs"):  # what was measured: kept in the file, not needed by the fit
+                step.take(key, default=None)
             step.finish()
         top.finish()
         return cls(
@@ -457,7 +450,6 @@ class HardwareProfile:
             store_update_rows_per_s=figures["update_rows_per_s"],
             unique_ids_per_s=figures["unique_ids_per_s"],
             step_overhead_ms=overhead,
-            a2a_slowdown=slowdown,
             step_ps_request_ms=request,
         )
 

@@ -148,13 +148,11 @@ def test_a_fit_sets_aside_a_point_the_machine_s_noise_hit():
 def test_a_measured_training_step_fits_the_step_overhead():
     raw = raw_profile()
     assert "step_overhead_ms" not in HardwareProfile.from_dict(raw).fitted_constants()
-    link = HardwareProfile.from_dict(raw).collective_bytes_per_s
-    raw["step"] = {"overhead_ms": 4.5, "a2a_slowdown": 4.0, "ps_request_ms": 0.5, "jobs": {"small": {}}}
+    raw["step"] = {"overhead_ms": 4.5, "ps_request_ms": 0.5, "check_error": 0.1, "jobs": {"small": {}}}
     profile = HardwareProfile.from_dict(raw)
     assert profile.fitted_constants()["step_overhead_ms"] == 4.5
     assert profile.fitted_constants()["ps_request_ms"] == 0.5  # in place of the RPC's round trip
-    assert profile.collective_bytes_per_s == pytest.approx(link / 4)  # the all-to-all as it runs in a step
     assert ("training step beyond the model", "4.50 ms", "") in profile.summary()
-    for key, bad in (("overhead_ms", -1.0), ("a2a_slowdown", 0.5), ("ps_request_ms", -0.1)):
+    for key, bad in (("overhead_ms", -1.0), ("ps_request_ms", -0.1)):
         with pytest.raises(SpecError, match=f"step.{key}"):
             HardwareProfile.from_dict({**raw, "step": {**raw["step"], key: bad}})
