@@ -28,7 +28,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from persia_planner.errors import PlannerError
 from persia_planner.placement import Mode, TablePlacement
-from persia_planner.plan import Plan
+from persia_planner.plans import Plan
 from persia_planner.specs import Optimizer
 
 from .local import LocalEmbeddingBags
@@ -109,7 +109,7 @@ class HybridEmbeddingBagCollection(nn.Module):
 
     Args:
         tables: The tables, as for ``EmbeddingBagCollection`` (sum or mean pooling).
-        plan: A :class:`~persia_planner.plan.Plan` (or its ``tables`` mapping) placing every table; ``None`` keeps
+        plan: A :class:`~persia_planner.plans.Plan` (or its ``tables`` mapping) placing every table; ``None`` keeps
             every table local.
         ps: Client of the parameter servers; required when the plan puts any table on the ``ps`` tier.
         optimizer: Sparse optimizer of every table (local: fbgemm fused once sharded; PS: applied by the servers).

@@ -154,7 +154,7 @@ def plan_command(
     """Place every table of MODEL on TOPOLOGY; print the per-device and per-table reports and the estimate."""
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
-    from persia_planner.plan import require_valid
+    from persia_planner.plans import require_valid
 
     with _edge():
         if (model is None) != (topology is None):
@@ -346,7 +346,7 @@ def train_command(
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
     from persia_planner.modules.config import TrainConfig, check_before_start
-    from persia_planner.plan import load_plan, require_valid
+    from persia_planner.plans import load_plan, require_valid
 
     with _edge():
         model_path = model or _example("dlrm_small.yaml")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
-from persia_planner.plan import Plan
+from persia_planner.plans import Plan
 from persia_planner.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from persia_planner import load_model, load_plan, load_topology, plan, validate
 from persia_planner.cli import app
-from persia_planner.plan import Plan
+from persia_planner.plans import Plan
 from persia_planner.report import explanations
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -44,8 +44,8 @@ from persia_planner.memory import (
 from persia_planner.modules.ps import optim as ps_optim
 from persia_planner.modules.ps.store import EmbeddingStore
 from persia_planner.placement import Sharding, Tier, tier_bytes
-from persia_planner.plan import Plan, usage_of
 from persia_planner.planner import Planner, plan
+from persia_planner.plans import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, Option, SearchConfig, build_placement
 from persia_planner.specs import DType, Optimizer, TableSpec
 

@@ -5,7 +5,7 @@ import pytest
 
 from persia_planner import ModelSpec, SpecError, Topology, load_plan, plan, validate
 from persia_planner.placement import Sharding, TablePlacement, Tier
-from persia_planner.plan import Plan
+from persia_planner.plans import Plan
 
 MODEL = ModelSpec.from_dict(
     {
