@@ -75,11 +75,6 @@ __all__ = [
     "train_torchrun",
 ]
 
-_EXAMPLES = Path(__file__).resolve().parent.parent / "persia_planner" / "examples"
-if not _EXAMPLES.is_dir():  # installed layout: persia_planner/modules -> persia_planner/examples
-    _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-DEFAULT_MODEL = _EXAMPLES / "dlrm_small.yaml"
-DEFAULT_TOPOLOGY = _EXAMPLES / "local_2x1.yaml"
 _EVAL_SEED_OFFSET = 1_000_003
 
 
