@@ -45,6 +45,9 @@ from .config import (
     TrainConfig,
     check_before_start,
     check_resume_exists,
+    criteo_files,
+    criteo_path,
+    data_identity,
     dlrm_embedding_dim,
     sparse_optimizer_of,
 )
@@ -285,9 +288,9 @@ def _stream(spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, eval_: bool, 
         for step in range(start, start + count):
             yield data.batch(step * world + rank)
         return
-    path = Path(cfg.data.split(":", 1)[1])
-    files = sorted(str(p) for p in path.iterdir() if p.is_file()) if path.is_dir() else [str(path)]
-    reader = CriteoReader(files, batch_size=batch_size, num_workers=0, drop_last=True)
+    path = criteo_path(cfg.data)
+    assert path is not None  # TrainConfig accepts synthetic or criteo:PATH only
+    reader = CriteoReader(criteo_files(path), batch_size=batch_size, num_workers=0, drop_last=True)
     # Training takes global batches [skip, steps) of the files, evaluation the eval_batches after the training ones.
     first = ((skip + cfg.steps) if eval_ else skip) * world  # eval: the batches right after this run's training
     last = first + count * world
@@ -446,13 +449,10 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
 def _data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
     """What a step of the data stream is: the trainer count, the per-trainer batch size, the data and the seed
     (synthetic data: the teacher that labels the samples, and the samples) (saved, then checked on resume)."""
-    data = cfg.data
-    if data.startswith("criteo:"):  # the same files under another spelling of their path are the same data
-        data = "criteo:" + str(Path(data.split(":", 1)[1]).resolve())
     return {
         "trainers": trainers,
         "batch_size": cfg.batch_size or max(1, spec.batch_size // trainers),
-        "data": data,
+        "data": data_identity(cfg.data),
         "seed": cfg.seed,
     }
 
