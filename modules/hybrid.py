@@ -16,7 +16,7 @@ ones, and the PS tables get one gathered update per step (see :mod:`.remote`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,19 +68,13 @@ class SparseOptimizer:
         """Keyword arguments of ``SplitTableBatchedEmbeddingBagsCodegen`` for this optimizer."""
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-        kinds = {
-            Optimizer.SGD: EmbOptimType.EXACT_SGD,
-            Optimizer.ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
-            Optimizer.ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-            Optimizer.ADAM: EmbOptimType.ADAM,
-        }
         if self.kind is Optimizer.ADAM and not on_cuda:
             raise PlannerError(
                 "sparse optimizer adam: fbgemm has no CPU adam for local tables",
                 fixes=("use rowwise_adagrad, adagrad or sgd", "place the tables on the ps tier"),
             )
         return {
-            "optimizer": kinds[self.kind],
+            "optimizer": EmbOptimType[_RUNTIME[self.kind][0]],
             "learning_rate": self.learning_rate,
             "eps": self.eps,
             "beta1": self.beta1,
@@ -89,13 +83,22 @@ class SparseOptimizer:
 
     def ps(self) -> ps_optim.RowOptimizer:
         """The same optimizer as the parameter servers apply it."""
-        if self.kind is Optimizer.SGD:
-            return ps_optim.SGD(lr=self.learning_rate)
-        if self.kind is Optimizer.ADAGRAD:
-            return ps_optim.Adagrad(lr=self.learning_rate, eps=self.eps)
-        if self.kind is Optimizer.ROWWISE_ADAGRAD:
-            return ps_optim.RowWiseAdagrad(lr=self.learning_rate, eps=self.eps)
-        return ps_optim.Adam(lr=self.learning_rate, betas=(self.beta1, self.beta2), eps=self.eps)
+        return _RUNTIME[self.kind][1](self)
+
+
+# The runtime's half of the optimizer table (the planner's, the state per row, is specs.Optimizer's): fbgemm's fused
+# type (an EmbOptimType member's name) for local tables, the parameter servers' row optimizer for PS tables.
+# Data-parallel replicas train with its torch.optim class, persia_planner.export.torch_optimizer (the planner
+# needs that column too, for TorchRec's storage estimator).
+_RUNTIME: Mapping[Optimizer, tuple[str, Callable[[SparseOptimizer], ps_optim.RowOptimizer]]] = {
+    Optimizer.SGD: ("EXACT_SGD", lambda o: ps_optim.SGD(lr=o.learning_rate)),
+    Optimizer.ADAGRAD: ("EXACT_ADAGRAD", lambda o: ps_optim.Adagrad(lr=o.learning_rate, eps=o.eps)),
+    Optimizer.ROWWISE_ADAGRAD: (
+        "EXACT_ROWWISE_ADAGRAD",
+        lambda o: ps_optim.RowWiseAdagrad(lr=o.learning_rate, eps=o.eps),
+    ),
+    Optimizer.ADAM: ("ADAM", lambda o: ps_optim.Adam(lr=o.learning_rate, betas=(o.beta1, o.beta2), eps=o.eps)),
+}
 
 
 class HybridEmbeddingBagCollection(nn.Module):

@@ -30,7 +30,7 @@ from persia_planner.topology import Topology
 from .config import TrainConfig
 from .data.criteo import NUM_INTEGER, Batch
 from .data.synthetic import SyntheticClicks, Teacher
-from .distributed import distribute, quiet_trainer
+from .distributed import distribute, quiet_trainer, sparse_torch_optimizer
 from .hybrid import SparseOptimizer
 from .ps.launch import trainers_store
 from .train import build_model, dense_state_dict, make_optimizer
@@ -157,13 +157,13 @@ def _reference_optimizer(reference: nn.Module, job: _Job) -> Any:
     if job.sparse_optimizer is Optimizer.SGD:
         return torch.optim.SGD(reference.parameters(), lr=job.learning_rate)
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
     tables = {n: p for n, p in reference.named_parameters() if "embedding_bags" in n}
     dense = {n: p for n, p in reference.named_parameters() if n not in tables}
+    kind = job.sparse_optimizer
     return CombinedOptimizer(
         [
-            KeyedOptimizerWrapper(tables, lambda ps: RowWiseAdagrad(ps, lr=job.learning_rate, eps=_EPS)),
+            KeyedOptimizerWrapper(tables, lambda ps: sparse_torch_optimizer(kind, ps, lr=job.learning_rate, eps=_EPS)),
             KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=job.learning_rate)),
         ]
     )
