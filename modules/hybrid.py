@@ -28,7 +28,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from persia_planner.errors import PlannerError
 from persia_planner.placement import Mode, TablePlacement
-from persia_planner.plans import Plan
+from persia_planner.plans import Plan, require_same_tables
 from persia_planner.specs import Optimizer
 
 from .local import LocalEmbeddingBags
@@ -362,17 +362,5 @@ def _placements_of(
     if plan is None:
         return {c.name: None for c in configs}
     tables = plan.tables if isinstance(plan, Plan) else plan
-    names = {c.name for c in configs}
-    missing = [c.name for c in configs if c.name not in tables]
-    if missing:
-        raise PlannerError(
-            f"the plan has no placement for tables {missing[:3]}",
-            fixes=("plan this model (persia plan MODEL TOPOLOGY) and pass that plan",),
-        )
-    unknown = sorted(set(tables) - names)
-    if unknown:
-        raise PlannerError(
-            f"the plan places tables {unknown[:3]} that are not in the collection",
-            fixes=("pass the plan made for this model",),
-        )
+    require_same_tables(tables, (c.name for c in configs), holder="the collection")
     return {c.name: tables[c.name] for c in configs}

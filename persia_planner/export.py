@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
-from persia_planner.plans import Plan
+from persia_planner.plans import Plan, require_same_tables
 from persia_planner.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
 
@@ -275,21 +275,7 @@ def torchrec_shardings(plan: PlanLike, model: ModelSpec, topology: Topology) -> 
             names a table or device the model / topology does not have.
     """
     tables = _tables_of(plan)
-    specs = {t.name: t for t in model.tables}
-    unknown = [name for name in tables if name not in specs]
-    if unknown:
-        raise PlannerError(
-            f"plan places table {unknown[0]!r} that the model does not have",
-            kind=ErrorKind.INVALID_PLAN,
-            fixes=("export with the model the plan was made for",),
-        )
-    missing = [t.name for t in model.tables if t.name not in tables]
-    if missing:
-        raise PlannerError(
-            f"table {missing[0]!r} of the model is not in the plan",
-            kind=ErrorKind.INVALID_PLAN,
-            fixes=("export with the model the plan was made for",),
-        )
+    require_same_tables(tables, (t.name for t in model.tables))
     result = []
     for table in model.tables:  # model order: TorchRec's EBC order
         placement = tables[table.name]
