@@ -20,13 +20,12 @@ This module imports torch / torchrec only inside functions: ``import persia_plan
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import ErrorKind, PlannerError
-from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
+from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, row_blocks
 from persia_planner.plans import Plan, require_same_tables
 from persia_planner.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
@@ -55,7 +54,6 @@ __all__ = [
     "to_torchrec_topology",
     "torch_optimizer",
     "torchrec_constraints",
-    "torchrec_row_blocks",
     "torchrec_shardings",
     "torchrec_topology_kwargs",
 ]
@@ -244,16 +242,6 @@ def _local_world_size(topology: Topology) -> int:
 
 def _uniform_hosts(topology: Topology) -> bool:
     return len({len(h.gpus) for h in topology.trainers}) == 1
-
-
-def torchrec_row_blocks(rows: int, parts: int) -> list[int]:
-    """Row counts of TorchRec's row-wise layout: ``ceil(rows / parts)`` per rank, the remainder, then zeros.
-
-    TorchRec's training input dist routes id ``i`` to rank ``i // ceil(rows / parts)``, so no other split runs.
-    E.g. 10 rows on 4 ranks -> ``[3, 3, 3, 1]``; 5 rows on 4 ranks -> ``[2, 2, 1, 0]``.
-    """
-    block = math.ceil(rows / parts)
-    return [max(0, min(block, rows - i * block)) for i in range(parts)]
 
 
 def torchrec_shardings(plan: PlanLike, model: ModelSpec, topology: Topology) -> list[TorchRecSharding]:
@@ -479,7 +467,7 @@ def _row_boxes(
         local = _local_world_size(topology)
         first = ranks[0] // local * local
         group = list(range(first, first + local))
-    expected = torchrec_row_blocks(table.rows, len(group))
+    expected = row_blocks(table.rows, len(group))
     where = "every rank" if s is Sharding.ROW_WISE else f"the ranks {group[0]}..{group[-1]} of one host"
     if ranks != group[: len(ranks)] or any(expected[len(ranks) :]):
         raise _unsupported(

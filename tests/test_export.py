@@ -32,10 +32,9 @@ from persia_planner.export import (
     TorchRecSharding,
     from_sharding_options,
     gpu_tables,
-    torchrec_row_blocks,
     torchrec_shardings,
 )
-from persia_planner.placement import Shard, TablePlacement
+from persia_planner.placement import Shard, TablePlacement, row_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,8 +113,8 @@ def test_each_table_exports_its_sharding(struct_case, name):
         assert all(b.rows == table.rows and b.row_offset == 0 for b in entry.shards)
     elif sharding is Sharding.ROW_WISE:
         assert entry.ranks == [0, 1, 2, 3]
-        assert [b.rows for b in entry.shards] == torchrec_row_blocks(table.rows, 4)
-        blocks = torchrec_row_blocks(table.rows, 4)
+        assert [b.rows for b in entry.shards] == row_blocks(table.rows, 4)
+        blocks = row_blocks(table.rows, 4)
         assert [b.row_offset for b in entry.shards] == [sum(blocks[:k]) for k in range(4)]
     elif sharding is Sharding.TABLE_ROW_WISE:
         host = topology.gpus[plan_ranks[0]].host
@@ -142,7 +141,7 @@ def test_row_wise_rounding_is_reblocked_to_torchrec_layout():
     )
     (entry,) = torchrec_shardings({"t": placement}, model, topology)
     assert [(b.rank, b.row_offset, b.rows) for b in entry.shards] == [(0, 0, 3), (1, 3, 3), (2, 6, 3), (3, 9, 1)]
-    assert torchrec_row_blocks(5, 4) == [2, 2, 1, 0]
+    assert row_blocks(5, 4) == [2, 2, 1, 0]
 
 
 def test_empty_row_blocks_round_trip():
