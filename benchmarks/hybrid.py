@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (CI)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    from persia_planner.export import planned_execution
+    from persia_planner.execution import planned_execution
     from persia_planner.modules.verify import compare_with_torchrec
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
 

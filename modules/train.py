@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from persia_planner.errors import PlannerError
-from persia_planner.export import check_executable, planned_execution
+from persia_planner.execution import check_executable, planned_execution
 from persia_planner.memory import ps_capacity
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import DLRM_BOTTOM, DLRM_TOP, ModelSpec
