@@ -45,7 +45,7 @@ fused kernels, so two more things live beside the weights:
   dtype for good and hands out the gradient as a view of it: rows x cols x dtype;
 * the ``torch.optim`` state (``data_parallel_tables`` in ``modules/distributed.py``: TorchRec's ``RowWiseAdagrad``
   one value per row, ``Adagrad`` one per element, ``Adam`` two), in the weights' dtype, which is float32 whenever
-  there is state (``export.check_executable`` refuses a stateful optimizer on fp16 / bf16 replicas); a scalar step
+  there is state (``execution.check_executable`` refuses a stateful optimizer on fp16 / bf16 replicas); a scalar step
   count per table is not charged.
 
 So a replica costs :func:`fbgemm_bytes` of the table in ``DEVICE`` memory plus its gradient (:func:`replica_bytes`).
