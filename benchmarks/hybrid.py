@@ -70,8 +70,9 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, j
     from persia_planner.modules.data import SyntheticClicks
     from persia_planner.modules.distributed import quiet_trainer
     from persia_planner.modules.ps.launch import exit_now, use_hosted_store
-    from persia_planner.modules.train import DEFAULT_MODEL, TrainConfig, teacher_for
+    from persia_planner.modules.train import TrainConfig, teacher_for
     from persia_planner.modules.verify import in_range
+    from persia_planner.paths import DEFAULT_MODEL
 
     quiet_trainer()
     torch.set_num_threads(1)
@@ -149,7 +150,7 @@ def dmp_baseline(steps: int, batch_size: int, tables: dict, topology: Any) -> di
 # ---- the run ----------------------------------------------------------------------------------------------------
 def all_local_topology() -> Any:
     """The same trainers with room for every table and no parameter servers: the all-local case."""
-    from persia_planner.modules.train import DEFAULT_TOPOLOGY
+    from persia_planner.paths import DEFAULT_TOPOLOGY
     from persia_planner.topology import Topology
 
     data = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())
@@ -165,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (CI)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    from persia_planner.export import planned_execution
-    from persia_planner.modules.train import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+    from persia_planner.execution import planned_execution
     from persia_planner.modules.verify import compare_with_torchrec
+    from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
 
     spec, topo = load_model(DEFAULT_MODEL), load_topology(DEFAULT_TOPOLOGY)
     the_plan = plan(spec, topo)

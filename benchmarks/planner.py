@@ -42,9 +42,9 @@ from persia_planner import (
 from persia_planner.bound import MAX_WEIGHTINGS, lower_bound
 from persia_planner.cost import CostModel
 from persia_planner.memory import ps_servers_needed
+from persia_planner.paths import EXAMPLES
 from persia_planner.synthetic import model_dict, nearly_full_topology, random_model, random_topology
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "persia_planner" / "examples"
 console = Console()
 # TorchRec has no parameter-server tier: compared with it, our search may use only these.
 LOCAL_TIERS = frozenset({Tier.HBM, Tier.HBM_CACHE, Tier.DDR})

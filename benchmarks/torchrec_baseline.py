@@ -34,13 +34,9 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 from persia_planner import CostModel, ModelSpec, Plan, Sharding, TablePlacement, Topology, validate  # noqa: E402
-from persia_planner.export import (  # noqa: E402
-    TorchRecSharding,
-    from_sharding_options,
-    gpu_tables,
-    torchrec_topology_kwargs,
-)
+from persia_planner.export import TorchRecSharding, gpu_tables  # noqa: E402
 from persia_planner.synthetic import model_dict  # noqa: E402
+from persia_planner.torchrec_scoring import from_sharding_options, torchrec_topology_kwargs  # noqa: E402
 
 __all__ = [
     "compare_plans",
@@ -298,7 +294,7 @@ def score_torchrec(
     """
     from torchrec.distributed.planner import Topology as TorchRecTopology
 
-    from persia_planner.export import score_with_torchrec, to_sharding_options
+    from persia_planner.torchrec_scoring import score_with_torchrec, to_sharding_options
 
     tr_topology = TorchRecTopology(compute_device="cuda", **torchrec_args)
     batch = max(1, model.batch_size // tr_topology.world_size)
@@ -409,7 +405,7 @@ def _worker(config_path: str) -> int:
         from torchrec.distributed.planner import Topology as TorchRecTopology
         from torchrec.distributed.planner.perf_models import NoopPerfModel
 
-        from persia_planner.export import meta_collection, shardings_from_plan, torchrec_constraints
+        from persia_planner.torchrec_scoring import meta_collection, shardings_from_plan, torchrec_constraints
 
         model = ModelSpec.from_dict(config["model"], "model")
         topology = TorchRecTopology(compute_device="cuda", **config["topology"])

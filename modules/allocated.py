@@ -20,11 +20,9 @@ devices; the ``ddr`` and ``hbm_cache`` tiers need CUDA and are checked against f
 
 from __future__ import annotations
 
-import datetime
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,6 +33,9 @@ from persia_planner.placement import Mode, Sharding, TablePlacement, Tier
 from persia_planner.search import Option, build_placement
 from persia_planner.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .job import Job
 
 __all__ = [
     "Case",
@@ -156,18 +157,6 @@ def rank_bytes(model: nn.Module, optimizer: Any = None) -> dict[str, int]:
     return out | {"total": sum(out.values())}
 
 
-@dataclass(frozen=True)
-class _Measure:
-    """What every process of a measurement gets (picklable)."""
-
-    spec: ModelSpec
-    tables: dict[str, TablePlacement]
-    topology: Topology
-    servers: int
-    trainers: int
-    sparse_optimizer: Optimizer
-
-
 def _fill(client: Any, spec: ModelSpec, tables: Mapping[str, TablePlacement], rank: int, world: int) -> None:
     """Look up (and so insert) every id of every PS table, trainer ``rank`` of ``world`` taking every world-th chunk."""
     for table in spec.tables:
@@ -188,31 +177,25 @@ def _warm_up(client: Any, spec: ModelSpec) -> None:
         client.lookup("__memory_warm_up__", torch.arange(FILL_CHUNK), train=True)
 
 
-def _measure_trainer(j: int, client: Any, job: _Measure) -> dict[str, Any] | None:
+def _measure_trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     """Trainer ``j`` of :func:`allocated_bytes` (run by :func:`.ps.launch.local_cluster`): builds the modules as
     ``persia train`` does, measures its own bytes and, on trainer 0, the servers' memory growth."""
-    from .config import TrainConfig
     from .data.synthetic import SyntheticClicks
-    from .distributed import distribute, quiet_trainer
+    from .distributed import distribute
     from .hybrid import SparseOptimizer
-    from .ps.launch import trainers_store
-    from .train import TrainLoop, build_model, make_optimizer, teacher_for
+    from .job import trainer_group
+    from .loop import TrainLoop, build_model, make_optimizer
+    from .stream import teacher_for
 
-    quiet_trainer()
-    torch.set_num_threads(1)
-    per_host = len(job.topology.trainers[0].gpus)  # as persia train tells TorchRec its nodes
-    os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(per_host), str(j % per_host)
-    timeout = datetime.timedelta(seconds=300)
-    dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=job.trainers, timeout=timeout)
-    try:
+    with trainer_group(j, job):  # TorchRec's nodes are the topology's hosts, as persia train tells it
         before = None
         if client is not None:
             _warm_up(client, job.spec)
             dist.barrier()  # every trainer's first requests are served before the baseline
             before = client.memory() if j == 0 else None
             dist.barrier()
-        cfg = TrainConfig(trainers=job.trainers, sparse_optimizer=job.sparse_optimizer)
-        sparse = SparseOptimizer(job.sparse_optimizer)
+        cfg = job.cfg
+        sparse = SparseOptimizer(cfg.sparse_optimizer)
         model, hybrid = build_model(
             job.spec,
             job.tables,
@@ -239,8 +222,6 @@ def _measure_trainer(j: int, client: Any, job: _Measure) -> dict[str, Any] | Non
         if j != 0:
             return None
         return {"trainers": everyone, "before": before or [], "after": after or []}
-    finally:
-        dist.destroy_process_group()
 
 
 def allocated_bytes(
@@ -266,14 +247,15 @@ def allocated_bytes(
         is its total), a server's resident-memory growth (``allocated``), its stores' own account (``accounted``)
         and the rows it holds.
     """
-    from .config import sparse_optimizer_of
+    from .config import TrainConfig, sparse_optimizer_of
+    from .job import Job
     from .ps.launch import local_cluster
-    from .train import TrainConfig
 
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     servers = len(topology.servers) if has_ps else 0
     optimizer = sparse_optimizer or sparse_optimizer_of(TrainConfig(), spec)
-    job = _Measure(spec, dict(tables), topology, servers, len(topology.gpus), optimizer)
+    cfg = TrainConfig(trainers=len(topology.gpus), sparse_optimizer=optimizer)
+    job = Job(cfg, spec, dict(tables), topology, servers, len(topology.gpus))
     result = local_cluster(servers, len(topology.gpus), _measure_trainer, job, run_timeout_s=run_timeout_s)[0]
     out: dict[str, dict[str, int]] = {}
     for gpu, measured in zip(topology.gpus, result["trainers"], strict=True):

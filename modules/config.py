@@ -35,11 +35,37 @@ __all__ = [
     "check_checkpoint_dir",
     "check_data_matches",
     "check_resume_exists",
+    "criteo_files",
+    "criteo_path",
+    "data_identity",
     "dlrm_embedding_dim",
     "sparse_optimizer_of",
 ]
 
 FEATURE_NAMES = tuple(f"c{i}" for i in range(1, 27))  # the 26 categorical columns of Criteo, as KJT keys
+_CRITEO = "criteo:"
+
+
+# ---- --data: "synthetic" or "criteo:PATH" -----------------------------------------------------------------------
+
+
+def criteo_path(data: str) -> Path | None:
+    """The file or directory of ``--data criteo:PATH``; None for any other value (``synthetic``, or no path)."""
+    if not data.startswith(_CRITEO) or data == _CRITEO:
+        return None
+    return Path(data.removeprefix(_CRITEO))
+
+
+def criteo_files(path: Path) -> list[str]:
+    """The files ``criteo:PATH`` reads, in order: the file itself, or every file of the directory by name."""
+    return sorted(str(p) for p in path.iterdir() if p.is_file()) if path.is_dir() else [str(path)]
+
+
+def data_identity(data: str) -> str:
+    """``--data`` as a checkpoint records it: a Criteo path resolved, so that the same files under another spelling
+    of their path are the same data."""
+    path = criteo_path(data)
+    return data if path is None else _CRITEO + str(path.resolve())
 
 
 class TrainMode(enum.StrEnum):
@@ -159,7 +185,7 @@ class TrainConfig:
             raise PlannerError(f"teacher_rows_scale must be in (0, 1], got {self.teacher_rows_scale}")
         if self.resume and not self.checkpoint:
             raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
-        if not (self.data == "synthetic" or (self.data.startswith("criteo:") and self.data != "criteo:")):
+        if self.data != "synthetic" and criteo_path(self.data) is None:
             raise PlannerError(
                 f"--data must be 'synthetic' or 'criteo:PATH', got {self.data!r}",
                 fixes=("e.g. --data criteo:/data/day_0.tsv",),
@@ -180,9 +206,9 @@ class TrainConfig:
 def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
     """``--data criteo:PATH`` must exist and hold files; it provides features c1..c26, so the model's tables must
     be named after them."""
-    if not cfg.data.startswith("criteo:"):
+    path = criteo_path(cfg.data)
+    if path is None:
         return
-    path = Path(cfg.data.split(":", 1)[1])
     if not path.exists():
         raise SpecError(str(path), "", "file or directory not found", fixes=("pass --data criteo:PATH",))
     if path.is_dir() and not any(p.is_file() for p in path.iterdir()):

@@ -4,7 +4,7 @@
 ``ShardingPlan`` (:func:`persia_planner.export.to_sharding_plan`) for the collection's local tables, TorchRec's
 ``EmbeddingBagCollectionSharder`` with the sparse optimizer fused into fbgemm, and DMP's DDP around the dense part.
 :func:`executed_plan` reads back, from the built modules, how every table runs, in the terms of
-:func:`persia_planner.export.planned_execution`, so a run can show that it executed its plan.
+:func:`persia_planner.execution.planned_execution`, so a run can show that it executed its plan.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from persia_planner.errors import PlannerError
-from persia_planner.export import check_executable, to_sharding_plan, torch_optimizer
+from persia_planner.execution import check_executable
+from persia_planner.export import to_sharding_plan, torch_optimizer
 from persia_planner.placement import TablePlacement
 from persia_planner.specs import ModelSpec, Optimizer
 from persia_planner.topology import Topology
@@ -112,7 +113,7 @@ def distribute(
 
     Raises:
         PlannerError: The group's size is not the topology's trainer count, a placement TorchRec cannot express,
-            or one it would not run as written on ``device`` (see :func:`persia_planner.export.check_executable`).
+            or one it would not run as written on ``device`` (see :func:`persia_planner.execution.check_executable`).
     """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel

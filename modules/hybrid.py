@@ -16,7 +16,7 @@ ones, and the PS tables get one gathered update per step (see :mod:`.remote`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from persia_planner.errors import PlannerError
 from persia_planner.placement import Mode, TablePlacement
-from persia_planner.plan import Plan
+from persia_planner.plans import Plan, require_same_tables
 from persia_planner.specs import Optimizer
 
 from .local import LocalEmbeddingBags
@@ -68,19 +68,13 @@ class SparseOptimizer:
         """Keyword arguments of ``SplitTableBatchedEmbeddingBagsCodegen`` for this optimizer."""
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-        kinds = {
-            Optimizer.SGD: EmbOptimType.EXACT_SGD,
-            Optimizer.ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
-            Optimizer.ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-            Optimizer.ADAM: EmbOptimType.ADAM,
-        }
         if self.kind is Optimizer.ADAM and not on_cuda:
             raise PlannerError(
                 "sparse optimizer adam: fbgemm has no CPU adam for local tables",
                 fixes=("use rowwise_adagrad, adagrad or sgd", "place the tables on the ps tier"),
             )
         return {
-            "optimizer": kinds[self.kind],
+            "optimizer": EmbOptimType[_RUNTIME[self.kind][0]],
             "learning_rate": self.learning_rate,
             "eps": self.eps,
             "beta1": self.beta1,
@@ -89,13 +83,22 @@ class SparseOptimizer:
 
     def ps(self) -> ps_optim.RowOptimizer:
         """The same optimizer as the parameter servers apply it."""
-        if self.kind is Optimizer.SGD:
-            return ps_optim.SGD(lr=self.learning_rate)
-        if self.kind is Optimizer.ADAGRAD:
-            return ps_optim.Adagrad(lr=self.learning_rate, eps=self.eps)
-        if self.kind is Optimizer.ROWWISE_ADAGRAD:
-            return ps_optim.RowWiseAdagrad(lr=self.learning_rate, eps=self.eps)
-        return ps_optim.Adam(lr=self.learning_rate, betas=(self.beta1, self.beta2), eps=self.eps)
+        return _RUNTIME[self.kind][1](self)
+
+
+# The runtime's half of the optimizer table (the planner's, the state per row, is specs.Optimizer's): fbgemm's fused
+# type (an EmbOptimType member's name) for local tables, the parameter servers' row optimizer for PS tables.
+# Data-parallel replicas train with its torch.optim class, persia_planner.export.torch_optimizer (the planner
+# needs that column too, for TorchRec's storage estimator).
+_RUNTIME: Mapping[Optimizer, tuple[str, Callable[[SparseOptimizer], ps_optim.RowOptimizer]]] = {
+    Optimizer.SGD: ("EXACT_SGD", lambda o: ps_optim.SGD(lr=o.learning_rate)),
+    Optimizer.ADAGRAD: ("EXACT_ADAGRAD", lambda o: ps_optim.Adagrad(lr=o.learning_rate, eps=o.eps)),
+    Optimizer.ROWWISE_ADAGRAD: (
+        "EXACT_ROWWISE_ADAGRAD",
+        lambda o: ps_optim.RowWiseAdagrad(lr=o.learning_rate, eps=o.eps),
+    ),
+    Optimizer.ADAM: ("ADAM", lambda o: ps_optim.Adam(lr=o.learning_rate, betas=(o.beta1, o.beta2), eps=o.eps)),
+}
 
 
 class HybridEmbeddingBagCollection(nn.Module):
@@ -109,7 +112,7 @@ class HybridEmbeddingBagCollection(nn.Module):
 
     Args:
         tables: The tables, as for ``EmbeddingBagCollection`` (sum or mean pooling).
-        plan: A :class:`~persia_planner.plan.Plan` (or its ``tables`` mapping) placing every table; ``None`` keeps
+        plan: A :class:`~persia_planner.plans.Plan` (or its ``tables`` mapping) placing every table; ``None`` keeps
             every table local.
         ps: Client of the parameter servers; required when the plan puts any table on the ``ps`` tier.
         optimizer: Sparse optimizer of every table (local: fbgemm fused once sharded; PS: applied by the servers).
@@ -359,17 +362,5 @@ def _placements_of(
     if plan is None:
         return {c.name: None for c in configs}
     tables = plan.tables if isinstance(plan, Plan) else plan
-    names = {c.name for c in configs}
-    missing = [c.name for c in configs if c.name not in tables]
-    if missing:
-        raise PlannerError(
-            f"the plan has no placement for tables {missing[:3]}",
-            fixes=("plan this model (persia plan MODEL TOPOLOGY) and pass that plan",),
-        )
-    unknown = sorted(set(tables) - names)
-    if unknown:
-        raise PlannerError(
-            f"the plan places tables {unknown[:3]} that are not in the collection",
-            fixes=("pass the plan made for this model",),
-        )
+    require_same_tables(tables, (c.name for c in configs), holder="the collection")
     return {c.name: tables[c.name] for c in configs}

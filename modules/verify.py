@@ -13,8 +13,6 @@ applied once per id (the trainers gather their PS gradients and push each id onc
 
 from __future__ import annotations
 
-import datetime
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,27 +28,12 @@ from persia_planner.topology import Topology
 from .config import TrainConfig
 from .data.criteo import NUM_INTEGER, Batch
 from .data.synthetic import SyntheticClicks, Teacher
-from .distributed import distribute, quiet_trainer
+from .distributed import distribute, sparse_torch_optimizer
 from .hybrid import SparseOptimizer
-from .ps.launch import trainers_store
-from .train import build_model, dense_state_dict, make_optimizer
+from .job import Job, trainer_group
+from .loop import build_model, dense_state_dict, make_optimizer
 
 __all__ = ["compare_with_torchrec", "in_range"]
-
-
-@dataclass(frozen=True)
-class _Job:
-    spec: ModelSpec
-    tables: dict[str, TablePlacement]
-    topology: Topology
-    steps: int
-    batch_size: int
-    learning_rate: float
-    sparse_optimizer: Optimizer
-    seed: int
-    staleness: int
-    servers: int
-    trainers: int
 
 
 def in_range(batch: Batch, spec: ModelSpec) -> Batch:
@@ -65,27 +48,24 @@ def in_range(batch: Batch, spec: ModelSpec) -> Batch:
     return Batch(batch.dense, sparse, batch.labels, batch.teacher_prob)
 
 
-def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
+def _worker(j: int, client: Any, job: Job) -> dict[str, list[float]]:
     from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from persia_planner.export import to_embedding_bag_configs
 
-    quiet_trainer()
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", store=trainers_store(), rank=j, world_size=job.trainers, timeout=datetime.timedelta(seconds=300)
-    )
-    try:
+    cfg = job.cfg
+    # nodes_from_topology=False: TorchRec takes its nodes from the environment here, as this check always has.
+    with trainer_group(j, job, nodes_from_topology=False):
         spec = job.spec
-        sparse = SparseOptimizer(job.sparse_optimizer, learning_rate=job.learning_rate, eps=_EPS)
+        sparse = SparseOptimizer(cfg.sparse_optimizer, learning_rate=cfg.sparse_lr, eps=_EPS)
         model, hybrid = build_model(
             spec,
             job.tables,
             ps=client,
             optimizer=sparse,
-            staleness=job.staleness,
-            seed=job.seed,
+            staleness=cfg.staleness,
+            seed=cfg.seed,
             ps_servers=job.servers,
             device=torch.device("cpu"),
             local_device=torch.device("meta"),
@@ -115,16 +95,17 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
             start = {name: bag.weight.detach().clone() for name, bag in bags.items()}
         ref_ddp = nn.parallel.DistributedDataParallel(reference)
         ref_opt = _reference_optimizer(reference, job)
-        hyb_opt = make_optimizer(model, TrainConfig(dense_optimizer="sgd", dense_lr=job.learning_rate), sparse)
+        hyb_opt = make_optimizer(model, cfg, sparse)  # dense: SGD at the same learning rate
         teacher = Teacher(features=tuple(t.name for t in spec.tables), rows={t.name: t.rows for t in spec.tables})
-        data = SyntheticClicks(teacher, batch_size=job.batch_size, num_batches=job.steps * job.trainers, seed=job.seed)
+        assert cfg.batch_size is not None
+        data = SyntheticClicks(teacher, batch_size=cfg.batch_size, num_batches=cfg.steps * job.trainers, seed=cfg.seed)
         loss_fn = nn.BCEWithLogitsLoss()
         out: dict[str, list[float]] = {"hybrid": [], "reference": []}
-        batches = [in_range(data.batch(step * job.trainers + j), spec) for step in range(job.steps)]
+        batches = [in_range(data.batch(step * job.trainers + j), spec) for step in range(cfg.steps)]
         prefetched = 0
         for step, batch in enumerate(batches):
             # As TrainLoop does: request the PS rows of up to K coming batches when the bound allows it.
-            while prefetched < min(job.steps, step + job.staleness + 1):
+            while prefetched < min(cfg.steps, step + cfg.staleness + 1):
                 if not hybrid.prefetch(batches[prefetched].sparse, block=prefetched == step):
                     break
                 prefetched += 1
@@ -145,26 +126,24 @@ def _worker(j: int, client: Any, job: _Job) -> dict[str, list[float]]:
         out["worst_table"] = [max(by_table, key=by_table.get)]
         out["weight_moved"] = [min(float((trained[n] - start[n]).abs().max()) for n in trained)]
         return out
-    finally:
-        dist.destroy_process_group()
 
 
 _EPS = 1e-8
 
 
-def _reference_optimizer(reference: nn.Module, job: _Job) -> Any:
+def _reference_optimizer(reference: nn.Module, job: Job) -> Any:
     """SGD on the dense layers; the job's sparse optimizer (SGD or TorchRec's row-wise Adagrad) on the tables."""
-    if job.sparse_optimizer is Optimizer.SGD:
-        return torch.optim.SGD(reference.parameters(), lr=job.learning_rate)
+    kind, lr = job.cfg.sparse_optimizer, job.cfg.sparse_lr
+    if kind is Optimizer.SGD:
+        return torch.optim.SGD(reference.parameters(), lr=lr)
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
     tables = {n: p for n, p in reference.named_parameters() if "embedding_bags" in n}
     dense = {n: p for n, p in reference.named_parameters() if n not in tables}
     return CombinedOptimizer(
         [
-            KeyedOptimizerWrapper(tables, lambda ps: RowWiseAdagrad(ps, lr=job.learning_rate, eps=_EPS)),
-            KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=job.learning_rate)),
+            KeyedOptimizerWrapper(tables, lambda ps: sparse_torch_optimizer(kind, ps, lr=lr, eps=_EPS)),
+            KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=lr)),
         ]
     )
 
@@ -208,19 +187,19 @@ def compare_with_torchrec(
 
     if sparse_optimizer not in (Optimizer.SGD, Optimizer.ROWWISE_ADAGRAD):  # StrEnum: "sgd" counts too
         raise PlannerError(f"sparse_optimizer must be sgd or rowwise_adagrad, got {sparse_optimizer!r}")
-    job = _Job(
-        spec,
-        dict(tables),
-        topology,
-        steps,
-        batch_size,
-        learning_rate,
-        Optimizer(sparse_optimizer),
-        seed,
-        staleness,
-        servers,
-        trainers,
+    cfg = TrainConfig(
+        steps=steps,
+        batch_size=batch_size,
+        staleness=staleness,
+        trainers=trainers,
+        sparse_lr=learning_rate,
+        sparse_optimizer=Optimizer(sparse_optimizer),
+        dense_lr=learning_rate,
+        dense_optimizer="sgd",
+        seed=seed,
+        progress=False,
     )
+    job = Job(cfg, spec, dict(tables), topology, servers, trainers)
     results = local_cluster(servers, trainers, _worker, job, timeout_s=60.0, run_timeout_s=1800)
     hybrid = [r["hybrid"] for r in results]
     reference = [r["reference"] for r in results]

@@ -13,7 +13,6 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,8 +31,6 @@ __all__ = ["app", "main"]
 EXIT_INVALID_PLAN = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
-EXAMPLE_MODEL = "dlrm_criteo.yaml"
-EXAMPLE_TOPOLOGY = "cluster_2x4_2ps.yaml"
 
 
 class _Exit(Exception):
@@ -133,10 +130,6 @@ def _write(path: Path, what: str, write: Any) -> None:
         ) from None
 
 
-def _example(name: str) -> Path:
-    return Path(str(resources.files("persia_planner.examples").joinpath(name)))
-
-
 # ---- commands -----------------------------------------------------------------------------------------------------
 @app.command("plan")
 def plan_command(
@@ -154,7 +147,8 @@ def plan_command(
     """Place every table of MODEL on TOPOLOGY; print the per-device and per-table reports and the estimate."""
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
-    from persia_planner.plan import require_valid
+    from persia_planner.paths import EXAMPLE_MODEL, EXAMPLE_TOPOLOGY
+    from persia_planner.plans import require_valid
 
     with _edge():
         if (model is None) != (topology is None):
@@ -166,9 +160,9 @@ def plan_command(
                 )
             )
         if model is None or topology is None:
-            model, topology = _example(EXAMPLE_MODEL), _example(EXAMPLE_TOPOLOGY)
+            model, topology = EXAMPLE_MODEL, EXAMPLE_TOPOLOGY
             _note(
-                f"no files given: planning the bundled example {EXAMPLE_MODEL} on {EXAMPLE_TOPOLOGY}",
+                f"no files given: planning the bundled example {EXAMPLE_MODEL.name} on {EXAMPLE_TOPOLOGY.name}",
                 to_stderr=as_json,
             )
         model_spec = load_model(model)
@@ -346,11 +340,12 @@ def train_command(
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
     from persia_planner.modules.config import TrainConfig, check_before_start
-    from persia_planner.plan import load_plan, require_valid
+    from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+    from persia_planner.plans import load_plan, require_valid
 
     with _edge():
-        model_path = model or _example("dlrm_small.yaml")
-        topology_path = topology or _example("local_2x1.yaml")
+        model_path = model or DEFAULT_MODEL
+        topology_path = topology or DEFAULT_TOPOLOGY
         model_spec = load_model(model_path)
         topo = load_topology(topology_path)
         # Options, plan and inputs are all checked before torch is imported (~7 s with torchrec): a mistake is

@@ -45,7 +45,7 @@ fused kernels, so two more things live beside the weights:
   dtype for good and hands out the gradient as a view of it: rows x cols x dtype;
 * the ``torch.optim`` state (``data_parallel_tables`` in ``modules/distributed.py``: TorchRec's ``RowWiseAdagrad``
   one value per row, ``Adagrad`` one per element, ``Adam`` two), in the weights' dtype, which is float32 whenever
-  there is state (``export.check_executable`` refuses a stateful optimizer on fp16 / bf16 replicas); a scalar step
+  there is state (``execution.check_executable`` refuses a stateful optimizer on fp16 / bf16 replicas); a scalar step
   count per table is not charged.
 
 So a replica costs :func:`fbgemm_bytes` of the table in ``DEVICE`` memory plus its gradient (:func:`replica_bytes`).
@@ -100,7 +100,6 @@ __all__ = [
     "ps_holds",
     "ps_rows_error",
     "ps_servers_needed",
-    "ps_state_values",
     "ps_store_bytes",
     "replica_bytes",
 ]
@@ -197,18 +196,6 @@ PS_MAX_ROWS = int((PS_MAX_CAPACITY - PS_CAPACITY_SLACK_ROWS) / PS_CAPACITY_HEADR
 """The most rows of one table one server may be planned to hold: the largest with a capacity the store accepts."""
 
 
-def ps_state_values(optimizer: Optimizer, dim: int) -> int:
-    """float32 optimizer values the store keeps per row (``modules/ps/optim.py``'s ``state_width``): sgd 0,
-    rowwise_adagrad 1, adagrad ``dim``, adam ``2 * dim + 1`` (both moments and the row's step count)."""
-    if optimizer is Optimizer.SGD:
-        return 0
-    if optimizer is Optimizer.ROWWISE_ADAGRAD:
-        return 1
-    if optimizer is Optimizer.ADAGRAD:
-        return dim
-    return 2 * dim + 1
-
-
 def ps_store_bytes(rows: Any, capacity: Any, dim: int, optimizer: Optimizer) -> Any:
     """Resident DDR bytes of a store of ``capacity`` rows of width ``dim`` that holds ``rows`` of them.
 
@@ -216,7 +203,7 @@ def ps_store_bytes(rows: Any, capacity: Any, dim: int, optimizer: Optimizer) -> 
     when the store is created (see the module docstring for the layout). Arrays or ints.
     """
     rows, capacity = np.asarray(rows, dtype=float), np.asarray(capacity, dtype=float)
-    per_row = PS_RECORD_BYTES + PS_VALUE_BYTES * (dim + ps_state_values(optimizer, dim))
+    per_row = PS_RECORD_BYTES + PS_VALUE_BYTES * (dim + optimizer.ps_state_values(dim))
     buckets = np.maximum(np.ceil(capacity / PS_INDEX_LOAD_FACTOR), capacity + 1)
     return rows * per_row + capacity * PS_DIRTY_BYTES + buckets * PS_BUCKET_BYTES
 

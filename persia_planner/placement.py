@@ -23,6 +23,8 @@ __all__ = [
     "Tier",
     "bucket_rows",
     "even_split",
+    "row_blocks",
+    "row_splittable",
     "tier_bytes",
 ]
 
@@ -142,6 +144,23 @@ def even_split(total: int, parts: int) -> list[int]:
     """``total`` split into ``parts`` near-equal integers, the first ones one larger: the rows of a ``ps_hash``
     table's buckets (one per server), the columns of a column-wise split."""
     return [bucket_rows(total, i, parts) for i in range(parts)]
+
+
+def row_blocks(rows: int, parts: int) -> list[int]:
+    """Rows per shard of a row-wise split: blocks of ``ceil(rows / parts)``, the remainder, then zeros.
+
+    The one row-block formula: TorchRec's row-wise kernels route id ``i`` to rank ``i // ceil(rows / parts)``, so no
+    other split runs; the search builds row-wise shards in this layout (only where no block is empty, see
+    :func:`row_splittable`) and the export checks them against it. E.g. 10 rows on 4 ranks -> ``[3, 3, 3, 1]``;
+    5 rows on 4 ranks -> ``[2, 2, 1, 0]``.
+    """
+    block = -(-rows // parts)
+    return [max(0, min(block, rows - i * block)) for i in range(parts)]
+
+
+def row_splittable(rows: int, parts: int) -> bool:
+    """Whether ``rows`` split in ``parts`` row blocks (:func:`row_blocks`) leaves no shard empty."""
+    return parts > 1 and (parts - 1) * -(-rows // parts) < rows
 
 
 def tier_bytes(

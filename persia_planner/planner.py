@@ -6,7 +6,7 @@ from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
 from persia_planner.errors import CapacityError
 from persia_planner.memory import ps_holds, ps_rows_error
-from persia_planner.plan import Plan, usage_of
+from persia_planner.plans import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, SearchConfig, Searcher
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology

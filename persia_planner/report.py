@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from persia_planner.plan import Plan
+    from persia_planner.plans import Plan
 
 __all__ = [
     "DeviceRow",

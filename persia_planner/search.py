@@ -24,7 +24,16 @@ from persia_planner.bound import LowerBound, TierChoice
 from persia_planner.cost import CostModel
 from persia_planner.errors import CapacityError, PlannerError
 from persia_planner.memory import ps_holds, ps_rows_error
-from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, even_split, tier_bytes
+from persia_planner.placement import (
+    Shard,
+    Sharding,
+    TablePlacement,
+    Tier,
+    even_split,
+    row_blocks,
+    row_splittable,
+    tier_bytes,
+)
 from persia_planner.specs import TableSpec
 from persia_planner.units import format_bytes
 
@@ -886,21 +895,6 @@ class _Run:
     def placement(self, table: TableSpec) -> TablePlacement:
         choice = self.choices[table.name]
         return build_placement(self.cost, table, choice.option, choice.gpus)
-
-
-def row_blocks(rows: int, parts: int) -> list[int]:
-    """Rows per shard of a row-wise split: blocks of ``ceil(rows / parts)``, the last one smaller.
-
-    This is the layout TorchRec's row-wise kernels route ids by, so plan.json describes what runs. Callers only split
-    tables whose last block is not empty (see :func:`row_splittable`).
-    """
-    block = -(-rows // parts)
-    return [max(0, min(block, rows - i * block)) for i in range(parts)]
-
-
-def row_splittable(rows: int, parts: int) -> bool:
-    """Whether ``rows`` split in ``parts`` row blocks leaves no shard empty."""
-    return parts > 1 and (parts - 1) * -(-rows // parts) < rows
 
 
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:

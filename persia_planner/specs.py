@@ -32,7 +32,12 @@ class DType(enum.StrEnum):
 
 
 class Optimizer(enum.StrEnum):
-    """Sparse optimizer of a table; decides the optimizer state held per row."""
+    """Sparse optimizer of a table; decides the optimizer state held per row.
+
+    The planner's half of the optimizer table (:data:`_STATE_VALUES`: the state each engine keeps per row); the
+    runtime's half, keyed by the same enum, maps it to fbgemm's fused type and the parameter servers' row optimizer
+    (``modules/hybrid.py``) and to a ``torch.optim`` class (:func:`persia_planner.export.torch_optimizer`).
+    """
 
     SGD = "sgd"
     ROWWISE_ADAGRAD = "rowwise_adagrad"
@@ -44,17 +49,34 @@ class Optimizer(enum.StrEnum):
         """Whether the state is one value per row (fbgemm then keeps it in HBM even for UVM tables)."""
         return self is Optimizer.ROWWISE_ADAGRAD
 
+    def state_values(self, dim: int) -> int:
+        """float32 optimizer state values fbgemm keeps per row of ``dim`` columns (a TorchRec local table)."""
+        per_column, per_row = _STATE_VALUES[self][0]
+        return per_column * dim + per_row
+
     def state_bytes_per_row(self, dim: int) -> int:
         """Optimizer state bytes per row of ``dim`` columns (formats.md): sgd 0, rowwise_adagrad 1, adagrad ``dim``,
         adam ``2 * dim`` values, each float32 whatever the weights' dtype (fbgemm's ``momentum1`` / ``momentum2``
         are float32 unless ``optimizer_state_dtypes`` says otherwise, which TorchRec does not set)."""
-        if self is Optimizer.SGD:
-            return 0
-        if self is Optimizer.ROWWISE_ADAGRAD:
-            return OPTIMIZER_STATE_VALUE_BYTES
-        if self is Optimizer.ADAGRAD:
-            return dim * OPTIMIZER_STATE_VALUE_BYTES
-        return 2 * dim * OPTIMIZER_STATE_VALUE_BYTES
+        return self.state_values(dim) * OPTIMIZER_STATE_VALUE_BYTES
+
+    def ps_state_values(self, dim: int) -> int:
+        """float32 optimizer values the parameter-server store keeps per row (``modules/ps/optim.py``'s
+        ``state_width``): sgd 0, rowwise_adagrad 1, adagrad ``dim``, adam ``2 * dim + 1`` (both moments and the
+        row's step count)."""
+        per_column, per_row = _STATE_VALUES[self][1]
+        return per_column * dim + per_row
+
+
+_STATE_VALUES: Mapping[Optimizer, tuple[tuple[int, int], tuple[int, int]]] = {
+    # optimizer: ((per column, per row) in fbgemm's TBE, (per column, per row) in the parameter-server store)
+    Optimizer.SGD: ((0, 0), (0, 0)),
+    Optimizer.ROWWISE_ADAGRAD: ((0, 1), (0, 1)),
+    Optimizer.ADAGRAD: ((1, 0), (1, 0)),
+    Optimizer.ADAM: ((2, 0), (2, 1)),
+}
+"""The optimizer table's torch-free columns: float32 state values per row of ``dim`` columns, as
+``per_column * dim + per_row``."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from persia_planner import CostModel, GreedyLocalSearch, ModelSpec, Plan, Planner, SearchConfig, Topology, validate
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
-from persia_planner.plan import usage_of
+from persia_planner.plans import usage_of
 
 
 def gpu_host(name: str, count: int, gpus: int) -> dict:

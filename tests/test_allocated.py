@@ -13,7 +13,7 @@ from persia_planner.cost import CostModel
 from persia_planner.memory import ps_bytes, replica_bytes
 from persia_planner.modules.allocated import Case, compare, default_cases, predicted_bytes
 from persia_planner.placement import Sharding, bucket_rows
-from persia_planner.plan import Plan, usage_of
+from persia_planner.plans import Plan, usage_of
 
 TOLERANCE = 0.05  # issue 28: within 5% per device
 CASES = default_cases()

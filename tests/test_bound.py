@@ -17,7 +17,7 @@ from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Topo
 from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
-from persia_planner.plan import Plan, usage_of
+from persia_planner.plans import Plan, usage_of
 from persia_planner.report import summary
 from persia_planner.search import GreedyLocalSearch
 

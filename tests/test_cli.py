@@ -13,13 +13,12 @@ from typer.testing import CliRunner
 
 from persia_planner import load_model, load_plan, load_topology, plan, validate
 from persia_planner.cli import app
-from persia_planner.plan import Plan
+from persia_planner.paths import EXAMPLE_MODEL, EXAMPLE_TOPOLOGY, EXAMPLES
+from persia_planner.plans import Plan
 from persia_planner.report import explanations
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "persia_planner" / "examples"
-MODEL = EXAMPLES / "dlrm_criteo.yaml"
-TOPOLOGY = EXAMPLES / "cluster_2x4_2ps.yaml"
+MODEL, TOPOLOGY = EXAMPLE_MODEL, EXAMPLE_TOPOLOGY
 BAD = Path(__file__).resolve().parent / "bad_inputs"
 
 runner = CliRunner()

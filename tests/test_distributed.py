@@ -9,7 +9,7 @@ import pytest
 import torch
 from plans import TOPO_1X2, forced_plan, local_placement, ps_placement
 
-from persia_planner.export import planned_execution
+from persia_planner.execution import planned_execution
 from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.placement import Sharding, Tier
 from persia_planner.specs import ModelSpec, TableSpec

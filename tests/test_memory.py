@@ -38,14 +38,13 @@ from persia_planner.memory import (
     PS_VALUE_BYTES,
     ps_bytes,
     ps_capacity,
-    ps_state_values,
     ps_store_bytes,
 )
 from persia_planner.modules.ps import optim as ps_optim
 from persia_planner.modules.ps.store import EmbeddingStore
 from persia_planner.placement import Sharding, Tier, tier_bytes
-from persia_planner.plan import Plan, usage_of
 from persia_planner.planner import Planner, plan
+from persia_planner.plans import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, Option, SearchConfig, build_placement
 from persia_planner.specs import DType, Optimizer, TableSpec
 
@@ -229,7 +228,7 @@ def test_a_full_store_allocates_what_is_charged(optimizer, dim):
     store = EmbeddingStore(dim, capacity, PS_OPTIMIZER[optimizer])
     store.lookup(torch.arange(capacity, dtype=torch.int64) * 31 + 7)
     assert len(store) == capacity
-    assert store.state_width == ps_state_values(optimizer, dim)
+    assert store.state_width == optimizer.ps_state_values(dim)
     arrays = store.arrays()
     assert arrays["weights"].element_size() == arrays["state"].element_size() == PS_VALUE_BYTES
     allocated = sum(_nbytes(a) for a in arrays.values())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import matplotlib
 import pytest
@@ -14,6 +13,7 @@ from matplotlib.collections import PathCollection
 from rich.console import Console
 
 from persia_planner import ModelSpec, Topology, load_model, load_topology, plan
+from persia_planner.paths import EXAMPLES
 from persia_planner.report import (
     abbreviate,
     describe,
@@ -28,8 +28,6 @@ from persia_planner.report import (
     table_rows,
     topology_lines,
 )
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "persia_planner" / "examples"
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Sharding, Tier, Topology, validate
 from persia_planner.bound import MAX_WEIGHTINGS, lower_bound, lower_bound_ms
 from persia_planner.cost import CostModel
-from persia_planner.plan import Plan
+from persia_planner.plans import Plan
 from persia_planner.search import GreedyLocalSearch
 from persia_planner.synthetic import nearly_full_topology, random_model
 

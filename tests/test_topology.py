@@ -192,11 +192,8 @@ def test_constants_take_whole_byte_counts_and_any_efficiency_up_to_one():
 
 
 def test_bundled_examples_load():
-    from pathlib import Path
+    from persia_planner.paths import EXAMPLES as examples
 
-    import persia_planner
-
-    examples = Path(persia_planner.__file__).parent / "examples"
     topo = load_topology(examples / "persia_100t_cluster.yaml")
     assert len(topo.gpus) == 64 and len(topo.servers) == 350
     assert topo.servers[0].ddr_bytes == 12 * 10**12

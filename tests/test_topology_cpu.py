@@ -8,6 +8,7 @@ from test_profile import raw_profile
 
 from persia_planner import SpecError, load_model, load_topology, plan
 from persia_planner.constants import CostConstants
+from persia_planner.paths import DEFAULT_MODEL
 from persia_planner.placement import Tier
 from persia_planner.profile import HardwareProfile
 from persia_planner.topology import DeviceKind
@@ -57,7 +58,7 @@ def test_explicit_figures_win_over_the_profile(tmp_path):
 
 def test_a_cpu_plan_keeps_local_tables_in_the_trainers_memory_and_the_big_ones_on_the_servers(tmp_path):
     topo = load_topology(write(tmp_path, [TRAINER, SERVER]))
-    model = load_model("persia_planner/examples/dlrm_small.yaml")
+    model = load_model(DEFAULT_MODEL)
     the_plan = plan(model, topo)
     tiers = {p.shards[0].tier for p in the_plan.tables.values()}
     assert tiers <= {Tier.HBM, Tier.PS}  # HBM is a CPU device's own memory here
@@ -98,7 +99,7 @@ def test_bad_cpu_topologies_are_one_line(tmp_path, hosts, words):
 
 def test_a_slower_measured_network_moves_tables_off_the_parameter_servers(tmp_path):
     """The same machine measured twice, once with PS requests ten times slower: the planner keeps more local."""
-    model = load_model("persia_planner/examples/dlrm_small.yaml")
+    model = load_model(DEFAULT_MODEL)
     remote = {}
     for name, slowdown in (("fast", 1.0), ("slow", 10.0)):
         folder = tmp_path / name

@@ -14,7 +14,8 @@ import yaml
 
 from persia_planner import Topology, load_model, load_topology, plan
 from persia_planner.errors import PlannerError
-from persia_planner.modules.train import DEFAULT_MODEL, DEFAULT_TOPOLOGY, TrainConfig, train_local
+from persia_planner.modules.train import TrainConfig, train_local
+from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
 
 SPEC = load_model(DEFAULT_MODEL)
 TOPOLOGY = load_topology(DEFAULT_TOPOLOGY)

@@ -31,6 +31,7 @@ import torch
 
 from persia_planner.errors import ErrorKind, PlannerError
 
+from ..config import WireDtype
 from .optim import SGD, RowOptimizer
 from .policies import Eviction, Normal, Uniform
 
@@ -57,8 +58,9 @@ __all__ = [
     "update",
 ]
 
-# Dtypes rows and gradients may travel in (``PsClient(wire_dtype=...)``); the stores always hold float32.
-WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Dtypes rows and gradients may travel in (``PsClient(wire_dtype=...)``, ``persia train --ps-wire``: the names are
+# config.WireDtype's); the stores always hold float32.
+WIRE_DTYPES = tuple(wire.torch_dtype for wire in WireDtype)
 _DEFAULT_OPTIMIZER = SGD()  # frozen dataclasses: safe to share as defaults
 _DEFAULT_INIT = Uniform()
 _SERVER_NAME = re.compile(r"ps(\d+)")
@@ -235,7 +237,8 @@ def check_wire_dtype(wire_dtype: Any) -> torch.dtype:
         ValueError: Otherwise, in one line naming the accepted values.
     """
     if not isinstance(wire_dtype, torch.dtype) or wire_dtype not in WIRE_DTYPES:
-        raise ValueError(f"wire_dtype must be torch.float32, torch.float16 or torch.bfloat16, got {wire_dtype!r}")
+        *first, last = (str(dtype) for dtype in WIRE_DTYPES)
+        raise ValueError(f"wire_dtype must be {', '.join(first)} or {last}, got {wire_dtype!r}")
     return wire_dtype
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from persia_planner import ModelSpec, SpecError, Topology, load_plan, plan, validate
 from persia_planner.placement import Sharding, TablePlacement, Tier
-from persia_planner.plan import Plan
+from persia_planner.plans import Plan
 
 MODEL = ModelSpec.from_dict(
     {
@@ -195,3 +195,17 @@ def test_saving_a_plan_onto_a_directory_leaves_no_temporary_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     plan_.save(tmp_path / "p.json")
     assert load_plan(tmp_path / "p.json").tables == {}
+
+
+def test_plan_matches_model_check():
+    from persia_planner.errors import ErrorKind, PlannerError
+    from persia_planner.plans import require_same_tables, table_mismatch
+
+    assert table_mismatch({"b": 1, "z": 2, "y": 3}, ["a", "b", "c"]) == (["a", "c"], ["y", "z"])
+    assert table_mismatch(["a", "b"], ["b", "a"]) == ([], [])
+    require_same_tables(["a", "b"], ["b", "a"])
+    with pytest.raises(PlannerError, match=r"no placement for tables \['c'\]") as err:
+        require_same_tables(["a", "b"], ["a", "b", "c"])
+    assert err.value.kind is ErrorKind.INVALID_PLAN
+    with pytest.raises(PlannerError, match=r"places tables \['x'\] that are not in the collection"):
+        require_same_tables(["a", "x"], ["a"], holder="the collection")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,17 @@ from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
 from persia_planner.units import Quantity, format_bytes
 
-__all__ = ["FORMAT", "DeviceUsage", "Plan", "load_plan", "usage_of", "validate"]
+__all__ = [
+    "FORMAT",
+    "DeviceUsage",
+    "Plan",
+    "load_plan",
+    "require_same_tables",
+    "require_valid",
+    "table_mismatch",
+    "usage_of",
+    "validate",
+]
 
 FORMAT = "persia-plan/1"
 
@@ -269,6 +279,37 @@ def usage_of(
     return usage
 
 
+def table_mismatch(placed: Iterable[str], tables: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The plan-matches-model check: ``(missing, unknown)``, the ``tables`` that ``placed`` lacks (in their order)
+    and the names it places that are none of them (sorted). Both empty: the plan places exactly these tables."""
+    placed, tables = set(placed), list(tables)
+    return [name for name in tables if name not in placed], sorted(placed - set(tables))
+
+
+def require_same_tables(placed: Iterable[str], tables: Iterable[str], *, holder: str = "the model") -> None:
+    """Raise :class:`PlannerError` (kind ``invalid_plan``) unless the plan places exactly ``tables``
+    (:func:`table_mismatch`); ``holder`` names what holds the tables in the message.
+
+    Args:
+        placed: The names the plan places (a plan's ``tables`` mapping).
+        tables: The model's (or collection's) table names.
+        holder: What the tables are of, e.g. ``"the collection"``.
+    """
+    missing, unknown = table_mismatch(placed, tables)
+    if missing:
+        raise PlannerError(
+            f"the plan has no placement for tables {missing[:3]}",
+            kind=ErrorKind.INVALID_PLAN,
+            fixes=("plan this model (persia plan MODEL TOPOLOGY) and pass that plan",),
+        )
+    if unknown:
+        raise PlannerError(
+            f"the plan places tables {unknown[:3]} that are not in {holder}",
+            kind=ErrorKind.INVALID_PLAN,
+            fixes=("pass the plan made for this model",),
+        )
+
+
 def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
     """Re-check a plan against its model and topology.
 
@@ -282,8 +323,8 @@ def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
     """
     problems: list[str] = []
     cost = CostModel(model, topology)
-    names = {t.name for t in model.tables}
-    for extra in sorted(set(plan.tables) - names):
+    _, unknown = table_mismatch(plan.tables, (t.name for t in model.tables))
+    for extra in unknown:
         problems.append(f"plan places table {extra!r} that the model does not have")
     mem = np.zeros(cost.layout.mem_size)
     for table in model.tables:

@@ -1,0 +1,207 @@
+"""What a trainer runs: the DLRM over a :class:`~.hybrid.HybridEmbeddingBagCollection`, its optimizers, and the
+step loop that reads up to ``K`` batches ahead and asks the hybrid module to prefetch their PS rows whenever the
+staleness bound allows it without waiting, so lookups travel while earlier batches compute and gradient pushes never
+block the step.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from persia_planner.memory import ps_capacity
+from persia_planner.placement import Mode, TablePlacement
+from persia_planner.specs import DLRM_BOTTOM, DLRM_TOP, ModelSpec
+
+from .breakdown import PS_PUSH, PS_WAIT, StepProfiler
+from .config import DenseOptimizer, TrainConfig, dlrm_embedding_dim
+from .data.criteo import NUM_INTEGER, Batch
+from .distributed import data_parallel_tables, dense_parameters, hybrid_of, sparse_torch_optimizer
+from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
+
+__all__ = ["StepStats", "TrainLoop", "build_model", "dense_state_dict", "make_optimizer"]
+
+
+# ---- the model -----------------------------------------------------------------------------------------------
+
+
+def build_model(
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement] | None,
+    *,
+    ps: Any = None,
+    optimizer: SparseOptimizer | None = None,
+    staleness: int = 0,
+    seed: int = 0,
+    ps_servers: int = 1,
+    num_dense: int = NUM_INTEGER,
+    device: torch.device | None = None,
+    local_device: torch.device | None = None,
+) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
+    """A TorchRec ``DLRM`` over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs
+    from plain TorchRec). Returns ``(model, hybrid)``; shard it with :func:`.distributed.distribute`.
+
+    Raises:
+        PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
+    """
+    from torchrec.models.dlrm import DLRM
+
+    from persia_planner.export import to_embedding_bag_configs
+
+    dim = dlrm_embedding_dim(spec)
+    # Each server's store: the capacity the planner charged it for (room for the hash's imbalance).
+    capacity = {
+        t.name: int(ps_capacity(-(-t.rows // ps_servers)))
+        for t in spec.tables
+        if tables is not None and tables[t.name].mode is Mode.ASYNC
+    }
+    torch.manual_seed(seed)
+    hybrid = HybridEmbeddingBagCollection(
+        to_embedding_bag_configs(spec),
+        tables,
+        ps=ps,
+        optimizer=optimizer,
+        staleness=staleness,
+        ps_capacity=capacity,
+        seed=seed,
+        device=device,
+        local_device=local_device,
+        keep_order=False,  # DLRM reads the pooled embeddings by key
+    )
+    model = DLRM(
+        embedding_bag_collection=hybrid,
+        dense_in_features=num_dense,
+        dense_arch_layer_sizes=[*DLRM_BOTTOM, dim],
+        over_arch_layer_sizes=list(DLRM_TOP),
+    )
+    return model, hybrid
+
+
+def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state without its :class:`HybridEmbeddingBagCollection` (detached, not copied)."""
+    path, _ = hybrid_of(model)
+    prefix = f"{path}." if path else ""
+    return {k: v.detach() for k, v in model.state_dict().items() if not (prefix and k.startswith(prefix))}
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, sparse: SparseOptimizer) -> Any:
+    """The optimizer a step calls: the dense one over the dense parameters, the sparse one over local tables that
+    fbgemm does not update in its fused backward (data-parallel replicas). Fused tables need none."""
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+
+    def dense_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if cfg.dense_optimizer is DenseOptimizer.SGD:
+            return torch.optim.SGD(params, lr=cfg.dense_lr)
+        return torch.optim.Adagrad(params, lr=cfg.dense_lr)
+
+    def sparse_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return sparse_torch_optimizer(sparse.kind, params, lr=sparse.learning_rate, eps=sparse.eps)
+
+    parts = [(dense_parameters(model), dense_opt), (data_parallel_tables(model), sparse_opt)]
+    return CombinedOptimizer([KeyedOptimizerWrapper(p, make) for p, make in parts if p])
+
+
+# ---- the step loop -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepStats:
+    """What one step measured."""
+
+    loss: float
+    step_ms: float
+    staleness: int
+    samples: int
+    data_ms: float = 0.0
+    ps_wait_ms: float = 0.0
+    push_ms: float = 0.0
+
+
+class TrainLoop:
+    """Runs training steps with PS rows prefetched up to ``K`` batches ahead.
+
+    Args:
+        model: The model to call (e.g. DDP-wrapped); ``model(dense, sparse)`` returns logits ``[B, 1]``.
+        hybrid: Its hybrid embedding collection (for prefetch and the staleness gauge).
+        optimizer: The dense optimizer.
+        device: Where the model computes (batches are moved there); default CPU.
+        profiler: Profiles a window of steps for the step-time breakdown (see :mod:`.breakdown`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        hybrid: HybridEmbeddingBagCollection,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device | None = None,
+        profiler: StepProfiler | None = None,
+    ):
+        self.model, self.hybrid, self.optimizer = model, hybrid, optimizer
+        self.device = device or torch.device("cpu")
+        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.profiler = profiler
+
+    def _to_device(self, batch: Batch) -> Batch:
+        # Moved once, when read: the module matches a forward to its prefetch by the KJT's identity.
+        if self.device.type == "cpu":
+            return batch
+        return Batch(batch.dense.to(self.device), batch.sparse.to(self.device), batch.labels.to(self.device))
+
+    def run(self, batches: Iterator[Batch]) -> Iterator[StepStats]:
+        """Train on every batch of ``batches``; yields one :class:`StepStats` per step."""
+        ahead: collections.deque[tuple[Batch, bool]] = collections.deque()
+        window = self.hybrid.max_staleness + 1
+        exhausted = False
+        self.model.train()
+        index = 0
+        while True:
+            fetch = time.perf_counter()
+            while not exhausted and len(ahead) < window:
+                nxt = next(batches, None)
+                if nxt is None:
+                    exhausted = True
+                else:
+                    ahead.append((self._to_device(nxt), False))
+            if not ahead:
+                return
+            start = time.perf_counter()
+            ps_before = self.hybrid.ps_time_ms()
+            with self.profiler.step(index) if self.profiler else contextlib.nullcontext():
+                # Prefetch what the bound allows without waiting; the current batch (first) may wait: that wait is
+                # part of the step (K = 0 waits for every trainer's update here).
+                for k, (b, sent) in enumerate(ahead):
+                    if sent:
+                        continue
+                    if not self.hybrid.prefetch(b.sparse, block=(k == 0)):
+                        break
+                    ahead[k] = (b, True)
+                batch, _ = ahead.popleft()
+                logits = self.model(batch.dense, batch.sparse).squeeze(-1)
+                loss = self.loss_fn(logits, batch.labels)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                loss_value = float(loss.detach())
+            index += 1
+            end = time.perf_counter()
+            ps_after = self.hybrid.ps_time_ms()
+
+            def spent(label: str, after: dict[str, float] = ps_after, before: dict[str, float] = ps_before) -> float:
+                return after.get(label, 0.0) - before.get(label, 0.0)
+
+            yield StepStats(
+                loss_value,
+                (end - start) * 1e3,
+                self.hybrid.staleness,
+                batch.size,
+                (start - fetch) * 1e3,
+                spent(PS_WAIT),
+                spent(PS_PUSH),
+            )
