@@ -12,9 +12,10 @@ when the budget cuts it, the plan depends on how far it got on that machine (rai
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -128,13 +129,30 @@ class _FreeRoom:
     mean_step: float  # the mean GPU step time
 
 
+# finish(scores, gpu steps, pick): a generator that yields the load rows of each further decision (a column-wise
+# split's next shard), is sent their (scores, gpu steps), and returns the choice (None where a shard found no room).
+_Finish = Generator[np.ndarray, tuple[np.ndarray, np.ndarray], "_Choice | None"]
+_Pick = Callable[[np.ndarray, np.ndarray], int]
+
+
 @dataclass(frozen=True)
 class _Step:
     """An option's first placement decision: its candidates' load rows (added to the state, scored together with
-    other options' candidates), and ``finish(scores, gpu_steps)`` of those rows -> the choice (or None)."""
+    other options' candidates), how to finish the option from their scores, and how many decisions it takes."""
 
     loads: np.ndarray
-    finish: Callable[[np.ndarray, np.ndarray], _Choice | None]
+    finish: Callable[[np.ndarray, np.ndarray, _Pick], _Finish]
+    decisions: int = 1
+
+
+class _Tie(Exception):
+    """Candidates tied where the order of the seeded tie-breaks must be the one-option-at-a-time order."""
+
+
+def _given(choice: _Choice | None) -> _Finish:
+    """A finish that needs no further decision."""
+    return choice
+    yield  # a generator
 
 
 @dataclass
@@ -288,6 +306,7 @@ class _Run:
         # Hosts x their GPUs, where every host has as many: the least-loaded GPU per host is then one argmin.
         self._host_grid = np.array(self.host_gpus) if self._uniform_hosts and len(self.host_gpus[0]) else None
         self._host_devices = [tuple(int(g) for g in gpus) for gpus in self.host_gpus]
+        self._gpu_hosts = cost.gpu_host.tolist()
         self.dtype = cost.dtype
         self._gpu_step: np.ndarray | None = None
         self._candidates: np.ndarray | None = None
@@ -319,23 +338,26 @@ class _Run:
         """
         if not exclude and self._candidates is not None:
             return self._candidates
-        step = self.gpu_step.copy()
-        step[list(exclude)] = np.inf
-        if self._host_grid is not None:
-            grid = self._host_grid
-            firsts = grid[np.arange(len(grid)), np.argmin(step[grid], axis=1)]  # ties: the lowest index, as below
-        else:
-            order = np.lexsort((step, self.cost.gpu_host))  # by host, then load
-            firsts = order[np.r_[True, np.diff(self.cost.gpu_host[order]) != 0]]
-        top = np.argsort(step, kind="stable")[:_CANDIDATES]
-        mask = np.zeros(len(step), dtype=bool)  # their union, in GPU order (np.union1d without its sort)
-        mask[firsts] = True
-        mask[top] = True
-        mask &= np.isfinite(step)
-        picked = np.flatnonzero(mask)
+        step = self.gpu_step
+        if exclude:
+            step = step.copy()
+            step[list(exclude)] = np.inf
+        # By load (ties: the lower index), the first GPU of each host is its least-loaded one (np.argmin per host
+        # gives the same); a few dozen GPUs in Python cost less than the numpy calls that would do it.
+        order = np.argsort(step, kind="stable").tolist()
+        picked = set(order[:_CANDIDATES])
+        hosts, seen = self._gpu_hosts, set()
+        for g in order:
+            if hosts[g] not in seen:
+                seen.add(hosts[g])
+                picked.add(g)
+                if len(seen) == self.lay.n_hosts:
+                    break
+        picked.difference_update(exclude)  # those with an infinite step
+        result = np.array(sorted(picked), dtype=np.intp)
         if not exclude:
-            self._candidates = picked
-        return picked
+            self._candidates = result
+        return result
 
     # ---- scoring --------------------------------------------------------------------------------------------
     def score(self, loads: np.ndarray) -> np.ndarray:
@@ -495,7 +517,7 @@ class _Run:
                 np.sort(free_hbm)[::-1].tolist(),
                 float(free_ddr.sum()),
                 float(free_ddr.max()),
-                float(self.gpu_step.mean()),
+                float(self.gpu_step.sum() / len(self.gpu_step)),  # np.mean's arithmetic, without its overhead
             )
         return self._room_stats
 
@@ -516,7 +538,7 @@ class _Run:
         step = self._first_step(table, option)
         if step is None:
             return None
-        return step.finish(*self._scores(self.loads + step.loads))
+        return self._finish_in_order([step], *self._scores(self.loads + step.loads))[0]
 
     def _first_step(self, table: TableSpec, option: Option) -> _Step | None:
         """The candidates of ``option``'s first placement decision (its load rows, which fit) and how to finish it
@@ -553,8 +575,8 @@ class _Run:
             return None
         gpus = () if s is Sharding.PS_HASH else tuple(range(G))
 
-        def finish(scores: np.ndarray, steps: np.ndarray) -> _Choice:
-            return _Choice(option, gpus, loads, mem, float(scores[0]), self._stamp(steps[0]))
+        def finish(scores: np.ndarray, steps: np.ndarray, pick: _Pick) -> _Finish:
+            return _given(_Choice(option, gpus, loads, mem, float(scores[0]), self._stamp(steps[0])))
 
         return _Step(loads[None, :], finish)
 
@@ -566,9 +588,9 @@ class _Run:
         if not ok.any():
             return None
 
-        def finish(scores: np.ndarray, steps: np.ndarray) -> _Choice:
-            i = self._pick(scores, ok)
-            return _Choice(option, devices[i], loads[i], mem[i], float(scores[i]), self._stamp(steps[i]))
+        def finish(scores: np.ndarray, steps: np.ndarray, pick: _Pick) -> _Finish:
+            i = pick(scores, ok)
+            return _given(_Choice(option, devices[i], loads[i], mem[i], float(scores[i]), self._stamp(steps[i])))
 
         return _Step(loads, finish)
 
@@ -590,22 +612,24 @@ class _Run:
         """Table-wise and column-wise: the shards go one at a time, each on its best candidate GPU."""
         lay, shards = self.lay, self.shards
         found = shards.range_terms(table, option.tier, option.cache_fraction, table.dim // option.splits)
-        used_ddr = np.zeros(lay.n_hosts)  # the DDR the shards chosen so far take on each host
-        first = self._shard_candidates(found, [], used_ddr)
+        first = self._shard_candidates(found, [], np.zeros(lay.n_hosts))
         if first is None:
             return None
-        gpus, ok = first
-        cand_l = shards.range_loads(found, gpus)
+        first_gpus, first_ok = first
+        first_loads = shards.range_loads(found, first_gpus)
 
-        def finish(scores: np.ndarray, steps: np.ndarray) -> _Choice | None:
-            nonlocal gpus, ok, cand_l
+        def finish(scores: np.ndarray, steps: np.ndarray, pick: _Pick) -> _Finish:
+            gpus, ok, cand_l = first_gpus, first_ok, first_loads
+            used_ddr = np.zeros(lay.n_hosts)  # the DDR the shards chosen so far take on each host
             chosen: list[int] = []
             loads = mem = None
             while True:
-                i = self._pick(scores, ok)
+                i = pick(scores, ok)
                 g = int(gpus[i])
                 chosen.append(g)
-                shard_mem = shards.range_mem(found, gpus[i : i + 1])[0]
+                shard_mem = np.zeros(lay.mem_size)  # shards.range_mem of this one GPU
+                shard_mem[lay.hbm.start + g] = found.hbm
+                shard_mem[lay.ddr.start + self.cost.gpu_host[g]] += found.ddr
                 mem = shard_mem if mem is None else shard_mem + mem
                 used_ddr[self.cost.gpu_host[g]] += found.ddr
                 loads = cand_l[i]
@@ -617,17 +641,18 @@ class _Run:
                 gpus, ok = more
                 cand_l = shards.range_loads(found, gpus)
                 cand_l += loads
-                scores, steps = self._scores(self.loads + cand_l)
+                scores, steps = yield cand_l
 
-        return _Step(cand_l, finish)
+        return _Step(first_loads, finish, option.splits)
 
     def _shard_fits(self, found: RangeTerms, gpus: np.ndarray, used_ddr: np.ndarray) -> np.ndarray:
         """Whether a shard of ``found`` fits on each GPU in ``gpus`` besides the state and ``used_ddr`` (bytes per
         host): its HBM on the GPU, its DDR on the GPU's host (``fits`` of its memory vector, slot by slot)."""
         lay, free = self.lay, self.free
         ok = found.hbm <= free[lay.hbm.start + gpus]
-        hosts = self.cost.gpu_host[gpus]
-        ok &= found.ddr + used_ddr[hosts] <= free[lay.ddr.start + hosts]
+        if found.ddr or used_ddr.any():  # else its hosts' DDR holds what it holds now, which fits
+            hosts = self.cost.gpu_host[gpus]
+            ok &= found.ddr + used_ddr[hosts] <= free[lay.ddr.start + hosts]
         return ok
 
     def _fixed_vectors(self, table: TableSpec, option: Option) -> tuple[np.ndarray, np.ndarray]:
@@ -683,11 +708,19 @@ class _Run:
         """Whether no server would hold more of the table's rows than its store can (see memory.PS_MAX_ROWS)."""
         return bool(ps_holds(table.rows, self.lay.n_servers))
 
-    def _pick(self, scores: np.ndarray, ok: np.ndarray) -> int:
+    def _pick(self, scores: np.ndarray, ok: np.ndarray, draw: bool = True) -> int:
         scores = np.where(ok, scores, np.inf)
         best = scores.min()
         ties = np.flatnonzero(scores <= best * (1 + 1e-12))
-        return int(ties[0] if len(ties) == 1 else self.rng.choice(ties))
+        if len(ties) == 1:
+            return int(ties[0])
+        if not draw:
+            raise _Tie
+        return int(self.rng.choice(ties))
+
+    def _pick_untied(self, scores: np.ndarray, ok: np.ndarray) -> int:
+        """:meth:`_pick` where there is no tie; :class:`_Tie` where it would draw."""
+        return self._pick(scores, ok, draw=False)
 
     # ---- construction and improvement -------------------------------------------------------------------------
     def best_choice(
@@ -712,12 +745,14 @@ class _Run:
             return None, []
         stacked = steps[0].loads if len(steps) == 1 else np.concatenate([step.loads for step in steps])
         scores, gpu_steps = self._scores(self.loads + stacked)
+        choices = None
+        if sum(step.decisions > 1 for step in steps) > 1:
+            with contextlib.suppress(_Tie):
+                choices = self._finish_together(steps, scores, gpu_steps)
+        if choices is None:
+            choices = self._finish_in_order(steps, scores, gpu_steps)
         scored = []
-        start = 0
-        for step in steps:
-            end = start + len(step.loads)
-            choice = step.finish(scores[start:end], gpu_steps[start:end])
-            start = end
+        for choice in choices:
             if choice is not None:
                 value = choice.score
                 assert value is not None
@@ -728,6 +763,54 @@ class _Run:
             return None, []
         scored.sort(key=lambda item: item[1])
         return scored[0][0], scored
+
+    @staticmethod
+    def _slices(blocks: Sequence[np.ndarray]) -> list[slice]:
+        """The rows of each of ``blocks`` stacked."""
+        ends = np.cumsum([len(block) for block in blocks]).tolist()
+        return [slice(end - len(block), end) for block, end in zip(blocks, ends, strict=True)]
+
+    def _finish_in_order(
+        self, steps: Sequence[_Step], scores: np.ndarray, gpu_steps: np.ndarray
+    ) -> list[_Choice | None]:
+        """Finish the options one at a time (each further decision scored as it comes)."""
+        choices = []
+        for step, rows in zip(steps, self._slices([step.loads for step in steps]), strict=True):
+            run = step.finish(scores[rows], gpu_steps[rows], self._pick)
+            try:
+                need = next(run)
+                while True:
+                    need = run.send(self._scores(self.loads + need))
+            except StopIteration as done:
+                choices.append(done.value)
+        return choices
+
+    def _finish_together(
+        self, steps: Sequence[_Step], scores: np.ndarray, gpu_steps: np.ndarray
+    ) -> list[_Choice | None]:
+        """Finish the options in lockstep: every option's next decision scored in one matrix. Picks that would
+        break a tie raise :class:`_Tie` (the seeded tie-breaks must come in the one-at-a-time order): the state is
+        untouched and the caller finishes them in order instead."""
+        choices: list[_Choice | None] = [None] * len(steps)
+        waiting: dict[int, tuple[_Finish, np.ndarray]] = {}
+
+        def advance(k: int, run: _Finish, given: tuple[np.ndarray, np.ndarray] | None) -> None:
+            try:
+                need = next(run) if given is None else run.send(given)
+                waiting[k] = (run, need)
+            except StopIteration as done:
+                choices[k] = done.value
+
+        for k, (step, rows) in enumerate(zip(steps, self._slices([step.loads for step in steps]), strict=True)):
+            advance(k, step.finish(scores[rows], gpu_steps[rows], self._pick_untied), None)
+        while waiting:
+            order = list(waiting)
+            needs = [waiting[k][1] for k in order]
+            more_scores, more_steps = self._scores(self.loads + np.concatenate(needs))
+            runs = [waiting.pop(k)[0] for k in order]
+            for k, run, r in zip(order, runs, self._slices(needs), strict=True):
+                advance(k, run, (more_scores[r], more_steps[r]))
+        return choices
 
     def _changed(self) -> None:
         """Forget what was derived from the state (loads or memory)."""
