@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,6 +28,7 @@ from persia_planner.errors import CapacityError, PlannerError
 from persia_planner.memory import ps_holds, ps_rows_error
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, even_split, tier_bytes
 from persia_planner.search_shards import RangeTerms, ShardTerms
+from persia_planner.search_steps import Finish, Pick, Step, Tie, finish_in_order, finish_together, given
 from persia_planner.specs import TableSpec
 from persia_planner.units import format_bytes
 
@@ -126,33 +128,6 @@ class _FreeRoom:
     hbm_sorted: list[float]  # free HBM per GPU, largest first
     ddr_sum: float
     ddr_max: float
-    mean_step: float  # the mean GPU step time
-
-
-# finish(scores, gpu steps, pick): a generator that yields the load rows of each further decision (a column-wise
-# split's next shard), is sent their (scores, gpu steps), and returns the choice (None where a shard found no room).
-_Finish = Generator[np.ndarray, tuple[np.ndarray, np.ndarray], "_Choice | None"]
-_Pick = Callable[[np.ndarray, np.ndarray], int]
-
-
-@dataclass(frozen=True)
-class _Step:
-    """An option's first placement decision: its candidates' load rows (added to the state, scored together with
-    other options' candidates), how to finish the option from their scores, and how many decisions it takes."""
-
-    loads: np.ndarray
-    finish: Callable[[np.ndarray, np.ndarray, _Pick], _Finish]
-    decisions: int = 1
-
-
-class _Tie(Exception):
-    """Candidates tied where the order of the seeded tie-breaks must be the one-option-at-a-time order."""
-
-
-def _given(choice: _Choice | None) -> _Finish:
-    """A finish that needs no further decision."""
-    return choice
-    yield  # a generator
 
 
 @dataclass
@@ -312,6 +287,7 @@ class _Run:
         self._candidates: np.ndarray | None = None
         self._free: np.ndarray | None = None
         self._room_stats: _FreeRoom | None = None
+        self._mean_step: float | None = None
         G, H = self.lay.n_gpus, self.lay.n_hosts
         self._n_every = G + H
         # Construction charges memory at the relaxation's prices, so a choice that saves a little time but eats
@@ -387,6 +363,16 @@ class _Run:
         power *= power
         balance = scale * (np.add.reduce(power, axis=1) / self._n_every) ** (1 / 8)
         return step + _BALANCE_WEIGHT * balance, steps
+
+    def _score_of(self, choice: _Choice) -> float:
+        """The score of the state with ``choice`` added (as best() scored it; computed here if it did not)."""
+        if choice.score is None:
+            choice.score = float(self.score(self.loads + choice.loads)[0])
+        return choice.score
+
+    def _scores_added(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_scores` of the state with each row of ``loads`` added."""
+        return self._scores(self.loads + loads)
 
     def _stamp(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """What a choice remembers of its scoring: the state's loads it was added to and the resulting GPU steps."""
@@ -499,7 +485,7 @@ class _Run:
 
     def _is_hot(self, table: TableSpec, tier: Tier) -> bool:
         return self.shards.whole(("work", table.name, tier is Tier.HBM), lambda: self._work_ms(table, tier)) > (
-            _HOT_SHARE * max(self._free_room().mean_step, 1e-9)
+            _HOT_SHARE * max(self.mean_step, 1e-9)
         )
 
     def _work_ms(self, table: TableSpec, tier: Tier) -> float:
@@ -517,9 +503,16 @@ class _Run:
                 np.sort(free_hbm)[::-1].tolist(),
                 float(free_ddr.sum()),
                 float(free_ddr.max()),
-                float(self.gpu_step.sum() / len(self.gpu_step)),  # np.mean's arithmetic, without its overhead
             )
         return self._room_stats
+
+    @property
+    def mean_step(self) -> float:
+        """The mean GPU step time (cached until the state changes)."""
+        if self._mean_step is None:
+            step = self.gpu_step
+            self._mean_step = float(step.sum() / len(step))  # np.mean's arithmetic, without its overhead
+        return self._mean_step
 
     # ---- candidates: every placement of one option, as rows of load / memory matrices ------------------------
     def _shard_mem(
@@ -538,9 +531,9 @@ class _Run:
         step = self._first_step(table, option)
         if step is None:
             return None
-        return self._finish_in_order([step], *self._scores(self.loads + step.loads))[0]
+        return finish_in_order([step], *self._scores(self.loads + step.loads), self._scores_added, self._pick)[0]
 
-    def _first_step(self, table: TableSpec, option: Option) -> _Step | None:
+    def _first_step(self, table: TableSpec, option: Option) -> Step | None:
         """The candidates of ``option``'s first placement decision (its load rows, which fit) and how to finish it
         from their scores; None where none fits. The scores of many options' candidates come from one matrix."""
         G = self.lay.n_gpus
@@ -575,24 +568,24 @@ class _Run:
             return None
         gpus = () if s is Sharding.PS_HASH else tuple(range(G))
 
-        def finish(scores: np.ndarray, steps: np.ndarray, pick: _Pick) -> _Finish:
-            return _given(_Choice(option, gpus, loads, mem, float(scores[0]), self._stamp(steps[0])))
+        def finish(scores: np.ndarray, steps: np.ndarray, pick: Pick) -> Finish:
+            return given(_Choice(option, gpus, loads, mem, float(scores[0]), self._stamp(steps[0])))
 
-        return _Step(loads[None, :], finish)
+        return Step(loads[None, :], finish, forced=lambda: _Choice(option, gpus, loads, mem))
 
     def _pick_step(
         self, option: Option, loads: np.ndarray, mem: np.ndarray, devices: list[tuple[int, ...]]
-    ) -> _Step | None:
+    ) -> Step | None:
         """One decision among whole candidates (rows of ``loads`` / ``mem``, placed on ``devices``)."""
         ok = self.fits(mem)
         if not ok.any():
             return None
 
-        def finish(scores: np.ndarray, steps: np.ndarray, pick: _Pick) -> _Finish:
+        def finish(scores: np.ndarray, steps: np.ndarray, pick: Pick) -> Finish:
             i = pick(scores, ok)
-            return _given(_Choice(option, devices[i], loads[i], mem[i], float(scores[i]), self._stamp(steps[i])))
+            return given(_Choice(option, devices[i], loads[i], mem[i], float(scores[i]), self._stamp(steps[i])))
 
-        return _Step(loads, finish)
+        return Step(loads, finish)
 
     def _shard_candidates(
         self, found: RangeTerms, chosen: list[int], used_ddr: np.ndarray
@@ -608,7 +601,7 @@ class _Run:
                 return None
         return gpus, ok
 
-    def _first_shard(self, table: TableSpec, option: Option) -> _Step | None:
+    def _first_shard(self, table: TableSpec, option: Option) -> Step | None:
         """Table-wise and column-wise: the shards go one at a time, each on its best candidate GPU."""
         lay, shards = self.lay, self.shards
         found = shards.range_terms(table, option.tier, option.cache_fraction, table.dim // option.splits)
@@ -618,7 +611,7 @@ class _Run:
         first_gpus, first_ok = first
         first_loads = shards.range_loads(found, first_gpus)
 
-        def finish(scores: np.ndarray, steps: np.ndarray, pick: _Pick) -> _Finish:
+        def finish(scores: np.ndarray, steps: np.ndarray, pick: Pick) -> Finish:
             gpus, ok, cand_l = first_gpus, first_ok, first_loads
             used_ddr = np.zeros(lay.n_hosts)  # the DDR the shards chosen so far take on each host
             chosen: list[int] = []
@@ -643,7 +636,7 @@ class _Run:
                 cand_l += loads
                 scores, steps = yield cand_l
 
-        return _Step(first_loads, finish, option.splits)
+        return Step(first_loads, finish, option.splits)
 
     def _shard_fits(self, found: RangeTerms, gpus: np.ndarray, used_ddr: np.ndarray) -> np.ndarray:
         """Whether a shard of ``found`` fits on each GPU in ``gpus`` besides the state and ``used_ddr`` (bytes per
@@ -715,11 +708,11 @@ class _Run:
         if len(ties) == 1:
             return int(ties[0])
         if not draw:
-            raise _Tie
+            raise Tie
         return int(self.rng.choice(ties))
 
     def _pick_untied(self, scores: np.ndarray, ok: np.ndarray) -> int:
-        """:meth:`_pick` where there is no tie; :class:`_Tie` where it would draw."""
+        """:meth:`_pick` where there is no tie; :class:`.search_steps.Tie` where it would draw."""
         return self._pick(scores, ok, draw=False)
 
     # ---- construction and improvement -------------------------------------------------------------------------
@@ -743,14 +736,18 @@ class _Run:
         steps = [step for option in options if (step := self._first_step(table, option)) is not None]
         if not steps:
             return None, []
+        if len(steps) == 1 and steps[0].forced is not None:
+            # Nothing to choose: it is scored only if asked (_score_of).
+            choice = steps[0].forced()
+            return choice, [(choice, math.nan)]
         stacked = steps[0].loads if len(steps) == 1 else np.concatenate([step.loads for step in steps])
         scores, gpu_steps = self._scores(self.loads + stacked)
         choices = None
         if sum(step.decisions > 1 for step in steps) > 1:
-            with contextlib.suppress(_Tie):
-                choices = self._finish_together(steps, scores, gpu_steps)
+            with contextlib.suppress(Tie):
+                choices = finish_together(steps, scores, gpu_steps, self._scores_added, self._pick_untied)
         if choices is None:
-            choices = self._finish_in_order(steps, scores, gpu_steps)
+            choices = finish_in_order(steps, scores, gpu_steps, self._scores_added, self._pick)
         scored = []
         for choice in choices:
             if choice is not None:
@@ -764,57 +761,9 @@ class _Run:
         scored.sort(key=lambda item: item[1])
         return scored[0][0], scored
 
-    @staticmethod
-    def _slices(blocks: Sequence[np.ndarray]) -> list[slice]:
-        """The rows of each of ``blocks`` stacked."""
-        ends = np.cumsum([len(block) for block in blocks]).tolist()
-        return [slice(end - len(block), end) for block, end in zip(blocks, ends, strict=True)]
-
-    def _finish_in_order(
-        self, steps: Sequence[_Step], scores: np.ndarray, gpu_steps: np.ndarray
-    ) -> list[_Choice | None]:
-        """Finish the options one at a time (each further decision scored as it comes)."""
-        choices = []
-        for step, rows in zip(steps, self._slices([step.loads for step in steps]), strict=True):
-            run = step.finish(scores[rows], gpu_steps[rows], self._pick)
-            try:
-                need = next(run)
-                while True:
-                    need = run.send(self._scores(self.loads + need))
-            except StopIteration as done:
-                choices.append(done.value)
-        return choices
-
-    def _finish_together(
-        self, steps: Sequence[_Step], scores: np.ndarray, gpu_steps: np.ndarray
-    ) -> list[_Choice | None]:
-        """Finish the options in lockstep: every option's next decision scored in one matrix. Picks that would
-        break a tie raise :class:`_Tie` (the seeded tie-breaks must come in the one-at-a-time order): the state is
-        untouched and the caller finishes them in order instead."""
-        choices: list[_Choice | None] = [None] * len(steps)
-        waiting: dict[int, tuple[_Finish, np.ndarray]] = {}
-
-        def advance(k: int, run: _Finish, given: tuple[np.ndarray, np.ndarray] | None) -> None:
-            try:
-                need = next(run) if given is None else run.send(given)
-                waiting[k] = (run, need)
-            except StopIteration as done:
-                choices[k] = done.value
-
-        for k, (step, rows) in enumerate(zip(steps, self._slices([step.loads for step in steps]), strict=True)):
-            advance(k, step.finish(scores[rows], gpu_steps[rows], self._pick_untied), None)
-        while waiting:
-            order = list(waiting)
-            needs = [waiting[k][1] for k in order]
-            more_scores, more_steps = self._scores(self.loads + np.concatenate(needs))
-            runs = [waiting.pop(k)[0] for k in order]
-            for k, run, r in zip(order, runs, self._slices(needs), strict=True):
-                advance(k, run, (more_scores[r], more_steps[r]))
-        return choices
-
     def _changed(self) -> None:
         """Forget what was derived from the state (loads or memory)."""
-        self._gpu_step = self._candidates = self._free = self._room_stats = None
+        self._gpu_step = self._candidates = self._free = self._room_stats = self._mean_step = None
 
     def add(self, name: str, choice: _Choice) -> None:
         self._changed()
@@ -943,7 +892,7 @@ class _Run:
     def _reinsert(self, tables: Mapping[str, TableSpec], name: str, current: float, explore: bool = False) -> bool:
         old = self.remove(name)
         choice, _ = self.best_choice(tables[name], explore=explore)
-        if choice is not None and choice.score is not None and choice.score < current * (1 - 1e-9):
+        if choice is not None and self._score_of(choice) < current * (1 - 1e-9):
             self.add(name, choice)
             return True
         self.add(name, old)
