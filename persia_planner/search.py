@@ -702,14 +702,16 @@ class _Run:
         return bool(ps_holds(table.rows, self.lay.n_servers))
 
     def _pick(self, scores: np.ndarray, ok: np.ndarray, draw: bool = True) -> int:
-        scores = np.where(ok, scores, np.inf)
-        best = scores.min()
-        ties = np.flatnonzero(scores <= best * (1 + 1e-12))
+        """The best-scored candidate that fits; ties (within 1e-12) broken by the seeded RNG. In Python: a few
+        dozen candidates cost less than the numpy calls (the same float comparisons)."""
+        values = [score if fits else math.inf for score, fits in zip(scores.tolist(), ok.tolist(), strict=True)]
+        limit = min(values) * (1 + 1e-12)
+        ties = [i for i, value in enumerate(values) if value <= limit]
         if len(ties) == 1:
-            return int(ties[0])
+            return ties[0]
         if not draw:
             raise Tie
-        return int(self.rng.choice(ties))
+        return int(self.rng.choice(np.array(ties)))
 
     def _pick_untied(self, scores: np.ndarray, ok: np.ndarray) -> int:
         """:meth:`_pick` where there is no tie; :class:`.search_steps.Tie` where it would draw."""
@@ -865,11 +867,12 @@ class _Run:
             # Re-insertion is tried on the tables with the most load on the bottleneck; swapping in on those with the
             # most load per byte (they relieve it most for the room they take).
             # The few heaviest are also tried split (column/row-wise): splitting a light table cannot relieve much.
-            heavy = self._bottleneck_tables()
+            load = self._bottleneck_load()
+            heavy = self._bottleneck_tables(load=load)
             candidates = (
                 [(n, self._reinsert_split) for n in heavy[:_SPLIT_CANDIDATES]]
                 + [(n, self._reinsert) for n in heavy]
-                + [(n, self._swap_in) for n in self._bottleneck_tables(per_byte=True)]
+                + [(n, self._swap_in) for n in self._bottleneck_tables(per_byte=True, load=load)]
             )
             for name, move in candidates:
                 if time.perf_counter() >= deadline:
@@ -972,8 +975,23 @@ class _Run:
                 best = (traffic, chosen)
         return best[1] if best else None
 
-    def _bottleneck_tables(self, limit: int = _IMPROVE_CANDIDATES, per_byte: bool = False) -> list[str]:
-        """Tables with the most load (or load per stored byte) on the resource that sets the step time."""
+    def _bottleneck_tables(
+        self,
+        limit: int = _IMPROVE_CANDIDATES,
+        per_byte: bool = False,
+        load: tuple[list[str], np.ndarray] | None = None,
+    ) -> list[str]:
+        """Tables with the most load (or load per stored byte) on the resource that sets the step time (``load``:
+        :meth:`_bottleneck_load` of the state, when known)."""
+        names, weights = load if load is not None else self._bottleneck_load()
+        if per_byte:
+            weights = weights / np.array([self.shards.size(self.specs[n]) for n in names])
+        weights = weights + self.rng.random(len(names)) * 1e-15  # seeded tie-break
+        top = np.argsort(-weights, kind="stable")[:limit]
+        return [names[i] for i in top if weights[i] > 0]
+
+    def _bottleneck_load(self) -> tuple[list[str], np.ndarray]:
+        """Every placed table's name and its load on the resource that sets the step time."""
         lay = self.lay
         parts = self.cost.step_parts(self.loads)
         g = int(np.argmax(parts["step"][0]))
@@ -994,12 +1012,7 @@ class _Run:
             ]
         names = list(self.choices)
         unit = np.where(columns == lay.dp_bytes, self.cost.allreduce_ms_per_byte[g], 1.0)
-        weights = np.stack([choice.loads for choice in self.choices.values()])[:, columns] @ unit
-        if per_byte:
-            weights = weights / np.array([self.shards.size(self.specs[n]) for n in names])
-        weights = weights + self.rng.random(len(names)) * 1e-15  # seeded tie-break
-        top = np.argsort(-weights, kind="stable")[:limit]
-        return [names[i] for i in top if weights[i] > 0]
+        return names, np.stack([choice.loads for choice in self.choices.values()])[:, columns] @ unit
 
     def alternatives(self, top: int) -> dict[str, tuple[Alternative, ...]]:
         """For the ``top`` largest tables: the best step time under each other option, others unchanged."""
