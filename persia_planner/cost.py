@@ -20,12 +20,13 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from persia_planner.access import expected_unique, expected_unique_many, zipf_hit_rate
 from persia_planner.devices import DeviceKind
-from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
+from persia_planner.placement import Shard, Sharding, Storage, TablePlacement, Tier
 from persia_planner.specs import DType, ModelSpec, TableSpec
 from persia_planner.topology import Topology
 
@@ -199,14 +200,8 @@ class CostModel:
         # Distinct rows per step of every table, for the global batch (a shard's) and a trainer's (its PS requests).
         tables = model.tables
         self._unique_specs = {t.name: t for t in tables}
-        self._unique: dict[tuple[str, float], float] = {}
-        for samples in (self.batch, self.local_batch):
-            counts = expected_unique_many(
-                np.array([t.zipf_alpha for t in tables]),
-                np.array([t.rows for t in tables]),
-                np.array([samples * t.pooling_factor for t in tables]),
-            )
-            self._unique |= {(t.name, samples): float(u) for t, u in zip(tables, counts, strict=True)}
+        self._unique = self._unique_of(model, (self.batch, self.local_batch))
+        self._placements = self._placements_of(model, topology)
 
         # CPU trainer devices of a host with a measured profile: their kernels are priced by the profile's fits
         # (fbgemm's TBE per bag, id and distinct row; the DLRM dense step), not through a bandwidth.
@@ -261,6 +256,65 @@ class CostModel:
         visible[nic] = self.gpus_per_host
         self.a2a_gpu_sum = self.a2a @ visible
 
+        # gpu_step_ms's columns in one gather (per GPU: emb, its host's DDR, nvlink, its host's sync NIC, pcie, its
+        # host's async NIC): the search calls it thousands of times on a few rows, where each numpy call's overhead
+        # is most of the cost.
+        hosts = self.gpu_host
+        self._step_columns = np.concatenate(
+            [
+                np.arange(lay.emb.start, lay.emb.stop),
+                lay.host_ddr.start + hosts,
+                np.arange(lay.nvlink.start, lay.nvlink.stop),
+                lay.nic_sync.start + hosts,
+                np.arange(lay.pcie.start, lay.pcie.stop),
+                lay.nic_async.start + hosts,
+            ]
+        )
+        self._async_rtt_ms = self.rtt_ms / max(model.staleness, 1)
+        # Hosts x GPUs when every host has as many GPUs, numbered host by host: then gpu_step_ms broadcasts a host's
+        # figures over its GPUs instead of gathering them.
+        per_host = int(self.gpus_per_host[0]) if H else 0
+        self._grid: tuple[int, int] | None = None
+        if G and (self.gpus_per_host == per_host).all() and (hosts == np.arange(G) // per_host).all():
+            self._grid = (H, per_host)
+            self._fixed_sync_grid = self.fixed_sync_ms.reshape(H, per_host)
+            self._per_byte_grid = self.allreduce_ms_per_byte.reshape(H, per_host)
+
+    # The last model's distinct-row counts: `persia plan` builds a cost model for the search, for validation and for
+    # the report, and the counts are most of building one (the same model, the same figures).
+    _unique_last: tuple[ModelSpec, tuple[float, ...], dict[tuple[str, float], float]] | None = None
+
+    @classmethod
+    def _unique_of(cls, model: ModelSpec, batches: tuple[float, ...]) -> dict[tuple[str, float], float]:
+        """Expected distinct rows of every table per batch of ``batches`` samples, by (table name, samples)."""
+        last = cls._unique_last
+        if last is not None and last[0] is model and last[1] == batches:
+            return last[2]
+        tables = model.tables
+        unique: dict[tuple[str, float], float] = {}
+        for samples in batches:
+            counts = expected_unique_many(
+                np.array([t.zipf_alpha for t in tables]),
+                np.array([t.rows for t in tables]),
+                np.array([samples * t.pooling_factor for t in tables]),
+            )
+            unique |= {(t.name, samples): float(u) for t, u in zip(tables, counts, strict=True)}
+        cls._unique_last = (model, batches, unique)
+        return unique
+
+    # The last (model, topology)'s placement vectors by placement: `persia plan` scores the plan, validates it and
+    # reports it, each with its own cost model, on the same placement objects (0.06 s per 1,000 tables each).
+    _placements_last: tuple[ModelSpec, Topology, dict[int, tuple[Any, ...]]] | None = None
+
+    @classmethod
+    def _placements_of(cls, model: ModelSpec, topology: Topology) -> dict[int, tuple[Any, ...]]:
+        last = cls._placements_last
+        if last is not None and last[0] is model and last[1] is topology:
+            return last[2]
+        known: dict[int, tuple[Any, ...]] = {}
+        cls._placements_last = (model, topology, known)
+        return known
+
     # ---- per-shard work ---------------------------------------------------------------------------------------
     def moved_bytes(self, table: TableSpec, lookups: float, cols: int, unique: float | None = None) -> float:
         """Bytes a lookup-and-update pass moves in the shard's memory: read the rows of the ``lookups`` ids, then
@@ -301,6 +355,35 @@ class CostModel:
                 out[k] = seconds * MS
         return out
 
+    def range_shard_terms(
+        self,
+        table: TableSpec,
+        rows_fraction: float | np.ndarray,
+        cols: int,
+        tier: Tier,
+        gpus: np.ndarray,
+        *,
+        cache_fraction: float = 0.0,
+    ) -> tuple[float, float | np.ndarray, np.ndarray, np.ndarray | None]:
+        """The terms :meth:`range_shard_loads` assembles: (pooled output bytes, half the ids' bytes, the ``emb`` ms
+        of the shard on each GPU in ``gpus``, the host DDR ms of each (None in HBM)).
+
+        The search keeps them per table and option, and builds load vectors of any candidate GPUs from them.
+        """
+        lookups = self.batch * table.pooling_factor * rows_fraction
+        out_bytes = self.batch * cols * self.dtype.n_bytes
+        # Input distribution: the ids of the shard's lookups travel to it, forward only (half an a2a pattern).
+        ids_bytes = np.asarray(lookups * self.constants.id_bytes, dtype=float)
+        ids_half = ids_bytes / 2 if ids_bytes.ndim else float(ids_bytes / 2)
+        overhead = self.constants.shard_overhead_ms
+        if tier is Tier.HBM:
+            return out_bytes, ids_half, overhead + self.hbm_emb_ms(table, rows_fraction, cols, gpus), None
+        moved = self.moved_bytes(table, lookups, cols, self.unique_rows(table, self.batch) * rows_fraction)
+        hit = zipf_hit_rate(table.zipf_alpha, table.rows, cache_fraction) if tier is Tier.HBM_CACHE else 0.0
+        emb = overhead + (hit * moved / self.hbm_bw[gpus] + (1 - hit) * moved / self.uvm_bw[gpus])
+        hosts = self.gpu_host[gpus]
+        return out_bytes, ids_half, emb, (1 - hit) * moved / self.host_ddr_bw[hosts]
+
     def range_shard_loads(
         self,
         table: TableSpec,
@@ -317,23 +400,26 @@ class CostModel:
         ``rows_fraction`` is the share of the table's rows (and so of its lookups) in the shard: one number, or
         one per candidate.
         """
+        terms = self.range_shard_terms(table, rows_fraction, cols, tier, gpus, cache_fraction=cache_fraction)
+        return self.range_loads_of(terms, gpus, twrw=twrw)
+
+    def range_loads_of(
+        self, terms: tuple[float, float | np.ndarray, np.ndarray, np.ndarray | None], gpus: np.ndarray, twrw: bool
+    ) -> np.ndarray:
+        """Load vectors of a range shard on each GPU in ``gpus`` from its :meth:`range_shard_terms` (for those GPUs).
+
+        The all-to-all pattern of its pooled output and half of it for its ids; its ``emb`` time on its GPU; in UVM,
+        its time on its host's DDR.
+        """
         lay = self.layout
-        lookups = self.batch * table.pooling_factor * rows_fraction
-        moved = self.moved_bytes(table, lookups, cols, self.unique_rows(table, self.batch) * rows_fraction)
-        out_bytes = self.batch * cols * self.dtype.n_bytes
-        loads = (self.a2a_twrw if twrw else self.a2a)[gpus] * out_bytes
-        # Input distribution: the ids of the shard's lookups travel to it, forward only (half an a2a pattern).
-        ids_bytes = np.asarray(lookups * self.constants.id_bytes, dtype=float)
-        loads += self.a2a[gpus] * (ids_bytes[:, None] / 2 if ids_bytes.ndim else ids_bytes / 2)
+        out_bytes, ids_half, emb, ddr = terms
+        pattern = self.a2a[gpus]
+        loads = (self.a2a_twrw[gpus] if twrw else pattern) * out_bytes
+        loads += pattern * (ids_half[:, None] if isinstance(ids_half, np.ndarray) else ids_half)
         idx = np.arange(len(gpus))
-        hosts = self.gpu_host[gpus]
-        loads[idx, lay.emb.start + gpus] += self.constants.shard_overhead_ms
-        if tier is Tier.HBM:
-            loads[idx, lay.emb.start + gpus] += self.hbm_emb_ms(table, rows_fraction, cols, gpus)
-        else:
-            hit = zipf_hit_rate(table.zipf_alpha, table.rows, cache_fraction) if tier is Tier.HBM_CACHE else 0.0
-            loads[idx, lay.emb.start + gpus] += hit * moved / self.hbm_bw[gpus] + (1 - hit) * moved / self.uvm_bw[gpus]
-            loads[idx, lay.host_ddr.start + hosts] += (1 - hit) * moved / self.host_ddr_bw[hosts]
+        loads[idx, lay.emb.start + gpus] += emb
+        if ddr is not None:
+            loads[idx, lay.host_ddr.start + self.gpu_host[gpus]] += ddr
         return loads
 
     def replica_moved_bytes(self, table: TableSpec) -> float:
@@ -396,31 +482,50 @@ class CostModel:
 
     def placement_loads(self, table: TableSpec, placement: TablePlacement) -> tuple[np.ndarray, np.ndarray]:
         """(load vector, memory vector) of a whole table placement (the sum over its shards)."""
+        # Kept by the placement object (held, so its id stays its own) for cost models of the same model and topology.
+        known = self._placements.get(id(placement))
+        if known is None or known[0] is not placement or known[1] is not table:
+            loads, mem = self._placement_loads(table, placement)
+            known = self._placements[id(placement)] = (placement, table, loads, mem)
+        return known[2].copy(), known[3].copy()
+
+    def _placement_loads(self, table: TableSpec, placement: TablePlacement) -> tuple[np.ndarray, np.ndarray]:
         lay = self.layout
         mem = np.zeros(lay.mem_size)
         shards = placement.shards
+        known: dict[tuple[Tier, int, int, float | None, bool], Storage] = {}
+
+        def storage(s: Shard) -> Storage:
+            # A table's shards mostly share one shape (a replica on every GPU, equal row blocks).
+            key = (s.tier, s.n_rows(table), s.n_cols, s.cache_fraction, s.replica)
+            found = known.get(key)
+            if found is None:
+                found = known[key] = s.storage(table, self.dtype)
+            return found
+
+        gpu_index = self.topology.gpu_index
         if placement.sharding is Sharding.DATA_PARALLEL:
-            gpus = np.array([self.topology.gpu_index(s.device) for s in shards])
-            mem[lay.hbm.start + gpus] = [s.storage(table, self.dtype).hbm_bytes for s in shards]
+            gpus = np.array([gpu_index(s.device) for s in shards])
+            mem[lay.hbm.start + gpus] = [storage(s).hbm_bytes for s in shards]
             return self.replica_loads(table)[gpus].sum(axis=0), mem
         if placement.sharding is Sharding.PS_HASH:
             shares = np.zeros(lay.n_servers)
             for s in shards:
                 p = self.server_index(s.device)
                 shares[p] += s.row_fraction(table) * s.n_cols / table.dim
-                mem[lay.ps_mem.start + p] += s.storage(table, self.dtype).ddr_bytes
+                mem[lay.ps_mem.start + p] += storage(s).ddr_bytes
             return self.ps_table_loads(table, shares), mem
         loads = np.zeros(lay.size)
         twrw = placement.sharding is Sharding.TABLE_ROW_WISE
         groups: dict[tuple[int, Tier, float], list[Shard]] = {}
         for s in shards:
             groups.setdefault((s.n_cols, s.tier, s.cache_fraction or 0.0), []).append(s)
-            g = self.topology.gpu_index(s.device)
-            storage = s.storage(table, self.dtype)
-            mem[lay.hbm.start + g] += storage.hbm_bytes
-            mem[lay.ddr.start + self.gpu_host[g]] += storage.ddr_bytes
+            g = gpu_index(s.device)
+            held = storage(s)
+            mem[lay.hbm.start + g] += held.hbm_bytes
+            mem[lay.ddr.start + self.gpu_host[g]] += held.ddr_bytes
         for (cols, tier, fraction), group in groups.items():
-            gpus = np.array([self.topology.gpu_index(s.device) for s in group])
+            gpus = np.array([gpu_index(s.device) for s in group])
             fractions = np.array([s.row_fraction(table) for s in group])
             loads += self.range_shard_loads(table, fractions, cols, tier, gpus, cache_fraction=fraction, twrw=twrw).sum(
                 axis=0
@@ -470,18 +575,43 @@ class CostModel:
 
     def gpu_step_ms(self, loads: np.ndarray) -> np.ndarray:
         """Per-GPU step time only (the search's hot path): ``(k, L)`` -> ``(k, G)``. Same formula as
-        :meth:`step_parts`."""
+        :meth:`step_parts`, in the same order of operations (the same bits), with fewer numpy calls: the search
+        calls it thousands of times on a few rows, where each call's overhead is most of the cost."""
         lay = self.layout
-        hosts = self.gpu_host
-        sync = np.maximum(loads[:, lay.emb], loads[:, lay.host_ddr][:, hosts])
-        sync += loads[:, lay.nvlink]
-        sync += loads[:, lay.nic_sync][:, hosts]
-        sync += self.fixed_sync_ms
-        sync += loads[:, lay.dp_bytes, None] * self.allreduce_ms_per_byte
-        if lay.n_servers == 0:
-            return sync
-        async_ = self._async(loads)
-        return sync + async_ if self.model.staleness == 0 else np.maximum(sync, async_)
+        k = loads.shape[0]
+        grid = self._grid
+        if grid is None:  # a host's resources gathered onto each of its GPUs
+            G = lay.n_gpus
+            x = loads[:, self._step_columns]
+            emb, ddr, nvlink, nic_sync = x[:, :G], x[:, G : 2 * G], x[:, 2 * G : 3 * G], x[:, 3 * G : 4 * G]
+            pcie, nic_async = x[:, 4 * G : 5 * G], x[:, 5 * G :]
+            fixed, per_byte, dp = self.fixed_sync_ms, self.allreduce_ms_per_byte, loads[:, lay.dp_bytes, None]
+        else:  # hosts of equal GPU counts in GPU order: per host x GPU of it, a host's resources broadcast
+            emb = loads[:, lay.emb].reshape(k, *grid)
+            ddr = loads[:, lay.host_ddr, None]
+            nvlink = loads[:, lay.nvlink].reshape(k, *grid)
+            nic_sync = loads[:, lay.nic_sync, None]
+            pcie = loads[:, lay.pcie].reshape(k, *grid)
+            nic_async = loads[:, lay.nic_async, None]
+            fixed, per_byte = self._fixed_sync_grid, self._per_byte_grid
+            dp = loads[:, lay.dp_bytes, None, None]
+        sync = np.maximum(emb, ddr)
+        sync += nvlink
+        sync += nic_sync
+        sync += fixed
+        sync += dp * per_byte
+        if lay.n_servers:
+            # _async: the servers' NICs and DDR and the switch are contiguous in the load vector.
+            shared = loads[:, lay.ps_nic.start : lay.switch + 1].max(axis=1)
+            async_ = np.maximum(pcie, nic_async)
+            np.maximum(async_, shared.reshape((k,) + (1,) * (async_.ndim - 1)), out=async_)
+            has_ps = loads[:, lay.ps_ddr].sum(axis=1) > 0
+            async_ += np.where(has_ps, self._async_rtt_ms, 0.0).reshape((k,) + (1,) * (async_.ndim - 1))
+            if self.model.staleness == 0:
+                sync += async_
+            else:
+                np.maximum(sync, async_, out=sync)
+        return sync.reshape(k, lay.n_gpus)
 
     def step_ms(self, loads: np.ndarray) -> np.ndarray:
         """Step time (ms) for a batch of load vectors, shape ``(k, L)`` -> ``(k,)``."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from persia_planner.cost import CostModel
 from persia_planner.placement import Sharding, TablePlacement, Tier
+from persia_planner.report_text import LineTable
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import NodeKind, Topology
 from persia_planner.units import format_bytes, format_rate
@@ -437,6 +438,11 @@ def print_plan(
     devices = (f"devices ({plan.topology})", _DEVICE_COLUMNS, _device_cells(plan, topology))
     tables = (f"tables ({plan.model})", _TABLE_COLUMNS, _table_cells(plan, model, topology))
     for title, columns, rows in (devices, tables):
+        # Plain one-line cells that fit: the same lines as rich's table, without its per-cell layout.
+        lines = LineTable.of(title, columns, rows)
+        if lines is not None and lines.fits(console):
+            console.print(lines)
+            continue
         table = _rich_table(title, columns, rows, packed=True)
         # Packed, a table reads the same as row by row only where no cell has to wrap.
         unbounded = console.options.update_width(1 << 20)

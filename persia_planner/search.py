@@ -12,7 +12,9 @@ when the budget cuts it, the plan depends on how far it got on that machine (rai
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +36,8 @@ from persia_planner.placement import (
     row_splittable,
     tier_bytes,
 )
+from persia_planner.search_shards import RangeTerms, ShardTerms
+from persia_planner.search_steps import Finish, Pick, Step, Tie, finish_in_order, finish_together, given
 from persia_planner.specs import TableSpec
 from persia_planner.units import format_bytes
 
@@ -128,6 +132,13 @@ class Searcher(Protocol):
     def search(self, cost: CostModel, hint: LowerBound | None = None) -> SearchResult: ...
 
 
+@dataclass(frozen=True)
+class _FreeRoom:
+    hbm_sorted: list[float]  # free HBM per GPU, largest first
+    ddr_sum: float
+    ddr_max: float
+
+
 @dataclass
 class _Choice:
     option: Option
@@ -136,6 +147,9 @@ class _Choice:
     mem: np.ndarray
     # The score of the state it was chosen in with it added (what best() scored it by, saving a second scoring).
     score: float | None = None
+    # That state's loads and its step time per GPU with this choice added: the step time after add() where the state
+    # is still the same (a scoring computed it already).
+    stamp: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class GreedyLocalSearch:
@@ -157,6 +171,7 @@ class GreedyLocalSearch:
         not-yet-placed table will bring, guided and (on small models) plain.
         """
         started = time.perf_counter()
+        self._shards = ShardTerms(cost)
         plain = _Start()
         guided = plain
         if hint is not None:
@@ -207,7 +222,10 @@ class GreedyLocalSearch:
         return SearchResult(placements, options, alternatives, constructed - started, improved - constructed, moves)
 
     def _construct(self, cost: CostModel, start: _Start, previous: _Run | None = None) -> _Run:
-        run = _Run(cost, self.config, start.prices)
+        shards = getattr(self, "_shards", None)
+        if shards is None or shards.cost is not cost:
+            shards = self._shards = ShardTerms(cost)
+        run = _Run(cost, self.config, start.prices, shards)
         run.construct(
             start.preferred,
             previous=previous,
@@ -246,8 +264,15 @@ class _Start:
 class _Run:
     """Mutable state of one search (kept private: the result is frozen)."""
 
-    def __init__(self, cost: CostModel, config: SearchConfig, prices: Sequence[float] | None = None):
+    def __init__(
+        self,
+        cost: CostModel,
+        config: SearchConfig,
+        prices: Sequence[float] | None = None,
+        shards: ShardTerms | None = None,
+    ):
         self.cost = cost
+        self.shards = shards or ShardTerms(cost)
         self.config = config
         self.lay = cost.layout
         self.rng = np.random.default_rng(config.seed)
@@ -264,9 +289,16 @@ class _Run:
         self._uniform_hosts = len({len(g) for g in self.host_gpus}) == 1
         # Hosts x their GPUs, where every host has as many: the least-loaded GPU per host is then one argmin.
         self._host_grid = np.array(self.host_gpus) if self._uniform_hosts and len(self.host_gpus[0]) else None
+        self._host_devices = [tuple(int(g) for g in gpus) for gpus in self.host_gpus]
+        self._gpu_hosts = cost.gpu_host.tolist()
         self.dtype = cost.dtype
         self._gpu_step: np.ndarray | None = None
         self._candidates: np.ndarray | None = None
+        self._free: np.ndarray | None = None
+        self._room_stats: _FreeRoom | None = None
+        self._mean_step: float | None = None
+        G, H = self.lay.n_gpus, self.lay.n_hosts
+        self._n_every = G + H
         # Construction charges memory at the relaxation's prices, so a choice that saves a little time but eats
         # scarce memory (a replica on every GPU, HBM for a cold table) pays for the room it takes from others.
         self.mem_price = np.zeros(self.lay.mem_size)
@@ -291,20 +323,26 @@ class _Run:
         """
         if not exclude and self._candidates is not None:
             return self._candidates
-        step = self.gpu_step.copy()
-        step[list(exclude)] = np.inf
-        if self._host_grid is not None:
-            grid = self._host_grid
-            firsts = grid[np.arange(len(grid)), np.argmin(step[grid], axis=1)]  # ties: the lowest index, as below
-        else:
-            order = np.lexsort((step, self.cost.gpu_host))  # by host, then load
-            firsts = order[np.r_[True, np.diff(self.cost.gpu_host[order]) != 0]]
-        top = np.argsort(step, kind="stable")[:_CANDIDATES]
-        picked = np.union1d(firsts, top)
-        picked = picked[np.isfinite(step[picked])]
+        step = self.gpu_step
+        if exclude:
+            step = step.copy()
+            step[list(exclude)] = np.inf
+        # By load (ties: the lower index), the first GPU of each host is its least-loaded one (np.argmin per host
+        # gives the same); a few dozen GPUs in Python cost less than the numpy calls that would do it.
+        order = np.argsort(step, kind="stable").tolist()
+        picked = set(order[:_CANDIDATES])
+        hosts, seen = self._gpu_hosts, set()
+        for g in order:
+            if hosts[g] not in seen:
+                seen.add(hosts[g])
+                picked.add(g)
+                if len(seen) == self.lay.n_hosts:
+                    break
+        picked.difference_update(exclude)  # those with an infinite step
+        result = np.array(sorted(picked), dtype=np.intp)
         if not exclude:
-            self._candidates = picked
-        return picked
+            self._candidates = result
+        return result
 
     # ---- scoring --------------------------------------------------------------------------------------------
     def score(self, loads: np.ndarray) -> np.ndarray:
@@ -313,22 +351,57 @@ class _Run:
         The max alone is flat wherever two resources tie; the norm still rewards relieving either of them, and
         breaks ties between devices towards the less loaded one.
         """
-        loads = np.atleast_2d(loads)
-        parts = self.cost.gpu_step_ms(loads)
-        nic = loads[:, self.lay.nic_sync] + loads[:, self.lay.nic_async]
-        every = np.concatenate([parts, nic], axis=1)
+        return self._scores(loads)[0]
+
+    def _scores(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`score` of each row of ``loads``, and its step time per GPU."""
+        if loads.ndim == 1:
+            loads = loads[None, :]
+        lay, G = self.lay, self.lay.n_gpus
+        every = np.empty((loads.shape[0], self._n_every))
+        steps = every[:, :G]
+        steps[...] = self.cost.gpu_step_ms(loads)
+        np.add(loads[:, lay.nic_sync], loads[:, lay.nic_async], out=every[:, G:])
         step = every.max(axis=1)  # the step time: the slowest GPU or NIC
-        scale = np.maximum(step, 1e-12)[:, None]
-        # np.mean's own arithmetic (a sum, then a division by the count) without its per-call overhead.
-        balance = scale[:, 0] * (np.add.reduce((every / scale) ** 8, axis=1) / every.shape[1]) ** (1 / 8)
-        return step + _BALANCE_WEIGHT * balance
+        scale = np.maximum(step, 1e-12)
+        # The 8th power by squaring thrice (numpy's ** 8 calls pow() per element, 10x slower); np.mean's own
+        # arithmetic (a sum, then a division by the count) without its per-call overhead.
+        power = every / scale[:, None]
+        power *= power
+        power *= power
+        power *= power
+        balance = scale * (np.add.reduce(power, axis=1) / self._n_every) ** (1 / 8)
+        return step + _BALANCE_WEIGHT * balance, steps
+
+    def _score_of(self, choice: _Choice) -> float:
+        """The score of the state with ``choice`` added (as best() scored it; computed here if it did not)."""
+        if choice.score is None:
+            choice.score = float(self.score(self.loads + choice.loads)[0])
+        return choice.score
+
+    def _scores_added(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_scores` of the state with each row of ``loads`` added."""
+        return self._scores(self.loads + loads)
+
+    def _stamp(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What a choice remembers of its scoring: the state's loads it was added to and the resulting GPU steps."""
+        return self.loads, steps
 
     def current_score(self) -> float:
         return float(self.score(self.loads)[0])
 
+    @property
+    def free(self) -> np.ndarray:
+        """Room left per memory slot (cached until the state changes). Bytes are whole numbers, so ``m <= free`` is
+        exactly ``mem + m <= room``."""
+        if self._free is None:
+            self._free = self._room - self.mem
+        return self._free
+
     def fits(self, mem: np.ndarray) -> np.ndarray:
-        mem = np.atleast_2d(mem)
-        return np.all(self.mem[None, :] + mem <= self._room[None, :], axis=1)
+        if mem.ndim == 1:
+            mem = mem[None, :]
+        return (mem <= self.free).all(axis=1)
 
     # ---- options --------------------------------------------------------------------------------------------
     def options(self, table: TableSpec, explore: bool = False, hint: TierChoice | None = None) -> list[Option]:
@@ -337,15 +410,14 @@ class _Run:
         With ``explore`` (local search), split options are scored for every table, not only hot or big ones.
         With ``hint``, only the options of the hinted tier, unpruned: the relaxation chose a slower tier for this
         table to leave the faster memory to others."""
-        cfg, lay = self.config, self.lay
+        cfg = self.config
         opts: list[Option] = []
-        size = table.bytes(self.dtype)
-        free_hbm = self.cap[lay.hbm] - self.mem[lay.hbm]
-        free_ddr = self.cap[lay.ddr] - self.mem[lay.ddr]
+        size = self.shards.size(table)
+        free = self._free_room()
         tiers = [t for t in (Tier.HBM, Tier.HBM_CACHE, Tier.DDR) if t in cfg.tiers]
         if hint is not None:
             tiers = [t for t in tiers if t is hint.tier and not hint.replicated]
-        fits_one_hbm = size <= free_hbm.max()
+        fits_one_hbm = size <= free.hbm_sorted[0]
         for tier in tiers:
             # Slower local tiers only matter once the table no longer fits in one GPU's free HBM.
             if tier is not Tier.HBM and fits_one_hbm and Tier.HBM in tiers and hint is None:
@@ -354,7 +426,7 @@ class _Run:
             if hint is not None and tier is Tier.HBM_CACHE:
                 fractions = (hint.cache_fraction,)
             for fraction in fractions:
-                opts.extend(self._local_options(table, tier, fraction, size, free_hbm, free_ddr, explore))
+                opts.extend(self._local_options(table, tier, fraction, free, explore))
         if (
             Sharding.DATA_PARALLEL in cfg.shardings
             and Tier.HBM in cfg.tiers
@@ -366,7 +438,7 @@ class _Run:
             Sharding.PS_HASH in cfg.shardings
             and Tier.PS in cfg.tiers
             and self.lay.n_servers
-            and self._ps_holds(table)
+            and self.shards.whole(("ps_holds", table.name), lambda: self._ps_holds(table))
             and (hint is None or hint.tier is Tier.PS)
         ):
             opts.append(Option(Sharding.PS_HASH, Tier.PS))
@@ -377,21 +449,20 @@ class _Run:
         table: TableSpec,
         tier: Tier,
         fraction: float,
-        size: int,
-        free_hbm: np.ndarray,
-        free_ddr: np.ndarray,
+        free: _FreeRoom,
         explore: bool = False,
     ) -> list[Option]:
         shardings = self.config.shardings
         opts: list[Option] = []
-        hbm_need, ddr_need = (float(b) for b in tier_bytes(table, tier, table.rows, table.dim, self.dtype, fraction))
+        whole = self.shards.range_terms(table, tier, fraction, table.dim)
+        hbm_need, ddr_need = whole.hbm, whole.ddr
         # Room for a 1/k piece on k distinct GPUs: the k-th largest free HBM (DDR is per host; checked in best()).
-        hbm_sorted = np.sort(free_hbm)[::-1]
+        hbm_sorted = free.hbm_sorted
 
         def room(k: int) -> bool:
-            return k <= len(hbm_sorted) and hbm_need / k <= hbm_sorted[k - 1] and ddr_need <= free_ddr.sum()
+            return k <= len(hbm_sorted) and hbm_need / k <= hbm_sorted[k - 1] and ddr_need <= free.ddr_sum
 
-        one_gpu = room(1) and ddr_need <= free_ddr.max()
+        one_gpu = room(1) and ddr_need <= free.ddr_max
         if one_gpu and Sharding.TABLE_WISE in shardings:
             opts.append(Option(Sharding.TABLE_WISE, tier, fraction))
         # Split options only for hot tables, tables too big for one GPU, or when table-wise is not allowed.
@@ -422,9 +493,35 @@ class _Run:
         return opts
 
     def _is_hot(self, table: TableSpec, tier: Tier) -> bool:
+        return self.shards.whole(("work", table.name, tier is Tier.HBM), lambda: self._work_ms(table, tier)) > (
+            _HOT_SHARE * max(self.mean_step, 1e-9)
+        )
+
+    def _work_ms(self, table: TableSpec, tier: Tier) -> float:
         work = self.cost.moved_bytes(table, self.cost.batch * table.pooling_factor, table.dim)
         bw = self.cost.hbm_bw.min() if tier is Tier.HBM else self.cost.uvm_bw.min()
-        return work / bw > _HOT_SHARE * max(float(self.gpu_step.mean()), 1e-9)
+        return work / bw
+
+    def _free_room(self) -> _FreeRoom:
+        """What :meth:`options` asks of the state's free memory and load (cached until the state changes)."""
+        if self._room_stats is None:
+            lay = self.lay
+            free_hbm = self.cap[lay.hbm] - self.mem[lay.hbm]
+            free_ddr = self.cap[lay.ddr] - self.mem[lay.ddr]
+            self._room_stats = _FreeRoom(
+                np.sort(free_hbm)[::-1].tolist(),
+                float(free_ddr.sum()),
+                float(free_ddr.max()),
+            )
+        return self._room_stats
+
+    @property
+    def mean_step(self) -> float:
+        """The mean GPU step time (cached until the state changes)."""
+        if self._mean_step is None:
+            step = self.gpu_step
+            self._mean_step = float(step.sum() / len(step))  # np.mean's arithmetic, without its overhead
+        return self._mean_step
 
     # ---- candidates: every placement of one option, as rows of load / memory matrices ------------------------
     def _shard_mem(
@@ -438,98 +535,157 @@ class _Run:
         mem[idx, self.lay.ddr.start + self.cost.gpu_host[gpus]] += ddr
         return mem
 
-    def _range(
-        self, table: TableSpec, option: Option, gpus: np.ndarray, rows: int, cols: int, twrw: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        loads = self.cost.range_shard_loads(
-            table, rows / table.rows, cols, option.tier, gpus, cache_fraction=option.cache_fraction, twrw=twrw
-        )
-        return loads, self._shard_mem(table, option, gpus, rows, cols)
-
     def best(self, table: TableSpec, option: Option) -> _Choice | None:
         """The best feasible devices for ``option`` given the current state, or None if it cannot fit."""
-        G, lay = self.lay.n_gpus, self.lay
-        all_gpus = np.arange(G)
+        step = self._first_step(table, option)
+        if step is None:
+            return None
+        return finish_in_order([step], *self._scores(self.loads + step.loads), self._scores_added, self._pick)[0]
+
+    def _first_step(self, table: TableSpec, option: Option) -> Step | None:
+        """The candidates of ``option``'s first placement decision (its load rows, which fit) and how to finish it
+        from their scores; None where none fits. The scores of many options' candidates come from one matrix."""
+        G = self.lay.n_gpus
         s = option.sharding
         if s in (Sharding.TABLE_WISE, Sharding.COLUMN_WISE):
-            chosen: list[int] = []
-            loads, mem = np.zeros(lay.size), np.zeros(lay.mem_size)
-            cols = table.dim // option.splits
-            # A shard's own vectors do not depend on the other shards: for several, cost every GPU's once.
-            every = self._range(table, option, all_gpus, table.rows, cols) if option.splits > 1 else None
-
-            def shards_on(gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-                if every is None:
-                    return self._range(table, option, gpus, table.rows, cols)
-                return every[0][gpus], every[1][gpus]
-
-            for _ in range(option.splits):
-                gpus = self.candidates(exclude=chosen)
-                cand_l, cand_m = shards_on(gpus)
-                if chosen:
-                    cand_l += loads
-                    cand_m += mem
-                ok = self.fits(cand_m)
-                if not ok.any():
-                    # The least-loaded GPUs are full: fall back to every GPU with room.
-                    gpus = np.setdiff1d(all_gpus, chosen)
-                    cand_l, cand_m = shards_on(gpus)
-                    if chosen:
-                        cand_l += loads
-                        cand_m += mem
-                    ok = self.fits(cand_m)
-                    if not ok.any():
-                        return None
-                scores = self.score(self.loads + cand_l)
-                i = self._pick(scores, ok)
-                chosen.append(int(gpus[i]))
-                loads, mem = cand_l[i], cand_m[i]
-            return _Choice(option, tuple(chosen), loads, mem, float(scores[i]))
-        if s in (Sharding.TABLE_COLUMN_WISE, Sharding.TABLE_ROW_WISE):
+            return self._first_shard(table, option)
+        if s is Sharding.TABLE_COLUMN_WISE:
             # One candidate per host, all scored in one matrix: every host's shards go through the cost model at once.
-            if s is Sharding.TABLE_COLUMN_WISE:
-                if self._host_grid is not None:
-                    grid = self._host_grid
-                    by_load = np.argsort(self.gpu_step[grid], axis=1, kind="stable")[:, : option.splits]
-                    picked = list(np.take_along_axis(grid, by_load, axis=1)) if grid.shape[1] >= option.splits else []
-                else:
-                    picked = [
-                        gpus[np.argsort(self.gpu_step[gpus], kind="stable")][: option.splits]
-                        for gpus in self.host_gpus
-                        if len(gpus) >= option.splits
-                    ]
-                if not picked:
-                    return None
-                part_l, part_m = self._range(
-                    table, option, np.concatenate(picked), table.rows, table.dim // option.splits
-                )
+            if self._host_grid is not None:
+                grid = self._host_grid
+                by_load = np.argsort(self.gpu_step[grid], axis=1, kind="stable")[:, : option.splits]
+                picked = list(np.take_along_axis(grid, by_load, axis=1)) if grid.shape[1] >= option.splits else []
             else:
-                picked = list(self.host_gpus)
-                part_l, part_m = self._row_split(table, option, picked, twrw=True)
+                picked = [
+                    gpus[np.argsort(self.gpu_step[gpus], kind="stable")][: option.splits]
+                    for gpus in self.host_gpus
+                    if len(gpus) >= option.splits
+                ]
+            if not picked:
+                return None
+            found = self.shards.range_terms(table, option.tier, option.cache_fraction, table.dim // option.splits)
+            gpus = np.concatenate(picked)
+            shape = (len(picked), option.splits, -1)  # every host's shards: sum them per host
+            loads = self.shards.range_loads(found, gpus).reshape(shape).sum(axis=1)
+            mem = self.shards.range_mem(found, gpus).reshape(shape).sum(axis=1)
+            return self._pick_step(option, loads, mem, [tuple(int(g) for g in p) for p in picked])
+        loads, mem = self._fixed_vectors(table, option)
+        if s is Sharding.TABLE_ROW_WISE:
+            # One candidate per host (its vectors depend only on the table).
+            return self._pick_step(option, loads, mem, self._host_devices)
+        if not self.fits(mem)[0]:
+            return None
+        gpus = () if s is Sharding.PS_HASH else tuple(range(G))
+
+        def finish(scores: np.ndarray, steps: np.ndarray, pick: Pick) -> Finish:
+            return given(_Choice(option, gpus, loads, mem, float(scores[0]), self._stamp(steps[0])))
+
+        return Step(loads[None, :], finish, forced=lambda: _Choice(option, gpus, loads, mem))
+
+    def _pick_step(
+        self, option: Option, loads: np.ndarray, mem: np.ndarray, devices: list[tuple[int, ...]]
+    ) -> Step | None:
+        """One decision among whole candidates (rows of ``loads`` / ``mem``, placed on ``devices``)."""
+        ok = self.fits(mem)
+        if not ok.any():
+            return None
+
+        def finish(scores: np.ndarray, steps: np.ndarray, pick: Pick) -> Finish:
+            i = pick(scores, ok)
+            return given(_Choice(option, devices[i], loads[i], mem[i], float(scores[i]), self._stamp(steps[i])))
+
+        return Step(loads, finish)
+
+    def _shard_candidates(
+        self, found: RangeTerms, chosen: list[int], used_ddr: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """GPUs to score for one more shard of ``found`` (besides those ``chosen``) and which of them fit."""
+        gpus = self.candidates(exclude=chosen)
+        ok = self._shard_fits(found, gpus, used_ddr)
+        if not ok.any():
+            # The least-loaded GPUs are full: fall back to every GPU with room.
+            gpus = np.setdiff1d(self.shards.all_gpus, chosen)
+            ok = self._shard_fits(found, gpus, used_ddr)
+            if not ok.any():
+                return None
+        return gpus, ok
+
+    def _first_shard(self, table: TableSpec, option: Option) -> Step | None:
+        """Table-wise and column-wise: the shards go one at a time, each on its best candidate GPU."""
+        lay, shards = self.lay, self.shards
+        found = shards.range_terms(table, option.tier, option.cache_fraction, table.dim // option.splits)
+        first = self._shard_candidates(found, [], np.zeros(lay.n_hosts))
+        if first is None:
+            return None
+        first_gpus, first_ok = first
+        first_loads = shards.range_loads(found, first_gpus)
+
+        def finish(scores: np.ndarray, steps: np.ndarray, pick: Pick) -> Finish:
+            gpus, ok, cand_l = first_gpus, first_ok, first_loads
+            used_ddr = np.zeros(lay.n_hosts)  # the DDR the shards chosen so far take on each host
+            chosen: list[int] = []
+            loads = mem = None
+            while True:
+                i = pick(scores, ok)
+                g = int(gpus[i])
+                chosen.append(g)
+                shard_mem = np.zeros(lay.mem_size)  # shards.range_mem of this one GPU
+                shard_mem[lay.hbm.start + g] = found.hbm
+                shard_mem[lay.ddr.start + self.cost.gpu_host[g]] += found.ddr
+                mem = shard_mem if mem is None else shard_mem + mem
+                used_ddr[self.cost.gpu_host[g]] += found.ddr
+                loads = cand_l[i]
+                if len(chosen) == option.splits:
+                    return _Choice(option, tuple(chosen), loads, mem, float(scores[i]), self._stamp(steps[i]))
+                more = self._shard_candidates(found, chosen, used_ddr)
+                if more is None:
+                    return None
+                gpus, ok = more
+                cand_l = shards.range_loads(found, gpus)
+                cand_l += loads
+                scores, steps = yield cand_l
+
+        return Step(first_loads, finish, option.splits)
+
+    def _shard_fits(self, found: RangeTerms, gpus: np.ndarray, used_ddr: np.ndarray) -> np.ndarray:
+        """Whether a shard of ``found`` fits on each GPU in ``gpus`` besides the state and ``used_ddr`` (bytes per
+        host): its HBM on the GPU, its DDR on the GPU's host (``fits`` of its memory vector, slot by slot)."""
+        lay, free = self.lay, self.free
+        ok = found.hbm <= free[lay.hbm.start + gpus]
+        if found.ddr or used_ddr.any():  # else its hosts' DDR holds what it holds now, which fits
+            hosts = self.cost.gpu_host[gpus]
+            ok &= found.ddr + used_ddr[hosts] <= free[lay.ddr.start + hosts]
+        return ok
+
+    def _fixed_vectors(self, table: TableSpec, option: Option) -> tuple[np.ndarray, np.ndarray]:
+        """(loads, memory) of the placements that depend only on the table: row-wise over every GPU, table-row-wise
+        on each host (one row per host), a replica on every GPU, hashed over the servers."""
+        return self.shards.whole((table.name, option), lambda: self._compute_fixed(table, option))  # type: ignore[return-value]
+
+    def _compute_fixed(self, table: TableSpec, option: Option) -> tuple[np.ndarray, np.ndarray]:
+        lay, s = self.lay, option.sharding
+        if s is Sharding.TABLE_ROW_WISE:
+            picked = list(self.host_gpus)
+            part_l, part_m = self._row_split(table, option, picked, twrw=True)
             ends = np.cumsum([len(gpus) for gpus in picked])
             loads = np.array([part_l[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
             mem = np.array([part_m[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
-            ok = self.fits(mem)
-            if not ok.any():
-                return None
-            scores = self.score(self.loads + loads)
-            i = self._pick(scores, ok)
-            return _Choice(option, tuple(int(g) for g in picked[i]), loads[i], mem[i], float(scores[i]))
-        if s is Sharding.ROW_WISE:
-            part_l, part_m = self._row_split(table, option, [all_gpus])
+        elif s is Sharding.ROW_WISE:
+            part_l, part_m = self._row_split(table, option, [np.arange(lay.n_gpus)])
             loads, mem = part_l.sum(axis=0), part_m.sum(axis=0)
-            return _Choice(option, tuple(range(G)), loads, mem) if self.fits(mem)[0] else None
-        if s is Sharding.DATA_PARALLEL:
+        elif s is Sharding.DATA_PARALLEL:
             loads = self.cost.replica_loads(table).sum(axis=0)
             mem = np.zeros(lay.mem_size)
             mem[lay.hbm] = float(tier_bytes(table, Tier.HBM, table.rows, table.dim, self.dtype, replica=True)[0])
-            return _Choice(option, tuple(range(G)), loads, mem) if self.fits(mem)[0] else None
-        # ps_hash: every server holds one bucket; shares follow the bucket row counts.
-        shares = self._ps_rows(table) / table.rows
-        loads = self.cost.ps_table_loads(table, shares)
-        mem = np.zeros(lay.mem_size)
-        mem[lay.ps_mem] = self._ps_mem(table)
-        return _Choice(option, (), loads, mem) if self.fits(mem)[0] else None
+        else:
+            # ps_hash: every server holds one bucket; shares follow the bucket row counts.
+            shares = self._ps_rows(table) / table.rows
+            loads = self.cost.ps_table_loads(table, shares)
+            mem = np.zeros(lay.mem_size)
+            mem[lay.ps_mem] = self._ps_mem(table)
+        loads.setflags(write=False)  # shared by every choice of this placement
+        mem.setflags(write=False)
+        return loads, mem
 
     def _row_split(
         self, table: TableSpec, option: Option, groups: Sequence[np.ndarray], twrw: bool = False
@@ -554,11 +710,21 @@ class _Run:
         """Whether no server would hold more of the table's rows than its store can (see memory.PS_MAX_ROWS)."""
         return bool(ps_holds(table.rows, self.lay.n_servers))
 
-    def _pick(self, scores: np.ndarray, ok: np.ndarray) -> int:
-        scores = np.where(ok, scores, np.inf)
-        best = scores.min()
-        ties = np.flatnonzero(scores <= best * (1 + 1e-12))
-        return int(ties[0] if len(ties) == 1 else self.rng.choice(ties))
+    def _pick(self, scores: np.ndarray, ok: np.ndarray, draw: bool = True) -> int:
+        """The best-scored candidate that fits; ties (within 1e-12) broken by the seeded RNG. In Python: a few
+        dozen candidates cost less than the numpy calls (the same float comparisons)."""
+        values = [score if fits else math.inf for score, fits in zip(scores.tolist(), ok.tolist(), strict=True)]
+        limit = min(values) * (1 + 1e-12)
+        ties = [i for i, value in enumerate(values) if value <= limit]
+        if len(ties) == 1:
+            return ties[0]
+        if not draw:
+            raise Tie
+        return int(self.rng.choice(np.array(ties)))
+
+    def _pick_untied(self, scores: np.ndarray, ok: np.ndarray) -> int:
+        """:meth:`_pick` where there is no tie; :class:`.search_steps.Tie` where it would draw."""
+        return self._pick(scores, ok, draw=False)
 
     # ---- construction and improvement -------------------------------------------------------------------------
     def best_choice(
@@ -576,13 +742,28 @@ class _Run:
     def best_choice_of(
         self, table: TableSpec, options: list[Option]
     ) -> tuple[_Choice | None, list[tuple[_Choice, float]]]:
+        # Every option's first decision is scored in one matrix (a scoring is a few dozen numpy calls whatever its
+        # rows); the options then finish in order, so the seeded tie-breaks come in the same order as one by one.
+        steps = [step for option in options if (step := self._first_step(table, option)) is not None]
+        if not steps:
+            return None, []
+        if len(steps) == 1 and steps[0].forced is not None:
+            # Nothing to choose: it is scored only if asked (_score_of).
+            choice = steps[0].forced()
+            return choice, [(choice, math.nan)]
+        stacked = steps[0].loads if len(steps) == 1 else np.concatenate([step.loads for step in steps])
+        scores, gpu_steps = self._scores(self.loads + stacked)
+        choices = None
+        if sum(step.decisions > 1 for step in steps) > 1:
+            with contextlib.suppress(Tie):
+                choices = finish_together(steps, scores, gpu_steps, self._scores_added, self._pick_untied)
+        if choices is None:
+            choices = finish_in_order(steps, scores, gpu_steps, self._scores_added, self._pick)
         scored = []
-        for option in options:
-            choice = self.best(table, option)
+        for choice in choices:
             if choice is not None:
-                if choice.score is None:
-                    choice.score = float(self.score(self.loads + choice.loads)[0])
                 value = choice.score
+                assert value is not None
                 if self.pricing:
                     value += float(choice.mem @ self.mem_price)
                 scored.append((choice, value))
@@ -591,15 +772,22 @@ class _Run:
         scored.sort(key=lambda item: item[1])
         return scored[0][0], scored
 
+    def _changed(self) -> None:
+        """Forget what was derived from the state (loads or memory)."""
+        self._gpu_step = self._candidates = self._free = self._room_stats = self._mean_step = None
+
     def add(self, name: str, choice: _Choice) -> None:
-        self._gpu_step = self._candidates = None
+        self._changed()
+        stamp = choice.stamp
+        if stamp is not None and stamp[0] is self.loads:
+            self._gpu_step = stamp[1]  # this very sum was scored: the same bits
         self.choices[name] = choice
         self.loads = self.loads + choice.loads
         self.mem = self.mem + choice.mem
 
     def remove(self, name: str) -> _Choice:
         choice = self.choices.pop(name)
-        self._gpu_step = self._candidates = None
+        self._changed()
         self.loads = self.loads - choice.loads
         self.mem = self.mem - choice.mem
         return choice
@@ -646,11 +834,12 @@ class _Run:
             order = np.concatenate([early, order[~np.isin(order, early)]]).astype(int)
         if previous is not None:
             self.loads = previous.loads.copy()
-            self._gpu_step = self._candidates = None
+            self._changed()
         for i in order:
             table = tables[i]
             if previous is not None:
                 self.loads = self.loads - previous.choices[table.name].loads
+                self._changed()
             choice = None
             if keep_local:
                 choice = self._packed_locally(table)
@@ -687,11 +876,12 @@ class _Run:
             # Re-insertion is tried on the tables with the most load on the bottleneck; swapping in on those with the
             # most load per byte (they relieve it most for the room they take).
             # The few heaviest are also tried split (column/row-wise): splitting a light table cannot relieve much.
-            heavy = self._bottleneck_tables()
+            load = self._bottleneck_load()
+            heavy = self._bottleneck_tables(load=load)
             candidates = (
                 [(n, self._reinsert_split) for n in heavy[:_SPLIT_CANDIDATES]]
                 + [(n, self._reinsert) for n in heavy]
-                + [(n, self._swap_in) for n in self._bottleneck_tables(per_byte=True)]
+                + [(n, self._swap_in) for n in self._bottleneck_tables(per_byte=True, load=load)]
             )
             for name, move in candidates:
                 if time.perf_counter() >= deadline:
@@ -714,7 +904,7 @@ class _Run:
     def _reinsert(self, tables: Mapping[str, TableSpec], name: str, current: float, explore: bool = False) -> bool:
         old = self.remove(name)
         choice, _ = self.best_choice(tables[name], explore=explore)
-        if choice is not None and choice.score is not None and choice.score < current * (1 - 1e-9):
+        if choice is not None and self._score_of(choice) < current * (1 - 1e-9):
             self.add(name, choice)
             return True
         self.add(name, old)
@@ -794,8 +984,23 @@ class _Run:
                 best = (traffic, chosen)
         return best[1] if best else None
 
-    def _bottleneck_tables(self, limit: int = _IMPROVE_CANDIDATES, per_byte: bool = False) -> list[str]:
-        """Tables with the most load (or load per stored byte) on the resource that sets the step time."""
+    def _bottleneck_tables(
+        self,
+        limit: int = _IMPROVE_CANDIDATES,
+        per_byte: bool = False,
+        load: tuple[list[str], np.ndarray] | None = None,
+    ) -> list[str]:
+        """Tables with the most load (or load per stored byte) on the resource that sets the step time (``load``:
+        :meth:`_bottleneck_load` of the state, when known)."""
+        names, weights = load if load is not None else self._bottleneck_load()
+        if per_byte:
+            weights = weights / np.array([self.shards.size(self.specs[n]) for n in names])
+        weights = weights + self.rng.random(len(names)) * 1e-15  # seeded tie-break
+        top = np.argsort(-weights, kind="stable")[:limit]
+        return [names[i] for i in top if weights[i] > 0]
+
+    def _bottleneck_load(self) -> tuple[list[str], np.ndarray]:
+        """Every placed table's name and its load on the resource that sets the step time."""
         lay = self.lay
         parts = self.cost.step_parts(self.loads)
         g = int(np.argmax(parts["step"][0]))
@@ -816,12 +1021,7 @@ class _Run:
             ]
         names = list(self.choices)
         unit = np.where(columns == lay.dp_bytes, self.cost.allreduce_ms_per_byte[g], 1.0)
-        weights = np.array([self.choices[n].loads[columns] @ unit for n in names])
-        if per_byte:
-            weights = weights / np.array([self.specs[n].bytes(self.dtype) for n in names])
-        weights = weights + self.rng.random(len(names)) * 1e-15  # seeded tie-break
-        top = np.argsort(-weights, kind="stable")[:limit]
-        return [names[i] for i in top if weights[i] > 0]
+        return names, np.stack([choice.loads for choice in self.choices.values()])[:, columns] @ unit
 
     def alternatives(self, top: int) -> dict[str, tuple[Alternative, ...]]:
         """For the ``top`` largest tables: the best step time under each other option, others unchanged."""
