@@ -8,7 +8,7 @@ predicted from the figures just measured, fit what the model lacks:
 - ``small`` (all tables local, K = 0) gives a fixed time per step (``overhead_ms``, the cost model's
   ``step_overhead_ms``);
 - ``ps`` (two of its tables on one server, K = 4), predicted with that, gives what one PS request costs the trainer
-  in a step (``ps_request_ms``), in place of the bare RPC round trip;
+  in a step (``ps_client_ms``), in place of the bare RPC round trip;
 - ``large`` (the small job at 8x the batch) is predicted with both and kept as a check of the fit
   (``check_error``: predicted / measured - 1), not fitted to.
 """
@@ -38,7 +38,7 @@ def calibrate_step(measured: dict[str, Any], steps: int) -> dict[str, Any]:
         steps: Steps of each job (its median step after warm-up is measured).
 
     Returns:
-        The profile's ``step`` section: ``overhead_ms``, ``ps_request_ms``, ``check_error`` and each job's
+        The profile's ``step`` section: ``overhead_ms``, ``ps_client_ms``, ``check_error`` and each job's
         ``measured_ms`` and ``predicted_ms`` (with the fit as far as it had come when the job ran).
     """
     jobs: dict[str, dict[str, Any]] = {"small": _run("small", measured, steps)}
@@ -46,7 +46,7 @@ def calibrate_step(measured: dict[str, Any], steps: int) -> dict[str, Any]:
     # The PS job, predicted with the fixed time: what is left is the trainer's cost of its PS requests.
     jobs["ps"] = _run("ps", {**measured, "step": fitted}, steps)
     ps = jobs["ps"]
-    fitted["ps_request_ms"] = max(0.0, ps["ps_request_ms"] + ps["residual_ms"] / ps["requests"])
+    fitted["ps_client_ms"] = max(0.0, ps["ps_client_ms"] + ps["residual_ms"] / ps["requests"])
     jobs["large"] = _run("large", {**measured, "step": fitted}, steps)
     return {
         **fitted,
@@ -115,6 +115,6 @@ def _run(name: str, profile: dict[str, Any], steps: int) -> dict[str, Any]:
         "measured_ms": result["step_ms"],
         "predicted_ms": estimate.step_ms,
         "residual_ms": result["step_ms"] - estimate.step_ms,
-        "ps_request_ms": cost.constants.ps_request_ms,
+        "ps_client_ms": cost.constants.ps_client_ms,
         "requests": 2 * job["ps_tables"] * max(1, len(topology.servers)),  # a lookup and a push per table and server
     }

@@ -132,8 +132,8 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         # A server's store holds a bounded number of rows of a table: beyond that the ps tier is no option.
         # Every GPU sends at least one server a lookup and a push per step: their fixed cost on the trainer
         # (CostModel.ps_table_loads), summed over GPUs.
+        sync[:, ps] = np.where(ps_holds(rows, lay.n_servers), 2 * G * c.ps_client_ms, np.inf)
         request_ms = 2 * G * c.ps_request_ms
-        sync[:, ps] = np.where(ps_holds(rows, lay.n_servers), request_ms, np.inf)
         asyn[0, :, ps] = np.array([cost.ps_moved_bytes(t) for t in tables]) / float(cost.ps_ddr_bw.sum())
         # The servers' NICs: the bytes, and the requests' fixed cost on the servers that hold a share (at least one).
         # The busiest server is at least the bandwidth-weighted average, in which a request to the server with the

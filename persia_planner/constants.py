@@ -16,7 +16,7 @@ __all__ = ["CostConstants"]
 # Relative to fbgemm's fused kernel, not to a peak: the one efficiency that may exceed 1.
 _RELATIVE_EFFICIENCY = "dense_kernel_efficiency"
 # Fixed costs that a GPU cluster may not have at all.
-_MAY_BE_ZERO = frozenset({"collective_latency_ms", "ps_request_ms", "step_overhead_ms"})
+_MAY_BE_ZERO = frozenset({"collective_latency_ms", "ps_request_ms", "ps_client_ms", "step_overhead_ms"})
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,13 @@ class CostConstants:
             on top of its bytes. A step makes four all-to-alls (TorchRec's input splits and ids, the pooled output
             forward and backward) and one all-reduce. Fitted from a ``profile:`` (gloo on CPU); 0 by default
             (NCCL's microseconds are in the noise of a GPU step).
-        ps_request_ms: Fixed cost of one parameter-server request (a lookup or a push to one server), paid by the
-            server and by the trainer that sends it. Fitted from a ``profile:``; 0 by default.
-        step_overhead_ms: Fixed framework time per step on every trainer (Python, autograd, optimizer calls) beyond
-            the modelled work. An assumption (0 by default), to set from a measured step breakdown.
+        ps_request_ms: Fixed cost of one parameter-server request (a lookup or a push to one server) to the server
+            that answers it. Fitted from a ``profile:`` (the RPC's round trip); 0 by default.
+        ps_client_ms: Fixed cost of one such request to the trainer that sends it (the client's work for a table,
+            inside a step). Fitted from a ``profile:``'s training steps; 0 by default.
+        step_overhead_ms: Fixed time per step on every trainer beyond the modelled work (TorchRec's input
+            distribution, Python, autograd, waits in collectives). Fitted from a ``profile:``'s training steps; 0 by
+            default.
         hbm_reserve_fraction: Share of each GPU's HBM the planner leaves free (activations, buffers, cache slack).
         ddr_reserve_fraction: Share of each trainer host's DDR left free (OS, data loader, pinned buffers).
         ps_reserve_fraction: Share of each parameter server's DDR left free (hash-table overhead, checkpoints).
@@ -71,6 +74,7 @@ class CostConstants:
     shard_overhead_ms: float = 0.01
     collective_latency_ms: float = 0.0
     ps_request_ms: float = 0.0
+    ps_client_ms: float = 0.0
     step_overhead_ms: float = 0.0
     hbm_reserve_fraction: float = 0.1
     ddr_reserve_fraction: float = 0.1

@@ -471,7 +471,7 @@ class CostModel:
         # server, and for the trainer's own thread, which prepares and sends them.
         holding = shares > 0
         loads[lay.ps_nic] += np.where(holding, 2 * lay.n_gpus * self.constants.ps_request_ms, 0.0)
-        loads[lay.emb] += 2 * float(holding.sum()) * self.constants.ps_request_ms
+        loads[lay.emb] += 2 * float(holding.sum()) * self.constants.ps_client_ms
         return loads
 
     def server_index(self, name: str) -> int:

@@ -221,7 +221,7 @@ class HardwareProfile:
         unique_ids_per_s: De-duplication (``torch.unique``) of request ids per second.
         step_overhead_ms: What a training step costs beyond the terms the other figures price (fitted from small
             ``persia train`` jobs, ``modules/calibrate_step.py``; None in a profile without the ``step`` section).
-        step_ps_request_ms: What one PS request costs a trainer inside a step (None without ``step``: the RPC's
+        step_ps_client_ms: What one PS request costs a trainer inside a step (None without ``step``: the RPC's
             round trip stands for it).
     """
 
@@ -242,7 +242,7 @@ class HardwareProfile:
     store_update_rows_per_s: float
     unique_ids_per_s: float
     step_overhead_ms: float | None = None
-    step_ps_request_ms: float | None = None
+    step_ps_client_ms: float | None = None
 
     def embedding_seconds(
         self, optimizer: str, bags: float, ids: float, row_bytes: float, unique: float | None = None
@@ -277,16 +277,17 @@ class HardwareProfile:
 
     def fitted_constants(self) -> dict[str, float]:
         """The cost model's constants this profile measures (see :class:`~persia_planner.constants.CostConstants`):
-        ``collective_latency_ms`` (the all-to-all's fixed cost), ``ps_request_ms`` (a PS request's fixed cost,
-        lookup and push averaged) and, where the profile has a measured training step, ``step_overhead_ms`` (that
-        step beyond the model's prediction of it). The efficiencies stay assumptions: the profile's rates are
-        declared through them (:meth:`device_figures`, :meth:`host_figures`)."""
+        ``collective_latency_ms`` (the all-to-all's fixed cost), ``ps_request_ms`` (a PS request's fixed cost to
+        the server: the RPC's, lookup and push averaged), ``ps_client_ms`` (its cost to the trainer: from the
+        training steps where measured, else the RPC's) and ``step_overhead_ms`` (from the training steps, where
+        measured: a step beyond the model's prediction of it). The efficiencies stay assumptions: the profile's
+        rates are declared through them (:meth:`device_figures`, :meth:`host_figures`)."""
         fitted = {
             "collective_latency_ms": self.all_to_all.fixed_s * 1e3,
             "ps_request_ms": (self.ps_lookup.fixed_s + self.ps_push.fixed_s) / 2 * 1e3,
         }
-        if self.step_ps_request_ms is not None:
-            fitted["ps_request_ms"] = self.step_ps_request_ms
+        rpc_ms = fitted["ps_request_ms"]
+        fitted["ps_client_ms"] = rpc_ms if self.step_ps_client_ms is None else self.step_ps_client_ms
         if self.step_overhead_ms is not None:
             fitted["step_overhead_ms"] = self.step_overhead_ms
         return fitted
@@ -357,8 +358,8 @@ class HardwareProfile:
         ]
         if self.step_overhead_ms is not None:
             rows.append(("training step beyond the model", f"{self.step_overhead_ms:.2f} ms", ""))
-        if self.step_ps_request_ms is not None:
-            rows.append(("PS request in a step (trainer)", f"{self.step_ps_request_ms:.2f} ms", ""))
+        if self.step_ps_client_ms is not None:
+            rows.append(("PS request in a step (trainer)", f"{self.step_ps_client_ms:.2f} ms", ""))
         return rows
 
     @classmethod
@@ -424,8 +425,8 @@ class HardwareProfile:
         if top.has("step"):
             step = top.sub("step")
             overhead = step.take("overhead_ms", Quantity.NUMBER)
-            request = step.take("ps_request_ms", Quantity.NUMBER, default=None)
-            for key, value in (("overhead_ms", overhead), ("ps_request_ms", request)):
+            request = step.take("ps_client_ms", Quantity.NUMBER, default=None)
+            for key, value in (("overhead_ms", overhead), ("ps_client_ms", request)):
                 if value is not None and value < 0:
                     raise step.error(key, f"must be >= 0, got {value}", fixes=("run persia calibrate again",))
             for key in ("check_error", "jobs"):  # what was measured: kept in the file, not needed by the fit
@@ -450,7 +451,7 @@ class HardwareProfile:
             store_update_rows_per_s=figures["update_rows_per_s"],
             unique_ids_per_s=figures["unique_ids_per_s"],
             step_overhead_ms=overhead,
-            step_ps_request_ms=request,
+            step_ps_client_ms=request,
         )
 
 

@@ -112,7 +112,7 @@ def cluster_dict(
     if switch:
         data["network"] = {"bandwidth": f"{switch:g}GB/s"}
     if fixed_ms:
-        names = ("collective_latency_ms", "ps_request_ms", "step_overhead_ms")
+        names = ("collective_latency_ms", "ps_request_ms", "ps_client_ms", "step_overhead_ms")
         data["constants"] = dict.fromkeys(names, fixed_ms)
     return data
 

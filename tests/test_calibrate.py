@@ -57,9 +57,9 @@ def test_every_benchmark_gives_figures_the_planner_fits():
     step = raw["step"]
     assert set(step["jobs"]) == {"small", "large", "ps"}
     assert all(j["measured_ms"] > 0 and j["predicted_ms"] > 0 for j in step["jobs"].values())
-    assert step["overhead_ms"] >= 0 and step["ps_request_ms"] >= 0 and step["check_error"] > -1
+    assert step["overhead_ms"] >= 0 and step["ps_client_ms"] >= 0 and step["check_error"] > -1
     fitted = profile.fitted_constants()
-    assert fitted["step_overhead_ms"] == step["overhead_ms"] and fitted["ps_request_ms"] == step["ps_request_ms"]
+    assert fitted["step_overhead_ms"] == step["overhead_ms"] and fitted["ps_client_ms"] == step["ps_client_ms"]
 
 
 def test_out_must_be_a_file(tmp_path):

@@ -148,11 +148,12 @@ def test_a_fit_sets_aside_a_point_the_machine_s_noise_hit():
 def test_a_measured_training_step_fits_the_step_overhead():
     raw = raw_profile()
     assert "step_overhead_ms" not in HardwareProfile.from_dict(raw).fitted_constants()
-    raw["step"] = {"overhead_ms": 4.5, "ps_request_ms": 0.5, "check_error": 0.1, "jobs": {"small": {}}}
+    raw["step"] = {"overhead_ms": 4.5, "ps_client_ms": 0.5, "check_error": 0.1, "jobs": {"small": {}}}
     profile = HardwareProfile.from_dict(raw)
     assert profile.fitted_constants()["step_overhead_ms"] == 4.5
-    assert profile.fitted_constants()["ps_request_ms"] == 0.5  # in place of the RPC's round trip
+    assert profile.fitted_constants()["ps_client_ms"] == 0.5  # the trainer's, in place of the RPC's round trip
+    assert profile.fitted_constants()["ps_request_ms"] == pytest.approx((300e-6 + 250e-6) / 2 * 1e3)  # the server's
     assert ("training step beyond the model", "4.50 ms", "") in profile.summary()
-    for key, bad in (("overhead_ms", -1.0), ("ps_request_ms", -0.1)):
+    for key, bad in (("overhead_ms", -1.0), ("ps_client_ms", -0.1)):
         with pytest.raises(SpecError, match=f"step.{key}"):
             HardwareProfile.from_dict({**raw, "step": {**raw["step"], key: bad}})
