@@ -40,6 +40,7 @@ def test_swaps_into_torchrec_dlrm_and_trains():
         EmbeddingBagConfig(name=f"t{i}", feature_names=[f"f{i}"], num_embeddings=100, embedding_dim=8) for i in range(3)
     ]
     hybrid = HybridEmbeddingBagCollection(configs, optimizer=SparseOptimizer(learning_rate=0.1))
+    torch.manual_seed(0)  # the dense layers' initial weights (from the global generator): the same run every time
     model = DLRM(
         embedding_bag_collection=hybrid,
         dense_in_features=4,
