@@ -77,7 +77,9 @@ def section(path: Path) -> str:
     name = path.stem.split("-")[0]
     flat = _scalars(data)
     first = [k for k in HEADLINES.get(name, ()) if k in flat]
-    lines = [f"## {path.stem}", "", f"`{path.name}`, machine: {data.get('machine', {}).get('platform', '?')}", ""]
+    machine = data.get("machine", {})
+    platform = machine.get("platform", "?") if isinstance(machine, dict) else str(machine)
+    lines = [f"## {path.stem}", "", f"`{path.name}`, machine: {platform}", ""]
     lines += ["| key | value |", "|---|---|"]
     lines += [f"| **{k}** | {_fmt(flat[k])} |" for k in first]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in flat.items() if k not in first and not k.startswith("machine.")]
