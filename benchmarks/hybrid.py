@@ -103,12 +103,10 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, j
         unfused = dict(in_backward_optimizer_filter(dmp.named_parameters()))
         replicas = {n: p for n, p in unfused.items() if "embedding_bags" in n}
         dense = {n: p for n, p in unfused.items() if n not in replicas}
-        opt = CombinedOptimizer(
-            [
-                KeyedOptimizerWrapper(replicas, lambda ps: RowWiseAdagrad(ps, lr=cfg.sparse_lr, eps=1e-8)),
-                KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr)),
-            ]
-        )
+        # (A plan may have no data-parallel table: torch refuses an optimizer over no parameters.)
+        parts = [(replicas, lambda ps: RowWiseAdagrad(ps, lr=cfg.sparse_lr, eps=1e-8))]
+        parts.append((dense, lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr)))
+        opt = CombinedOptimizer([KeyedOptimizerWrapper(p, make) for p, make in parts if p])
         data = SyntheticClicks(teacher_for(spec, cfg), batch_size=batch_size, num_batches=steps * world)
         loss_fn = nn.BCEWithLogitsLoss()
         times = []
