@@ -167,28 +167,10 @@ class Topology:
             raise SpecError(source, "hosts", str(err), fixes=(fix,)) from None
 
     @classmethod
-    def simple(
-        cls,
-        *,
-        trainers: int,
-        gpus_per_trainer: int,
-        servers: int = 0,
-        hbm_bytes: int = 80 * 1024**3,
-        ddr_bytes: int = 2 * 1024**4,
-        ps_ddr_bytes: int = 1024**4,
-        name: str = "generated",
-    ) -> Topology:
-        """A homogeneous H100-class cluster, for tests and benchmarks."""
-        data = cls.simple_dict(
-            trainers=trainers,
-            gpus_per_trainer=gpus_per_trainer,
-            servers=servers,
-            hbm_bytes=hbm_bytes,
-            ddr_bytes=ddr_bytes,
-            ps_ddr_bytes=ps_ddr_bytes,
-            name=name,
-        )
-        return cls.from_dict(data, f"{name}.yaml")
+    def simple(cls, **options: Any) -> Topology:
+        """A homogeneous H100-class cluster, for tests and benchmarks (the options of :meth:`simple_dict`)."""
+        data = cls.simple_dict(**options)
+        return cls.from_dict(data, f"{data['name']}.yaml")
 
     @staticmethod
     def simple_dict(
