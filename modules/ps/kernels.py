@@ -31,6 +31,11 @@ import math
 
 import numba
 import numpy as np
+
+# numba's argument typing reads ``np.ma.MaskedArray`` on every call, and numpy 2 imports ``numpy.ma`` on first
+# access. Two RPC threads making that first access together can recurse in numpy's module ``__getattr__`` until
+# RecursionError (seen once in CI, on a server's first lookup); importing it here, before any thread, closes the race.
+import numpy.ma
 import torch
 from llvmlite import ir
 from numba import types
