@@ -537,3 +537,72 @@ class CostModel:
             + [topo.ddr_capacity(s) for s in topo.servers],
             dtype=float,
         )
+
+    # ---- the vectors by resource: what the search reads and builds, without the layout's index ranges ---------
+    def resource_ms(self, loads: np.ndarray) -> np.ndarray:
+        """Time of every resource a step waits for, ``(k, L)`` -> ``(k, G + H)``: each GPU's step (the first ``G``
+        columns, :meth:`gpu_step_ms`), then each trainer host's NIC (sync and async traffic share it)."""
+        lay = self.layout
+        out = np.empty((loads.shape[0], lay.n_gpus + lay.n_hosts))
+        out[:, : lay.n_gpus] = self.gpu_step_ms(loads)
+        np.add(loads[:, lay.nic_sync], loads[:, lay.nic_async], out=out[:, lay.n_gpus :])
+        return out
+
+    def bottleneck_loads(self, loads: np.ndarray, tables: np.ndarray) -> np.ndarray:
+        """How much each row of ``tables`` (load vectors that sum into ``loads``) loads the resource that sets
+        ``loads``' step time, in ms: a saturated NIC, or else the slowest GPU's longer path (the parameter
+        servers' side or its own sync work, all-reduced bytes priced at its all-reduce rate)."""
+        lay = self.layout
+        parts = self.step_parts(loads)
+        g = int(np.argmax(parts["step"][0]))
+        host = self.gpu_host[g]
+        nic_total = loads[lay.nic_sync] + loads[lay.nic_async]
+        if nic_total.max(initial=0.0) >= parts["step"][0][g]:
+            h = int(np.argmax(nic_total))
+            columns = np.r_[lay.nic_sync.start + h, lay.nic_async.start + h]
+        elif parts["async"][0][g] >= parts["sync"][0][g]:
+            columns = np.r_[lay.ps_nic, lay.ps_ddr, lay.switch, lay.nic_async.start + host, lay.pcie.start + g]
+        else:
+            columns = np.r_[
+                lay.emb.start + g,
+                lay.nvlink.start + g,
+                lay.nic_sync.start + host,
+                lay.host_ddr.start + host,
+                lay.dp_bytes,
+            ]
+        unit = np.where(columns == lay.dp_bytes, self.allreduce_ms_per_byte[g], 1.0)
+        return tables[:, columns] @ unit
+
+    def memory_vector(
+        self, hbm: float | np.ndarray = 0.0, ddr: float | np.ndarray = 0.0, ps: float | np.ndarray = 0.0
+    ) -> np.ndarray:
+        """A memory vector (bytes per slot) from its parts: ``hbm`` per GPU, ``ddr`` per trainer host, ``ps`` per
+        server (each a value for every slot of its kind, or one per slot); or its price vector, given prices."""
+        lay = self.layout
+        mem = np.zeros(lay.mem_size)
+        mem[lay.hbm] = hbm
+        mem[lay.ddr] = ddr
+        mem[lay.ps_mem] = ps
+        return mem
+
+    def shard_memory(self, gpus: np.ndarray, hbm: float | np.ndarray, ddr: float | np.ndarray) -> np.ndarray:
+        """Memory vectors, one row per GPU in ``gpus``, of a shard on it: ``hbm`` bytes in its HBM and ``ddr`` in its
+        host's DDR (each one value, or one per row)."""
+        lay = self.layout
+        mem = np.zeros((len(gpus), lay.mem_size))
+        rows = np.arange(len(gpus))
+        mem[rows, lay.hbm.start + gpus] = hbm
+        mem[rows, lay.ddr.start + self.gpu_host[gpus]] += ddr
+        return mem
+
+    def hbm_of(self, mem: np.ndarray) -> np.ndarray:
+        """The HBM slots of a memory vector, per GPU (a view)."""
+        return mem[self.layout.hbm]
+
+    def ddr_of(self, mem: np.ndarray) -> np.ndarray:
+        """The trainer DDR slots of a memory vector, per host (a view)."""
+        return mem[self.layout.ddr]
+
+    def ps_mem_of(self, mem: np.ndarray) -> np.ndarray:
+        """The parameter servers' DDR slots of a memory vector, per server (a view)."""
+        return mem[self.layout.ps_mem]

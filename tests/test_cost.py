@@ -193,3 +193,38 @@ def test_zipf_hit_rate(alpha, rows, fraction, expected):
     else:
         assert hit == pytest.approx(expected)
     assert zipf_hit_rate(alpha, rows, 0.0) == 0.0 and zipf_hit_rate(alpha, rows, 1.0) == 1.0
+
+
+def test_resource_times_are_the_gpus_steps_then_the_hosts_nics(cost):
+    placements = plan_a_hbm_b_ps(cost)
+    vector = cost.fixed_loads()
+    for table in cost.model.tables:
+        vector += cost.placement_loads(table, placements[table.name])[0]
+    every = cost.resource_ms(vector[None, :])
+    assert every.shape == (1, 2 + 1)
+    assert every[0, :2].tolist() == cost.gpu_step_ms(vector[None, :])[0].tolist()
+    assert every[0, 2] == pytest.approx(cost.estimate(vector).host_nic_ms[0])
+    assert every.max() == pytest.approx(cost.step_ms(vector)[0])
+
+
+def test_bottleneck_loads_split_the_bottleneck_among_the_tables(cost):
+    placements = plan_a_hbm_b_ps(cost)
+    parts = np.stack([cost.placement_loads(t, placements[t.name])[0] for t in cost.model.tables])
+    total = cost.fixed_loads() + parts.sum(axis=0)
+    shares = cost.bottleneck_loads(total, parts)
+    # The step waits for GPU 0's sync path (table a's lookups there); table b's PS work is hidden by staleness.
+    est = cost.estimate(total)
+    assert est.per_gpu["sync"][0] >= est.per_gpu["async"][0]
+    assert shares[0] > 0
+    assert shares[1] == pytest.approx(0.0)
+
+
+def test_memory_vectors_by_kind(cost):
+    mem = cost.memory_vector(hbm=np.array([1.0, 2.0]), ddr=3.0, ps=4.0)
+    assert (cost.hbm_of(mem).tolist(), cost.ddr_of(mem).tolist(), cost.ps_mem_of(mem).tolist()) == (
+        [1.0, 2.0],
+        [3.0],
+        [4.0],
+    )
+    shard = cost.shard_memory(np.array([1, 0]), np.array([10.0, 20.0]), 5.0)
+    assert shard.tolist() == [[0.0, 10.0, 5.0, 0.0], [20.0, 0.0, 5.0, 0.0]]

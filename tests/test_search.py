@@ -358,3 +358,34 @@ def test_table_column_wise_needs_the_same_gpu_count_on_every_host():
     shardings = {p.sharding for p in plan.tables.values()}
     assert Sharding.TABLE_COLUMN_WISE not in shardings and Sharding.TABLE_ROW_WISE not in shardings
     assert validate(plan, model, topo) == []
+
+
+def test_each_stage_can_be_replaced_through_the_searchers_constructor():
+    """A plugged enumeration decides the options; a plugged improver and explainer see the constructed state."""
+    from persia_planner.search import Option
+    from persia_planner.search.options import TieredOptions
+
+    class OnlyRowWise:
+        def options(self, state, table, explore=False, hint=None):
+            return [o for o in TieredOptions().options(state, table, True) if o.sharding is Sharding.ROW_WISE]
+
+    seen = {}
+
+    class Recorder:
+        def improve(self, state, deadline):
+            seen["placed"] = set(state.choices)
+            return 0
+
+        def alternatives(self, state, top):
+            seen["score"] = state.current_score()
+            return {}
+
+    model = make_model([(100_000, 64, 2.0, "sgd", 0.0)] * 4)
+    topo = cluster(2, 2, 0, 16, 64, 64)
+    searcher = GreedyLocalSearch(FAST, options=OnlyRowWise(), improver=Recorder(), explainer=Recorder())
+    result = searcher.search(CostModel(model, topo))
+    assert set(result.options.values()) == {Option(Sharding.ROW_WISE, Tier.HBM)}
+    assert seen["placed"] == {t.name for t in model.tables}
+    assert seen["score"] > 0
+    assert (result.moves, result.alternatives) == (0, {})
+    assert [s.device for s in result.placements["t0"].shards] == [g.name for g in topo.gpus]

@@ -1,12 +1,12 @@
 """What the search keeps of each table's shards between scorings: the parts of their load and memory vectors that do
 not depend on the rest of the plan.
 
-A shard's vectors are fixed (``cost.py``): a table is scored again and again (two constructions, then every
-re-insertion of the local search), and most of each scoring was recomputing them. :class:`ShardTerms` computes the
+A shard's vectors are fixed (:mod:`persia_planner.cost`): a table is scored again and again (two constructions, then
+every re-insertion of the local search), and most of each scoring was recomputing them. :class:`ShardTerms` computes the
 terms of a range shard once per table, tier, cache fraction and column count (for every GPU), and the whole vectors of
 the placements that do not depend on the state at all (row-wise over every GPU, table-row-wise per host, a replica on
-every GPU, hashed over the servers); the search builds the rows of its candidate GPUs from them. The vectors are
-the cost model's, bit for bit.
+every GPU, hashed over the servers); the search builds the rows of its candidate GPUs from them. The vectors are the
+cost model's, bit for bit.
 """
 
 from __future__ import annotations
@@ -71,12 +71,7 @@ class ShardTerms:
 
     def range_mem(self, found: RangeTerms, gpus: np.ndarray) -> np.ndarray:
         """Memory vectors (one row per GPU in ``gpus``) of the shard of ``found`` on each of them."""
-        lay = self.cost.layout
-        mem = np.zeros((len(gpus), lay.mem_size))
-        idx = np.arange(len(gpus))
-        mem[idx, lay.hbm.start + gpus] = found.hbm
-        mem[idx, lay.ddr.start + self.cost.gpu_host[gpus]] += found.ddr
-        return mem
+        return self.cost.shard_memory(gpus, found.hbm, found.ddr)
 
     def size(self, table: TableSpec) -> int:
         """The table's bytes (weights and optimizer state)."""

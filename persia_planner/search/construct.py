@@ -1,0 +1,195 @@
+"""Construction: every table placed once, greedily, from a few starts; the best plan is kept.
+
+Greedy by *heat density* (lookup bytes per stored byte, hottest first, so the hottest bytes take the fastest
+memory), guided by the lower bound's relaxation (a tier per table when that is balanced, and a price per byte of
+each memory); each table takes its best option on its best devices given the tables before it. A second pass redoes
+it knowing the load the not-yet-placed tables will bring. When memory is tight and the order fails, packing orders
+are tried before the model is called infeasible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from persia_planner.bound import LowerBound, TierChoice
+from persia_planner.cost import CostModel
+from persia_planner.errors import CapacityError
+from persia_planner.placement import Tier
+from persia_planner.search.base import Choice, OptionSource, SearchConfig
+from persia_planner.search.explain import capacity_error
+from persia_planner.search.shards import ShardTerms
+from persia_planner.search.state import State
+from persia_planner.specs import TableSpec
+
+__all__ = ["GreedyConstruction", "Start", "place_all"]
+
+# Up to this many tables, construction also runs without the lower bound's hint and keeps the better start.
+_BOTH_STARTS_MAX_TABLES = 300
+# Constructions tried with the tables that failed placed first, before the model is called infeasible.
+_SQUEAKY_RETRIES = 8
+
+
+@dataclass(frozen=True, eq=False)
+class Start:
+    """How a construction is guided: a tier per table and memory prices (both optional), and its order.
+
+    Attributes:
+        preferred: The bound's tier per table, if trusted.
+        prices: The bound's memory prices (HBM, trainer DDR, PS DDR per byte), charged while constructing.
+        largest_first: Place the largest tables first (packing) instead of the hottest bytes.
+        keep_local: Pack for tight servers: the tables the servers' stores would hold least compactly first, each
+            kept local where it fits.
+        first: Tables placed before all others, in this order (those an earlier start failed on).
+    """
+
+    preferred: Mapping[str, TierChoice] | None = None
+    prices: tuple[float, float, float] | None = None
+    largest_first: bool = False
+    keep_local: bool = False
+    first: tuple[str, ...] = ()
+
+
+class GreedyConstruction:
+    """The default :class:`.base.Constructor`: greedy constructions from the bound's guidance and without it.
+
+    Args:
+        config: The search's knobs (seed, allowed shardings and tiers).
+    """
+
+    def __init__(self, config: SearchConfig):
+        self.config = config
+
+    def construct(self, cost: CostModel, hint: LowerBound | None, options: OptionSource) -> State:
+        """The best of the first passes (guided by the bound, and on small models plain), then of the second passes
+        from it (each table decides again knowing the load every not-yet-placed table will bring).
+
+        Raises:
+            CapacityError: No start placed every table (names the table and the resource that is short).
+        """
+        shards = ShardTerms(cost)
+
+        def attempt(start: Start, previous: State | None = None) -> tuple[State | None, str | None]:
+            state = State(cost, self.config, options, start.prices, shards)
+            try:
+                place_all(state, start, previous)
+            except CapacityError as err:
+                return None, err.table
+            return state, None
+
+        plain = Start()
+        guided = plain
+        if hint is not None:
+            # A hint whose tiers overload a resource the relaxation's weights ignored still has good prices.
+            guided = Start(hint.preferred if hint.trustworthy else None, hint.prices)
+        # On large models only the guided passes run (the plain greedy scores every option of every table and
+        # rarely wins there), to keep planning 1,000 tables fast.
+        small = len(cost.model.tables) <= _BOTH_STARTS_MAX_TABLES
+        starts = list(dict.fromkeys([guided, plain] if hint is None or small else [guided]))
+        firsts = [state for start in starts if (state := attempt(start)[0])]
+        if not firsts:
+            # Tight memory: the greedy order (hottest bytes first) can fill a tier a big table needed. Before
+            # calling the model infeasible, pack: the bound's tiers even when its loads were unbalanced, and
+            # largest tables first (first-fit decreasing).
+            fallbacks = [Start(largest_first=True), Start(None, guided.prices, largest_first=True)]
+            if self.config.tiers & {Tier.HBM, Tier.DDR, Tier.HBM_CACHE} and Tier.PS in self.config.tiers:
+                fallbacks.append(Start(keep_local=True))
+            if hint is not None and not hint.trustworthy:
+                fallbacks.insert(0, Start(hint.preferred, hint.prices))
+            firsts = [state for start in fallbacks if (state := attempt(start)[0])]
+            starts = starts + [f for f in fallbacks if f not in starts]
+        if not firsts and small:
+            # Still nothing: the order failed, not necessarily the memory. Squeaky wheel: every table a construction
+            # could not place goes first in the next one (in the order they failed), until one fits or the tables
+            # that must go first repeat. Each retry costs one construction and an infeasible model pays them all,
+            # hence only on models small enough for constructions to take milliseconds.
+            first: tuple[str, ...] = ()
+            for _ in range(_SQUEAKY_RETRIES):
+                start = Start(None, guided.prices, largest_first=True, first=first)
+                state, failed = attempt(start)
+                if state is not None:
+                    firsts, starts = [state], [*starts, start]
+                    break
+                if failed is None or failed in first:
+                    break
+                first = (*first, failed)
+        if not firsts:
+            # Raises the CapacityError that names what is short.
+            place_all(State(cost, self.config, options, plain.prices, shards), plain)
+        base = min(firsts, key=State.current_score)
+        seconds = [state for start in starts if (state := attempt(start, base)[0])]
+        return min([base, *seconds], key=State.current_score)
+
+
+def place_all(state: State, start: Start, previous: State | None = None) -> None:
+    """Place every table in ``state``, hottest bytes first (prices, if any, apply only here).
+
+    With ``previous`` (an earlier construction), every table not yet placed still counts with its load from
+    that run: early choices then see how busy each resource will be (the parameter servers are not idle just
+    because the colder tables have not been placed yet). ``start`` sets the order: with ``largest_first``, the
+    largest tables go first (first-fit decreasing: for memory that is too tight for the hottest-first order); the
+    tables named in ``first`` go before all others, in that order. With ``keep_local`` (for servers that are the
+    tight memory), the tables whose rows cost the servers' stores the most per byte of the table go first, and each
+    takes its best local option where one fits: a store adds a record and index per row, so narrow tables gain the
+    most.
+
+    Raises:
+        CapacityError: A table found no room (named by the error's ``table``).
+    """
+    tables = list(state.cost.model.tables)
+    hint = start.preferred
+    order = _order(state, tables, start)
+    if previous is not None:
+        state.loads = previous.loads.copy()
+        state.changed()
+    for i in order:
+        table = tables[i]
+        if previous is not None:
+            state.loads = state.loads - previous.choices[table.name].loads
+            state.changed()
+        choice = None
+        if start.keep_local:
+            choice = _packed_locally(state, table)
+        if choice is None:
+            choice, _ = state.best_choice(table, hint.get(table.name) if hint else None)
+        if choice is None:
+            raise capacity_error(state, table)
+        state.add(table.name, choice)
+    state.pricing = False
+
+
+def _order(state: State, tables: Sequence[TableSpec], start: Start) -> np.ndarray:
+    """The order in which ``start`` places the tables (indices into ``tables``)."""
+    dtype = state.dtype
+    density = np.array([t.pooling_factor / t.row_bytes(dtype) / t.rows for t in tables])
+    order = np.argsort(-density, kind="stable")
+    if start.largest_first:
+        order = np.argsort(-np.array([t.bytes(dtype) for t in tables], dtype=float), kind="stable")
+    elif start.keep_local:
+        in_stores = np.array([state.ps_mem(t).sum() / t.bytes(dtype) for t in tables])
+        order = np.argsort(-in_stores, kind="stable")
+    elif start.preferred:
+        # The hint already says which tables deserve fast memory; what remains is packing: the big tables that
+        # must be split go first, largest first, while every GPU still has room for its even share.
+        sizes = np.array([t.bytes(dtype) for t in tables], dtype=float)
+        big = sizes > state.min_hbm
+        by_size = np.argsort(-sizes, kind="stable")
+        order = np.concatenate([by_size[big[by_size]], order[~big[order]]])
+    if start.first:
+        position = {t.name: i for i, t in enumerate(tables)}
+        early = [position[name] for name in start.first]
+        order = np.concatenate([early, order[~np.isin(order, early)]]).astype(int)
+    return order
+
+
+def _packed_locally(state: State, table: TableSpec) -> Choice | None:
+    """The best choice of ``table`` in trainer DDR (the least HBM a local table takes: its row-wise state), else
+    in HBM or the HBM cache; None where no local option fits."""
+    options = [o for o in state.options(table, hint=TierChoice(Tier.DDR)) if o.tier is Tier.DDR]
+    choice, _ = state.best_choice_of(table, options)
+    if choice is None:
+        local = [o for o in state.options(table) if o.tier is not Tier.PS]
+        choice, _ = state.best_choice_of(table, local)
+    return choice

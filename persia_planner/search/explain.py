@@ -1,0 +1,95 @@
+"""Explanation: what the largest tables would cost under their other options, and why a table fits nowhere."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from persia_planner.errors import CapacityError
+from persia_planner.memory import ps_rows_error
+from persia_planner.placement import Sharding, Tier
+from persia_planner.search.base import Alternative
+from persia_planner.specs import TableSpec
+from persia_planner.units import format_bytes
+
+if TYPE_CHECKING:
+    from persia_planner.search.state import State
+
+__all__ = ["NextBestAlternatives", "capacity_error"]
+
+
+class NextBestAlternatives:
+    """The default :class:`.base.Explainer`: each large table re-placed by every other option, the rest unchanged."""
+
+    def alternatives(self, state: State, top: int) -> dict[str, tuple[Alternative, ...]]:
+        """For the ``top`` largest tables: the best step time under each other (sharding, tier), best first."""
+        tables = sorted(state.cost.model.tables, key=lambda t: -t.bytes(state.dtype))[:top]
+        result = {}
+        for table in tables:
+            old = state.remove(table.name)
+            _, scored = state.best_choice(table)
+            state.add(table.name, old)
+            seen: dict[tuple[Sharding, Tier], Alternative] = {}
+            for choice, _ in scored:
+                key = (choice.option.sharding, choice.option.tier)
+                step = float(state.cost.step_ms(state.loads - old.loads + choice.loads)[0])
+                if key not in seen or step < seen[key].step_ms:
+                    seen[key] = Alternative(choice.option, step)
+            result[table.name] = tuple(sorted(seen.values(), key=lambda a: a.step_ms))
+        return result
+
+
+def capacity_error(state: State, table: TableSpec) -> CapacityError:
+    """Why ``table`` fits nowhere in ``state``: the resource that is short, by how much, and the fixes."""
+    cost, size = state.cost, table.bytes(state.dtype)
+    free_vector = state.cap - state.mem
+    free = {
+        "GPU HBM": float(cost.hbm_of(free_vector).sum()),
+        "trainer DDR": float(cost.ddr_of(free_vector).sum()),
+        "PS DDR": float(cost.ps_mem_of(free_vector).sum()),
+    }
+    n_servers = state.n_servers
+    if n_servers and not state.ps_holds(table):
+        return ps_rows_error(table, n_servers, max(free["GPU HBM"], free["trainer DDR"]))
+    resource = "PS DDR" if n_servers else max(free, key=free.get)
+    if resource == "PS DDR":
+        # The servers' stores keep float32 rows, a record and an index: more than the table's bytes.
+        size = int(state.ps_mem(table).sum())
+    short = int(size - free[resource])
+    if n_servers and short <= 0:
+        # The servers have room in total, but every server holds an equal share of the rows (one hash bucket
+        # each, as the parameter servers route ids): the server with the least room is what is short.
+        gap = state.ps_mem(table) - cost.ps_mem_of(free_vector)
+        worst = int(np.argmax(gap))
+        server = cost.topology.servers[worst].name
+        return CapacityError(
+            resource,
+            int(max(gap[worst], 0)),
+            f"table {table.name!r} ({format_bytes(size)} in the servers' stores) fits nowhere: the "
+            f"{n_servers} parameter servers hold an equal share of its rows each, and {server} is short "
+            f"by {format_bytes(max(gap[worst], 0))} for its share after placing the hotter tables",
+            (
+                f"give {server} more DDR (parameter servers of equal DDR hold the most)",
+                "reduce its rows (the stores keep float32 whatever embedding_dtype is)",
+                "lower the reserve fractions under 'constants:' in topology.yaml",
+            ),
+            table=table.name,
+        )
+    fixes = (
+        "add parameter servers or more DDR per server"
+        if n_servers
+        else "add parameter servers (hosts with role: parameter_server)",
+        "reduce its rows" if n_servers else "use embedding_dtype: fp16 or fewer rows",
+        "lower the reserve fractions under 'constants:' in topology.yaml",
+    )
+    held = " in the servers' stores" if resource == "PS DDR" else ""
+    return CapacityError(
+        resource,
+        max(short, 0),
+        f"table {table.name!r} ({format_bytes(size)}{held}) fits nowhere: {resource} has "
+        f"{format_bytes(max(free[resource], 0))} free after placing the hotter tables "
+        f"(short by {format_bytes(max(short, 0))})",
+        fixes,
+        table=table.name,
+    )

@@ -1,0 +1,131 @@
+"""Enumeration: the options (sharding type x tier) of a table worth scoring in the current state.
+
+Pruning keeps the scoring cheap without losing the plans that matter: slower local tiers only once a table no
+longer fits one GPU's free HBM, split options only for hot or big tables (or while the local search explores),
+replicas only for tiny tables, and nothing that cannot fit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from persia_planner.bound import TierChoice
+from persia_planner.placement import Sharding, Tier, row_splittable
+from persia_planner.search.base import Option
+from persia_planner.specs import TableSpec
+
+if TYPE_CHECKING:
+    from persia_planner.search.state import FreeRoom, State
+
+__all__ = ["TieredOptions"]
+
+# Data-parallel replicas are only worth it for tiny tables; beyond this share of a GPU's HBM they are not tried.
+_DP_MAX_HBM_SHARE = 0.002
+# Column-wise splits are tried for tables whose single-GPU work exceeds this share of the current mean GPU load.
+_HOT_SHARE = 0.25
+_MIN_COLS = 16
+
+
+class TieredOptions:
+    """The default :class:`.base.OptionSource`: every allowed sharding on every allowed tier, pruned by room and heat.
+
+    Column-wise in 2 or 4 and table-column-wise over a host (finer splits pay an input distribution and a kernel per
+    shard for little balance); row-wise over every GPU and table-row-wise per host; table-row-wise and
+    table-column-wise only where every host has as many GPUs, as TorchRec lays them out.
+    """
+
+    def options(
+        self, state: State, table: TableSpec, explore: bool = False, hint: TierChoice | None = None
+    ) -> list[Option]:
+        """Options worth scoring for ``table`` now (prunes those that are dominated or cannot fit).
+
+        With ``explore`` (local search), split options are scored for every table, not only hot or big ones.
+        With ``hint``, only the options of the hinted tier, unpruned: the relaxation chose a slower tier for this
+        table to leave the faster memory to others."""
+        cfg = state.config
+        opts: list[Option] = []
+        size = state.shards.size(table)
+        free = state.free_room()
+        tiers = [t for t in (Tier.HBM, Tier.HBM_CACHE, Tier.DDR) if t in cfg.tiers]
+        if hint is not None:
+            tiers = [t for t in tiers if t is hint.tier and not hint.replicated]
+        fits_one_hbm = size <= free.hbm_sorted[0]
+        for tier in tiers:
+            # Slower local tiers only matter once the table no longer fits in one GPU's free HBM.
+            if tier is not Tier.HBM and fits_one_hbm and Tier.HBM in tiers and hint is None:
+                continue
+            fractions = state.cost.constants.cache_fractions if tier is Tier.HBM_CACHE else (0.0,)
+            if hint is not None and tier is Tier.HBM_CACHE:
+                fractions = (hint.cache_fraction,)
+            for fraction in fractions:
+                opts.extend(self._local_options(state, table, tier, fraction, free, explore))
+        if (
+            Sharding.DATA_PARALLEL in cfg.shardings
+            and Tier.HBM in cfg.tiers
+            and size <= _DP_MAX_HBM_SHARE * state.min_hbm
+            and (hint is None or hint.replicated)
+        ):
+            opts.append(Option(Sharding.DATA_PARALLEL, Tier.HBM))
+        if (
+            Sharding.PS_HASH in cfg.shardings
+            and Tier.PS in cfg.tiers
+            and state.n_servers
+            and state.shards.whole(("ps_holds", table.name), lambda: state.ps_holds(table))
+            and (hint is None or hint.tier is Tier.PS)
+        ):
+            opts.append(Option(Sharding.PS_HASH, Tier.PS))
+        return opts
+
+    def _local_options(
+        self, state: State, table: TableSpec, tier: Tier, fraction: float, free: FreeRoom, explore: bool
+    ) -> list[Option]:
+        shardings = state.config.shardings
+        opts: list[Option] = []
+        whole = state.shards.range_terms(table, tier, fraction, table.dim)
+        hbm_need, ddr_need = whole.hbm, whole.ddr
+        # Room for a 1/k piece on k distinct GPUs: the k-th largest free HBM (DDR is per host; checked when the
+        # devices are chosen).
+        hbm_sorted = free.hbm_sorted
+
+        def room(k: int) -> bool:
+            return k <= len(hbm_sorted) and hbm_need / k <= hbm_sorted[k - 1] and ddr_need <= free.ddr_sum
+
+        one_gpu = room(1) and ddr_need <= free.ddr_max
+        if one_gpu and Sharding.TABLE_WISE in shardings:
+            opts.append(Option(Sharding.TABLE_WISE, tier, fraction))
+        # Split options only for hot tables, tables too big for one GPU, or when table-wise is not allowed.
+        if one_gpu and Sharding.TABLE_WISE in shardings and not explore and not self._is_hot(state, table, tier):
+            return opts
+        min_host = min(len(g) for g in state.host_gpus)
+        for splits in sorted({2, 4, min_host}):
+            cols = table.dim // splits
+            if splits < 2 or table.dim % splits or cols < _MIN_COLS or not room(splits):
+                continue
+            if Sharding.COLUMN_WISE in shardings and splits <= 4:
+                opts.append(Option(Sharding.COLUMN_WISE, tier, fraction, splits))
+            # TorchRec lays table-column-wise out like table-row-wise: the same GPU count on every host.
+            if Sharding.TABLE_COLUMN_WISE in shardings and splits == min_host and state.uniform_hosts:
+                opts.append(Option(Sharding.TABLE_COLUMN_WISE, tier, fraction, splits))
+        G = state.n_gpus
+        if Sharding.ROW_WISE in shardings and row_splittable(table.rows, G) and hbm_need / G <= hbm_sorted[-1]:
+            opts.append(Option(Sharding.ROW_WISE, tier, fraction))
+        if (
+            Sharding.TABLE_ROW_WISE in shardings
+            and state.uniform_hosts
+            and row_splittable(table.rows, min_host)
+            and room(min_host)
+        ):
+            opts.append(Option(Sharding.TABLE_ROW_WISE, tier, fraction))
+        return opts
+
+    def _is_hot(self, state: State, table: TableSpec, tier: Tier) -> bool:
+        """Whether one GPU's work for the table is above a share of the mean GPU step."""
+        work = state.shards.whole(("work", table.name, tier is Tier.HBM), lambda: self._work_ms(state, table, tier))
+        return work > _HOT_SHARE * max(state.mean_step, 1e-9)
+
+    @staticmethod
+    def _work_ms(state: State, table: TableSpec, tier: Tier) -> float:
+        cost = state.cost
+        work = cost.moved_bytes(table, cost.batch * table.pooling_factor, table.dim)
+        bw = cost.hbm_bw.min() if tier is Tier.HBM else cost.uvm_bw.min()
+        return work / bw

@@ -1,0 +1,54 @@
+"""From a searched option and its devices to the plan's shards: row and column ranges and byte counts."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from persia_planner.cost import CostModel
+from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, even_split, row_blocks
+from persia_planner.search.base import Option
+from persia_planner.specs import TableSpec
+
+__all__ = ["build_placement"]
+
+
+def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    edges = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return [(int(a), int(b)) for a, b in itertools.pairwise(edges)]
+
+
+def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Sequence[int]) -> TablePlacement:
+    """Turn an option and its devices into shards with row/column ranges and byte counts."""
+    topo, dtype = cost.topology, cost.dtype
+    names = [topo.gpus[g].name for g in gpus]
+    fraction = option.cache_fraction if option.tier is Tier.HBM_CACHE else None
+    s = option.sharding
+
+    row_bytes: dict[int, int] = {}  # per column count: a replica on every GPU, equal splits
+
+    def shard(device: str, rows: tuple[int, int], cols: tuple[int, int], replica: bool = False) -> Shard:
+        width = cols[1] - cols[0]
+        if width not in row_bytes:
+            row_bytes[width] = table.row_bytes(dtype, width)
+        n_bytes = (rows[1] - rows[0]) * row_bytes[width]
+        return Shard(device, option.tier, cols, n_bytes, rows=rows, cache_fraction=fraction, replica=replica)
+
+    full_rows, full_cols = (0, table.rows), (0, table.dim)
+    if s is Sharding.PS_HASH:
+        n = len(topo.servers)
+        rows = even_split(table.rows, n)
+        shards = tuple(
+            Shard(server.name, Tier.PS, full_cols, rows[i] * table.row_bytes(dtype), hash=(i, n))
+            for i, server in enumerate(topo.servers)
+        )
+        return TablePlacement(s, shards)
+    if s is Sharding.DATA_PARALLEL:
+        return TablePlacement(s, tuple(shard(d, full_rows, full_cols, replica=True) for d in names))
+    if s in (Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE, Sharding.TABLE_WISE):
+        cols = _bounds(even_split(table.dim, len(names)))
+        return TablePlacement(s, tuple(shard(d, full_rows, c) for d, c in zip(names, cols, strict=True)))
+    rows = _bounds(row_blocks(table.rows, len(names)))
+    return TablePlacement(s, tuple(shard(d, r, full_cols) for d, r in zip(names, rows, strict=True)))

@@ -1,0 +1,288 @@
+"""The state every search stage works on: the tables placed so far, their summed loads and memory, and its score.
+
+The state is the cost model's load and memory vectors summed over the placed tables' choices; a choice is added
+and removed as vectors, so a move costs one scoring, not a re-evaluation of the plan. What is derived from the sums
+(step time per GPU, free memory, the candidate GPUs) is cached until the next change. The state asks its
+:class:`.base.OptionSource` for a table's options and :class:`.devices.DeviceChoice` for their best devices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from persia_planner.bound import TierChoice
+from persia_planner.cost import CostModel
+from persia_planner.memory import ps_holds
+from persia_planner.placement import TablePlacement, Tier, even_split, tier_bytes
+from persia_planner.search.base import Choice, Option, OptionSource, SearchConfig
+from persia_planner.search.devices import DeviceChoice
+from persia_planner.search.result import build_placement
+from persia_planner.search.shards import ShardTerms
+from persia_planner.search.steps import Tie
+from persia_planner.specs import TableSpec
+
+__all__ = ["FreeRoom", "State"]
+
+# Weight of the balance term in the search's score (the step time has weight 1).
+_BALANCE_WEIGHT = 0.05
+# Devices scored per shard placement beyond the least-loaded GPU of every host.
+_CANDIDATES = 8
+
+
+@dataclass(frozen=True)
+class FreeRoom:
+    """What enumeration asks of the free memory.
+
+    Attributes:
+        hbm_sorted: Free HBM per GPU, largest first.
+        ddr_sum: Free trainer DDR over every host.
+        ddr_max: The most free DDR of one host.
+    """
+
+    hbm_sorted: list[float]
+    ddr_sum: float
+    ddr_max: float
+
+
+class State:
+    """Mutable state of one search (the result is frozen).
+
+    Args:
+        cost: The cost model every vector and score comes from.
+        config: The search's knobs (its seed drives every tie-break).
+        options: Enumeration: the options of a table worth scoring.
+        prices: Memory prices (HBM, trainer DDR, PS DDR per byte) charged while constructing, if any.
+        shards: The per-search cache of the tables' state-independent vectors (shared by constructions).
+    """
+
+    def __init__(
+        self,
+        cost: CostModel,
+        config: SearchConfig,
+        options: OptionSource,
+        prices: Sequence[float] | None = None,
+        shards: ShardTerms | None = None,
+    ):
+        self.cost = cost
+        self.config = config
+        self.option_source = options
+        self.shards = shards or ShardTerms(cost)
+        self.rng = np.random.default_rng(config.seed)
+        self.loads = cost.fixed_loads()
+        self.mem = cost.memory_vector()
+        self.cap = cost.capacities()
+        self._room = self.cap + 0.5  # validate() allows half a byte over
+        self.choices: dict[str, Choice] = {}
+        self.specs = {t.name: t for t in cost.model.tables}
+        lay = cost.layout
+        self.n_gpus, self.n_hosts, self.n_servers = lay.n_gpus, lay.n_hosts, lay.n_servers
+        self.dtype = cost.dtype
+        self.host_gpus = [np.flatnonzero(cost.gpu_host == h) for h in range(self.n_hosts)]
+        self.min_hbm = min(cost.topology.hbm_capacity(g) for g in cost.topology.gpus)
+        # Table-row-wise needs the same GPU count on every host (TorchRec's layout); so do we.
+        self.uniform_hosts = len({len(g) for g in self.host_gpus}) == 1
+        # Hosts x their GPUs, where every host has as many: the least-loaded GPU per host is then one argmin.
+        self.host_grid = np.array(self.host_gpus) if self.uniform_hosts and len(self.host_gpus[0]) else None
+        self.host_devices = [tuple(int(g) for g in gpus) for gpus in self.host_gpus]
+        self._gpu_hosts = cost.gpu_host.tolist()
+        self._gpu_step: np.ndarray | None = None
+        self._candidates: np.ndarray | None = None
+        self._free: np.ndarray | None = None
+        self._room_stats: FreeRoom | None = None
+        self._mean_step: float | None = None
+        # Construction charges memory at the relaxation's prices, so a choice that saves a little time but eats
+        # scarce memory (a replica on every GPU, HBM for a cold table) pays for the room it takes from others.
+        self.pricing = prices is not None
+        self.mem_price = cost.memory_vector(*prices) if prices is not None else cost.memory_vector()
+        self.devices = DeviceChoice(self)
+
+    # ---- derived from the sums (cached until the state changes) ---------------------------------------------
+    @property
+    def gpu_step(self) -> np.ndarray:
+        """Current step time per GPU."""
+        if self._gpu_step is None:
+            self._gpu_step = self.cost.gpu_step_ms(self.loads[None, :])[0]
+        return self._gpu_step
+
+    @property
+    def mean_step(self) -> float:
+        """The mean GPU step time."""
+        if self._mean_step is None:
+            step = self.gpu_step
+            self._mean_step = float(step.sum() / len(step))  # np.mean's arithmetic, without its overhead
+        return self._mean_step
+
+    @property
+    def free(self) -> np.ndarray:
+        """Room left per memory slot. Bytes are whole numbers, so ``m <= free`` is exactly ``mem + m <= room``."""
+        if self._free is None:
+            self._free = self._room - self.mem
+        return self._free
+
+    def free_room(self) -> FreeRoom:
+        """Free HBM per GPU and free trainer DDR, as enumeration asks for them."""
+        if self._room_stats is None:
+            free_hbm = self.cost.hbm_of(self.cap) - self.cost.hbm_of(self.mem)
+            free_ddr = self.cost.ddr_of(self.cap) - self.cost.ddr_of(self.mem)
+            self._room_stats = FreeRoom(np.sort(free_hbm)[::-1].tolist(), float(free_ddr.sum()), float(free_ddr.max()))
+        return self._room_stats
+
+    def candidates(self, exclude: Sequence[int] = ()) -> np.ndarray:
+        """GPUs worth scoring for one more shard: the least-loaded GPU of every host plus the least-loaded overall.
+
+        Scoring all GPUs gives the same choice almost always (a shard's own work goes to its GPU, its all-to-all
+        pattern depends only on its host), at a fraction of the cost on large clusters.
+        """
+        if not exclude and self._candidates is not None:
+            return self._candidates
+        step = self.gpu_step
+        if exclude:
+            step = step.copy()
+            step[list(exclude)] = np.inf
+        # By load (ties: the lower index), the first GPU of each host is its least-loaded one (np.argmin per host
+        # gives the same); a few dozen GPUs in Python cost less than the numpy calls that would do it.
+        order = np.argsort(step, kind="stable").tolist()
+        picked = set(order[:_CANDIDATES])
+        hosts, seen = self._gpu_hosts, set()
+        for g in order:
+            if hosts[g] not in seen:
+                seen.add(hosts[g])
+                picked.add(g)
+                if len(seen) == self.n_hosts:
+                    break
+        picked.difference_update(exclude)  # those with an infinite step
+        result = np.array(sorted(picked), dtype=np.intp)
+        if not exclude:
+            self._candidates = result
+        return result
+
+    # ---- scoring --------------------------------------------------------------------------------------------
+    def score(self, loads: np.ndarray) -> np.ndarray:
+        """Step time plus a balance term: an 8-norm over the GPUs' step times and the hosts' NIC times.
+
+        The max alone is flat wherever two resources tie; the norm still rewards relieving either of them, and
+        breaks ties between devices towards the less loaded one.
+        """
+        return self.scores(loads)[0]
+
+    def scores(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`score` of each row of ``loads``, and its step time per GPU."""
+        if loads.ndim == 1:
+            loads = loads[None, :]
+        every = self.cost.resource_ms(loads)
+        step = every.max(axis=1)  # the step time: the slowest GPU or NIC
+        scale = np.maximum(step, 1e-12)
+        # The 8th power by squaring thrice (numpy's ** 8 calls pow() per element, 10x slower); np.mean's own
+        # arithmetic (a sum, then a division by the count) without its per-call overhead.
+        power = every / scale[:, None]
+        power *= power
+        power *= power
+        power *= power
+        balance = scale * (np.add.reduce(power, axis=1) / every.shape[1]) ** (1 / 8)
+        return step + _BALANCE_WEIGHT * balance, every[:, : self.n_gpus]
+
+    def scores_added(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`scores` of the state with each row of ``loads`` added."""
+        return self.scores(self.loads + loads)
+
+    def score_of(self, choice: Choice) -> float:
+        """The score of the state with ``choice`` added (as the device choice scored it; computed here if not)."""
+        if choice.score is None:
+            choice.score = float(self.score(self.loads + choice.loads)[0])
+        return choice.score
+
+    def current_score(self) -> float:
+        return float(self.score(self.loads)[0])
+
+    def stamp(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What a choice remembers of its scoring: the state's loads it was added to and the resulting GPU steps."""
+        return self.loads, steps
+
+    def fits(self, mem: np.ndarray) -> np.ndarray:
+        """Whether each row of ``mem`` fits in the room left."""
+        if mem.ndim == 1:
+            mem = mem[None, :]
+        return (mem <= self.free).all(axis=1)
+
+    def pick(self, scores: np.ndarray, ok: np.ndarray, draw: bool = True) -> int:
+        """The best-scored candidate that fits; ties (within 1e-12) broken by the seeded RNG, or :class:`.steps.Tie`
+        raised where ``draw`` is false. In Python: a few dozen candidates cost less than the numpy calls."""
+        values = [score if fits else math.inf for score, fits in zip(scores.tolist(), ok.tolist(), strict=True)]
+        limit = min(values) * (1 + 1e-12)
+        ties = [i for i, value in enumerate(values) if value <= limit]
+        if len(ties) == 1:
+            return ties[0]
+        if not draw:
+            raise Tie
+        return int(self.rng.choice(np.array(ties)))
+
+    def pick_untied(self, scores: np.ndarray, ok: np.ndarray) -> int:
+        """:meth:`pick` where there is no tie; :class:`.steps.Tie` where it would draw."""
+        return self.pick(scores, ok, draw=False)
+
+    # ---- tables in and out ----------------------------------------------------------------------------------
+    def changed(self) -> None:
+        """Forget what was derived from the sums (after they were set directly)."""
+        self._gpu_step = self._candidates = self._free = self._room_stats = self._mean_step = None
+
+    def add(self, name: str, choice: Choice) -> None:
+        self.changed()
+        stamp = choice.stamp
+        if stamp is not None and stamp[0] is self.loads:
+            self._gpu_step = stamp[1]  # this very sum was scored: the same bits
+        self.choices[name] = choice
+        self.loads = self.loads + choice.loads
+        self.mem = self.mem + choice.mem
+
+    def remove(self, name: str) -> Choice:
+        choice = self.choices.pop(name)
+        self.changed()
+        self.loads = self.loads - choice.loads
+        self.mem = self.mem - choice.mem
+        return choice
+
+    # ---- a table's options and their best devices -----------------------------------------------------------
+    def options(self, table: TableSpec, explore: bool = False, hint: TierChoice | None = None) -> list[Option]:
+        """The option source's options of ``table`` in this state."""
+        return self.option_source.options(self, table, explore, hint)
+
+    def best_choice(
+        self, table: TableSpec, hint: TierChoice | None = None, explore: bool = False
+    ) -> tuple[Choice | None, list[tuple[Choice, float]]]:
+        """The best option for ``table`` now (only the hinted tier's options while one of them fits), and every
+        option's best choice with its value (score plus memory at the construction's prices), best first."""
+        if hint is not None:
+            hinted = self.options(table, explore, hint)
+            if hinted:
+                choice, scored = self.devices.best_choice_of(table, hinted)
+                if choice is not None:
+                    return choice, scored
+        return self.devices.best_choice_of(table, self.options(table, explore))
+
+    def best_choice_of(
+        self, table: TableSpec, options: list[Option]
+    ) -> tuple[Choice | None, list[tuple[Choice, float]]]:
+        """:meth:`best_choice` among ``options``."""
+        return self.devices.best_choice_of(table, options)
+
+    # ---- the parameter servers' share of a table ------------------------------------------------------------
+    def ps_rows(self, table: TableSpec) -> np.ndarray:
+        """Rows each server holds (one hash bucket each)."""
+        return np.array(even_split(table.rows, self.n_servers), dtype=float)
+
+    def ps_mem(self, table: TableSpec) -> np.ndarray:
+        """DDR bytes each server's store takes for the table."""
+        return tier_bytes(table, Tier.PS, self.ps_rows(table), table.dim, self.dtype)[1]
+
+    def ps_holds(self, table: TableSpec) -> bool:
+        """Whether no server would hold more of the table's rows than its store can (see memory.PS_MAX_ROWS)."""
+        return bool(ps_holds(table.rows, self.n_servers))
+
+    def placement(self, name: str) -> TablePlacement:
+        """The placed table's shards."""
+        choice = self.choices[name]
+        return build_placement(self.cost, self.specs[name], choice.option, choice.gpus)
