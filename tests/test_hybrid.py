@@ -11,7 +11,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import PlannerError
-from persia_planner.modules.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
+from persia_planner.modules.hybrid import HybridEmbeddingBagCollection, SparseOptimizer, StalenessError
 from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.specs import ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
@@ -187,6 +187,15 @@ def _weighted_two_trainers(j: int, client, steps: int) -> dict[str, float]:
             net(learnable)
         except PlannerError as err:
             refused = "learnable per-id weights" in str(err)
+        # The last step's PS update waits for a collective that flush() runs: evaluating before it is refused.
+        net.eval()
+        unsent = ""
+        try:
+            with torch.no_grad():
+                net(batches[j])
+        except StalenessError as err:
+            unsent = str(err)
+        net.train()
         hybrid.flush()
         # Eval: each trainer pools its own batch with its weights (no gather), local and PS tables alike.
         net.eval()
@@ -197,6 +206,7 @@ def _weighted_two_trainers(j: int, client, steps: int) -> dict[str, float]:
         near_after = hybrid.local_weights()["near"]
         return {
             "refused": refused,
+            "unsent": unsent,
             "eval": evaluated,
             "forward": forward,
             "near": float((near_after - ref.embedding_bags["near"].weight).abs().max()),
@@ -215,6 +225,7 @@ def test_weighted_features_match_torchrec_weighted_ebc_across_trainers_and_serve
     for result in local_cluster(1, 2, _weighted_two_trainers, 4, timeout_s=30.0):
         assert result["forward"] <= 1e-6 and result["near"] <= 1e-6 and result["far"] <= 1e-6, result
         assert result["eval"] <= 1e-6 and result["refused"], result
+        assert "call flush() on every trainer before eval()" in result["unsent"], result
         assert result["near_moved"] > 1e-3 and result["far_moved"] > 1e-3, result
 
 
