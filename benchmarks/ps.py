@@ -95,11 +95,11 @@ def bench_ceiling(rows: int, repeats: int) -> dict[str, float]:
     Timed on two copies of one table, alternating call by call: torch's own allocation (4 KiB pages here, as THP is
     ``madvise``) and transparent huge pages (``index.table_empty``, the store's own allocator). The ceiling is the
     faster of the two: the store's arrays live on huge pages, and a ceiling paying a TLB miss per row would flatter
-    every ratio (on this VM huge pages made the same ``index_select`` 1.16-1.45x faster).
+    every ratio (huge pages make the same ``index_select`` markedly faster where THP is ``madvise``).
 
     The lookups write into a preallocated output too: a fresh 16.7 MB output may land on new pages (glibc returns
-    the freed one to the OS depending on the heap's state; one CI run measured 4.4 ms a call that way instead of
-    ~1 ms), and page faults are not the memory bandwidth this ceiling stands for.
+    the freed one to the OS depending on the heap's state, and a call then costs several times as much), and page
+    faults are not the memory bandwidth this ceiling stands for.
     """
     plain = torch.randn(rows, DIM)
     huge = table_empty(rows, DIM, dtype=torch.float32).copy_(plain)

@@ -339,8 +339,7 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     # it. Where the relaxation is infeasible (more bytes than the cluster holds) the Lagrangian grows without limit
     # and every move "improves" it. Where every tier is nearly full, the prices warm-started from the previous
     # weighting gain a little in every call (they climb a ridge of coupled capacities one price at a time), so the
-    # same weights kept "improving": 200-table models spent 2-9 s here for a bound under 1% tighter than the one
-    # at 100 weightings (measured on generated models with HBM, DDR and PS DDR within 0.1-1% of full).
+    # same weights kept "improving" for seconds, for a bound under 1% tighter (decision 0004).
     while step > 0.03 and calls < max_weightings:
         improved = False
         for i in range(n):

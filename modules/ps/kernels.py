@@ -3,9 +3,9 @@
 Two loops dominate a lookup once the transport is cheap, and both are per-id work with data-dependent branches that
 tensor ops can only express as several full passes (hash, gather, compare, then rounds for the collisions):
 
-* :func:`dedup`, on the client, of every lookup and push batch: a hash set over the batch in one pass. 64k Zipf ids
-  on this 2-core VM: 0.34 ms, against 1.2-2.0 ms for an argsort-based ``unique`` (numpy's, already the faster one)
-  and 1.5 ms for ``torch.unique``.
+* :func:`dedup`, on the client, of every lookup and push batch: a hash set over the batch in one pass, where an
+  argsort-based ``unique`` (numpy's or ``torch.unique``) sorts the whole batch
+  ([decision 0016](../../docs/decisions/0016-client-dedup-hash-set.md)).
 * :func:`find`, on the server, of every request: the store's open-addressing probe (the same hash, bucket layout and
   linear probing as :class:`.index.HashIndex`, so inserts made with tensor ops stay findable). Buckets
   carry a fingerprint of their id, so the probe reads one random cache line per id, prefetched ahead; each match is
@@ -455,11 +455,9 @@ def take_rows_half(src: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor
     conversion. The rows are gathered by :func:`take_rows` (``index_select`` on the intra-op threads: rows picked at
     random from a full table wait on memory, and two threads keep more of them in flight), then one compiled pass
     over the gathered block, still in cache, converts each row (``vcvtps2ph``, rounding to nearest even as
-    ``Tensor.half()``) and folds its magnitude into the peak while it is in registers. Until 2026-11-24 one
-    compiled loop gathered and converted together, on one thread; 25.8k rows of a full 10M-row table with cold
-    caches took 3.16 / 1.95 ms that way against 2.12 / 1.60 ms gathered then converted (two in-process runs; the
-    float32 gather alone 1.27 / 0.95 ms). Falls back to ``take_rows(...).half()`` and a reduction where the row
-    width is not a multiple of 8 or the CPU lacks F16C.
+    ``Tensor.half()``) and folds its magnitude into the peak while it is in registers. One compiled loop that
+    gathered and converted together, on one thread, was slower (decision 0010). Falls back to
+    ``take_rows(...).half()`` and a reduction where the row width is not a multiple of 8 or the CPU lacks F16C.
 
     Returns:
         ``(rows, peak)``: float16 ``[len(slots), dim]`` (zero rows where a slot is ``-1``) and the largest magnitude
