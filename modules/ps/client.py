@@ -279,7 +279,7 @@ class PsClient:
                 # (gather_rows widens float16 rows itself, in the expansion's own pass.)
                 rows = rows.to(torch.float32)
             # Streaming stores (kernels.gather_rows): the expanded batch is the largest tensor of the path and is read
-            # only later by the trainer; index_select below 1 MiB. Either is ~2x faster than rows[inverse] on CPU.
+            # only later by the trainer; index_select below 1 MiB. Either is faster than rows[inverse] on CPU.
             return kernels.gather_rows(rows, inverse).reshape(*shape, dim)
 
         return futs, expand

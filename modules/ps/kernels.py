@@ -123,10 +123,8 @@ def _find(buckets, slot_ids, ids, slots, where, last, count, step, counts, touch
     # Three streams of independent random reads in one loop, each far enough ahead of its use: the home bucket of id
     # i + _PROBE_AHEAD is prefetched; id i is probed, reading buckets only (fingerprint and slot in one word); the
     # record of id i - _CONFIRM_PREFETCH's slot is prefetched; and the match of id i - _CONFIRM_AT is confirmed
-    # against its slot's id, writing a training lookup's bookkeeping into the same line. Until 2026-11-24 the probe
-    # compared the slot's id itself: a second random read that waited for the first, one id at a time (25.8k ids
-    # of a full 10M-row table, cold caches, alternating in one process: 1.46 / 1.54 -> 1.01 / 1.09 ms; probing
-    # first and confirming in a second pass gained less, 1.17-2.22 against 1.34-2.29 ms: it waited again).
+    # against its slot's id, writing a training lookup's bookkeeping into the same line. Comparing the slot's id in
+    # the probe itself is a second random read that waits for the first, one id at a time (decision 0005).
     # touch: 0 none, 1 one access per id, 2 counts[i] accesses.
     n_buckets = buckets.shape[0]
     n = ids.shape[0]
