@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from persia_planner._fields import Fields, read_text
 from persia_planner.cost import CostModel, Estimate
 from persia_planner.errors import ErrorKind, PlannerError, SpecError
+from persia_planner.fields import Fields, read_text
 from persia_planner.memory import PS_MAX_ROWS, ps_servers_needed
 from persia_planner.placement import Mode, Shard, Sharding, TablePlacement, Tier
 from persia_planner.specs import ModelSpec

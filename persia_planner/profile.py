@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from persia_planner._fields import Fields, load_yaml
 from persia_planner.constants import CostConstants
 from persia_planner.errors import SpecError
+from persia_planner.fields import Fields, load_yaml
 from persia_planner.units import Quantity
 
 __all__ = [

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from persia_planner._fields import Fields, load_yaml
 from persia_planner.errors import SpecError
+from persia_planner.fields import Fields, load_yaml
 from persia_planner.units import Quantity
 
 __all__ = ["DType", "DenseSpec", "ModelSpec", "Optimizer", "TableSpec", "load_model"]

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-from persia_planner._fields import Fields, load_yaml
 from persia_planner.constants import CostConstants
 from persia_planner.devices import DeviceKind, Gpu, Host, NodeKind, Role
 from persia_planner.errors import SpecError
+from persia_planner.fields import Fields, load_yaml
 from persia_planner.topology_files import SWITCH, graph_from_hosts, graph_from_nodes, read_constants
 from persia_planner.units import Quantity
 

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-from persia_planner._fields import Fields
 from persia_planner.constants import CostConstants
 from persia_planner.devices import DeviceKind, Gpu, Host, NodeKind, Role
 from persia_planner.errors import SpecError
+from persia_planner.fields import Fields
 from persia_planner.units import Quantity, UnitError, parse
 
 if TYPE_CHECKING:
