@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from persia_planner.modules.ps import checkpoint as ckpt
+from persia_planner.modules.ps import deltas
 from persia_planner.modules.ps.optim import SGD, Adam, RowWiseAdagrad
 from persia_planner.modules.ps.sharding import server_of
 from persia_planner.modules.ps.store import EmbeddingStore
@@ -225,7 +226,7 @@ def test_save_refuses_to_overwrite_the_committed_version(tmp_path: Path):
 
 def _delta_tables(path: Path) -> dict[str, dict[str, torch.Tensor]]:
     delta = torch.load(path, weights_only=True)
-    assert delta["format"] == ckpt.DELTA_FORMAT
+    assert delta["format"] == deltas.DELTA_FORMAT
     return delta["tables"]
 
 
@@ -233,7 +234,7 @@ def test_incremental_dumps_fold_to_live_rows(tmp_path: Path):
     base_dir, delta_dir = tmp_path / "ckpt", tmp_path / "deltas"
     [stores] = _build_servers(1)
     user = stores["user"]
-    first = ckpt.dump_incremental(stores, delta_dir, server=0, sequence=0)
+    first = deltas.dump_incremental(stores, delta_dir, server=0, sequence=0)
     assert first.name == "delta-00000000.server0.pt"
     assert _delta_tables(first)["user"]["ids"].numel() == 240  # everything was inserted since construction
     ckpt.save_all([stores], base_dir, configs=CONFIGS, delta_sequence=0)
@@ -242,7 +243,7 @@ def test_incremental_dumps_fold_to_live_rows(tmp_path: Path):
     touched = ids[torch.tensor([3, 50, 51, 199])]
     user.lookup(ids[100:120])  # hits only refresh LRU metadata: not dirty
     user.update(torch.cat([touched, touched[:1]]), torch.ones(5, user.dim))  # a duplicate counts once
-    tables = _delta_tables(ckpt.dump_incremental(stores, delta_dir, server=0, sequence=1, with_state=True))
+    tables = _delta_tables(deltas.dump_incremental(stores, delta_dir, server=0, sequence=1, with_state=True))
     got = tables["user"]
     assert torch.equal(torch.sort(got["ids"]).values, torch.sort(touched).values)
     assert torch.equal(got["weights"], user.lookup(got["ids"], train=False))
@@ -252,19 +253,19 @@ def test_incremental_dumps_fold_to_live_rows(tmp_path: Path):
     new_ids = _random_ids(30, seed=99)
     _train(user, new_ids, seed=5)  # 30 inserts + updates
     _train(stores["item"], stores["item"].state_dict()["ids"][:10], seed=6)
-    tables = _delta_tables(ckpt.dump_incremental(stores, delta_dir, server=0, sequence=2))
+    tables = _delta_tables(deltas.dump_incremental(stores, delta_dir, server=0, sequence=2))
     assert torch.equal(torch.sort(tables["user"]["ids"]).values, torch.sort(new_ids).values)
     assert tables["item"]["ids"].numel() == 10 and "state" not in tables["item"]
 
     # A replica: base checkpoint + the deltas after it == the live rows, for 1 replica shard and for 2.
     info = ckpt.read_latest(base_dir)
     assert info["delta_sequence"] == 0
-    assert [p.name for p in ckpt.list_deltas(delta_dir, after=0)] == [
+    assert [p.name for p in deltas.list_deltas(delta_dir, after=0)] == [
         "delta-00000001.server0.pt",
         "delta-00000002.server0.pt",
     ]
     base, _ = ckpt.load_rows(base_dir, server=0, n_servers=1)
-    folded = ckpt.apply_deltas(base, delta_dir, after=info["delta_sequence"])
+    folded = deltas.apply_deltas(base, delta_dir, after=info["delta_sequence"])
     for table, store in stores.items():
         live = _merged([store.state_dict()])
         assert torch.equal(folded[table]["ids"], live["ids"])
@@ -272,12 +273,12 @@ def test_incremental_dumps_fold_to_live_rows(tmp_path: Path):
         assert "state" not in folded[table]  # delta 2 carries no state, so no consistent state can be folded
     for i in range(2):
         rows, _ = ckpt.load_rows(base_dir, server=i, n_servers=2)
-        part = ckpt.apply_deltas(rows, delta_dir, after=0, server=i, n_servers=2)["user"]
+        part = deltas.apply_deltas(rows, delta_dir, after=0, server=i, n_servers=2)["user"]
         mask = server_of("user", folded["user"]["ids"], 2) == i
         assert torch.equal(part["ids"], folded["user"]["ids"][mask])
         assert torch.equal(part["weights"], folded["user"]["weights"][mask])
     # Why only deltas after the checkpoint: delta 0 predates the update of `touched`, so folding it rolls them back.
-    stale = ckpt.apply_deltas(base, [first])["user"]
+    stale = deltas.apply_deltas(base, [first])["user"]
     at = torch.searchsorted(stale["ids"], torch.sort(touched).values)
     assert not torch.equal(stale["weights"][at], user.lookup(torch.sort(touched).values, train=False))
 
@@ -291,7 +292,7 @@ def test_evicted_rows_do_not_appear_in_deltas(tmp_path: Path):
     store.update(torch.tensor([1]), torch.ones(1, 4))  # 1 is dirty ...
     store.lookup(torch.tensor([5, 6]))  # ... and then evicted with 2 (least recently looked up)
     assert not store.contains(torch.tensor([1, 2])).any()
-    path = ckpt.dump_incremental({"t": store}, tmp_path, server=3, sequence=7)
+    path = deltas.dump_incremental({"t": store}, tmp_path, server=3, sequence=7)
     assert path.name == "delta-00000007.server3.pt"
     assert torch.equal(torch.sort(_delta_tables(path)["t"]["ids"]).values, torch.tensor([5, 6]))
     # ... but they are listed as removed (the log started with the first take_dirty above).
@@ -313,13 +314,13 @@ def test_replica_from_checkpoint_and_deltas_equals_the_servers_under_eviction(tm
             _train(stores["t"], universe[torch.unique(torch.randint(0, 600, (30,), generator=g))], seed=sequence)
 
     churn(10)
-    ckpt.dump_incremental(stores, delta_dir, server=0, sequence=sequence)  # starts the eviction log
+    deltas.dump_incremental(stores, delta_dir, server=0, sequence=sequence)  # starts the eviction log
     ckpt.save_all([stores], base_dir, delta_sequence=sequence)
     for sequence in range(1, 17):
         churn(2)
-        ckpt.dump_incremental(stores, delta_dir, server=0, sequence=sequence)
+        deltas.dump_incremental(stores, delta_dir, server=0, sequence=sequence)
     assert stores["t"].metrics()["evictions"] > 200
-    removed = torch.cat([_delta_tables(p)["t"]["removed"] for p in ckpt.list_deltas(delta_dir, after=0)])
+    removed = torch.cat([_delta_tables(p)["t"]["removed"] for p in deltas.list_deltas(delta_dir, after=0)])
     assert removed.numel() > 50
     live = _merged([stores["t"].state_dict()])
     info = ckpt.read_latest(base_dir)
@@ -327,7 +328,7 @@ def test_replica_from_checkpoint_and_deltas_equals_the_servers_under_eviction(tm
     for i in range(n_replicas):
         base, _ = ckpt.load_rows(base_dir, server=i, n_servers=n_replicas)
         shard = {} if n_replicas == 1 else {"server": i, "n_servers": n_replicas}
-        folded = ckpt.apply_deltas(base, delta_dir, after=info["delta_sequence"], **shard)["t"]
+        folded = deltas.apply_deltas(base, delta_dir, after=info["delta_sequence"], **shard)["t"]
         got_ids.append(folded["ids"])
         got_weights.append(folded["weights"])
     ids, weights = torch.cat(got_ids), torch.cat(got_weights)
@@ -335,7 +336,7 @@ def test_replica_from_checkpoint_and_deltas_equals_the_servers_under_eviction(tm
     assert torch.equal(ids[order], live["ids"]) and torch.equal(weights[order], live["weights"])
     # Upserts alone would leave evicted ids on the replica: the removals are what makes it exact.
     base, _ = ckpt.load_rows(base_dir, server=0, n_servers=1)
-    upserted = [base["t"]["ids"]] + [_delta_tables(p)["t"]["ids"] for p in ckpt.list_deltas(delta_dir, after=0)]
+    upserted = [base["t"]["ids"]] + [_delta_tables(p)["t"]["ids"] for p in deltas.list_deltas(delta_dir, after=0)]
     assert torch.unique(torch.cat(upserted)).numel() > live["ids"].numel() + 50
 
 
@@ -344,20 +345,20 @@ def test_an_overflowing_eviction_log_is_dropped_and_the_delta_says_so(tmp_path: 
     none and is marked incomplete, apply_deltas warns, and the replica keeps (only) extra ids."""
     store = EmbeddingStore(4, 10, SGD(lr=1.0), eviction="lru", eviction_chunk=0)
     store.lookup(torch.arange(10))
-    ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+    deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
     for start in range(100, 130):  # 30 new ids, one a batch: 30 evictions of ids never seen again
         store.lookup(torch.tensor([start]))
-    path = ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
+    path = deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
     delta = _delta_tables(path)["t"]
     assert not bool(delta["removals_complete"]) and delta["removed"].numel() == 0
     with caplog.at_level("WARNING"):
-        folded = ckpt.apply_deltas({}, tmp_path)["t"]
+        folded = deltas.apply_deltas({}, tmp_path)["t"]
     assert "lists only some of the ids evicted" in caplog.text
     live = store.state_dict()["ids"]
     assert torch.isin(live, folded["ids"]).all() and folded["ids"].numel() > live.numel()
     # The next dump logs again from a clean slate.
     store.lookup(torch.tensor([500]))  # evicts 120
-    delta = _delta_tables(ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=2))["t"]
+    delta = _delta_tables(deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=2))["t"]
     assert bool(delta["removals_complete"]) and torch.equal(delta["removed"], torch.tensor([120]))
 
 
@@ -380,10 +381,10 @@ def test_checkpoint_before_the_first_dump_logs_evictions_for_it(tmp_path: Path):
     store.lookup(torch.arange(4))
     ckpt.save_all([{"t": store}], tmp_path / "ckpt")  # no dump yet: delta_sequence -1
     store.lookup(torch.arange(10, 14))  # evicts 0..3
-    ckpt.dump_incremental({"t": store}, tmp_path / "deltas", server=0, sequence=0)
+    deltas.dump_incremental({"t": store}, tmp_path / "deltas", server=0, sequence=0)
     rows, _ = ckpt.load_rows(tmp_path / "ckpt", server=0, n_servers=1)
     after = ckpt.read_latest(tmp_path / "ckpt")["delta_sequence"]
-    replica = ckpt.apply_deltas(rows, tmp_path / "deltas", after=after)["t"]
+    replica = deltas.apply_deltas(rows, tmp_path / "deltas", after=after)["t"]
     assert torch.equal(torch.sort(replica["ids"]).values, torch.arange(10, 14))
 
 
@@ -392,14 +393,14 @@ def test_failed_dump_after_an_overflowing_log_stays_incomplete(tmp_path: Path, m
     the removals the dropped log lost)."""
     store = EmbeddingStore(2, 4, SGD(), eviction="lru", eviction_chunk=0)
     store.lookup(torch.arange(4))
-    ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+    deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
     for b in range(1, 6):  # 20 evictions of distinct ids, more than twice the capacity: the log is dropped
         store.lookup(torch.arange(4) + 4 * b)
     monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError("simulated")))
     with pytest.raises(OSError):
-        ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
+        deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
     monkeypatch.undo()
-    delta = _delta_tables(ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1))["t"]
+    delta = _delta_tables(deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=1))["t"]
     assert not bool(delta["removals_complete"]) and delta["removed"].numel() == 0
     assert torch.equal(torch.sort(delta["ids"]).values, torch.arange(20, 24))
 
@@ -435,23 +436,23 @@ def test_failed_dump_keeps_rows_dirty(tmp_path: Path, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(torch, "save", broken)
     with pytest.raises(OSError):
-        ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+        deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []  # no file, no temp file
-    path = ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+    path = deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
     assert torch.equal(torch.sort(_delta_tables(path)["t"]["ids"]).values, torch.tensor([10, 11, 12]))
 
 
 def test_failed_dump_keeps_removals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     store = EmbeddingStore(4, 2, SGD(lr=1.0), eviction="lru")
     store.lookup(torch.tensor([1, 2]))
-    ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
+    deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=0)
     store.lookup(torch.tensor([3]))  # evicts 1
     monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError("simulated")))
     with pytest.raises(OSError):
-        ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
+        deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
     monkeypatch.undo()
-    path = ckpt.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
+    path = deltas.dump_incremental({"t": store}, tmp_path, server=0, sequence=1)
     assert torch.equal(_delta_tables(path)["t"]["removed"], torch.tensor([1]))
     assert torch.equal(_delta_tables(path)["t"]["ids"], torch.tensor([3]))
 

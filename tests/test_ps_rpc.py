@@ -23,9 +23,10 @@ import torch.distributed.rpc as rpc
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import server as server_module
 from persia_planner.modules.ps.allocator import allocator_env
-from persia_planner.modules.ps.checkpoint import apply_deltas, commit, load_rows, read_latest
+from persia_planner.modules.ps.checkpoint import commit, load_rows, read_latest
 from persia_planner.modules.ps.client import PsClient
 from persia_planner.modules.ps.delay import DelayScheduler
+from persia_planner.modules.ps.deltas import apply_deltas
 from persia_planner.modules.ps.group import shutdown_error
 from persia_planner.modules.ps.launch import TrainerError, barrier, local_cluster, trainers_store
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad

@@ -450,7 +450,7 @@ class PsClient:
 
     def dump_incremental(self, directory: str | os.PathLike, sequence: int) -> int:
         """Every server writes the rows inserted or updated since its previous dump as delta ``sequence`` (for
-        serving replicas: :func:`.checkpoint.apply_deltas`); returns the number of rows dumped.
+        serving replicas: :func:`.deltas.apply_deltas`); returns the number of rows dumped.
 
         ``sequence`` must be above the previous dump's (after :meth:`load`: above the checkpoint's
         ``delta_sequence``, from :func:`.checkpoint.read_latest`); a restored server's first dump removes the deltas

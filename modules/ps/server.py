@@ -36,7 +36,8 @@ import torch.distributed.rpc as rpc
 
 from . import protocol
 from .allocator import allocator_env, tune_allocator
-from .checkpoint import dump_incremental, load_rows, read_latest, save_shard
+from .checkpoint import load_rows, read_latest, save_shard
+from .deltas import dump_incremental
 from .group import DEFAULT_PEER_TIMEOUT_S, DEFAULT_RPC_TIMEOUT_S, join_rpc_group, leave_group
 from .protocol import (
     WIRE_DTYPES,

@@ -31,7 +31,7 @@ once per chunk of inserts, not in every batch. Ids looked up in the same batch a
 starts and which rows go are the table's policies (:mod:`.policies`); how a row learns is its optimizer
 (:mod:`.optim`).
 
-Incremental dumps (for serving replicas, see :mod:`.checkpoint`) use a dirty mask: one bool per slot (1 B/row,
+Incremental dumps (for serving replicas, see :mod:`.deltas`) use a dirty mask: one bool per slot (1 B/row,
 allocated zeroed), set when a row is inserted or its weights are updated and cleared by
 :meth:`EmbeddingStore.take_dirty`.
 """
