@@ -25,11 +25,11 @@ limit, the capacity ``persia train`` gives each server) to charge each server wh
 its default load factor and the limit from there, and ``tests/test_memory.py`` checks :meth:`EmbeddingStore.arrays`
 and a filled store's resident memory against it.
 
-LRU/LFU victims are chosen exactly (``kthvalue`` over the occupied slots), which reads every row: on a full table
-the store therefore evicts a chunk of ``eviction_chunk * capacity`` rows (default 1/64) at once, so that pass runs
-once per chunk of inserts, not in every batch. Ids looked up in the same batch are never evicted. How a new row
-starts and which rows go are the table's policies (:mod:`.policies`); how a row learns is its optimizer
-(:mod:`.optim`).
+LRU/LFU victims are chosen exactly (:func:`.eviction.choose_victims`: ``kthvalue`` over the occupied slots), which reads
+every row: on a full table the store therefore evicts a chunk of ``eviction_chunk * capacity`` rows (default 1/64) at
+once, so that pass runs once per chunk of inserts, not in every batch. Ids looked up in the same batch are never
+evicted. How a new row starts and which rows go are the table's policies (:mod:`.policies`); how a row learns is its
+optimizer (:mod:`.optim`).
 
 Incremental dumps (for serving replicas, see :mod:`.deltas`) use a dirty mask: one bool per slot (1 B/row,
 allocated zeroed), set when a row is inserted or its weights are updated and cleared by
@@ -46,6 +46,7 @@ import torch
 from persia_planner.memory import PS_INDEX_LOAD_FACTOR, PS_MAX_CAPACITY
 
 from . import kernels
+from .eviction import EvictionLog, choose_victims
 from .index import HashIndex, as_ids, table_empty
 from .optim import RowOptimizer
 from .policies import Eviction, Normal, Uniform
@@ -56,19 +57,6 @@ _INT32_MAX = 2**31 - 1
 # The smallest magnitude that float16 rounds to inf (the midpoint between 65504 and 2**16, rounded to even).
 _FLOAT16_OVERFLOW = 65520.0
 _DEFAULT_INIT = Uniform(-0.01, 0.01)  # a frozen dataclass: safe to share as a default
-
-
-def _lowest(score: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the ``k`` smallest values of ``score`` (ties: lowest positions first), in no particular order.
-
-    ``kthvalue`` and two comparisons: faster than ``topk`` on large tables, and exact.
-    """
-    if k >= score.numel():
-        return torch.arange(score.numel())
-    threshold = torch.kthvalue(score, k).values
-    below = (score < threshold).nonzero().squeeze(1)
-    at = (score == threshold).nonzero().squeeze(1)[: k - below.numel()]
-    return torch.cat([below, at])
 
 
 class EmbeddingStore:
@@ -170,11 +158,9 @@ class EmbeddingStore:
         self._n = 0
         self._step = 0  # training lookup batches so far; int32 is ample (2**31 batches)
         self._metrics = dict.fromkeys(("lookups", "misses", "inserts", "not_admitted", "evictions", "updates"), 0)
-        # Ids evicted since the last take_dirty(), for the deltas' removals. None until the first take_dirty(),
-        # state_dict() or load_state_dict(): a store never dumped, checkpointed nor loaded keeps no log.
-        self._evicted: list[torch.Tensor] | None = None
-        self._evicted_n = 0  # ids in the log
-        self._evicted_overflow = False  # the log outgrew its bound since the last take_dirty and was dropped
+        # Ids evicted since the last take_dirty(), for the deltas' removals; it runs from the first take_dirty(),
+        # state_dict() or load_state_dict() on: a store never dumped, checkpointed nor loaded keeps no log.
+        self._evicted = EvictionLog(capacity, self._index)
 
     # ----------------------------------------------------------------------------------------------- queries
 
@@ -316,18 +302,11 @@ class EmbeddingStore:
         live = self._n
         protected = slots[hit]
         n_victims = min(max(needed, math.ceil(self.eviction_chunk * self.capacity)), live - protected.numel())
-        if self.eviction is Eviction.LRU:
-            # The batch's hits carry the newest step, and at most live - len(protected) rows are chosen: never them.
-            score = self._last[:live]
-        else:
-            # count, then recency: one int64 key; the batch's hits are pushed to the top so they are never chosen.
-            score = (self._count[:live].long() << 32) | self._last[:live].long()
-            score[protected] = torch.iinfo(torch.int64).max
-        victims = _lowest(score, n_victims)
+        victims = choose_victims(self.eviction, self._last[:live], self._count[:live], protected, n_victims)
         _, buckets = self._index.find(self._ids[victims])
         self._index.remove_buckets(buckets)
-        if self._evicted is not None:
-            self._log_evicted(self._ids.index_select(0, victims))
+        if self._evicted.running:
+            self._evicted.add(self._ids.index_select(0, victims))
         end = live - n_victims
         # Holes below the new end are filled by the survivors above it (the two sets have the same size).
         holes = victims[victims < end]
@@ -395,8 +374,7 @@ class EmbeddingStore:
         Starts the eviction log if it is not running yet: a replica may start from these rows, so the next
         :meth:`take_dirty` must list what is evicted from here on.
         """
-        if self._evicted is None:
-            self._reset_evicted()
+        self._evicted.start()
         n = self._n
         return {
             "ids": self._ids[:n].clone(),
@@ -429,7 +407,7 @@ class EmbeddingStore:
         # The loaded rows are the new base a replica starts from, so nothing is dirty or removed relative to it.
         self._dirty.zero_()
         # ... and a replica may start from them, so evictions from here on are logged for the next dump.
-        self._reset_evicted()
+        self._evicted.restart()
 
     def check_state_dict(self, state: dict[str, Any]) -> None:
         """Raise ``ValueError`` if :meth:`load_state_dict` would refuse ``state`` (more rows than the capacity, another
@@ -464,11 +442,8 @@ class EmbeddingStore:
         Clears the dirty mask and the eviction log. Lookup hits that only refresh LRU/LFU metadata do not make a row
         dirty; an evicted id is never among the rows (its slot now belongs to another id).
 
-        Evictions are logged from the first call, :meth:`state_dict` or :meth:`load_state_dict` on (a store never
-        dumped, checkpointed nor loaded keeps no log: no replica can hold its rows). The log holds 8 B per
-        eviction between two calls, compacted to the distinct ids no longer held when it outgrows twice the
-        capacity; if even those exceed the capacity, it is dropped and the next call says so
-        (``removals_complete`` false): a replica then keeps those evicted ids until it reloads a full checkpoint.
+        Evictions are logged from the first call, :meth:`state_dict` or :meth:`load_state_dict` on, within a bound
+        (:class:`.eviction.EvictionLog`); past it the next call says so (``removals_complete`` false).
 
         Args:
             with_state: Also return the optimizer state of the rows (needed to resume training, not to serve).
@@ -481,10 +456,8 @@ class EmbeddingStore:
         out = {"ids": self._ids.index_select(0, slots), "weights": self._weights.index_select(0, slots)}
         if with_state:
             out["state"] = self._state.index_select(0, slots)
-        tracked = self._evicted is not None and not self._evicted_overflow
-        out["removed"] = self._compact_evicted() if tracked else torch.empty(0, dtype=torch.int64)
-        out["removals_complete"] = torch.tensor(not self._evicted_overflow)
-        self._reset_evicted()
+        out["removed"], complete = self._evicted.take()
+        out["removals_complete"] = torch.tensor(complete)
         self._dirty[slots] = False
         return out
 
@@ -500,40 +473,5 @@ class EmbeddingStore:
         slots, _ = self._index.find(as_ids(ids))
         slots = slots[slots >= 0]
         self._dirty[slots] = True
-        if removed is not None and removed.numel():
-            if self._evicted is None:
-                self._reset_evicted()
-            self._log_evicted(as_ids(removed))
-        if not removals_complete:
-            self._drop_evicted()
+        self._evicted.put_back(removed, complete=removals_complete)
         return slots.numel()
-
-    def _reset_evicted(self) -> None:
-        self._evicted, self._evicted_n, self._evicted_overflow = [], 0, False
-
-    def _drop_evicted(self) -> None:
-        """Give up the log until the next take_dirty(): the next dump says its removals are incomplete."""
-        self._evicted, self._evicted_n, self._evicted_overflow = [], 0, True
-
-    def _log_evicted(self, ids: torch.Tensor) -> None:
-        assert self._evicted is not None
-        if self._evicted_overflow:
-            return
-        self._evicted.append(ids)
-        self._evicted_n += ids.numel()
-        # Compact past twice the capacity: amortised O(1) per id, and the log never holds more than 16 B per row.
-        if self._evicted_n > 2 * self.capacity:
-            compacted = self._compact_evicted()
-            if compacted.numel() > self.capacity:
-                self._drop_evicted()
-            else:
-                self._evicted, self._evicted_n = [compacted], compacted.numel()
-
-    def _compact_evicted(self) -> torch.Tensor:
-        """The logged evicted ids, distinct and sorted, less those held again (re-admitted since)."""
-        assert self._evicted is not None
-        if not self._evicted:
-            return torch.empty(0, dtype=torch.int64)
-        ids = torch.unique(torch.cat(self._evicted))
-        slots, _ = self._index.find(ids)
-        return ids[slots < 0]
