@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from persia_planner import CostModel, ModelSpec, SearchConfig, Tier, load_topology
-from persia_planner.modules.data.criteo import NUM_INTEGER
+from persia_planner.modules.data.criteo_format import NUM_INTEGER
 from persia_planner.modules.data.synthetic import ZIPF_ALPHA
 from persia_planner.planner import Planner
 from persia_planner.search import GreedyLocalSearch

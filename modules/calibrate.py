@@ -25,7 +25,7 @@ import torch
 
 from persia_planner.profile import PROFILE_FORMAT
 
-from .data.criteo import NUM_INTEGER
+from .data.criteo_format import NUM_INTEGER
 
 __all__ = ["BENCHMARKS", "PHASES", "Sizes", "calibrate"]
 

@@ -67,7 +67,7 @@ def _run(name: str, profile: dict[str, Any], steps: int) -> dict[str, Any]:
     from persia_planner.search import GreedyLocalSearch
     from persia_planner.specs import DenseSpec, TableSpec
 
-    from .data.criteo import NUM_INTEGER
+    from .data.criteo_format import NUM_INTEGER
     from .data.synthetic import ZIPF_ALPHA
     from .train import TrainConfig, train_local
 

@@ -22,7 +22,8 @@ from persia_planner.specs import DLRM_BOTTOM, DLRM_TOP, ModelSpec
 
 from .breakdown import PS_PUSH, PS_WAIT, StepProfiler
 from .config import DenseOptimizer, TrainConfig, dlrm_embedding_dim
-from .data.criteo import NUM_INTEGER, Batch
+from .data.criteo import Batch
+from .data.criteo_format import NUM_INTEGER
 from .distributed import data_parallel_tables, dense_parameters, hybrid_of, sparse_torch_optimizer
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 

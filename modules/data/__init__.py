@@ -4,7 +4,8 @@ Both yield :class:`Batch` es (dense ``[B, 13]`` float32, a KeyedJaggedTensor of 
 default run and the tests need no download while real Criteo Kaggle/Terabyte slices drop in unchanged.
 """
 
-from .criteo import FEATURE_NAMES, Batch, CriteoReader, write_criteo
+from .criteo import FEATURE_NAMES, Batch, CriteoReader
+from .criteo_format import write_criteo
 from .synthetic import SyntheticClicks, Teacher, teacher_auc, to_criteo
 
 __all__ = [

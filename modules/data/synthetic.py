@@ -31,7 +31,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import SpecError
 
-from .criteo import FEATURE_NAMES, NUM_CATEGORICAL, NUM_INTEGER, Batch, write_criteo
+from .criteo import FEATURE_NAMES, Batch
+from .criteo_format import NUM_CATEGORICAL, NUM_INTEGER, write_criteo
 
 __all__ = ["ZIPF_ALPHA", "SyntheticClicks", "Teacher", "teacher_auc", "to_criteo"]
 
