@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from persia_planner.specs import ModelSpec
 from .config import TrainConfig, check_resume_exists, data_identity
 from .hybrid import HybridEmbeddingBagCollection
 from .loop import dense_state_dict
+from .ps.atomic import atomic_torch_save
 
 __all__ = ["check_layout", "check_resume", "data_layout", "load_trainer_state", "local_state", "save_trainer_state"]
 
@@ -52,11 +52,7 @@ def save_trainer_state(
         **local,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_torch_save(state, path)
 
 
 def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:

@@ -246,7 +246,7 @@ def test_a_partly_filled_store_accounts_for_what_is_charged(optimizer):
 
 
 def test_the_store_takes_its_limits_from_the_planner():
-    assert EmbeddingStore(4, 10, ps_optim.SGD())._index.n_buckets == 10 / PS_INDEX_LOAD_FACTOR
+    assert EmbeddingStore(4, 10, ps_optim.SGD()).arrays()["index"].shape[0] == 10 / PS_INDEX_LOAD_FACTOR
     with pytest.raises(ValueError, match="capacity must be at most 2,147,483,646"):
         EmbeddingStore(4, PS_MAX_CAPACITY + 1, ps_optim.SGD())
     assert ps_capacity(PS_MAX_ROWS) <= PS_MAX_CAPACITY < ps_capacity(PS_MAX_ROWS + 1)

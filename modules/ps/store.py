@@ -1,18 +1,8 @@
 """Storage engine of one embedding parameter server table: a capacity-bounded map from uint64 id to a row.
 
-Decision: own id -> slot index, not TorchRec MCH and not fbgemm's hash ops. Evaluated on torch 2.13 CPU,
-torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0:
-
-* ``torchrec.modules.mc_modules.MCHManagedCollisionModule`` (LRU/LFU): a sorted id array (``searchsorted``) plus a
-  slot map and int64 metadata, 24 B/slot. Every eviction round re-sorts the whole table (argsort of 10M int64:
-  0.83 s; 64k-id batch into a 1M table: 75 ms). Ids are admitted only at the eviction interval, not on demand;
-  misses (and eval lookups) all map to the last slot, so an unknown id *collides* with a real row; id
-  ``0x7FFF_FFFF_FFFF_FFFF`` equals the empty sentinel and maps to an empty slot. It is a collision manager for a
-  fixed-size TBE, not an exact, on-demand key-value store.
-* ``fbgemm::zero_collision_hash`` (the HashZch backend): on CPU only ``readonly=True`` is implemented (insert raises
-  "Expected readonly to be true"); eviction is TTL/threshold based, and a full probe window falls back to a hashed
-  (colliding) slot. ``lxu_cache_*`` / ``lru_cache_populate`` are set-associative *caches* (CUDA only, evict on set
-  conflict); ``pruned_hashmap_*`` are inference-only int32 maps without eviction.
+The store keeps its own id -> slot index rather than TorchRec's managed-collision modules or fbgemm's hash ops: those
+are collision managers and caches for a fixed-size TBE, not an exact, on-demand key-value store with eviction on CPU
+([decision 0017](../../docs/decisions/0017-ps-store-own-index.md)).
 
 The own design: rows live in preallocated tensors and the occupied slots are always the prefix ``[0, len)`` (evicting
 moves the rows above the new end into the holes below it, so no free list is needed); ids are found through an exact
@@ -143,8 +133,7 @@ class EmbeddingStore:
 
         # One 16-byte record per slot: its id, the training lookup batch of its last access, its access count
         # (saturating at int32 max). A lookup's probe reads the id and records the access in the same cache line,
-        # instead of three lines of three arrays (measured in process, 25.8k ids of a full 10M-row table: probe +
-        # bookkeeping + gather 3.2-3.5 -> 1.9-2.1 ms, with that day's compiled gather). Views give the three columns.
+        # instead of three lines of three arrays, one random read per id instead of three. Views give the three columns.
         self._records = table_empty(capacity, 2, dtype=torch.int64)
         self._ids = self._records[:, 0]
         self._last = self._records.view(torch.int32)[:, 2]
