@@ -133,6 +133,8 @@ class TrainConfig:
             the bytes, as Persia sends them; the servers keep float32 weights and optimizer state).
         checkpoint: Directory to save the PS tables, local tables and dense model into at the end.
         resume: Start from the checkpoint in ``checkpoint``.
+        overwrite: Train into a ``checkpoint`` directory that is not empty, replacing what it holds, without
+            ``resume``.
         seed: Seed of the model, the data and the servers' row initialisers.
         progress: Show a progress bar (trainer 0).
         teacher_rows_scale: Synthetic data: each feature's id universe is this fraction of its table's rows.
@@ -157,6 +159,7 @@ class TrainConfig:
     ps_wire: WireDtype = WireDtype.FLOAT32
     checkpoint: str | None = None
     resume: bool = False
+    overwrite: bool = False
     seed: int = 0
     progress: bool = True
     teacher_rows_scale: float = 0.02
@@ -185,6 +188,11 @@ class TrainConfig:
             raise PlannerError(f"teacher_rows_scale must be in (0, 1], got {self.teacher_rows_scale}")
         if self.resume and not self.checkpoint:
             raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
+        if self.resume and self.overwrite:
+            raise PlannerError(
+                "--resume continues the checkpoint that --overwrite would replace: pass one of them",
+                fixes=("--resume to continue it", "--overwrite to train from scratch into it"),
+            )
         if self.data != "synthetic" and criteo_path(self.data) is None:
             raise PlannerError(
                 f"--data must be 'synthetic' or 'criteo:PATH', got {self.data!r}",
@@ -251,6 +259,12 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
         raise PlannerError(
             f"--checkpoint {path}: {blocker} is a file, not a directory",
             fixes=("pass a directory (it is created if missing)",),
+        )
+    # A run from scratch replaces what the directory holds at its first save: never silently.
+    if not (cfg.resume or cfg.overwrite) and path.is_dir() and any(path.iterdir()):
+        raise PlannerError(
+            f"--checkpoint {path} is not empty; training from scratch would replace what it holds",
+            fixes=("add --resume to continue its checkpoint", "add --overwrite to replace it", "pass another dir"),
         )
     # Whether it can be written is only known by writing (permissions, read-only mounts, /proc): create it now and
     # write a probe, rather than train for hours and fail at the save.

@@ -62,13 +62,13 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
     newer PS version than the trainer state: resuming from that pair would replay updates onto rows that have them.
 
     Raises:
-        PlannerError: No checkpoint, or a mismatched pair.
+        PlannerError: No checkpoint, or a mismatched pair (:class:`.ps.protocol.CheckpointError`: a damaged PS file).
     """
-    from .ps.checkpoint import read_latest
+    from .ps.checkpoint import verify
 
     path = check_resume_exists(directory)
     try:
-        state = torch.load(path, weights_only=False, map_location="cpu")
+        state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # a truncated or foreign file: torch raises RuntimeError, pickle errors, EOFError...
         raise PlannerError(
             f"--resume: {path} is not a readable trainer checkpoint ({type(err).__name__}: "
@@ -87,7 +87,7 @@ def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
             fixes=("train from scratch without --resume",),
         )
     if with_ps:
-        latest = read_latest(directory / "ps")
+        latest = verify(directory / "ps")  # every shard there and whole, before any server starts
         have = latest["version"] if latest else None
         if have is None or have != state.get("ps_version"):
             raise PlannerError(

@@ -315,6 +315,9 @@ def train_command(
         Path | None, typer.Option("--checkpoint", help="save PS tables, local tables and dense model here at the end")
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the checkpoint in --checkpoint")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="train from scratch into a --checkpoint directory that is not empty")
+    ] = False,
     ps_delay_ms: Annotated[
         float, typer.Option("--ps-delay-ms", min=0.0, help="add this many ms to every PS call (a slow network)")
     ] = 0.0,
@@ -362,6 +365,7 @@ def train_command(
             ps_wire=ps_wire,
             checkpoint=str(checkpoint) if checkpoint is not None else None,
             resume=resume,
+            overwrite=overwrite,
             seed=seed,
             progress=not as_json,
         )

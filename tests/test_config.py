@@ -110,6 +110,16 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
     with pytest.raises(PlannerError, match=f"--resume: no trainer checkpoint at {tmp_path}/gone/trainer.pt"):
         check_before_start(TrainConfig(checkpoint=str(tmp_path / "gone"), resume=True), criteo_model, with_ps=False)
     assert not (tmp_path / "gone").exists()  # a refused resume creates nothing
+    # A run from scratch into a directory that holds something would replace it: refused unless asked for.
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "trainer.pt").write_bytes(b"a run's state")
+    with pytest.raises(PlannerError, match=rf"^--checkpoint {used} is not empty; training from scratch would replace"):
+        check_before_start(TrainConfig(checkpoint=str(used)), criteo_model, with_ps=False)
+    check_before_start(TrainConfig(checkpoint=str(used), overwrite=True), criteo_model, with_ps=False)
+    with pytest.raises(PlannerError, match="--resume continues the checkpoint that --overwrite would replace"):
+        TrainConfig(checkpoint=str(used), overwrite=True, resume=True)
+    assert (used / "trainer.pt").read_bytes() == b"a run's state"  # checks write nothing into it
     (tmp_path / "trainer.pt").write_bytes(b"")
     check_before_start(TrainConfig(checkpoint=str(tmp_path), resume=True), criteo_model, with_ps=False)
     with pytest.raises(PlannerError, match="tables name different sparse optimizers"):

@@ -85,7 +85,14 @@ def test_round_trip_one_server_is_bit_exact(tmp_path: Path):
     ]
     manifest = json.loads((version_dir / "manifest.server0-of-1.json").read_text())
     assert manifest["format"] == ckpt.SHARD_FORMAT
-    assert manifest["tables"]["user"] == {"file": "user.server0-of-1.pt", "rows": 240, "config": CONFIGS["user"]}
+    size = (version_dir / "user.server0-of-1.pt").stat().st_size
+    assert manifest["tables"]["user"] == {
+        "file": "user.server0-of-1.pt",
+        "rows": 240,
+        "bytes": size,
+        "config": CONFIGS["user"],
+    }
+    assert ckpt.verify(tmp_path)["version"] == 1
 
     loaded = ckpt.load_shard(tmp_path, server=0, n_servers=1, make_store=make_store)
     assert set(loaded) == {"user", "item"}
@@ -462,3 +469,62 @@ def test_load_state_dict_clears_dirty():
     fresh = make_store("user", CONFIGS["user"])
     fresh.load_state_dict(stores["user"].state_dict())
     assert fresh.take_dirty()["ids"].numel() == 0
+
+
+class Planted:
+    """Unpickling it would create ``path``: what a crafted checkpoint file could do with any code."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_a_damaged_or_crafted_checkpoint_is_one_error_naming_its_file(tmp_path: Path):
+    """Corrupt LATEST or manifest, a truncated or missing shard, a shard or delta whose unpickling would run code:
+    each is a CheckpointError naming the file; the crafted code never runs."""
+    from persia_planner.modules.ps.protocol import CheckpointError
+
+    ckpt.save_all(_build_servers(2), tmp_path, configs=CONFIGS)
+    version = tmp_path / "v00000001"
+    shard, manifest = version / "user.server1-of-2.pt", version / "manifest.server0-of-2.json"
+
+    def refused(pattern: str, load=lambda: ckpt.verify(tmp_path)) -> None:
+        with pytest.raises(CheckpointError, match=pattern):
+            load()
+
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[: len(whole) // 2])
+    refused(rf"^checkpoint file {shard} is unreadable \({len(whole) // 2} bytes, its manifest recorded {len(whole)}")
+    # A server loading it anyway (no verify first) names the file too.
+    refused(rf"^checkpoint file {shard} is unreadable \(", lambda: ckpt.load_rows(tmp_path, server=0, n_servers=1))
+    shard.unlink()
+    refused(rf"^checkpoint file {shard} is unreadable \(missing\)")
+    shard.write_bytes(whole)
+    assert ckpt.verify(tmp_path)["version"] == 1
+
+    planted = tmp_path / "planted"
+    state = torch.load(shard, weights_only=True)
+    torch.save(state | {"payload": Planted(planted)}, shard)
+    refused(
+        rf"^checkpoint file {shard} is unreadable \(UnpicklingError",
+        lambda: ckpt.load_rows(tmp_path, server=1, n_servers=2),
+    )
+    delta = tmp_path / "deltas" / "crafted.pt"
+    delta.parent.mkdir()
+    torch.save({"format": "x", "payload": Planted(planted)}, delta)
+    refused(rf"^checkpoint file {delta} is unreadable \(UnpicklingError", lambda: ckpt.apply_deltas({}, [delta]))
+    assert not planted.exists()
+    shard.write_bytes(whole)
+
+    text = manifest.read_text()
+    manifest.write_text(text[:40])
+    refused(rf"^checkpoint file {manifest} is unreadable \(JSONDecodeError")
+    manifest.write_text("[1, 2]")
+    refused(rf"^checkpoint file {manifest} is unreadable \(a JSON list, not an object\)")
+    manifest.write_text(text)
+    (tmp_path / "LATEST").write_bytes(b"\xff\xfe")
+    refused(rf"^checkpoint file {tmp_path / 'LATEST'} is unreadable \(UnicodeDecodeError")
+    (tmp_path / "LATEST").write_text('{"version": "one"}')
+    refused(rf"^checkpoint file {tmp_path / 'LATEST'} is unreadable \(ValueError: invalid literal")

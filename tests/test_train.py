@@ -87,7 +87,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
     # A trainer state saved with another model (here: one dense weight of another shape) is refused in one line.
     import torch
 
-    state = torch.load(tmp_path / "trainer.pt", weights_only=False)
+    state = torch.load(tmp_path / "trainer.pt", weights_only=True)
     key = next(k for k, v in state["dense"].items() if v.dim() == 2)
     state["dense"][key] = torch.zeros(state["dense"][key].shape[0] + 1, state["dense"][key].shape[1])
     torch.save(state, tmp_path / "trainer.pt")
@@ -121,6 +121,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--steps", "0"], "--steps"),
         (["--ps-wire", "int8"], "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
         (["--checkpoint", "/nonexistent-ckpt", "--resume"], "no trainer checkpoint at /nonexistent-ckpt/trainer.pt"),
+        (["--checkpoint", "/nonexistent-ckpt", "--resume", "--overwrite"], "--resume continues the checkpoint that"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(args, needle):
@@ -243,6 +244,16 @@ def test_same_entry_point_runs_under_torchrun():
     assert result["ps_wire"] == "bfloat16"
 
 
+class Planted:
+    """Unpickling it would create ``path``: what a crafted checkpoint could do with any code."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
 def test_resume_refuses_a_trainer_state_from_another_ps_version(tmp_path):
     import torch
 
@@ -270,6 +281,12 @@ def test_resume_refuses_a_trainer_state_from_another_ps_version(tmp_path):
     torch.save(torch.zeros(3), tmp_path / "trainer.pt")
     with pytest.raises(PlannerError, match=r"is not a trainer checkpoint of persia train \(it lacks step/dense/local"):
         check_resume(tmp_path, with_ps=False)
+    # A crafted file whose unpickling would run code is refused without running it (weights_only).
+    planted = tmp_path / "planted"
+    torch.save(state | {"local_optimizer": {}, "payload": Planted(planted)}, tmp_path / "trainer.pt")
+    with pytest.raises(PlannerError, match=r"trainer.pt is not a readable trainer checkpoint \(UnpicklingError"):
+        check_resume(tmp_path, with_ps=False)
+    assert not planted.exists()
 
 
 @pytest.mark.timeout(600)
@@ -284,7 +301,7 @@ def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
     to_criteo(SyntheticClicks(teacher, batch_size=64, num_batches=6, seed=3), tmp_path / "day_0")
     with pytest.raises(PlannerError, match="no evaluation samples"):
         run(steps=100, batch_size=64, data=f"criteo:{tmp_path / 'day_0'}", checkpoint=str(tmp_path / "ckpt"))
-    state = torch.load(tmp_path / "ckpt" / "trainer.pt", weights_only=False)
+    state = torch.load(tmp_path / "ckpt" / "trainer.pt", weights_only=True)
     assert state["step"] == 3 and state["seed"] == 0  # 6 batches of 64 = 3 steps of 2 trainers x 64
     assert state["data"] == f"criteo:{(tmp_path / 'day_0').resolve()}"
 

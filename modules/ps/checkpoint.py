@@ -46,6 +46,7 @@ from .atomic import atomic_json, atomic_torch_save, fsync_dir
 
 # Serving replicas import apply_deltas from here, where it lived before deltas.py: it stays importable.
 from .deltas import apply_deltas
+from .protocol import unreadable
 from .sharding import server_of
 from .store import EmbeddingStore
 
@@ -58,6 +59,7 @@ __all__ = [
     "read_latest",
     "save_all",
     "save_shard",
+    "verify",
 ]
 
 SHARD_FORMAT = "persia-ps-shard/1"
@@ -93,13 +95,20 @@ def read_latest(directory: str | os.PathLike) -> dict[str, Any] | None:
         smallest over the servers' manifests (``-1``: apply every delta).
     """
     directory = Path(directory)
-    try:
-        latest = json.loads((directory / LATEST).read_text())
-    except FileNotFoundError:
+    if not (directory / LATEST).exists():
         return None
-    version, n = int(latest["version"]), int(latest["n_servers"])
+    latest = _read_json(directory / LATEST)
+    try:
+        version, n = int(latest["version"]), int(latest["n_servers"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise unreadable(directory / LATEST, err) from None
     path = _version_dir(directory, version)
-    manifests = [_read_manifest(path, j, n) for j in range(n)]
+    manifests = []
+    for j in range(n):
+        try:
+            manifests.append(_read_manifest(path, j, n))
+        except FileNotFoundError as err:  # LATEST names a version whose files are gone: not a partial save
+            raise unreadable(Path(err.filename or path), "missing") from None
     return {
         "version": version,
         "n_servers": n,
@@ -108,11 +117,48 @@ def read_latest(directory: str | os.PathLike) -> dict[str, Any] | None:
     }
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of a checkpoint; FileNotFoundError where it is missing (a save that did not finish)."""
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as err:  # ValueError: bad JSON or bytes that are not UTF-8
+        raise unreadable(path, err) from None
+    if not isinstance(value, dict):
+        raise unreadable(path, f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
 def _read_manifest(path: Path, server: int, n_servers: int) -> dict[str, Any]:
-    manifest = json.loads((path / _manifest_name(server, n_servers)).read_text())
-    if manifest.get("format") != SHARD_FORMAT:
-        raise ValueError(f"{path / _manifest_name(server, n_servers)}: unknown format {manifest.get('format')!r}")
+    manifest = _read_json(path / _manifest_name(server, n_servers))
+    if manifest.get("format") != SHARD_FORMAT or not isinstance(manifest.get("tables"), dict):
+        raise unreadable(path / _manifest_name(server, n_servers), f"unknown format {manifest.get('format')!r}")
     return manifest
+
+
+def verify(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """:func:`read_latest`, after checking that every shard file of the committed version is there, whole.
+
+    Cheap (``stat`` only), so a launcher can refuse a damaged checkpoint before any server starts; a shard's bytes
+    are checked against the size its manifest recorded (manifests of older saves recorded none).
+
+    Raises:
+        .protocol.CheckpointError: A file is missing, truncated or unreadable (named in the message).
+    """
+    latest = read_latest(directory)
+    if latest is None:
+        return None
+    path, n = latest["path"], latest["n_servers"]
+    for j in range(n):
+        for entry in _read_manifest(path, j, n)["tables"].values():
+            file = path / str(entry.get("file"))
+            if not file.is_file():
+                raise unreadable(file, "missing")
+            size, recorded = file.stat().st_size, entry.get("bytes")
+            if recorded is not None and size != recorded:
+                raise unreadable(file, f"{size} bytes, its manifest recorded {recorded}: truncated or replaced")
+    return latest
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
@@ -169,7 +215,12 @@ def save_shard(
         name = _shard_name(table, server, n_servers)
         state = store.state_dict()
         atomic_torch_save(state, path / name)
-        tables[table] = {"file": name, "rows": int(state["ids"].numel()), "config": dict(configs.get(table, {}))}
+        tables[table] = {
+            "file": name,
+            "rows": int(state["ids"].numel()),
+            "bytes": (path / name).stat().st_size,  # what verify() checks before a resume
+            "config": dict(configs.get(table, {})),
+        }
     # The manifest goes last: its presence means this server's shard files are complete.
     manifest = {
         "format": SHARD_FORMAT,
@@ -265,10 +316,17 @@ def load_rows(
         manifest = _read_manifest(path, j, saved_n)
         for table, entry in manifest["tables"].items():
             configs.setdefault(table, entry["config"])
-            # mmap: only the pages of the rows this server keeps (and the ids) are read into memory.
-            state = torch.load(path / entry["file"], weights_only=True, mmap=True)
+            # mmap: only the pages of the rows this server keeps (and the ids) are read into memory. weights_only:
+            # unpickling arbitrary objects would run a crafted file's code.
+            try:
+                state = torch.load(path / entry["file"], weights_only=True, mmap=True)
+            except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError... for a damaged file
+                raise unreadable(path / entry["file"], err) from None
+            if not isinstance(state, dict) or not isinstance(state.get("ids"), torch.Tensor):
+                raise unreadable(path / entry["file"], "not a store's state")
             if state["ids"].numel() != entry["rows"]:
-                raise ValueError(f"{path / entry['file']}: {state['ids'].numel()} rows, manifest says {entry['rows']}")
+                found = f"{state['ids'].numel()} rows, its manifest says {entry['rows']}"
+                raise unreadable(path / entry["file"], found)
             keep = (server_of(table, state["ids"], n_servers) == server).nonzero().squeeze(1)
             parts.setdefault(table, []).append(
                 {k: (v.index_select(0, keep) if isinstance(v, torch.Tensor) else v) for k, v in state.items()}

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .atomic import atomic_torch_save
+from .protocol import unreadable
 from .sharding import server_of
 from .store import EmbeddingStore
 
@@ -142,9 +143,12 @@ def apply_deltas(
         paths = [Path(p) for p in deltas]
     pieces: dict[str, list[Mapping[str, Any]]] = {t: [r] for t, r in rows.items()}
     for p in paths:
-        delta = torch.load(p, weights_only=True)
-        if delta.get("format") != DELTA_FORMAT:
-            raise ValueError(f"{p}: unknown format {delta.get('format')!r}")
+        try:
+            delta = torch.load(p, weights_only=True)
+        except Exception as err:  # a damaged or crafted file: weights_only refuses to run its code
+            raise unreadable(p, err) from None
+        if not isinstance(delta, dict) or delta.get("format") != DELTA_FORMAT:
+            raise unreadable(p, f"not a delta of format {DELTA_FORMAT!r}")
         for table, part in delta["tables"].items():
             if "removals_complete" in part and not bool(part["removals_complete"]):
                 log.warning(

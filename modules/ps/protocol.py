@@ -37,6 +37,7 @@ from .policies import Eviction, Normal, Uniform
 
 __all__ = [
     "WIRE_DTYPES",
+    "CheckpointError",
     "PeerLostError",
     "PsServerError",
     "PsUnavailableError",
@@ -55,6 +56,7 @@ __all__ = [
     "save",
     "server_index",
     "server_name",
+    "unreadable",
     "update",
 ]
 
@@ -100,6 +102,26 @@ class PsUnavailableError(PlannerError):
             f"parameter server {server} {problem} (is it running? check MASTER_ADDR/MASTER_PORT and its log)",
             kind=ErrorKind.UNAVAILABLE,
         )
+
+
+class CheckpointError(PlannerError):
+    """A checkpoint file that is missing, truncated, corrupt or not one of ours; the message names the file.
+
+    Takes a single message argument so that RPC can re-create it on the calling side.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind=ErrorKind.INPUT)
+
+
+def unreadable(path: object, err: BaseException | str) -> CheckpointError:
+    """The :class:`CheckpointError` of a checkpoint file that could not be read or is not what it should be
+    (``err``: why), with the fix."""
+    if isinstance(err, BaseException):
+        err = f"{type(err).__name__}: {(str(err).strip().splitlines() or ['no detail'])[0][:200]}"
+    return CheckpointError(
+        f"checkpoint file {path} is unreadable ({err}); restore it, or resume from another checkpoint directory"
+    )
 
 
 class WireOverflowError(PlannerError, ValueError):
