@@ -270,15 +270,17 @@ def _dead_server(j, client):
 
 
 def test_unavailable_server_raises_naming_it():
-    start = time.monotonic()
-    [(hung, dead)] = local_cluster(2, 1, _dead_server, timeout_s=3.0, run_timeout_s=60)
+    """A hung server fails the request at the client's timeout; a dead one by the lost connection, before it."""
+    timeout_s, run_timeout_s = 3.0, 60.0
+    [(hung, dead)] = local_cluster(2, 1, _dead_server, timeout_s=timeout_s, run_timeout_s=run_timeout_s)
     (hung_msg, hung_s), (dead_msg, dead_s) = hung, dead
-    assert hung_msg.startswith("parameter server ps1 did not answer a lookup of table 'user' within 3 s")
+    assert hung_msg.startswith(f"parameter server ps1 did not answer a lookup of table 'user' within {timeout_s:g} s")
     assert "MASTER_ADDR/MASTER_PORT" in hung_msg and "\n" not in hung_msg
-    assert 2.5 < hung_s < 6.0
-    assert dead_msg.startswith("parameter server ps1 did not answer a lookup of table 'user'")
-    assert dead_s < 4.0
-    assert time.monotonic() - start < 45  # the cluster is torn down, nothing waits for the dead server
+    # The request's timeout ended the wait (RPC's timer may fire a little early), not the run's.
+    assert 0.8 * timeout_s <= hung_s < run_timeout_s / 2
+    # The broken connection, not the timeout, reported the dead server.
+    assert dead_msg.startswith("parameter server ps1 did not answer a lookup of table 'user': connection lost")
+    assert dead_s < run_timeout_s / 2
 
 
 def _leaves_a_failing_push(j, client):
