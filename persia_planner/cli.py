@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from persia_planner.errors import ErrorKind, PlannerError
+from persia_planner.errors import ErrorKind, PlannerError, one_line
 
 try:  # typer >= 0.22 vendors click; older typer depends on it.
     from typer._click.exceptions import ClickException
@@ -82,8 +82,9 @@ def main() -> None:
 
 # ---- the error edge -----------------------------------------------------------------------------------------------
 def _error(message: str, code: int) -> int:
-    """Print ``error: <message>`` as one line on stderr; return ``code``."""
-    line = " ".join(str(message).split())
+    """Print ``error: <message>`` as one line of readable length (:func:`~persia_planner.errors.one_line`) on
+    stderr; return ``code``."""
+    line = one_line(message)
     sys.stderr.write(f"error: {line}\n")
     sys.stderr.flush()
     return code

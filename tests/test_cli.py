@@ -397,7 +397,7 @@ BAD_INPUTS = [
     # arguments and paths
     (("plan", "no_such_model.yaml", TOPOLOGY), "no_such_model.yaml: file not found; fix: check the path"),
     (("validate", MODEL, TOPOLOGY, "no_such_plan.json"), "no_such_plan.json: file not found; fix: check the path"),
-    (("topology", BAD), f"{BAD}: cannot read file (Is a directory)"),
+    (("topology", BAD), f"{BAD}: is a directory, not a regular file; fix: give the path of a regular file"),
     (
         ("plan", MODEL),
         "give both MODEL and TOPOLOGY, or neither to plan the bundled example; "
