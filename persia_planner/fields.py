@@ -27,6 +27,7 @@ __all__ = ["Fields", "load_json", "load_yaml", "read_text"]
 
 _MISSING = object()
 E = TypeVar("E", bound=enum.StrEnum)
+_CEILING_UNITS = {Quantity.SIZE: " bytes", Quantity.BANDWIDTH: " B/s", Quantity.DURATION: " s"}
 
 _SPECIAL_FILES = (
     (stat.S_ISDIR, "a directory"),
@@ -167,11 +168,18 @@ def load_yaml(path: str | Path) -> tuple[Any, str]:
         raise SpecError(source, "", f"malformed YAML at {where}{problem}", fixes=("fix the YAML syntax",)) from None
     except ValueError as err:
         # An integer of more than 4,300 digits (Python's int() refuses it), or a date out of range.
-        raise SpecError(source, "", f"malformed YAML: {err}", fixes=("fix the value",)) from None
+        raise SpecError(source, "", f"malformed YAML: {_value_problem(err)}", fixes=("fix the value",)) from None
     except RecursionError:
         # PyYAML parses and builds nested collections recursively: a few hundred levels exhaust Python's stack.
         raise _too_deep(source, "YAML") from None
     return data, source
+
+
+def _value_problem(err: ValueError) -> str:
+    """What a ValueError raised while parsing says, in the user's terms."""
+    if "integer string conversion" in str(err):
+        return "a number has more than 4,300 digits"
+    return abbreviate(str(err), 100).strip("'")
 
 
 def _too_deep(source: str, what: str) -> SpecError:
@@ -219,7 +227,7 @@ def load_json(path: str | Path, source: str) -> Any:
     except json.JSONDecodeError as err:
         raise SpecError(source, "", f"malformed JSON at line {err.lineno}: {err.msg}") from None
     except ValueError as err:  # an integer of more than 4,300 digits (Python's int() refuses it)
-        raise SpecError(source, "", f"malformed JSON: {err}", fixes=("fix the value",)) from None
+        raise SpecError(source, "", f"malformed JSON: {_value_problem(err)}", fixes=("fix the value",)) from None
     except RecursionError:
         raise _too_deep(source, "JSON") from None
     repeated = _repeated_key_path(data)
@@ -270,8 +278,9 @@ class Fields:
         ceiling = MAX_OF_KIND[kind] if maximum is None else maximum
         if number > ceiling:
             shown = f"{ceiling:,}" if isinstance(ceiling, int) else f"{ceiling:g}"
+            shown += _CEILING_UNITS.get(kind, "")
             if kind is Quantity.SIZE:
-                shown += f" bytes ({format_bytes(ceiling)})"
+                shown += f" ({format_bytes(ceiling)})"
             raise self.error(key, f"must be <= {shown}, got {abbreviate(value, 40)}", fixes=(f"use at most {shown}",))
         return number
 

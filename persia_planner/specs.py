@@ -301,6 +301,9 @@ TABLE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}"
 digits, ``_``, ``-`` and ``.``, not starting with ``.`` (a hidden file, or ``..``), at most 200 characters (file
 systems allow 255 bytes, and the checkpoint adds a suffix)."""
 _TABLE_NAME = re.compile(TABLE_NAME_PATTERN)
+_TABLE_NAME_FIX = (
+    f"name it to match {TABLE_NAME_PATTERN} (letters, digits, '_', '-', '.'; no leading '.'; at most 200 characters)"
+)
 
 
 def _read_tables(item: Fields) -> Iterable[TableSpec]:
@@ -313,12 +316,10 @@ def _read_tables(item: Fields) -> Iterable[TableSpec]:
     count = item.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_TABLE_COUNT)
     item.finish()
     if not name:
-        raise item.error("name", "table name is empty", fixes=(f"name it with {TABLE_NAME_PATTERN}",))
+        raise item.error("name", "table name is empty", fixes=(_TABLE_NAME_FIX,))
     if not _TABLE_NAME.fullmatch(name):
         raise item.error(
-            "name",
-            f"table name {abbreviate(name, 60)} cannot be a checkpoint file name",
-            fixes=(f"use letters, digits, '_', '-' and '.', not starting with '.', at most 200: {TABLE_NAME_PATTERN}",),
+            "name", f"table name {abbreviate(name, 60)} cannot be a checkpoint file name", fixes=(_TABLE_NAME_FIX,)
         )
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
     return [TableSpec(n, rows, dim, pooling, optimizer, alpha) for n in names]

@@ -394,6 +394,191 @@ BAD_INPUTS = [
         "plan_mode_mismatch.json: tables.c1_user.mode: 'async' does not match sharding 'table_wise'; "
         "fix: use mode: sync",
     ),
+    # model: ceilings, repeated keys, deep nesting, huge numbers, table names
+    (
+        _plan_model("model_alias_bomb.yaml"),
+        "model_alias_bomb.yaml: name: expected a string, got [[[[...], [...], [...], [...], [...], "
+        "[...], ...], [[...]....], ...], ...], ...]",
+    ),
+    (
+        _plan_model("model_batch_size_huge.yaml"),
+        "model_batch_size_huge.yaml: batch_size: must be <= 2,147,483,647, got '1e300'; fix: use at most 2,147,483,647",
+    ),
+    (
+        _plan_model("model_count_huge.yaml"),
+        "model_count_huge.yaml: tables[0].count: must be <= 1,000,000, got 2000000; fix: use at most 1,000,000",
+    ),
+    (
+        _plan_model("model_deep_nesting.yaml"),
+        f"{BAD / 'model_deep_nesting.yaml'}"
+        ": YAML nested too deeply to read; fix: an input file nests a few levels, not hundreds",
+    ),
+    (
+        _plan_model("model_dense_flops_huge.yaml"),
+        "model_dense_flops_huge.yaml: dense.flops_per_sample: must be <= 1e+15, got 1e+300; fix: use at most 1e+15",
+    ),
+    (
+        _plan_model("model_dense_parameters_huge.yaml"),
+        "model_dense_parameters_huge.yaml: dense.parameters: must be <= 17,592,186,044,416, got "
+        "'1e300'; fix: use at most 17,592,186,044,416",
+    ),
+    (
+        _plan_model("model_dim_huge.yaml"),
+        "model_dim_huge.yaml: tables[0].dim: must be <= 16,384, got 100000; fix: use at most 16,384",
+    ),
+    (
+        _plan_model("model_dtype_not_string.yaml"),
+        "model_dtype_not_string.yaml: embedding_dtype: unknown value {'fp': 16}; fix: use one of fp32 | fp16 | bf16",
+    ),
+    (
+        _plan_model("model_duplicate_key.yaml"),
+        f"{BAD / 'model_duplicate_key.yaml'}"
+        ": batch_size: key given twice in one mapping (line 5); fix: keep one of them",
+    ),
+    (
+        _plan_model("model_duplicate_table_key.yaml"),
+        f"{BAD / 'model_duplicate_table_key.yaml'}"
+        ": tables[0].rows: key given twice in one mapping (line 7); fix: keep one of them",
+    ),
+    (
+        _plan_model("model_pooling_factor_huge.yaml"),
+        "model_pooling_factor_huge.yaml: tables[0].pooling_factor: must be <= 100,000, got 1e+300; "
+        "fix: use at most 100,000",
+    ),
+    (
+        _plan_model("model_rows_5000_digits.yaml"),
+        f"{BAD / 'model_rows_5000_digits.yaml'}"
+        ": malformed YAML: a number has more than 4,300 digits; fix: fix the value",
+    ),
+    (
+        _plan_model("model_rows_huge.yaml"),
+        "model_rows_huge.yaml: tables[0].rows: must be <= 17,592,186,044,416, got '1e300'; fix: "
+        "use at most 17,592,186,044,416",
+    ),
+    (
+        _plan_model("model_rows_over_ceiling.yaml"),
+        "model_rows_over_ceiling.yaml: tables[0].rows: must be <= 17,592,186,044,416, got "
+        "17592186044417; fix: use at most 17,592,186,044,416",
+    ),
+    (
+        _plan_model("model_staleness_huge.yaml"),
+        "model_staleness_huge.yaml: staleness: must be <= 1,000, got '1e300'; fix: use at most 1,000",
+    ),
+    (
+        _plan_model("model_table_name_dotdot.yaml"),
+        "model_table_name_dotdot.yaml: tables[0].name: table name '..' cannot be a checkpoint file "
+        "name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, digits, '_', '-', "
+        "'.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_empty.yaml"),
+        "model_table_name_empty.yaml: tables[0].name: table name is empty; fix: name it to match "
+        "[A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, digits, '_', '-', '.'; no leading '.'; at "
+        "most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_leading_dot.yaml"),
+        "model_table_name_leading_dot.yaml: tables[0].name: table name '.user' cannot be a "
+        "checkpoint file name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, "
+        "digits, '_', '-', '.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_long.yaml"),
+        "model_table_name_long.yaml: tables[0].name: table name "
+        "'ttttttttttttttttttttttttttt...tttttttttttttttttttttttttttt' cannot be a checkpoint file "
+        "name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, digits, '_', '-', "
+        "'.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_nul.yaml"),
+        "model_table_name_nul.yaml: tables[0].name: table name 'user\\x00id' cannot be a checkpoint "
+        "file name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, digits, '_', "
+        "'-', '.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_slash.yaml"),
+        "model_table_name_slash.yaml: tables[0].name: table name 'users/by_id' cannot be a "
+        "checkpoint file name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, "
+        "digits, '_', '-', '.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_zipf_alpha_huge.yaml"),
+        "model_zipf_alpha_huge.yaml: tables[0].zipf_alpha: must be <= 10, got 1000; fix: use at most 10",
+    ),
+    # topology: ceilings, repeated keys, deep nesting, huge numbers, table names
+    (
+        _topology("topology_bandwidth_huge.yaml"),
+        "topology_bandwidth_huge.yaml: hosts[0].nic_bandwidth: must be <= 1e+15 B/s, got "
+        "'1e20GB/s'; fix: use at most 1e+15 B/s",
+    ),
+    (
+        _topology("topology_constant_huge.yaml"),
+        "topology_constant_huge.yaml: constants.shard_overhead_ms: must be <= 1e+18, got 1e+300; "
+        "fix: use at most 1e+18",
+    ),
+    (
+        _topology("topology_ddr_huge.yaml"),
+        "topology_ddr_huge.yaml: hosts[0].ddr: must be <= 1,152,921,504,606,846,976 bytes (1024.0 "
+        "PiB), got '1e300'; fix: use at most 1,152,921,504,606,846,976 bytes (1024.0 PiB)",
+    ),
+    (
+        _topology("topology_duplicate_key.yaml"),
+        f"{BAD / 'topology_duplicate_key.yaml'}"
+        ": hosts[0].ddr: key given twice in one mapping (line 5); fix: keep one of them",
+    ),
+    (
+        _topology("topology_hbm_huge.yaml"),
+        "topology_hbm_huge.yaml: hosts[0].gpus.hbm: must be <= 1,152,921,504,606,846,976 bytes "
+        "(1024.0 PiB), got '2048PiB'; fix: use at most 1,152,921,504,606,846,976 bytes (1024.0 PiB)",
+    ),
+    (
+        _topology("topology_host_count_huge.yaml"),
+        "topology_host_count_huge.yaml: hosts[0].count: must be <= 100,000, got '1e300'; fix: use at most 100,000",
+    ),
+    (
+        _topology("topology_latency_huge.yaml"),
+        "topology_latency_huge.yaml: network.latency: must be <= 10 s, got '1000000000s'; fix: use at most 10 s",
+    ),
+    (
+        _topology("topology_link_latency_huge.yaml"),
+        "topology_link_latency_huge.yaml: links[0].latency: must be <= 10 s, got '1000000000s'; fix: use at most 10 s",
+    ),
+    (
+        _topology("topology_tflops_huge.yaml"),
+        "topology_tflops_huge.yaml: hosts[0].gpus.tflops: must be <= 1e+06, got 1e+300; fix: use at most 1e+06",
+    ),
+    # plan: ceilings, repeated keys, deep nesting, huge numbers, table names
+    (
+        _validate("plan_bytes_huge.json"),
+        "plan_bytes_huge.json: tables.c1_user.shards[0].bytes: must be <= "
+        "9,223,372,036,854,775,807 bytes (8192.0 PiB), got 1e+300; fix: use at most "
+        "9,223,372,036,854,775,807 bytes (8192.0 PiB)",
+    ),
+    (
+        _validate("plan_deep_nesting.json"),
+        "plan_deep_nesting.json: JSON nested too deeply to read; fix: an input file nests a few levels, not hundreds",
+    ),
+    (
+        _validate("plan_duplicate_key.json"),
+        "plan_duplicate_key.json: tables.c1_user.shards[0].tier: key given twice in one object; fix: keep one of them",
+    ),
+    (
+        _validate("plan_duplicate_table.json"),
+        "plan_duplicate_table.json: tables.c1_user: key given twice in one object; fix: keep one of them",
+    ),
+    (
+        _validate("plan_int_5000_digits.json"),
+        "plan_int_5000_digits.json: malformed JSON: a number has more than 4,300 digits; fix: fix the value",
+    ),
+    (
+        _validate("plan_rows_huge.json"),
+        "plan_rows_huge.json: tables.c1_user.shards[0].rows: expected [start, end] of two integers "
+        "in [0, 2**63), got [0, 1000000000000000000000000000000]",
+    ),
+    (
+        _validate("plan_step_ms_huge.json"),
+        "plan_step_ms_huge.json: estimate.step_ms: must be <= 1e+18, got 1e+300; fix: use at most 1e+18",
+    ),
     # arguments and paths
     (("plan", "no_such_model.yaml", TOPOLOGY), "no_such_model.yaml: file not found; fix: check the path"),
     (("validate", MODEL, TOPOLOGY, "no_such_plan.json"), "no_such_plan.json: file not found; fix: check the path"),
@@ -436,7 +621,7 @@ def test_bad_input_gives_one_line_and_exit_2(args, message):
 
 
 def test_there_are_enough_bad_inputs():
-    assert len(BAD_INPUTS) >= 15
+    assert len(BAD_INPUTS) >= 60
     files = {p.name for p in BAD.iterdir()}
     used = {Path(str(a)).name for args, _ in BAD_INPUTS for a in args}
     assert files <= used, f"unused bad inputs: {sorted(files - used)}"
