@@ -25,6 +25,7 @@ __all__ = [
     "MAX_OF_KIND",
     "MAX_POOLING_FACTOR",
     "MAX_ROWS",
+    "MAX_SHARDS_PER_TABLE",
     "MAX_STALENESS",
     "MAX_TABLES",
     "MAX_TABLE_COUNT",
@@ -79,6 +80,11 @@ MAX_DENSE_PARAMETERS = 2**44
 
 MAX_DENSE_FLOPS_PER_SAMPLE = 1e15
 """Forward FLOPs per sample of the dense network."""
+
+# ---- plan.json ----------------------------------------------------------------------------------------------------
+MAX_SHARDS_PER_TABLE = 100_000
+"""Shards of one table in plan.json: a shard per GPU or per hash bucket of a parameter server, far fewer than this in
+any cluster the planner is given; a list of 200,000 copied shards is refused before each is read."""
 
 # ---- topology.yaml ------------------------------------------------------------------------------------------------
 MAX_HOST_COUNT = 100_000

@@ -16,7 +16,7 @@ import numpy as np
 from persia_planner.cost import CostModel, Estimate
 from persia_planner.errors import ErrorKind, PlannerError, SpecError, abbreviate
 from persia_planner.fields import Fields, load_json
-from persia_planner.limits import MAX_OF_KIND
+from persia_planner.limits import MAX_OF_KIND, MAX_SHARDS_PER_TABLE
 from persia_planner.memory import PS_MAX_ROWS, ps_servers_needed
 from persia_planner.placement import Mode, Shard, Sharding, TablePlacement, Tier
 from persia_planner.specs import ModelSpec
@@ -236,7 +236,7 @@ def _placement_from_fields(table: Fields) -> TablePlacement:
     sharding = table.take_enum("sharding", Sharding)
     mode = table.take_enum("mode", Mode, default=None)
     shards = []
-    for _, item in table.take_list("shards"):
+    for _, item in table.take_list("shards", max_items=MAX_SHARDS_PER_TABLE):
         shards.append(
             Shard(
                 device=item.take_str("device"),

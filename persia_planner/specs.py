@@ -226,7 +226,7 @@ class ModelSpec:
         staleness = top.take("staleness", Quantity.COUNT, default=DEFAULT_STALENESS, maximum=MAX_STALENESS)
         tables: list[TableSpec] = []
         seen: dict[str, str] = {}
-        for _, item in top.take_list("tables"):
+        for _, item in top.take_list("tables", max_items=MAX_TABLES):
             for table in _read_tables(item):
                 if table.name in seen:
                     raise item.error(

@@ -636,3 +636,139 @@ def test_validate_zero_hash_buckets_is_reported_not_crashed(tmp_path):
     result = run("validate", MODEL, TOPOLOGY, bad)
     assert result.exit_code == 1, result.output
     assert "c1_user" in result.stderr
+
+
+# ---- special files and huge inputs, made here rather than committed --------------------------------------------------
+def _persia(*args: object, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The CLI in a child process: a file that blocked the reader (a FIFO) would hang an in-process runner."""
+    code = "from persia_planner.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def _one_error_line(stderr: str, *names: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr and len(lines[0]) <= len("error: ") + 300, stderr
+    for name in names:
+        assert name in lines[0], (name, stderr)
+    return lines[0]
+
+
+def _special_inputs(tmp_path: Path) -> dict[str, Path]:
+    import os
+    import socket
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")
+    null = tmp_path / "null.yaml"
+    null.symlink_to("/dev/null")
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as file:
+        file.truncate(64 * 2**20 + 1)  # sparse: one byte over the limit, without writing 64 MiB
+    inputs = {"a FIFO": fifo, "a character device": zero, "a directory": folder, "larger than 64.0 MiB": big}
+    inputs["a character device "] = null
+    sock = tmp_path / "sock.yaml"
+    if len(str(sock)) < 100:  # AF_UNIX paths are short
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(sock))
+        inputs["a socket"] = sock
+    return inputs
+
+
+@pytest.mark.parametrize("role", ["model", "topology", "plan"])
+def test_special_files_are_refused_before_reading(tmp_path, role):
+    for what, path in _special_inputs(tmp_path).items():
+        args = {
+            "model": ("plan", path, TOPOLOGY),
+            "topology": ("topology", path),
+            "plan": ("validate", MODEL, TOPOLOGY, path),
+        }[role]
+        if path.is_fifo():
+            child = _persia(*args, timeout=30)  # in a child: reading a FIFO with no writer hung forever
+            code, stderr = child.returncode, child.stderr
+        else:
+            result = run(*args)
+            code, stderr = result.exit_code, result.stderr
+        assert code == 2, (what, stderr)
+        _one_error_line(stderr, path.name, what.strip())
+
+
+def _example_plan_dict() -> dict:
+    return plan(load_model(MODEL), load_topology(TOPOLOGY), seed=0).to_dict()
+
+
+def _with_copied_shards(tmp_path: Path, copies: int) -> tuple[str, Path]:
+    data = _example_plan_dict()
+    name, table = next(iter(data["tables"].items()))
+    table["shards"] = table["shards"][:1] * copies
+    bad = tmp_path / "dup_shards.json"
+    bad.write_text(json.dumps(data))
+    return name, bad
+
+
+def test_validate_200k_duplicate_shards_are_refused_in_one_line(tmp_path):
+    name, bad = _with_copied_shards(tmp_path, 200_000)
+    result = _persia("validate", MODEL, TOPOLOGY, bad)
+    assert result.returncode == 2, result.stderr[:500]
+    line = _one_error_line(result.stderr, "dup_shards.json", f"tables.{name}.shards")  # was a 1.6 MB line
+    assert line.endswith("has 200,000 items, more than 100,000; fix: give at most 100,000")
+
+
+def test_validate_20k_duplicate_shards_gives_a_short_answer(tmp_path):
+    _, bad = _with_copied_shards(tmp_path, 20_000)
+    result = run("validate", MODEL, TOPOLOGY, bad)
+    assert result.exit_code == 1, result.output[:500]
+    _one_error_line(result.stderr, "invalid plan")
+    assert len(result.stdout) < 10_000
+
+
+def test_validate_hash_bucket_count_of_1e18_is_answered_at_once(tmp_path):
+    data = _example_plan_dict()
+    name, table = next((n, t) for n, t in data["tables"].items() if t["sharding"] == "ps_hash")
+    table["shards"][0]["hash"] = [0, 10**18]
+    bad = tmp_path / "many_buckets.json"
+    bad.write_text(json.dumps(data))
+    result = run("validate", MODEL, TOPOLOGY, bad)
+    assert result.exit_code == 1, result.output
+    _one_error_line(result.stderr, name, "hash buckets")
+
+
+def test_huge_yaml_nesting_is_one_line(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("batch_size: 1\ntables: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    result = run("plan", deep, TOPOLOGY)
+    assert result.exit_code == 2, result.output
+    _one_error_line(result.stderr, "deep.yaml", "nested too deeply")
+
+
+def test_plan_out_writes_through_a_symlink(tmp_path):
+    target = tmp_path / "plans" / "plan.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "plan.json"
+    link.symlink_to(target)
+    result = run("plan", "--json", "--out", link)
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert json.loads(target.read_text()) == json.loads(result.stdout)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["plan.json"]  # no temporary file left
+
+
+def test_plan_out_refuses_a_path_that_is_not_a_regular_file(tmp_path):
+    import os
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "out.json"
+    link.symlink_to(fifo)
+    for out in (fifo, link, tmp_path):
+        result = _persia("plan", "--out", out, timeout=60)
+        assert result.returncode == 2, result.stderr
+        _one_error_line(result.stderr, "not a regular file")
+    assert fifo.is_fifo() and link.is_symlink()  # neither replaced by the rename
