@@ -30,6 +30,8 @@ __all__ = [
     "MAX_TABLES",
     "MAX_TABLE_COUNT",
     "MAX_TFLOPS",
+    "MAX_TOPOLOGY_LINKS",
+    "MAX_TOPOLOGY_NODES",
     "MAX_ZIPF_ALPHA",
 ]
 
@@ -92,6 +94,13 @@ MAX_HOST_COUNT = 100_000
 
 MAX_GPUS_PER_HOST = 1024
 """Trainer devices of one host: they are linked pairwise (NVLink edges), n^2 of them."""
+
+MAX_TOPOLOGY_NODES = 200_000
+"""Hosts and trainer devices of a ``hosts:`` topology, all entries together: each is a graph node, and a count that
+multiplies to millions would take minutes and gigabytes to build before anything else is checked."""
+
+MAX_TOPOLOGY_LINKS = 2_000_000
+"""Links of a ``hosts:`` topology (NIC, PCIe and every pair of a host's devices), all entries together."""
 
 MAX_MEMORY_BYTES = 2**60
 """HBM, DDR or a CPU trainer's memory of one device or host (1 EiB)."""

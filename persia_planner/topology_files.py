@@ -21,6 +21,8 @@ from persia_planner.limits import (
     MAX_LATENCY_S,
     MAX_MEMORY_BYTES,
     MAX_TFLOPS,
+    MAX_TOPOLOGY_LINKS,
+    MAX_TOPOLOGY_NODES,
 )
 from persia_planner.units import Quantity, UnitError, parse
 
@@ -92,6 +94,7 @@ def graph_from_hosts(
     its CPU devices; ``constants`` convert them to the cost model's bandwidth terms."""
     graph = nx.Graph()
     graph.add_node(SWITCH, kind=NodeKind.SWITCH, bandwidth=switch_bw)
+    nodes = links = 0  # of the graph so far, to refuse one too large to build before building it
     for _, item in top.take_list("hosts"):
         base = item.take_str("name")
         count = item.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_HOST_COUNT)
@@ -121,6 +124,16 @@ def graph_from_hosts(
         if role is Role.TRAINER and devices is None:
             raise item.error(
                 "gpus", "a trainer host needs 'gpus:' or 'cpus:'", fixes=("add 'gpus:' or 'cpus:', or set role",)
+            )
+        per_host = devices.count if devices is not None else 0
+        nodes += count * (1 + per_host)
+        links += count * (1 + per_host + per_host * (per_host - 1) // 2)  # NIC, PCIe, and every pair of devices
+        if nodes > MAX_TOPOLOGY_NODES or links > MAX_TOPOLOGY_LINKS:
+            raise item.error(
+                "count",
+                f"the topology would have {nodes:,} hosts and devices and {links:,} links, over the "
+                f"{MAX_TOPOLOGY_NODES:,} and {MAX_TOPOLOGY_LINKS:,} a topology may have",
+                fixes=("check the counts of hosts and devices",),
             )
         for index in range(count):
             host_name = f"{base}{index}"
