@@ -547,6 +547,12 @@ BAD_INPUTS = [
         _topology("topology_tflops_huge.yaml"),
         "topology_tflops_huge.yaml: hosts[0].gpus.tflops: must be <= 1e+06, got 1e+300; fix: use at most 1e+06",
     ),
+    (
+        _topology("topology_too_many_devices.yaml"),
+        "topology_too_many_devices.yaml: hosts[0].count: the topology would have 102,500,000 hosts and devices and "
+        "52,480,100,000 links, over the 200,000 and 2,000,000 a topology may have; "
+        "fix: check the counts of hosts and devices",
+    ),
     # plan: ceilings, repeated keys, deep nesting, huge numbers, table names
     (
         _validate("plan_bytes_huge.json"),
