@@ -43,7 +43,7 @@ def _refuse_special(mode: int, source: str) -> None:
     such as ``/dev/zero`` never ends, and a directory has no text."""
     if stat.S_ISREG(mode):
         return
-    what = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a regular file")
+    what = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
     raise SpecError(source, "", f"is {what}, not a regular file", fixes=("give the path of a regular file",))
 
 
@@ -194,9 +194,9 @@ class _RepeatedKeys(dict):
     repeated: str
 
 
-def _repeated_key_path(value: Any, path: str = "") -> str | None:
+def _repeated_key_path(value: Any) -> str | None:
     """Key path of the first key given twice in one object of ``value`` (a parsed JSON document), if any."""
-    stack = [(value, path)]
+    stack: list[tuple[Any, str]] = [(value, "")]
     while stack:  # iterative: the document may be deep
         node, where = stack.pop()
         if isinstance(node, _RepeatedKeys):
@@ -218,9 +218,13 @@ def load_json(path: str | Path, source: str) -> Any:
         obj = dict(pairs)
         if len(obj) == len(pairs):
             return obj
-        seen: set[str] = set()
         marked = _RepeatedKeys(obj)
-        marked.repeated = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                marked.repeated = key
+                break
+            seen.add(key)
         repeats.append(True)
         return marked
 

@@ -605,6 +605,15 @@ BAD_INPUTS = [
         "Invalid value for '--seed': Input should be greater than or equal to 0 (see 'persia plan --help')",
     ),
     (
+        ("train", "--staleness", 10**30),
+        "Invalid value for '--staleness': Input should be less than or equal to 1000 (see 'persia train --help')",
+    ),
+    (
+        ("train", "--batch-size", 2**31),
+        "Invalid value for '--batch-size': Input should be less than or equal to 2147483647 "
+        "(see 'persia train --help')",
+    ),
+    (
         ("plan", "--out", BAD / "no_such_dir" / "plan.json"),
         f"cannot write the plan to '{BAD / 'no_such_dir' / 'plan.json'}' (No such file or directory); "
         "fix: choose a writable path",
