@@ -8,10 +8,12 @@ from typing import Any
 
 __all__ = ["MAX_LINE_CHARS", "CapacityError", "ErrorKind", "PlannerError", "SpecError", "abbreviate", "one_line"]
 
-MAX_LINE_CHARS = 300
-"""The longest error line printed: a value from a hostile file (a 300-digit number, a list of 200,000 shards) is
-shown abbreviated, so that the line still names the file, the key and the fix on one screen line or two."""
-_FIX_CHARS = 120  # of MAX_LINE_CHARS, the most the fixes may take when the whole is too long
+MAX_LINE_CHARS = 600
+"""The longest error line printed. Values from input files are shown abbreviated where the message is made (a
+300-digit number, a list of 200,000 shards); this cap is the backstop for any message. The planner's own longest
+messages (a table that fits nowhere, with the numbers and the fix) reach about 410 characters plus the table's name
+(up to 200), so the cap sits above that: a readable few lines, never a megabyte."""
+_FIX_CHARS = 200  # of MAX_LINE_CHARS, the most the fixes may take when the whole is too long
 
 _REPR = reprlib.Repr()
 # Bounded in depth and width, so that showing a value costs little even when it is huge or a YAML alias bomb.

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from persia_planner import load_model, load_plan, load_topology, plan, validate
 from persia_planner.cli import app
+from persia_planner.errors import MAX_LINE_CHARS
 from persia_planner.paths import EXAMPLE_MODEL, EXAMPLE_TOPOLOGY, EXAMPLES
 from persia_planner.plans import Plan
 from persia_planner.report import explanations
@@ -665,7 +666,7 @@ def _persia(*args: object, timeout: float = 60) -> subprocess.CompletedProcess:
 def _one_error_line(stderr: str, *names: str) -> str:
     lines = stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), stderr
-    assert "Traceback" not in stderr and len(lines[0]) <= len("error: ") + 300, stderr
+    assert "Traceback" not in stderr and len(lines[0]) <= len("error: ") + MAX_LINE_CHARS, stderr
     for name in names:
         assert name in lines[0], (name, stderr)
     return lines[0]
