@@ -9,6 +9,9 @@ it catches mistakes (a unit typo, ``1e300``) and hostile files, never a large ho
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from persia_planner.units import Quantity
 
 __all__ = [
@@ -40,13 +43,15 @@ MAX_INPUT_BYTES = 64 * 2**20
 """The largest input file read (64 MiB): the largest real model.yaml (a million tables) is a few tens of MiB, and a
 bound keeps ``/dev/zero`` or a runaway generator from filling memory."""
 
-MAX_OF_KIND: dict[Quantity, int | float] = {
-    Quantity.COUNT: 2**63 - 1,
-    Quantity.SIZE: 2**63 - 1,
-    Quantity.BANDWIDTH: 1e18,
-    Quantity.DURATION: 1e6,
-    Quantity.NUMBER: 1e18,
-}
+MAX_OF_KIND: Mapping[Quantity, int | float] = MappingProxyType(
+    {
+        Quantity.COUNT: 2**63 - 1,
+        Quantity.SIZE: 2**63 - 1,
+        Quantity.BANDWIDTH: 1e18,
+        Quantity.DURATION: 1e6,
+        Quantity.NUMBER: 1e18,
+    }
+)
 """The backstop of every field of a kind, where the field has no tighter ceiling of its own: counts and sizes fit an
 int64 (numpy's and torch's integer), rates and numbers stay far from float overflow once multiplied together."""
 

@@ -235,8 +235,10 @@ class ModelSpec:
                 seen[table.name] = item.path
                 tables.append(table)
             if len(tables) > MAX_TABLES:  # every table is held, and searched over, in memory
-                raise item.error(
-                    "count", f"the model has over {MAX_TABLES:,} tables", fixes=("check the tables' counts",)
+                raise top.error(
+                    "tables",
+                    f"the model has over {MAX_TABLES:,} tables (by {item.path})",
+                    fixes=("check the tables' counts",),
                 )
         if not tables:
             raise top.error("tables", "the model has no tables", fixes=("add at least one table",))
