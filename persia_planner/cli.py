@@ -19,7 +19,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from persia_planner.errors import ErrorKind, PlannerError
+from persia_planner.errors import ErrorKind, PlannerError, one_line
+from persia_planner.limits import MAX_BATCH_SIZE, MAX_STALENESS
 
 try:  # typer >= 0.22 vendors click; older typer depends on it.
     from typer._click.exceptions import ClickException
@@ -82,8 +83,9 @@ def main() -> None:
 
 # ---- the error edge -----------------------------------------------------------------------------------------------
 def _error(message: str, code: int) -> int:
-    """Print ``error: <message>`` as one line on stderr; return ``code``."""
-    line = " ".join(str(message).split())
+    """Print ``error: <message>`` as one line of readable length (:func:`~persia_planner.errors.one_line`) on
+    stderr; return ``code``."""
+    line = one_line(message)
     sys.stderr.write(f"error: {line}\n")
     sys.stderr.flush()
     return code
@@ -299,7 +301,13 @@ def train_command(
         "synthetic"
     ),
     staleness: Annotated[
-        int | None, typer.Option("--staleness", min=0, help="bounded staleness K of the PS tables (default: model's)")
+        int | None,
+        typer.Option(
+            "--staleness",
+            min=0,
+            max=MAX_STALENESS,
+            help="bounded staleness K of the PS tables (default: model's)",
+        ),
     ] = None,
     mode: Annotated[str, typer.Option("--mode", help="hybrid (PS tables async, staleness K) or sync (K = 0)")] = (
         "hybrid"
@@ -307,7 +315,12 @@ def train_command(
     steps: Annotated[int, typer.Option("--steps", min=1, help="training steps per trainer")] = 400,
     batch_size: Annotated[
         int | None,
-        typer.Option("--batch-size", min=1, help="samples per trainer and step (default: model's / trainers)"),
+        typer.Option(
+            "--batch-size",
+            min=1,
+            max=MAX_BATCH_SIZE,
+            help="samples per trainer and step (default: model's / trainers)",
+        ),
     ] = None,
     trainers: Annotated[int, typer.Option("--trainers", min=1, help="trainer processes on this machine")] = 2,
     eval_batches: Annotated[int, typer.Option("--eval-batches", min=1, help="held-out batches per trainer")] = 8,

@@ -3,8 +3,48 @@
 from __future__ import annotations
 
 import enum
+import reprlib
+from typing import Any
 
-__all__ = ["CapacityError", "ErrorKind", "PlannerError", "SpecError"]
+__all__ = ["MAX_LINE_CHARS", "CapacityError", "ErrorKind", "PlannerError", "SpecError", "abbreviate", "one_line"]
+
+MAX_LINE_CHARS = 600
+"""The longest error line printed. Values from input files are shown abbreviated where the message is made (a
+300-digit number, a list of 200,000 shards); this cap is the backstop for any message. The planner's own longest
+messages (a table that fits nowhere, with the numbers and the fix) reach about 410 characters plus the table's name
+(up to 200), so the cap sits above that: a readable few lines, never a megabyte."""
+_FIX_CHARS = 200  # of MAX_LINE_CHARS, the most the fixes may take when the whole is too long
+
+_REPR = reprlib.Repr()
+# Bounded in depth and width, so that showing a value costs little even when it is huge or a YAML alias bomb.
+_REPR.maxlevel = 3
+_REPR.maxstring = 60
+_REPR.maxother = 60
+_REPR.maxlong = 40
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = 6
+_REPR.maxdict = 4
+
+
+def abbreviate(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, shortened to about ``limit`` characters (long strings, numbers and lists cut with ``...``).
+
+    Costs little whatever ``value`` is: only the first few items of each level are looked at.
+    """
+    return clip(_REPR.repr(value), limit)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its start and end joined by ``...``."""
+    if len(text) <= limit:
+        return text
+    tail = max(limit // 4, 0)
+    head = max(limit - tail - 3, 0)
+    return text[:head] + "..." + (text[-tail:] if tail else "")
+
+
+def one_line(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """``text`` as one line (runs of whitespace become one space) of at most ``limit`` characters."""
+    return clip(" ".join(str(text).split()), limit)
 
 
 class ErrorKind(enum.StrEnum):
@@ -33,9 +73,15 @@ class PlannerError(Exception):
         super().__init__(self.__str__())
 
     def __str__(self) -> str:
-        if not self.fixes:
-            return self.message
-        return f"{self.message}; fix: {' or '.join(self.fixes)}"
+        """One line of at most :data:`MAX_LINE_CHARS`: what is wrong, then the fix; when too long, each part is cut
+        in its middle, so that the file, the key path and the fix stay readable."""
+        message = " ".join(self.message.split())
+        fix = f"; fix: {' or '.join(self.fixes)}" if self.fixes else ""
+        fix = " ".join(fix.split())
+        if len(message) + len(fix) <= MAX_LINE_CHARS:
+            return message + fix
+        fix = clip(fix, _FIX_CHARS)
+        return clip(message, MAX_LINE_CHARS - len(fix)) + fix
 
 
 class SpecError(PlannerError):

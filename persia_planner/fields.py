@@ -1,30 +1,80 @@
-"""Reading YAML mappings field by field, so that every error names the file and the key path."""
+"""Reading input files (YAML and JSON) and their mappings field by field, so that every error names the file and the
+key path.
+
+Reading refuses what is not a plain, reasonably small text file before parsing it (a FIFO would block, ``/dev/zero``
+never ends), turns nesting too deep to parse into an error, refuses a key given twice in one mapping (YAML and JSON
+keep the last silently) and checks every number against its ceiling (:mod:`persia_planner.limits`).
+"""
 
 from __future__ import annotations
 
 import difflib
 import enum
+import json
+import os
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
-from persia_planner.errors import SpecError
-from persia_planner.units import Quantity, UnitError, parse
+from persia_planner.errors import SpecError, abbreviate
+from persia_planner.limits import MAX_INPUT_BYTES, MAX_OF_KIND
+from persia_planner.units import Quantity, UnitError, format_bytes, parse
+
+__all__ = ["Fields", "load_json", "load_yaml", "read_text"]
 
 _MISSING = object()
 E = TypeVar("E", bound=enum.StrEnum)
+_CEILING_UNITS = {Quantity.SIZE: " bytes", Quantity.BANDWIDTH: " B/s", Quantity.DURATION: " s"}
+
+_SPECIAL_FILES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _refuse_special(mode: int, source: str) -> None:
+    """A one-line error unless ``mode`` is a regular file's: reading a FIFO blocks until a writer comes, a device
+    such as ``/dev/zero`` never ends, and a directory has no text."""
+    if stat.S_ISREG(mode):
+        return
+    what = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
+    raise SpecError(source, "", f"is {what}, not a regular file", fixes=("give the path of a regular file",))
+
+
+def _too_big(source: str) -> SpecError:
+    return SpecError(
+        source,
+        "",
+        f"is larger than {format_bytes(MAX_INPUT_BYTES)}, the most an input file may hold",
+        fixes=("check the path (is it the right file?)",),
+    )
 
 
 def read_text(path: str | Path, source: str) -> str:
-    """A UTF-8 input file's text; a missing, unreadable or non-UTF-8 file is a one-line error naming ``source``."""
+    """A UTF-8 input file's text; a missing, unreadable, special (FIFO, device, directory, socket), over-large
+    (:data:`~persia_planner.limits.MAX_INPUT_BYTES`) or non-UTF-8 file is a one-line error naming ``source``."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        _refuse_special(os.stat(path).st_mode, source)  # before opening: opening a FIFO blocks
+        # O_NONBLOCK: should the path have become a FIFO since, opening returns at once and fstat refuses it.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as file:
+            _refuse_special(os.fstat(file.fileno()).st_mode, source)
+            if os.fstat(file.fileno()).st_size > MAX_INPUT_BYTES:
+                raise _too_big(source)
+            data = file.read(MAX_INPUT_BYTES + 1)  # the size can grow while reading: read one byte past the limit
+        if len(data) > MAX_INPUT_BYTES:
+            raise _too_big(source)
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise SpecError(source, "", "file not found", fixes=("check the path",)) from None
     except OSError as err:
-        raise SpecError(source, "", f"cannot read file ({err.strerror})") from None
+        raise SpecError(source, "", f"cannot read file ({err.strerror or err})") from None
     except UnicodeDecodeError as err:
         raise SpecError(
             source,
@@ -43,15 +93,41 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+class _RepeatedKey(yaml.constructor.ConstructorError):
+    """A mapping of a YAML file gives ``key`` twice."""
+
+    def __init__(self, key: Any, mark: Any):
+        super().__init__(None, None, f"key {abbreviate(key)} given twice in one mapping", mark)
+        self.key = key
+
+
 def _refuse_repeated_keys(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool) -> None:
     seen: set[Any] = set()
     for key_node, _value in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if isinstance(key, str | int | float | bool) and key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
-            )
+            raise _RepeatedKey(key, key_node.start_mark)
         seen.add(key)
+
+
+def _yaml_key_path(text: str, mark: Any) -> str:
+    """Key path of the key node that starts at ``mark`` in the YAML ``text`` ("" where it is not found)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return ""
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:  # iterative, as the document may be deep
+        node, where = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                path = f"{where}.{key_node.value}" if where else str(key_node.value)
+                if key_node.start_mark.index == mark.index:
+                    return path
+                stack.append((value_node, path))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(node.value))
+    return ""
 
 
 if hasattr(yaml, "CSafeLoader"):
@@ -79,12 +155,92 @@ def load_yaml(path: str | Path) -> tuple[Any, str]:
         except yaml.YAMLError:
             # libyaml words syntax errors differently: the pure-Python parser gives the message users see.
             data = yaml.load(text, Loader=_LOADERS[-1])
+    except _RepeatedKey as err:
+        mark = err.problem_mark
+        path = _yaml_key_path(text, mark) or f"line {mark.line + 1}"
+        raise SpecError(
+            source, path, f"key given twice in one mapping (line {mark.line + 1})", fixes=("keep one of them",)
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(err, "problem", None) or "invalid YAML"
         raise SpecError(source, "", f"malformed YAML at {where}{problem}", fixes=("fix the YAML syntax",)) from None
+    except ValueError as err:
+        # An integer of more than 4,300 digits (Python's int() refuses it), or a date out of range.
+        raise SpecError(source, "", f"malformed YAML: {_value_problem(err)}", fixes=("fix the value",)) from None
+    except RecursionError:
+        # PyYAML parses and builds nested collections recursively: a few hundred levels exhaust Python's stack.
+        raise _too_deep(source, "YAML") from None
     return data, source
+
+
+def _value_problem(err: ValueError) -> str:
+    """What a ValueError raised while parsing says, in the user's terms."""
+    if "integer string conversion" in str(err):
+        return "a number has more than 4,300 digits"
+    return abbreviate(str(err), 100).strip("'")
+
+
+def _too_deep(source: str, what: str) -> SpecError:
+    return SpecError(
+        source, "", f"{what} nested too deeply to read", fixes=("an input file nests a few levels, not hundreds",)
+    )
+
+
+class _RepeatedKeys(dict):
+    """A JSON object that had a key twice: the first such key is kept, for the error to name its path."""
+
+    repeated: str
+
+
+def _repeated_key_path(value: Any) -> str | None:
+    """Key path of the first key given twice in one object of ``value`` (a parsed JSON document), if any."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:  # iterative: the document may be deep
+        node, where = stack.pop()
+        if isinstance(node, _RepeatedKeys):
+            return f"{where}.{node.repeated}" if where else node.repeated
+        if isinstance(node, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(node))))
+    return None
+
+
+def load_json(path: str | Path, source: str) -> Any:
+    """Read a JSON file (with :func:`read_text`'s checks); a syntax error, nesting too deep to read or a key given
+    twice in one object (plain ``json`` keeps the last) is a one-line :class:`SpecError` naming ``source``."""
+    text = read_text(path, source)
+    repeats: list[bool] = []
+
+    def object_of(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) == len(pairs):
+            return obj
+        marked = _RepeatedKeys(obj)
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                marked.repeated = key
+                break
+            seen.add(key)
+        repeats.append(True)
+        return marked
+
+    try:
+        data = json.loads(text, object_pairs_hook=object_of)
+    except json.JSONDecodeError as err:
+        raise SpecError(source, "", f"malformed JSON at line {err.lineno}: {err.msg}") from None
+    except ValueError as err:  # an integer of more than 4,300 digits (Python's int() refuses it)
+        raise SpecError(source, "", f"malformed JSON: {_value_problem(err)}", fixes=("fix the value",)) from None
+    except RecursionError:
+        raise _too_deep(source, "JSON") from None
+    if repeats:  # walked only then: the walk costs seconds for a plan of 200,000 shards
+        raise SpecError(
+            source, _repeated_key_path(data) or "", "key given twice in one object", fixes=("keep one of them",)
+        )
+    return data
 
 
 class Fields:
@@ -109,8 +265,11 @@ class Fields:
     def has(self, key: str) -> bool:
         return key in self.data
 
-    def take(self, key: str, kind: Quantity | None = None, default: Any = _MISSING) -> Any:
-        """Read ``key``; with ``kind``, parse units. Without a default the key is required."""
+    def take(
+        self, key: str, kind: Quantity | None = None, default: Any = _MISSING, maximum: float | None = None
+    ) -> Any:
+        """Read ``key``; with ``kind``, parse units and check the value is at most ``maximum`` (default: the kind's
+        backstop, :data:`~persia_planner.limits.MAX_OF_KIND`). Without a default the key is required."""
         self._seen.add(key)
         if key not in self.data or self.data[key] is None:
             if default is _MISSING:
@@ -120,20 +279,30 @@ class Fields:
         if kind is None:
             return value
         try:
-            return parse(value, kind)
+            number = parse(value, kind)
         except UnitError as err:
             raise self.error(key, str(err)) from None
+        ceiling = MAX_OF_KIND[kind] if maximum is None else maximum
+        if number > ceiling:
+            shown = f"{ceiling:,}" if isinstance(ceiling, int) else f"{ceiling:g}"
+            shown += _CEILING_UNITS.get(kind, "")
+            if kind is Quantity.SIZE:
+                shown += f" ({format_bytes(ceiling)})"
+            raise self.error(key, f"must be <= {shown}, got {abbreviate(value, 40)}", fixes=(f"use at most {shown}",))
+        return number
 
     def take_str(self, key: str, default: Any = _MISSING) -> Any:
         value = self.take(key, default=default)
         if value is not default and not isinstance(value, str):
-            raise self.error(key, f"expected a string, got {value!r}")
+            raise self.error(key, f"expected a string, got {abbreviate(value)}")
         return value
 
     def take_bool(self, key: str, default: Any = _MISSING) -> Any:
         value = self.take(key, default=default)
         if value is not default and not isinstance(value, bool):
-            raise self.error(key, f"expected true or false, got {value!r}", fixes=(f"write {key}: true or false",))
+            raise self.error(
+                key, f"expected true or false, got {abbreviate(value)}", fixes=(f"write {key}: true or false",)
+            )
         return value
 
     def take_enum(self, key: str, enum_type: type[E], default: Any = _MISSING) -> E:
@@ -141,23 +310,34 @@ class Fields:
         if isinstance(value, enum_type) or (value is default and default is not _MISSING):
             return value
         try:
-            return enum_type(str(value).lower())
+            if not isinstance(value, str):  # str() of a huge list or mapping would cost more than it could match
+                raise ValueError(value)
+            return enum_type(value.lower())
         except ValueError:
             allowed = " | ".join(member.value for member in enum_type)
-            raise self.error(key, f"unknown value {value!r}", fixes=(f"use one of {allowed}",)) from None
+            raise self.error(key, f"unknown value {abbreviate(value)}", fixes=(f"use one of {allowed}",)) from None
 
-    def take_positive(self, key: str, kind: Quantity, default: Any = _MISSING) -> Any:
-        value = self.take(key, kind, default)
+    def take_positive(self, key: str, kind: Quantity, default: Any = _MISSING, maximum: float | None = None) -> Any:
+        """``take`` a value that must be > 0 (and at most ``maximum``)."""
+        value = self.take(key, kind, default, maximum)
         if value is not default and value <= 0:
-            raise self.error(key, f"must be > 0, got {self.data[key]!r}")
+            raise self.error(key, f"must be > 0, got {abbreviate(self.data[key])}")
         return value
 
-    def take_list(self, key: str, default: Any = _MISSING) -> Iterator[tuple[int, Fields]]:
+    def take_list(
+        self, key: str, default: Any = _MISSING, max_items: int | None = None
+    ) -> Iterator[tuple[int, Fields]]:
+        """Read the list of mappings at ``key``, each as :class:`Fields`; a list of more than ``max_items`` is
+        refused before any item is read."""
         value = self.take(key, default=default)
         if value is default:
             return iter(())
         if not isinstance(value, list):
             raise self.error(key, f"expected a list, got {type(value).__name__}")
+        if max_items is not None and len(value) > max_items:
+            raise self.error(
+                key, f"has {len(value):,} items, more than {max_items:,}", fixes=(f"give at most {max_items:,}",)
+            )
         return _indexed(value, self.source, self.key_path(key))
 
     def sub(self, key: str, default: Any = _MISSING) -> Fields | None:
@@ -170,7 +350,7 @@ class Fields:
         unknown = [k for k in self.data if k not in self._seen]
         if not unknown:
             return
-        key = str(unknown[0])
+        key = abbreviate(unknown[0], 60) if not isinstance(unknown[0], str) else unknown[0]
         close = difflib.get_close_matches(key, sorted(self._seen), n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(self._seen))}"
         raise self.error(key, "unknown key", fixes=(hint,))

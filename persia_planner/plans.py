@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from persia_planner.cost import CostModel, Estimate
-from persia_planner.errors import ErrorKind, PlannerError, SpecError
-from persia_planner.fields import Fields, read_text
+from persia_planner.errors import ErrorKind, PlannerError, SpecError, abbreviate
+from persia_planner.fields import Fields, load_json
+from persia_planner.limits import MAX_OF_KIND, MAX_SHARDS_PER_TABLE
 from persia_planner.memory import PS_MAX_ROWS, ps_servers_needed
 from persia_planner.placement import Mode, Shard, Sharding, TablePlacement, Tier
 from persia_planner.specs import ModelSpec
@@ -33,6 +36,10 @@ __all__ = [
 ]
 
 FORMAT = "persia-plan/1"
+MAX_TABLE_PROBLEMS = 5
+"""Problems :func:`validate` lists for one table: a plan of 200,000 bad shards is answered in a few lines."""
+MAX_PROBLEMS = 50
+"""Problems :func:`validate` lists in all, before it stops looking."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +115,26 @@ class Plan:
         return _dumps(self.to_dict(), indent)
 
     def save(self, path: str | Path) -> None:
-        """Write plan.json atomically (a crash never leaves a half-written plan)."""
-        path = Path(path)
+        """Write plan.json atomically (a crash never leaves a half-written plan).
+
+        A symbolic link is written through: the new plan replaces the file it points to (renamed into place next to
+        that file), not the link itself.
+
+        Raises:
+            PlannerError: ``path`` exists and is not a regular file (a directory, a device, a FIFO, a socket):
+                renaming over it would replace it, and as root that could be a device node.
+            OSError: The file cannot be written.
+        """
+        path = Path(os.path.realpath(path))
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise PlannerError(
+                f"cannot write the plan to '{path}': it exists and is not a regular file",
+                fixes=("give the path of a new or regular file, e.g. plan.json",),
+            )
         tmp = path.with_name(f".{path.name}.tmp")
         try:
             tmp.write_text(self.to_json() + "\n")
@@ -211,7 +236,7 @@ def _placement_from_fields(table: Fields) -> TablePlacement:
     sharding = table.take_enum("sharding", Sharding)
     mode = table.take_enum("mode", Mode, default=None)
     shards = []
-    for _, item in table.take_list("shards"):
+    for _, item in table.take_list("shards", max_items=MAX_SHARDS_PER_TABLE):
         shards.append(
             Shard(
                 device=item.take_str("device"),
@@ -238,22 +263,20 @@ def _placement_from_fields(table: Fields) -> TablePlacement:
 
 def _pair(item: Fields, key: str) -> tuple[int, int]:
     value = item.take(key)
-    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value)):
-        raise item.error(key, f"expected [start, end] of two non-negative integers, got {value!r}")
+    top = MAX_OF_KIND[Quantity.COUNT]  # the runtime keeps row and bucket numbers in int64
+    if not (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= top for v in value)
+    ):
+        raise item.error(key, f"expected [start, end] of two integers in [0, 2**63), got {abbreviate(value)}")
     return int(value[0]), int(value[1])
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read a plan.json file."""
     source = Path(path).name
-    text = read_text(path, source)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SpecError(source, "", f"malformed JSON at line {err.lineno}: {err.msg}") from None
-    except RecursionError:
-        raise SpecError(source, "", "JSON nested too deeply to be a plan") from None
-    return Plan.from_dict(data, source)
+    return Plan.from_dict(load_json(path, source), source)
 
 
 def usage_of(
@@ -319,7 +342,8 @@ def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
     minus the reservation, with every shard charged what its runtime allocates (``Shard.storage``).
 
     Returns:
-        Problems found, one line each; empty when the plan is valid.
+        Problems found, one line each (at most :data:`MAX_TABLE_PROBLEMS` per table and :data:`MAX_PROBLEMS` in
+        all, then a line saying it stopped); empty when the plan is valid.
     """
     problems: list[str] = []
     cost = CostModel(model, topology)
@@ -333,7 +357,9 @@ def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
             problems.append(f"table {table.name!r} is not placed")
             continue
         table_problems = _check_table(table, placement, topology, cost)
-        problems.extend(f"table {table.name!r}: {p}" for p in table_problems)
+        problems.extend(f"table {table.name!r}: {p}" for p in table_problems[:MAX_TABLE_PROBLEMS])
+        if len(problems) >= MAX_PROBLEMS:
+            return [*problems[:MAX_PROBLEMS], f"stopped after {MAX_PROBLEMS} problems"]
         if not table_problems:
             mem += cost.placement_loads(table, placement)[1]
     caps = cost.capacities()
@@ -382,6 +408,8 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
         if shard.rows is not None and shard.hash is not None:
             # Its size would be read from `rows` (a range shard's), while the servers hold a hash bucket's share.
             problems.append(f"shard {i} has both 'rows' and 'hash' (a range shard gives rows, a ps_hash shard hash)")
+        if len(problems) >= MAX_TABLE_PROBLEMS:
+            return problems  # a plan of thousands of bad shards: the first few say what is wrong
     if problems:
         return problems
     if s is Sharding.PS_HASH:
@@ -414,8 +442,11 @@ def _check_hash(table, placement: TablePlacement) -> list[str]:
     problems = _cols_tile(table, list(by_cols))
     for cols, buckets in by_cols.items():
         n = {b[1] for b in buckets}
-        if len(n) != 1 or sorted(b[0] for b in buckets) != list(range(next(iter(n)))):
-            problems.append(f"cols {list(cols)}: hash buckets {sorted(buckets)} are not each of 0..n-1 once")
+        # The count first: `buckets` may claim 10**18 of them, which range() must not be listed for.
+        if len(n) != 1 or next(iter(n)) != len(buckets) or sorted(b[0] for b in buckets) != list(range(len(buckets))):
+            problems.append(
+                f"cols {list(cols)}: hash buckets {abbreviate(sorted(buckets))} are not each of 0..n-1 once"
+            )
     return problems
 
 
@@ -438,9 +469,11 @@ def _cols_tile(table, ranges: list[tuple[int, int]]) -> list[str]:
     edge = 0
     for a, b in ranges:
         if a != edge:
-            return [f"column ranges {ranges} do not tile [0, {table.dim}) exactly once"]
+            return [f"column ranges {abbreviate(ranges)} do not tile [0, {table.dim}) exactly once"]
         edge = b
-    return [] if edge == table.dim else [f"column ranges {ranges} do not tile [0, {table.dim}) exactly once"]
+    return (
+        [] if edge == table.dim else [f"column ranges {abbreviate(ranges)} do not tile [0, {table.dim}) exactly once"]
+    )
 
 
 def _check_tiling(table, placement: TablePlacement) -> list[str]:
@@ -479,7 +512,7 @@ def _check_shape(table, placement: TablePlacement, topology: Topology) -> list[s
     if s in (Sharding.ROW_WISE, Sharding.TABLE_ROW_WISE) and not full_cols:
         problems.append(f"{s.value} shards must hold every column")
     if s in (Sharding.TABLE_ROW_WISE, Sharding.TABLE_COLUMN_WISE) and len(hosts) != 1:
-        problems.append(f"{s.value} shards must stay on one host, found {sorted(hosts)}")
+        problems.append(f"{s.value} shards must stay on one host, found {abbreviate(sorted(hosts))}")
     return problems
 
 

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import enum
 import itertools
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from persia_planner.errors import SpecError
+from persia_planner.errors import SpecError, abbreviate
 from persia_planner.fields import Fields, load_yaml
+from persia_planner.limits import (
+    MAX_BATCH_SIZE,
+    MAX_DENSE_FLOPS_PER_SAMPLE,
+    MAX_DENSE_PARAMETERS,
+    MAX_DIM,
+    MAX_POOLING_FACTOR,
+    MAX_ROWS,
+    MAX_STALENESS,
+    MAX_TABLE_COUNT,
+    MAX_TABLES,
+    MAX_ZIPF_ALPHA,
+)
 from persia_planner.units import Quantity
 
 __all__ = ["DType", "DenseSpec", "ModelSpec", "Optimizer", "TableSpec", "load_model"]
@@ -208,12 +221,12 @@ class ModelSpec:
         """Build from parsed model.yaml content; errors name ``source`` and the key path."""
         top = Fields(data, source, "")
         name = top.take_str("name", default="model")
-        batch_size = top.take_positive("batch_size", Quantity.COUNT)
+        batch_size = top.take_positive("batch_size", Quantity.COUNT, maximum=MAX_BATCH_SIZE)
         dtype = top.take_enum("embedding_dtype", DType, default=DType.FP32)
-        staleness = top.take("staleness", Quantity.COUNT, default=DEFAULT_STALENESS)
+        staleness = top.take("staleness", Quantity.COUNT, default=DEFAULT_STALENESS, maximum=MAX_STALENESS)
         tables: list[TableSpec] = []
         seen: dict[str, str] = {}
-        for _, item in top.take_list("tables"):
+        for _, item in top.take_list("tables", max_items=MAX_TABLES):
             for table in _read_tables(item):
                 if table.name in seen:
                     raise item.error(
@@ -221,14 +234,22 @@ class ModelSpec:
                     )
                 seen[table.name] = item.path
                 tables.append(table)
+            if len(tables) > MAX_TABLES:  # every table is held, and searched over, in memory
+                raise top.error(
+                    "tables",
+                    f"the model has over {MAX_TABLES:,} tables (by {item.path})",
+                    fixes=("check the tables' counts",),
+                )
         if not tables:
             raise top.error("tables", "the model has no tables", fixes=("add at least one table",))
         dense_fields = top.sub("dense", default=None)
         dense = DenseSpec()
         if dense_fields is not None:
             dense = DenseSpec(
-                parameters=dense_fields.take("parameters", Quantity.COUNT, default=0),
-                flops_per_sample=dense_fields.take("flops_per_sample", Quantity.NUMBER, default=0.0),
+                parameters=dense_fields.take("parameters", Quantity.COUNT, default=0, maximum=MAX_DENSE_PARAMETERS),
+                flops_per_sample=dense_fields.take(
+                    "flops_per_sample", Quantity.NUMBER, default=0.0, maximum=MAX_DENSE_FLOPS_PER_SAMPLE
+                ),
             )
             dense_fields.finish()
         top.finish()
@@ -277,23 +298,30 @@ class ModelSpec:
         return cls(name, int(batch_size), tuple(specs), dense or DenseSpec(), dtype)
 
 
-MAX_TABLE_COUNT = 1_000_000  # of one table entry's `count:` copies
+TABLE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}"
+"""What a table name may be: it becomes a file name in checkpoints (``persia train --checkpoint``), so letters,
+digits, ``_``, ``-`` and ``.``, not starting with ``.`` (a hidden file, or ``..``), at most 200 characters (file
+systems allow 255 bytes, and the checkpoint adds a suffix)."""
+_TABLE_NAME = re.compile(TABLE_NAME_PATTERN)
+_TABLE_NAME_FIX = (
+    f"name it to match {TABLE_NAME_PATTERN} (letters, digits, '_', '-', '.'; no leading '.'; at most 200 characters)"
+)
 
 
 def _read_tables(item: Fields) -> Iterable[TableSpec]:
     name = item.take_str("name")
-    rows = item.take_positive("rows", Quantity.COUNT)
-    dim = item.take_positive("dim", Quantity.COUNT)
-    pooling = item.take("pooling_factor", Quantity.NUMBER, default=1.0)
+    rows = item.take_positive("rows", Quantity.COUNT, maximum=MAX_ROWS)
+    dim = item.take_positive("dim", Quantity.COUNT, maximum=MAX_DIM)
+    pooling = item.take("pooling_factor", Quantity.NUMBER, default=1.0, maximum=MAX_POOLING_FACTOR)
     optimizer = item.take_enum("optimizer", Optimizer, default=Optimizer.ROWWISE_ADAGRAD)
-    alpha = item.take("zipf_alpha", Quantity.NUMBER, default=0.0)
-    count = item.take_positive("count", Quantity.COUNT, default=1)
+    alpha = item.take("zipf_alpha", Quantity.NUMBER, default=0.0, maximum=MAX_ZIPF_ALPHA)
+    count = item.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_TABLE_COUNT)
     item.finish()
     if not name:
-        raise item.error("name", "table name is empty")
-    if count > MAX_TABLE_COUNT:  # each copy is a table of its own: a billion of them would not fit in memory
+        raise item.error("name", "table name is empty", fixes=(_TABLE_NAME_FIX,))
+    if not _TABLE_NAME.fullmatch(name):
         raise item.error(
-            "count", f"at most {MAX_TABLE_COUNT:,} copies of a table, got {count:,}", fixes=("check the count",)
+            "name", f"table name {abbreviate(name, 60)} cannot be a checkpoint file name", fixes=(_TABLE_NAME_FIX,)
         )
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
     return [TableSpec(n, rows, dim, pooling, optimizer, alpha) for n in names]

@@ -15,6 +15,7 @@ from persia_planner.constants import CostConstants
 from persia_planner.devices import DeviceKind, Gpu, Host, NodeKind, Role
 from persia_planner.errors import SpecError
 from persia_planner.fields import Fields, load_yaml
+from persia_planner.limits import MAX_BANDWIDTH, MAX_LATENCY_S
 from persia_planner.topology_files import SWITCH, graph_from_hosts, graph_from_nodes, read_constants
 from persia_planner.units import Quantity
 
@@ -148,8 +149,8 @@ class Topology:
         net = top.sub("network", default=None)
         switch_bw, latency = math.inf, DEFAULT_LATENCY_S
         if net is not None:
-            switch_bw = net.take_positive("bandwidth", Quantity.BANDWIDTH, default=math.inf)
-            latency = net.take("latency", Quantity.DURATION, default=DEFAULT_LATENCY_S)
+            switch_bw = net.take_positive("bandwidth", Quantity.BANDWIDTH, default=math.inf, maximum=MAX_BANDWIDTH)
+            latency = net.take("latency", Quantity.DURATION, default=DEFAULT_LATENCY_S, maximum=MAX_LATENCY_S)
             net.finish()
         if top.has("nodes"):
             graph = graph_from_nodes(top)

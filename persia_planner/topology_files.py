@@ -14,16 +14,24 @@ from persia_planner.constants import CostConstants
 from persia_planner.devices import DeviceKind, Gpu, Host, NodeKind, Role
 from persia_planner.errors import SpecError
 from persia_planner.fields import Fields
+from persia_planner.limits import (
+    MAX_BANDWIDTH,
+    MAX_GPUS_PER_HOST,
+    MAX_HOST_COUNT,
+    MAX_LATENCY_S,
+    MAX_MEMORY_BYTES,
+    MAX_TFLOPS,
+    MAX_TOPOLOGY_LINKS,
+    MAX_TOPOLOGY_NODES,
+)
 from persia_planner.units import Quantity, UnitError, parse
 
 if TYPE_CHECKING:
     from persia_planner.profile import HardwareProfile
 
-__all__ = ["MAX_GPUS_PER_HOST", "MAX_HOST_COUNT", "SWITCH", "graph_from_hosts", "graph_from_nodes", "read_constants"]
+__all__ = ["SWITCH", "graph_from_hosts", "graph_from_nodes", "read_constants"]
 
 SWITCH = "switch"
-MAX_HOST_COUNT = 100_000  # hosts of one `hosts:` entry
-MAX_GPUS_PER_HOST = 1024
 
 
 def read_constants(top: Fields, fitted: Mapping[str, Any] | None = None) -> CostConstants:
@@ -86,14 +94,11 @@ def graph_from_hosts(
     its CPU devices; ``constants`` convert them to the cost model's bandwidth terms."""
     graph = nx.Graph()
     graph.add_node(SWITCH, kind=NodeKind.SWITCH, bandwidth=switch_bw)
+    nodes = links = 0  # of the graph so far, to refuse one too large to build before building it
     for _, item in top.take_list("hosts"):
         base = item.take_str("name")
-        count = item.take_positive("count", Quantity.COUNT, default=1)
-        if count > MAX_HOST_COUNT:  # every host is a graph node: a wrong count would hang rather than fail
-            raise item.error(
-                "count", f"at most {MAX_HOST_COUNT:,} hosts per entry, got {count:,}", fixes=("check the count",)
-            )
-        ddr = item.take_positive("ddr", Quantity.SIZE)
+        count = item.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_HOST_COUNT)
+        ddr = item.take_positive("ddr", Quantity.SIZE, maximum=MAX_MEMORY_BYTES)
         profile = _read_profile(item, base_dir)
         gpus = item.sub("gpus", default=None)
         cpus = item.sub("cpus", default=None)
@@ -119,6 +124,16 @@ def graph_from_hosts(
         if role is Role.TRAINER and devices is None:
             raise item.error(
                 "gpus", "a trainer host needs 'gpus:' or 'cpus:'", fixes=("add 'gpus:' or 'cpus:', or set role",)
+            )
+        per_host = devices.count if devices is not None else 0
+        nodes += count * (1 + per_host)
+        links += count * (1 + per_host + per_host * (per_host - 1) // 2)  # NIC, PCIe, and every pair of devices
+        if nodes > MAX_TOPOLOGY_NODES or links > MAX_TOPOLOGY_LINKS:
+            raise item.error(
+                "count",
+                f"the topology would have {nodes:,} hosts and devices and {links:,} links, over the "
+                f"{MAX_TOPOLOGY_NODES:,} and {MAX_TOPOLOGY_LINKS:,} a topology may have",
+                fixes=("check the counts of hosts and devices",),
             )
         for index in range(count):
             host_name = f"{base}{index}"
@@ -175,7 +190,8 @@ def _read_profile(item: Fields, base_dir: Path | None) -> HardwareProfile | None
 
 def _rate(fields: Fields, key: str, measured: Mapping[str, float], kind: Quantity = Quantity.BANDWIDTH) -> float:
     """``key`` as given, else the host profile's figure; one of them is required."""
-    value = fields.take_positive(key, kind, default=measured.get(key))
+    maximum = MAX_BANDWIDTH if kind is Quantity.BANDWIDTH else MAX_TFLOPS
+    value = fields.take_positive(key, kind, default=measured.get(key), maximum=maximum)
     if value is None:
         raise fields.error(
             key,
@@ -186,16 +202,12 @@ def _rate(fields: Fields, key: str, measured: Mapping[str, float], kind: Quantit
 
 
 def _read_gpu_fields(gpus: Fields) -> _Devices:
-    n_gpus = gpus.take_positive("count", Quantity.COUNT, default=1)
-    if n_gpus > MAX_GPUS_PER_HOST:  # a host's GPUs are all linked pairwise (NVLink edges): n^2 of them
-        raise gpus.error(
-            "count", f"at most {MAX_GPUS_PER_HOST} GPUs per host, got {n_gpus:,}", fixes=("check the count",)
-        )
-    hbm = gpus.take_positive("hbm", Quantity.SIZE)
-    hbm_bw = gpus.take_positive("hbm_bandwidth", Quantity.BANDWIDTH)
-    tflops = gpus.take_positive("tflops", Quantity.NUMBER)
-    pcie_bw = gpus.take_positive("pcie_bandwidth", Quantity.BANDWIDTH)
-    nvlink_bw = gpus.take_positive("nvlink_bandwidth", Quantity.BANDWIDTH, default=pcie_bw)
+    n_gpus = gpus.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_GPUS_PER_HOST)
+    hbm = gpus.take_positive("hbm", Quantity.SIZE, maximum=MAX_MEMORY_BYTES)
+    hbm_bw = gpus.take_positive("hbm_bandwidth", Quantity.BANDWIDTH, maximum=MAX_BANDWIDTH)
+    tflops = gpus.take_positive("tflops", Quantity.NUMBER, maximum=MAX_TFLOPS)
+    pcie_bw = gpus.take_positive("pcie_bandwidth", Quantity.BANDWIDTH, maximum=MAX_BANDWIDTH)
+    nvlink_bw = gpus.take_positive("nvlink_bandwidth", Quantity.BANDWIDTH, default=pcie_bw, maximum=MAX_BANDWIDTH)
     gpus.finish()
     return _Devices(DeviceKind.GPU, n_gpus, hbm, hbm_bw, tflops * 1e12, pcie_bw, nvlink_bw)
 
@@ -204,14 +216,14 @@ def _read_cpu_fields(
     cpus: Fields, ddr_bw: float, profile: HardwareProfile | None, constants: CostConstants
 ) -> _Devices:
     """CPU trainer processes: their memory budget, and rates that default to the host's profile."""
-    count = cpus.take_positive("count", Quantity.COUNT, default=1)
-    if count > MAX_GPUS_PER_HOST:
-        raise cpus.error("count", f"at most {MAX_GPUS_PER_HOST} devices per host, got {count:,}")
-    memory = cpus.take_positive("memory", Quantity.SIZE)
+    count = cpus.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_GPUS_PER_HOST)
+    memory = cpus.take_positive("memory", Quantity.SIZE, maximum=MAX_MEMORY_BYTES)
     measured = profile.device_figures(constants) if profile is not None else {}
     bandwidth = _rate(cpus, "bandwidth", measured)
     tflops = _rate(cpus, "tflops", measured, Quantity.NUMBER)
-    link = cpus.take_positive("link_bandwidth", Quantity.BANDWIDTH, default=measured.get("link_bandwidth", ddr_bw))
+    link = cpus.take_positive(
+        "link_bandwidth", Quantity.BANDWIDTH, default=measured.get("link_bandwidth", ddr_bw), maximum=MAX_BANDWIDTH
+    )
     cpus.finish()
     return _Devices(DeviceKind.CPU, count, memory, bandwidth, tflops * 1e12, ddr_bw, link)
 
@@ -246,19 +258,22 @@ def graph_from_nodes(top: Fields) -> nx.Graph:
         if kind is NodeKind.GPU:
             raw[name] = {
                 "kind": kind,
-                "hbm": item.take_positive("hbm", Quantity.SIZE),
-                "hbm_bandwidth": item.take_positive("hbm_bandwidth", Quantity.BANDWIDTH),
-                "tflops": item.take_positive("tflops", Quantity.NUMBER) * 1e12,
+                "hbm": item.take_positive("hbm", Quantity.SIZE, maximum=MAX_MEMORY_BYTES),
+                "hbm_bandwidth": item.take_positive("hbm_bandwidth", Quantity.BANDWIDTH, maximum=MAX_BANDWIDTH),
+                "tflops": item.take_positive("tflops", Quantity.NUMBER, maximum=MAX_TFLOPS) * 1e12,
             }
         elif kind is NodeKind.HOST:
             raw[name] = {
                 "kind": kind,
                 "role": item.take_enum("role", Role, default=Role.TRAINER),
-                "ddr": item.take_positive("ddr", Quantity.SIZE),
-                "ddr_bandwidth": item.take_positive("ddr_bandwidth", Quantity.BANDWIDTH),
+                "ddr": item.take_positive("ddr", Quantity.SIZE, maximum=MAX_MEMORY_BYTES),
+                "ddr_bandwidth": item.take_positive("ddr_bandwidth", Quantity.BANDWIDTH, maximum=MAX_BANDWIDTH),
             }
         else:
-            raw[name] = {"kind": kind, "bandwidth": item.take_positive("bandwidth", Quantity.BANDWIDTH, math.inf)}
+            raw[name] = {
+                "kind": kind,
+                "bandwidth": item.take_positive("bandwidth", Quantity.BANDWIDTH, math.inf, maximum=MAX_BANDWIDTH),
+            }
         item.finish()
         graph.add_node(name, kind=kind)
     seen_links: dict[frozenset[str], str] = {}
@@ -269,8 +284,8 @@ def graph_from_nodes(top: Fields) -> nx.Graph:
             if end not in raw:
                 raise item.error(key, f"unknown node {end!r}", fixes=("declare it under 'nodes:'",))
             ends.append(end)
-        bandwidth = item.take_positive("bandwidth", Quantity.BANDWIDTH)
-        latency = item.take("latency", Quantity.DURATION, default=0.0)
+        bandwidth = item.take_positive("bandwidth", Quantity.BANDWIDTH, maximum=MAX_BANDWIDTH)
+        latency = item.take("latency", Quantity.DURATION, default=0.0, maximum=MAX_LATENCY_S)
         item.finish()
         if ends[0] == ends[1]:
             raise SpecError(

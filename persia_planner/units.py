@@ -15,6 +15,8 @@ import math
 import re
 from decimal import Decimal
 
+from persia_planner.errors import abbreviate
+
 __all__ = ["Quantity", "UnitError", "format_bytes", "format_rate", "parse"]
 
 
@@ -75,7 +77,7 @@ def _byte_unit(key: str) -> str:
 def _split(value: str, kind: Quantity) -> tuple[Decimal, str]:
     match = _QUANTITY_RE.match(value)
     if not match:
-        raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
+        raise UnitError(f"{abbreviate(value)} is not {_EXAMPLES[kind]}")
     return Decimal(match.group(1).replace("_", "")), match.group(2)
 
 
@@ -87,7 +89,9 @@ def _scale(value: str, kind: Quantity) -> Decimal:
             return number
         if key in _SIZE_UNITS:
             if unit.endswith("b"):
-                raise UnitError(f"{value!r} is in bits (lower-case 'b'); a size is bytes: write {_byte_unit(key)!r}")
+                raise UnitError(
+                    f"{abbreviate(value)} is in bits (lower-case 'b'); a size is bytes: write {_byte_unit(key)!r}"
+                )
             return number * _SIZE_UNITS[key]
     elif kind is Quantity.BANDWIDTH:
         # "Gb/s", "Gbps", "Gib/s": network people write bits with a lower-case b, whatever the prefix.
@@ -100,12 +104,12 @@ def _scale(value: str, kind: Quantity) -> Decimal:
             return number * _DURATION_UNITS[unit]
         if key in _DURATION_UNITS:  # "5Ms" read as 5 ms would hide a typo (or a mega-second)
             raise UnitError(
-                f"unit {unit!r} in {value!r} is not a duration unit: they are lower case (ns, us, ms, s); "
+                f"unit {unit!r} in {abbreviate(value)} is not a duration unit: they are lower case (ns, us, ms, s); "
                 f"did you mean {key!r}?"
             )
     elif unit == "":
         return number
-    raise UnitError(f"unknown unit {unit!r} in {value!r}; expected {_EXAMPLES[kind]}")
+    raise UnitError(f"unknown unit {unit!r} in {abbreviate(value)}; expected {_EXAMPLES[kind]}")
 
 
 def parse(value: object, kind: Quantity) -> float:
@@ -123,20 +127,24 @@ def parse(value: object, kind: Quantity) -> float:
         UnitError: The value is malformed, has an unknown unit, is negative, or is not whole where it must be.
     """
     if isinstance(value, bool) or value is None:
-        raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
+        raise UnitError(f"{abbreviate(value)} is not {_EXAMPLES[kind]}")
+    if type(value) is int and value >= 0 and kind in (Quantity.SIZE, Quantity.COUNT):
+        return value  # the common case, without Decimal: a plan.json of 200,000 shards reads a million of them
     with decimal.localcontext(_EXACT):
         if isinstance(value, int | float):
             number = Decimal(value)
         elif isinstance(value, str):
             number = _scale(value, kind)
         else:
-            raise UnitError(f"{value!r} is not {_EXAMPLES[kind]}")
+            raise UnitError(f"{abbreviate(value)} is not {_EXAMPLES[kind]}")
         # float() first: it is cheap even for "1e999999999", which int() would spend minutes expanding.
         if not number.is_finite() or number < 0 or not math.isfinite(float(number)):
-            raise UnitError(f"{value!r} must be a finite, non-negative {kind.value}")
+            raise UnitError(f"{abbreviate(value)} must be a finite, non-negative {kind.value}")
         if kind in (Quantity.SIZE, Quantity.COUNT):
             if number != number.to_integral_value():
-                raise UnitError(f"{value!r} is not a whole number of {'bytes' if kind is Quantity.SIZE else 'items'}")
+                raise UnitError(
+                    f"{abbreviate(value)} is not a whole number of {'bytes' if kind is Quantity.SIZE else 'items'}"
+                )
             return int(number)
     return float(number)
 

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from persia_planner import load_model, load_plan, load_topology, plan, validate
 from persia_planner.cli import app
+from persia_planner.errors import MAX_LINE_CHARS
 from persia_planner.paths import EXAMPLE_MODEL, EXAMPLE_TOPOLOGY, EXAMPLES
 from persia_planner.plans import Plan
 from persia_planner.report import explanations
@@ -394,10 +395,201 @@ BAD_INPUTS = [
         "plan_mode_mismatch.json: tables.c1_user.mode: 'async' does not match sharding 'table_wise'; "
         "fix: use mode: sync",
     ),
+    # model: ceilings, repeated keys, deep nesting, huge numbers, table names
+    (
+        _plan_model("model_alias_bomb.yaml"),
+        "model_alias_bomb.yaml: name: expected a string, got [[[[...], [...], [...], [...], [...], "
+        "[...], ...], [[...]....], ...], ...], ...]",
+    ),
+    (
+        _plan_model("model_batch_size_huge.yaml"),
+        "model_batch_size_huge.yaml: batch_size: must be <= 2,147,483,647, got '1e300'; fix: use at most 2,147,483,647",
+    ),
+    (
+        _plan_model("model_count_huge.yaml"),
+        "model_count_huge.yaml: tables[0].count: must be <= 1,000,000, got 2000000; fix: use at most 1,000,000",
+    ),
+    (
+        _plan_model("model_deep_nesting.yaml"),
+        f"{BAD / 'model_deep_nesting.yaml'}"
+        ": YAML nested too deeply to read; fix: an input file nests a few levels, not hundreds",
+    ),
+    (
+        _plan_model("model_dense_flops_huge.yaml"),
+        "model_dense_flops_huge.yaml: dense.flops_per_sample: must be <= 1e+15, got 1e+300; fix: use at most 1e+15",
+    ),
+    (
+        _plan_model("model_dense_parameters_huge.yaml"),
+        "model_dense_parameters_huge.yaml: dense.parameters: must be <= 17,592,186,044,416, got "
+        "'1e300'; fix: use at most 17,592,186,044,416",
+    ),
+    (
+        _plan_model("model_dim_huge.yaml"),
+        "model_dim_huge.yaml: tables[0].dim: must be <= 16,384, got 100000; fix: use at most 16,384",
+    ),
+    (
+        _plan_model("model_dtype_not_string.yaml"),
+        "model_dtype_not_string.yaml: embedding_dtype: unknown value {'fp': 16}; fix: use one of fp32 | fp16 | bf16",
+    ),
+    (
+        _plan_model("model_duplicate_key.yaml"),
+        f"{BAD / 'model_duplicate_key.yaml'}"
+        ": batch_size: key given twice in one mapping (line 5); fix: keep one of them",
+    ),
+    (
+        _plan_model("model_duplicate_table_key.yaml"),
+        f"{BAD / 'model_duplicate_table_key.yaml'}"
+        ": tables[0].rows: key given twice in one mapping (line 7); fix: keep one of them",
+    ),
+    (
+        _plan_model("model_pooling_factor_huge.yaml"),
+        "model_pooling_factor_huge.yaml: tables[0].pooling_factor: must be <= 100,000, got 1e+300; "
+        "fix: use at most 100,000",
+    ),
+    (
+        _plan_model("model_rows_5000_digits.yaml"),
+        f"{BAD / 'model_rows_5000_digits.yaml'}"
+        ": malformed YAML: a number has more than 4,300 digits; fix: fix the value",
+    ),
+    (
+        _plan_model("model_rows_huge.yaml"),
+        "model_rows_huge.yaml: tables[0].rows: must be <= 17,592,186,044,416, got '1e300'; fix: "
+        "use at most 17,592,186,044,416",
+    ),
+    (
+        _plan_model("model_rows_over_ceiling.yaml"),
+        "model_rows_over_ceiling.yaml: tables[0].rows: must be <= 17,592,186,044,416, got "
+        "17592186044417; fix: use at most 17,592,186,044,416",
+    ),
+    (
+        _plan_model("model_staleness_huge.yaml"),
+        "model_staleness_huge.yaml: staleness: must be <= 1,000, got '1e300'; fix: use at most 1,000",
+    ),
+    (
+        _plan_model("model_table_name_dotdot.yaml"),
+        "model_table_name_dotdot.yaml: tables[0].name: table name '..' cannot be a checkpoint file "
+        "name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, digits, '_', '-', "
+        "'.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_empty.yaml"),
+        "model_table_name_empty.yaml: tables[0].name: table name is empty; fix: name it to match "
+        "[A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, digits, '_', '-', '.'; no leading '.'; at "
+        "most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_leading_dot.yaml"),
+        "model_table_name_leading_dot.yaml: tables[0].name: table name '.user' cannot be a "
+        "checkpoint file name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, "
+        "digits, '_', '-', '.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_long.yaml"),
+        "model_table_name_long.yaml: tables[0].name: table name "
+        "'ttttttttttttttttttttttttttt...tttttttttttttttttttttttttttt' cannot be a checkpoint file "
+        "name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, digits, '_', '-', "
+        "'.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_nul.yaml"),
+        "model_table_name_nul.yaml: tables[0].name: table name 'user\\x00id' cannot be a checkpoint "
+        "file name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, digits, '_', "
+        "'-', '.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_table_name_slash.yaml"),
+        "model_table_name_slash.yaml: tables[0].name: table name 'users/by_id' cannot be a "
+        "checkpoint file name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, "
+        "digits, '_', '-', '.'; no leading '.'; at most 200 characters)",
+    ),
+    (
+        _plan_model("model_zipf_alpha_huge.yaml"),
+        "model_zipf_alpha_huge.yaml: tables[0].zipf_alpha: must be <= 10, got 1000; fix: use at most 10",
+    ),
+    # topology: ceilings, repeated keys, deep nesting, huge numbers, table names
+    (
+        _topology("topology_bandwidth_huge.yaml"),
+        "topology_bandwidth_huge.yaml: hosts[0].nic_bandwidth: must be <= 1e+15 B/s, got "
+        "'1e20GB/s'; fix: use at most 1e+15 B/s",
+    ),
+    (
+        _topology("topology_constant_huge.yaml"),
+        "topology_constant_huge.yaml: constants.shard_overhead_ms: must be <= 1e+18, got 1e+300; "
+        "fix: use at most 1e+18",
+    ),
+    (
+        _topology("topology_ddr_huge.yaml"),
+        "topology_ddr_huge.yaml: hosts[0].ddr: must be <= 1,152,921,504,606,846,976 bytes (1024.0 "
+        "PiB), got '1e300'; fix: use at most 1,152,921,504,606,846,976 bytes (1024.0 PiB)",
+    ),
+    (
+        _topology("topology_duplicate_key.yaml"),
+        f"{BAD / 'topology_duplicate_key.yaml'}"
+        ": hosts[0].ddr: key given twice in one mapping (line 5); fix: keep one of them",
+    ),
+    (
+        _topology("topology_hbm_huge.yaml"),
+        "topology_hbm_huge.yaml: hosts[0].gpus.hbm: must be <= 1,152,921,504,606,846,976 bytes "
+        "(1024.0 PiB), got '2048PiB'; fix: use at most 1,152,921,504,606,846,976 bytes (1024.0 PiB)",
+    ),
+    (
+        _topology("topology_host_count_huge.yaml"),
+        "topology_host_count_huge.yaml: hosts[0].count: must be <= 100,000, got '1e300'; fix: use at most 100,000",
+    ),
+    (
+        _topology("topology_latency_huge.yaml"),
+        "topology_latency_huge.yaml: network.latency: must be <= 10 s, got '1000000000s'; fix: use at most 10 s",
+    ),
+    (
+        _topology("topology_link_latency_huge.yaml"),
+        "topology_link_latency_huge.yaml: links[0].latency: must be <= 10 s, got '1000000000s'; fix: use at most 10 s",
+    ),
+    (
+        _topology("topology_tflops_huge.yaml"),
+        "topology_tflops_huge.yaml: hosts[0].gpus.tflops: must be <= 1e+06, got 1e+300; fix: use at most 1e+06",
+    ),
+    (
+        _topology("topology_too_many_devices.yaml"),
+        "topology_too_many_devices.yaml: hosts[0].count: the topology would have 102,500,000 hosts and devices and "
+        "52,480,100,000 links, over the 200,000 and 2,000,000 a topology may have; "
+        "fix: check the counts of hosts and devices",
+    ),
+    # plan: ceilings, repeated keys, deep nesting, huge numbers, table names
+    (
+        _validate("plan_bytes_huge.json"),
+        "plan_bytes_huge.json: tables.c1_user.shards[0].bytes: must be <= "
+        "9,223,372,036,854,775,807 bytes (8192.0 PiB), got 1e+300; fix: use at most "
+        "9,223,372,036,854,775,807 bytes (8192.0 PiB)",
+    ),
+    (
+        _validate("plan_deep_nesting.json"),
+        "plan_deep_nesting.json: JSON nested too deeply to read; fix: an input file nests a few levels, not hundreds",
+    ),
+    (
+        _validate("plan_duplicate_key.json"),
+        "plan_duplicate_key.json: tables.c1_user.shards[0].tier: key given twice in one object; fix: keep one of them",
+    ),
+    (
+        _validate("plan_duplicate_table.json"),
+        "plan_duplicate_table.json: tables.c1_user: key given twice in one object; fix: keep one of them",
+    ),
+    (
+        _validate("plan_int_5000_digits.json"),
+        "plan_int_5000_digits.json: malformed JSON: a number has more than 4,300 digits; fix: fix the value",
+    ),
+    (
+        _validate("plan_rows_huge.json"),
+        "plan_rows_huge.json: tables.c1_user.shards[0].rows: expected [start, end] of two integers "
+        "in [0, 2**63), got [0, 1000000000000000000000000000000]",
+    ),
+    (
+        _validate("plan_step_ms_huge.json"),
+        "plan_step_ms_huge.json: estimate.step_ms: must be <= 1e+18, got 1e+300; fix: use at most 1e+18",
+    ),
     # arguments and paths
     (("plan", "no_such_model.yaml", TOPOLOGY), "no_such_model.yaml: file not found; fix: check the path"),
     (("validate", MODEL, TOPOLOGY, "no_such_plan.json"), "no_such_plan.json: file not found; fix: check the path"),
-    (("topology", BAD), f"{BAD}: cannot read file (Is a directory)"),
+    (("topology", BAD), f"{BAD}: is a directory, not a regular file; fix: give the path of a regular file"),
     (
         ("plan", MODEL),
         "give both MODEL and TOPOLOGY, or neither to plan the bundled example; "
@@ -412,6 +604,15 @@ BAD_INPUTS = [
     (
         ("plan", "--seed", "-1"),
         "Invalid value for '--seed': Input should be greater than or equal to 0 (see 'persia plan --help')",
+    ),
+    (
+        ("train", "--staleness", 10**30),
+        "Invalid value for '--staleness': Input should be less than or equal to 1000 (see 'persia train --help')",
+    ),
+    (
+        ("train", "--batch-size", 2**31),
+        "Invalid value for '--batch-size': Input should be less than or equal to 2147483647 "
+        "(see 'persia train --help')",
     ),
     (
         ("plan", "--out", BAD / "no_such_dir" / "plan.json"),
@@ -436,7 +637,7 @@ def test_bad_input_gives_one_line_and_exit_2(args, message):
 
 
 def test_there_are_enough_bad_inputs():
-    assert len(BAD_INPUTS) >= 15
+    assert len(BAD_INPUTS) >= 60
     files = {p.name for p in BAD.iterdir()}
     used = {Path(str(a)).name for args, _ in BAD_INPUTS for a in args}
     assert files <= used, f"unused bad inputs: {sorted(files - used)}"
@@ -451,3 +652,139 @@ def test_validate_zero_hash_buckets_is_reported_not_crashed(tmp_path):
     result = run("validate", MODEL, TOPOLOGY, bad)
     assert result.exit_code == 1, result.output
     assert "c1_user" in result.stderr
+
+
+# ---- special files and huge inputs, made here rather than committed --------------------------------------------------
+def _persia(*args: object, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The CLI in a child process: a file that blocked the reader (a FIFO) would hang an in-process runner."""
+    code = "from persia_planner.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def _one_error_line(stderr: str, *names: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr and len(lines[0]) <= len("error: ") + MAX_LINE_CHARS, stderr
+    for name in names:
+        assert name in lines[0], (name, stderr)
+    return lines[0]
+
+
+def _special_inputs(tmp_path: Path) -> dict[str, Path]:
+    import os
+    import socket
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")
+    null = tmp_path / "null.yaml"
+    null.symlink_to("/dev/null")
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as file:
+        file.truncate(64 * 2**20 + 1)  # sparse: one byte over the limit, without writing 64 MiB
+    inputs = {"a FIFO": fifo, "a character device": zero, "a directory": folder, "larger than 64.0 MiB": big}
+    inputs["a character device "] = null
+    sock = tmp_path / "sock.yaml"
+    if len(str(sock)) < 100:  # AF_UNIX paths are short
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(sock))
+        inputs["a socket"] = sock
+    return inputs
+
+
+@pytest.mark.parametrize("role", ["model", "topology", "plan"])
+def test_special_files_are_refused_before_reading(tmp_path, role):
+    for what, path in _special_inputs(tmp_path).items():
+        args = {
+            "model": ("plan", path, TOPOLOGY),
+            "topology": ("topology", path),
+            "plan": ("validate", MODEL, TOPOLOGY, path),
+        }[role]
+        if path.is_fifo():
+            child = _persia(*args, timeout=30)  # in a child: reading a FIFO with no writer hung forever
+            code, stderr = child.returncode, child.stderr
+        else:
+            result = run(*args)
+            code, stderr = result.exit_code, result.stderr
+        assert code == 2, (what, stderr)
+        _one_error_line(stderr, path.name, what.strip())
+
+
+def _example_plan_dict() -> dict:
+    return plan(load_model(MODEL), load_topology(TOPOLOGY), seed=0).to_dict()
+
+
+def _with_copied_shards(tmp_path: Path, copies: int) -> tuple[str, Path]:
+    data = _example_plan_dict()
+    name, table = next(iter(data["tables"].items()))
+    table["shards"] = table["shards"][:1] * copies
+    bad = tmp_path / "dup_shards.json"
+    bad.write_text(json.dumps(data))
+    return name, bad
+
+
+def test_validate_200k_duplicate_shards_are_refused_in_one_line(tmp_path):
+    name, bad = _with_copied_shards(tmp_path, 200_000)
+    result = _persia("validate", MODEL, TOPOLOGY, bad)
+    assert result.returncode == 2, result.stderr[:500]
+    line = _one_error_line(result.stderr, "dup_shards.json", f"tables.{name}.shards")  # was a 1.6 MB line
+    assert line.endswith("has 200,000 items, more than 100,000; fix: give at most 100,000")
+
+
+def test_validate_20k_duplicate_shards_gives_a_short_answer(tmp_path):
+    _, bad = _with_copied_shards(tmp_path, 20_000)
+    result = run("validate", MODEL, TOPOLOGY, bad)
+    assert result.exit_code == 1, result.output[:500]
+    _one_error_line(result.stderr, "invalid plan")
+    assert len(result.stdout) < 10_000
+
+
+def test_validate_hash_bucket_count_of_1e18_is_answered_at_once(tmp_path):
+    data = _example_plan_dict()
+    name, table = next((n, t) for n, t in data["tables"].items() if t["sharding"] == "ps_hash")
+    table["shards"][0]["hash"] = [0, 10**18]
+    bad = tmp_path / "many_buckets.json"
+    bad.write_text(json.dumps(data))
+    result = run("validate", MODEL, TOPOLOGY, bad)
+    assert result.exit_code == 1, result.output
+    _one_error_line(result.stderr, name, "hash buckets")
+
+
+def test_huge_yaml_nesting_is_one_line(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("batch_size: 1\ntables: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    result = run("plan", deep, TOPOLOGY)
+    assert result.exit_code == 2, result.output
+    _one_error_line(result.stderr, "deep.yaml", "nested too deeply")
+
+
+def test_plan_out_writes_through_a_symlink(tmp_path):
+    target = tmp_path / "plans" / "plan.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "plan.json"
+    link.symlink_to(target)
+    result = run("plan", "--json", "--out", link)
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert json.loads(target.read_text()) == json.loads(result.stdout)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["plan.json"]  # no temporary file left
+
+
+def test_plan_out_refuses_a_path_that_is_not_a_regular_file(tmp_path):
+    import os
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "out.json"
+    link.symlink_to(fifo)
+    for out in (fifo, link, tmp_path):
+        result = _persia("plan", "--out", out, timeout=60)
+        assert result.returncode == 2, result.stderr
+        _one_error_line(result.stderr, "not a regular file")
+    assert fifo.is_fifo() and link.is_symlink()  # neither replaced by the rename

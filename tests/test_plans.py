@@ -176,21 +176,25 @@ def test_validate_refuses_a_ps_hash_shard_that_also_gives_rows(the_plan):
 def test_load_plan_unreadable_files(tmp_path):
     with pytest.raises(SpecError) as err:
         load_plan(tmp_path)
-    assert str(err.value) == f"{tmp_path.name}: cannot read file (Is a directory)"
+    assert (
+        str(err.value) == f"{tmp_path.name}: is a directory, not a regular file; fix: give the path of a regular file"
+    )
     path = tmp_path / "p.json"
     path.write_bytes(b'{"format": "persia-plan/1", \xff}')
     with pytest.raises(SpecError) as err:
         load_plan(path)
     assert str(err.value) == "p.json: not UTF-8 text (byte 0xff at offset 28); fix: save it as UTF-8"
     path.write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(SpecError, match=r"^p\.json: JSON nested too deeply to be a plan$"):
+    with pytest.raises(SpecError, match=r"^p\.json: JSON nested too deeply to read; fix: "):
         load_plan(path)
 
 
 def test_saving_a_plan_onto_a_directory_leaves_no_temporary_file(tmp_path):
+    from persia_planner.errors import PlannerError
+
     plan_ = Plan("m", "t", {}, {}, 0.0, 0.0, 0.0)
     (tmp_path / "out").mkdir()
-    with pytest.raises(OSError):
+    with pytest.raises(PlannerError, match="it exists and is not a regular file"):
         plan_.save(tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     plan_.save(tmp_path / "p.json")

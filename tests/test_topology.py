@@ -116,11 +116,11 @@ def test_nodes_and_links_form_builds_the_same_kind_of_graph():
         ),
         (
             {**TOPO, "hosts": [{**TOPO["hosts"][0], "count": 10**7}]},
-            "topology.yaml: hosts[0].count: at most 100,000 hosts per entry, got 10,000,000",
+            "topology.yaml: hosts[0].count: must be <= 100,000, got 10000000; fix: use at most 100,000",
         ),
         (
             {**TOPO, "hosts": [{**TOPO["hosts"][0], "gpus": {**TOPO["hosts"][0]["gpus"], "count": 5000}}]},
-            "topology.yaml: hosts[0].gpus.count: at most 1024 GPUs per host, got 5,000",
+            "topology.yaml: hosts[0].gpus.count: must be <= 1,024, got 5000; fix: use at most 1,024",
         ),
         (
             {**TOPO, "hosts": [{**TOPO["hosts"][0], "role": "worker"}]},
