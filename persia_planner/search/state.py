@@ -29,8 +29,11 @@ __all__ = ["FreeRoom", "State"]
 
 # Weight of the balance term in the search's score (the step time has weight 1).
 _BALANCE_WEIGHT = 0.05
-# Devices scored per shard placement beyond the least-loaded GPU of every host.
+# Devices scored per shard placement beyond the least-loaded GPU of each candidate host.
 _CANDIDATES = 8
+# Hosts a decision considers (the least loaded): every host on clusters up to this size; beyond, scoring every host
+# would make each decision, and so each table, cost hosts x GPUs (docs/decisions/0018-bounded-candidates.md).
+CANDIDATE_HOSTS = 16
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class State:
         self._gpu_hosts = cost.gpu_host.tolist()
         self._gpu_step: np.ndarray | None = None
         self._candidates: np.ndarray | None = None
+        self._candidate_hosts: list[int] | None = None
         self._free: np.ndarray | None = None
         self._room_stats: FreeRoom | None = None
         self._mean_step: float | None = None
@@ -132,10 +136,12 @@ class State:
         return self._room_stats
 
     def candidates(self, exclude: Sequence[int] = ()) -> np.ndarray:
-        """GPUs worth scoring for one more shard: the least-loaded GPU of every host plus the least-loaded overall.
+        """GPUs worth scoring for one more shard: the least-loaded GPU of each of the :data:`CANDIDATE_HOSTS`
+        least-loaded hosts (every host on smaller clusters) plus the least-loaded GPUs overall.
 
         Scoring all GPUs gives the same choice almost always (a shard's own work goes to its GPU, its all-to-all
-        pattern depends only on its host), at a fraction of the cost on large clusters.
+        pattern depends only on its host), at a fraction of the cost on large clusters. A host is ranked by its
+        least-loaded GPU's step, which includes the host's NIC time: what one more shard there would wait on.
         """
         if not exclude and self._candidates is not None:
             return self._candidates
@@ -148,17 +154,29 @@ class State:
         order = np.argsort(step, kind="stable").tolist()
         picked = set(order[:_CANDIDATES])
         hosts, seen = self._gpu_hosts, set()
+        wanted = min(self.n_hosts, CANDIDATE_HOSTS)
         for g in order:
             if hosts[g] not in seen:
                 seen.add(hosts[g])
                 picked.add(g)
-                if len(seen) == self.n_hosts:
+                if len(seen) == wanted:
                     break
         picked.difference_update(exclude)  # those with an infinite step
         result = np.array(sorted(picked), dtype=np.intp)
         if not exclude:
             self._candidates = result
         return result
+
+    def candidate_hosts(self) -> list[int]:
+        """Hosts worth scoring for a whole-host placement (in index order): every host up to
+        :data:`CANDIDATE_HOSTS`, else that many whose least-loaded GPU is least loaded (ties: the lower index)."""
+        if self.n_hosts <= CANDIDATE_HOSTS:
+            return list(range(self.n_hosts))
+        if self._candidate_hosts is None:
+            least = np.full(self.n_hosts, np.inf)
+            np.minimum.at(least, self.cost.gpu_host, self.gpu_step)
+            self._candidate_hosts = sorted(np.argsort(least, kind="stable")[:CANDIDATE_HOSTS].tolist())
+        return self._candidate_hosts
 
     # ---- scoring --------------------------------------------------------------------------------------------
     def score(self, loads: np.ndarray) -> np.ndarray:
@@ -228,6 +246,7 @@ class State:
     def changed(self) -> None:
         """Forget what was derived from the sums (after they were set directly)."""
         self._gpu_step = self._candidates = self._free = self._room_stats = self._mean_step = None
+        self._candidate_hosts = None
 
     def add(self, name: str, choice: Choice) -> None:
         self.changed()
