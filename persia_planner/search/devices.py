@@ -138,7 +138,9 @@ class DeviceChoice:
 
         def finish(scores: np.ndarray, steps: np.ndarray, pick: Pick) -> Finish:
             i = pick(scores, ok)
-            return given(Choice(option, devices[i], loads[i], mem[i], float(scores[i]), state.stamp(steps[i])))
+            # Copies: a row alone would keep every candidate's row alive as long as the choice.
+            row_loads, row_mem = loads[i].copy(), mem[i].copy()
+            return given(Choice(option, devices[i], row_loads, row_mem, float(scores[i]), state.stamp(steps[i])))
 
         return Step(loads, finish)
 
@@ -186,7 +188,7 @@ class DeviceChoice:
                 cost.ddr_of(shard_mem)[gpu_host[g]] += found.ddr
                 mem = shard_mem if mem is None else shard_mem + mem
                 used_ddr[gpu_host[g]] += found.ddr
-                loads = cand_l[i]
+                loads = cand_l[i].copy()  # alone: a view would keep every candidate's row alive with the choice
                 if len(chosen) == option.splits:
                     return Choice(option, tuple(chosen), loads, mem, float(scores[i]), state.stamp(steps[i]))
                 more = self._shard_candidates(found, chosen, used_ddr)

@@ -217,8 +217,9 @@ class State:
         return float(self.score(self.loads)[0])
 
     def stamp(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """What a choice remembers of its scoring: the state's loads it was added to and the resulting GPU steps."""
-        return self.loads, steps
+        """What a choice remembers of its scoring: the state's loads it was added to and the resulting GPU steps
+        (a copy: a row of the scoring's matrix would keep every candidate's row alive with the choice)."""
+        return self.loads, steps.copy()
 
     def fits(self, mem: np.ndarray) -> np.ndarray:
         """Whether each row of ``mem`` fits in the room left."""
@@ -253,6 +254,7 @@ class State:
         stamp = choice.stamp
         if stamp is not None and stamp[0] is self.loads:
             self._gpu_step = stamp[1]  # this very sum was scored: the same bits
+        choice.stamp = None  # of no use once added, and it holds a load vector of the state before
         self.choices[name] = choice
         self.loads = self.loads + choice.loads
         self.mem = self.mem + choice.mem
