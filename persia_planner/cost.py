@@ -95,7 +95,7 @@ class CostModel:
         self.a2a_fixed_ms = 4 * collective
         self.allreduce_latency_ms += collective
         self.dense_ms = self.dense_ms + c.step_overhead_ms
-        self.rtt_ms = 2 * max((topology.path_latency(gpus[0].name, s.name) for s in servers), default=0.0) * MS
+        self.rtt_ms = 2 * max(topology.path_latencies(gpus[0].name, [s.name for s in servers]), default=0.0) * MS
         self.step_model = StepModel(
             layout=lay,
             gpu_host=self.gpu_host,
@@ -478,6 +478,10 @@ class CostModel:
         np.add.at(mem, lay.hbm.start + gpus, np.broadcast_to(hbm, gpus.shape))
         np.add.at(mem, lay.ddr.start + self.gpu_host[gpus], np.broadcast_to(ddr, gpus.shape))
         return mem
+
+    def host_gpus(self) -> list[np.ndarray]:
+        """The GPUs of each host (indices, ascending)."""
+        return self.a2a.host_gpus
 
     def hbm_of(self, mem: np.ndarray) -> np.ndarray:
         """The HBM slots of a memory vector, per GPU (a view)."""

@@ -58,8 +58,7 @@ class DeviceChoice:
             # Nothing to choose: it is scored only if asked (State.score_of).
             choice = steps[0].forced()
             return choice, [(choice, math.nan)]
-        stacked = steps[0].loads if len(steps) == 1 else np.concatenate([step.loads for step in steps])
-        scores, gpu_steps = state.scores(state.loads + stacked)
+        scores, gpu_steps = state.scores_added_each([step.loads for step in steps])
         choices = None
         if sum(step.decisions > 1 for step in steps) > 1:
             with contextlib.suppress(Tie):

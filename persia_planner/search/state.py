@@ -34,6 +34,8 @@ _CANDIDATES = 8
 # Hosts a decision considers (the least loaded): every host on clusters up to this size; beyond, scoring every host
 # would make each decision, and so each table, cost hosts x GPUs (docs/decisions/0018-bounded-candidates.md).
 CANDIDATE_HOSTS = 16
+# Load-vector entries scored at once (rows x resources): bounds the scoring's temporaries on large clusters.
+_SCORE_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class State:
         lay = cost.layout
         self.n_gpus, self.n_hosts, self.n_servers = lay.n_gpus, lay.n_hosts, lay.n_servers
         self.dtype = cost.dtype
-        self.host_gpus = [np.flatnonzero(cost.gpu_host == h) for h in range(self.n_hosts)]
+        self.host_gpus = cost.host_gpus()  # not a pass over the GPUs per host: hosts x GPUs
         self.min_hbm = min(cost.topology.hbm_capacity(g) for g in cost.topology.gpus)
         # Table-row-wise needs the same GPU count on every host (TorchRec's layout); so do we.
         self.uniform_hosts = len({len(g) for g in self.host_gpus}) == 1
@@ -187,10 +189,19 @@ class State:
         """
         return self.scores(loads)[0]
 
-    def scores(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`score` of each row of ``loads``, and its step time per GPU."""
+    def scores(self, loads: np.ndarray, added: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`score` of each row of ``loads`` (with the state's loads ``added`` to each), and its step time per
+        GPU. Rows are scored a few at a time on large clusters: every row's scoring makes rows as long as the load
+        vector, and hundreds of them at once would be most of the search's memory (each row's figures are the
+        same bits however many are scored together)."""
         if loads.ndim == 1:
             loads = loads[None, :]
+        at_once = max(1, _SCORE_CHUNK // loads.shape[1])
+        if len(loads) > at_once:
+            parts = [self.scores(loads[i : i + at_once], added) for i in range(0, len(loads), at_once)]
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        if added:
+            loads = self.loads + loads
         every = self.cost.resource_ms(loads)
         step = every.max(axis=1)  # the step time: the slowest GPU or NIC
         scale = np.maximum(step, 1e-12)
@@ -205,7 +216,17 @@ class State:
 
     def scores_added(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`scores` of the state with each row of ``loads`` added."""
-        return self.scores(self.loads + loads)
+        return self.scores(loads, added=True)
+
+    def scores_added_each(self, matrices: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`scores_added` of the matrices' rows, stacked (on large clusters, scored one matrix at a time
+        rather than stacked: a copy of every candidate's row is as much memory again)."""
+        if len(matrices) == 1:
+            return self.scores_added(matrices[0])
+        if sum(m.size for m in matrices) <= _SCORE_CHUNK:
+            return self.scores_added(np.concatenate(matrices))
+        parts = [self.scores_added(m) for m in matrices]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def score_of(self, choice: Choice) -> float:
         """The score of the state with ``choice`` added (as the device choice scored it; computed here if not)."""
