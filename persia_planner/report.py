@@ -9,7 +9,7 @@ matplotlib is imported only by :func:`draw_topology`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -349,7 +349,21 @@ def render_tables(plan: Plan, model: ModelSpec, topology: Topology, *, packed: b
     return _rich_table(f"tables ({plan.model})", _TABLE_COLUMNS, _table_cells(plan, model, topology), packed)
 
 
+# Device rows printed at most: beyond, the busiest ones and a line for the rest (80,000 rows help no one).
+DEVICE_ROWS = 256
+
+
 def _device_cells(plan: Plan, topology: Topology) -> list[tuple[str, ...]]:
+    rows = device_rows(plan, topology)
+    if len(rows) > DEVICE_ROWS:
+        busiest = set(sorted(range(len(rows)), key=lambda i: -rows[i].cost_ms)[:DEVICE_ROWS])
+        rest = [row.cost_ms for i, row in enumerate(rows) if i not in busiest]
+        more = (f"+{len(rest)} more", "", "", "", "", "", f"<= {max(rest):.2f}")
+        return [*_cells(row for i, row in enumerate(rows) if i in busiest), more]
+    return _cells(rows)
+
+
+def _cells(rows: Iterable[DeviceRow]) -> list[tuple[str, ...]]:
     return [
         (
             row.name,
@@ -360,7 +374,7 @@ def _device_cells(plan: Plan, topology: Topology) -> list[tuple[str, ...]]:
             _percent(row.ddr_fraction),
             f"{row.cost_ms:.2f}",
         )
-        for row in device_rows(plan, topology)
+        for row in rows
     ]
 
 
