@@ -251,7 +251,7 @@ class CostModel:
         lay = self.layout
         out_bytes, ids_half, emb, ddr = terms
         pattern = self.a2a.rows(gpus)
-        loads = (self.a2a.rows(gpus, twrw=True) if twrw else pattern) * out_bytes
+        loads = (self.a2a.twrw_of(pattern, gpus) if twrw else pattern) * out_bytes
         loads += pattern * (ids_half[:, None] if isinstance(ids_half, np.ndarray) else ids_half)
         idx = np.arange(len(gpus))
         loads[idx, lay.emb.start + gpus] += emb

@@ -62,9 +62,13 @@ class A2APattern:
         out[idx, nvl.start + gpus] = (n_g[gpus] - 1) / G / self.nvlink_bw[gpus]
         out[:, nic] = self.nic_common
         out[idx, nic.start + hosts] = (G - n_g[gpus]) / G / self.nic_bw[hosts]
-        if twrw:
-            out /= n_g[gpus][:, None]
-            out[idx, nvl.start + gpus] += (n_g[gpus] - 1) / n_g[gpus] / self.nvlink_bw[gpus]
+        return self.twrw_of(out, gpus) if twrw else out
+
+    def twrw_of(self, rows: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+        """The table-row-wise rows of ``gpus`` from their plain :meth:`rows` (without building those again)."""
+        n_g, idx = self.n_g[gpus], np.arange(len(gpus))
+        out = rows / n_g[:, None]
+        out[idx, self.layout.nvlink.start + gpus] += (n_g - 1) / n_g / self.nvlink_bw[gpus]
         return out
 
     def gpu_sum(self) -> np.ndarray:

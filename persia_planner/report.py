@@ -9,7 +9,7 @@ matplotlib is imported only by :func:`draw_topology`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -355,16 +355,8 @@ DEVICE_ROWS = 256
 
 def _device_cells(plan: Plan, topology: Topology) -> list[tuple[str, ...]]:
     rows = device_rows(plan, topology)
-    if len(rows) > DEVICE_ROWS:
-        busiest = set(sorted(range(len(rows)), key=lambda i: -rows[i].cost_ms)[:DEVICE_ROWS])
-        rest = [row.cost_ms for i, row in enumerate(rows) if i not in busiest]
-        more = (f"+{len(rest)} more", "", "", "", "", "", f"<= {max(rest):.2f}")
-        return [*_cells(row for i, row in enumerate(rows) if i in busiest), more]
-    return _cells(rows)
-
-
-def _cells(rows: Iterable[DeviceRow]) -> list[tuple[str, ...]]:
-    return [
+    busiest = set(sorted(range(len(rows)), key=lambda i: -rows[i].cost_ms)[:DEVICE_ROWS])
+    cells = [
         (
             row.name,
             row.kind,
@@ -374,8 +366,13 @@ def _cells(rows: Iterable[DeviceRow]) -> list[tuple[str, ...]]:
             _percent(row.ddr_fraction),
             f"{row.cost_ms:.2f}",
         )
-        for row in rows
+        for i, row in enumerate(rows)
+        if i in busiest
     ]
+    if len(rows) > DEVICE_ROWS:
+        rest = [row.cost_ms for i, row in enumerate(rows) if i not in busiest]
+        cells.append((f"+{len(rest)} more", "", "", "", "", "", f"<= {max(rest):.2f}"))
+    return cells
 
 
 def _table_cells(plan: Plan, model: ModelSpec, topology: Topology) -> list[tuple[str, ...]]:
