@@ -1,10 +1,11 @@
 """Device choice: the best devices for each option of a table, given the state, scored as rows of one matrix.
 
 An option's placement is one or more decisions, each among candidates that are rows of a load matrix: table-wise
-and column-wise shards go one at a time, each on its best candidate GPU (the least-loaded GPU of every host plus the
-least-loaded few); table-column-wise and table-row-wise compare whole hosts; row-wise spreads over every GPU, a
-replica goes on every GPU and ``ps_hash`` puts one hash bucket on every server, which leaves nothing to decide.
-Every option's first decision is scored in one matrix and the further ones together (:mod:`.steps`).
+and column-wise shards go one at a time, each on its best candidate GPU (the least-loaded GPU of each candidate host
+plus the least-loaded few: :meth:`.state.State.candidates`); table-column-wise and table-row-wise compare whole
+candidate hosts; row-wise spreads over every GPU, a replica goes on every GPU and ``ps_hash`` puts one hash bucket on
+every server, which leaves nothing to decide. Every option's first decision is scored in one matrix and the further
+ones together (:mod:`.steps`).
 """
 
 from __future__ import annotations
