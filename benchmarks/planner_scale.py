@@ -22,6 +22,17 @@ GPUS_PER_HOST = 8
 _CHILD = """
 import json, resource, sys, time
 hosts, tables, gpus = (int(a) for a in sys.argv[1:4])
+
+
+def peak_mb():
+    # This process's own peak: ru_maxrss survives exec on Linux, so it would report the parent's when larger.
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
 from persia_planner.search import GreedyLocalSearch, SearchConfig
@@ -40,7 +51,7 @@ print(json.dumps({
     "hosts": hosts, "seconds": done - start, "topology_s": built - start, "cost_s": modelled - built,
     "bound_s": bounded - modelled, "search_s": done - bounded, "construct_s": result.construct_s,
     "step_ms": float(estimate.step_ms), "bound_ms": float(hint.value_ms),
-    "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "rss_mb": peak_mb(),
 }))
 """
 
