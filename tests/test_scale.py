@@ -1,5 +1,5 @@
-"""Scale: the cost model's all-to-all sums from the pattern's structure equal the dense rows' sums, and a large
-cluster plans without any allocation quadratic in its size (timing is the benchmark's: benchmarks/planner.py)."""
+"""Scale: the cost model's all-to-all sums from the pattern's structure equal the dense rows' sums, and the search's
+peak memory grows linearly with the cluster, not with its square (timing is the benchmark's: benchmarks/planner.py)."""
 
 import tracemalloc
 
