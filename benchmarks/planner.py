@@ -5,8 +5,9 @@ Prints tables and writes JSON (``--json OUT``). Every comparison is a ratio meas
 planner and ours get the same problem: the same ranks and per-rank memory, no parameter-server tier (TorchRec has
 none), and both plans are scored by both estimators, ours and TorchRec's, with any memory shortfall stated.
 
-    python benchmarks/planner.py --quick --json out.json   # CI: under 2 minutes
+    python benchmarks/planner.py --quick --json out.json   # CI: a few minutes (scaling to 1,000 hosts)
     python benchmarks/planner.py --json out.json           # full: by hand (TorchRec runs take minutes)
+    python benchmarks/planner.py --scale-only --json out.json  # the scaling table alone (100 -> 10,000 hosts)
 """
 
 from __future__ import annotations
@@ -387,8 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="CI mode: smaller sizes, short TorchRec timeouts")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--no-torchrec", action="store_true", help="skip the TorchRec comparisons")
+    parser.add_argument("--scale-only", action="store_true", help="only the scaling table (hosts -> time, RSS)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from planner_scale import bench_scale, render_scale  # beside this script: on the path above
+
     logging.getLogger("torchrec").setLevel(logging.ERROR)  # its "construct Topology via TopologyFactory" notices
     started = time.perf_counter()
     if args.quick:
@@ -402,11 +406,20 @@ def main(argv: list[str] | None = None) -> int:
         tight_cases = [(100, 1.003, 4), (200, 1.001, 1), (200, 1.01, 1), (300, 1.001, 1)]
     if args.no_torchrec:
         torchrec_runs, n_vs = [], 0
+    # Hosts of 8 GPUs: 100 -> 1,000 in CI (about a minute a size at most), 100 -> 10,000 by hand.
+    scale_hosts = [100, 300, 1000] if args.quick else [100, 300, 1000, 3000, 10000]
     results: dict[str, Any] = {
         "mode": "quick" if args.quick else "full",
         "machine": platform.platform(),
         "python": platform.python_version(),
     }
+    if args.scale_only:
+        results["scale"] = bench_scale(scale_hosts)
+        results.update({k: v for k, v in results["scale"].items() if k.startswith("scale_")})
+        render_scale(results["scale"], console, Table)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1, default=str))
+        return 0
     results["plan_process"] = bench_process()
     results["plan_process_s"] = results["plan_process"]["seconds"]
     results["speed"] = bench_speed(sizes, torchrec_runs)
@@ -415,8 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     if n_vs:
         results["vs_torchrec"] = bench_vs_torchrec(n_vs, vs_timeout)
     results["persia_100t"] = bench_persia_100t()
+    results["scale"] = bench_scale(scale_hosts)
+    results.update({k: v for k, v in results["scale"].items() if k.startswith("scale_")})
     results["total_seconds"] = time.perf_counter() - started
     render(results)
+    render_scale(results["scale"], console, Table)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
         console.print(f"wrote {args.json}")

@@ -156,10 +156,12 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     per_gpu_nic = cost.gpus_per_host / cost.nic_bw
     weights = [np.full(H, 1 / H)]
     if per_gpu_nic.max() > per_gpu_nic.min() * (1 + 1e-9):
-        weights.append(np.eye(H)[int(np.argmax(per_gpu_nic))])
+        busiest = np.zeros(H)  # one host's weight (not np.eye(H)'s row: H x H)
+        busiest[int(np.argmax(per_gpu_nic))] = 1.0
+        weights.append(busiest)
     nic = np.zeros((len(weights), T, n_opt))
     for i, w in enumerate(weights):
-        nic[i, :, :dp] = ((out_bytes + ids_bytes / 2) * float((cost.a2a[:, lay.nic_sync] @ w).min()))[:, None]
+        nic[i, :, :dp] = ((out_bytes + ids_bytes / 2) * float(cost.a2a.nic_dot(w).min()))[:, None]
         if lay.n_servers:
             nic[i, :, ps] = traffic / G * float(w @ per_gpu_nic)
     return sync, sync_ddr, asyn, nic, mem

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from persia_planner.access import expected_unique, expected_unique_many, zipf_hit_rate
+from persia_planner.cost_a2a import DENSE_MAX_GPUS, A2APattern
 from persia_planner.cost_step import MS, StepModel
 from persia_planner.cost_terms import Cost, Estimate, Layout
 from persia_planner.devices import DeviceKind
@@ -94,7 +95,7 @@ class CostModel:
         self.a2a_fixed_ms = 4 * collective
         self.allreduce_latency_ms += collective
         self.dense_ms = self.dense_ms + c.step_overhead_ms
-        self.rtt_ms = 2 * max((topology.path_latency(gpus[0].name, s.name) for s in servers), default=0.0) * MS
+        self.rtt_ms = 2 * max(topology.path_latencies(gpus[0].name, [s.name for s in servers]), default=0.0) * MS
         self.step_model = StepModel(
             layout=lay,
             gpu_host=self.gpu_host,
@@ -110,28 +111,11 @@ class CostModel:
         )
         self.fixed_sync_ms = self.step_model.fixed_sync_ms
 
-        # All-to-all pattern per owner GPU: ms on every resource per byte of pooled output (forward + backward).
-        # The owner sends each other GPU 1/G of the output forward and receives as much backward; links are full
-        # duplex, so a link's time is (sent + received) / 2 / bandwidth.
-        self.a2a = np.zeros((G, lay.size))
-        nvl, nic = lay.nvlink, lay.nic_sync
-        for g in range(G):
-            h = self.gpu_host[g]
-            mates = np.flatnonzero(self.gpu_host == h)
-            self.a2a[g, nvl.start + mates] = 1.0 / G / self.nvlink_bw[mates]
-            self.a2a[g, nvl.start + g] = (n_g[g] - 1) / G / self.nvlink_bw[g]
-            self.a2a[g, nic] = self.gpus_per_host / G / self.nic_bw
-            self.a2a[g, nic.start + h] = (G - n_g[g]) / G / self.nic_bw[h]
-        # Table-row-wise: partial sums are reduce-scattered inside the host over NVLink first, then the host's
-        # reduced output leaves like a table-wise shard's, split over the host's GPUs.
-        self.a2a_twrw = self.a2a / n_g[:, None]
-        self.a2a_twrw[np.arange(G), nvl.start + np.arange(G)] += (n_g - 1) / n_g / self.nvlink_bw
-
+        # All-to-all pattern per owner GPU: ms on every resource per byte of pooled output (forward + backward),
+        # built per row asked for (a dense GPUs x resources matrix is quadratic in the cluster).
+        self.a2a = A2APattern(lay, self.gpu_host, self.gpus_per_host, self.nvlink_bw, self.nic_bw)
         # Sum over GPUs of the sync time a byte of output adds (each GPU's a2a includes its host's NIC time).
-        visible = np.zeros(lay.size)
-        visible[nvl] = 1.0
-        visible[nic] = self.gpus_per_host
-        self.a2a_gpu_sum = self.a2a @ visible
+        self.a2a_gpu_sum = self.a2a.gpu_sum()
 
     # The last model's distinct-row counts: `persia plan` builds a cost model for the search, for validation and for
     # the report, and the counts are most of building one (the same model, the same figures).
@@ -266,13 +250,31 @@ class CostModel:
         """
         lay = self.layout
         out_bytes, ids_half, emb, ddr = terms
-        pattern = self.a2a[gpus]
-        loads = (self.a2a_twrw[gpus] if twrw else pattern) * out_bytes
+        pattern = self.a2a.rows(gpus)
+        loads = (self.a2a.twrw_of(pattern, gpus) if twrw else pattern) * out_bytes
         loads += pattern * (ids_half[:, None] if isinstance(ids_half, np.ndarray) else ids_half)
         idx = np.arange(len(gpus))
         loads[idx, lay.emb.start + gpus] += emb
         if ddr is not None:
             loads[idx, lay.host_ddr.start + self.gpu_host[gpus]] += ddr
+        return loads
+
+    def range_loads_sum(
+        self, terms: tuple[float, float | np.ndarray, np.ndarray, np.ndarray | None], gpus: np.ndarray, twrw: bool
+    ) -> np.ndarray:
+        """The sum of :meth:`range_loads_of`'s rows (a table's shards over many GPUs), in time and memory linear in
+        the cluster beyond :data:`.cost_a2a.DENSE_MAX_GPUS` shards (up to it, the rows' own sum, to the bit)."""
+        if len(gpus) <= DENSE_MAX_GPUS:
+            return self.range_loads_of(terms, gpus, twrw).sum(axis=0)
+        lay = self.layout
+        out_bytes, ids_half, emb, ddr = terms
+        if twrw:
+            loads = self.a2a.weighted_sum(gpus, ids_half, np.full(len(gpus), out_bytes))
+        else:
+            loads = self.a2a.weighted_sum(gpus, out_bytes + np.asarray(ids_half))
+        np.add.at(loads, lay.emb.start + gpus, np.broadcast_to(emb, gpus.shape))
+        if ddr is not None:
+            np.add.at(loads, lay.host_ddr.start + self.gpu_host[gpus], np.broadcast_to(ddr, gpus.shape))
         return loads
 
     def replica_moved_bytes(self, table: TableSpec) -> float:
@@ -283,15 +285,21 @@ class CostModel:
         lookups = self.local_batch * table.pooling_factor
         return 2 * lookups * weights + table.rows * (weights * self.constants.dp_update_passes + 2 * state)
 
-    def replica_loads(self, table: TableSpec) -> np.ndarray:
-        """Load vector of one data-parallel replica on each GPU (row g = replica on GPU g)."""
+    def replica_loads(self, table: TableSpec, gpus: np.ndarray | None = None) -> np.ndarray:
+        """Load vectors of one data-parallel replica on each GPU of ``gpus`` (default: every GPU), summed."""
         lay = self.layout
+        g = np.arange(lay.n_gpus) if gpus is None else np.asarray(gpus, dtype=np.intp)
         moved = self.replica_moved_bytes(table)
-        loads = np.zeros((lay.n_gpus, lay.size))
-        g = np.arange(lay.n_gpus)
-        dense_bw = self.hbm_bw * self.constants.dense_kernel_efficiency
-        loads[g, lay.emb.start + g] = moved / dense_bw + self.constants.shard_overhead_ms
-        loads[:, lay.dp_bytes] = 4.0 * table.rows * table.dim / lay.n_gpus
+        emb = moved / (self.hbm_bw[g] * self.constants.dense_kernel_efficiency) + self.constants.shard_overhead_ms
+        per_replica = 4.0 * table.rows * table.dim / lay.n_gpus
+        if len(g) <= DENSE_MAX_GPUS:  # the rows' own sum, to the bit
+            rows = np.zeros((len(g), lay.size))
+            rows[np.arange(len(g)), lay.emb.start + g] = emb
+            rows[:, lay.dp_bytes] = per_replica
+            return rows.sum(axis=0)
+        loads = np.zeros(lay.size)
+        np.add.at(loads, lay.emb.start + g, emb)
+        loads[lay.dp_bytes] = per_replica * len(g)
         return loads
 
     def ps_bytes_per_gpu(self, table: TableSpec) -> float:
@@ -360,7 +368,7 @@ class CostModel:
         if placement.sharding is Sharding.DATA_PARALLEL:
             gpus = np.array([gpu_index(s.device) for s in shards])
             mem[lay.hbm.start + gpus] = [storage(s).hbm_bytes for s in shards]
-            return self.replica_loads(table)[gpus].sum(axis=0), mem
+            return self.replica_loads(table, gpus), mem
         if placement.sharding is Sharding.PS_HASH:
             shares = np.zeros(lay.n_servers)
             for s in shards:
@@ -380,9 +388,8 @@ class CostModel:
         for (cols, tier, fraction), group in groups.items():
             gpus = np.array([gpu_index(s.device) for s in group])
             fractions = np.array([s.row_fraction(table) for s in group])
-            loads += self.range_shard_loads(table, fractions, cols, tier, gpus, cache_fraction=fraction, twrw=twrw).sum(
-                axis=0
-            )
+            terms = self.range_shard_terms(table, fractions, cols, tier, gpus, cache_fraction=fraction)
+            loads += self.range_loads_sum(terms, gpus, twrw)
         return loads, mem
 
     # ---- the step -----------------------------------------------------------------------------------------
@@ -461,6 +468,20 @@ class CostModel:
         mem[rows, lay.hbm.start + gpus] = hbm
         mem[rows, lay.ddr.start + self.gpu_host[gpus]] += ddr
         return mem
+
+    def shard_memory_sum(self, gpus: np.ndarray, hbm: float | np.ndarray, ddr: float | np.ndarray) -> np.ndarray:
+        """:meth:`shard_memory`'s rows summed, without building them beyond :data:`.cost_a2a.DENSE_MAX_GPUS`."""
+        if len(gpus) <= DENSE_MAX_GPUS:
+            return self.shard_memory(gpus, hbm, ddr).sum(axis=0)
+        lay = self.layout
+        mem = np.zeros(lay.mem_size)
+        np.add.at(mem, lay.hbm.start + gpus, np.broadcast_to(hbm, gpus.shape))
+        np.add.at(mem, lay.ddr.start + self.gpu_host[gpus], np.broadcast_to(ddr, gpus.shape))
+        return mem
+
+    def host_gpus(self) -> list[np.ndarray]:
+        """The GPUs of each host (indices, ascending)."""
+        return self.a2a.host_gpus
 
     def hbm_of(self, mem: np.ndarray) -> np.ndarray:
         """The HBM slots of a memory vector, per GPU (a view)."""

@@ -349,8 +349,14 @@ def render_tables(plan: Plan, model: ModelSpec, topology: Topology, *, packed: b
     return _rich_table(f"tables ({plan.model})", _TABLE_COLUMNS, _table_cells(plan, model, topology), packed)
 
 
+# Device rows printed at most: beyond, the busiest ones and a line for the rest (80,000 rows help no one).
+DEVICE_ROWS = 256
+
+
 def _device_cells(plan: Plan, topology: Topology) -> list[tuple[str, ...]]:
-    return [
+    rows = device_rows(plan, topology)
+    busiest = set(sorted(range(len(rows)), key=lambda i: -rows[i].cost_ms)[:DEVICE_ROWS])
+    cells = [
         (
             row.name,
             row.kind,
@@ -360,8 +366,13 @@ def _device_cells(plan: Plan, topology: Topology) -> list[tuple[str, ...]]:
             _percent(row.ddr_fraction),
             f"{row.cost_ms:.2f}",
         )
-        for row in device_rows(plan, topology)
+        for i, row in enumerate(rows)
+        if i in busiest
     ]
+    if len(rows) > DEVICE_ROWS:
+        rest = [row.cost_ms for i, row in enumerate(rows) if i not in busiest]
+        cells.append((f"+{len(rest)} more", "", "", "", "", "", f"<= {max(rest):.2f}"))
+    return cells
 
 
 def _table_cells(plan: Plan, model: ModelSpec, topology: Topology) -> list[tuple[str, ...]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +78,7 @@ class Topology:
     def latency_s(self) -> float:
         """One-way host-to-host latency across the network (first trainer to the farthest other host)."""
         others = [h.name for h in (*self.trainers, *self.servers) if h.name != self.trainers[0].name]
-        return max((self.path_latency(self.trainers[0].name, o) for o in others), default=0.0)
+        return max(self.path_latencies(self.trainers[0].name, others), default=0.0)
 
     @functools.cache  # noqa: B019 - topologies are few and long-lived; paths are asked for many times.
     def _path(self, a: str, b: str) -> tuple[str, ...]:
@@ -95,6 +95,17 @@ class Topology:
         """One-way latency (s) along the path from ``a`` to ``b``."""
         path = self._path(a, b)
         return sum(self.graph.edges[u, v].get("latency", 0.0) for u, v in itertools.pairwise(path))
+
+    def path_latencies(self, a: str, targets: Sequence[str]) -> list[float]:
+        """:meth:`path_latency` from ``a`` to each of ``targets``, from one search of the graph (a search per
+        target is hosts x hosts on a large cluster)."""
+        paths = self._paths_from(a)
+        edges = self.graph.edges
+        return [sum(edges[u, v].get("latency", 0.0) for u, v in itertools.pairwise(paths[b])) for b in targets]
+
+    @functools.cache  # noqa: B019 - as _path: few sources, asked for every target.
+    def _paths_from(self, a: str) -> dict[str, list[str]]:
+        return nx.single_source_dijkstra_path(self.graph, a, weight=_path_weight)
 
     # ---- capacities -----------------------------------------------------------------------------------------
     def hbm_capacity(self, gpu: Gpu) -> int:

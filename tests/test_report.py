@@ -160,6 +160,19 @@ def test_rich_tables_have_a_row_per_device_and_table(example):
     assert summary(p) in text
 
 
+def test_device_table_keeps_the_busiest_devices_and_a_line_for_the_rest(example, monkeypatch):
+    _, topology, p = example
+    rows = device_rows(p, topology)
+    monkeypatch.setattr("persia_planner.report.DEVICE_ROWS", 4)
+    table = render_devices(p, topology)
+    assert table.row_count == 5
+    busiest = sorted(rows, key=lambda r: -r.cost_ms)
+    names = list(table.columns[0].cells)
+    assert set(names[:4]) == {r.name for r in busiest[:4]}
+    assert names[4] == f"+{len(rows) - 4} more"
+    assert list(table.columns[-1].cells)[4] == f"<= {busiest[4].cost_ms:.2f}"
+
+
 def test_abbreviate():
     topology = Topology.simple(trainers=2, gpus_per_trainer=2, servers=3)
     assert abbreviate(["trainer0/gpu0"], topology) == "trainer0/gpu0"

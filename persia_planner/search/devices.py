@@ -1,10 +1,11 @@
 """Device choice: the best devices for each option of a table, given the state, scored as rows of one matrix.
 
 An option's placement is one or more decisions, each among candidates that are rows of a load matrix: table-wise
-and column-wise shards go one at a time, each on its best candidate GPU (the least-loaded GPU of every host plus the
-least-loaded few); table-column-wise and table-row-wise compare whole hosts; row-wise spreads over every GPU, a
-replica goes on every GPU and ``ps_hash`` puts one hash bucket on every server, which leaves nothing to decide.
-Every option's first decision is scored in one matrix and the further ones together (:mod:`.steps`).
+and column-wise shards go one at a time, each on its best candidate GPU (the least-loaded GPU of each candidate host
+plus the least-loaded few: :meth:`.state.State.candidates`); table-column-wise and table-row-wise compare whole
+candidate hosts; row-wise spreads over every GPU, a replica goes on every GPU and ``ps_hash`` puts one hash bucket on
+every server, which leaves nothing to decide. Every option's first decision is scored in one matrix and the further
+ones together (:mod:`.steps`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from persia_planner.search.state import State
 
 __all__ = ["DeviceChoice"]
+
+# GPUs with room scored when the candidates are full, at most (every GPU on clusters up to this size).
+_FALLBACK = 128
 
 
 class DeviceChoice:
@@ -55,8 +59,7 @@ class DeviceChoice:
             # Nothing to choose: it is scored only if asked (State.score_of).
             choice = steps[0].forced()
             return choice, [(choice, math.nan)]
-        stacked = steps[0].loads if len(steps) == 1 else np.concatenate([step.loads for step in steps])
-        scores, gpu_steps = state.scores(state.loads + stacked)
+        scores, gpu_steps = state.scores_added_each([step.loads for step in steps])
         choices = None
         if sum(step.decisions > 1 for step in steps) > 1:
             with contextlib.suppress(Tie):
@@ -84,15 +87,17 @@ class DeviceChoice:
         if s in (Sharding.TABLE_WISE, Sharding.COLUMN_WISE):
             return self._first_shard(table, option)
         if s is Sharding.TABLE_COLUMN_WISE:
-            # One candidate per host, all scored in one matrix: every host's shards go through the cost model at once.
+            # One candidate per candidate host, all scored in one matrix: every host's shards go through the cost
+            # model at once.
+            hosts = state.candidate_hosts()
             if state.host_grid is not None:
-                grid = state.host_grid
+                grid = state.host_grid if len(hosts) == state.n_hosts else state.host_grid[hosts]
                 by_load = np.argsort(state.gpu_step[grid], axis=1, kind="stable")[:, : option.splits]
                 picked = list(np.take_along_axis(grid, by_load, axis=1)) if grid.shape[1] >= option.splits else []
             else:
                 picked = [
                     gpus[np.argsort(state.gpu_step[gpus], kind="stable")][: option.splits]
-                    for gpus in state.host_gpus
+                    for gpus in (state.host_gpus[h] for h in hosts)
                     if len(gpus) >= option.splits
                 ]
             if not picked:
@@ -103,10 +108,16 @@ class DeviceChoice:
             loads = self.shards.range_loads(found, gpus).reshape(shape).sum(axis=1)
             mem = self.shards.range_mem(found, gpus).reshape(shape).sum(axis=1)
             return self._pick_step(option, loads, mem, [tuple(int(g) for g in p) for p in picked])
-        loads, mem = self.fixed_vectors(table, option)
         if s is Sharding.TABLE_ROW_WISE:
-            # One candidate per host (its vectors depend only on the table).
-            return self._pick_step(option, loads, mem, state.host_devices)
+            # One candidate per candidate host. Every host's vectors depend only on the table: kept while the
+            # candidates are every host; beyond, kept they would be hosts x GPUs per table, so built when asked.
+            hosts = state.candidate_hosts()
+            if len(hosts) == state.n_hosts:
+                loads, mem = self.fixed_vectors(table, option)
+            else:
+                loads, mem = self._twrw_vectors(table, option, hosts)
+            return self._pick_step(option, loads, mem, [state.host_devices[h] for h in hosts])
+        loads, mem = self.fixed_vectors(table, option)
         if not state.fits(mem)[0]:
             return None
         gpus = () if s is Sharding.PS_HASH else tuple(range(state.n_gpus))
@@ -127,7 +138,9 @@ class DeviceChoice:
 
         def finish(scores: np.ndarray, steps: np.ndarray, pick: Pick) -> Finish:
             i = pick(scores, ok)
-            return given(Choice(option, devices[i], loads[i], mem[i], float(scores[i]), state.stamp(steps[i])))
+            # Copies: a row alone would keep every candidate's row alive as long as the choice.
+            row_loads, row_mem = loads[i].copy(), mem[i].copy()
+            return given(Choice(option, devices[i], row_loads, row_mem, float(scores[i]), state.stamp(steps[i])))
 
         return Step(loads, finish)
 
@@ -138,11 +151,16 @@ class DeviceChoice:
         gpus = self.state.candidates(exclude=chosen)
         ok = self._shard_fits(found, gpus, used_ddr)
         if not ok.any():
-            # The least-loaded GPUs are full: fall back to every GPU with room.
+            # The least-loaded GPUs are full: fall back to every GPU with room (the least-loaded of them, beyond
+            # _FALLBACK: a row per GPU of the cluster is GPUs x GPUs).
             gpus = np.setdiff1d(self.shards.all_gpus, chosen)
             ok = self._shard_fits(found, gpus, used_ddr)
             if not ok.any():
                 return None
+            if len(gpus) > _FALLBACK:
+                room = gpus[ok]
+                gpus = np.sort(room[np.argsort(self.state.gpu_step[room], kind="stable")[:_FALLBACK]])
+                ok = np.ones(len(gpus), dtype=bool)
         return gpus, ok
 
     def _first_shard(self, table: TableSpec, option: Option) -> Step | None:
@@ -170,7 +188,7 @@ class DeviceChoice:
                 cost.ddr_of(shard_mem)[gpu_host[g]] += found.ddr
                 mem = shard_mem if mem is None else shard_mem + mem
                 used_ddr[gpu_host[g]] += found.ddr
-                loads = cand_l[i]
+                loads = cand_l[i].copy()  # alone: a view would keep every candidate's row alive with the choice
                 if len(chosen) == option.splits:
                     return Choice(option, tuple(chosen), loads, mem, float(scores[i]), state.stamp(steps[i]))
                 more = self._shard_candidates(found, chosen, used_ddr)
@@ -201,16 +219,19 @@ class DeviceChoice:
     def _compute_fixed(self, table: TableSpec, option: Option) -> tuple[np.ndarray, np.ndarray]:
         state, cost, s = self.state, self.cost, option.sharding
         if s is Sharding.TABLE_ROW_WISE:
-            picked = list(state.host_gpus)
-            part_l, part_m = self._row_split(table, option, picked, twrw=True)
-            ends = np.cumsum([len(gpus) for gpus in picked])
-            loads = np.array([part_l[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
-            mem = np.array([part_m[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
+            loads, mem = self._twrw_vectors(table, option, range(state.n_hosts))
         elif s is Sharding.ROW_WISE:
-            part_l, part_m = self._row_split(table, option, [np.arange(state.n_gpus)])
-            loads, mem = part_l.sum(axis=0), part_m.sum(axis=0)
+            # Summed without a row per GPU (each as long as the load vector: GPUs x GPUs on a large cluster).
+            gpus = np.arange(state.n_gpus)
+            rows = np.array(row_blocks(table.rows, len(gpus)))
+            terms = cost.range_shard_terms(
+                table, rows / table.rows, table.dim, option.tier, gpus, cache_fraction=option.cache_fraction
+            )
+            loads = cost.range_loads_sum(terms, gpus, twrw=False)
+            hbm, ddr = tier_bytes(table, option.tier, rows, table.dim, state.dtype, option.cache_fraction)
+            mem = cost.shard_memory_sum(gpus, hbm, ddr)
         elif s is Sharding.DATA_PARALLEL:
-            loads = cost.replica_loads(table).sum(axis=0)
+            loads = cost.replica_loads(table)
             replica = tier_bytes(table, Tier.HBM, table.rows, table.dim, state.dtype, replica=True)[0]
             mem = cost.memory_vector(hbm=float(replica))
         else:
@@ -219,6 +240,15 @@ class DeviceChoice:
             mem = cost.memory_vector(ps=state.ps_mem(table))
         loads.setflags(write=False)  # shared by every choice of this placement
         mem.setflags(write=False)
+        return loads, mem
+
+    def _twrw_vectors(self, table: TableSpec, option: Option, hosts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(loads, memory) of table-row-wise on each of ``hosts`` (one row each)."""
+        picked = [self.state.host_gpus[h] for h in hosts]
+        part_l, part_m = self._row_split(table, option, picked, twrw=True)
+        ends = np.cumsum([len(gpus) for gpus in picked])
+        loads = np.array([part_l[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
+        mem = np.array([part_m[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
         return loads, mem
 
     def _row_split(

@@ -29,8 +29,13 @@ __all__ = ["FreeRoom", "State"]
 
 # Weight of the balance term in the search's score (the step time has weight 1).
 _BALANCE_WEIGHT = 0.05
-# Devices scored per shard placement beyond the least-loaded GPU of every host.
+# Devices scored per shard placement beyond the least-loaded GPU of each candidate host.
 _CANDIDATES = 8
+# Hosts a decision considers (the least loaded): every host on clusters up to this size; beyond, scoring every host
+# would make each decision, and so each table, cost hosts x GPUs (docs/decisions/0018-bounded-candidates.md).
+CANDIDATE_HOSTS = 16
+# Load-vector entries scored at once (rows x resources): bounds the scoring's temporaries on large clusters.
+_SCORE_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class State:
         lay = cost.layout
         self.n_gpus, self.n_hosts, self.n_servers = lay.n_gpus, lay.n_hosts, lay.n_servers
         self.dtype = cost.dtype
-        self.host_gpus = [np.flatnonzero(cost.gpu_host == h) for h in range(self.n_hosts)]
+        self.host_gpus = cost.host_gpus()  # not a pass over the GPUs per host: hosts x GPUs
         self.min_hbm = min(cost.topology.hbm_capacity(g) for g in cost.topology.gpus)
         # Table-row-wise needs the same GPU count on every host (TorchRec's layout); so do we.
         self.uniform_hosts = len({len(g) for g in self.host_gpus}) == 1
@@ -91,6 +96,7 @@ class State:
         self._gpu_hosts = cost.gpu_host.tolist()
         self._gpu_step: np.ndarray | None = None
         self._candidates: np.ndarray | None = None
+        self._candidate_hosts: list[int] | None = None
         self._free: np.ndarray | None = None
         self._room_stats: FreeRoom | None = None
         self._mean_step: float | None = None
@@ -132,10 +138,12 @@ class State:
         return self._room_stats
 
     def candidates(self, exclude: Sequence[int] = ()) -> np.ndarray:
-        """GPUs worth scoring for one more shard: the least-loaded GPU of every host plus the least-loaded overall.
+        """GPUs worth scoring for one more shard: the least-loaded GPU of each of the :data:`CANDIDATE_HOSTS`
+        least-loaded hosts (every host on smaller clusters) plus the least-loaded GPUs overall.
 
         Scoring all GPUs gives the same choice almost always (a shard's own work goes to its GPU, its all-to-all
-        pattern depends only on its host), at a fraction of the cost on large clusters.
+        pattern depends only on its host), at a fraction of the cost on large clusters. A host is ranked by its
+        least-loaded GPU's step, which includes the host's NIC time: what one more shard there would wait on.
         """
         if not exclude and self._candidates is not None:
             return self._candidates
@@ -148,17 +156,29 @@ class State:
         order = np.argsort(step, kind="stable").tolist()
         picked = set(order[:_CANDIDATES])
         hosts, seen = self._gpu_hosts, set()
+        wanted = min(self.n_hosts, CANDIDATE_HOSTS)
         for g in order:
             if hosts[g] not in seen:
                 seen.add(hosts[g])
                 picked.add(g)
-                if len(seen) == self.n_hosts:
+                if len(seen) == wanted:
                     break
         picked.difference_update(exclude)  # those with an infinite step
         result = np.array(sorted(picked), dtype=np.intp)
         if not exclude:
             self._candidates = result
         return result
+
+    def candidate_hosts(self) -> list[int]:
+        """Hosts worth scoring for a whole-host placement (in index order): every host up to
+        :data:`CANDIDATE_HOSTS`, else that many whose least-loaded GPU is least loaded (ties: the lower index)."""
+        if self.n_hosts <= CANDIDATE_HOSTS:
+            return list(range(self.n_hosts))
+        if self._candidate_hosts is None:
+            least = np.full(self.n_hosts, np.inf)
+            np.minimum.at(least, self.cost.gpu_host, self.gpu_step)
+            self._candidate_hosts = sorted(np.argsort(least, kind="stable")[:CANDIDATE_HOSTS].tolist())
+        return self._candidate_hosts
 
     # ---- scoring --------------------------------------------------------------------------------------------
     def score(self, loads: np.ndarray) -> np.ndarray:
@@ -169,10 +189,19 @@ class State:
         """
         return self.scores(loads)[0]
 
-    def scores(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`score` of each row of ``loads``, and its step time per GPU."""
+    def scores(self, loads: np.ndarray, added: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`score` of each row of ``loads`` (with the state's loads ``added`` to each), and its step time per
+        GPU. Rows are scored a few at a time on large clusters: every row's scoring makes rows as long as the load
+        vector, and hundreds of them at once would be most of the search's memory (each row's figures are the
+        same bits however many are scored together)."""
         if loads.ndim == 1:
             loads = loads[None, :]
+        at_once = max(1, _SCORE_CHUNK // loads.shape[1])
+        if len(loads) > at_once:
+            parts = [self.scores(loads[i : i + at_once], added) for i in range(0, len(loads), at_once)]
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        if added:
+            loads = self.loads + loads
         every = self.cost.resource_ms(loads)
         step = every.max(axis=1)  # the step time: the slowest GPU or NIC
         scale = np.maximum(step, 1e-12)
@@ -187,7 +216,17 @@ class State:
 
     def scores_added(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`scores` of the state with each row of ``loads`` added."""
-        return self.scores(self.loads + loads)
+        return self.scores(loads, added=True)
+
+    def scores_added_each(self, matrices: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`scores_added` of the matrices' rows, stacked (on large clusters, scored one matrix at a time
+        rather than stacked: a copy of every candidate's row is as much memory again)."""
+        if len(matrices) == 1:
+            return self.scores_added(matrices[0])
+        if sum(m.size for m in matrices) <= _SCORE_CHUNK:
+            return self.scores_added(np.concatenate(matrices))
+        parts = [self.scores_added(m) for m in matrices]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def score_of(self, choice: Choice) -> float:
         """The score of the state with ``choice`` added (as the device choice scored it; computed here if not)."""
@@ -199,8 +238,9 @@ class State:
         return float(self.score(self.loads)[0])
 
     def stamp(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """What a choice remembers of its scoring: the state's loads it was added to and the resulting GPU steps."""
-        return self.loads, steps
+        """What a choice remembers of its scoring: the state's loads it was added to and the resulting GPU steps
+        (a copy: a row of the scoring's matrix would keep every candidate's row alive with the choice)."""
+        return self.loads, steps.copy()
 
     def fits(self, mem: np.ndarray) -> np.ndarray:
         """Whether each row of ``mem`` fits in the room left."""
@@ -228,12 +268,14 @@ class State:
     def changed(self) -> None:
         """Forget what was derived from the sums (after they were set directly)."""
         self._gpu_step = self._candidates = self._free = self._room_stats = self._mean_step = None
+        self._candidate_hosts = None
 
     def add(self, name: str, choice: Choice) -> None:
         self.changed()
         stamp = choice.stamp
         if stamp is not None and stamp[0] is self.loads:
             self._gpu_step = stamp[1]  # this very sum was scored: the same bits
+        choice.stamp = None  # of no use once added, and it holds a load vector of the state before
         self.choices[name] = choice
         self.loads = self.loads + choice.loads
         self.mem = self.mem + choice.mem
