@@ -28,7 +28,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from persia_planner.errors import PlannerError
 from persia_planner.placement import Mode, TablePlacement
-from persia_planner.plans import Plan, require_same_tables
+from persia_planner.plan_checks import require_same_tables
+from persia_planner.plans import Plan
 from persia_planner.specs import Optimizer
 
 from .local import LocalEmbeddingBags

@@ -13,8 +13,9 @@ from persia_planner.constants import CostConstants
 from persia_planner.cost import Cost, CostModel
 from persia_planner.errors import CapacityError, ErrorKind, PlannerError, SpecError
 from persia_planner.placement import Mode, Shard, Sharding, Storage, TablePlacement, Tier
+from persia_planner.plan_checks import validate
 from persia_planner.planner import Planner, plan
-from persia_planner.plans import Plan, load_plan, validate
+from persia_planner.plans import Plan, load_plan
 from persia_planner.search import GreedyLocalSearch, SearchConfig
 from persia_planner.specs import DenseSpec, DType, ModelSpec, Optimizer, TableSpec, load_model
 from persia_planner.topology import Topology, load_topology

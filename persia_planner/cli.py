@@ -150,7 +150,7 @@ def plan_command(
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
     from persia_planner.paths import EXAMPLE_MODEL, EXAMPLE_TOPOLOGY
-    from persia_planner.plans import require_valid
+    from persia_planner.plan_checks import require_valid
 
     with _edge():
         if (model is None) != (topology is None):
@@ -357,7 +357,8 @@ def train_command(
     from persia_planner import plan as make_plan
     from persia_planner.modules.config import TrainConfig, check_before_start
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
-    from persia_planner.plans import load_plan, require_valid
+    from persia_planner.plan_checks import require_valid
+    from persia_planner.plans import load_plan
 
     with _edge():
         model_path = model or DEFAULT_MODEL

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, row_blocks
-from persia_planner.plans import Plan, require_same_tables
+from persia_planner.plan_checks import require_same_tables
+from persia_planner.plans import Plan
 from persia_planner.specs import ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
 

@@ -203,7 +203,7 @@ def test_saving_a_plan_onto_a_directory_leaves_no_temporary_file(tmp_path):
 
 def test_plan_matches_model_check():
     from persia_planner.errors import ErrorKind, PlannerError
-    from persia_planner.plans import require_same_tables, table_mismatch
+    from persia_planner.plan_checks import require_same_tables, table_mismatch
 
     assert table_mismatch({"b": 1, "z": 2, "y": 3}, ["a", "b", "c"]) == (["a", "c"], ["y", "z"])
     assert table_mismatch(["a", "b"], ["b", "a"]) == ([], [])
