@@ -4,7 +4,8 @@ Rank layout (what :func:`.server.serve` and :func:`.trainer.connect` assume): se
 ``ps{i}``, trainers ``n_servers + j`` named ``trainer{j}``. Every process is forked from a ``forkserver`` that has
 imported the modules once (:func:`_context`; no fork of a parent that may hold threads or an RPC agent), takes the
 launching process's environment, and rendezvous at ``127.0.0.1`` in a TCPStore that the launching process hosts
-before any of them starts (:func:`hosted_store`, torchrun's agent-store convention).
+before any of them starts (:func:`hosted_store`, torchrun's agent-store convention). Every socket of the job listens
+on loopback only: the store, the RPC agents (TensorPipe) and the trainers' gloo pairs.
 
 Each trainer runs ``fn(trainer_index, client, *args)`` and sends its return value (or its traceback) back through a
 queue; the trainers may synchronise with each other through :func:`barrier`. After all trainers reported, the
@@ -41,9 +42,10 @@ import torch.multiprocessing as mp
 
 from persia_planner.errors import PlannerError
 
-from ..rpcenv import master_address
+from ..rpcenv import listen_on_loopback_if_asked, master_address
 from .allocator import allocator_env
 from .client import PsClient
+from .group import host_store
 from .protocol import check_wire_dtype, server_name
 from .server import serve
 from .trainer import connect
@@ -121,9 +123,7 @@ def hosted_store(timeout_s: float = 300.0) -> Iterator[int]:
     Yields:
         The store's port on 127.0.0.1.
     """
-    store = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
-    )
+    store = host_store("127.0.0.1", 0, datetime.timedelta(seconds=timeout_s))  # loopback only, not every interface
     try:
         yield store.port
     finally:
@@ -135,7 +135,7 @@ def use_hosted_store(port: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-    os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe: listen on loopback, not the host's address
+    listen_on_loopback_if_asked()
 
 
 def trainers_store(timeout_s: float = 300.0) -> dist.Store:
@@ -149,6 +149,7 @@ def trainers_store(timeout_s: float = 300.0) -> dist.Store:
         PlannerError: ``MASTER_ADDR`` or ``MASTER_PORT`` is not set.
     """
     addr, port = master_address("the trainers' group")
+    listen_on_loopback_if_asked()  # gloo reads GLOO_SOCKET_IFNAME when the group is made with this store
     agent = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
     run = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     return dist.PrefixStore(f"persia-trainers-{run}", agent)
