@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["CapacityError", "ErrorKind", "PlannerError", "SpecError"]
+__all__ = ["CapacityError", "ErrorKind", "Interrupted", "PlannerError", "SpecError"]
 
 
 class ErrorKind(enum.StrEnum):
@@ -65,3 +65,18 @@ class CapacityError(PlannerError):
         self.short_bytes = int(short_bytes)
         self.table = table
         super().__init__(message, kind=ErrorKind.CAPACITY, fixes=fixes)
+
+
+class Interrupted(Exception):
+    """A signal (SIGINT, SIGTERM) stopped a run; its processes were stopped first.
+
+    Not a :class:`PlannerError`: nothing was wrong with the input, and code that handles those must not take it for
+    one. The CLI prints it as one line and exits ``128 + signum`` (130, 143), as a shell reports a signal.
+
+    Attributes:
+        signum: The signal's number.
+    """
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from persia_planner.errors import PlannerError
+from persia_planner.modules.ps.group import host_store
 from persia_planner.modules.ps.launch import barrier, free_port, local_cluster, trainers_store
 
 PERSIA = Path(sys.executable).with_name("persia")
@@ -115,6 +121,19 @@ def test_every_listening_socket_of_a_local_job_is_on_loopback(monkeypatch):
     assert interfaces == interfaces_1 == ("lo", "lo")
 
 
+def test_host_store_listens_on_its_address_only_and_names_one_it_cannot_listen_on():
+    store = host_store("127.0.0.1", 0, datetime.timedelta(seconds=10))
+    assert listeners([os.getpid()]).count((os.getpid(), f"127.0.0.1:{store.port}")) == 1
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+    client.set("k", "v")
+    assert store.get("k") == b"v"
+    del client, store
+    # 192.0.2.0/24 is reserved for documentation: no host has it
+    with pytest.raises(PlannerError, match=r"^cannot listen on 192\.0\.2\.1:29500 for the rendezvous store: ") as info:
+        host_store("192.0.2.1", 29500, datetime.timedelta(seconds=10))
+    assert "MASTER_ADDR must be an address of the host that runs rank 0" in str(info.value)
+
+
 JOINING_TRAINER = """
 import sys
 from persia_planner.modules.ps.trainer import joined
@@ -162,3 +181,93 @@ def test_persia_ps_hosts_its_store_and_listens_on_master_addr_only():
     assert (server.pid, f"127.0.0.1:{port}") in found, found  # the store
     assert {pid for pid, _ in found} == {server.pid, trainer.pid}, found  # and both RPC agents
     assert not _beyond_loopback(found), f"listening beyond loopback: {_beyond_loopback(found)}"
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (``Z``: a zombie, already dead), or None if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _live(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if _state(pid) not in (None, "Z")]
+
+
+def _workers_started(launcher: subprocess.Popen, n: int, timeout_s: float) -> list[int]:
+    """Wait until ``n`` workers (grandchildren of the launcher: children of its fork server) exist; every
+    descendant of the launcher then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = _descendants(launcher.pid)
+        direct = set(_children_of(launcher.pid))
+        if len([pid for pid in found if pid not in direct]) >= n:
+            return found
+        assert launcher.poll() is None, f"persia train ended early ({launcher.returncode})"
+        assert time.monotonic() < deadline, f"no {n} workers within {timeout_s:g} s: {found}"
+        time.sleep(0.05)  # the poll interval, not a synchronisation
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _gone_within(pids: list[int], timeout_s: float) -> list[int]:
+    """The processes among ``pids`` still alive after ``timeout_s`` (waiting no longer than needed)."""
+    deadline = time.monotonic() + timeout_s
+    while _live(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the poll interval, not a synchronisation
+    return _live(pids)
+
+
+# 2 servers and 2 trainers on synthetic data, with steps enough to still be training whenever the signal comes.
+TRAIN = [str(PERSIA), "train", "--steps", "100000", "--eval-batches", "1"]
+
+
+def _start_training(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    out = (tmp_path / "stderr").open("w")
+    launcher = subprocess.Popen(
+        TRAIN, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True, cwd=tmp_path, text=True
+    )
+    return launcher, _workers_started(launcher, 4, timeout_s=120)
+
+
+def _kill_what_is_left(launcher: subprocess.Popen, pids: list[int]) -> None:
+    for pid in [launcher.pid, *_live(pids)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    launcher.wait()
+
+
+@pytest.mark.timeout(180)
+def test_workers_die_with_a_killed_launcher(tmp_path):
+    launcher, descendants = _start_training(tmp_path)
+    try:
+        launcher.kill()
+        launcher.wait()
+        left = _gone_within(descendants, 10.0)
+        assert not left, f"still running 10 s after the launcher was killed: {left}"
+    finally:
+        _kill_what_is_left(launcher, descendants)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_job_with_one_error_line(tmp_path, signum, code):
+    launcher, descendants = _start_training(tmp_path)
+    try:
+        launcher.send_signal(signum)
+        assert launcher.wait(timeout=60) == code
+        left = _gone_within(descendants, 10.0)
+        assert not left, f"still running 10 s after the launcher stopped: {left}"
+    finally:
+        _kill_what_is_left(launcher, descendants)
+    errors = [line for line in (tmp_path / "stderr").read_text().splitlines() if line.strip()]
+    name = signal.Signals(signum).name
+    assert len(errors) == 1 and re.fullmatch(rf"error: interrupted \({name}\); stopped [1-4] workers?", errors[0]), (
+        errors
+    )
