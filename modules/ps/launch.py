@@ -322,27 +322,45 @@ class _Stop(BaseException):
         self.signum = signum
 
 
-@contextlib.contextmanager
-def _signals_stop_the_job() -> Iterator[None]:
-    """In the block, the first SIGINT or SIGTERM raises :class:`_Stop` in the main thread; later ones are ignored
-    while the workers are being stopped (that is bounded). Outside the main thread Python cannot take signals, and
-    nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
+class _StopOnSignals:
+    """While installed, the first SIGINT or SIGTERM raises :class:`_Stop` in the main thread, at once or, inside
+    :meth:`held`, when that block ends; later ones are ignored while the workers are being stopped (that is bounded).
+    Outside the main thread Python cannot take signals, and nothing changes."""
 
-    def stop(signum: int, _frame: Any) -> None:
-        if not received:
-            received.append(signum)
-            raise _Stop(signum)
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.holding = False
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+            if not self.holding:
+                raise _Stop(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_StopOnSignals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A signal in the block stops the job once the block is done. Starting a process is one: interrupted while
+        it sends the process its work, the launcher would not know its pid (and not stop it), and the process would
+        print a traceback about the truncated message."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.received is not None:
+            raise _Stop(self.received)
 
 
 def _stop(procs: list[Any], grace_s: float) -> int:
@@ -418,7 +436,7 @@ def local_cluster(
     _restart_forkserver_unless(environ.get("GLIBC_TUNABLES"))
     stopped: list[int] = []  # how many workers were running when a signal stopped the job
     try:
-        with _signals_stop_the_job(), hosted_store(max(timeout_s, run_timeout_s)) as port:
+        with _StopOnSignals().installed() as signals, hosted_store(max(timeout_s, run_timeout_s)) as port:
             results = ctx.Queue()
             trainer_barrier = ctx.Barrier(n_clients)
             servers = [
@@ -459,8 +477,9 @@ def local_cluster(
             try:
                 try:
                     os.environ.update(tuning)
-                    for p in procs:
-                        p.start()  # may raise (e.g. fn or args do not pickle): the ones started are killed below
+                    with signals.held():
+                        for p in procs:
+                            p.start()  # may raise (e.g. fn or args do not pickle): the ones started are killed below
                 finally:
                     if before is None:
                         os.environ.pop("GLIBC_TUNABLES", None)
