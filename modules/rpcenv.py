@@ -1,4 +1,5 @@
-"""The RPC group's environment, read without torch: the rendezvous address and the TensorPipe transports.
+"""The RPC group's environment, read without torch: the rendezvous address, the TensorPipe transports, and the
+interfaces TensorPipe and gloo listen on.
 
 ``persia ps`` and ``persia train`` check it before they import torch, so a mistake is answered at once; the group
 itself (:mod:`.ps.group`) reads it when a process joins.
@@ -6,12 +7,20 @@ itself (:mod:`.ps.group`) reads it when a process joins.
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 from persia_planner.errors import PlannerError
 
-__all__ = ["DEFAULT_RPC_TRANSPORTS", "RPC_TRANSPORTS_ENV", "master_address", "rpc_transports"]
+__all__ = [
+    "DEFAULT_RPC_TRANSPORTS",
+    "RPC_TRANSPORTS_ENV",
+    "is_loopback",
+    "listen_on_loopback_if_asked",
+    "master_address",
+    "rpc_transports",
+]
 
 
 def master_address(purpose: str) -> tuple[str, int]:
@@ -72,3 +81,32 @@ def rpc_transports(environ: Mapping[str, str] | None = None) -> list[str]:
             fixes=(f"use a comma-separated list of {', '.join(_KNOWN_TRANSPORTS)} (default: uv)",),
         )
     return names
+
+
+# Linux's loopback interface. TensorPipe and gloo take an interface name, not an address.
+_LOOPBACK_INTERFACE = "lo"
+
+
+def is_loopback(addr: str) -> bool:
+    """Whether ``addr`` is ``localhost`` or a loopback address (127.0.0.0/8, ``::1``); a host name is not resolved."""
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_on_loopback_if_asked(environ: MutableMapping[str, str] | None = None) -> None:
+    """Where ``MASTER_ADDR`` is a loopback address, make TensorPipe and gloo listen on loopback too.
+
+    Call it before the RPC agent or a gloo group starts: they read ``TP_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME``
+    then. Unset, both listen on the address the host's name resolves to, usually the machine's network address,
+    although a job whose rendezvous is on loopback runs on this machine only. A value the user set is kept, and
+    with any other ``MASTER_ADDR`` (a job on several machines) the choice stays the user's: see the README, "Running
+    on several machines".
+    """
+    environ = os.environ if environ is None else environ
+    if is_loopback(environ.get("MASTER_ADDR", "")):
+        environ.setdefault("TP_SOCKET_IFNAME", _LOOPBACK_INTERFACE)
+        environ.setdefault("GLOO_SOCKET_IFNAME", _LOOPBACK_INTERFACE)

@@ -2,7 +2,9 @@
 
 Exit codes: 0 success; 1 ``persia validate`` found an invalid plan; 2 bad input (a missing or malformed file, an
 unknown key or unit, a model that cannot fit, a bad argument): one line ``error: <message>`` on stderr, never a
-traceback; 3 an internal error (a bug: please report it; ``PERSIA_DEBUG=1`` shows the traceback).
+traceback; 3 an internal error (a bug: please report it; ``PERSIA_DEBUG=1`` shows the traceback); 130 / 143
+interrupted by SIGINT (Ctrl-C) / SIGTERM (``128 + signum``, as a shell reports a signal; ``persia train`` stops its
+workers first and says so in its ``error:`` line).
 
 Nothing here imports torch, and matplotlib is imported only by ``persia topology --png``.
 """
@@ -19,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from persia_planner.errors import ErrorKind, PlannerError, one_line
+from persia_planner.errors import ErrorKind, Interrupted, PlannerError, one_line
 from persia_planner.limits import MAX_BATCH_SIZE, MAX_STALENESS
 
 try:  # typer >= 0.22 vendors click; older typer depends on it.
@@ -93,9 +95,12 @@ def _error(message: str, code: int) -> int:
 
 @contextlib.contextmanager
 def _edge() -> Iterator[None]:
-    """Where PlannerError becomes a one-line message and an exit code (1 for an invalid plan, else 2)."""
+    """Where PlannerError becomes a one-line message and an exit code (1 for an invalid plan, else 2), and an
+    :class:`~persia_planner.errors.Interrupted` run one with ``128 + signum``."""
     try:
         yield
+    except Interrupted as err:
+        raise _Exit(_error(str(err), 128 + err.signum)) from None
     except PlannerError as err:
         code = EXIT_INVALID_PLAN if err.kind is ErrorKind.INVALID_PLAN else EXIT_BAD_INPUT
         if getattr(err, "internal", False):  # a trainer process hit a bug, not bad input

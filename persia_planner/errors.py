@@ -6,7 +6,16 @@ import enum
 import reprlib
 from typing import Any
 
-__all__ = ["MAX_LINE_CHARS", "CapacityError", "ErrorKind", "PlannerError", "SpecError", "abbreviate", "one_line"]
+__all__ = [
+    "MAX_LINE_CHARS",
+    "CapacityError",
+    "ErrorKind",
+    "Interrupted",
+    "PlannerError",
+    "SpecError",
+    "abbreviate",
+    "one_line",
+]
 
 MAX_LINE_CHARS = 600
 """The longest error line printed. Values from input files are shown abbreviated where the message is made (a
@@ -111,3 +120,18 @@ class CapacityError(PlannerError):
         self.short_bytes = int(short_bytes)
         self.table = table
         super().__init__(message, kind=ErrorKind.CAPACITY, fixes=fixes)
+
+
+class Interrupted(Exception):
+    """A signal (SIGINT, SIGTERM) stopped a run; its processes were stopped first.
+
+    Not a :class:`PlannerError`: nothing was wrong with the input, and code that handles those must not take it for
+    one. The CLI prints it as one line and exits ``128 + signum`` (130, 143), as a shell reports a signal.
+
+    Attributes:
+        signum: The signal's number.
+    """
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum

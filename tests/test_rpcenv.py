@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from persia_planner.errors import PlannerError
-from persia_planner.modules.rpcenv import master_address, rpc_transports
+from persia_planner.modules.rpcenv import is_loopback, listen_on_loopback_if_asked, master_address, rpc_transports
 
 
 def test_rpc_transports_default_to_uv_and_follow_the_variable():
@@ -25,3 +25,17 @@ def test_master_address_rejects_a_bad_port(monkeypatch, port):
     assert f"MASTER_PORT={port!r}" in message and "export MASTER_PORT=<free port>" in message and "\n" not in message
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert master_address("the servers") == ("127.0.0.1", 29500)
+
+
+def test_a_loopback_rendezvous_keeps_tensorpipe_and_gloo_on_loopback():
+    assert all(map(is_loopback, ["127.0.0.1", "127.0.1.1", "::1", "localhost"]))
+    assert not any(map(is_loopback, ["10.0.0.1", "0.0.0.0", "::", "host0", ""]))
+    environ = {"MASTER_ADDR": "127.0.0.1"}
+    listen_on_loopback_if_asked(environ)
+    assert environ == {"MASTER_ADDR": "127.0.0.1", "TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+    chosen = {"MASTER_ADDR": "::1", "TP_SOCKET_IFNAME": "eth1"}  # the user's choice stays
+    listen_on_loopback_if_asked(chosen)
+    assert chosen == {"MASTER_ADDR": "::1", "TP_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "lo"}
+    remote = {"MASTER_ADDR": "10.0.0.1"}  # several machines: the interface is the user's to choose
+    listen_on_loopback_if_asked(remote)
+    assert remote == {"MASTER_ADDR": "10.0.0.1"}

@@ -4,7 +4,9 @@ Servers and trainers alike are ``torch.distributed.rpc`` workers (TensorPipe bac
 
 * Joining (:func:`join_rpc_group`): the rendezvous goes through a ``persia-tcp://`` handler, torch's ``tcp://`` with
   the store connection bounded by the RPC timeout (torch's own waits 30 minutes and takes no timeout), after
-  waiting for rank 0 to listen; a group that does not come together fails in one line naming the address.
+  waiting for rank 0 to listen; a group that does not come together fails in one line naming the address. Rank 0
+  hosts the store on ``MASTER_ADDR`` only (:func:`host_store`), and TensorPipe listens on loopback when that
+  address is a loopback one (:func:`~persia_planner.modules.rpcenv.listen_on_loopback_if_asked`).
 * Leaving (:func:`leave_group`): the graceful ``rpc.shutdown()`` returns once every worker reached its own; a worker
   that died or hangs would keep it waiting forever, so meanwhile every other worker is pinged, and a lost one ends
   the wait with :class:`~.protocol.PeerLostError` naming it.
@@ -31,12 +33,13 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
 
-from ..rpcenv import master_address, rpc_transports
+from ..rpcenv import listen_on_loopback_if_asked, master_address, rpc_transports
 from .protocol import PeerLostError
 
 __all__ = [
     "DEFAULT_PEER_TIMEOUT_S",
     "DEFAULT_RPC_TIMEOUT_S",
+    "host_store",
     "join_rpc_group",
     "leave_group",
     "rpc_backend_options",
@@ -58,6 +61,7 @@ def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.Ten
     # init_rpc's own all_gather trips torch's deprecation notice about gloo groups: noise for our users.
     warnings.filterwarnings("ignore", message="You are using a Backend <class 'torch.distributed")
     addr, port = master_address("the parameter-server RPC group")
+    listen_on_loopback_if_asked()
     # Channels stay TensorPipe's defaults (cma for tensors between processes of one host, then mpt_uv, basic).
     return rpc.TensorPipeRpcBackendOptions(
         init_method=f"{_RENDEZVOUS_SCHEME}://{addr}:{port}?timeout_s={rpc_timeout_s:g}",
@@ -77,11 +81,79 @@ def _bounded_tcp_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int,
     query = dict(urllib.parse.parse_qsl(parsed.query))
     timeout = datetime.timedelta(seconds=float(query.pop("timeout_s")))
     rank, world_size = int(query.pop("rank")), int(query.pop("world_size"))
+    if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        # torch's rank 0 would host the store on every interface, whatever the address says.
+        assert parsed.hostname is not None and parsed.port is not None  # join_rpc_group built the URL from both
+        # As torch's rank 0, it waits for the other ranks here, up to the timeout: later waits may not end.
+        store = host_store(parsed.hostname, parsed.port, timeout, world_size=world_size, wait_for_workers=True)
+        yield store, 0, world_size
+        raise RuntimeError(f"{_RENDEZVOUS_SCHEME}:// cannot rendezvous again")  # as torch's tcp:// handler
     plain = parsed._replace(scheme="tcp", query=urllib.parse.urlencode(query)).geturl()
     yield from torch.distributed.rendezvous(plain, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
 
 
 torch.distributed.register_rendezvous_handler(_RENDEZVOUS_SCHEME, _bounded_tcp_rendezvous)
+
+
+def host_store(
+    addr: str,
+    port: int,
+    timeout: datetime.timedelta,
+    *,
+    world_size: int | None = None,
+    wait_for_workers: bool = False,
+) -> torch.distributed.TCPStore:
+    """A rendezvous store served by this process, listening on ``addr:port`` only (port 0: one the OS picks).
+
+    With ``wait_for_workers`` it returns once ``world_size`` clients (this process among them) connected, and
+    raises torch's ``DistStoreError`` after ``timeout``.
+
+    ``TCPStore(addr, port, is_master=True)`` listens on every interface of the host (torch 2.13, libuv backend or
+    not; ``addr`` only tells its clients where to connect), so anyone who reaches the port could read and write the
+    group's keys. Here the listening socket is bound to ``addr`` first and handed to the store
+    (``master_listen_fd``), which owns and closes it from then on. The store's ``port`` is the one bound.
+
+    Raises:
+        PlannerError: ``addr:port`` cannot be listened on (an address of another host, or the port is taken).
+    """
+    where = f"{addr}:{port}"
+    try:
+        family, kind, proto, _name, sockaddr = socket.getaddrinfo(
+            addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as err:
+        raise PlannerError(f"cannot listen on {where} for the rendezvous store: {err.strerror or err}") from err
+    try:
+        # As torch's own store server: a restarted rank 0 takes its port back while old connections linger.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as err:
+        sock.close()
+        raise PlannerError(
+            f"cannot listen on {where} for the rendezvous store: {err.strerror or err}",
+            fixes=(
+                "MASTER_ADDR must be an address of the host that runs rank 0 (127.0.0.1 on one machine)",
+                "choose a free MASTER_PORT",
+            ),
+            kind=ErrorKind.UNAVAILABLE,
+        ) from err
+    bound = sock.getsockname()[1]
+    try:
+        return torch.distributed.TCPStore(
+            addr,
+            bound,
+            world_size=world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=wait_for_workers,
+            master_listen_fd=sock.fileno(),
+        )
+    finally:
+        # The store owns the descriptor from here on (and closes it when it fails waiting for the workers); a
+        # second close could close another file that took its number.
+        sock.detach()
 
 
 def join_rpc_group(name: str, rank: int, world_size: int, rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> None:

@@ -4,7 +4,8 @@ Rank layout (what :func:`.server.serve` and :func:`.trainer.connect` assume): se
 ``ps{i}``, trainers ``n_servers + j`` named ``trainer{j}``. Every process is forked from a ``forkserver`` that has
 imported the modules once (:func:`_context`; no fork of a parent that may hold threads or an RPC agent), takes the
 launching process's environment, and rendezvous at ``127.0.0.1`` in a TCPStore that the launching process hosts
-before any of them starts (:func:`hosted_store`, torchrun's agent-store convention).
+before any of them starts (:func:`hosted_store`, torchrun's agent-store convention). Every socket of the job listens
+on loopback only: the store, the RPC agents (TensorPipe) and the trainers' gloo pairs.
 
 Each trainer runs ``fn(trainer_index, client, *args)`` and sends its return value (or its traceback) back through a
 queue; the trainers may synchronise with each other through :func:`barrier`. After all trainers reported, the
@@ -12,6 +13,10 @@ processes shut down gracefully (every worker reaches ``rpc.shutdown()``); if a s
 no graceful shutdown is possible and the survivors are terminated instead. Once a trainer reported a failure, the
 others get a few seconds (``failure_grace_s``) to report theirs, then every process is killed: they may be waiting
 for the failed one in a collective.
+
+The processes end with the launching process: killed with it, even by SIGKILL (:func:`_die_with_the_launcher`);
+on SIGINT or SIGTERM it stops them (terminate, then kill after ``stop_grace_s``) and raises
+:class:`~persia_planner.errors.Interrupted`.
 
 Used by the tests and the benchmarks::
 
@@ -21,14 +26,17 @@ Used by the tests and the benchmarks::
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import logging
 import multiprocessing.forkserver as mp_forkserver
 import os
 import pickle
 import queue
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -39,11 +47,12 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 
-from persia_planner.errors import PlannerError
+from persia_planner.errors import Interrupted, PlannerError
 
-from ..rpcenv import master_address
+from ..rpcenv import listen_on_loopback_if_asked, master_address
 from .allocator import allocator_env
 from .client import PsClient
+from .group import host_store
 from .protocol import check_wire_dtype, server_name
 from .server import serve
 from .trainer import connect
@@ -121,9 +130,7 @@ def hosted_store(timeout_s: float = 300.0) -> Iterator[int]:
     Yields:
         The store's port on 127.0.0.1.
     """
-    store = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
-    )
+    store = host_store("127.0.0.1", 0, datetime.timedelta(seconds=timeout_s))  # loopback only, not every interface
     try:
         yield store.port
     finally:
@@ -135,7 +142,7 @@ def use_hosted_store(port: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-    os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe: listen on loopback, not the host's address
+    listen_on_loopback_if_asked()
 
 
 def trainers_store(timeout_s: float = 300.0) -> dist.Store:
@@ -149,6 +156,7 @@ def trainers_store(timeout_s: float = 300.0) -> dist.Store:
         PlannerError: ``MASTER_ADDR`` or ``MASTER_PORT`` is not set.
     """
     addr, port = master_address("the trainers' group")
+    listen_on_loopback_if_asked()  # gloo reads GLOO_SOCKET_IFNAME when the group is made with this store
     agent = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
     run = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     return dist.PrefixStore(f"persia-trainers-{run}", agent)
@@ -160,9 +168,43 @@ def _adopt_environment(environ: dict[str, str]) -> None:
     os.environ.update(environ)
 
 
+# linux/prctl.h
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_launcher() -> None:
+    """Make this worker die (SIGKILL) when the launching process dies, however it dies; call it first in a worker.
+
+    A worker is a child of the fork server, which ends once the launcher's end of its "alive" pipe closes, that is
+    when the launcher dies. So the worker asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``:
+    nothing of the worker needs to run, unlike a watchdog thread), and closes its own copy of that pipe's write
+    end: the fork server hands one to every child (for a child's own fork-server children, which ours never start),
+    and while any worker held it the fork server outlived the launcher, with the workers running unwatched.
+    """
+    # Ctrl-C in a terminal reaches every process of the foreground group: the launcher stops the workers itself,
+    # without a traceback from each.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this worker may outlive its launcher", errno)
+    elif os.getppid() != parent:  # the fork server died before the request took effect: nobody would send it
+        os._exit(1)
+    server = getattr(mp_forkserver, "_forkserver", None)
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive_fd)
+        server._forkserver_alive_fd = None  # this process starts a fork server of its own if it ever needs one
+
+
 def _server_main(
     rank: int, world_size: int, port: int, rpc_timeout_s: float, log_level: int, environ: dict[str, str]
 ) -> None:
+    _die_with_the_launcher()
     _adopt_environment(environ)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     use_hosted_store(port)
@@ -184,6 +226,7 @@ def _trainer_main(
     environ: dict[str, str],
 ) -> None:
     global _BARRIER
+    _die_with_the_launcher()
     _adopt_environment(environ)
     timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype = opts
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -222,10 +265,12 @@ def _trainer_main(
         if client is not None:
             client.close()
             rpc.shutdown()  # graceful: waits for the servers and the other trainers
-    if failed:
-        # The parent reports the error (its traceback travelled with it); re-raising here would make
-        # multiprocessing print that traceback on the user's terminal before the parent's one-line error.
-        sys.exit(1)
+    # Flushed, then ended without finalizing the interpreter (exit_now: a gloo collective's thread may still hold
+    # Python objects). On failure the parent reports the error (its traceback travelled with it); raising here would
+    # make multiprocessing print that traceback on the user's terminal before the parent's one-line error.
+    results.close()
+    results.join_thread()
+    exit_now(1 if failed else 0)
 
 
 def _context(fn: Callable[..., Any]) -> Any:
@@ -269,6 +314,75 @@ def _restart_forkserver_unless(tunables: str | None) -> None:
         _forkserver_tunables = tunables
 
 
+class _Stop(BaseException):
+    """SIGINT or SIGTERM reached the launcher (a BaseException: no ``except Exception`` on the way may take it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StopOnSignals:
+    """While installed, the first SIGINT or SIGTERM raises :class:`_Stop` in the main thread, at once or, inside
+    :meth:`held`, when that block ends; later ones are ignored while the workers are being stopped (that is bounded).
+    Outside the main thread Python cannot take signals, and nothing changes."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.holding = False
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+            if not self.holding:
+                raise _Stop(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_StopOnSignals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A signal in the block stops the job once the block is done. Starting a process is one: interrupted while
+        it sends the process its work, the launcher would not know its pid (and not stop it), and the process would
+        print a traceback about the truncated message."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.received is not None:
+            raise _Stop(self.received)
+
+
+def _stop(procs: list[Any], grace_s: float) -> int:
+    """Stop the live ones of ``procs``: SIGTERM, then SIGKILL for any left after ``grace_s`` (0: SIGKILL at once);
+    returns how many were alive."""
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        if grace_s > 0:
+            p.terminate()
+        else:
+            p.kill()
+    deadline = time.monotonic() + grace_s
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join()
+    return len(alive)
+
+
 def local_cluster(
     n_servers: int,
     n_clients: int,
@@ -282,6 +396,7 @@ def local_cluster(
     log_level: int = logging.WARNING,
     delay_ms: float = 0.0,
     wire_dtype: torch.dtype = torch.float32,
+    stop_grace_s: float = 5.0,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -301,12 +416,15 @@ def local_cluster(
         log_level: Logging level of the child processes.
         delay_ms: Latency the trainers' clients inject before every request (``PsClient(delay_ms=...)``).
         wire_dtype: The dtype the trainers' clients send rows and gradients in (``PsClient(wire_dtype=...)``).
+        stop_grace_s: On SIGINT or SIGTERM (in the main thread), how long the workers have to end after SIGTERM
+            before they are killed.
 
     Returns:
         The trainers' return values, in trainer order.
 
     Raises:
         TrainerError: A trainer raised (first in trainer order), or the run timed out.
+        Interrupted: SIGINT or SIGTERM reached this process; the workers were stopped first.
     """
     if n_servers < 0 or n_clients < 1:
         raise ValueError(f"need servers >= 0 and at least one client, got {n_servers} and {n_clients}")
@@ -316,92 +434,97 @@ def local_cluster(
     tuning = allocator_env()
     environ = dict(os.environ) | tuning
     _restart_forkserver_unless(environ.get("GLIBC_TUNABLES"))
-    with hosted_store(max(timeout_s, run_timeout_s)) as port:
-        results = ctx.Queue()
-        trainer_barrier = ctx.Barrier(n_clients)
-        servers = [
-            ctx.Process(
-                target=_server_main,
-                args=(i, world_size, port, rpc_timeout_s, log_level, environ),
-                name=server_name(i),
-                daemon=True,
-            )
-            for i in range(n_servers)
-        ]
-        trainers = [
-            ctx.Process(
-                target=_trainer_main,
-                args=(
-                    j,
-                    n_servers,
-                    world_size,
-                    port,
-                    (timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype),
-                    results,
-                    trainer_barrier,
-                    fn,
-                    args,
-                    environ,
-                ),
-                name=f"trainer{j}",
-                daemon=True,
-            )
-            for j in range(n_clients)
-        ]
-        procs = servers + trainers
-        # The children inherit the environment at start: give them the allocator setting that keeps request buffers
-        # warm (see allocator.allocator_env), without changing this process's environment for longer than the start.
-        # Only GLIBC_TUNABLES changes, and only while the processes start.
-        before = os.environ.get("GLIBC_TUNABLES")
-        started: list[Any] = []
-        outcome: dict[int, tuple[bool, Any, float]] = {}  # trainer -> (ok, value, when reported)
-        try:
+    stopped: list[int] = []  # how many workers were running when a signal stopped the job
+    try:
+        with _StopOnSignals().installed() as signals, hosted_store(max(timeout_s, run_timeout_s)) as port:
+            results = ctx.Queue()
+            trainer_barrier = ctx.Barrier(n_clients)
+            servers = [
+                ctx.Process(
+                    target=_server_main,
+                    args=(i, world_size, port, rpc_timeout_s, log_level, environ),
+                    name=server_name(i),
+                    daemon=True,
+                )
+                for i in range(n_servers)
+            ]
+            trainers = [
+                ctx.Process(
+                    target=_trainer_main,
+                    args=(
+                        j,
+                        n_servers,
+                        world_size,
+                        port,
+                        (timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype),
+                        results,
+                        trainer_barrier,
+                        fn,
+                        args,
+                        environ,
+                    ),
+                    name=f"trainer{j}",
+                    daemon=True,
+                )
+                for j in range(n_clients)
+            ]
+            procs = servers + trainers
+            # The children inherit the environment at start: give them the allocator setting that keeps request buffers
+            # warm (see allocator.allocator_env), without changing this process's environment for longer than the start.
+            # Only GLIBC_TUNABLES changes, and only while the processes start.
+            before = os.environ.get("GLIBC_TUNABLES")
+            outcome: dict[int, tuple[bool, Any, float]] = {}  # trainer -> (ok, value, when reported)
             try:
-                os.environ.update(tuning)
-                for p in procs:
-                    p.start()  # may raise (e.g. fn or args do not pickle): the ones started are killed below
-                    started.append(p)
-            finally:
-                if before is None:
-                    os.environ.pop("GLIBC_TUNABLES", None)
-                else:
-                    os.environ["GLIBC_TUNABLES"] = before
-            deadline = time.monotonic() + run_timeout_s
-            given_up = False
-            while len(outcome) < n_clients:
-                failed_at = [t for ok, _value, t in outcome.values() if not ok]
-                if failed_at and time.monotonic() > min(failed_at) + failure_grace_s:
-                    given_up = True  # the rest are killed below; the failure is raised after
-                    break
                 try:
-                    j, ok, value = results.get(timeout=min(1.0, failure_grace_s) if failed_at else 1.0)
-                    outcome[j] = (ok, value, time.monotonic())
-                except queue.Empty:
-                    # A process that exits before its trainer reported (e.g. failed to join the group) would
-                    # otherwise leave us waiting for the whole run_timeout_s.
-                    # (A dead server is not checked here: the trainers' requests to it fail within their timeout.)
-                    early = [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in outcome]
-                    if early or time.monotonic() > deadline:
-                        why = (
-                            f"{', '.join(f'{p.name} exited with {p.exitcode}' for p in early)}"
-                            if early
-                            else f"the trainers did not finish within {run_timeout_s:g} s"
-                        )
-                        raise TrainerError(f"local cluster failed: {why}") from None
-            # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
-            server_died = any(p.exitcode not in (None, 0) for p in servers)
-            grace = time.monotonic() + (0.0 if server_died or given_up else shutdown_timeout_s)
-            for p in procs:
-                p.join(max(0.0, grace - time.monotonic()))
-        finally:
-            for p in started:
-                if p.is_alive():
-                    p.kill()
-            for p in started:
-                p.join()
-            results.close()
-        failed = [(j, value) for j, (ok, value, _t) in sorted(outcome.items()) if not ok]
-        if failed:
-            j, (message, tb, internal) = failed[0]
-            raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
-        return [pickle.loads(outcome[j][1]) for j in range(n_clients)]
+                    os.environ.update(tuning)
+                    with signals.held():
+                        for p in procs:
+                            p.start()  # may raise (e.g. fn or args do not pickle): the ones started are killed below
+                finally:
+                    if before is None:
+                        os.environ.pop("GLIBC_TUNABLES", None)
+                    else:
+                        os.environ["GLIBC_TUNABLES"] = before
+                deadline = time.monotonic() + run_timeout_s
+                given_up = False
+                while len(outcome) < n_clients:
+                    failed_at = [t for ok, _value, t in outcome.values() if not ok]
+                    if failed_at and time.monotonic() > min(failed_at) + failure_grace_s:
+                        given_up = True  # the rest are killed below; the failure is raised after
+                        break
+                    try:
+                        j, ok, value = results.get(timeout=min(1.0, failure_grace_s) if failed_at else 1.0)
+                        outcome[j] = (ok, value, time.monotonic())
+                    except queue.Empty:
+                        # A process that exits before its trainer reported (e.g. failed to join the group) would
+                        # otherwise leave us waiting for the whole run_timeout_s.
+                        # (A dead server is not checked here: the trainers' requests to it fail within their timeout.)
+                        early = [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in outcome]
+                        if early or time.monotonic() > deadline:
+                            why = (
+                                f"{', '.join(f'{p.name} exited with {p.exitcode}' for p in early)}"
+                                if early
+                                else f"the trainers did not finish within {run_timeout_s:g} s"
+                            )
+                            raise TrainerError(f"local cluster failed: {why}") from None
+                # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
+                server_died = any(p.exitcode not in (None, 0) for p in servers)
+                grace = time.monotonic() + (0.0 if server_died or given_up else shutdown_timeout_s)
+                for p in procs:
+                    p.join(max(0.0, grace - time.monotonic()))
+            except _Stop:
+                stopped.append(_stop([p for p in procs if p.pid is not None], stop_grace_s))
+                raise
+            finally:
+                _stop([p for p in procs if p.pid is not None], 0.0)  # those still running: at once
+                results.close()
+            failed = [(j, value) for j, (ok, value, _t) in sorted(outcome.items()) if not ok]
+            if failed:
+                j, (message, tb, internal) = failed[0]
+                raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
+            return [pickle.loads(outcome[j][1]) for j in range(n_clients)]
+    except _Stop as stop:
+        n = stopped[0] if stopped else 0
+        raise Interrupted(
+            stop.signum, f"interrupted ({signal.Signals(stop.signum).name}); stopped {n} worker{'' if n == 1 else 's'}"
+        ) from None
