@@ -69,7 +69,8 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, j
     from persia_planner.export import to_embedding_bag_configs, to_sharding_plan
     from persia_planner.modules.data import SyntheticClicks
     from persia_planner.modules.distributed import quiet_trainer
-    from persia_planner.modules.ps.launch import exit_now, use_hosted_store
+    from persia_planner.modules.ps.launch import use_hosted_store
+    from persia_planner.modules.ps.lifecycle import exit_now
     from persia_planner.modules.train import TrainConfig, teacher_for
     from persia_planner.modules.verify import in_range
     from persia_planner.paths import DEFAULT_MODEL

@@ -249,7 +249,8 @@ def ps_store(sizes: Sizes) -> dict[str, Any]:
 def _collectives_worker(rank: int, port: int, sizes: Sizes, out: str) -> None:
     import torch.distributed as dist
 
-    from persia_planner.modules.ps.launch import exit_now, use_hosted_store
+    from persia_planner.modules.ps.launch import use_hosted_store
+    from persia_planner.modules.ps.lifecycle import exit_now
 
     torch.set_num_threads(1)
     use_hosted_store(port)

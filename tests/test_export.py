@@ -375,7 +375,8 @@ def _dmp_worker(rank: int, world_size: int, port: int, tables: dict, out_dir: st
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from persia_planner.export import to_embedding_bag_configs, to_sharding_plan
-    from persia_planner.modules.ps.launch import exit_now, use_hosted_store
+    from persia_planner.modules.ps.launch import use_hosted_store
+    from persia_planner.modules.ps.lifecycle import exit_now
 
     use_hosted_store(port)  # rendezvous in the test's store, listening before either rank starts
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)

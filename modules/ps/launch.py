@@ -14,9 +14,9 @@ no graceful shutdown is possible and the survivors are terminated instead. Once 
 others get a few seconds (``failure_grace_s``) to report theirs, then every process is killed: they may be waiting
 for the failed one in a collective.
 
-The processes end with the launching process: killed with it, even by SIGKILL (:func:`_die_with_the_launcher`);
-on SIGINT or SIGTERM it stops them (terminate, then kill after ``stop_grace_s``) and raises
-:class:`~persia_planner.errors.Interrupted`.
+The processes end with the launching process: killed with it, even by SIGKILL
+(:func:`.lifecycle.die_with_the_launcher`); on SIGINT or SIGTERM it stops them (terminate, then kill after
+``stop_grace_s``) and raises :class:`~persia_planner.errors.Interrupted`.
 
 Used by the tests and the benchmarks::
 
@@ -26,7 +26,6 @@ Used by the tests and the benchmarks::
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import logging
 import multiprocessing.forkserver as mp_forkserver
@@ -35,12 +34,10 @@ import pickle
 import queue
 import signal
 import socket
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -53,6 +50,7 @@ from ..rpcenv import listen_on_loopback_if_asked, master_address
 from .allocator import allocator_env
 from .client import PsClient
 from .group import host_store
+from .lifecycle import Stop, StopOnSignals, adopt_environment, die_with_the_launcher, exit_now, stop_processes
 from .protocol import check_wire_dtype, server_name
 from .server import serve
 from .trainer import connect
@@ -60,7 +58,6 @@ from .trainer import connect
 __all__ = [
     "TrainerError",
     "barrier",
-    "exit_now",
     "free_port",
     "hosted_store",
     "local_cluster",
@@ -93,21 +90,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def exit_now(code: int = 0) -> NoReturn:
-    """End this worker process at once, skipping interpreter finalization; call it last, with everything written.
-
-    torch 2.13's gloo worker threads free a finished collective's work object after the caller already returned from
-    it, and that object can hold a Python object (its captured thread-local state, e.g. under TorchRec's DMP). If the
-    interpreter is finalizing at that moment, the thread dies in ``pthread_exit`` inside a destructor and the process
-    aborts (SIGABRT, about 1 run in 14 of a 2-rank DMP job that returns right after a barrier). ``mp.spawn`` children
-    finalize on return, so such workers end with this instead. It also skips the flush of ``multiprocessing.Queue``
-    feeder threads: workers that report through a queue must ``close()`` and ``join_thread()`` it first.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def barrier(timeout_s: float | None = 60.0) -> None:
@@ -162,50 +144,11 @@ def trainers_store(timeout_s: float = 300.0) -> dist.Store:
     return dist.PrefixStore(f"persia-trainers-{run}", agent)
 
 
-def _adopt_environment(environ: dict[str, str]) -> None:
-    """Take the launching process's environment as it was at the start (a forked child has the fork server's)."""
-    os.environ.clear()
-    os.environ.update(environ)
-
-
-# linux/prctl.h
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_the_launcher() -> None:
-    """Make this worker die (SIGKILL) when the launching process dies, however it dies; call it first in a worker.
-
-    A worker is a child of the fork server, which ends once the launcher's end of its "alive" pipe closes, that is
-    when the launcher dies. So the worker asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``:
-    nothing of the worker needs to run, unlike a watchdog thread), and closes its own copy of that pipe's write
-    end: the fork server hands one to every child (for a child's own fork-server children, which ours never start),
-    and while any worker held it the fork server outlived the launcher, with the workers running unwatched.
-    """
-    # Ctrl-C in a terminal reaches every process of the foreground group: the launcher stops the workers itself,
-    # without a traceback from each.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this worker may outlive its launcher", errno)
-    elif os.getppid() != parent:  # the fork server died before the request took effect: nobody would send it
-        os._exit(1)
-    server = getattr(mp_forkserver, "_forkserver", None)
-    alive_fd = getattr(server, "_forkserver_alive_fd", None)
-    if alive_fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(alive_fd)
-        server._forkserver_alive_fd = None  # this process starts a fork server of its own if it ever needs one
-
-
 def _server_main(
     rank: int, world_size: int, port: int, rpc_timeout_s: float, log_level: int, environ: dict[str, str]
 ) -> None:
-    _die_with_the_launcher()
-    _adopt_environment(environ)
+    die_with_the_launcher()
+    adopt_environment(environ)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     use_hosted_store(port)
     # No peer watch: this launcher supervises its children itself (run_timeout_s, failure_grace_s) and names the
@@ -226,8 +169,8 @@ def _trainer_main(
     environ: dict[str, str],
 ) -> None:
     global _BARRIER
-    _die_with_the_launcher()
-    _adopt_environment(environ)
+    die_with_the_launcher()
+    adopt_environment(environ)
     timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype = opts
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     use_hosted_store(port)
@@ -314,75 +257,6 @@ def _restart_forkserver_unless(tunables: str | None) -> None:
         _forkserver_tunables = tunables
 
 
-class _Stop(BaseException):
-    """SIGINT or SIGTERM reached the launcher (a BaseException: no ``except Exception`` on the way may take it)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-class _StopOnSignals:
-    """While installed, the first SIGINT or SIGTERM raises :class:`_Stop` in the main thread, at once or, inside
-    :meth:`held`, when that block ends; later ones are ignored while the workers are being stopped (that is bounded).
-    Outside the main thread Python cannot take signals, and nothing changes."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.holding = False
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.received is None:
-            self.received = signum
-            if not self.holding:
-                raise _Stop(signum)
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[_StopOnSignals]:
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """A signal in the block stops the job once the block is done. Starting a process is one: interrupted while
-        it sends the process its work, the launcher would not know its pid (and not stop it), and the process would
-        print a traceback about the truncated message."""
-        self.holding = True
-        try:
-            yield
-        finally:
-            self.holding = False
-        if self.received is not None:
-            raise _Stop(self.received)
-
-
-def _stop(procs: list[Any], grace_s: float) -> int:
-    """Stop the live ones of ``procs``: SIGTERM, then SIGKILL for any left after ``grace_s`` (0: SIGKILL at once);
-    returns how many were alive."""
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        if grace_s > 0:
-            p.terminate()
-        else:
-            p.kill()
-    deadline = time.monotonic() + grace_s
-    for p in alive:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in alive:
-        if p.is_alive():
-            p.kill()
-    for p in procs:
-        p.join()
-    return len(alive)
-
-
 def local_cluster(
     n_servers: int,
     n_clients: int,
@@ -436,7 +310,7 @@ def local_cluster(
     _restart_forkserver_unless(environ.get("GLIBC_TUNABLES"))
     stopped: list[int] = []  # how many workers were running when a signal stopped the job
     try:
-        with _StopOnSignals().installed() as signals, hosted_store(max(timeout_s, run_timeout_s)) as port:
+        with StopOnSignals().installed() as signals, hosted_store(max(timeout_s, run_timeout_s)) as port:
             results = ctx.Queue()
             trainer_barrier = ctx.Barrier(n_clients)
             servers = [
@@ -512,18 +386,18 @@ def local_cluster(
                 grace = time.monotonic() + (0.0 if server_died or given_up else shutdown_timeout_s)
                 for p in procs:
                     p.join(max(0.0, grace - time.monotonic()))
-            except _Stop:
-                stopped.append(_stop([p for p in procs if p.pid is not None], stop_grace_s))
+            except Stop:
+                stopped.append(stop_processes([p for p in procs if p.pid is not None], stop_grace_s))
                 raise
             finally:
-                _stop([p for p in procs if p.pid is not None], 0.0)  # those still running: at once
+                stop_processes([p for p in procs if p.pid is not None], 0.0)  # those still running: at once
                 results.close()
             failed = [(j, value) for j, (ok, value, _t) in sorted(outcome.items()) if not ok]
             if failed:
                 j, (message, tb, internal) = failed[0]
                 raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
             return [pickle.loads(outcome[j][1]) for j in range(n_clients)]
-    except _Stop as stop:
+    except Stop as stop:
         n = stopped[0] if stopped else 0
         raise Interrupted(
             stop.signum, f"interrupted ({signal.Signals(stop.signum).name}); stopped {n} worker{'' if n == 1 else 's'}"
