@@ -131,8 +131,11 @@ class TrainConfig:
         ps_delay_ms: Added to every PS call (a stand-in for a slow network).
         ps_wire: The dtype PS rows and gradients travel in: ``float32`` (exact), ``float16`` or ``bfloat16`` (half
             the bytes, as Persia sends them; the servers keep float32 weights and optimizer state).
-        checkpoint: Directory to save the PS tables, local tables and dense model into at the end.
-        resume: Start from the checkpoint in ``checkpoint``.
+        checkpoint: Directory of the job's checkpoints (:mod:`.checkpoints`): one at the end, one every
+            ``checkpoint_every`` steps, and one when a signal stops the job.
+        checkpoint_every: Also checkpoint after every this many global steps (0: only at the end).
+        keep: How many checkpoints of this run ``checkpoint`` keeps (the newest ones).
+        resume: Start from the newest whole checkpoint in ``checkpoint``.
         overwrite: Train into a ``checkpoint`` directory that is not empty, replacing what it holds, without
             ``resume``.
         seed: Seed of the model, the data and the servers' row initialisers.
@@ -158,6 +161,8 @@ class TrainConfig:
     ps_delay_ms: float = 0.0
     ps_wire: WireDtype = WireDtype.FLOAT32
     checkpoint: str | None = None
+    checkpoint_every: int = 0
+    keep: int = 2
     resume: bool = False
     overwrite: bool = False
     seed: int = 0
@@ -186,6 +191,16 @@ class TrainConfig:
                 raise PlannerError(f"{name} must be a finite number > 0, got {value}")
         if not 0 < self.teacher_rows_scale <= 1:
             raise PlannerError(f"teacher_rows_scale must be in (0, 1], got {self.teacher_rows_scale}")
+        if self.checkpoint_every < 0:
+            raise PlannerError(
+                f"--checkpoint-every must be >= 0 steps (0: only at the end), got {self.checkpoint_every}"
+            )
+        if not 1 <= self.keep <= MAX_KEEP:
+            raise PlannerError(f"--keep must be in [1, {MAX_KEEP}] checkpoints, got {self.keep}")
+        if self.checkpoint_every and not self.checkpoint:
+            raise PlannerError(
+                "--checkpoint-every needs --checkpoint DIR", fixes=("pass the directory to keep the checkpoints in",)
+            )
         if self.resume and not self.checkpoint:
             raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
         if self.resume and self.overwrite:
@@ -248,6 +263,10 @@ def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
     return kinds[0]
 
 
+MAX_KEEP = 1000
+"""The most checkpoints a run keeps (each is a full copy of the model)."""
+
+
 def check_checkpoint_dir(cfg: TrainConfig) -> None:
     """``--checkpoint`` must be a writable directory or a path one can become (it is created here): found out before
     training, not at its end."""
@@ -280,18 +299,16 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
 
 
 def check_resume_exists(directory: str | os.PathLike[str]) -> Path:
-    """The trainer state file of the checkpoint ``directory`` (``--resume``), which must exist. Whether it matches the
-    PS checkpoint beside it is :func:`.train.check_resume`'s to check: it reads the state with torch.
+    """The newest checkpoint directory of ``directory`` (``--resume``), which must hold one whose files are all there
+    (sizes, not checksums). :func:`.resume.check_resume` checks it whole, falling back to an older one: it reads the
+    trainer state with torch.
 
     Raises:
-        PlannerError: No trainer state in ``directory``.
+        PlannerError: No checkpoint in ``directory``, or none whose files are all there.
     """
-    path = Path(directory) / "trainer.pt"
-    if not path.is_file():
-        raise PlannerError(
-            f"--resume: no trainer checkpoint at {path}", fixes=("train once with --checkpoint DIR first",)
-        )
-    return path
+    from .checkpoints import newest_complete
+
+    return newest_complete(directory, checksums=False).path
 
 
 def dlrm_embedding_dim(spec: ModelSpec) -> int:

@@ -42,6 +42,10 @@ class Job:
         topology: The plan's topology: trainer ``r`` runs what the plan put on ``topology.gpus[r]``.
         servers: Parameter-server processes (0 when no table is on the ``ps`` tier).
         trainers: Trainer processes.
+        resume_from: The checkpoint directory (``step-*``) to resume from, when the launcher chose and checked it
+            before the trainers started; None: each trainer finds the newest whole one itself (torchrun).
+        restarted: torchrun restarted the job after a failure: it resumes and trains up to the step the first
+            attempt was to reach.
     """
 
     cfg: TrainConfig
@@ -50,6 +54,8 @@ class Job:
     topology: Topology
     servers: int
     trainers: int
+    resume_from: str | None = None
+    restarted: bool = False
 
 
 @contextlib.contextmanager

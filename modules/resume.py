@@ -1,23 +1,39 @@
-"""A trainer's checkpoint (``trainer.pt``): saved beside the parameter servers' checkpoint, checked before a resume
-(it and the PS checkpoint belong together, the data layout is the same), and loaded back."""
+"""What a trainer saves into the job's checkpoints and loads back (:mod:`.checkpoints` lays them out): ``trainer.pt``
+beside the parameter servers' tables, checked before a resume (it and the PS tables belong together, the data layout
+is the same), and loaded back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from persia_planner.errors import PlannerError
 from persia_planner.specs import ModelSpec
 
-from .config import TrainConfig, check_resume_exists, data_identity
+from .checkpoints import Checkpoint, newest_complete, prune, publish, staging_dir, verify
+from .config import TrainConfig, data_identity
 from .hybrid import HybridEmbeddingBagCollection
 from .loop import dense_state_dict
-from .ps.atomic import atomic_torch_save
+from .ps.atomic import atomic_json, atomic_torch_save
 
-__all__ = ["check_layout", "check_resume", "data_layout", "load_trainer_state", "local_state", "save_trainer_state"]
+__all__ = [
+    "TRAINER_STATE",
+    "check_layout",
+    "check_resume",
+    "data_layout",
+    "load_trainer_state",
+    "local_state",
+    "rng_states",
+    "save_checkpoint",
+    "save_trainer_state",
+]
+
+TRAINER_STATE = "trainer.pt"
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------------------
@@ -30,6 +46,45 @@ def local_state(hybrid: HybridEmbeddingBagCollection) -> dict[str, Any]:
         "local": {k: v.detach().clone() for k, v in hybrid.local_weights(dst=0).items()},
         "local_optimizer": hybrid.local.optimizer_pieces(dst=0) if hybrid.local is not None else {},
     }
+
+
+def rng_states() -> list[torch.Tensor]:
+    """Every trainer's torch CPU random state, in rank order (a collective: every trainer calls it)."""
+    own = torch.get_rng_state()
+    states = [torch.empty_like(own) for _ in range(dist.get_world_size())]
+    dist.all_gather(states, own)
+    return states
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    *,
+    model: nn.Module,
+    hybrid: HybridEmbeddingBagCollection,
+    opt: Any,
+    client: Any,
+    layout: dict[str, Any],
+    lineage: str,
+    plan: dict[str, Any],
+    world: dict[str, int],
+    keep: int,
+) -> Checkpoint | None:
+    """Save the job's checkpoint of global step ``step`` into ``root`` (a collective: every trainer calls it, after
+    the pushes of every step up to ``step`` are applied). Trainer 0 writes it into a staging directory (PS tables,
+    ``trainer.pt``, ``plan.json``), publishes it whole and prunes older ones; returns it there, None elsewhere."""
+    local = local_state(hybrid)  # gathers every trainer's shards
+    rng = rng_states()
+    published = None
+    if dist.get_rank() == 0:
+        staging = staging_dir(root.resolve(), step)  # absolute: the servers write into it from their own cwd
+        version = client.save(staging / "ps") if hybrid.ps is not None else None
+        save_trainer_state(staging / TRAINER_STATE, step, model, local, opt, version, layout | {"rng": rng})
+        atomic_json(plan, staging / "plan.json")
+        published = publish(staging, step=step, lineage=lineage, world=world)
+        prune(root, published, keep)
+    dist.barrier()  # nobody trains on (or ends) before the checkpoint is whole
+    return published
 
 
 def save_trainer_state(
@@ -55,47 +110,48 @@ def save_trainer_state(
     atomic_torch_save(state, path)
 
 
-def check_resume(directory: Path, with_ps: bool) -> dict[str, Any]:
-    """The trainer state in ``directory``, after checking that it and the PS checkpoint belong together.
-
-    ``client.save`` commits the PS version before ``trainer.pt`` is replaced, so a crash between the two leaves a
-    newer PS version than the trainer state: resuming from that pair would replay updates onto rows that have them.
+def check_resume(
+    directory: Path,
+    with_ps: bool,
+    on_skip: Callable[[str], None] | None = None,
+    *,
+    chosen: Path | None = None,
+) -> tuple[Checkpoint, dict[str, Any]]:
+    """The newest whole checkpoint of ``directory`` and its trainer state, after checking that the state and the PS
+    tables saved with it belong together; each newer checkpoint found damaged is reported to ``on_skip`` and skipped.
+    ``chosen``: the checkpoint already chosen (and its checksums checked) by the launcher; its sizes are checked.
 
     Raises:
-        PlannerError: No checkpoint, or a mismatched pair (:class:`.ps.protocol.CheckpointError`: a damaged PS file).
+        PlannerError: No whole checkpoint, or one whose trainer state is not persia train's (one line naming the
+            file; :class:`.ps.protocol.CheckpointError`: a damaged PS file).
     """
-    from .ps.checkpoint import verify
+    from .ps.checkpoint import verify as verify_ps
 
-    path = check_resume_exists(directory)
+    ckpt = verify(chosen, checksums=False) if chosen is not None else newest_complete(directory, on_skip=on_skip)
+    path = ckpt.path / TRAINER_STATE
     try:
         state = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as err:  # a truncated or foreign file: torch raises RuntimeError, pickle errors, EOFError...
+    except Exception as err:  # a foreign file: torch raises RuntimeError, pickle errors, EOFError...
         raise PlannerError(
             f"--resume: {path} is not a readable trainer checkpoint ({type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else 'no detail'})",
             fixes=("resume from another checkpoint directory", "train from scratch without --resume"),
         ) from None
-    if not isinstance(state, dict) or not {"step", "dense", "local"} <= state.keys():
+    if not isinstance(state, dict) or not {"step", "dense", "local", "local_optimizer"} <= state.keys():
         raise PlannerError(
             f"--resume: {path} is not a trainer checkpoint of persia train (it lacks step/dense/local)",
             fixes=("resume from another checkpoint directory", "train from scratch without --resume"),
         )
-    if not isinstance(state.get("local_optimizer"), dict):
-        raise PlannerError(
-            f"--resume: {path} was written by an earlier version of persia train (its local tables' optimizer "
-            "state is not per shard)",
-            fixes=("train from scratch without --resume",),
-        )
     if with_ps:
-        latest = verify(directory / "ps")  # every shard there and whole, before any server starts
+        latest = verify_ps(ckpt.path / "ps")  # every shard there and whole, before any server starts
         have = latest["version"] if latest else None
         if have is None or have != state.get("ps_version"):
             raise PlannerError(
-                f"--resume: {directory} holds trainer state for PS version {state.get('ps_version')} but the "
-                f"parameter-server checkpoint is at version {have} (a save was interrupted?)",
-                fixes=("resume from another checkpoint directory", "train from scratch without --resume"),
+                f"--resume: {ckpt.path} holds trainer state for PS version {state.get('ps_version')} but its "
+                f"parameter-server tables are at version {have}: they were not saved together",
+                fixes=("resume with the plan the checkpoint was trained with", "train from scratch without --resume"),
             )
-    return state
+    return ckpt, state
 
 
 def data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
@@ -129,12 +185,16 @@ def check_layout(path: Path, state: dict[str, Any], layout: dict[str, Any]) -> N
 
 
 def load_trainer_state(
-    directory: Path, model: nn.Module, hybrid: HybridEmbeddingBagCollection, opt: Any, layout: dict[str, Any]
+    ckpt: Checkpoint,
+    state: dict[str, Any],
+    model: nn.Module,
+    hybrid: HybridEmbeddingBagCollection,
+    opt: Any,
+    layout: dict[str, Any],
 ) -> int:
-    """Load ``directory``'s ``trainer.pt`` into the model, its optimizer and the local tables, after
-    :func:`check_resume` and :func:`check_layout`; returns the step to continue from."""
-    path = directory / "trainer.pt"
-    state = check_resume(directory, hybrid.ps is not None)
+    """Load ``state`` (:func:`check_resume`'s, of checkpoint ``ckpt``) into the model, its optimizer, the local tables
+    and this trainer's random state; returns the step to continue from."""
+    path = ckpt.path / TRAINER_STATE
     check_layout(path, state, layout)  # again: under torchrun no launcher checked it before the processes started
     own = model.state_dict()
     reshaped = [k for k, v in state["dense"].items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
@@ -153,4 +213,7 @@ def load_trainer_state(
     hybrid.load_local_weights(state["local"])
     if hybrid.local is not None:
         hybrid.local.load_optimizer_pieces(state["local_optimizer"])
+    rng = state.get("rng")
+    if isinstance(rng, list) and len(rng) == dist.get_world_size():  # the layout check makes the counts equal
+        torch.set_rng_state(rng[dist.get_rank()])
     return int(state["step"])

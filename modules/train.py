@@ -19,7 +19,9 @@ job, and re-exports the Python API below.
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -29,22 +31,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from persia_planner.errors import PlannerError
+from persia_planner.errors import Interrupted, PlannerError
 from persia_planner.execution import check_executable, planned_execution
 from persia_planner.placement import Mode, TablePlacement
+from persia_planner.plans import placement_to_dict
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
 
 from .breakdown import StepProfiler
+from .checkpoints import Checkpoint, new_lineage
 from .config import TrainConfig, check_before_start, sparse_optimizer_of
 from .distributed import check_trainers, distribute, executed_plan
 from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
 from .loop import TrainLoop, build_model, dense_state_dict, make_optimizer
-from .resume import check_layout, check_resume, data_layout, load_trainer_state, local_state, save_trainer_state
+from .ps.launch import trainers_store
+from .resume import TRAINER_STATE, check_layout, check_resume, data_layout, load_trainer_state, save_checkpoint
+from .stopping import GracefulStop
 from .stream import evaluate, lockstep, teacher_for, trainer_batches
 
 __all__ = [
+    "FINAL_CHECKPOINT_WAIT_S",
     "PS_REQUEST_TIMEOUT_S",
     "TrainConfig",
     "TrainLoop",
@@ -59,6 +66,8 @@ __all__ = [
     "train_torchrun",
 ]
 
+
+log = logging.getLogger(__name__)
 
 # ---- one trainer ---------------------------------------------------------------------------------------------
 
@@ -94,12 +103,21 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     executed = executed_plan(model, job.topology)
     opt = make_optimizer(model, cfg, sparse_opt)
     start_step = 0
-    ckpt = Path(cfg.checkpoint) if cfg.checkpoint else None
-    if cfg.resume and ckpt is not None:
-        start_step = load_trainer_state(ckpt, model, hybrid, opt, layout)
+    root = Path(cfg.checkpoint) if cfg.checkpoint else None
+    lineage = new_lineage()
+    resumed_from: int | None = None
+    if cfg.resume and root is not None:
+        chosen = Path(job.resume_from) if job.resume_from else None
+        ckpt, state = check_resume(root, hybrid.ps is not None, log.warning if j == 0 else None, chosen=chosen)
+        start_step = resumed_from = load_trainer_state(ckpt, state, model, hybrid, opt, layout)
+        lineage = ckpt.lineage or lineage
+        if job.restarted:  # torchrun restarted the job: it goes on to the step the first attempt was to reach
+            cfg = replace(cfg, steps=max(1, int(state.get("target_step", start_step + cfg.steps)) - start_step))
         if j == 0 and hybrid.ps is not None:
-            client.load(ckpt / "ps")
+            client.load(ckpt.path / "ps")
         dist.barrier()
+    saver = _Saver(root, job, model, hybrid, opt, client, layout, lineage, target_step=start_step + cfg.steps)
+    stopper = GracefulStop(trainers_store(), j) if root is not None else None
 
     history: list[dict[str, Any]] = []
     losses: list[float] = []
@@ -119,6 +137,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     eval_s = 0.0
     samples = excluded_samples = excluded_steps = 0
     step = start_step
+    stopped_by: str | None = None
     try:
         if progress:
             progress.start()
@@ -150,6 +169,11 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
                 held_out = trainer_batches(spec, cfg, batch_size, eval_=True, skip=start_step)
                 history[-1].update(evaluate(dmp, held_out, device))
                 eval_s += time.perf_counter() - eval_started
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < start_step + cfg.steps:
+                eval_s += saver.save(step)  # not training time either
+            if stopper is not None and stopper.after_step(step):
+                stopped_by = stopper.reason
+                break
         hybrid.flush()
         # Training throughput: the evaluations along the way (they would halve it at eval_every=1) and the profiled
         # steps are not training.
@@ -157,14 +181,9 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     finally:
         if progress:
             progress.stop()
-    dist.barrier()  # every trainer's pushes are applied before the checkpoint and the evaluation
-    if ckpt is not None:  # before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing
-        local = local_state(hybrid)  # gathers every trainer's shards
-        if j == 0:
-            # keep=2: this version and the one before; every run into the directory would otherwise add a full copy
-            version = client.save(ckpt / "ps", keep=2) if hybrid.ps is not None else None
-            save_trainer_state(ckpt / "trainer.pt", step, model, local, opt, version, layout)
-        dist.barrier()
+    # Before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing.
+    if saver.last_step != step:
+        saver.save(step)
     result = evaluate(dmp, trainer_batches(spec, cfg, batch_size, eval_=True, skip=start_step), device)
     if history:
         history[-1].update(result)
@@ -190,6 +209,10 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         "batch_size": batch_size * job.trainers,
         "steps": steps_done,
         "first_step": start_step,
+        "resumed_from_step": resumed_from,
+        "last_step": step,
+        "checkpoint": str(saver.last.path) if saver.last is not None else None,
+        "stopped_by": stopped_by,
         "staleness": cfg.effective_staleness,
         "staleness_max_seen": hybrid.staleness_max_seen,
         "mode": cfg.mode.value,
@@ -205,6 +228,56 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         "seed": cfg.seed,
         "history": history,
     }
+
+
+class _Saver:
+    """Trainer ``j``'s part in the job's checkpoints (:func:`.resume.save_checkpoint`); a no-op without a root."""
+
+    def __init__(
+        self,
+        root: Path | None,
+        job: Job,
+        model: Any,
+        hybrid: Any,
+        opt: Any,
+        client: Any,
+        layout: dict[str, Any],
+        lineage: str,
+        *,
+        target_step: int,
+    ) -> None:
+        self.root, self.job, self.model, self.hybrid, self.opt, self.client = root, job, model, hybrid, opt, client
+        self.layout = layout | {"target_step": target_step}
+        self.lineage = lineage
+        self.plan = {name: placement_to_dict(p) for name, p in job.tables.items()}
+        self.last: Checkpoint | None = None
+        self.last_step: int | None = None
+
+    def save(self, step: int) -> float:
+        """Checkpoint global step ``step`` (every trainer calls it); returns the seconds it took."""
+        started = time.perf_counter()
+        if self.root is None:
+            return 0.0
+        self.hybrid.flush()
+        dist.barrier()  # every trainer's pushes of the steps up to `step` are applied
+        self.last = (
+            save_checkpoint(
+                self.root,
+                step,
+                model=self.model,
+                hybrid=self.hybrid,
+                opt=self.opt,
+                client=self.client,
+                layout=self.layout,
+                lineage=self.lineage,
+                plan=self.plan,
+                world={"trainers": self.job.trainers, "servers": self.job.servers},
+                keep=self.job.cfg.keep,
+            )
+            or self.last
+        )
+        self.last_step = step
+        return time.perf_counter() - started
 
 
 def _unprofiled(xs: list[float], profiler: StepProfiler | None) -> list[float]:
@@ -244,6 +317,10 @@ def _progress(cfg: TrainConfig) -> Any:
     )
 
 
+# How long the trainers have, after SIGINT or SIGTERM, to reach the step they agree to stop at and save the final
+# checkpoint (a second signal stops them at once).
+FINAL_CHECKPOINT_WAIT_S = 120.0
+
 # A trainer's PS request timeout, on one machine and under torchrun alike: checkpoint saves and loads of large
 # tables are requests too, and take far longer than the client's 10 s default for lookups.
 PS_REQUEST_TIMEOUT_S = 60.0
@@ -277,20 +354,34 @@ def train_local(
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     check_before_start(cfg, spec, with_ps=has_ps)
     _check_plan_runs(cfg, spec, tables, topology)
+    chosen = None
     if cfg.resume and cfg.checkpoint:  # here, before any process starts
-        path = Path(cfg.checkpoint)
-        check_layout(path / "trainer.pt", check_resume(path, has_ps), data_layout(cfg, spec, cfg.trainers))
-    job = Job(cfg, spec, dict(tables), topology, servers if has_ps else 0, cfg.trainers)
-    results = local_cluster(
-        job.servers,
-        cfg.trainers,
-        _trainer,
-        job,
-        delay_ms=cfg.ps_delay_ms,
-        wire_dtype=cfg.ps_wire_dtype,
-        timeout_s=PS_REQUEST_TIMEOUT_S,
-        run_timeout_s=run_timeout_s,
-    )
+        ckpt, state = check_resume(Path(cfg.checkpoint), has_ps, log.warning)
+        check_layout(ckpt.path / TRAINER_STATE, state, data_layout(cfg, spec, cfg.trainers))
+        chosen = str(ckpt.path)
+    job = Job(cfg, spec, dict(tables), topology, servers if has_ps else 0, cfg.trainers, resume_from=chosen)
+    try:
+        results = local_cluster(
+            job.servers,
+            cfg.trainers,
+            _trainer,
+            job,
+            delay_ms=cfg.ps_delay_ms,
+            wire_dtype=cfg.ps_wire_dtype,
+            timeout_s=PS_REQUEST_TIMEOUT_S,
+            run_timeout_s=run_timeout_s,
+            drain_s=FINAL_CHECKPOINT_WAIT_S if cfg.checkpoint else 0.0,
+        )
+    except Interrupted as stop:
+        if not stop.results:
+            raise
+        done = stop.results[0]
+        raise Interrupted(
+            stop.signum,
+            f"interrupted ({signal.Signals(stop.signum).name}) after step {done['last_step']}; "
+            f"checkpoint in {done['checkpoint']} (--resume goes on from there)",
+            stop.results,
+        ) from None
     return results[0]
 
 

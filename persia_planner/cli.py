@@ -330,9 +330,16 @@ def train_command(
     trainers: Annotated[int, typer.Option("--trainers", min=1, help="trainer processes on this machine")] = 2,
     eval_batches: Annotated[int, typer.Option("--eval-batches", min=1, help="held-out batches per trainer")] = 8,
     checkpoint: Annotated[
-        Path | None, typer.Option("--checkpoint", help="save PS tables, local tables and dense model here at the end")
+        Path | None,
+        typer.Option("--checkpoint", help="save the job's checkpoints here (at the end, every N steps, on a signal)"),
     ] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="continue from the checkpoint in --checkpoint")] = False,
+    checkpoint_every: Annotated[
+        int, typer.Option("--checkpoint-every", min=0, help="also checkpoint every N global steps (0: at the end)")
+    ] = 0,
+    keep: Annotated[int, typer.Option("--keep", min=1, help="keep the newest N checkpoints of this run")] = 2,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue from the newest whole checkpoint in --checkpoint")
+    ] = False,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="train from scratch into a --checkpoint directory that is not empty")
     ] = False,
@@ -383,6 +390,8 @@ def train_command(
             ps_delay_ms=ps_delay_ms,
             ps_wire=ps_wire,
             checkpoint=str(checkpoint) if checkpoint is not None else None,
+            checkpoint_every=checkpoint_every,
+            keep=keep,
             resume=resume,
             overwrite=overwrite,
             seed=seed,
@@ -434,8 +443,8 @@ def train_command(
         for name, value in summary_rows(result):
             table.add_row(name, value)
         _console().print(table)
-        if checkpoint is not None:
-            _note(f"checkpoint in {checkpoint}", to_stderr=False)
+        if result.get("checkpoint"):
+            _note(f"checkpoint of step {result['last_step']} in {result['checkpoint']}", to_stderr=False)
 
 
 @app.command("calibrate")

@@ -130,8 +130,11 @@ class Interrupted(Exception):
 
     Attributes:
         signum: The signal's number.
+        results: What the run's processes returned, when they stopped by themselves at the signal (a final
+            checkpoint); None when they were stopped.
     """
 
-    def __init__(self, signum: int, message: str) -> None:
+    def __init__(self, signum: int, message: str, results: Any = None) -> None:
         super().__init__(message)
         self.signum = signum
+        self.results = results

@@ -24,6 +24,7 @@ __all__ = [
     "DeviceUsage",
     "Plan",
     "load_plan",
+    "placement_to_dict",
     "usage_of",
 ]
 
@@ -84,7 +85,7 @@ class Plan:
             "format": FORMAT,
             "model": self.model,
             "topology": self.topology,
-            "tables": {name: _placement_to_dict(p) for name, p in self.tables.items()},
+            "tables": {name: placement_to_dict(p) for name, p in self.tables.items()},
             "devices": {
                 name: {"hbm_bytes": u.hbm_bytes, "ddr_bytes": u.ddr_bytes, "cost_ms": round(u.cost_ms, 4)}
                 for name, u in self.devices.items()
@@ -203,7 +204,8 @@ def _scalars(value: Any) -> bool:
     return not isinstance(value, list) or not any(isinstance(v, dict | list) for v in value)
 
 
-def _placement_to_dict(p: TablePlacement) -> dict[str, Any]:
+def placement_to_dict(p: TablePlacement) -> dict[str, Any]:
+    """A table's placement as plan.json writes it (also recorded in a training checkpoint)."""
     shards = []
     for s in p.shards:
         item: dict[str, Any] = {}

@@ -75,22 +75,33 @@ def test_an_all_local_run_measures_its_step_breakdown():
 def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatch):
     # Two trainers in sync mode (K = 0): one gathered row-wise Adagrad update per id and step, so the run is
     # reproducible and "exactly" is a fair demand. (With K > 0 the servers apply pushes in arrival order.)
+    import shutil
+
     common = {"batch_size": 256, "mode": "sync", "trainers": 2}
-    whole = run(steps=6, **common)
-    first = run(steps=3, checkpoint=str(tmp_path), **common)
-    assert (tmp_path / "trainer.pt").is_file() and (tmp_path / "ps" / "LATEST").is_file()
+    whole = run(steps=6, checkpoint=str(tmp_path / "whole"), checkpoint_every=3, keep=3, **common)
+    assert sorted(p.name for p in (tmp_path / "whole").iterdir()) == ["step-000000003", "step-000000006"]
+    assert whole["checkpoint"] == str((tmp_path / "whole" / "step-000000006").resolve())
+    # The job killed after step 4: its directory holds the checkpoint of step 3 (and nothing else of step 6).
+    shutil.copytree(tmp_path / "whole" / "step-000000003", tmp_path / "step-000000003")
     rest = run(steps=3, checkpoint=str(tmp_path), resume=True, **common)
-    assert rest["first_step"] == 3
-    losses = [h["loss"] for h in first["history"] + rest["history"]]
-    assert losses == pytest.approx([h["loss"] for h in whole["history"]], abs=1e-6)
-    assert rest["auc"] == pytest.approx(whole["auc"], abs=1e-6)
+    assert rest["first_step"] == 3 and rest["resumed_from_step"] == 3 and rest["last_step"] == 6
+    assert [h["loss"] for h in rest["history"]] == [h["loss"] for h in whole["history"][3:]]  # bit-exact
+    assert rest["auc"] == whole["auc"]
+    tmp_path = tmp_path / "step-000000006"  # the resumed run's checkpoint, newest: the checks below damage it
     # A trainer state saved with another model (here: one dense weight of another shape) is refused in one line.
     import torch
+
+    from persia_planner.modules.checkpoints import MANIFEST, publish
 
     state = torch.load(tmp_path / "trainer.pt", weights_only=True)
     key = next(k for k, v in state["dense"].items() if v.dim() == 2)
     state["dense"][key] = torch.zeros(state["dense"][key].shape[0] + 1, state["dense"][key].shape[1])
     torch.save(state, tmp_path / "trainer.pt")
+    lineage = json.loads((tmp_path / MANIFEST).read_text())["lineage"]
+    staged = tmp_path.parent / ".step-000000006.tmp-0"
+    tmp_path.rename(staged)
+    publish(staged, step=6, lineage=lineage, world={"trainers": 2, "servers": 2})  # a consistent, other model
+    tmp_path = tmp_path.parent
     with pytest.raises(PlannerError, match=rf"holds {key} of shape .*saved with another model.yaml"):
         run(steps=1, checkpoint=str(tmp_path), resume=True, **common)
     # So is a resume with another data layout (step 3 would point at other samples of the stream), and before any
@@ -120,7 +131,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--model", "/nonexistent.yaml"], "nonexistent.yaml"),
         (["--steps", "0"], "--steps"),
         (["--ps-wire", "int8"], "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
-        (["--checkpoint", "/nonexistent-ckpt", "--resume"], "no trainer checkpoint at /nonexistent-ckpt/trainer.pt"),
+        (["--checkpoint", "/nonexistent-ckpt", "--resume"], "no checkpoint in /nonexistent-ckpt (no step-* directory)"),
         (["--checkpoint", "/nonexistent-ckpt", "--resume", "--overwrite"], "--resume continues the checkpoint that"),
     ],
 )
@@ -244,51 +255,6 @@ def test_same_entry_point_runs_under_torchrun():
     assert result["ps_wire"] == "bfloat16"
 
 
-class Planted:
-    """Unpickling it would create ``path``: what a crafted checkpoint could do with any code."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __reduce__(self):
-        return (Path.touch, (self.path,))
-
-
-def test_resume_refuses_a_trainer_state_from_another_ps_version(tmp_path):
-    import torch
-
-    from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad
-    from persia_planner.modules.ps.checkpoint import save_all
-    from persia_planner.modules.train import check_resume
-
-    stores = [{"t": EmbeddingStore(4, 10, RowWiseAdagrad())}]
-    state = {"step": 3, "ps_version": 1, "dense": {}, "local": {}, "local_optimizer": []}
-    torch.save(state, tmp_path / "trainer.pt")  # local optimizer state as an earlier version wrote it
-    save_all(stores, tmp_path / "ps", version=1)
-    with pytest.raises(PlannerError, match=r"written by an earlier version of persia train \(its local tables' opt"):
-        check_resume(tmp_path, with_ps=True)
-    torch.save(state | {"local_optimizer": {}}, tmp_path / "trainer.pt")
-    assert check_resume(tmp_path, with_ps=True)["step"] == 3
-    save_all(stores, tmp_path / "ps", version=2)  # a later save committed the servers, then died before trainer.pt
-    with pytest.raises(PlannerError, match="trainer state for PS version 1 but the parameter-server checkpoint is at"):
-        check_resume(tmp_path, with_ps=True)
-    assert check_resume(tmp_path, with_ps=False)["step"] == 3  # a plan without PS tables needs no PS checkpoint
-    # A truncated or foreign file is bad input (one line naming the file), not an internal error.
-    whole = (tmp_path / "trainer.pt").read_bytes()
-    (tmp_path / "trainer.pt").write_bytes(whole[:100])
-    with pytest.raises(PlannerError, match=rf"^--resume: {tmp_path}/trainer.pt is not a readable trainer checkpoint"):
-        check_resume(tmp_path, with_ps=False)
-    torch.save(torch.zeros(3), tmp_path / "trainer.pt")
-    with pytest.raises(PlannerError, match=r"is not a trainer checkpoint of persia train \(it lacks step/dense/local"):
-        check_resume(tmp_path, with_ps=False)
-    # A crafted file whose unpickling would run code is refused without running it (weights_only).
-    planted = tmp_path / "planted"
-    torch.save(state | {"local_optimizer": {}, "payload": Planted(planted)}, tmp_path / "trainer.pt")
-    with pytest.raises(PlannerError, match=r"trainer.pt is not a readable trainer checkpoint \(UnpicklingError"):
-        check_resume(tmp_path, with_ps=False)
-    assert not planted.exists()
-
-
 @pytest.mark.timeout(600)
 def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
     """Criteo data that ends before --steps: the trainers train to its end, then find no held-out batches; the
@@ -301,7 +267,7 @@ def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
     to_criteo(SyntheticClicks(teacher, batch_size=64, num_batches=6, seed=3), tmp_path / "day_0")
     with pytest.raises(PlannerError, match="no evaluation samples"):
         run(steps=100, batch_size=64, data=f"criteo:{tmp_path / 'day_0'}", checkpoint=str(tmp_path / "ckpt"))
-    state = torch.load(tmp_path / "ckpt" / "trainer.pt", weights_only=True)
+    state = torch.load(tmp_path / "ckpt" / "step-000000003" / "trainer.pt", weights_only=True)
     assert state["step"] == 3 and state["seed"] == 0  # 6 batches of 64 = 3 steps of 2 trainers x 64
     assert state["data"] == f"criteo:{(tmp_path / 'day_0').resolve()}"
 

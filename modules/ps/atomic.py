@@ -14,8 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 __all__ = ["atomic_json", "atomic_torch_save", "atomic_write", "fsync_dir"]
 
 
@@ -48,6 +46,8 @@ def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """``torch.save`` ``obj`` to ``path`` atomically."""
+    import torch  # here: the launcher's checks use this module's other writers before torch is imported
+
     atomic_write(path, lambda f: torch.save(obj, f))
 
 

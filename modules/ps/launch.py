@@ -36,7 +36,7 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -47,6 +47,7 @@ import torch.multiprocessing as mp
 from persia_planner.errors import Interrupted, PlannerError
 
 from ..rpcenv import listen_on_loopback_if_asked, master_address
+from ..stopping import request_stop
 from .allocator import allocator_env
 from .client import PsClient
 from .group import host_store
@@ -61,6 +62,7 @@ __all__ = [
     "free_port",
     "hosted_store",
     "local_cluster",
+    "trainers_prefix",
     "trainers_store",
     "use_hosted_store",
 ]
@@ -140,8 +142,13 @@ def trainers_store(timeout_s: float = 300.0) -> dist.Store:
     addr, port = master_address("the trainers' group")
     listen_on_loopback_if_asked()  # gloo reads GLOO_SOCKET_IFNAME when the group is made with this store
     agent = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
-    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return dist.PrefixStore(f"persia-trainers-{run}", agent)
+    return dist.PrefixStore(trainers_prefix(os.environ), agent)
+
+
+def trainers_prefix(environ: Mapping[str, str]) -> str:
+    """The trainers' namespace in the job's store (:func:`trainers_store`) for a process with ``environ``."""
+    run, restart = environ.get("TORCHELASTIC_RUN_ID", ""), environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"persia-trainers-{run}-{restart}"
 
 
 def _server_main(
@@ -271,6 +278,7 @@ def local_cluster(
     delay_ms: float = 0.0,
     wire_dtype: torch.dtype = torch.float32,
     stop_grace_s: float = 5.0,
+    drain_s: float = 0.0,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -292,13 +300,17 @@ def local_cluster(
         wire_dtype: The dtype the trainers' clients send rows and gradients in (``PsClient(wire_dtype=...)``).
         stop_grace_s: On SIGINT or SIGTERM (in the main thread), how long the workers have to end after SIGTERM
             before they are killed.
+        drain_s: If above 0, the first SIGINT or SIGTERM asks the trainers to stop at a step they agree on
+            (:mod:`..stopping`: ``persia train`` then saves a final checkpoint) and waits this long for them to
+            report; a second signal, or the end of the wait, stops the workers as without it.
 
     Returns:
         The trainers' return values, in trainer order.
 
     Raises:
         TrainerError: A trainer raised (first in trainer order), or the run timed out.
-        Interrupted: SIGINT or SIGTERM reached this process; the workers were stopped first.
+        Interrupted: SIGINT or SIGTERM reached this process; the workers were stopped first. After a drain in
+            which every trainer reported, its ``results`` are the trainers' return values.
     """
     if n_servers < 0 or n_clients < 1:
         raise ValueError(f"need servers >= 0 and at least one client, got {n_servers} and {n_clients}")
@@ -310,7 +322,10 @@ def local_cluster(
     _restart_forkserver_unless(environ.get("GLIBC_TUNABLES"))
     stopped: list[int] = []  # how many workers were running when a signal stopped the job
     try:
-        with StopOnSignals().installed() as signals, hosted_store(max(timeout_s, run_timeout_s)) as port:
+        with (
+            StopOnSignals(defer_first=drain_s > 0).installed() as signals,
+            hosted_store(max(timeout_s, run_timeout_s)) as port,
+        ):
             results = ctx.Queue()
             trainer_barrier = ctx.Barrier(n_clients)
             servers = [
@@ -348,6 +363,7 @@ def local_cluster(
             # Only GLIBC_TUNABLES changes, and only while the processes start.
             before = os.environ.get("GLIBC_TUNABLES")
             outcome: dict[int, tuple[bool, Any, float]] = {}  # trainer -> (ok, value, when reported)
+            draining: int | None = None  # the signal that asked the trainers to stop together
             try:
                 try:
                     os.environ.update(tuning)
@@ -362,6 +378,11 @@ def local_cluster(
                 deadline = time.monotonic() + run_timeout_s
                 given_up = False
                 while len(outcome) < n_clients:
+                    if draining is None and signals.received is not None and drain_s > 0:
+                        # Asked to stop: the trainers stop together at a step they agree on, and report as usual.
+                        draining = signals.received
+                        deadline = time.monotonic() + drain_s
+                        request_stop("127.0.0.1", port, trainers_prefix(environ), signal.Signals(draining).name)
                     failed_at = [t for ok, _value, t in outcome.values() if not ok]
                     if failed_at and time.monotonic() > min(failed_at) + failure_grace_s:
                         given_up = True  # the rest are killed below; the failure is raised after
@@ -374,6 +395,8 @@ def local_cluster(
                         # otherwise leave us waiting for the whole run_timeout_s.
                         # (A dead server is not checked here: the trainers' requests to it fail within their timeout.)
                         early = [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in outcome]
+                        if draining is not None and time.monotonic() > deadline:
+                            raise signals.stop(draining) from None  # the trainers did not stop in time
                         if early or time.monotonic() > deadline:
                             why = (
                                 f"{', '.join(f'{p.name} exited with {p.exitcode}' for p in early)}"
@@ -396,7 +419,12 @@ def local_cluster(
             if failed:
                 j, (message, tb, internal) = failed[0]
                 raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
-            return [pickle.loads(outcome[j][1]) for j in range(n_clients)]
+            values = [pickle.loads(outcome[j][1]) for j in range(n_clients)]
+            if draining is not None:
+                raise Interrupted(
+                    draining, f"interrupted ({signal.Signals(draining).name}); the trainers stopped together", values
+                )
+            return values
     except Stop as stop:
         n = stopped[0] if stopped else 0
         raise Interrupted(

@@ -93,17 +93,35 @@ class Stop(BaseException):
 class StopOnSignals:
     """While installed, the first SIGINT or SIGTERM raises :class:`Stop` in the main thread, at once or, inside
     :meth:`held`, when that block ends; later ones are ignored while the workers are being stopped (that is bounded).
-    Outside the main thread Python cannot take signals, and nothing changes."""
+    Outside the main thread Python cannot take signals, and nothing changes.
 
-    def __init__(self) -> None:
+    Args:
+        defer_first: The first signal is only recorded (:attr:`received`: the launcher asks the workers to stop by
+            themselves); the second one raises.
+    """
+
+    def __init__(self, defer_first: bool = False) -> None:
         self.received: int | None = None
         self.holding = False
+        self.defer_first = defer_first
+        self.count = 0
+        self.stopping = False  # Stop was raised: the workers are being stopped
+
+    def _due(self) -> bool:
+        return self.count > (1 if self.defer_first else 0)
+
+    def stop(self, signum: int) -> Stop:
+        """The :class:`Stop` to raise (by the signal handler, or by the launcher that gives up waiting)."""
+        self.stopping = True
+        return Stop(signum)
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        if self.received is None:
-            self.received = signum
-            if not self.holding:
-                raise Stop(signum)
+        if self.stopping:
+            return
+        self.count += 1
+        self.received = self.received or signum
+        if self._due() and not self.holding:
+            raise self.stop(self.received)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopOnSignals]:
@@ -127,8 +145,8 @@ class StopOnSignals:
             yield
         finally:
             self.holding = False
-        if self.received is not None:
-            raise Stop(self.received)
+        if self._due() and not self.stopping and self.received is not None:
+            raise self.stop(self.received)
 
 
 def stop_processes(procs: list[Any], grace_s: float) -> int:

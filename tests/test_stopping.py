@@ -1,0 +1,112 @@
+"""A signal stops a job with a checkpoint at a step every trainer agrees on: a final checkpoint, then one line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from persia_planner.modules.checkpoints import verify
+from persia_planner.modules.stopping import REQUEST, STOP_AT, GracefulStop
+from persia_planner.modules.train import FINAL_CHECKPOINT_WAIT_S
+
+PERSIA = Path(sys.executable).with_name("persia")
+
+
+def test_every_trainer_stops_after_the_step_trainer_0_chose():
+    store = dist.HashStore()
+    first, second = GracefulStop(store, 0), GracefulStop(store, 1)
+    assert not second.after_step(5)  # trainer 1 finished step 5 before the request came
+    store.set(REQUEST, "SIGTERM")  # what the launcher's request_stop writes
+    assert not first.after_step(5) and int(store.get(STOP_AT)) == 7
+    # Trainer 1 reads the step at the end of its next step: it cannot be past it (step 6 needs trainer 0).
+    assert [second.after_step(s) for s in (6, 7)] == [False, True]
+    assert [first.after_step(s) for s in (6, 7)] == [False, True]
+    assert first.reason == second.reason == "SIGTERM"
+
+
+def test_a_signal_to_one_trainer_under_torchrun_stops_them_all():
+    store = dist.HashStore()
+    first, second = GracefulStop(store, 0), GracefulStop(store, 1)
+    with second.installed():
+        os.kill(os.getpid(), signal.SIGTERM)  # torchrun's agent signals each worker itself
+        assert second.signalled == "SIGTERM"
+    assert not second.after_step(3)  # asks for the stop; trainer 0 chooses the step
+    assert not first.after_step(3) and first.stop_at == 5
+    assert [second.after_step(s) for s in (4, 5)] == [False, True]
+
+
+def _live(pids: list[int]) -> list[int]:
+    def state(pid: int) -> str | None:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return None
+
+    return [pid for pid in pids if state(pid) not in (None, "Z")]
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        try:
+            children = [int(c) for c in Path(f"/proc/{todo[0]}/task/{todo[0]}/children").read_text().split()]
+        except OSError:
+            children = []
+        found += children
+        todo = todo[1:] + children
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_takes_a_final_checkpoint_that_resume_continues(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    err = (tmp_path / "stderr").open("w")
+    train = [str(PERSIA), "train", "--steps", "100000", "--batch-size", "64", "--eval-batches", "1"]
+    launcher = subprocess.Popen(
+        [*train, "--checkpoint", str(ckpt), "--checkpoint-every", "3", "--json"],
+        stdout=subprocess.PIPE, stderr=err, start_new_session=True, cwd=tmp_path, text=True,
+    )  # fmt: skip
+    seen: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not (ckpt / "step-000000003").is_dir():  # the first periodic checkpoint: the job trains
+            assert launcher.poll() is None, (tmp_path / "stderr").read_text()[-2000:]
+            assert time.monotonic() < deadline, "no checkpoint of step 3 within 300 s"
+            time.sleep(0.05)  # the poll interval, not a synchronisation
+        seen = _descendants(launcher.pid)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=FINAL_CHECKPOINT_WAIT_S + 60) == 143
+        gone_by = time.monotonic() + 10  # the fork server and resource tracker end once they see the launcher gone
+        while _live(seen) and time.monotonic() < gone_by:
+            time.sleep(0.05)  # the poll interval, not a synchronisation
+        assert not _live(seen), "processes left 10 s after the launcher ended"
+    finally:
+        for pid in [launcher.pid, *_live(seen)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait()
+    errors = [line for line in (tmp_path / "stderr").read_text().splitlines() if line.strip()]
+    assert len(errors) == 1, errors
+    found = re.fullmatch(
+        r"error: interrupted \(SIGTERM\) after step (\d+); checkpoint in (.*) \(--resume .*", errors[0]
+    )
+    assert found, errors
+    step, where = int(found.group(1)), Path(found.group(2))
+    assert step >= 3 and where == (ckpt / f"step-{step:09d}").resolve() and verify(where).step == step
+    done = subprocess.run(
+        [*train[:2], "--steps", "2", "--batch-size", "64", "--eval-batches", "1", "--checkpoint", str(ckpt),
+         "--resume", "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["resumed_from_step"] == step and result["last_step"] == step + 2
