@@ -37,7 +37,7 @@ from typing import Any
 
 from persia_planner.errors import PlannerError
 
-from .ps.atomic import atomic_json, fsync_dir
+from .atomic import atomic_json, fsync_dir
 
 __all__ = [
     "FORMAT",

@@ -15,11 +15,11 @@ from torch import nn
 from persia_planner.errors import PlannerError
 from persia_planner.specs import ModelSpec
 
+from .atomic import atomic_json, atomic_torch_save
 from .checkpoints import Checkpoint, newest_complete, prune, publish, staging_dir, verify
 from .config import TrainConfig, data_identity
 from .hybrid import HybridEmbeddingBagCollection
 from .loop import dense_state_dict
-from .ps.atomic import atomic_json, atomic_torch_save
 
 __all__ = [
     "TRAINER_STATE",

@@ -58,6 +58,12 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"dense_optimizer": "adam"}, "dense optimizer must be adagrad or sgd, got 'adam'"),
         ({"sparse_optimizer": "lamb"}, "sparse optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
         ({"resume": True}, "--resume needs --checkpoint DIR"),
+        ({"checkpoint_every": 5}, "--checkpoint-every needs --checkpoint DIR"),
+        (
+            {"checkpoint_every": -1, "checkpoint": "x"},
+            "--checkpoint-every must be >= 0 steps (0: only at the end), got -1",
+        ),
+        ({"keep": 0, "checkpoint": "x"}, "--keep must be in [1, 1000] checkpoints, got 0"),
         ({"data": "parquet:/x"}, "--data must be 'synthetic' or 'criteo:PATH', got 'parquet:/x'"),
         ({"steps": 0}, "--steps, trainers and eval batches must be >= 1"),
         ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
@@ -107,7 +113,7 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
         check_before_start(TrainConfig(checkpoint="/proc/persia-ckpt/run"), criteo_model, with_ps=False)
     check_before_start(TrainConfig(checkpoint=str(tmp_path / "new" / "ckpt")), criteo_model, with_ps=False)
     assert (tmp_path / "new" / "ckpt").is_dir() and not any((tmp_path / "new" / "ckpt").iterdir())
-    with pytest.raises(PlannerError, match=f"--resume: no trainer checkpoint at {tmp_path}/gone/trainer.pt"):
+    with pytest.raises(PlannerError, match=f"--resume: no checkpoint in {tmp_path}/gone \\(no step-"):
         check_before_start(TrainConfig(checkpoint=str(tmp_path / "gone"), resume=True), criteo_model, with_ps=False)
     assert not (tmp_path / "gone").exists()  # a refused resume creates nothing
     # A run from scratch into a directory that holds something would replace it: refused unless asked for.
@@ -120,7 +126,10 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
     with pytest.raises(PlannerError, match="--resume continues the checkpoint that --overwrite would replace"):
         TrainConfig(checkpoint=str(used), overwrite=True, resume=True)
     assert (used / "trainer.pt").read_bytes() == b"a run's state"  # checks write nothing into it
-    (tmp_path / "trainer.pt").write_bytes(b"")
+    (tmp_path / "step-000000004").mkdir()
+    (tmp_path / "step-000000004" / "MANIFEST.json").write_text(
+        '{"format": "persia-checkpoint/1", "step": 4, "files": {}}'
+    )
     check_before_start(TrainConfig(checkpoint=str(tmp_path), resume=True), criteo_model, with_ps=False)
     with pytest.raises(PlannerError, match="tables name different sparse optimizers"):
         check_before_start(TrainConfig(), model("sgd", "adam"), with_ps=False)
@@ -145,7 +154,7 @@ def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):
         (["train", "--ps-wire", "int8"], {}, "--ps-wire must be one of float32, float16, bfloat16"),
         (["train", "--data", f"criteo:{tmp_path / 'none'}"], {}, "none: file or directory not found"),
         (["train", "--checkpoint", str(tmp_path / "afile" / "x")], {}, "afile is a file, not a directory"),
-        (["train", "--checkpoint", str(tmp_path), "--resume"], {}, "no trainer checkpoint at"),
+        (["train", "--checkpoint", str(tmp_path), "--resume"], {}, "no checkpoint in"),
         (["train"], {"PERSIA_RPC_TRANSPORTS": "foo"}, "unknown TensorPipe transport(s) ['foo']"),
         (["train"], {"TORCHELASTIC_RUN_ID": "x"}, "TORCHELASTIC_RUN_ID is set but RANK and WORLD_SIZE are not"),
         (ps, {"MASTER_ADDR": "", "MASTER_PORT": ""}, "MASTER_ADDR and MASTER_PORT must be set"),

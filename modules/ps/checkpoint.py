@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .atomic import atomic_json, atomic_torch_save, fsync_dir
+from ..atomic import atomic_json, atomic_torch_save, fsync_dir
 
 # Serving replicas import apply_deltas from here, where it lived before deltas.py: it stays importable.
 from .deltas import apply_deltas

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .atomic import atomic_torch_save
+from ..atomic import atomic_torch_save
 from .protocol import unreadable
 from .sharding import server_of
 from .store import EmbeddingStore

@@ -1,4 +1,4 @@
-"""Crash-safe file writes for the PS's checkpoints and incremental dumps.
+"""Crash-safe file writes for the checkpoints (the job's and the PS's) and the PS's incremental dumps.
 
 Every file is written to a unique temporary name in its final directory, flushed, ``fsync``'ed and ``os.replace``'d
 onto its name, then the directory is ``fsync``'ed; so a file name either does not exist or holds a complete file.
