@@ -50,6 +50,7 @@ __all__ = [
     "publish",
     "staging_dir",
     "verify",
+    "written_by_run",
 ]
 
 FORMAT = "persia-checkpoint/1"
@@ -68,12 +69,14 @@ class Checkpoint:
         step: Global steps trained when it was taken.
         lineage: The run (and the runs resumed from it) that wrote it.
         world: ``{"trainers": T, "servers": S}`` of the job that wrote it.
+        run_id: The torchrun run (``TORCHELASTIC_RUN_ID``) that wrote it; None outside torchrun.
     """
 
     path: Path
     step: int
     lineage: str
     world: dict[str, int]
+    run_id: str | None = None
 
 
 def new_lineage() -> str:
@@ -100,7 +103,9 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def publish(staging: Path, *, step: int, lineage: str, world: dict[str, int]) -> Checkpoint:
+def publish(
+    staging: Path, *, step: int, lineage: str, world: dict[str, int], run_id: str | None = None
+) -> Checkpoint:
     """Write the manifest of ``staging`` (every file with its size and sha256), then rename it to ``step-NNNNNNNNN``.
 
     A checkpoint of the same step already there (a run that went back to an older checkpoint) is replaced: moved
@@ -110,6 +115,8 @@ def publish(staging: Path, *, step: int, lineage: str, world: dict[str, int]) ->
         p.relative_to(staging).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(staging)
     }
     manifest = {"format": FORMAT, "step": step, "lineage": lineage, "world": dict(world), "files": files}
+    if run_id is not None:
+        manifest["run_id"] = run_id
     atomic_json(manifest, staging / MANIFEST)
     root = staging.parent
     final = root / f"step-{step:09d}"
@@ -121,7 +128,7 @@ def publish(staging: Path, *, step: int, lineage: str, world: dict[str, int]) ->
     fsync_dir(root)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return Checkpoint(final, step, lineage, dict(world))
+    return Checkpoint(final, step, lineage, dict(world), run_id)
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -162,7 +169,10 @@ def verify(path: str | os.PathLike[str], *, checksums: bool = True) -> Checkpoin
         if checksums and _sha256(file) != entry.get("sha256"):
             raise PlannerError(f"{file} does not match the checksum its manifest recorded: the file changed")
     world = manifest.get("world") if isinstance(manifest.get("world"), dict) else {}
-    return Checkpoint(path, int(manifest["step"]), str(manifest.get("lineage", "")), dict(world))
+    run_id = manifest.get("run_id")
+    return Checkpoint(
+        path, int(manifest["step"]), str(manifest.get("lineage", "")), dict(world), str(run_id) if run_id else None
+    )
 
 
 def complete_checkpoints(root: str | os.PathLike[str]) -> list[Path]:
@@ -209,6 +219,15 @@ def newest_complete(
         f"--resume: no whole checkpoint in {root}; the newest: {first.message}",
         fixes=("train from scratch without --resume",),
     )
+
+
+def written_by_run(root: str | os.PathLike[str], run_id: str) -> bool:
+    """Whether the newest checkpoint of ``root`` was written by the torchrun run ``run_id`` (not checked whole)."""
+    found = complete_checkpoints(root)
+    try:
+        return bool(found) and json.loads((found[0] / MANIFEST).read_bytes()).get("run_id") == run_id
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def prune(root: str | os.PathLike[str], newest: Checkpoint, keep: int) -> list[Path]:

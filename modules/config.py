@@ -13,7 +13,8 @@ import enum
 import math
 import os
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ __all__ = [
     "criteo_path",
     "data_identity",
     "dlrm_embedding_dim",
+    "elastic_resume",
     "sparse_optimizer_of",
 ]
 
@@ -309,6 +311,20 @@ def check_resume_exists(directory: str | os.PathLike[str]) -> Path:
     from .checkpoints import newest_complete
 
     return newest_complete(directory, checksums=False).path
+
+
+def elastic_resume(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> TrainConfig:
+    """``cfg`` for this attempt of a torchrun job: after a restart (``--max-restarts``), the job resumes from the
+    newest checkpoint that its run (``TORCHELASTIC_RUN_ID``) wrote, or, if it wrote none yet, starts over into the
+    directory its first attempt was allowed to use. The first attempt runs ``cfg`` as given."""
+    env = os.environ if environ is None else environ
+    if not cfg.checkpoint or int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
+        return cfg
+    from .checkpoints import written_by_run
+
+    if written_by_run(cfg.checkpoint, env.get("TORCHELASTIC_RUN_ID", "")):
+        return replace(cfg, resume=True, overwrite=False)
+    return cfg if cfg.resume else replace(cfg, overwrite=True)
 
 
 def dlrm_embedding_dim(spec: ModelSpec) -> int:

@@ -69,6 +69,7 @@ def save_checkpoint(
     plan: dict[str, Any],
     world: dict[str, int],
     keep: int,
+    run_id: str | None = None,
 ) -> Checkpoint | None:
     """Save the job's checkpoint of global step ``step`` into ``root`` (a collective: every trainer calls it, after
     the pushes of every step up to ``step`` are applied). Trainer 0 writes it into a staging directory (PS tables,
@@ -81,7 +82,7 @@ def save_checkpoint(
         version = client.save(staging / "ps") if hybrid.ps is not None else None
         save_trainer_state(staging / TRAINER_STATE, step, model, local, opt, version, layout | {"rng": rng})
         atomic_json(plan, staging / "plan.json")
-        published = publish(staging, step=step, lineage=lineage, world=world)
+        published = publish(staging, step=step, lineage=lineage, world=world, run_id=run_id)
         prune(root, published, keep)
     dist.barrier()  # nobody trains on (or ends) before the checkpoint is whole
     return published

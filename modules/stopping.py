@@ -1,8 +1,9 @@
 """A stop the trainers agree on: asked for by a signal, taken at the same step by every trainer, so that the job can
 save a final checkpoint before it ends.
 
-Asked for in two ways: the local launcher, on SIGINT or SIGTERM, sets :data:`REQUEST` in the job's store
-(:func:`request_stop`); under torchrun every worker receives the signal itself (:meth:`GracefulStop.installed`).
+The local launcher, on SIGINT or SIGTERM, sets :data:`REQUEST` in the job's store (:func:`request_stop`). (Under
+torchrun the agent signals every worker, the parameter servers too: the job ends at once, and its last periodic
+checkpoint is the one to resume; ``--max-restarts`` does that by itself.)
 
 Agreement: at the end of step ``s``, trainer 0 that sees a request writes ``stop at s + 2`` to the store; every trainer
 reads it at the end of each of its steps and stops after that step. No trainer can have finished step ``s + 1`` before
@@ -12,11 +13,7 @@ at the end of step ``s``, before it starts ``s + 1``. So each trainer still read
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import signal
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["REQUEST", "STOP_AT", "GracefulStop", "request_stop"]
@@ -46,30 +43,11 @@ class GracefulStop:
 
     def __init__(self, store: Any, rank: int) -> None:
         self.store, self.rank = store, rank
-        self.signalled: str | None = None  # a signal this process received (under torchrun)
         self.stop_at: int | None = None
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        self.signalled = signal.Signals(signum).name
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[GracefulStop]:
-        """While in the block, SIGINT and SIGTERM to this process ask for the agreed stop instead of ending it."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     @property
     def reason(self) -> str | None:
         """Why the job stops early (the signal's name), once it was asked to."""
-        if self.signalled:
-            return self.signalled
         if self.store.check([REQUEST]):
             return self.store.get(REQUEST).decode()
         return None
@@ -77,8 +55,6 @@ class GracefulStop:
     def after_step(self, step: int) -> bool:
         """Whether to stop now, after global step ``step``."""
         if self.stop_at is None:
-            if self.signalled and not self.store.check([REQUEST]):
-                self.store.set(REQUEST, self.signalled)
             if self.rank == 0 and self.store.check([REQUEST]):
                 self.stop_at = step + 2
                 self.store.set(STOP_AT, str(self.stop_at))

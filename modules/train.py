@@ -39,8 +39,8 @@ from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
 
 from .breakdown import StepProfiler
-from .checkpoints import Checkpoint, new_lineage
-from .config import TrainConfig, check_before_start, sparse_optimizer_of
+from .checkpoints import Checkpoint, new_lineage, written_by_run
+from .config import TrainConfig, check_before_start, elastic_resume, sparse_optimizer_of
 from .distributed import check_trainers, distribute, executed_plan
 from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
@@ -273,6 +273,7 @@ class _Saver:
                 plan=self.plan,
                 world={"trainers": self.job.trainers, "servers": self.job.servers},
                 keep=self.job.cfg.keep,
+                run_id=os.environ.get("TORCHELASTIC_RUN_ID"),
             )
             or self.last
         )
@@ -421,6 +422,9 @@ def train_torchrun(
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world <= servers:
         raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
+    cfg = elastic_resume(cfg)
+    # A restarted attempt that resumes this run's own checkpoint trains on to the step the first attempt was to reach.
+    restarted = cfg.resume and written_by_run(cfg.checkpoint or "", os.environ.get("TORCHELASTIC_RUN_ID", ""))
     check_before_start(cfg, spec, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()))
     cfg = replace(cfg, trainers=world - servers)
     check_trainers(cfg.trainers, topology, torchrun_servers=servers)
@@ -429,7 +433,7 @@ def train_torchrun(
         ps_server.serve(rank, world, name=server_name(index))
         return None
     _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
-    job = Job(cfg, spec, dict(tables), topology, servers, world - servers)
+    job = Job(cfg, spec, dict(tables), topology, servers, world - servers, restarted=restarted)
     # joined: a failed step leaves at once; a server lost at the end is named within the peer timeout, not awaited.
     with joined(
         f"trainer{index}",

@@ -367,7 +367,7 @@ def train_command(
 
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
-    from persia_planner.modules.config import TrainConfig, check_before_start
+    from persia_planner.modules.config import TrainConfig, check_before_start, elastic_resume
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
     from persia_planner.plan_checks import require_valid
     from persia_planner.plans import load_plan
@@ -403,6 +403,8 @@ def train_command(
             the_plan = make_plan(model_spec, topo, seed=seed)
         require_valid(the_plan, model_spec, topo)
         remote = the_plan.remote_tables()
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            cfg = elastic_resume(cfg)  # a restarted attempt resumes the run's own newest checkpoint
         check_before_start(cfg, model_spec, with_ps=bool(remote))
         servers = max(1, len(topo.servers))
         under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ

@@ -34,17 +34,6 @@ def test_every_trainer_stops_after_the_step_trainer_0_chose():
     assert first.reason == second.reason == "SIGTERM"
 
 
-def test_a_signal_to_one_trainer_under_torchrun_stops_them_all():
-    store = dist.HashStore()
-    first, second = GracefulStop(store, 0), GracefulStop(store, 1)
-    with second.installed():
-        os.kill(os.getpid(), signal.SIGTERM)  # torchrun's agent signals each worker itself
-        assert second.signalled == "SIGTERM"
-    assert not second.after_step(3)  # asks for the stop; trainer 0 chooses the step
-    assert not first.after_step(3) and first.stop_at == 5
-    assert [second.after_step(s) for s in (4, 5)] == [False, True]
-
-
 def _live(pids: list[int]) -> list[int]:
     def state(pid: int) -> str | None:
         try:

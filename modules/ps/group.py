@@ -89,7 +89,13 @@ def _bounded_tcp_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int,
         yield store, 0, world_size
         raise RuntimeError(f"{_RENDEZVOUS_SCHEME}:// cannot rendezvous again")  # as torch's tcp:// handler
     plain = parsed._replace(scheme="tcp", query=urllib.parse.urlencode(query)).geturl()
-    yield from torch.distributed.rendezvous(plain, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    for store, r, w in torch.distributed.rendezvous(plain, rank=rank, world_size=world_size, timeout=timeout, **kwargs):
+        if restart is not None:
+            # torchrun's agent keeps its store across restarts (--max-restarts): a restarted group would read the
+            # addresses its previous attempt published there, and connect to processes that are gone.
+            store = torch.distributed.PrefixStore(f"persia-rpc-{restart}", store)
+        yield store, r, w
 
 
 torch.distributed.register_rendezvous_handler(_RENDEZVOUS_SCHEME, _bounded_tcp_rendezvous)
