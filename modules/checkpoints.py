@@ -103,9 +103,7 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def publish(
-    staging: Path, *, step: int, lineage: str, world: dict[str, int], run_id: str | None = None
-) -> Checkpoint:
+def publish(staging: Path, *, step: int, lineage: str, world: dict[str, int], run_id: str | None = None) -> Checkpoint:
     """Write the manifest of ``staging`` (every file with its size and sha256), then rename it to ``step-NNNNNNNNN``.
 
     A checkpoint of the same step already there (a run that went back to an older checkpoint) is replaced: moved
