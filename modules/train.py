@@ -31,16 +31,18 @@ import torch.distributed as dist
 
 from persia_planner.errors import PlannerError
 from persia_planner.execution import check_executable, planned_execution
+from persia_planner.memory import PS_MAX_CAPACITY
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
 
 from .breakdown import StepProfiler
-from .config import TrainConfig, check_before_start, sparse_optimizer_of
+from .config import PsCapacity, TrainConfig, check_before_start, dlrm_embedding_dim, id_universe, sparse_optimizer_of
 from .distributed import check_trainers, distribute, executed_plan
 from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
 from .loop import TrainLoop, build_model, dense_state_dict, make_optimizer
+from .ps_usage import planned_server_bytes, server_usage, usage_table, warm_up
 from .resume import check_layout, check_resume, data_layout, load_trainer_state, local_state, save_trainer_state
 from .stream import evaluate, lockstep, teacher_for, trainer_batches
 
@@ -57,6 +59,7 @@ __all__ = [
     "torchrun_role",
     "train_local",
     "train_torchrun",
+    "usage_table",
 ]
 
 
@@ -79,6 +82,15 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     if torch.cuda.is_available():  # trainer j is GPU j % per_host of its host, as in the plan
         device = torch.device("cuda", (j % per_host) % torch.cuda.device_count())
         torch.cuda.set_device(device)
+    memory_before = None
+    if job.servers:  # the servers' memory before this run's tables exist: what the run costs them is the growth
+        if j == 0:
+            warm_up(client, dlrm_embedding_dim(spec), WARM_UP_IDS)
+            memory_before = client.memory()
+        dist.barrier()
+    capacity = None
+    if cfg.ps_capacity is PsCapacity.UNBOUNDED:  # every id the data can draw, on every server: nothing is evicted
+        capacity = {name: min(ids, PS_MAX_CAPACITY) for name, ids in id_universe(spec, cfg).items()}
     model, hybrid = build_model(
         spec,
         job.tables,
@@ -89,6 +101,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         ps_servers=job.servers,
         device=device,
         local_device=torch.device("meta"),  # only the shards this trainer holds are allocated, by DMP
+        capacity=capacity,
     )
     dmp = distribute(model, job.tables, job.topology, device=device)
     executed = executed_plan(model, job.topology)
@@ -158,6 +171,11 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         if progress:
             progress.stop()
     dist.barrier()  # every trainer's pushes are applied before the checkpoint and the evaluation
+    ps_servers: list[dict[str, Any]] = []
+    if j == 0 and memory_before is not None and hybrid.ps is not None:
+        planned = planned_server_bytes(spec, job.tables, job.topology)
+        usage = server_usage(client.metrics(), memory_before, client.memory(), planned)
+        ps_servers = [u.to_dict() for u in usage]
     if ckpt is not None:  # before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing
         local = local_state(hybrid)  # gathers every trainer's shards
         if j == 0:
@@ -201,6 +219,9 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         "executed_matches_plan": executed == planned_execution(job.tables, spec, job.topology),
         "ps_delay_ms": cfg.ps_delay_ms,
         "ps_wire": cfg.ps_wire.value,
+        "ps_capacity": cfg.ps_capacity.value,
+        "id_space": cfg.teacher_rows_scale,
+        "ps_servers": ps_servers,
         "data": cfg.data,
         "seed": cfg.seed,
         "history": history,
@@ -243,6 +264,9 @@ def _progress(cfg: TrainConfig) -> Any:
         transient=False,
     )
 
+
+# Ids of the servers' warm-up before their memory baseline: about a large training request's distinct ids per server.
+WARM_UP_IDS = 8192
 
 # A trainer's PS request timeout, on one machine and under torchrun alike: checkpoint saves and loads of large
 # tables are requests too, and take far longer than the client's 10 s default for lookups.
