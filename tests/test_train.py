@@ -205,6 +205,9 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
     assert result["teacher_auc"] is None  # real-format data carries no teacher
     assert result["eval_samples"] == 2 * 2 * 256 and 0.0 <= result["auc"] <= 1.0
     assert result["ps_tables"] == PS_TABLES and result["ps_wire"] == "float16"
+    servers = result["ps_servers"]  # per-server usage: the default 2% of the rows never fills a store
+    assert [s["name"] for s in servers] == ["ps0", "ps1"] and all(s["evictions"] == 0 for s in servers), servers
+    assert all(s["admissions"] == s["rows"] > 0 and s["planned_bytes"] > 0 for s in servers), servers
     assert math.isfinite(result["loss"]) and math.isfinite(result["eval_loss"])
     assert Path(tmp_path / "day_0").is_file()
 
