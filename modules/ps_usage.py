@@ -68,17 +68,29 @@ class ServerUsage:
         return asdict(self) | {"rss_over_planned": self.rss_over_planned}
 
 
-def warm_up(client: Any, dim: int, ids: int) -> None:
-    """Have every server serve a table of its own once (``ids`` inserts, then as many hits) before a memory baseline
-    is read, so that the baseline already holds what the first requests allocate for good (the compiled kernels,
-    the RPC connections and threads, the request buffers) and the growth after it is the stores'."""
+def warm_up(client: Any, dim: int, ids: int, optimizer: Any = None) -> None:
+    """Have every server serve a table of its own through each path a run takes (inserts, hits, gradient pushes with
+    ``optimizer``, a full store's evictions) before a memory baseline is read, so that the baseline already holds
+    what the first requests allocate for good (the compiled kernels, the RPC connections and threads, the request
+    buffers) and the growth after it is the stores'.
+
+    Args:
+        client: A connected ``PsClient``.
+        dim: Width of the warm-up rows.
+        ids: Ids per request (about a large request's).
+        optimizer: The servers' row optimizer of the run (``SparseOptimizer.ps()``); None: the table default's.
+    """
     import torch  # here: the rest of this module is torch-free
 
     from .ps.protocol import TableConfig
 
-    client.register(TableConfig(name=WARM_UP_TABLE, dim=dim, capacity=4 * ids))
-    for _ in range(2):  # inserts, then hits
-        client.lookup(WARM_UP_TABLE, torch.arange(ids), train=True)
+    extra = {} if optimizer is None else {"optimizer": optimizer}
+    client.register(TableConfig(name=WARM_UP_TABLE, dim=dim, capacity=2 * ids, **extra))
+    first = torch.arange(ids)
+    client.lookup(WARM_UP_TABLE, first, train=True)  # inserts
+    client.push_gradients(WARM_UP_TABLE, first, torch.zeros(ids, dim))
+    client.lookup(WARM_UP_TABLE, first, train=True)  # hits
+    client.lookup(WARM_UP_TABLE, first + ids, train=True)  # a full store: evictions
 
 
 def planned_server_bytes(spec: ModelSpec, tables: Mapping[str, TablePlacement], topology: Topology) -> dict[str, int]:

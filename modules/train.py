@@ -85,7 +85,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     memory_before = None
     if job.servers:  # the servers' memory before this run's tables exist: what the run costs them is the growth
         if j == 0:
-            warm_up(client, dlrm_embedding_dim(spec), WARM_UP_IDS)
+            warm_up(client, dlrm_embedding_dim(spec), WARM_UP_IDS, sparse_opt.ps())
             memory_before = client.memory()
         dist.barrier()
     capacity = None
