@@ -70,9 +70,9 @@ class ServerUsage:
 
 def warm_up(client: Any, dim: int, ids: int, optimizer: Any = None) -> None:
     """Have every server serve a table of its own through each path a run takes (inserts, hits, gradient pushes with
-    ``optimizer``, a full store's evictions) before a memory baseline is read, so that the baseline already holds
-    what the first requests allocate for good (the compiled kernels, the RPC connections and threads, the request
-    buffers) and the growth after it is the stores'.
+    ``optimizer``, a full store's evictions), then drop it, before a memory baseline is read: the baseline then
+    holds what the first requests allocate for good (the compiled kernels, the RPC connections and threads, the
+    request buffers) and the growth after it is the stores'.
 
     Args:
         client: A connected ``PsClient``.
@@ -91,6 +91,7 @@ def warm_up(client: Any, dim: int, ids: int, optimizer: Any = None) -> None:
     client.push_gradients(WARM_UP_TABLE, first, torch.zeros(ids, dim))
     client.lookup(WARM_UP_TABLE, first, train=True)  # hits
     client.lookup(WARM_UP_TABLE, first + ids, train=True)  # a full store: evictions
+    client.drop(WARM_UP_TABLE)  # no checkpoint, dump or metrics of the run carries it
 
 
 def planned_server_bytes(spec: ModelSpec, tables: Mapping[str, TablePlacement], topology: Topology) -> dict[str, int]:

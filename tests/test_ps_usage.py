@@ -76,13 +76,24 @@ def test_the_plan_charges_each_server_its_share():
 
 
 @pytest.mark.timeout(300)
-def test_a_run_drawing_ids_from_beyond_the_servers_capacity_evicts_while_training():
+def test_a_run_drawing_ids_from_beyond_the_servers_capacity_evicts_while_training(tmp_path):
+    from persia_planner.modules.ps.checkpoint import load_rows
     from persia_planner.modules.train import TrainConfig, train_local
 
     spec, tables, topology = _case()
     # 64x the rows: ~10,000 distinct ids in 20 steps of 1,024 samples, against 2 x 2,304 rows of capacity.
-    cfg = TrainConfig(steps=20, batch_size=512, eval_batches=1, teacher_rows_scale=64, progress=False)
+    cfg = TrainConfig(
+        steps=20,
+        batch_size=512,
+        eval_batches=1,
+        teacher_rows_scale=64,
+        progress=False,
+        checkpoint=str(tmp_path / "ckpt"),
+    )
     result = train_local(cfg, spec, dict(tables), servers=2, topology=topology, run_timeout_s=240)
+    # The servers' warm-up table was dropped before the run: the checkpoint holds the run's table only.
+    rows, _ = load_rows(tmp_path / "ckpt" / "ps", server=0, n_servers=1)
+    assert set(rows) == {"ids"} and len(rows["ids"]["ids"]) == sum(s["rows"] for s in result["ps_servers"])
     servers = result["ps_servers"]
     assert [s["name"] for s in servers] == ["ps0", "ps1"] and result["id_space"] == 64
     for s in servers:
