@@ -179,7 +179,7 @@ def _measure_trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     with trainer_group(j, job):  # TorchRec's nodes are the topology's hosts, as persia train tells it
         before = None
         if client is not None:
-            warm_up(client, max(t.dim for t in job.spec.tables), FILL_CHUNK)
+            warm_up(client, max(t.dim for t in job.spec.tables), FILL_CHUNK, drop=False)  # every trainer warms up
             dist.barrier()  # every trainer's first requests are served before the baseline
             before = client.memory() if j == 0 else None
             dist.barrier()

@@ -68,7 +68,7 @@ class ServerUsage:
         return asdict(self) | {"rss_over_planned": self.rss_over_planned}
 
 
-def warm_up(client: Any, dim: int, ids: int, optimizer: Any = None) -> None:
+def warm_up(client: Any, dim: int, ids: int, optimizer: Any = None, *, drop: bool = True) -> None:
     """Have every server serve a table of its own through each path a run takes (inserts, hits, gradient pushes with
     ``optimizer``, a full store's evictions), then drop it, before a memory baseline is read: the baseline then
     holds what the first requests allocate for good (the compiled kernels, the RPC connections and threads, the
@@ -79,6 +79,8 @@ def warm_up(client: Any, dim: int, ids: int, optimizer: Any = None) -> None:
         dim: Width of the warm-up rows.
         ids: Ids per request (about a large request's).
         optimizer: The servers' row optimizer of the run (``SparseOptimizer.ps()``); None: the table default's.
+        drop: Drop the table at the end; False where several clients warm up at once (a measurement's own cluster,
+            which no checkpoint follows): :func:`server_usage` leaves it out.
     """
     import torch  # here: the rest of this module is torch-free
 
@@ -91,7 +93,8 @@ def warm_up(client: Any, dim: int, ids: int, optimizer: Any = None) -> None:
     client.push_gradients(WARM_UP_TABLE, first, torch.zeros(ids, dim))
     client.lookup(WARM_UP_TABLE, first, train=True)  # hits
     client.lookup(WARM_UP_TABLE, first + ids, train=True)  # a full store: evictions
-    client.drop(WARM_UP_TABLE)  # no checkpoint, dump or metrics of the run carries it
+    if drop:
+        client.drop(WARM_UP_TABLE)  # no checkpoint, dump or metrics of the run carries it
 
 
 def planned_server_bytes(spec: ModelSpec, tables: Mapping[str, TablePlacement], topology: Topology) -> dict[str, int]:
