@@ -31,6 +31,15 @@ HEADLINES = {
         "calibrate_s",
     ),
     "planner": ("plan_process_s",),
+    "ps_pressure": (
+        "evictions",
+        "distinct_ids_over_capacity",
+        "rss_over_planned",
+        "rss_over_full_store",
+        "auc_bounded",
+        "auc_unbounded",
+        "auc_gap",
+    ),
 }
 
 

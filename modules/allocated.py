@@ -52,7 +52,6 @@ __all__ = [
 
 FILL_CHUNK = 65_536
 """Ids per lookup when the servers' shares are filled (the size of a large training batch's distinct ids)."""
-_WARM_ROWS = 4 * FILL_CHUNK
 
 
 @dataclass(frozen=True)
@@ -166,17 +165,6 @@ def _fill(client: Any, spec: ModelSpec, tables: Mapping[str, TablePlacement], ra
             client.lookup(table.name, torch.arange(start, min(start + FILL_CHUNK, table.rows)), train=True)
 
 
-def _warm_up(client: Any, spec: ModelSpec) -> None:
-    """Run what a fill runs once on a small table of its own, so that the baseline already holds what the first
-    requests allocate for good (the compiled kernels, the RPC connections and threads)."""
-    from .ps.protocol import TableConfig
-
-    dim = max(t.dim for t in spec.tables)
-    client.register(TableConfig(name="__memory_warm_up__", dim=dim, capacity=_WARM_ROWS))
-    for _ in range(2):  # inserts, then hits
-        client.lookup("__memory_warm_up__", torch.arange(FILL_CHUNK), train=True)
-
-
 def _measure_trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     """Trainer ``j`` of :func:`allocated_bytes` (run by :func:`.ps.launch.local_cluster`): builds the modules as
     ``persia train`` does, measures its own bytes and, on trainer 0, the servers' memory growth."""
@@ -185,12 +173,13 @@ def _measure_trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     from .hybrid import SparseOptimizer
     from .job import trainer_group
     from .loop import TrainLoop, build_model, make_optimizer
+    from .ps_usage import warm_up
     from .stream import teacher_for
 
     with trainer_group(j, job):  # TorchRec's nodes are the topology's hosts, as persia train tells it
         before = None
         if client is not None:
-            _warm_up(client, job.spec)
+            warm_up(client, max(t.dim for t in job.spec.tables), FILL_CHUNK, drop=False)  # every trainer warms up
             dist.barrier()  # every trainer's first requests are served before the baseline
             before = client.memory() if j == 0 else None
             dist.barrier()

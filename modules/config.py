@@ -28,23 +28,32 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "FEATURE_NAMES",
+    "MAX_ID_SPACE",
+    "MAX_SYNTHETIC_IDS",
     "DenseOptimizer",
+    "PsCapacity",
     "TrainConfig",
     "TrainMode",
     "WireDtype",
     "check_before_start",
     "check_checkpoint_dir",
     "check_data_matches",
+    "check_id_space",
     "check_resume_exists",
     "criteo_files",
     "criteo_path",
     "data_identity",
     "dlrm_embedding_dim",
     "elastic_resume",
+    "id_universe",
     "sparse_optimizer_of",
 ]
 
 FEATURE_NAMES = tuple(f"c{i}" for i in range(1, 27))  # the 26 categorical columns of Criteo, as KJT keys
+MAX_ID_SPACE = 1000.0
+"""The largest ``--id-space``: ids drawn from a thousand times a table's rows already overflow any store."""
+MAX_SYNTHETIC_IDS = 2**26
+"""The most distinct ids of one synthetic feature: the generator keeps an 8-byte CDF entry per id (512 MiB)."""
 _CRITEO = "criteo:"
 
 
@@ -89,6 +98,15 @@ class WireDtype(enum.StrEnum):
         import torch  # here, not at the top: the CLI validates options without torch
 
         return getattr(torch, self.value)
+
+
+class PsCapacity(enum.StrEnum):
+    """The rows each server's store of a PS table holds: ``planned`` (what the plan charged it for, so a run that
+    draws more distinct ids evicts) or ``unbounded`` (every id the synthetic data can draw: nothing is evicted, the
+    reference a bounded run is compared with)."""
+
+    PLANNED = "planned"
+    UNBOUNDED = "unbounded"
 
 
 class DenseOptimizer(enum.StrEnum):
@@ -142,7 +160,12 @@ class TrainConfig:
             ``resume``.
         seed: Seed of the model, the data and the servers' row initialisers.
         progress: Show a progress bar (trainer 0).
-        teacher_rows_scale: Synthetic data: each feature's id universe is this fraction of its table's rows.
+        teacher_rows_scale: Synthetic data (``--id-space``): each feature's ids are drawn from this many times its
+            table's rows. The default 0.02 keeps every id in the tables (their hot 2%); 1 draws from every row; above
+            1 the data brings more distinct ids than the table has rows, as hashed ids from a larger space do, so a
+            server's store fills and evicts while training.
+        ps_capacity: ``planned`` (each server's store holds the rows the plan charged it for) or ``unbounded``
+            (it holds every id the synthetic data can draw; needs ``data="synthetic"``).
 
     Raises:
         PlannerError: An option is out of range or not one of its choices (one line, naming the option).
@@ -170,11 +193,13 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True
     teacher_rows_scale: float = 0.02
+    ps_capacity: PsCapacity = PsCapacity.PLANNED
 
     def __post_init__(self) -> None:
         # frozen: the string-to-enum conversions go through object.__setattr__, once, here.
         object.__setattr__(self, "mode", _choice(TrainMode, self.mode, "--mode"))
         object.__setattr__(self, "ps_wire", _choice(WireDtype, self.ps_wire, "--ps-wire"))
+        object.__setattr__(self, "ps_capacity", _choice(PsCapacity, self.ps_capacity, "--ps-capacity"))
         object.__setattr__(self, "dense_optimizer", _choice(DenseOptimizer, self.dense_optimizer, "dense optimizer"))
         if self.sparse_optimizer is not None:
             object.__setattr__(self, "sparse_optimizer", _choice(Optimizer, self.sparse_optimizer, "sparse optimizer"))
@@ -191,8 +216,12 @@ class TrainConfig:
         for name, value in (("sparse_lr", self.sparse_lr), ("dense_lr", self.dense_lr)):
             if not 0 < value < math.inf:
                 raise PlannerError(f"{name} must be a finite number > 0, got {value}")
-        if not 0 < self.teacher_rows_scale <= 1:
-            raise PlannerError(f"teacher_rows_scale must be in (0, 1], got {self.teacher_rows_scale}")
+        if not 0 < self.teacher_rows_scale <= MAX_ID_SPACE:  # nan fails this too
+            raise PlannerError(
+                f"--id-space must be a number in (0, {MAX_ID_SPACE:g}] (ids per table row), "
+                f"got {self.teacher_rows_scale}",
+                fixes=("e.g. --id-space 0.02 (the default: the tables' hot ids) or 4 (more ids than rows)",),
+            )
         if self.checkpoint_every < 0:
             raise PlannerError(
                 f"--checkpoint-every must be >= 0 steps (0: only at the end), got {self.checkpoint_every}"
@@ -214,6 +243,11 @@ class TrainConfig:
             raise PlannerError(
                 f"--data must be 'synthetic' or 'criteo:PATH', got {self.data!r}",
                 fixes=("e.g. --data criteo:/data/day_0.tsv",),
+            )
+        if self.ps_capacity is PsCapacity.UNBOUNDED and self.data != "synthetic":
+            raise PlannerError(
+                "--ps-capacity unbounded needs --data synthetic: the ids of Criteo files are not known before reading",
+                fixes=("--ps-capacity planned",),
             )
 
     @property
@@ -342,6 +376,25 @@ def dlrm_embedding_dim(spec: ModelSpec) -> int:
     return dims.pop()
 
 
+def id_universe(spec: ModelSpec, cfg: TrainConfig) -> dict[str, int]:
+    """Distinct ids the synthetic data draws per table: ``--id-space`` times the table's rows (at least 1)."""
+    return {t.name: max(1, int(t.rows * cfg.teacher_rows_scale)) for t in spec.tables}
+
+
+def check_id_space(spec: ModelSpec, cfg: TrainConfig) -> None:
+    """Synthetic data: every table's id universe (:func:`id_universe`) within :data:`MAX_SYNTHETIC_IDS`."""
+    if cfg.data != "synthetic":
+        return
+    table = max(spec.tables, key=lambda t: t.rows)
+    ids = id_universe(spec, cfg)[table.name]
+    if ids > MAX_SYNTHETIC_IDS:
+        raise PlannerError(
+            f"--id-space {cfg.teacher_rows_scale:g}: table {table.name!r} would draw from {ids:,} ids, over the "
+            f"{MAX_SYNTHETIC_IDS:,} of one synthetic feature",
+            fixes=(f"--id-space {math.floor(MAX_SYNTHETIC_IDS / table.rows * 100) / 100:g} or less",),
+        )
+
+
 def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> None:
     """The run's inputs that every process would trip over: one line here, before any process starts.
 
@@ -353,6 +406,7 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
         PlannerError: The first problem found (``SpecError`` for the data).
     """
     check_data_matches(spec, cfg)
+    check_id_space(spec, cfg)
     if cfg.resume and cfg.checkpoint:  # first: a refused resume creates nothing
         check_resume_exists(cfg.checkpoint)
     check_checkpoint_dir(cfg)

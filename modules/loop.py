@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +45,13 @@ def build_model(
     num_dense: int = NUM_INTEGER,
     device: torch.device | None = None,
     local_device: torch.device | None = None,
+    capacity: Mapping[str, int] | None = None,
 ) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
     """A TorchRec ``DLRM`` over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs
     from plain TorchRec). Returns ``(model, hybrid)``; shard it with :func:`.distributed.distribute`.
+
+    Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_capacity`` of its
+    share of the rows), or ``capacity[table]`` where given (``--ps-capacity unbounded``).
 
     Raises:
         PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
@@ -58,8 +62,9 @@ def build_model(
 
     dim = dlrm_embedding_dim(spec)
     # Each server's store: the capacity the planner charged it for (room for the hash's imbalance).
+    given = capacity or {}
     capacity = {
-        t.name: int(ps_capacity(-(-t.rows // ps_servers)))
+        t.name: given.get(t.name, int(ps_capacity(-(-t.rows // ps_servers))))
         for t in spec.tables
         if tables is not None and tables[t.name].mode is Mode.ASYNC
     }

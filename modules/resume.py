@@ -4,15 +4,18 @@ is the same), and loaded back."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from persia_planner.errors import PlannerError
+from persia_planner.plans import placement_to_dict
 from persia_planner.specs import ModelSpec
 
 from .atomic import atomic_json, atomic_torch_save
@@ -21,8 +24,12 @@ from .config import TrainConfig, data_identity
 from .hybrid import HybridEmbeddingBagCollection
 from .loop import dense_state_dict
 
+if TYPE_CHECKING:
+    from .job import Job
+
 __all__ = [
     "TRAINER_STATE",
+    "Saver",
     "check_layout",
     "check_resume",
     "data_layout",
@@ -218,3 +225,63 @@ def load_trainer_state(
     if isinstance(rng, list) and len(rng) == dist.get_world_size():  # the layout check makes the counts equal
         torch.set_rng_state(rng[dist.get_rank()])
     return int(state["step"])
+
+
+class Saver:
+    """A trainer's part in the job's checkpoints (:func:`save_checkpoint`) during a run; a no-op without a root.
+
+    Args:
+        root: ``--checkpoint``, or None.
+        job: The run (its trainers, servers, tables and ``--keep``).
+        model, hybrid, opt, client: What the checkpoint holds (and the PS client of trainer 0).
+        layout: The data layout (:func:`data_layout`).
+        lineage: The lineage the checkpoints continue (:mod:`.checkpoints`).
+        target_step: The global step the run is to reach (a restarted torchrun attempt trains on to it).
+    """
+
+    def __init__(
+        self,
+        root: Path | None,
+        job: Job,
+        model: Any,
+        hybrid: Any,
+        opt: Any,
+        client: Any,
+        layout: dict[str, Any],
+        lineage: str,
+        *,
+        target_step: int,
+    ) -> None:
+        self.root, self.job, self.model, self.hybrid, self.opt, self.client = root, job, model, hybrid, opt, client
+        self.layout = layout | {"target_step": target_step}
+        self.lineage = lineage
+        self.plan = {name: placement_to_dict(p) for name, p in job.tables.items()}
+        self.last: Checkpoint | None = None
+        self.last_step: int | None = None
+
+    def save(self, step: int) -> float:
+        """Checkpoint global step ``step`` (every trainer calls it); returns the seconds it took."""
+        started = time.perf_counter()
+        if self.root is None:
+            return 0.0
+        self.hybrid.flush()
+        dist.barrier()  # every trainer's pushes of the steps up to `step` are applied
+        self.last = (
+            save_checkpoint(
+                self.root,
+                step,
+                model=self.model,
+                hybrid=self.hybrid,
+                opt=self.opt,
+                client=self.client,
+                layout=self.layout,
+                lineage=self.lineage,
+                plan=self.plan,
+                world={"trainers": self.job.trainers, "servers": self.job.servers},
+                keep=self.job.cfg.keep,
+                run_id=os.environ.get("TORCHELASTIC_RUN_ID"),
+            )
+            or self.last
+        )
+        self.last_step = step
+        return time.perf_counter() - started

@@ -12,7 +12,7 @@ from torch import nn
 from persia_planner.errors import PlannerError
 from persia_planner.specs import ModelSpec
 
-from .config import TrainConfig, criteo_files, criteo_path
+from .config import TrainConfig, criteo_files, criteo_path, id_universe
 from .data.criteo import Batch, CriteoReader
 from .data.synthetic import SyntheticClicks, Teacher
 
@@ -25,10 +25,9 @@ _EVAL_SEED_OFFSET = 1_000_003
 
 
 def teacher_for(spec: ModelSpec, cfg: TrainConfig) -> Teacher:
-    """The synthetic data's hidden teacher for ``spec``: one feature per table, ids drawn from
-    ``teacher_rows_scale`` of each table's rows."""
-    rows = {t.name: max(1, int(t.rows * cfg.teacher_rows_scale)) for t in spec.tables}
-    return Teacher(features=tuple(t.name for t in spec.tables), rows=rows, seed=cfg.seed)
+    """The synthetic data's hidden teacher for ``spec``: one feature per table, ids drawn from ``--id-space`` times
+    each table's rows (:func:`.config.id_universe`)."""
+    return Teacher(features=tuple(t.name for t in spec.tables), rows=id_universe(spec, cfg), seed=cfg.seed)
 
 
 def trainer_batches(

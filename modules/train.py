@@ -33,20 +33,29 @@ import torch.distributed as dist
 
 from persia_planner.errors import Interrupted, PlannerError
 from persia_planner.execution import check_executable, planned_execution
+from persia_planner.memory import PS_MAX_CAPACITY
 from persia_planner.placement import Mode, TablePlacement
-from persia_planner.plans import placement_to_dict
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
 
 from .breakdown import StepProfiler
-from .checkpoints import Checkpoint, new_lineage, written_by_run
-from .config import TrainConfig, check_before_start, elastic_resume, sparse_optimizer_of
+from .checkpoints import new_lineage, written_by_run
+from .config import (
+    PsCapacity,
+    TrainConfig,
+    check_before_start,
+    dlrm_embedding_dim,
+    elastic_resume,
+    id_universe,
+    sparse_optimizer_of,
+)
 from .distributed import check_trainers, distribute, executed_plan
 from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
 from .loop import TrainLoop, build_model, dense_state_dict, make_optimizer
 from .ps.launch import trainers_store
-from .resume import TRAINER_STATE, check_layout, check_resume, data_layout, load_trainer_state, save_checkpoint
+from .ps_usage import planned_server_bytes, server_usage, usage_table, warm_up
+from .resume import TRAINER_STATE, Saver, check_layout, check_resume, data_layout, load_trainer_state
 from .stopping import GracefulStop
 from .stream import evaluate, lockstep, teacher_for, trainer_batches
 
@@ -64,6 +73,7 @@ __all__ = [
     "torchrun_role",
     "train_local",
     "train_torchrun",
+    "usage_table",
 ]
 
 
@@ -88,6 +98,15 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     if torch.cuda.is_available():  # trainer j is GPU j % per_host of its host, as in the plan
         device = torch.device("cuda", (j % per_host) % torch.cuda.device_count())
         torch.cuda.set_device(device)
+    memory_before = None
+    if job.servers:  # the servers' memory before this run's tables exist: what the run costs them is the growth
+        if j == 0:
+            warm_up(client, dlrm_embedding_dim(spec), WARM_UP_IDS, sparse_opt.ps())
+            memory_before = client.memory()
+        dist.barrier()
+    capacity = None
+    if cfg.ps_capacity is PsCapacity.UNBOUNDED:  # every id the data can draw, on every server: nothing is evicted
+        capacity = {name: min(ids, PS_MAX_CAPACITY) for name, ids in id_universe(spec, cfg).items()}
     model, hybrid = build_model(
         spec,
         job.tables,
@@ -98,6 +117,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         ps_servers=job.servers,
         device=device,
         local_device=torch.device("meta"),  # only the shards this trainer holds are allocated, by DMP
+        capacity=capacity,
     )
     dmp = distribute(model, job.tables, job.topology, device=device)
     executed = executed_plan(model, job.topology)
@@ -116,7 +136,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         if j == 0 and hybrid.ps is not None:
             client.load(ckpt.path / "ps")
         dist.barrier()
-    saver = _Saver(root, job, model, hybrid, opt, client, layout, lineage, target_step=start_step + cfg.steps)
+    saver = Saver(root, job, model, hybrid, opt, client, layout, lineage, target_step=start_step + cfg.steps)
     stopper = GracefulStop(trainers_store(), j) if root is not None else None
 
     history: list[dict[str, Any]] = []
@@ -181,6 +201,12 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     finally:
         if progress:
             progress.stop()
+    dist.barrier()  # every trainer's pushes are applied before the usage report and the checkpoint
+    ps_servers: list[dict[str, Any]] = []
+    if j == 0 and memory_before is not None and hybrid.ps is not None:
+        planned = planned_server_bytes(spec, job.tables, job.topology)
+        usage = server_usage(client.metrics(), memory_before, client.memory(), planned)
+        ps_servers = [u.to_dict() for u in usage]
     # Before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing.
     if saver.last_step != step:
         saver.save(step)
@@ -224,61 +250,13 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         "executed_matches_plan": executed == planned_execution(job.tables, spec, job.topology),
         "ps_delay_ms": cfg.ps_delay_ms,
         "ps_wire": cfg.ps_wire.value,
+        "ps_capacity": cfg.ps_capacity.value,
+        "id_space": cfg.teacher_rows_scale,
+        "ps_servers": ps_servers,
         "data": cfg.data,
         "seed": cfg.seed,
         "history": history,
     }
-
-
-class _Saver:
-    """Trainer ``j``'s part in the job's checkpoints (:func:`.resume.save_checkpoint`); a no-op without a root."""
-
-    def __init__(
-        self,
-        root: Path | None,
-        job: Job,
-        model: Any,
-        hybrid: Any,
-        opt: Any,
-        client: Any,
-        layout: dict[str, Any],
-        lineage: str,
-        *,
-        target_step: int,
-    ) -> None:
-        self.root, self.job, self.model, self.hybrid, self.opt, self.client = root, job, model, hybrid, opt, client
-        self.layout = layout | {"target_step": target_step}
-        self.lineage = lineage
-        self.plan = {name: placement_to_dict(p) for name, p in job.tables.items()}
-        self.last: Checkpoint | None = None
-        self.last_step: int | None = None
-
-    def save(self, step: int) -> float:
-        """Checkpoint global step ``step`` (every trainer calls it); returns the seconds it took."""
-        started = time.perf_counter()
-        if self.root is None:
-            return 0.0
-        self.hybrid.flush()
-        dist.barrier()  # every trainer's pushes of the steps up to `step` are applied
-        self.last = (
-            save_checkpoint(
-                self.root,
-                step,
-                model=self.model,
-                hybrid=self.hybrid,
-                opt=self.opt,
-                client=self.client,
-                layout=self.layout,
-                lineage=self.lineage,
-                plan=self.plan,
-                world={"trainers": self.job.trainers, "servers": self.job.servers},
-                keep=self.job.cfg.keep,
-                run_id=os.environ.get("TORCHELASTIC_RUN_ID"),
-            )
-            or self.last
-        )
-        self.last_step = step
-        return time.perf_counter() - started
 
 
 def _unprofiled(xs: list[float], profiler: StepProfiler | None) -> list[float]:
@@ -321,6 +299,9 @@ def _progress(cfg: TrainConfig) -> Any:
 # How long the trainers have, after SIGINT or SIGTERM, to reach the step they agree to stop at and save the final
 # checkpoint (a second signal stops them at once).
 FINAL_CHECKPOINT_WAIT_S = 120.0
+
+# Ids of the servers' warm-up before their memory baseline: about a large training request's distinct ids per server.
+WARM_UP_IDS = 8192
 
 # A trainer's PS request timeout, on one machine and under torchrun alike: checkpoint saves and loads of large
 # tables are requests too, and take far longer than the client's 10 s default for lookups.

@@ -353,6 +353,22 @@ def train_command(
             help="dtype of PS rows and gradients on the wire: float32 (exact), float16 (|values| <= 65504) or bfloat16",
         ),
     ] = "float32",
+    id_space: Annotated[
+        float,
+        typer.Option(
+            "--id-space",
+            help="synthetic data: draw each table's ids from this many times its rows (0.02: its hot ids; above "
+            "1.25 more distinct ids than the servers hold, so they evict while training)",
+        ),
+    ] = 0.02,
+    ps_capacity: Annotated[
+        str,
+        typer.Option(
+            "--ps-capacity",
+            help="rows each server's store holds: planned (what the plan charged) or unbounded (every id the "
+            "synthetic data can draw, nothing evicted)",
+        ),
+    ] = "planned",
     seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the model, data and PS initialisers")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,
 ) -> None:
@@ -396,6 +412,8 @@ def train_command(
             overwrite=overwrite,
             seed=seed,
             progress=not as_json,
+            teacher_rows_scale=id_space,
+            ps_capacity=ps_capacity,
         )
         if plan_path is not None:
             the_plan = load_plan(plan_path)
@@ -417,7 +435,7 @@ def train_command(
                     fixes=("launch with torchrun", "unset TORCHELASTIC_RUN_ID to train locally"),
                 )
 
-        from persia_planner.modules.train import summary_rows, train_local, train_torchrun
+        from persia_planner.modules.train import summary_rows, train_local, train_torchrun, usage_table
 
         logging.basicConfig(level=logging.WARNING)
         if under_torchrun:
@@ -445,6 +463,14 @@ def train_command(
         for name, value in summary_rows(result):
             table.add_row(name, value)
         _console().print(table)
+        if result.get("ps_servers"):
+            header, server_rows = usage_table(result["ps_servers"])
+            servers_table = Table(title="parameter servers")
+            for i, column in enumerate(header):
+                servers_table.add_column(column, justify="left" if i == 0 else "right")
+            for row in server_rows:
+                servers_table.add_row(*row)
+            _console().print(servers_table)
         if result.get("checkpoint"):
             _note(f"checkpoint of step {result['last_step']} in {result['checkpoint']}", to_stderr=False)
 

@@ -89,6 +89,7 @@ __all__ = [
     "PS_CAPACITY_SLACK_ROWS",
     "PS_DIRTY_BYTES",
     "PS_INDEX_LOAD_FACTOR",
+    "PS_LIMIT_REASON",
     "PS_MAX_CAPACITY",
     "PS_MAX_ROWS",
     "PS_RECORD_BYTES",
@@ -193,7 +194,12 @@ def ps_capacity(rows: Any) -> Any:
 
 
 PS_MAX_ROWS = int((PS_MAX_CAPACITY - PS_CAPACITY_SLACK_ROWS) / PS_CAPACITY_HEADROOM)
-"""The most rows of one table one server may be planned to hold: the largest with a capacity the store accepts."""
+"""The most rows of one table one server may be planned to hold: the largest with a capacity the store accepts.
+
+Below 2**31, so a table of 2**33 rows per server (or more) is refused, with :data:`PS_LIMIT_REASON`: lifting it
+means int64 slot numbers in the store, its hash index and the eviction log (8 more bytes per row of capacity)."""
+PS_LIMIT_REASON = "its slot numbers are int32, and its capacity is 1.25x the rows plus 1,024"
+"""Why :data:`PS_MAX_ROWS` is what it is, as the refusals say it."""
 
 
 def ps_store_bytes(rows: Any, capacity: Any, dim: int, optimizer: Optimizer) -> Any:
@@ -236,7 +242,7 @@ def ps_rows_error(table: TableSpec, n_servers: int, local_free: float) -> Capaci
         f"table {table.name!r} ({table.rows:,} rows) fits nowhere: the trainers have at most "
         f"{format_bytes(max(local_free, 0))} of HBM or DDR free for it, and each of the {n_servers} parameter "
         f"servers would hold {per_server:,} of its rows, over the {PS_MAX_ROWS:,} rows of one table that a server's "
-        "store holds",
+        f"store holds ({PS_LIMIT_REASON})",
         (f"use at least {need} parameter servers", "reduce its rows"),
         table=table.name,
     )

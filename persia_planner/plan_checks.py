@@ -9,7 +9,7 @@ import numpy as np
 
 from persia_planner.cost import CostModel
 from persia_planner.errors import ErrorKind, PlannerError, abbreviate
-from persia_planner.memory import PS_MAX_ROWS, ps_servers_needed
+from persia_planner.memory import PS_LIMIT_REASON, PS_MAX_ROWS, ps_servers_needed
 from persia_planner.placement import Sharding, TablePlacement, Tier
 from persia_planner.plans import Plan
 from persia_planner.specs import ModelSpec
@@ -182,7 +182,7 @@ def _check_store_rows(table, placement: TablePlacement, n_servers: int) -> list[
     fix = f"plan it with at least {need} parameter servers" if need > n_servers else "spread it over more hash buckets"
     return [
         f"{fullest.device} would hold {rows:,} of its rows, over the {PS_MAX_ROWS:,} rows of one table that a "
-        f"parameter server's store holds; fix: {fix}"
+        f"parameter server's store holds ({PS_LIMIT_REASON}); fix: {fix}"
     ]
 
 

@@ -20,6 +20,8 @@ from persia_planner.modules.config import (
     TrainMode,
     WireDtype,
     check_before_start,
+    check_id_space,
+    id_universe,
     sparse_optimizer_of,
 )
 
@@ -74,7 +76,11 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"eval_every": -3}, "--eval-every must be >= 0 (0: only at the end), got -3"),
         ({"sparse_lr": -1.0}, "sparse_lr must be a finite number > 0, got -1.0"),
         ({"dense_lr": float("nan")}, "dense_lr must be a finite number > 0, got nan"),
-        ({"teacher_rows_scale": -5.0}, "teacher_rows_scale must be in (0, 1], got -5.0"),
+        ({"teacher_rows_scale": -5.0}, "--id-space must be a number in (0, 1000] (ids per table row), got -5.0"),
+        ({"teacher_rows_scale": float("nan")}, "--id-space must be a number in (0, 1000] (ids per table row), got nan"),
+        ({"teacher_rows_scale": 1001}, "--id-space must be a number in (0, 1000]"),
+        ({"ps_capacity": "huge"}, "--ps-capacity must be planned or unbounded, got 'huge'"),
+        ({"ps_capacity": "unbounded", "data": "criteo:/x"}, "--ps-capacity unbounded needs --data synthetic"),
         ({"data": "criteo:"}, "--data must be 'synthetic' or 'criteo:PATH', got 'criteo:'"),
     ],
 )
@@ -178,3 +184,18 @@ def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):
     for (args, _, needle), (exit_code, output) in zip(cases, report["results"], strict=True):
         assert exit_code == 2 and needle in output and "Traceback" not in output, (args, output)
     assert report["torch"] is False
+
+
+def test_the_synthetic_id_space_is_checked_against_the_generator_before_any_process_starts():
+    # dlrm_small's largest table has 200,000 rows: the default 2% and 300x draw from few enough ids.
+    assert id_universe(SPEC, TrainConfig())["c1"] == 4_000
+    assert id_universe(SPEC, TrainConfig(teacher_rows_scale=300))["c1"] == 60_000_000
+    check_id_space(SPEC, TrainConfig(teacher_rows_scale=300))
+    with pytest.raises(PlannerError) as info:
+        check_before_start(TrainConfig(teacher_rows_scale=400), SPEC, with_ps=False)
+    message = str(info.value)
+    assert message.startswith(
+        "--id-space 400: table 'c1' would draw from 80,000,000 ids, over the 67,108,864 of one synthetic feature"
+    )
+    assert "fix: --id-space 335.54 or less" in message and "\n" not in message
+    check_id_space(SPEC, TrainConfig(teacher_rows_scale=400, data="criteo:/x"))  # real data: its own ids

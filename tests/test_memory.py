@@ -38,6 +38,8 @@ from persia_planner.memory import (
     PS_VALUE_BYTES,
     ps_bytes,
     ps_capacity,
+    ps_holds,
+    ps_servers_needed,
     ps_store_bytes,
 )
 from persia_planner.modules.ps import optim as ps_optim
@@ -329,7 +331,8 @@ def test_validation_refuses_more_rows_per_server_than_the_store_holds():
     problems = validate(written, model, topology)
     assert problems == [
         f"table 'ids': ps0 would hold {PS_MAX_ROWS + 1:,} of its rows, over the {PS_MAX_ROWS:,} rows of one table "
-        "that a parameter server's store holds; fix: plan it with at least 3 parameter servers"
+        "that a parameter server's store holds (its slot numbers are int32, and its capacity is 1.25x the rows plus "
+        "1,024); fix: plan it with at least 3 parameter servers"
     ]
 
 
@@ -342,3 +345,25 @@ def test_the_planner_refuses_a_table_only_too_few_servers_could_hold():
     assert err.value.table == "ids" and "use at least 3 parameter servers" in str(err.value)
     result = plan(model, _ps_topology(3), improve_time_s=0.1)
     assert result.tables["ids"].tier is Tier.PS and validate(result, model, _ps_topology(3)) == []
+
+
+def test_a_table_of_2_to_the_33_rows_per_server_is_refused_in_one_line_with_the_reason():
+    """The store's slots are int32: 2**33 rows of one table on one server cannot be held, and the planner says why
+    (with the servers that would hold it); ids themselves are 64-bit, far above 2**33."""
+    rows = 2 * 2**33
+    assert PS_MAX_ROWS < 2**31 and not ps_holds(rows, 2) and ps_servers_needed(rows) == 11
+    assert ps_capacity(2**33) == 1.25 * 2**33 + 1024  # the capacity arithmetic itself is exact (float64) at this size
+    model = ModelSpec.from_dict({"batch_size": 1024, "tables": [{"name": "ids", "rows": rows, "dim": 8}]})
+    with pytest.raises(CapacityError) as err:
+        plan(model, _ps_topology(2))
+    message = str(err.value)
+    assert "each of the 2 parameter servers would hold 8,589,934,592 of its rows" in message
+    assert "(its slot numbers are int32, and its capacity is 1.25x the rows plus 1,024)" in message
+    assert "use at least 11 parameter servers" in message and "\n" not in message
+    result = plan(model, _ps_topology(11), improve_time_s=0.1)
+    assert result.tables["ids"].tier is Tier.PS and validate(result, model, _ps_topology(11)) == []
+    # Hashed ids span 64 bits: a store takes ids far above 2**33 (and negative int64s: uint64 bit patterns).
+    store = EmbeddingStore(4, 64, ps_optim.SGD())
+    ids = torch.tensor([2**33, 2**33 + 1, 2**40 + 7, 2**62, -(2**63), -1], dtype=torch.int64)
+    store.lookup(ids)
+    assert store.contains(ids).all() and len(store) == 6 and store.metrics()["inserts"] == 6

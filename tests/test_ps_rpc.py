@@ -612,6 +612,18 @@ def test_server_functions_cast_on_the_wire_in_process(monkeypatch):
     assert torch.isfinite(server_module.lookup("wire_unit", ids[2:], False, True, torch.bfloat16)).all()
 
 
+def test_a_dropped_table_leaves_the_server_and_its_metrics_in_process():
+    server_module.reset_state()
+    server_module.create(TableConfig("kept", 4, 10))
+    server_module.create(TableConfig("scratch", 4, 10))
+    server_module.lookup("scratch", torch.tensor([1, 2]), True, True)
+    assert server_module.drop("scratch") is True and server_module.drop("scratch") is False
+    assert set(server_module.server_metrics()["tables"]) == {"kept"}
+    refused = server_module.lookup("scratch", torch.tensor([1]), True, True)
+    assert isinstance(refused, RemoteFailure) and "no table 'scratch'" in refused.message
+    server_module.create(TableConfig("scratch", 8, 10))  # the name is free again, for another config
+
+
 def test_trainers_store_needs_the_rendezvous_address(monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.setenv("MASTER_PORT", "29500")

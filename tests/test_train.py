@@ -131,6 +131,10 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--model", "/nonexistent.yaml"], "nonexistent.yaml"),
         (["--steps", "0"], "--steps"),
         (["--ps-wire", "int8"], "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
+        (["--id-space", "0"], "--id-space must be a number in (0, 1000] (ids per table row), got 0.0"),
+        (["--id-space", "500"], "--id-space 500: table 'c1' would draw from 100,000,000 ids"),
+        (["--ps-capacity", "infinite"], "--ps-capacity must be planned or unbounded, got 'infinite'"),
+        (["--ps-capacity", "unbounded", "--data", "criteo:/x"], "--ps-capacity unbounded needs --data synthetic"),
         (["--checkpoint", "/nonexistent-ckpt", "--resume"], "no checkpoint in /nonexistent-ckpt (no step-* directory)"),
         (["--checkpoint", "/nonexistent-ckpt", "--resume", "--overwrite"], "--resume continues the checkpoint that"),
     ],
@@ -212,6 +216,9 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
     assert result["teacher_auc"] is None  # real-format data carries no teacher
     assert result["eval_samples"] == 2 * 2 * 256 and 0.0 <= result["auc"] <= 1.0
     assert result["ps_tables"] == PS_TABLES and result["ps_wire"] == "float16"
+    servers = result["ps_servers"]  # per-server usage: the default 2% of the rows never fills a store
+    assert [s["name"] for s in servers] == ["ps0", "ps1"] and all(s["evictions"] == 0 for s in servers), servers
+    assert all(s["admissions"] == s["rows"] > 0 and s["planned_bytes"] > 0 for s in servers), servers
     assert math.isfinite(result["loss"]) and math.isfinite(result["eval_loss"])
     assert Path(tmp_path / "day_0").is_file()
 

@@ -229,6 +229,13 @@ class PsClient:
         self._all(futs, lambda _: None).wait()
         self._configs[config.name] = config
 
+    def drop(self, table: str) -> None:
+        """Remove ``table`` and its rows from every server (e.g. a table only a measurement used, so that no
+        checkpoint or metrics carry it). The table must have no requests in flight."""
+        futs = [self._call(i, protocol.drop, (table,), "drop", table) for i in range(self.n_servers)]
+        self._all(futs, lambda _: None).wait()
+        self._configs.pop(table, None)
+
     def lookup_async(self, table: str, ids: torch.Tensor, *, train: bool = True) -> Future:
         """Future of the rows of ``ids``: float32 ``[*ids.shape, dim]``; see :meth:`lookup`.
 

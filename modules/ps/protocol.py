@@ -2,11 +2,11 @@
 
 Both sides import this module and nothing of each other: a server implements the requests, a client sends them.
 
-Requests are the module-level functions :func:`create`, :func:`lookup`, :func:`update`, :func:`save`, :func:`dump`,
-:func:`load` and :func:`metrics`, sent with ``rpc_async``. RPC pickles a function *by reference* (module and name), so
-the receiving process runs this module's function, which hands the request to the implementation its server module
-registered with :func:`handles` when it was imported (:mod:`.server`). A process that registered none answers every
-request with a :class:`RemoteFailure`.
+Requests are the module-level functions :func:`create`, :func:`drop`, :func:`lookup`, :func:`update`, :func:`save`,
+:func:`dump`, :func:`load`, :func:`metrics` and :func:`memory`, sent with ``rpc_async``. RPC pickles a function *by
+reference* (module and name), so the receiving process runs this module's function, which hands the request to the
+implementation its server module registered with :func:`handles` when it was imported (:mod:`.server`). A process
+that registered none answers every request with a :class:`RemoteFailure`.
 
 Errors raised while serving a request are *returned* as a :class:`RemoteFailure` value, which the client raises as
 :class:`PsServerError` (a :class:`PlannerError`). Raising across RPC would not do: the caller receives every remote
@@ -46,6 +46,7 @@ __all__ = [
     "WireOverflowError",
     "check_wire_dtype",
     "create",
+    "drop",
     "dump",
     "handles",
     "is_server_name",
@@ -294,6 +295,12 @@ def create(config: TableConfig) -> int:
     """Create ``config.name`` unless it exists with the same config (a different one is refused); returns the
     server's index."""
     return _serve("create", config)
+
+
+def drop(table: str) -> bool:
+    """Remove ``table`` and its rows from the server (a table of its own that a measurement used); returns whether
+    it was there."""
+    return _serve("drop", table)
 
 
 def lookup(

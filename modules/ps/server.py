@@ -55,6 +55,7 @@ __all__ = [
     "ServerState",
     "Table",
     "create",
+    "drop",
     "dump",
     "load",
     "log_metrics_every",
@@ -186,6 +187,15 @@ def create(config: TableConfig) -> int:
                 f"({existing.config} != {config}); use another name or restart the servers"
             )
     return server.index
+
+
+@handles(protocol.drop)
+@_server_errors
+def drop(table: str) -> bool:
+    """Remove ``table`` and its rows (requests already holding it finish on it); returns whether it was there."""
+    server = state()
+    with server.lock:
+        return server.tables.pop(table, None) is not None
 
 
 @handles(protocol.lookup)
