@@ -271,6 +271,7 @@ def local_cluster(
     delay_ms: float = 0.0,
     wire_dtype: torch.dtype = torch.float32,
     stop_grace_s: float = 5.0,
+    on_start: Callable[[dict[str, int]], None] | None = None,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -292,6 +293,9 @@ def local_cluster(
         wire_dtype: The dtype the trainers' clients send rows and gradients in (``PsClient(wire_dtype=...)``).
         stop_grace_s: On SIGINT or SIGTERM (in the main thread), how long the workers have to end after SIGTERM
             before they are killed.
+        on_start: Called once every process has started, with each one's pid by name (``ps0 ..``,
+            ``trainer0 ..``): how a caller watches the job's processes (``benchmarks/soak.py`` samples their
+            memory). It runs in the launching thread before the trainers are awaited, so it must return at once.
 
     Returns:
         The trainers' return values, in trainer order.
@@ -359,6 +363,8 @@ def local_cluster(
                         os.environ.pop("GLIBC_TUNABLES", None)
                     else:
                         os.environ["GLIBC_TUNABLES"] = before
+                if on_start is not None:
+                    on_start({p.name: p.pid for p in procs})
                 deadline = time.monotonic() + run_timeout_s
                 given_up = False
                 while len(outcome) < n_clients:
