@@ -31,6 +31,13 @@ HEADLINES = {
         "calibrate_s",
     ),
     "planner": ("plan_process_s",),
+    "soak": (
+        "duration_s",
+        "throughput_ratio_last_vs_first",
+        "cpu_ratio_last_vs_first",
+        "rss_growth_max",
+        "rss_growth_worst",
+    ),
 }
 
 
