@@ -16,7 +16,8 @@ is the baseline every later one is compared to, as a ratio:
 * ``throughput_ratio_last_vs_first``: the last window's samples/s over the baseline's (target >= 0.9);
   ``throughput_decay`` is 1 minus it. On a machine shared with other work the samples/s of a window also follow the
   neighbours, so each window's samples per CPU-second of the job's processes is reported beside it
-  (``cpu_ratio_last_vs_first``): a real decay lowers both, a busy neighbour only the first.
+  (``cpu_ratio_last_vs_first``, ``cpu_trend_ratio``): a real decay lowers both, a busy neighbour only the first;
+  and the share of the machine's CPU the processes outside the job took (``others_cpu_windows``, ``/proc/stat``).
 * ``rss_growth_max``: the largest ``(RSS at the end - RSS after warm-up) / RSS after warm-up`` over the processes
   (target < 0.05), with the process it belongs to (``rss_growth_worst``).
 
@@ -104,14 +105,28 @@ def fork_servers_of(parent: int) -> list[int]:
     return found
 
 
+def machine_cpu_seconds() -> tuple[float, float]:
+    """``(busy, total)`` CPU seconds of the whole machine, summed over its CPUs, from ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) / _TICKS_PER_S, sum(ticks) / _TICKS_PER_S
+
+
 @dataclass(frozen=True)
 class Sample:
-    """One reading of every watched process: at ``t`` (``time.monotonic``), KiB and CPU seconds by name."""
+    """One reading of every watched process: at ``t`` (``time.monotonic``), KiB and CPU seconds by name; and the
+    whole machine's busy and total CPU seconds (what the neighbours of the job took is the difference)."""
 
     t: float
     rss_kb: dict[str, int]
     anon_kb: dict[str, int]
     cpu_s: dict[str, float]
+    machine_busy_s: float = 0.0
+    machine_total_s: float = 0.0
 
 
 @dataclass
@@ -148,7 +163,7 @@ class Sampler:
                 continue
             rss[name], anon[name] = memory
             cpu[name] = used
-        self.samples.append(Sample(t, rss, anon, cpu))
+        self.samples.append(Sample(t, rss, anon, cpu, *machine_cpu_seconds()))
 
     def stop(self) -> None:
         self._stop.set()
@@ -165,6 +180,7 @@ class Window:
     hi_s: float
     samples_per_s: float
     samples_per_cpu_s: float
+    others_cpu: float  # the share of the machine's CPU taken by processes outside the job
     rss_mb: dict[str, float]  # each process's at the window's last sample
 
 
@@ -204,9 +220,10 @@ def windows(history: list[dict[str, Any]], samples: list[Sample], started: float
         a, b = sample_at(samples, started + lo), sample_at(samples, started + hi)
         cpu = sum(b.cpu_s.get(p, 0.0) - a.cpu_s.get(p, 0.0) for p in job)
         trained = samples_at(history, b.t - started)[1] - samples_at(history, a.t - started)[1]
-        out.append(
-            Window(lo, hi, rate, trained / cpu if cpu > 0 else math.nan, {k: v / 1024 for k, v in b.rss_kb.items()})
-        )
+        total = b.machine_total_s - a.machine_total_s
+        others = max(0.0, b.machine_busy_s - a.machine_busy_s - cpu) / total if total > 0 else math.nan
+        per_cpu = trained / cpu if cpu > 0 else math.nan
+        out.append(Window(lo, hi, rate, per_cpu, others, {k: v / 1024 for k, v in b.rss_kb.items()}))
     return out
 
 
@@ -314,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = last.samples_per_s / base.samples_per_s
     cpu_ratio = last.samples_per_cpu_s / base.samples_per_cpu_s
     after = [((w.lo_s + w.hi_s) / 2, w.samples_per_s) for w in wins[first:]]
+    after_cpu = [((w.lo_s + w.hi_s) / 2, w.samples_per_cpu_s) for w in wins[first:]]
     results: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
         "quick": args.quick,
@@ -336,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         "throughput_decay": 1 - ratio,
         "throughput_trend_ratio": trend_ratio(after),
         "cpu_ratio_last_vs_first": cpu_ratio,
+        "cpu_trend_ratio": trend_ratio(after_cpu),
+        "others_cpu_windows": [w.others_cpu for w in wins],
         "rss_growth_max": growth[worst]["growth"],
         "rss_growth_worst": worst,
         "rss_mb": {name: {"first": g["after_warmup"], "last": g["end"]} for name, g in growth.items()},
@@ -350,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         title=f"soak ({'quick' if args.quick else 'full'}): {result['steps']} steps in {span:.0f} s, "
         f"windows of {span / args.windows:.0f} s; RSS in MiB at each window's end"
     )
-    for column in ("window (s)", "samples/s", "vs baseline", "samples/CPU-s", *names):
+    for column in ("window (s)", "samples/s", "vs baseline", "samples/CPU-s", "others' CPU", *names):
         table.add_column(column, justify="right")
     for i, w in enumerate(wins):
         label = f"{w.lo_s:.0f}-{w.hi_s:.0f}" + (" warm-up" if i < first else " baseline" if i == first else "")
@@ -359,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{w.samples_per_s:,.0f}",
             f"{w.samples_per_s / base.samples_per_s:.2f}x",
             f"{w.samples_per_cpu_s:,.0f}",
+            f"{w.others_cpu:.0%}",
             *(f"{w.rss_mb.get(n, math.nan):,.0f}" for n in names),
         )
     console.print(table)
@@ -374,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_row("samples/s, last window / baseline", f"{ratio:.2f}x", target, mark(ratio >= THROUGHPUT_TARGET))
     summary.add_row("  fitted trend, last / first", f"{results['throughput_trend_ratio']:.2f}x", "(reported)", "")
     summary.add_row("  samples per CPU-s, last / baseline", f"{cpu_ratio:.2f}x", "(reported)", "")
+    summary.add_row("  samples per CPU-s, fitted trend", f"{results['cpu_trend_ratio']:.2f}x", "(reported)", "")
     for name, g in growth.items():
         ok = g["growth"] < RSS_GROWTH_TARGET
         summary.add_row(

@@ -33,9 +33,10 @@ def _steps(rates: list[float], seconds_each: float = 10.0, per_step: int = 100) 
 def test_windows_give_each_windows_rate_cpu_efficiency_and_rss():
     history = _steps([1000.0, 1000.0, 500.0, 500.0])  # 40 s: the second half at half the rate
     started = 100.0
-    # One sample a second: RSS grows 1 KiB/s in trainer0; the trainer uses one CPU-second per second.
+    # One sample a second: RSS grows 1 KiB/s in trainer0; the trainer uses one CPU-second per second of the
+    # machine's 2, the neighbours half a second.
     samples = [
-        soak.Sample(started + t, {"trainer0": 1000 + t, "ps0": 500}, {"trainer0": 10, "ps0": 5}, {"trainer0": t})
+        soak.Sample(started + t, {"trainer0": 1000 + t}, {"trainer0": 10}, {"trainer0": t}, 1.5 * t, 2.0 * t)
         for t in range(0, 41)
     ]
     wins = soak.windows(history, samples, started, 4)
@@ -44,6 +45,7 @@ def test_windows_give_each_windows_rate_cpu_efficiency_and_rss():
     assert [w.samples_per_cpu_s for w in wins] == pytest.approx([1000, 1000, 500, 500], abs=10)
     assert [w.rss_mb["trainer0"] for w in wins] == pytest.approx([(1000 + t) / 1024 for t in (10, 20, 30, 40)])
     assert wins[1].lo_s == pytest.approx(10) and wins[1].hi_s == pytest.approx(20)
+    assert [w.others_cpu for w in wins] == pytest.approx([0.25] * 4)
 
 
 def test_rss_growth_is_measured_from_the_end_of_warm_up():
