@@ -40,6 +40,13 @@ HEADLINES = {
         "auc_unbounded",
         "auc_gap",
     ),
+    "soak": (
+        "duration_s",
+        "throughput_ratio_last_vs_first",
+        "cpu_ratio_last_vs_first",
+        "rss_growth_max",
+        "rss_growth_worst",
+    ),
 }
 
 

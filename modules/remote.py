@@ -241,6 +241,9 @@ class RemoteEmbeddingBags(nn.Module):
         pushes = self._pushes.setdefault(item.index, [])
         stash = self._stashed.setdefault(item.index, {}) if self._synchronous else None
         expected = len(rows)
+        # The hooks hold the index and ids, never the item: its row futures hold the very tensors the hooks hang on,
+        # and a cycle through a torch Future is one Python's collector cannot see (every step's rows and batch leaked).
+        index, ids = item.index, item.ids
 
         def hook_for(table: str) -> Any:
             def push(grad: torch.Tensor) -> None:
@@ -249,12 +252,12 @@ class RemoteEmbeddingBags(nn.Module):
                     # Pushed by _push_synchronously, with every trainer's. A second backward through the same
                     # forward (multi-task losses, retain_graph) adds to it, as the local tables and K > 0 apply both.
                     before = stash.get(table)
-                    stash[table] = (item.ids[table], g if before is None else before[1] + g)
+                    stash[table] = (ids[table], g if before is None else before[1] + g)
                 else:
                     with self.stopwatch.range(PS_PUSH):
-                        pushes.append(self.ps.push_gradients_async(table, item.ids[table], g))
+                        pushes.append(self.ps.push_gradients_async(table, ids[table], g))
                 if len(pushes if stash is None else stash) == expected:
-                    self._backward_through = max(self._backward_through, item.index)
+                    self._backward_through = max(self._backward_through, index)
 
             return push
 

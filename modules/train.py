@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,8 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     progress = _progress(cfg) if (j == 0 and cfg.progress) else None
     task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
     t0 = time.perf_counter()
+    # The loop's start on the machine-wide monotonic clock: places each step's t_s beside other processes' samples.
+    started_monotonic_s = time.monotonic()
     eval_s = 0.0
     samples = excluded_samples = excluded_steps = 0
     step = start_step
@@ -179,7 +181,15 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
                 excluded_samples += stats.samples * job.trainers
                 excluded_steps += 1
             rate = (samples - excluded_samples) / max(1e-9, time.perf_counter() - t0 - eval_s)
-            history.append({"step": step, "loss": stats.loss, "samples": samples, "staleness": stats.staleness})
+            history.append(
+                {
+                    "step": step,
+                    "loss": stats.loss,
+                    "samples": samples,
+                    "staleness": stats.staleness,
+                    "t_s": time.perf_counter() - t0,  # at the step's end, evaluations included: throughput over time
+                }
+            )
             if progress:
                 progress.update(task, advance=1, loss=_ema(losses), rate=rate, stale=stats.staleness)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < start_step + cfg.steps:
@@ -255,6 +265,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         "ps_servers": ps_servers,
         "data": cfg.data,
         "seed": cfg.seed,
+        "started_monotonic_s": started_monotonic_s,
         "history": history,
     }
 
@@ -326,10 +337,12 @@ def train_local(
     servers: int,
     topology: Topology,
     run_timeout_s: float = 3600,
+    on_start: Callable[[dict[str, int]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``servers`` PS processes and ``cfg.trainers`` trainers on this machine; returns trainer 0's summary.
 
     ``topology`` is the one the plan was made for: trainer ``r`` runs what the plan put on ``topology.gpus[r]``.
+    ``on_start`` gets the pid of every process of the job by name once they started (``local_cluster``'s).
     """
     from .ps.launch import local_cluster
 
@@ -353,6 +366,7 @@ def train_local(
             timeout_s=PS_REQUEST_TIMEOUT_S,
             run_timeout_s=run_timeout_s,
             drain_s=FINAL_CHECKPOINT_WAIT_S if cfg.checkpoint else 0.0,
+            on_start=on_start,
         )
     except Interrupted as stop:
         if not stop.results:

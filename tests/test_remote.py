@@ -3,6 +3,8 @@ staleness and its gauge, and misuse of the step protocol."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from plans import local_placement, ps_placement
@@ -149,3 +151,55 @@ def test_bounded_staleness_gauge_and_misuse():
     trained, evaluated = result["eval_after_step"]
     assert torch.equal(evaluated, trained - 0.5)
     assert result["prefetch_missing"].startswith("features ['e'] of the embedding tables are not keys")
+
+
+# ---- without servers: a client answering in this process ----------------------------------------------------------
+class _InProcessPs:
+    """The part of a ``PsClient`` the PS tables use, answering at once: rows of ones, pushes acknowledged.
+    ``answered`` holds a weak reference to every answer."""
+
+    def __init__(self) -> None:
+        self.answered: list[weakref.ref] = []
+
+    def register(self, config) -> None:
+        self.dim = config.dim
+
+    def lookup_async(self, table: str, ids: torch.Tensor, train: bool = True) -> torch.futures.Future:
+        rows = torch.ones(ids.numel(), self.dim)
+        self.answered.append(weakref.ref(rows))
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(rows)
+        return fut
+
+    def push_gradients_async(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_trained_batch_leaves_nothing_behind():
+    """Once a step's pushes are acknowledged its rows and batch are freed by reference counting alone: a gradient
+    hook that held the batch made a cycle through its row futures that Python's collector cannot see, and a soak
+    run's trainers grew by every step's rows (about 2 MB a step, benchmarks/soak.py)."""
+    import gc
+
+    from persia_planner.modules.ps import optim as ps_optim
+    from persia_planner.modules.remote import RemoteEmbeddingBags
+
+    ps = _InProcessPs()
+    configs = [EmbeddingBagConfig(name="t", feature_names=["a"], num_embeddings=100, embedding_dim=4)]
+    remote = RemoteEmbeddingBags(configs, ps, optimizer=ps_optim.SGD(lr=0.1), staleness=1)
+    gc.collect()
+    gc.disable()  # what a cycle would keep alive must show: nothing here may wait for the collector
+    try:
+        for step in range(3):
+            batch = KeyedJaggedTensor(keys=["a"], values=torch.tensor([1, 2, step]), lengths=torch.tensor([2, 1]))
+            remote(batch)["a"].sum().backward()
+        remote.flush()
+        assert remote.pending_pushes == 0
+        assert len(ps.answered) == 3 and [r() is None for r in ps.answered] == [True] * 3
+    finally:
+        gc.enable()

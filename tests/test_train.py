@@ -29,14 +29,22 @@ def test_default_plan_sends_the_largest_tables_to_the_servers():
     assert sorted(t.name for t in largest) == PS_TABLES
 
 
-def run(**options) -> dict:
+def run(on_start=None, **options) -> dict:
     cfg = TrainConfig(progress=False, eval_batches=2, **options)
-    return train_local(cfg, SPEC, dict(PLAN.tables), servers=len(TOPOLOGY.servers), topology=TOPOLOGY)
+    return train_local(
+        cfg, SPEC, dict(PLAN.tables), servers=len(TOPOLOGY.servers), topology=TOPOLOGY, on_start=on_start
+    )
 
 
 @pytest.mark.timeout(600)
 def test_default_job_learns_with_both_paths():
-    result = run(steps=40, batch_size=512)
+    started: list[dict[str, int]] = []
+    result = run(steps=40, batch_size=512, on_start=started.append)
+    # The job's processes, named, once (what benchmarks/soak.py watches); each step's time since the loop began.
+    assert len(started) == 1 and sorted(started[0]) == ["ps0", "ps1", "trainer0", "trainer1"], started
+    assert len(set(started[0].values())) == 4 and os.getpid() not in started[0].values()
+    times = [h["t_s"] for h in result["history"]]
+    assert times[0] > 0 and times == sorted(times), times
     assert result["ps_tables"] == PS_TABLES and len(result["local_tables"]) == 23
     assert result["servers"] == 2 and result["trainers"] == 2 and result["batch_size"] == 1024
     assert result["steps"] == 40 and len(result["history"]) == 40

@@ -279,6 +279,7 @@ def local_cluster(
     wire_dtype: torch.dtype = torch.float32,
     stop_grace_s: float = 5.0,
     drain_s: float = 0.0,
+    on_start: Callable[[dict[str, int]], None] | None = None,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -303,6 +304,9 @@ def local_cluster(
         drain_s: If above 0, the first SIGINT or SIGTERM asks the trainers to stop at a step they agree on
             (:mod:`..stopping`: ``persia train`` then saves a final checkpoint) and waits this long for them to
             report; a second signal, or the end of the wait, stops the workers as without it.
+        on_start: Called once every process has started, with each one's pid by name (``ps0 ..``,
+            ``trainer0 ..``): how a caller watches the job's processes (``benchmarks/soak.py`` samples their
+            memory). It runs in the launching thread before the trainers are awaited, so it must return at once.
 
     Returns:
         The trainers' return values, in trainer order.
@@ -375,6 +379,8 @@ def local_cluster(
                         os.environ.pop("GLIBC_TUNABLES", None)
                     else:
                         os.environ["GLIBC_TUNABLES"] = before
+                if on_start is not None:
+                    on_start({p.name: p.pid for p in procs})
                 deadline = time.monotonic() + run_timeout_s
                 given_up = False
                 while len(outcome) < n_clients:
