@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from persia_planner.errors import Interrupted, PlannerError
+from persia_planner.errors import ErrorKind, Interrupted, PlannerError
 from persia_planner.execution import check_executable, planned_execution
 from persia_planner.memory import PS_MAX_CAPACITY
 from persia_planner.placement import Mode, TablePlacement
@@ -438,7 +438,22 @@ def train_torchrun(
         delay_ms=cfg.ps_delay_ms,
         wire_dtype=cfg.ps_wire_dtype,
     ) as client:
-        return _trainer(index, client, job)
+        try:
+            return _trainer(index, client, job)
+        except RuntimeError as err:
+            cause = next((c for c in _PEER_GONE if c in str(err)), None)
+            if cause is None:
+                raise
+            # gloo names the peer by its socket address only; torchrun's own summary names the rank that failed.
+            raise PlannerError(
+                f"trainer{index} (rank {rank}): another process of the trainers' group is gone (gloo: {cause})",
+                fixes=("see torchrun's summary for the rank that failed first",),
+                kind=ErrorKind.UNAVAILABLE,
+            ) from None
+
+
+# What gloo says when the other end of a collective died.
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
