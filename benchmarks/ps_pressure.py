@@ -35,7 +35,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from persia_planner.memory import ps_capacity, ps_store_bytes
+from persia_planner.memory import ps_server_capacity, ps_store_bytes
 from persia_planner.placement import Sharding
 from persia_planner.specs import ModelSpec, TableSpec
 from persia_planner.units import format_bytes
@@ -92,7 +92,7 @@ def full_store_bytes(spec: ModelSpec, servers: int) -> int:
     total = 0
     for t in spec.tables:
         if t.name.startswith("ps_"):
-            cap = int(ps_capacity(-(-t.rows // servers)))
+            cap = ps_server_capacity(t.rows, servers)
             total += int(ps_store_bytes(cap, cap, t.dim, t.optimizer))
     return total
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from persia_planner.memory import ps_capacity
+from persia_planner.memory import ps_server_capacity
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import DLRM_BOTTOM, DLRM_TOP, ModelSpec
 
@@ -64,7 +64,7 @@ def build_model(
     # Each server's store: the capacity the planner charged it for (room for the hash's imbalance).
     given = capacity or {}
     capacity = {
-        t.name: given.get(t.name, int(ps_capacity(-(-t.rows // ps_servers))))
+        t.name: given.get(t.name, ps_server_capacity(t.rows, ps_servers))
         for t in spec.tables
         if tables is not None and tables[t.name].mode is Mode.ASYNC
     }
