@@ -50,8 +50,9 @@ def build_model(
     """A TorchRec ``DLRM`` over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs
     from plain TorchRec). Returns ``(model, hybrid)``; shard it with :func:`.distributed.distribute`.
 
-    Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_capacity`` of its
-    share of the rows), or ``capacity[table]`` where given (``--ps-capacity unbounded``).
+    Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_server_capacity``:
+    the rows of its largest bucket plus the hash's allowance), or ``capacity[table]`` where given (``--ps-capacity
+    unbounded``).
 
     Raises:
         PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
