@@ -8,8 +8,8 @@ in trainer processes with fresh parameter servers beside them, and measures what
 * a trainer: the bytes of every tensor its local tables keep (:func:`rank_bytes`: weights, fbgemm's optimizer state
   and index buffers, the ``torch.optim`` state and gradients of data-parallel replicas), each storage once;
 * a parameter server: how much its process's resident memory grows from before the tables were registered to after
-  every row of its share was inserted (what a trained table holds), with the stores' own account of their arrays
-  (``EmbeddingStore.resident_bytes``) beside it as a cross-check.
+  its stores were filled to their capacity (what a server under pressure holds, and what the plan charges), with
+  the stores' own account of their arrays (``EmbeddingStore.resident_bytes``) beside it as a cross-check.
 
 :func:`compare` pairs the two per device and :func:`memory_error` reduces a few configurations
 (:func:`default_cases`) to the largest ``|predicted / allocated - 1|``, the ``memory_max_abs_error`` of
@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from persia_planner.cost import CostModel
+from persia_planner.memory import ps_server_capacity
 from persia_planner.placement import Mode, Sharding, TablePlacement, Tier
 from persia_planner.search import Option, build_placement
 from persia_planner.specs import DType, ModelSpec, Optimizer, TableSpec
@@ -44,6 +45,7 @@ __all__ = [
     "compare",
     "cpu_topology",
     "default_cases",
+    "fill_ids",
     "memory_error",
     "placed",
     "predicted_bytes",
@@ -156,13 +158,39 @@ def rank_bytes(model: nn.Module, optimizer: Any = None) -> dict[str, int]:
     return out | {"total": sum(out.values())}
 
 
-def _fill(client: Any, spec: ModelSpec, tables: Mapping[str, TablePlacement], rank: int, world: int) -> None:
-    """Look up (and so insert) every id of every PS table, trainer ``rank`` of ``world`` taking every world-th chunk."""
-    for table in spec.tables:
-        if tables[table.name].mode is not Mode.ASYNC:
+def fill_ids(table: str, need: Sequence[int], n_servers: int) -> torch.Tensor:
+    """``need[i]`` ids for server ``i`` of ``n_servers`` for each ``i``: the first non-negative integers that hash to
+    it (``server_of``). The synthetic data's ids are hashed 63-bit values, so these small ones are new to the stores.
+    """
+    from .ps.sharding import server_of
+
+    chosen = [torch.empty(0, dtype=torch.int64)]
+    taken = [0] * n_servers
+    for start in range(0, 2**62, FILL_CHUNK * n_servers):
+        if all(t >= n for t, n in zip(taken, need, strict=True)):
+            break
+        ids = torch.arange(start, start + FILL_CHUNK * n_servers, dtype=torch.int64)
+        owner = server_of(table, ids, n_servers)
+        for i in range(n_servers):
+            mine = ids[owner == i][: max(need[i] - taken[i], 0)]
+            taken[i] += len(mine)
+            chosen.append(mine)
+    return torch.cat(chosen)
+
+
+def _fill(client: Any, job: Job, rank: int, world: int) -> None:
+    """Fill every server's store of every PS table to its capacity, as a server under pressure fills it (what the
+    plan charges, ``memory.ps_bytes``): trainer ``rank`` of ``world`` inserts every world-th chunk of the ids."""
+    held: list[Any] = [client.memory() if rank == 0 else None]
+    dist.broadcast_object_list(held, src=0)  # every trainer picks the same ids
+    for table in job.spec.tables:
+        if job.tables[table.name].mode is not Mode.ASYNC:
             continue
-        for start in range(rank * FILL_CHUNK, table.rows, world * FILL_CHUNK):
-            client.lookup(table.name, torch.arange(start, min(start + FILL_CHUNK, table.rows)), train=True)
+        capacity = ps_server_capacity(table.rows, job.servers)
+        need = [capacity - server["tables"][table.name]["rows"] for server in held[0]]
+        ids = fill_ids(table.name, need, job.servers)
+        for start in range(rank * FILL_CHUNK, len(ids), world * FILL_CHUNK):
+            client.lookup(table.name, ids[start : start + FILL_CHUNK], train=True)
 
 
 def _measure_trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
@@ -205,7 +233,7 @@ def _measure_trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         dist.all_gather_object(everyone, mine)
         after = None
         if client is not None:
-            _fill(client, job.spec, job.tables, j, job.trainers)
+            _fill(client, job, j, job.trainers)
             dist.barrier()  # every trainer's share is in
             after = client.memory() if j == 0 else None
         if j != 0:
@@ -222,7 +250,7 @@ def allocated_bytes(
     run_timeout_s: float = 600.0,
 ) -> dict[str, dict[str, int]]:
     """Build the plan's modules in ``len(topology.gpus)`` trainers and ``len(topology.servers)`` fresh servers on
-    this machine, fill the servers' stores with every id of their tables, and measure each device.
+    this machine, fill the servers' stores to their capacity, and measure each device.
 
     Args:
         spec: The model (one embedding dim for all tables: the modules are ``persia train``'s DLRM).

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from persia_planner.memory import ps_capacity
+from persia_planner.memory import ps_server_capacity
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import DLRM_BOTTOM, DLRM_TOP, ModelSpec
 
@@ -50,8 +50,9 @@ def build_model(
     """A TorchRec ``DLRM`` over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs
     from plain TorchRec). Returns ``(model, hybrid)``; shard it with :func:`.distributed.distribute`.
 
-    Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_capacity`` of its
-    share of the rows), or ``capacity[table]`` where given (``--ps-capacity unbounded``).
+    Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_server_capacity``:
+    the rows of its largest bucket plus the hash's allowance), or ``capacity[table]`` where given (``--ps-capacity
+    unbounded``).
 
     Raises:
         PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
@@ -64,7 +65,7 @@ def build_model(
     # Each server's store: the capacity the planner charged it for (room for the hash's imbalance).
     given = capacity or {}
     capacity = {
-        t.name: given.get(t.name, int(ps_capacity(-(-t.rows // ps_servers))))
+        t.name: given.get(t.name, ps_server_capacity(t.rows, ps_servers))
         for t in spec.tables
         if tables is not None and tables[t.name].mode is Mode.ASYNC
     }

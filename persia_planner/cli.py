@@ -358,7 +358,7 @@ def train_command(
         typer.Option(
             "--id-space",
             help="synthetic data: draw each table's ids from this many times its rows (0.02: its hot ids; above "
-            "1.25 more distinct ids than the servers hold, so they evict while training)",
+            "1 they can bring more distinct ids than the servers hold, so these evict while training)",
         ),
     ] = 0.02,
     ps_capacity: Annotated[

@@ -62,9 +62,12 @@ rows holding R of them:
 
 The weights, state and records are allocated untouched (``torch.empty`` or an anonymous mapping) and become
 resident as rows are inserted, always as the prefix [0, R). So a server's table costs
-``R x (16 + 4 x (dim + state_width)) + C x 1 + 8 x buckets(C)`` bytes of DDR: that is what is charged, with R the
-shard's rows and C what ``persia train`` gives each server (:func:`ps_capacity`). The store refuses a capacity of
-``2**31 - 1`` or more (its slot numbers are int32), which caps the rows of one table on one server
+``R x (16 + 4 x (dim + state_width)) + C x 1 + 8 x buckets(C)`` bytes of DDR (:func:`ps_store_bytes`). The plan
+charges it filled, R = C, with C what ``persia train`` gives each server (:func:`ps_capacity`: the shard's rows plus
+an allowance for the hash's imbalance), since a server that receives more distinct ids than that fills it. (``persia
+train`` sizes every server's store of a table for the largest bucket, ``ceil(rows / servers)``, so a server of a
+bucket one row smaller holds up to 2 rows more than its charge.) The store refuses a capacity of ``2**31 - 1`` or
+more (its slot numbers are int32), which caps the rows of one table on one server
 (:data:`PS_MAX_ROWS`). A server's resident memory grows by a few MiB more than its stores' arrays, which no layout
 charges: the last huge page (2 MiB) of each partly filled array of 32 MiB or more, and code and heap that its first
 large requests leave; that is a constant per table and server, inside ``ps_reserve_fraction``.
@@ -72,6 +75,7 @@ large requests leave; that is a constant per table and server, inside ``ps_reser
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -85,7 +89,7 @@ __all__ = [
     "FBGEMM_CACHE_INDEX_BYTES_PER_ROW",
     "FBGEMM_CACHE_STATE_BYTES_PER_SLOT",
     "PS_BUCKET_BYTES",
-    "PS_CAPACITY_HEADROOM",
+    "PS_CAPACITY_SIGMAS",
     "PS_CAPACITY_SLACK_ROWS",
     "PS_DIRTY_BYTES",
     "PS_INDEX_LOAD_FACTOR",
@@ -100,6 +104,7 @@ __all__ = [
     "ps_capacity",
     "ps_holds",
     "ps_rows_error",
+    "ps_server_capacity",
     "ps_servers_needed",
     "ps_store_bytes",
     "replica_bytes",
@@ -178,27 +183,50 @@ PS_INDEX_LOAD_FACTOR = 0.5
 """Rows per bucket at full capacity: the store's default ``index_load_factor`` (buckets = capacity / 0.5)."""
 PS_MAX_CAPACITY = 2**31 - 2
 """The largest capacity the store accepts (it refuses ``2**31 - 1`` and above: int32 slot numbers)."""
-PS_CAPACITY_HEADROOM = 1.25
-"""Capacity ``persia train`` gives a server per row it is planned to hold (room for the hash's imbalance)."""
-PS_CAPACITY_SLACK_ROWS = 1024
-"""Rows of capacity added on top of the headroom (small tables hash less evenly)."""
+PS_CAPACITY_SIGMAS = 4
+"""Standard deviations of the hash's imbalance that a server's capacity allows for (see :func:`ps_capacity`)."""
+PS_CAPACITY_SLACK_ROWS = 64
+"""Rows of capacity added to the allowance, for small shards, whose counts are not yet normal (Poisson tails)."""
 
 
 def ps_capacity(rows: Any) -> Any:
     """The store capacity (rows) a server gets for a table of which it is planned to hold ``rows`` rows.
 
-    ``ceil(rows * 1.25) + 1024``: the hash spreads ids unevenly across servers, and a full store evicts. ``rows``
-    may be a numpy array; ``int()`` the result of a scalar.
+    ``rows + ceil(4 sqrt(rows)) + 64``: the planned rows plus an allowance for the hash's imbalance. A table's ids
+    go to servers by a 64-bit mixing hash (``modules/ps/sharding.server_of``: splitmix64's finaliser of the id xor a
+    salt of the table's name, modulo the servers), so of N distinct ids each of n servers receives a
+    Binomial(N, 1/n) count: mean ``R = N / n``, standard deviation ``sqrt(R (1 - 1/n)) <= sqrt(R)``. Four of them
+    are exceeded with probability about 3e-5 per server and table, so a table whose ids all fit is (almost) never
+    evicted; the 64 rows cover small shards, where the count's tail is wider than the normal's. A server under
+    pressure (more distinct ids than that) fills its whole capacity, which is what the plan charges
+    (:func:`ps_bytes`). ``rows`` may be a numpy array; ``int()`` the result of a scalar.
     """
-    return np.ceil(np.asarray(rows, dtype=float) * PS_CAPACITY_HEADROOM) + PS_CAPACITY_SLACK_ROWS
+    rows = np.asarray(rows, dtype=float)
+    return rows + np.ceil(PS_CAPACITY_SIGMAS * np.sqrt(rows)) + PS_CAPACITY_SLACK_ROWS
 
 
-PS_MAX_ROWS = int((PS_MAX_CAPACITY - PS_CAPACITY_SLACK_ROWS) / PS_CAPACITY_HEADROOM)
-"""The most rows of one table one server may be planned to hold: the largest with a capacity the store accepts.
+def ps_server_capacity(rows: int, n_servers: int) -> int:
+    """The capacity ``persia train`` gives every server's store of a table of ``rows`` rows hashed over
+    ``n_servers``: :func:`ps_capacity` of the largest bucket, ``ceil(rows / n_servers)`` rows."""
+    return int(ps_capacity(-(-rows // n_servers)))
+
+
+def _max_rows() -> int:
+    # The inverse of ps_capacity at PS_MAX_CAPACITY: the float estimate, then the exact integer boundary.
+    root = (-PS_CAPACITY_SIGMAS + math.sqrt(PS_CAPACITY_SIGMAS**2 + 4 * (PS_MAX_CAPACITY - PS_CAPACITY_SLACK_ROWS))) / 2
+    rows = int(root * root) + 2
+    while ps_capacity(rows) > PS_MAX_CAPACITY:
+        rows -= 1
+    return rows
+
+
+PS_MAX_ROWS = _max_rows()
+"""The most rows of one table one server may be planned to hold: the largest with a capacity the store accepts
+(2,147,298,226: 2**31 less the allowance of :func:`ps_capacity`).
 
 Below 2**31, so a table of 2**33 rows per server (or more) is refused, with :data:`PS_LIMIT_REASON`: lifting it
 means int64 slot numbers in the store, its hash index and the eviction log (8 more bytes per row of capacity)."""
-PS_LIMIT_REASON = "its slot numbers are int32, and its capacity is 1.25x the rows plus 1,024"
+PS_LIMIT_REASON = "its slot numbers are int32, and its capacity is the rows plus 4 square roots of them plus 64"
 """Why :data:`PS_MAX_ROWS` is what it is, as the refusals say it."""
 
 
@@ -216,8 +244,15 @@ def ps_store_bytes(rows: Any, capacity: Any, dim: int, optimizer: Optimizer) -> 
 
 def ps_bytes(rows: Any, dim: int, optimizer: Optimizer) -> Any:
     """DDR bytes one server's store of a table takes when it is planned to hold ``rows`` rows of width ``dim``:
-    :func:`ps_store_bytes` at the capacity :func:`ps_capacity` gives those rows. ``rows`` may be a numpy array."""
-    return ps_store_bytes(rows, ps_capacity(rows), dim, optimizer)
+    :func:`ps_store_bytes` of the capacity :func:`ps_capacity` gives those rows, filled.
+
+    Every place that charges a PS table's bytes comes here (``placement.tier_bytes``). The store is charged full
+    because a server under pressure (hashed ids: more distinct ids than its capacity) fills it before it evicts, and
+    the allowance is only a few standard deviations of the hash's imbalance (decision 0019). ``rows`` may be a
+    numpy array.
+    """
+    capacity = ps_capacity(rows)
+    return ps_store_bytes(capacity, capacity, dim, optimizer)
 
 
 def ps_holds(rows: Any, n_servers: int) -> Any:

@@ -10,13 +10,19 @@ import pytest
 
 from persia_planner import validate
 from persia_planner.cost import CostModel
-from persia_planner.memory import ps_bytes, replica_bytes
+from persia_planner.memory import ps_bytes, ps_store_bytes, replica_bytes
 from persia_planner.modules.allocated import Case, compare, default_cases, predicted_bytes
-from persia_planner.placement import Sharding, bucket_rows
+from persia_planner.placement import Mode, Sharding, bucket_rows
 from persia_planner.plans import Plan, usage_of
+from persia_planner.specs import TableSpec
 
 TOLERANCE = 0.05  # issue 28: within 5% per device
 CASES = default_cases()
+
+
+def _row_bytes(table: TableSpec) -> int:
+    """Bytes of one more row of a store's capacity, held."""
+    return int(ps_store_bytes(2, 2, table.dim, table.optimizer) - ps_store_bytes(1, 1, table.dim, table.optimizer))
 
 
 def _plan(case: Case) -> Plan:
@@ -63,5 +69,7 @@ def test_planned_bytes_are_what_the_built_modules_allocate(case):
             # Exact but for fbgemm's constant-size placeholders and the replicas' step counters.
             assert 0 <= d.allocated - d.predicted <= 4096, what
         else:
-            # The store's own account is the planner's layout, up to the hash's imbalance across the servers.
-            assert d.accounted == pytest.approx(d.predicted, rel=0.01), f"{what}, accounted {d.accounted:,} B"
+            # Filled to capacity, the stores' own account is the planner's layout, but for a server of a bucket one
+            # row smaller, whose store persia train sizes for the larger bucket: 2 rows more per table at most.
+            slack = sum(2 * _row_bytes(t) for t in case.spec.tables if case.tables[t.name].mode is Mode.ASYNC)
+            assert 0 <= d.accounted - d.predicted <= slack, f"{what}, accounted {d.accounted:,} B"

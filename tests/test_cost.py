@@ -161,9 +161,9 @@ def test_step_overlaps_async_work(cost):
     assert est.step_ms == pytest.approx(max(sync0, async_))
     assert est.samples_per_s == pytest.approx(1000 / sync0 * 1e3)
     assert mem[cost.layout.hbm.start] == 1000 * 40
-    # The server's store (memory.ps_bytes): per row a 16 B record and 10 float32 weights (sgd: no state); per row
-    # of capacity (1000 x 1.25 + 1024) a 1 B dirty flag and two int64 hash buckets (load factor 0.5).
-    assert mem[cost.layout.ps_mem.start] == 1000 * (16 + 10 * 4) + (1250 + 1024) * (1 + 2 * 8)
+    # The server's store (memory.ps_bytes), charged full: its capacity of 1000 + ceil(4 sqrt(1000)) + 64 = 1191 rows,
+    # each a 16 B record, 10 float32 weights (sgd: no state), a 1 B dirty flag and two int64 hash buckets.
+    assert mem[cost.layout.ps_mem.start] == 1191 * (16 + 10 * 4 + 1 + 2 * 8)
 
 
 def test_staleness_zero_adds_async_work():

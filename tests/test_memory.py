@@ -33,6 +33,7 @@ from persia_planner.cost import CostModel
 from persia_planner.memory import (
     FBGEMM_CACHE_ASSOCIATIVITY,
     PS_INDEX_LOAD_FACTOR,
+    PS_LIMIT_REASON,
     PS_MAX_CAPACITY,
     PS_MAX_ROWS,
     PS_VALUE_BYTES,
@@ -276,18 +277,19 @@ warm.lookup(torch.arange(3000))
 warm.update(torch.arange(3000), torch.ones(3000, dim))
 del warm
 before = resident()
-store = EmbeddingStore(dim, int(ps_capacity(rows)), RowWiseAdagrad())
-for start in range(0, rows, 65536):
-    store.lookup(torch.arange(start, min(start + 65536, rows)) * 7919 + 13, distinct=True)
+capacity = int(ps_capacity(rows))
+store = EmbeddingStore(dim, capacity, RowWiseAdagrad())
+for start in range(0, capacity, 65536):
+    store.lookup(torch.arange(start, min(start + 65536, capacity)) * 7919 + 13, distinct=True)
 print(json.dumps({"rows": len(store), "bytes": resident() - before}))
 """
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident set from /proc")
 def test_a_filled_store_is_as_resident_as_planned():
-    """A server's store for a shard of N rows, with the capacity persia train gives it (N x 1.25 + 1024), filled
-    with N rows in a fresh process: its resident memory grows by the planner's ps bytes, within 5% (dim 16,
-    row-wise Adagrad: 105 B/row where 68 were planned before)."""
+    """A server's store for a shard of N rows, with the capacity C persia train gives it (N + 4 sqrt(N) + 64),
+    filled to C rows in a fresh process, as a server under pressure fills it: its resident memory grows by the
+    planner's ps bytes, within 5% (dim 16, row-wise Adagrad: 105 B/row where 68 were planned before)."""
     rows, dim = 1_000_000, 16
     out = subprocess.run(
         [sys.executable, "-c", _RSS_SCRIPT, str(rows), str(dim)],
@@ -298,7 +300,7 @@ def test_a_filled_store_is_as_resident_as_planned():
         env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
     )
     measured = json.loads(out.stdout.strip().splitlines()[-1])
-    assert measured["rows"] == rows
+    assert measured["rows"] == int(ps_capacity(rows))
     planned = float(ps_bytes(rows, dim, Optimizer.ROWWISE_ADAGRAD))
     assert measured["bytes"] == pytest.approx(planned, rel=0.05)
 
@@ -331,15 +333,14 @@ def test_validation_refuses_more_rows_per_server_than_the_store_holds():
     problems = validate(written, model, topology)
     assert problems == [
         f"table 'ids': ps0 would hold {PS_MAX_ROWS + 1:,} of its rows, over the {PS_MAX_ROWS:,} rows of one table "
-        "that a parameter server's store holds (its slot numbers are int32, and its capacity is 1.25x the rows plus "
-        "1,024); fix: plan it with at least 3 parameter servers"
+        f"that a parameter server's store holds ({PS_LIMIT_REASON}); fix: plan it with at least 3 parameter servers"
     ]
 
 
 def test_the_planner_refuses_a_table_only_too_few_servers_could_hold():
     model = _too_long_for_two()
     with pytest.raises(
-        CapacityError, match=r"each of the 2 parameter servers would hold 1,717,986,098 of its rows"
+        CapacityError, match=r"each of the 2 parameter servers would hold 2,147,298,227 of its rows"
     ) as err:
         plan(model, _ps_topology(2))
     assert err.value.table == "ids" and "use at least 3 parameter servers" in str(err.value)
@@ -351,17 +352,18 @@ def test_a_table_of_2_to_the_33_rows_per_server_is_refused_in_one_line_with_the_
     """The store's slots are int32: 2**33 rows of one table on one server cannot be held, and the planner says why
     (with the servers that would hold it); ids themselves are 64-bit, far above 2**33."""
     rows = 2 * 2**33
-    assert PS_MAX_ROWS < 2**31 and not ps_holds(rows, 2) and ps_servers_needed(rows) == 11
-    assert ps_capacity(2**33) == 1.25 * 2**33 + 1024  # the capacity arithmetic itself is exact (float64) at this size
+    assert PS_MAX_ROWS < 2**31 and not ps_holds(rows, 2) and ps_servers_needed(rows) == 9
+    # The capacity arithmetic itself is exact (float64) at this size: 4 sqrt(2**33) = 370,727.6.
+    assert ps_capacity(2**33) == 2**33 + 370_728 + 64
     model = ModelSpec.from_dict({"batch_size": 1024, "tables": [{"name": "ids", "rows": rows, "dim": 8}]})
     with pytest.raises(CapacityError) as err:
         plan(model, _ps_topology(2))
     message = str(err.value)
     assert "each of the 2 parameter servers would hold 8,589,934,592 of its rows" in message
-    assert "(its slot numbers are int32, and its capacity is 1.25x the rows plus 1,024)" in message
-    assert "use at least 11 parameter servers" in message and "\n" not in message
-    result = plan(model, _ps_topology(11), improve_time_s=0.1)
-    assert result.tables["ids"].tier is Tier.PS and validate(result, model, _ps_topology(11)) == []
+    assert "(its slot numbers are int32, and its capacity is the rows plus 4 square roots of them plus 64)" in message
+    assert "use at least 9 parameter servers" in message and "\n" not in message
+    result = plan(model, _ps_topology(9), improve_time_s=0.1)
+    assert result.tables["ids"].tier is Tier.PS and validate(result, model, _ps_topology(9)) == []
     # Hashed ids span 64 bits: a store takes ids far above 2**33 (and negative int64s: uint64 bit patterns).
     store = EmbeddingStore(4, 64, ps_optim.SGD())
     ids = torch.tensor([2**33, 2**33 + 1, 2**40 + 7, 2**62, -(2**63), -1], dtype=torch.int64)

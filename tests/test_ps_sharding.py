@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from persia_planner.memory import ps_server_capacity
 from persia_planner.modules.ps.sharding import server_of, table_salt
 
 
@@ -19,3 +20,13 @@ def test_stable_balanced_and_salted_by_table():
 def test_bad_server_count():
     with pytest.raises(ValueError, match="n_servers must be positive"):
         server_of("t", torch.tensor([1]), 0)
+
+
+@pytest.mark.parametrize("rows", [10, 1_000, 100_000, 1_000_000])
+@pytest.mark.parametrize("n_servers", [2, 3, 16])
+def test_every_server_holds_its_share_of_a_tables_ids_within_the_planned_capacity(rows, n_servers):
+    """persia train sizes each store for the plan's rows plus 4 standard deviations of the hash's imbalance
+    (memory.ps_capacity): a table's ids, small integers or 64-bit hashes, never overflow it."""
+    for table, ids in [("ids", torch.arange(rows)), ("hashed", torch.arange(rows) * 0x5E3779B97F4A7C15)]:
+        counts = torch.bincount(server_of(table, ids, n_servers), minlength=n_servers)
+        assert counts.max() <= ps_server_capacity(rows, n_servers), (table, counts.tolist())
