@@ -41,6 +41,7 @@ from .distributed import check_trainers, distribute, executed_plan
 from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
 from .loop import TrainLoop, build_model, dense_state_dict, make_optimizer
+from .ps.progress import publish_progress
 from .resume import check_layout, check_resume, data_layout, load_trainer_state, local_state, save_trainer_state
 from .stream import evaluate, lockstep, teacher_for, trainer_batches
 
@@ -127,6 +128,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
             batches = lockstep(batches)
         for stats in loop.run(batches):
             step += 1
+            publish_progress(step)  # the launcher names a trainer that stops advancing
             losses.append(stats.loss)
             step_ms.append(stats.step_ms)
             data_ms.append(stats.data_ms)

@@ -35,39 +35,38 @@ import queue
 import signal
 import socket
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 
 from persia_planner.errors import Interrupted, PlannerError
 
 from ..rpcenv import listen_on_loopback_if_asked, master_address
 from .allocator import allocator_env
-from .client import PsClient
-from .group import host_store
-from .lifecycle import Stop, StopOnSignals, adopt_environment, die_with_the_launcher, exit_now, stop_processes
+from .group import DEFAULT_PEER_TIMEOUT_S, host_store
+from .lifecycle import Stop, StopOnSignals, quiet_cpp_logs, stop_processes
+from .progress import NOT_STARTED, ProgressWatch
 from .protocol import check_wire_dtype, server_name
-from .server import serve
-from .trainer import connect
+from .workers import barrier, describe_exit, server_main, trainer_main, use_hosted_store
 
 __all__ = [
+    "POLL_S",
     "TrainerError",
     "barrier",
-    "free_port",
     "hosted_store",
     "local_cluster",
+    "reserved_port",
     "trainers_store",
     "use_hosted_store",
 ]
 
 log = logging.getLogger(__name__)
 
-_BARRIER: Any = None  # the trainers' multiprocessing barrier, set in each trainer process
+POLL_S = 1.0
+"""How often the launcher looks at its workers (exits, progress) while it waits for the trainers' results."""
 
 
 class TrainerError(PlannerError):
@@ -79,24 +78,27 @@ class TrainerError(PlannerError):
         internal: True when the trainer's exception was not a ``PlannerError`` (a bug, not bad input).
     """
 
-    def __init__(self, message: str, detail: str = "", internal: bool = False) -> None:
+    def __init__(self, message: str, detail: str = "", internal: bool = False, fixes: tuple[str, ...] = ()) -> None:
         self.detail, self.internal = detail, internal
         shown = f"{message}\n{detail}" if detail and os.environ.get("PERSIA_DEBUG") else message
-        super().__init__(shown)
+        super().__init__(shown, fixes=fixes)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A port on 127.0.0.1 kept for a child process that binds it itself (``persia ps`` rank 0 or torchrun hosting
+    their store on ``MASTER_PORT``), for as long as the block runs.
+
+    A port that was merely free a moment ago (bind, read, close) may be taken by another process, or picked by the
+    kernel as some connection's source port, before the child binds it. Here a socket holds it, bound with
+    ``SO_REUSEADDR`` and never listening: a process that binds with ``SO_REUSEADDR`` as well (torch's store,
+    :func:`.group.host_store`) may still bind and listen on it, nobody else may, and until the child listens a
+    connection to it is refused. Prefer :func:`hosted_store` where the children can use a store hosted for them.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def barrier(timeout_s: float | None = 60.0) -> None:
-    """Block until every trainer of the :func:`local_cluster` reached this call (call it from ``fn`` only)."""
-    if _BARRIER is None:
-        raise RuntimeError("barrier() is only available inside a trainer started by local_cluster")
-    _BARRIER.wait(timeout_s)
+        yield s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -119,14 +121,6 @@ def hosted_store(timeout_s: float = 300.0) -> Iterator[int]:
         del store
 
 
-def use_hosted_store(port: int) -> None:
-    """In a child of :func:`hosted_store`: rendezvous (``env://``, rpc, process groups) in the parent's store."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-    listen_on_loopback_if_asked()
-
-
 def trainers_store(timeout_s: float = 300.0) -> dist.Store:
     """The trainers' own namespace in the job's rendezvous store (torchrun's agent store or :func:`hosted_store`).
 
@@ -144,76 +138,17 @@ def trainers_store(timeout_s: float = 300.0) -> dist.Store:
     return dist.PrefixStore(f"persia-trainers-{run}", agent)
 
 
-def _server_main(
-    rank: int, world_size: int, port: int, rpc_timeout_s: float, log_level: int, environ: dict[str, str]
-) -> None:
-    die_with_the_launcher()
-    adopt_environment(environ)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    use_hosted_store(port)
-    # No peer watch: this launcher supervises its children itself (run_timeout_s, failure_grace_s) and names the
-    # trainer that failed; a server giving up first would make the others report the server instead.
-    serve(rank, world_size, rpc_timeout_s=rpc_timeout_s, peer_timeout_s=None)
+def _lost(servers: list[Any], trainers: list[Any], reported: set[int]) -> str:
+    """The workers that ended while the trainers were still running (``""``: none): a trainer that ended before it
+    reported, or any server (servers end only after the trainers are done)."""
+    ended = [p for p in servers if p.exitcode is not None]
+    ended += [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in reported]
+    return ", ".join(describe_exit(p.name, p.exitcode) for p in ended)
 
 
-def _trainer_main(
-    j: int,
-    n_servers: int,
-    world_size: int,
-    port: int,
-    opts: tuple[float, float, int, float, torch.dtype],
-    results: Any,
-    trainer_barrier: Any,
-    fn: Callable[..., Any],
-    args: tuple,
-    environ: dict[str, str],
-) -> None:
-    global _BARRIER
-    die_with_the_launcher()
-    adopt_environment(environ)
-    timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype = opts
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    use_hosted_store(port)
-    _BARRIER = trainer_barrier
-    client: PsClient | None = None
-    if n_servers:  # a job without parameter-server tables runs no RPC group at all
-        client = connect(
-            f"trainer{j}",
-            n_servers + j,
-            world_size,
-            servers=[server_name(i) for i in range(n_servers)],
-            timeout_s=timeout_s,
-            rpc_timeout_s=rpc_timeout_s,
-            delay_ms=delay_ms,
-            wire_dtype=wire_dtype,
-        )
-    failed = False
-    try:
-        try:
-            value = fn(j, client, *args)
-            # Before reporting success: a push still in flight that fails is this trainer's failure (its gradients
-            # are lost), not something to find only in the child's exit code after the parent has moved on.
-            if client is not None:
-                client.flush()
-            # Plain pickle, not the queue's: torch's reducers would pass tensors as shared-memory handles that
-            # the parent can only open while this process lives, and it may be gone (or killed) by then.
-            results.put((j, True, pickle.dumps(value)))
-        except BaseException as err:
-            message = f"{type(err).__name__}: {err}".strip().splitlines()[0]
-            results.put((j, False, (message, traceback.format_exc(), not isinstance(err, PlannerError))))
-            if not isinstance(err, Exception):
-                raise  # an interrupt or exit goes on as it came
-            failed = True
-    finally:
-        if client is not None:
-            client.close()
-            rpc.shutdown()  # graceful: waits for the servers and the other trainers
-    # Flushed, then ended without finalizing the interpreter (exit_now: a gloo collective's thread may still hold
-    # Python objects). On failure the parent reports the error (its traceback travelled with it); raising here would
-    # make multiprocessing print that traceback on the user's terminal before the parent's one-line error.
-    results.close()
-    results.join_thread()
-    exit_now(1 if failed else 0)
+def _killed(procs: list[Any]) -> str:
+    """The workers a signal killed (``""``: none)."""
+    return ", ".join(describe_exit(p.name, p.exitcode) for p in procs if p.exitcode is not None and p.exitcode < 0)
 
 
 def _context(fn: Callable[..., Any]) -> Any:
@@ -234,27 +169,29 @@ def _context(fn: Callable[..., Any]) -> Any:
     return ctx
 
 
-# GLIBC_TUNABLES the running fork server was started with (None: not started by a launch of ours, or without them).
-_forkserver_tunables: str | None = None
+# The start-up settings (GLIBC_TUNABLES, TORCH_CPP_LOG_LEVEL) the running fork server was started with (None: not
+# started by a launch of ours).
+_forkserver_settings: tuple[str | None, ...] | None = None
 
 
-def _restart_forkserver_unless(tunables: str | None) -> None:
-    """Stop the fork server if it was started with other glibc tunables than ``tunables``; the next start forks a
+def _restart_forkserver_unless(settings: tuple[str | None, ...]) -> None:
+    """Stop the fork server if it was started with other start-up settings than ``settings``; the next start forks a
     fresh one with them.
 
-    Why: glibc reads its tunables (:func:`.allocator.allocator_env`) only when a process image starts, and every child
-    is a fork of the fork server, so without this a launch with ``PS_TUNE_MALLOC=0`` after a default one (or the
-    other way round) would silently run with the first launch's allocator. Uses the standard library's own
-    ``ForkServer._stop`` (what its tests use); where that is missing the fork server is left as it is.
+    Why: glibc reads its tunables (:func:`.allocator.allocator_env`) only when a process image starts, and torch reads
+    ``TORCH_CPP_LOG_LEVEL`` (:func:`.lifecycle.quiet_cpp_logs`) when it is imported; every child is a fork of the fork
+    server, so without this a launch with ``PS_TUNE_MALLOC=0`` after a default one (or the other way round) would
+    silently run with the first launch's allocator. Uses the standard library's own ``ForkServer._stop`` (what its
+    tests use); where that is missing the fork server is left as it is.
     """
-    global _forkserver_tunables
+    global _forkserver_settings
     server = getattr(mp_forkserver, "_forkserver", None)
     running = getattr(server, "_forkserver_pid", None) is not None
-    if running and _forkserver_tunables != tunables and hasattr(server, "_stop"):
+    if running and _forkserver_settings != settings and hasattr(server, "_stop"):
         server._stop()
         running = False
     if not running:
-        _forkserver_tunables = tunables
+        _forkserver_settings = settings
 
 
 def local_cluster(
@@ -271,6 +208,7 @@ def local_cluster(
     delay_ms: float = 0.0,
     wire_dtype: torch.dtype = torch.float32,
     stop_grace_s: float = 5.0,
+    hang_timeout_s: float = DEFAULT_PEER_TIMEOUT_S,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -292,12 +230,15 @@ def local_cluster(
         wire_dtype: The dtype the trainers' clients send rows and gradients in (``PsClient(wire_dtype=...)``).
         stop_grace_s: On SIGINT or SIGTERM (in the main thread), how long the workers have to end after SIGTERM
             before they are killed.
+        hang_timeout_s: Once the trainers publish their steps (:func:`.progress.publish_progress`), stop the job
+            when none advanced for this long and some are behind the others or stopped, naming them
+            (:class:`.progress.ProgressWatch`).
 
     Returns:
         The trainers' return values, in trainer order.
 
     Raises:
-        TrainerError: A trainer raised (first in trainer order), or the run timed out.
+        TrainerError: A trainer raised (first in trainer order), hung, or the run timed out.
         Interrupted: SIGINT or SIGTERM reached this process; the workers were stopped first.
     """
     if n_servers < 0 or n_clients < 1:
@@ -305,18 +246,20 @@ def local_cluster(
     check_wire_dtype(wire_dtype)
     ctx = _context(fn)
     world_size = n_servers + n_clients
-    tuning = allocator_env()
+    tuning = allocator_env() | quiet_cpp_logs()
     environ = dict(os.environ) | tuning
-    _restart_forkserver_unless(environ.get("GLIBC_TUNABLES"))
+    _restart_forkserver_unless(tuple(environ.get(name) for name in sorted(tuning)))
     stopped: list[int] = []  # how many workers were running when a signal stopped the job
     try:
         with StopOnSignals().installed() as signals, hosted_store(max(timeout_s, run_timeout_s)) as port:
             results = ctx.Queue()
             trainer_barrier = ctx.Barrier(n_clients)
+            progress = ctx.RawArray("q", [NOT_STARTED] * n_clients)
+            watch = ProgressWatch(progress, hang_timeout_s)
             servers = [
                 ctx.Process(
-                    target=_server_main,
-                    args=(i, world_size, port, rpc_timeout_s, log_level, environ),
+                    target=server_main,
+                    args=(i, world_size, port, rpc_timeout_s, log_level, environ, results),
                     name=server_name(i),
                     daemon=True,
                 )
@@ -324,7 +267,7 @@ def local_cluster(
             ]
             trainers = [
                 ctx.Process(
-                    target=_trainer_main,
+                    target=trainer_main,
                     args=(
                         j,
                         n_servers,
@@ -332,7 +275,7 @@ def local_cluster(
                         port,
                         (timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype),
                         results,
-                        trainer_barrier,
+                        (trainer_barrier, progress),
                         fn,
                         args,
                         environ,
@@ -344,9 +287,9 @@ def local_cluster(
             ]
             procs = servers + trainers
             # The children inherit the environment at start: give them the allocator setting that keeps request buffers
-            # warm (see allocator.allocator_env), without changing this process's environment for longer than the start.
-            # Only GLIBC_TUNABLES changes, and only while the processes start.
-            before = os.environ.get("GLIBC_TUNABLES")
+            # warm (see allocator.allocator_env) and the C++ log level (lifecycle.quiet_cpp_logs), without changing
+            # this process's environment for longer than the start. Only these settings change, and only then.
+            before = {name: os.environ.get(name) for name in tuning}
             outcome: dict[int, tuple[bool, Any, float]] = {}  # trainer -> (ok, value, when reported)
             try:
                 try:
@@ -355,32 +298,40 @@ def local_cluster(
                         for p in procs:
                             p.start()  # may raise (e.g. fn or args do not pickle): the ones started are killed below
                 finally:
-                    if before is None:
-                        os.environ.pop("GLIBC_TUNABLES", None)
-                    else:
-                        os.environ["GLIBC_TUNABLES"] = before
+                    for name, value in before.items():
+                        if value is None:
+                            os.environ.pop(name, None)
+                        else:
+                            os.environ[name] = value
                 deadline = time.monotonic() + run_timeout_s
                 given_up = False
+                killed = ""  # workers a signal had killed when the first failure came: the cause of that failure
                 while len(outcome) < n_clients:
                     failed_at = [t for ok, _value, t in outcome.values() if not ok]
                     if failed_at and time.monotonic() > min(failed_at) + failure_grace_s:
                         given_up = True  # the rest are killed below; the failure is raised after
                         break
                     try:
-                        j, ok, value = results.get(timeout=min(1.0, failure_grace_s) if failed_at else 1.0)
-                        outcome[j] = (ok, value, time.monotonic())
+                        who, ok, value = results.get(timeout=min(POLL_S, failure_grace_s) if failed_at else POLL_S)
                     except queue.Empty:
-                        # A process that exits before its trainer reported (e.g. failed to join the group) would
-                        # otherwise leave us waiting for the whole run_timeout_s.
-                        # (A dead server is not checked here: the trainers' requests to it fail within their timeout.)
-                        early = [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in outcome]
-                        if early or time.monotonic() > deadline:
-                            why = (
-                                f"{', '.join(f'{p.name} exited with {p.exitcode}' for p in early)}"
-                                if early
-                                else f"the trainers did not finish within {run_timeout_s:g} s"
-                            )
+                        # A worker that ends before the trainers reported (killed, or failed to join the group) would
+                        # otherwise leave us waiting for the trainers' timeouts, or the whole run_timeout_s.
+                        lost = _lost(servers, trainers, set(outcome))
+                        if lost or time.monotonic() > deadline:
+                            why = lost or f"the trainers did not finish within {run_timeout_s:g} s"
                             raise TrainerError(f"local cluster failed: {why}") from None
+                        stall = watch.check(
+                            [(p.name, p.pid) for p in trainers], [(p.name, p.pid) for p in servers], set(outcome)
+                        )
+                        if stall is not None:
+                            raise TrainerError(stall.message, fixes=stall.fixes) from None
+                        continue
+                    if isinstance(who, str):  # a server failed (a trainer's failure follows from it)
+                        message, tb, internal = value
+                        raise TrainerError(f"{who} failed: {message}", detail=tb, internal=internal) from None
+                    if not ok and not failed_at:
+                        killed = _killed(procs)
+                    outcome[who] = (ok, value, time.monotonic())
                 # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
                 server_died = any(p.exitcode not in (None, 0) for p in servers)
                 grace = time.monotonic() + (0.0 if server_died or given_up else shutdown_timeout_s)
@@ -395,6 +346,8 @@ def local_cluster(
             failed = [(j, value) for j, (ok, value, _t) in sorted(outcome.items()) if not ok]
             if failed:
                 j, (message, tb, internal) = failed[0]
+                if killed:  # a trainer that lost its server or a peer reports that loss: name the lost one
+                    raise TrainerError(f"local cluster failed: {killed}", detail=tb)
                 raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
             return [pickle.loads(outcome[j][1]) for j in range(n_clients)]
     except Stop as stop:
