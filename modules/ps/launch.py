@@ -32,6 +32,7 @@ import multiprocessing.forkserver as mp_forkserver
 import os
 import pickle
 import queue
+import re
 import signal
 import socket
 import time
@@ -146,9 +147,9 @@ def _lost(servers: list[Any], trainers: list[Any], reported: set[int]) -> str:
     return ", ".join(describe_exit(p.name, p.exitcode) for p in ended)
 
 
-def _killed(procs: list[Any]) -> str:
-    """The workers a signal killed (``""``: none)."""
-    return ", ".join(describe_exit(p.name, p.exitcode) for p in procs if p.exitcode is not None and p.exitcode < 0)
+def _killed(procs: list[Any]) -> dict[str, str]:
+    """The workers a signal killed: name -> how (``ps0 was killed (SIGKILL)``)."""
+    return {p.name: describe_exit(p.name, p.exitcode) for p in procs if p.exitcode is not None and p.exitcode < 0}
 
 
 def _context(fn: Callable[..., Any]) -> Any:
@@ -209,6 +210,7 @@ def local_cluster(
     wire_dtype: torch.dtype = torch.float32,
     stop_grace_s: float = 5.0,
     hang_timeout_s: float = DEFAULT_PEER_TIMEOUT_S,
+    end_on_lost_server: bool = True,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -233,6 +235,9 @@ def local_cluster(
         hang_timeout_s: Once the trainers publish their steps (:func:`.progress.publish_progress`), stop the job
             when none advanced for this long and some are behind the others or stopped, naming them
             (:class:`.progress.ProgressWatch`).
+        end_on_lost_server: A server that ends while the trainers run ends the job, naming it (a server lost while
+            the group forms would otherwise keep the others in the rendezvous for ``rpc_timeout_s``). False: leave
+            it to the trainers' requests (for trainers that kill a server on purpose).
 
     Returns:
         The trainers' return values, in trainer order.
@@ -305,7 +310,7 @@ def local_cluster(
                             os.environ[name] = value
                 deadline = time.monotonic() + run_timeout_s
                 given_up = False
-                killed = ""  # workers a signal had killed when the first failure came: the cause of that failure
+                killed: dict[str, str] = {}  # name -> how, of the workers killed when the first failure came
                 while len(outcome) < n_clients:
                     failed_at = [t for ok, _value, t in outcome.values() if not ok]
                     if failed_at and time.monotonic() > min(failed_at) + failure_grace_s:
@@ -316,7 +321,8 @@ def local_cluster(
                     except queue.Empty:
                         # A worker that ends before the trainers reported (killed, or failed to join the group) would
                         # otherwise leave us waiting for the trainers' timeouts, or the whole run_timeout_s.
-                        lost = _lost(servers, trainers, set(outcome))
+                        # (After a trainer's failure, what ends is its consequence: that failure is reported.)
+                        lost = "" if failed_at else _lost(servers if end_on_lost_server else [], trainers, set(outcome))
                         if lost or time.monotonic() > deadline:
                             why = lost or f"the trainers did not finish within {run_timeout_s:g} s"
                             raise TrainerError(f"local cluster failed: {why}") from None
@@ -327,6 +333,8 @@ def local_cluster(
                             raise TrainerError(stall.message, fixes=stall.fixes) from None
                         continue
                     if isinstance(who, str):  # a server failed (a trainer's failure follows from it)
+                        if failed_at:
+                            continue  # it failed after a trainer did, and because of it: the trainer's is reported
                         message, tb, internal = value
                         raise TrainerError(f"{who} failed: {message}", detail=tb, internal=internal) from None
                     if not ok and not failed_at:
@@ -346,8 +354,9 @@ def local_cluster(
             failed = [(j, value) for j, (ok, value, _t) in sorted(outcome.items()) if not ok]
             if failed:
                 j, (message, tb, internal) = failed[0]
-                if killed:  # a trainer that lost its server or a peer reports that loss: name the lost one
-                    raise TrainerError(f"local cluster failed: {killed}", detail=tb)
+                if killed and not any(re.search(rf"\b{name}\b", message) for name in killed):
+                    # The trainer reports losing a peer by its address (gloo): name the lost one instead.
+                    raise TrainerError(f"local cluster failed: {', '.join(killed.values())}", detail=tb)
                 raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
             return [pickle.loads(outcome[j][1]) for j in range(n_clients)]
     except Stop as stop:
