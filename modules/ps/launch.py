@@ -160,11 +160,15 @@ def _context(fn: Callable[..., Any]) -> Any:
     first request. The fork server imports them once per launching process, and each child is a fork of it: a fresh
     process that has imported modules but never run a thread pool, an RPC agent or user code (what ``fork`` of the
     launching process would risk).
+
+    The main module is preloaded too (``"__main__"``: the fork server imports the launching script, as
+    ``__mp_main__``, once): otherwise every child imports it before it runs anything of ours, ``persia``'s CLI and
+    the planner with it, seconds on a loaded machine during which it cannot die with its launcher yet.
     """
     ctx = mp.get_context("forkserver")
-    modules = [__name__]
+    modules = ["__main__", __name__, f"{__package__}.forkserver_hooks"]
     module = getattr(fn, "__module__", None)
-    if module and module not in ("__main__", "__mp_main__"):  # a script's functions are imported by the child itself
+    if module and module not in ("__main__", "__mp_main__"):  # a script's functions come with the main module
         modules.append(module)
     ctx.set_forkserver_preload(modules)  # takes effect when the fork server starts: the first launch
     return ctx

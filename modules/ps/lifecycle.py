@@ -24,6 +24,7 @@ __all__ = [
     "exit_now",
     "name_process",
     "quiet_cpp_logs",
+    "set_death_signal",
     "stop_processes",
 ]
 
@@ -79,6 +80,12 @@ def name_process(name: str) -> None:
     libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
+def set_death_signal() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``); False if refused."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+
+
 def die_with_the_launcher() -> None:
     """Make this worker die (SIGKILL) when the launching process dies, however it dies; call it first in a worker.
 
@@ -94,10 +101,10 @@ def die_with_the_launcher() -> None:
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this worker may outlive its launcher", errno)
+    if not set_death_signal():
+        log.warning(
+            "prctl(PR_SET_PDEATHSIG) failed (errno %d): this worker may outlive its launcher", ctypes.get_errno()
+        )
     elif os.getppid() != parent:  # the fork server died before the request took effect: nobody would send it
         os._exit(1)
     server = getattr(mp_forkserver, "_forkserver", None)
