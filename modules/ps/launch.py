@@ -327,6 +327,11 @@ def local_cluster(
                         # otherwise leave us waiting for the trainers' timeouts, or the whole run_timeout_s.
                         # (After a trainer's failure, what ends is its consequence: that failure is reported.)
                         lost = "" if failed_at else _lost(servers if end_on_lost_server else [], trainers, set(outcome))
+                        if failed_at and all(
+                            p.exitcode is not None for j, p in enumerate(trainers) if j not in outcome
+                        ):
+                            given_up = True  # the grace is for trainers that may still report: none is left
+                            break
                         if lost or time.monotonic() > deadline:
                             why = lost or f"the trainers did not finish within {run_timeout_s:g} s"
                             raise TrainerError(f"local cluster failed: {why}") from None
