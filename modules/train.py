@@ -54,6 +54,7 @@ from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
 from .loop import TrainLoop, build_model, dense_state_dict, make_optimizer
 from .ps.launch import trainers_store
+from .ps.progress import publish_progress
 from .ps_usage import planned_server_bytes, server_usage, usage_table, warm_up
 from .resume import TRAINER_STATE, Saver, check_layout, check_resume, data_layout, load_trainer_state
 from .stopping import GracefulStop
@@ -168,6 +169,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
             batches = lockstep(batches)
         for stats in loop.run(batches):
             step += 1
+            publish_progress(step)  # the launcher names a trainer that stops advancing
             losses.append(stats.loss)
             step_ms.append(stats.step_ms)
             data_ms.append(stats.data_ms)

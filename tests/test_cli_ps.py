@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from persia_planner.cli import app
-from persia_planner.modules.ps.launch import free_port
+from persia_planner.modules.ps.launch import hosted_store, reserved_port
 
 PERSIA = Path(sys.executable).with_name("persia")
 TRAINER = """
@@ -78,17 +79,27 @@ except PlannerError as err:
 """
 
 
-def _ps_env() -> dict[str, str]:
-    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TP_SOCKET_IFNAME": "lo"}
+@pytest.fixture
+def ps_env() -> Iterator[dict[str, str]]:
+    """The group's environment, its rendezvous store hosted by the test (rank 0 connects to it as the others do, as
+    under torchrun's agent store): no port chosen in advance for a child to bind."""
+    with hosted_store() as port:
+        yield {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TP_SOCKET_IFNAME": "lo",
+        }
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("peer_timeout", [None, "1"])
-def test_persia_ps_serves_a_trainer(peer_timeout):
+def test_persia_ps_serves_a_trainer(peer_timeout, ps_env):
     """With the default peer timeout, and with pings every 0.5 s while the trainer works for 8 s: a server whose pings
     failed while the trainer works (a first one, then one 5 s later) would give up before the trainer shuts down; and
     a trainer that shuts down normally is never taken for a lost one."""
-    env = _ps_env()
+    env = ps_env
     extra = ["--peer-timeout", peer_timeout] if peer_timeout else []
     server = subprocess.Popen(
         [str(PERSIA), "ps", "--rank", "0", "--world-size", "2", *extra],
@@ -115,10 +126,10 @@ def test_persia_ps_serves_a_trainer(peer_timeout):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("how", "cause"), [("crash", "stopped answering ("), ("hang", "(no answer within 2 s)")])
-def test_persia_ps_gives_up_on_a_lost_trainer_naming_it(how, cause):
+def test_persia_ps_gives_up_on_a_lost_trainer_naming_it(how, cause, ps_env):
     """A trainer that died, or hangs, never reaches the group's shutdown: the server does not wait for it forever
     but exits 2 with one line naming it, after about --peer-timeout."""
-    env = _ps_env()
+    env = ps_env
     server = subprocess.Popen(
         [str(PERSIA), "ps", "--rank", "0", "--world-size", "2", "--peer-timeout", "4"],
         env=env,
@@ -161,10 +172,10 @@ LOST_SERVER = "error: trainer trainer1: worker ps0 of its RPC group stopped answ
         ("hang", "in use", "error: parameter server ps0 did not answer a lookup of table 't' within 3 s"),
     ],
 )
-def test_a_trainer_names_a_lost_server_instead_of_waiting_for_it(how, when, message):
+def test_a_trainer_names_a_lost_server_instead_of_waiting_for_it(how, when, message, ps_env):
     """Before, a trainer whose server hung waited in the graceful shutdown forever (idle, or after its failed
     lookup), and one whose server died ended in torch's traceback from that shutdown."""
-    env = _ps_env()
+    env = ps_env
     server = subprocess.Popen(
         [str(PERSIA), "ps", "--rank", "0", "--world-size", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -218,10 +229,10 @@ def test_persia_ps_bad_input(args, env, message):
 def test_persia_ps_gives_up_on_an_incomplete_group_within_the_rpc_timeout(rank):
     """Rank 1 with no rank 0 to connect to, and rank 0 waiting for a rank 1 that never starts: one line naming the
     address after --rpc-timeout, not torch's 30-minute rendezvous wait."""
-    port = free_port()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TP_SOCKET_IFNAME": "lo"}
-    args = [str(PERSIA), "ps", "--rank", str(rank), "--world-size", "2", "--rpc-timeout", "3"]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=100)
+    with reserved_port() as port:  # rank 0 binds it; for rank 1, nothing listens there
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TP_SOCKET_IFNAME": "lo"}
+        args = [str(PERSIA), "ps", "--rank", str(rank), "--world-size", "2", "--rpc-timeout", "3"]
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=100)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr

@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps.group import host_store
-from persia_planner.modules.ps.launch import barrier, free_port, local_cluster, trainers_store
+from persia_planner.modules.ps.launch import POLL_S, TrainerError, barrier, local_cluster, reserved_port, trainers_store
+from persia_planner.modules.ps.progress import process_state, publish_progress
 
 PERSIA = Path(sys.executable).with_name("persia")
 
@@ -147,7 +148,8 @@ with joined("trainer1", 1, 2) as client:
 def test_persia_ps_hosts_its_store_and_listens_on_master_addr_only():
     """``persia ps`` rank 0 hosts the group's store itself (torch's tcp:// rendezvous): on MASTER_ADDR only."""
     env = {k: v for k, v in os.environ.items() if k not in ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")}
-    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    reserved = contextlib.ExitStack()  # the port stays ours until the test ends: rank 0 may bind it, nobody else
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(reserved.enter_context(reserved_port()))}
     server = subprocess.Popen(
         [str(PERSIA), "ps", "--rank", "0", "--world-size", "2"],
         env=env,
@@ -177,6 +179,7 @@ def test_persia_ps_hosts_its_store_and_listens_on_master_addr_only():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        reserved.close()
     port = env["MASTER_PORT"]
     assert (server.pid, f"127.0.0.1:{port}") in found, found  # the store
     assert {pid for pid, _ in found} == {server.pid, trainer.pid}, found  # and both RPC agents
@@ -189,6 +192,18 @@ def _state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return None
+
+
+def _described(pids: list[int]) -> list[str]:
+    """``pid name state`` of each process (for a failure message that says which are left, and how)."""
+    found = []
+    for pid in pids:
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            name = "?"
+        found.append(f"{pid} {name} {_state(pid)}")
+    return found
 
 
 def _live(pids: list[int]) -> list[int]:
@@ -250,7 +265,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         launcher.kill()
         launcher.wait()
         left = _gone_within(descendants, 10.0)
-        assert not left, f"still running 10 s after the launcher was killed: {left}"
+        assert not left, f"still running 10 s after the launcher was killed: {_described(left)}"
     finally:
         _kill_what_is_left(launcher, descendants)
 
@@ -271,3 +286,103 @@ def test_a_signal_stops_the_job_with_one_error_line(tmp_path, signum, code):
     assert len(errors) == 1 and re.fullmatch(rf"error: interrupted \({name}\); stopped [1-4] workers?", errors[0]), (
         errors
     )
+
+
+def _workers_named(descendants: list[int]) -> dict[str, int]:
+    """The job's workers by the name they show (``ps0``, ``trainer1``: /proc/PID/comm)."""
+    names = {}
+    for pid in descendants:
+        with contextlib.suppress(OSError):
+            names[Path(f"/proc/{pid}/comm").read_text().strip()] = pid
+    return names
+
+
+def _established_to(pid: int) -> int:
+    """How many TCP connections process ``pid`` holds (established)."""
+    table = set()
+    for name in ("tcp", "tcp6"):
+        path = Path("/proc/self/net") / name
+        if path.exists():
+            table |= {int(f.split()[9]) for f in path.read_text().splitlines()[1:] if f.split()[3] == "01"}
+    return len(_sockets_of(pid) & table)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("victim", ["ps0", "trainer1", "trainer0"])
+def test_a_killed_worker_stops_the_job_with_one_line_naming_it(tmp_path, victim):
+    """SIGKILL one worker mid-run: the job ends within the trainers' PS request timeout with one line naming the lost
+    process (the survivors' TensorPipe warnings stay off the terminal), and nothing is left running."""
+    from persia_planner.modules.train import PS_REQUEST_TIMEOUT_S
+
+    launcher, descendants = _start_training(tmp_path)
+    try:
+        # Wait until the workers named themselves and the RPC group is up (ps0 talks to the 3 others), so that the
+        # loss is one of a running job.
+        deadline = time.monotonic() + 120
+        while True:
+            named = _workers_named(_descendants(launcher.pid))
+            if {"ps0", "ps1", "trainer0", "trainer1"} <= set(named) and _established_to(named["ps0"]) >= 3:
+                break
+            assert launcher.poll() is None, f"persia train ended early ({launcher.returncode})"
+            assert time.monotonic() < deadline, f"the RPC group did not come together within 120 s: {named}"
+            time.sleep(0.05)  # the poll interval, not a synchronisation
+        os.kill(named[victim], signal.SIGKILL)
+        # A lost server fails the next request at once (connection reset); its timeout bounds it in any case.
+        assert launcher.wait(timeout=PS_REQUEST_TIMEOUT_S + 2 * POLL_S) == 2
+        left = _gone_within(descendants, 10.0)
+        assert not left, f"still running 10 s after the launcher ended: {left}"
+    finally:
+        _kill_what_is_left(launcher, descendants)
+    lines = [line for line in (tmp_path / "stderr").read_text().splitlines() if line.strip()]
+    errors = [line for line in lines if not line.startswith("train ")]  # the progress bar's last line
+    assert len(errors) == 1 and errors[0].startswith("error: ") and victim in errors[0], lines
+    if victim.startswith("trainer"):
+        assert errors[0] == f"error: local cluster failed: {victim} was killed (SIGKILL)", lines
+
+
+HANG_S = 3.0  # the hang timeout of the stopped-trainer test; its gloo group waits far longer (GROUP_S)
+GROUP_S = 120.0
+
+
+def _step_until_trainer1_stops(j: int, client: object, where: str) -> None:
+    Path(where, f"trainer{j}.pid").write_text(str(os.getpid()))
+    timeout = datetime.timedelta(seconds=GROUP_S)
+    dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=2, timeout=timeout)
+    step = 0
+    while True:
+        if j == 1 and step == 5:
+            Path(where, "stopped-at").write_text(repr(time.monotonic()))  # CLOCK_MONOTONIC: one clock per machine
+            os.kill(os.getpid(), signal.SIGSTOP)
+        dist.all_reduce(torch.ones(1))  # trainer0 waits here for the stopped one
+        step += 1
+        publish_progress(step)
+
+
+@pytest.mark.timeout(GROUP_S)
+def test_a_stopped_trainer_is_named_within_the_hang_timeout(tmp_path):
+    """SIGSTOP on one trainer: the job stops after the hang timeout (not the group's), naming that trainer and the
+    steps, and leaves no process behind."""
+    stop_grace_s = 5.0
+    try:
+        with pytest.raises(TrainerError) as info:
+            local_cluster(
+                0, 2, _step_until_trainer1_stops, str(tmp_path), hang_timeout_s=HANG_S, stop_grace_s=stop_grace_s
+            )
+        ended = time.monotonic()
+        stalled_for = ended - float((tmp_path / "stopped-at").read_text())
+    finally:
+        pids = [
+            int((tmp_path / f"trainer{j}.pid").read_text()) for j in range(2) if (tmp_path / f"trainer{j}.pid").exists()
+        ]
+        for pid in pids:
+            if process_state(pid) not in (None, "Z"):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+    assert re.fullmatch(
+        r"trainer1 made no progress for \d+ s \(at step 5, stopped \(SIGSTOP\); the others at step 5\); "
+        r"fix: resume it \(kill -CONT \d+\) or find what stopped it",
+        str(info.value),
+    ), str(info.value)
+    # The watch sees the last step within a poll, gives up HANG_S later (on its next poll), then kills the trainers.
+    assert HANG_S <= stalled_for <= HANG_S + 2 * POLL_S + stop_grace_s, stalled_for
+    assert len(pids) == 2 and all(process_state(pid) is None for pid in pids), [process_state(p) for p in pids]

@@ -273,7 +273,9 @@ def test_unavailable_server_raises_naming_it():
     """A hung server fails the request at the client's timeout; a dead one by the lost connection, before it."""
     # The client timeout bounds every lookup, the healthy server's too: long enough for a loaded machine.
     timeout_s, run_timeout_s = 10.0, 120.0
-    [(hung, dead)] = local_cluster(2, 1, _dead_server, timeout_s=timeout_s, run_timeout_s=run_timeout_s)
+    [(hung, dead)] = local_cluster(
+        2, 1, _dead_server, timeout_s=timeout_s, run_timeout_s=run_timeout_s, end_on_lost_server=False
+    )
     (hung_msg, hung_s), (dead_msg, dead_s) = hung, dead
     assert hung_msg.startswith(f"parameter server ps1 did not answer a lookup of table 'user' within {timeout_s:g} s")
     assert "MASTER_ADDR/MASTER_PORT" in hung_msg and "\n" not in hung_msg
@@ -301,7 +303,7 @@ def test_a_push_failing_after_the_body_returned_fails_the_trainer():
     """The launcher flushes a trainer's pushes before reporting it done: lost gradients are an error, not a success
     with a non-zero exit code nobody reads."""
     with pytest.raises(TrainerError, match=r"^trainer0 failed: PsUnavailableError: parameter server ps0 did not"):
-        local_cluster(1, 1, _leaves_a_failing_push, timeout_s=10.0, run_timeout_s=60)
+        local_cluster(1, 1, _leaves_a_failing_push, timeout_s=10.0, run_timeout_s=60, end_on_lost_server=False)
 
 
 def _fails_while_the_other_waits(j, client):

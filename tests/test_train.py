@@ -233,16 +233,21 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_same_entry_point_runs_under_torchrun():
-    from persia_planner.modules.ps.launch import free_port
+    from persia_planner.modules.ps.launch import reserved_port
 
-    torchrun = [
-        str(Path(sys.executable).parent / "torchrun"),
-        "--nproc-per-node",
-        "4",
-        "--master-port",
-        str(free_port()),
-    ]
-    done = subprocess.run(
+    with reserved_port() as port:  # ours until the run ends: torchrun may bind it (SO_REUSEADDR), nobody else
+        torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "4", "--master-port", str(port)]
+        done = _run_torchrun(torchrun)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("{")]  # only the first trainer prints
+    result = json.loads(line)
+    assert result["trainers"] == 2 and result["servers"] == 2 and result["steps"] == 4
+    assert result["ps_tables"] == PS_TABLES and result["batch_size"] == 256
+    assert result["ps_wire"] == "bfloat16"
+
+
+def _run_torchrun(torchrun: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [
             *torchrun,
             "-m",
@@ -262,12 +267,6 @@ def test_same_entry_point_runs_under_torchrun():
         text=True,
         timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("{")]  # only the first trainer prints
-    result = json.loads(line)
-    assert result["trainers"] == 2 and result["servers"] == 2 and result["steps"] == 4
-    assert result["ps_tables"] == PS_TABLES and result["batch_size"] == 256
-    assert result["ps_wire"] == "bfloat16"
 
 
 @pytest.mark.timeout(600)
@@ -386,12 +385,12 @@ def _torchrun_node(port: int, extra: list[str]) -> subprocess.Popen:
 def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
     """Two torchrun node groups on this machine (a server and a trainer on each) run the same K = 0 job as the
     single launcher, step for step."""
-    from persia_planner.modules.ps.launch import free_port
+    from persia_planner.modules.ps.launch import reserved_port
 
     job = ["--mode", "sync", "--steps", "4", "--batch-size", "128", "--eval-batches", "1", "--json"]
-    port = free_port()
-    nodes = [_torchrun_node(port, job) for _ in range(2)]
-    outs = [p.communicate(timeout=540) for p in nodes]
+    with reserved_port() as port:  # the first agent binds it (SO_REUSEADDR, as the reservation); nobody else may
+        nodes = [_torchrun_node(port, job) for _ in range(2)]
+        outs = [p.communicate(timeout=540) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [err[-3000:] for _, err in outs]
     lines = [x for out, _ in outs for x in out.splitlines() if x.startswith("{")]
     assert len(lines) == 1, lines  # only the first trainer prints

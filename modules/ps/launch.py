@@ -32,16 +32,15 @@ import multiprocessing.forkserver as mp_forkserver
 import os
 import pickle
 import queue
+import re
 import signal
 import socket
 import time
-import traceback
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 
 from persia_planner.errors import Interrupted, PlannerError
@@ -49,19 +48,19 @@ from persia_planner.errors import Interrupted, PlannerError
 from ..rpcenv import listen_on_loopback_if_asked, master_address
 from ..stopping import request_stop
 from .allocator import allocator_env
-from .client import PsClient
-from .group import host_store
-from .lifecycle import Stop, StopOnSignals, adopt_environment, die_with_the_launcher, exit_now, stop_processes
+from .group import DEFAULT_PEER_TIMEOUT_S, host_store
+from .lifecycle import Stop, StopOnSignals, quiet_cpp_logs, stop_processes
+from .progress import NOT_STARTED, ProgressWatch
 from .protocol import check_wire_dtype, server_name
-from .server import serve
-from .trainer import connect
+from .workers import barrier, describe_exit, server_main, trainer_main, use_hosted_store
 
 __all__ = [
+    "POLL_S",
     "TrainerError",
     "barrier",
-    "free_port",
     "hosted_store",
     "local_cluster",
+    "reserved_port",
     "trainers_prefix",
     "trainers_store",
     "use_hosted_store",
@@ -69,7 +68,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_BARRIER: Any = None  # the trainers' multiprocessing barrier, set in each trainer process
+POLL_S = 1.0
+"""How often the launcher looks at its workers (exits, progress) while it waits for the trainers' results."""
 
 
 class TrainerError(PlannerError):
@@ -81,24 +81,27 @@ class TrainerError(PlannerError):
         internal: True when the trainer's exception was not a ``PlannerError`` (a bug, not bad input).
     """
 
-    def __init__(self, message: str, detail: str = "", internal: bool = False) -> None:
+    def __init__(self, message: str, detail: str = "", internal: bool = False, fixes: tuple[str, ...] = ()) -> None:
         self.detail, self.internal = detail, internal
         shown = f"{message}\n{detail}" if detail and os.environ.get("PERSIA_DEBUG") else message
-        super().__init__(shown)
+        super().__init__(shown, fixes=fixes)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A port on 127.0.0.1 kept for a child process that binds it itself (``persia ps`` rank 0 or torchrun hosting
+    their store on ``MASTER_PORT``), for as long as the block runs.
+
+    A port that was merely free a moment ago (bind, read, close) may be taken by another process, or picked by the
+    kernel as some connection's source port, before the child binds it. Here a socket holds it, bound with
+    ``SO_REUSEADDR`` and never listening: a process that binds with ``SO_REUSEADDR`` as well (torch's store,
+    :func:`.group.host_store`) may still bind and listen on it, nobody else may, and until the child listens a
+    connection to it is refused. Prefer :func:`hosted_store` where the children can use a store hosted for them.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def barrier(timeout_s: float | None = 60.0) -> None:
-    """Block until every trainer of the :func:`local_cluster` reached this call (call it from ``fn`` only)."""
-    if _BARRIER is None:
-        raise RuntimeError("barrier() is only available inside a trainer started by local_cluster")
-    _BARRIER.wait(timeout_s)
+        yield s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -119,14 +122,6 @@ def hosted_store(timeout_s: float = 300.0) -> Iterator[int]:
         yield store.port
     finally:
         del store
-
-
-def use_hosted_store(port: int) -> None:
-    """In a child of :func:`hosted_store`: rendezvous (``env://``, rpc, process groups) in the parent's store."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-    listen_on_loopback_if_asked()
 
 
 def trainers_store(timeout_s: float = 300.0) -> dist.Store:
@@ -151,76 +146,17 @@ def trainers_prefix(environ: Mapping[str, str]) -> str:
     return f"persia-trainers-{run}-{restart}"
 
 
-def _server_main(
-    rank: int, world_size: int, port: int, rpc_timeout_s: float, log_level: int, environ: dict[str, str]
-) -> None:
-    die_with_the_launcher()
-    adopt_environment(environ)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    use_hosted_store(port)
-    # No peer watch: this launcher supervises its children itself (run_timeout_s, failure_grace_s) and names the
-    # trainer that failed; a server giving up first would make the others report the server instead.
-    serve(rank, world_size, rpc_timeout_s=rpc_timeout_s, peer_timeout_s=None)
+def _lost(servers: list[Any], trainers: list[Any], reported: set[int]) -> str:
+    """The workers that ended while the trainers were still running (``""``: none): a trainer that ended before it
+    reported, or any server (servers end only after the trainers are done)."""
+    ended = [p for p in servers if p.exitcode is not None]
+    ended += [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in reported]
+    return ", ".join(describe_exit(p.name, p.exitcode) for p in ended)
 
 
-def _trainer_main(
-    j: int,
-    n_servers: int,
-    world_size: int,
-    port: int,
-    opts: tuple[float, float, int, float, torch.dtype],
-    results: Any,
-    trainer_barrier: Any,
-    fn: Callable[..., Any],
-    args: tuple,
-    environ: dict[str, str],
-) -> None:
-    global _BARRIER
-    die_with_the_launcher()
-    adopt_environment(environ)
-    timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype = opts
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    use_hosted_store(port)
-    _BARRIER = trainer_barrier
-    client: PsClient | None = None
-    if n_servers:  # a job without parameter-server tables runs no RPC group at all
-        client = connect(
-            f"trainer{j}",
-            n_servers + j,
-            world_size,
-            servers=[server_name(i) for i in range(n_servers)],
-            timeout_s=timeout_s,
-            rpc_timeout_s=rpc_timeout_s,
-            delay_ms=delay_ms,
-            wire_dtype=wire_dtype,
-        )
-    failed = False
-    try:
-        try:
-            value = fn(j, client, *args)
-            # Before reporting success: a push still in flight that fails is this trainer's failure (its gradients
-            # are lost), not something to find only in the child's exit code after the parent has moved on.
-            if client is not None:
-                client.flush()
-            # Plain pickle, not the queue's: torch's reducers would pass tensors as shared-memory handles that
-            # the parent can only open while this process lives, and it may be gone (or killed) by then.
-            results.put((j, True, pickle.dumps(value)))
-        except BaseException as err:
-            message = f"{type(err).__name__}: {err}".strip().splitlines()[0]
-            results.put((j, False, (message, traceback.format_exc(), not isinstance(err, PlannerError))))
-            if not isinstance(err, Exception):
-                raise  # an interrupt or exit goes on as it came
-            failed = True
-    finally:
-        if client is not None:
-            client.close()
-            rpc.shutdown()  # graceful: waits for the servers and the other trainers
-    # Flushed, then ended without finalizing the interpreter (exit_now: a gloo collective's thread may still hold
-    # Python objects). On failure the parent reports the error (its traceback travelled with it); raising here would
-    # make multiprocessing print that traceback on the user's terminal before the parent's one-line error.
-    results.close()
-    results.join_thread()
-    exit_now(1 if failed else 0)
+def _killed(procs: list[Any]) -> dict[str, str]:
+    """The workers a signal killed: name -> how (``ps0 was killed (SIGKILL)``)."""
+    return {p.name: describe_exit(p.name, p.exitcode) for p in procs if p.exitcode is not None and p.exitcode < 0}
 
 
 def _context(fn: Callable[..., Any]) -> Any:
@@ -231,37 +167,43 @@ def _context(fn: Callable[..., Any]) -> Any:
     first request. The fork server imports them once per launching process, and each child is a fork of it: a fresh
     process that has imported modules but never run a thread pool, an RPC agent or user code (what ``fork`` of the
     launching process would risk).
+
+    The main module is preloaded too (``"__main__"``: the fork server imports the launching script, as
+    ``__mp_main__``, once): otherwise every child imports it before it runs anything of ours, ``persia``'s CLI and
+    the planner with it, seconds on a loaded machine during which it cannot die with its launcher yet.
     """
     ctx = mp.get_context("forkserver")
-    modules = [__name__]
+    modules = ["__main__", __name__, f"{__package__}.forkserver_hooks"]
     module = getattr(fn, "__module__", None)
-    if module and module not in ("__main__", "__mp_main__"):  # a script's functions are imported by the child itself
+    if module and module not in ("__main__", "__mp_main__"):  # a script's functions come with the main module
         modules.append(module)
     ctx.set_forkserver_preload(modules)  # takes effect when the fork server starts: the first launch
     return ctx
 
 
-# GLIBC_TUNABLES the running fork server was started with (None: not started by a launch of ours, or without them).
-_forkserver_tunables: str | None = None
+# The start-up settings (GLIBC_TUNABLES, TORCH_CPP_LOG_LEVEL) the running fork server was started with (None: not
+# started by a launch of ours).
+_forkserver_settings: tuple[str | None, ...] | None = None
 
 
-def _restart_forkserver_unless(tunables: str | None) -> None:
-    """Stop the fork server if it was started with other glibc tunables than ``tunables``; the next start forks a
+def _restart_forkserver_unless(settings: tuple[str | None, ...]) -> None:
+    """Stop the fork server if it was started with other start-up settings than ``settings``; the next start forks a
     fresh one with them.
 
-    Why: glibc reads its tunables (:func:`.allocator.allocator_env`) only when a process image starts, and every child
-    is a fork of the fork server, so without this a launch with ``PS_TUNE_MALLOC=0`` after a default one (or the
-    other way round) would silently run with the first launch's allocator. Uses the standard library's own
-    ``ForkServer._stop`` (what its tests use); where that is missing the fork server is left as it is.
+    Why: glibc reads its tunables (:func:`.allocator.allocator_env`) only when a process image starts, and torch reads
+    ``TORCH_CPP_LOG_LEVEL`` (:func:`.lifecycle.quiet_cpp_logs`) when it is imported; every child is a fork of the fork
+    server, so without this a launch with ``PS_TUNE_MALLOC=0`` after a default one (or the other way round) would
+    silently run with the first launch's allocator. Uses the standard library's own ``ForkServer._stop`` (what its
+    tests use); where that is missing the fork server is left as it is.
     """
-    global _forkserver_tunables
+    global _forkserver_settings
     server = getattr(mp_forkserver, "_forkserver", None)
     running = getattr(server, "_forkserver_pid", None) is not None
-    if running and _forkserver_tunables != tunables and hasattr(server, "_stop"):
+    if running and _forkserver_settings != settings and hasattr(server, "_stop"):
         server._stop()
         running = False
     if not running:
-        _forkserver_tunables = tunables
+        _forkserver_settings = settings
 
 
 def local_cluster(
@@ -280,6 +222,8 @@ def local_cluster(
     stop_grace_s: float = 5.0,
     drain_s: float = 0.0,
     on_start: Callable[[dict[str, int]], None] | None = None,
+    hang_timeout_s: float = DEFAULT_PEER_TIMEOUT_S,
+    end_on_lost_server: bool = True,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -307,12 +251,18 @@ def local_cluster(
         on_start: Called once every process has started, with each one's pid by name (``ps0 ..``,
             ``trainer0 ..``): how a caller watches the job's processes (``benchmarks/soak.py`` samples their
             memory). It runs in the launching thread before the trainers are awaited, so it must return at once.
+        hang_timeout_s: Once the trainers publish their steps (:func:`.progress.publish_progress`), stop the job
+            when none advanced for this long and some are behind the others or stopped, naming them
+            (:class:`.progress.ProgressWatch`).
+        end_on_lost_server: A server that ends while the trainers run ends the job, naming it (a server lost while
+            the group forms would otherwise keep the others in the rendezvous for ``rpc_timeout_s``). False: leave
+            it to the trainers' requests (for trainers that kill a server on purpose).
 
     Returns:
         The trainers' return values, in trainer order.
 
     Raises:
-        TrainerError: A trainer raised (first in trainer order), or the run timed out.
+        TrainerError: A trainer raised (first in trainer order), hung, or the run timed out.
         Interrupted: SIGINT or SIGTERM reached this process; the workers were stopped first. After a drain in
             which every trainer reported, its ``results`` are the trainers' return values.
     """
@@ -321,9 +271,9 @@ def local_cluster(
     check_wire_dtype(wire_dtype)
     ctx = _context(fn)
     world_size = n_servers + n_clients
-    tuning = allocator_env()
+    tuning = allocator_env() | quiet_cpp_logs()
     environ = dict(os.environ) | tuning
-    _restart_forkserver_unless(environ.get("GLIBC_TUNABLES"))
+    _restart_forkserver_unless(tuple(environ.get(name) for name in sorted(tuning)))
     stopped: list[int] = []  # how many workers were running when a signal stopped the job
     try:
         with (
@@ -332,10 +282,12 @@ def local_cluster(
         ):
             results = ctx.Queue()
             trainer_barrier = ctx.Barrier(n_clients)
+            progress = ctx.RawArray("q", [NOT_STARTED] * n_clients)
+            watch = ProgressWatch(progress, hang_timeout_s)
             servers = [
                 ctx.Process(
-                    target=_server_main,
-                    args=(i, world_size, port, rpc_timeout_s, log_level, environ),
+                    target=server_main,
+                    args=(i, world_size, port, rpc_timeout_s, log_level, environ, results),
                     name=server_name(i),
                     daemon=True,
                 )
@@ -343,7 +295,7 @@ def local_cluster(
             ]
             trainers = [
                 ctx.Process(
-                    target=_trainer_main,
+                    target=trainer_main,
                     args=(
                         j,
                         n_servers,
@@ -351,7 +303,7 @@ def local_cluster(
                         port,
                         (timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype),
                         results,
-                        trainer_barrier,
+                        (trainer_barrier, progress),
                         fn,
                         args,
                         environ,
@@ -363,9 +315,9 @@ def local_cluster(
             ]
             procs = servers + trainers
             # The children inherit the environment at start: give them the allocator setting that keeps request buffers
-            # warm (see allocator.allocator_env), without changing this process's environment for longer than the start.
-            # Only GLIBC_TUNABLES changes, and only while the processes start.
-            before = os.environ.get("GLIBC_TUNABLES")
+            # warm (see allocator.allocator_env) and the C++ log level (lifecycle.quiet_cpp_logs), without changing
+            # this process's environment for longer than the start. Only these settings change, and only then.
+            before = {name: os.environ.get(name) for name in tuning}
             outcome: dict[int, tuple[bool, Any, float]] = {}  # trainer -> (ok, value, when reported)
             draining: int | None = None  # the signal that asked the trainers to stop together
             try:
@@ -375,14 +327,16 @@ def local_cluster(
                         for p in procs:
                             p.start()  # may raise (e.g. fn or args do not pickle): the ones started are killed below
                 finally:
-                    if before is None:
-                        os.environ.pop("GLIBC_TUNABLES", None)
-                    else:
-                        os.environ["GLIBC_TUNABLES"] = before
+                    for name, value in before.items():
+                        if value is None:
+                            os.environ.pop(name, None)
+                        else:
+                            os.environ[name] = value
                 if on_start is not None:
                     on_start({p.name: p.pid for p in procs})
                 deadline = time.monotonic() + run_timeout_s
                 given_up = False
+                killed: dict[str, str] = {}  # name -> how, of the workers killed when the first failure came
                 while len(outcome) < n_clients:
                     if draining is None and signals.received is not None and drain_s > 0:
                         # Asked to stop: the trainers stop together at a step they agree on, and report as usual.
@@ -394,22 +348,36 @@ def local_cluster(
                         given_up = True  # the rest are killed below; the failure is raised after
                         break
                     try:
-                        j, ok, value = results.get(timeout=min(1.0, failure_grace_s) if failed_at else 1.0)
-                        outcome[j] = (ok, value, time.monotonic())
+                        who, ok, value = results.get(timeout=min(POLL_S, failure_grace_s) if failed_at else POLL_S)
                     except queue.Empty:
-                        # A process that exits before its trainer reported (e.g. failed to join the group) would
-                        # otherwise leave us waiting for the whole run_timeout_s.
-                        # (A dead server is not checked here: the trainers' requests to it fail within their timeout.)
-                        early = [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in outcome]
-                        if draining is not None and time.monotonic() > deadline:
+                        # A worker that ends before the trainers reported (killed, or failed to join the group) would
+                        # otherwise leave us waiting for the trainers' timeouts, or the whole run_timeout_s.
+                        # (After a trainer's failure, what ends is its consequence: that failure is reported.)
+                        lost = "" if failed_at else _lost(servers if end_on_lost_server else [], trainers, set(outcome))
+                        if failed_at and all(
+                            p.exitcode is not None for j, p in enumerate(trainers) if j not in outcome
+                        ):
+                            given_up = True  # the grace is for trainers that may still report: none is left
+                            break
+                        if draining is not None and not lost and time.monotonic() > deadline:
                             raise signals.stop(draining) from None  # the trainers did not stop in time
-                        if early or time.monotonic() > deadline:
-                            why = (
-                                f"{', '.join(f'{p.name} exited with {p.exitcode}' for p in early)}"
-                                if early
-                                else f"the trainers did not finish within {run_timeout_s:g} s"
-                            )
+                        if lost or time.monotonic() > deadline:
+                            why = lost or f"the trainers did not finish within {run_timeout_s:g} s"
                             raise TrainerError(f"local cluster failed: {why}") from None
+                        stall = watch.check(
+                            [(p.name, p.pid) for p in trainers], [(p.name, p.pid) for p in servers], set(outcome)
+                        )
+                        if stall is not None:
+                            raise TrainerError(stall.message, fixes=stall.fixes) from None
+                        continue
+                    if isinstance(who, str):  # a server failed (a trainer's failure follows from it)
+                        if failed_at:
+                            continue  # it failed after a trainer did, and because of it: the trainer's is reported
+                        message, tb, internal = value
+                        raise TrainerError(f"{who} failed: {message}", detail=tb, internal=internal) from None
+                    if not ok and not failed_at:
+                        killed = _killed(procs)
+                    outcome[who] = (ok, value, time.monotonic())
                 # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
                 server_died = any(p.exitcode not in (None, 0) for p in servers)
                 grace = time.monotonic() + (0.0 if server_died or given_up else shutdown_timeout_s)
@@ -424,6 +392,9 @@ def local_cluster(
             failed = [(j, value) for j, (ok, value, _t) in sorted(outcome.items()) if not ok]
             if failed:
                 j, (message, tb, internal) = failed[0]
+                if killed and not any(re.search(rf"\b{name}\b", message) for name in killed):
+                    # The trainer reports losing a peer by its address (gloo): name the lost one instead.
+                    raise TrainerError(f"local cluster failed: {', '.join(killed.values())}", detail=tb)
                 raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
             values = [pickle.loads(outcome[j][1]) for j in range(n_clients)]
             if draining is not None:

@@ -22,6 +22,9 @@ __all__ = [
     "adopt_environment",
     "die_with_the_launcher",
     "exit_now",
+    "name_process",
+    "quiet_cpp_logs",
+    "set_death_signal",
     "stop_processes",
 ]
 
@@ -49,8 +52,38 @@ def adopt_environment(environ: dict[str, str]) -> None:
     os.environ.update(environ)
 
 
+def quiet_cpp_logs() -> dict[str, str]:
+    """The environment that keeps the workers' C++ warnings off the terminal: ``TORCH_CPP_LOG_LEVEL=ERROR``, unless
+    the user set that variable or ``PERSIA_DEBUG`` (then nothing changes).
+
+    Why: when a worker dies, every survivor's TensorPipe agent logs a warning per broken connection and per request in
+    flight (15 to 79 lines of ``tensorpipe_agent.cpp ... EOF`` for one killed server) before the launcher can name
+    the lost process in one line. Torch reads the level when it is imported, so it must be in the environment the
+    fork server starts with (:func:`.launch.local_cluster` restarts it when the level changes).
+    """
+    if "TORCH_CPP_LOG_LEVEL" in os.environ or os.environ.get("PERSIA_DEBUG"):
+        return {}
+    return {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
 # linux/prctl.h
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+
+
+def name_process(name: str) -> None:
+    """Show this worker as ``name`` (``ps0``, ``trainer1``) in ``ps``, ``top`` and ``/proc/PID/comm`` (Linux; at
+    most 15 bytes kept), so that a user can tell the job's processes apart, and signal the right one."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def set_death_signal() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``); False if refused."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
 
 
 def die_with_the_launcher() -> None:
@@ -68,10 +101,10 @@ def die_with_the_launcher() -> None:
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this worker may outlive its launcher", errno)
+    if not set_death_signal():
+        log.warning(
+            "prctl(PR_SET_PDEATHSIG) failed (errno %d): this worker may outlive its launcher", ctypes.get_errno()
+        )
     elif os.getppid() != parent:  # the fork server died before the request took effect: nobody would send it
         os._exit(1)
     server = getattr(mp_forkserver, "_forkserver", None)
