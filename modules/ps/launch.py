@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import multiprocessing.connection as mp_connection
 import multiprocessing.forkserver as mp_forkserver
 import os
 import pickle
@@ -157,6 +158,19 @@ def _lost(servers: list[Any], trainers: list[Any], reported: set[int]) -> str:
 def _killed(procs: list[Any]) -> dict[str, str]:
     """The workers a signal killed: name -> how (``ps0 was killed (SIGKILL)``)."""
     return {p.name: describe_exit(p.name, p.exitcode) for p in procs if p.exitcode is not None and p.exitcode < 0}
+
+
+def _killed_within(procs: list[Any], timeout_s: float) -> dict[str, str]:
+    """:func:`_killed` of ``procs``, waiting up to ``timeout_s`` for one to end (the fork server reports a child's
+    end a moment after the others saw its connections reset)."""
+    deadline = time.monotonic() + timeout_s
+    while not (killed := _killed(procs)):
+        running = [p.sentinel for p in procs if p.exitcode is None]
+        left = deadline - time.monotonic()
+        if not running or left <= 0:
+            break
+        mp_connection.wait(running, timeout=left)  # wakes when one of them ends
+    return killed
 
 
 def _context(fn: Callable[..., Any]) -> Any:
@@ -374,9 +388,16 @@ def local_cluster(
                         if failed_at:
                             continue  # it failed after a trainer did, and because of it: the trainer's is reported
                         message, tb, internal = value
+                        # A worker killed meanwhile is what it failed of (the rendezvous or a request reports only
+                        # a reset connection): name that one.
+                        killed = _killed_within([p for p in procs if p.name != who], POLL_S)
+                        if killed:
+                            raise TrainerError(
+                                f"local cluster failed: {', '.join(killed.values())}", detail=tb
+                            ) from None
                         raise TrainerError(f"{who} failed: {message}", detail=tb, internal=internal) from None
                     if not ok and not failed_at:
-                        killed = _killed(procs)
+                        killed = _killed_within([p for j, p in enumerate(trainers) if j != who] + servers, POLL_S)
                     outcome[who] = (ok, value, time.monotonic())
                 # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
                 server_died = any(p.exitcode not in (None, 0) for p in servers)
