@@ -138,7 +138,9 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
             client.load(ckpt.path / "ps")
         dist.barrier()
     saver = Saver(root, job, model, hybrid, opt, client, layout, lineage, target_step=start_step + cfg.steps)
-    stopper = GracefulStop(trainers_store(), j) if root is not None else None
+    # Only the local launcher asks for the agreed stop (a store round trip per step); torchrun signals every worker.
+    stoppable = root is not None and "TORCHELASTIC_RUN_ID" not in os.environ
+    stopper = GracefulStop(trainers_store(), j) if stoppable else None
 
     history: list[dict[str, Any]] = []
     losses: list[float] = []

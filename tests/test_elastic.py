@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import descendants_of
 
 from persia_planner.modules.config import TrainConfig, elastic_resume
 
@@ -41,18 +42,6 @@ def test_a_restarted_attempt_resumes_only_its_own_runs_checkpoint(tmp_path):
     assert elastic_resume(TrainConfig(progress=False), again) == TrainConfig(progress=False)  # nothing to resume
 
 
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        try:
-            children = [int(c) for c in Path(f"/proc/{todo[0]}/task/{todo[0]}/children").read_text().split()]
-        except OSError:
-            children = []
-        found += children
-        todo = todo[1:] + children
-    return found
-
-
 def _rank_of(pid: int) -> int | None:
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -80,7 +69,7 @@ def test_torchrun_restarts_a_killed_trainer_and_the_job_resumes_by_itself(tmp_pa
             assert time.monotonic() < deadline, "no checkpoint of step 3 within 400 s"
             time.sleep(0.05)  # the poll interval, not a synchronisation
         # Ranks 0 and 1 serve, 2 and 3 train: kill the second trainer.
-        (victim,) = [pid for pid in _descendants(proc.pid) if _rank_of(pid) == 3]
+        (victim,) = [pid for pid in descendants_of(proc.pid) if _rank_of(pid) == 3]
         os.kill(victim, signal.SIGKILL)
         out, _ = proc.communicate(timeout=600)
     finally:

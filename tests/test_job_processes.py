@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from processes import descendants_of, gone_within, live
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps.group import host_store
@@ -62,26 +63,6 @@ def _sockets_of(pid: int) -> set[int]:
     return inodes
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (by the parent pids in /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def listeners(pids: list[int]) -> list[tuple[int, str]]:
     """``(pid, address:port)`` of every listening TCP socket the processes ``pids`` hold."""
     table = _listening()
@@ -97,7 +78,7 @@ def _list_the_jobs_listeners(j: int, client: object) -> tuple[list[tuple[int, st
     found = None
     if j == 0:
         launcher = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        found = listeners([launcher, *_descendants(launcher)])
+        found = listeners([launcher, *descendants_of(launcher)])
     barrier()  # nobody leaves before trainer 0 has looked
     dist.destroy_process_group()
     return found, (os.environ.get("TP_SOCKET_IFNAME", ""), os.environ.get("GLOO_SOCKET_IFNAME", ""))
@@ -186,14 +167,6 @@ def test_persia_ps_hosts_its_store_and_listens_on_master_addr_only():
     assert not _beyond_loopback(found), f"listening beyond loopback: {_beyond_loopback(found)}"
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter (``Z``: a zombie, already dead), or None if it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
 def _described(pids: list[int]) -> list[str]:
     """``pid name state`` of each process (for a failure message that says which are left, and how)."""
     found = []
@@ -202,12 +175,8 @@ def _described(pids: list[int]) -> list[str]:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             name = "?"
-        found.append(f"{pid} {name} {_state(pid)}")
+        found.append(f"{pid} {name} {process_state(pid)}")
     return found
-
-
-def _live(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if _state(pid) not in (None, "Z")]
 
 
 def _workers_started(launcher: subprocess.Popen, n: int, timeout_s: float) -> list[int]:
@@ -215,7 +184,7 @@ def _workers_started(launcher: subprocess.Popen, n: int, timeout_s: float) -> li
     descendant of the launcher then."""
     deadline = time.monotonic() + timeout_s
     while True:
-        found = _descendants(launcher.pid)
+        found = descendants_of(launcher.pid)
         direct = set(_children_of(launcher.pid))
         if len([pid for pid in found if pid not in direct]) >= n:
             return found
@@ -231,14 +200,6 @@ def _children_of(pid: int) -> list[int]:
         return []
 
 
-def _gone_within(pids: list[int], timeout_s: float) -> list[int]:
-    """The processes among ``pids`` still alive after ``timeout_s`` (waiting no longer than needed)."""
-    deadline = time.monotonic() + timeout_s
-    while _live(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the poll interval, not a synchronisation
-    return _live(pids)
-
-
 # 2 servers and 2 trainers on synthetic data, with steps enough to still be training whenever the signal comes.
 TRAIN = [str(PERSIA), "train", "--steps", "100000", "--eval-batches", "1"]
 
@@ -252,7 +213,7 @@ def _start_training(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
 
 
 def _kill_what_is_left(launcher: subprocess.Popen, pids: list[int]) -> None:
-    for pid in [launcher.pid, *_live(pids)]:
+    for pid in [launcher.pid, *live(pids)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     launcher.wait()
@@ -264,7 +225,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     try:
         launcher.kill()
         launcher.wait()
-        left = _gone_within(descendants, 10.0)
+        left = gone_within(descendants, 10.0)
         assert not left, f"still running 10 s after the launcher was killed: {_described(left)}"
     finally:
         _kill_what_is_left(launcher, descendants)
@@ -277,7 +238,7 @@ def test_a_signal_stops_the_job_with_one_error_line(tmp_path, signum, code):
     try:
         launcher.send_signal(signum)
         assert launcher.wait(timeout=60) == code
-        left = _gone_within(descendants, 10.0)
+        left = gone_within(descendants, 10.0)
         assert not left, f"still running 10 s after the launcher stopped: {left}"
     finally:
         _kill_what_is_left(launcher, descendants)
@@ -320,7 +281,7 @@ def test_a_killed_worker_stops_the_job_with_one_line_naming_it(tmp_path, victim)
         # loss is one of a running job.
         deadline = time.monotonic() + 120
         while True:
-            named = _workers_named(_descendants(launcher.pid))
+            named = _workers_named(descendants_of(launcher.pid))
             if {"ps0", "ps1", "trainer0", "trainer1"} <= set(named) and _established_to(named["ps0"]) >= 3:
                 break
             assert launcher.poll() is None, f"persia train ended early ({launcher.returncode})"
@@ -329,7 +290,7 @@ def test_a_killed_worker_stops_the_job_with_one_line_naming_it(tmp_path, victim)
         os.kill(named[victim], signal.SIGKILL)
         # A lost server fails the next request at once (connection reset); its timeout bounds it in any case.
         assert launcher.wait(timeout=PS_REQUEST_TIMEOUT_S + 2 * POLL_S) == 2
-        left = _gone_within(descendants, 10.0)
+        left = gone_within(descendants, 10.0)
         assert not left, f"still running 10 s after the launcher ended: {left}"
     finally:
         _kill_what_is_left(launcher, descendants)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from processes import descendants_of, gone_within, live
 
 from persia_planner.modules.checkpoints import verify
 from persia_planner.modules.stopping import REQUEST, STOP_AT, GracefulStop
@@ -34,28 +35,6 @@ def test_every_trainer_stops_after_the_step_trainer_0_chose():
     assert first.reason == second.reason == "SIGTERM"
 
 
-def _live(pids: list[int]) -> list[int]:
-    def state(pid: int) -> str | None:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return None
-
-    return [pid for pid in pids if state(pid) not in (None, "Z")]
-
-
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        try:
-            children = [int(c) for c in Path(f"/proc/{todo[0]}/task/{todo[0]}/children").read_text().split()]
-        except OSError:
-            children = []
-        found += children
-        todo = todo[1:] + children
-    return found
-
-
 @pytest.mark.timeout(600)
 def test_sigterm_takes_a_final_checkpoint_that_resume_continues(tmp_path):
     ckpt = tmp_path / "ckpt"
@@ -72,15 +51,13 @@ def test_sigterm_takes_a_final_checkpoint_that_resume_continues(tmp_path):
             assert launcher.poll() is None, (tmp_path / "stderr").read_text()[-2000:]
             assert time.monotonic() < deadline, "no checkpoint of step 3 within 300 s"
             time.sleep(0.05)  # the poll interval, not a synchronisation
-        seen = _descendants(launcher.pid)
+        seen = descendants_of(launcher.pid)
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=FINAL_CHECKPOINT_WAIT_S + 60) == 143
-        gone_by = time.monotonic() + 10  # the fork server and resource tracker end once they see the launcher gone
-        while _live(seen) and time.monotonic() < gone_by:
-            time.sleep(0.05)  # the poll interval, not a synchronisation
-        assert not _live(seen), "processes left 10 s after the launcher ended"
+        left = gone_within(seen, 10.0)  # the fork server ends once it sees the launcher gone
+        assert not left, f"processes left 10 s after the launcher ended: {left}"
     finally:
-        for pid in [launcher.pid, *_live(seen)]:
+        for pid in [launcher.pid, *live(seen)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         launcher.wait()
