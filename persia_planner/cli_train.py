@@ -1,0 +1,201 @@
+"""``persia train``: plan (or read) a placement and train with it, on this machine or under torchrun.
+
+Options, plan and inputs are checked before torch is imported; the engine is :mod:`persia_planner.modules.train`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from persia_planner.cli_base import edge, make_console, note
+from persia_planner.errors import PlannerError
+from persia_planner.limits import MAX_BATCH_SIZE, MAX_STALENESS
+
+__all__ = ["train_command"]
+
+
+def train_command(
+    model: Annotated[
+        Path | None, typer.Option("--model", help="model.yaml (default: the bundled small DLRM, dlrm_small.yaml)")
+    ] = None,
+    topology: Annotated[
+        Path | None, typer.Option("--topology", help="topology.yaml (default: this machine, local_2x1.yaml)")
+    ] = None,
+    plan_path: Annotated[
+        Path | None, typer.Option("--plan", help="plan.json to execute (default: plan MODEL on TOPOLOGY now)")
+    ] = None,
+    data: Annotated[str, typer.Option("--data", help="'synthetic' or 'criteo:PATH' (a file or a directory)")] = (
+        "synthetic"
+    ),
+    staleness: Annotated[
+        int | None,
+        typer.Option(
+            "--staleness",
+            min=0,
+            max=MAX_STALENESS,
+            help="bounded staleness K of the PS tables (default: model's)",
+        ),
+    ] = None,
+    mode: Annotated[str, typer.Option("--mode", help="hybrid (PS tables async, staleness K) or sync (K = 0)")] = (
+        "hybrid"
+    ),
+    steps: Annotated[int, typer.Option("--steps", min=1, help="training steps per trainer")] = 400,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            max=MAX_BATCH_SIZE,
+            help="samples per trainer and step (default: model's / trainers)",
+        ),
+    ] = None,
+    trainers: Annotated[int, typer.Option("--trainers", min=1, help="trainer processes on this machine")] = 2,
+    eval_batches: Annotated[int, typer.Option("--eval-batches", min=1, help="held-out batches per trainer")] = 8,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option("--checkpoint", help="save the job's checkpoints here (at the end, every N steps, on a signal)"),
+    ] = None,
+    checkpoint_every: Annotated[
+        int, typer.Option("--checkpoint-every", min=0, help="also checkpoint every N global steps (0: at the end)")
+    ] = 0,
+    keep: Annotated[int, typer.Option("--keep", min=1, help="keep the newest N checkpoints of this run")] = 2,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue from the newest whole checkpoint in --checkpoint")
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="train from scratch into a --checkpoint directory that is not empty")
+    ] = False,
+    ps_delay_ms: Annotated[
+        float, typer.Option("--ps-delay-ms", min=0.0, help="add this many ms to every PS call (a slow network)")
+    ] = 0.0,
+    ps_wire: Annotated[
+        str,
+        typer.Option(
+            "--ps-wire",
+            help="dtype of PS rows and gradients on the wire: float32 (exact), float16 (|values| <= 65504) or bfloat16",
+        ),
+    ] = "float32",
+    id_space: Annotated[
+        float,
+        typer.Option(
+            "--id-space",
+            help="synthetic data: draw each table's ids from this many times its rows (0.02: its hot ids; above "
+            "1 they can bring more distinct ids than the servers hold, so these evict while training)",
+        ),
+    ] = 0.02,
+    ps_capacity: Annotated[
+        str,
+        typer.Option(
+            "--ps-capacity",
+            help="rows each server's store holds: planned (what the plan charged) or unbounded (every id the "
+            "synthetic data can draw, nothing evicted)",
+        ),
+    ] = "planned",
+    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the model, data and PS initialisers")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,
+) -> None:
+    """Train a DLRM with the plan: local tables sync (fbgemm), PS tables async (bounded staleness), dense DDP.
+
+    With no options: the bundled small DLRM on synthetic click data with a known best AUC, 2 parameter servers and
+    2 trainers on this machine. Under torchrun, some processes of every node serve the parameter-server tables and
+    the others train.
+    """
+    import json
+    import logging
+
+    from persia_planner import load_model, load_topology
+    from persia_planner import plan as make_plan
+    from persia_planner.modules.config import TrainConfig, check_before_start, elastic_resume
+    from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+    from persia_planner.plan_checks import require_valid
+    from persia_planner.plans import load_plan
+
+    with edge():
+        model_path = model or DEFAULT_MODEL
+        topology_path = topology or DEFAULT_TOPOLOGY
+        model_spec = load_model(model_path)
+        topo = load_topology(topology_path)
+        # Options, plan and inputs are all checked before torch is imported (~7 s with torchrec): a mistake is
+        # answered at once, as `persia plan` answers.
+        cfg = TrainConfig(
+            steps=steps,
+            batch_size=batch_size,
+            staleness=model_spec.staleness if staleness is None else staleness,
+            mode=mode,
+            trainers=trainers,
+            data=data,
+            eval_batches=eval_batches,
+            ps_delay_ms=ps_delay_ms,
+            ps_wire=ps_wire,
+            checkpoint=str(checkpoint) if checkpoint is not None else None,
+            checkpoint_every=checkpoint_every,
+            keep=keep,
+            resume=resume,
+            overwrite=overwrite,
+            seed=seed,
+            progress=not as_json,
+            teacher_rows_scale=id_space,
+            ps_capacity=ps_capacity,
+        )
+        if plan_path is not None:
+            the_plan = load_plan(plan_path)
+        else:
+            the_plan = make_plan(model_spec, topo, seed=seed)
+        require_valid(the_plan, model_spec, topo)
+        remote = the_plan.remote_tables()
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            cfg = elastic_resume(cfg)  # a restarted attempt resumes the run's own newest checkpoint
+        check_before_start(cfg, model_spec, with_ps=bool(remote))
+        servers = max(1, len(topo.servers))
+        under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+        if under_torchrun:
+            missing = [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
+            if missing:
+                raise PlannerError(
+                    f"TORCHELASTIC_RUN_ID is set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                    "not: not a complete torchrun environment",
+                    fixes=("launch with torchrun", "unset TORCHELASTIC_RUN_ID to train locally"),
+                )
+
+        from persia_planner.modules.train import summary_rows, train_local, train_torchrun, usage_table
+
+        logging.basicConfig(level=logging.WARNING)
+        if under_torchrun:
+            result = train_torchrun(cfg, model_spec, dict(the_plan.tables), servers=servers, topology=topo)
+            if result is None:
+                return
+        else:
+            if not as_json:
+                note(
+                    f"training {model_spec.name} ({len(model_spec.tables)} tables, {len(remote)} on the parameter "
+                    f"servers: {', '.join(remote) or 'none'}) with {trainers} trainers and "
+                    f"{servers if remote else 0} servers, {cfg.mode} mode, staleness {cfg.effective_staleness}",
+                    to_stderr=False,
+                )
+            result = train_local(cfg, model_spec, dict(the_plan.tables), servers=servers, topology=topo)
+        result.pop("history", None)
+        if as_json:
+            typer.echo(json.dumps(result))
+            return
+        from rich.table import Table
+
+        table = Table(title="persia train")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for name, value in summary_rows(result):
+            table.add_row(name, value)
+        make_console().print(table)
+        if result.get("ps_servers"):
+            header, server_rows = usage_table(result["ps_servers"])
+            servers_table = Table(title="parameter servers")
+            for i, column in enumerate(header):
+                servers_table.add_column(column, justify="left" if i == 0 else "right")
+            for row in server_rows:
+                servers_table.add_row(*row)
+            make_console().print(servers_table)
+        if result.get("checkpoint"):
+            note(f"checkpoint of step {result['last_step']} in {result['checkpoint']}", to_stderr=False)
