@@ -7,9 +7,9 @@ fused into fbgemm (local tables) or applied by the servers (PS tables); the dens
 over the dense parameters only.
 
 :func:`train_local` spawns the servers and trainers on this machine (:func:`.ps.launch.local_cluster`);
-:func:`train_torchrun` is the same job under ``torchrun`` on several machines: some processes of every node serve,
-the others train (:func:`torchrun_role`). Each trainer reads its own share of the data: batch ``b`` of the stream
-goes to trainer ``b mod trainers``.
+:func:`train_torchrun` is the same job under ``torchrun`` on several machines: each node is one or more topology
+hosts, and runs their servers and trainers (:func:`persia_planner.nodes.process_role`). Each trainer reads its own
+share of the data: batch ``b`` of the stream goes to trainer ``b mod trainers``.
 
 The rooms of a run: :mod:`.config` (the options, checked without torch), :mod:`.job` (what every trainer gets and
 its start-up), :mod:`.loop` (the model, its optimizers and the step loop, :class:`TrainLoop`), :mod:`.stream` (a
@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ import torch.distributed as dist
 from persia_planner.errors import ErrorKind, Interrupted, PlannerError
 from persia_planner.execution import check_executable, planned_execution
 from persia_planner.memory import PS_MAX_CAPACITY
+from persia_planner.nodes import ProcessKind, TorchrunProcess, process_role
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
@@ -71,7 +72,6 @@ __all__ = [
     "make_optimizer",
     "summary_rows",
     "teacher_for",
-    "torchrun_role",
     "train_local",
     "train_torchrun",
     "usage_table",
@@ -385,54 +385,51 @@ def train_local(
     return results[0]
 
 
-def torchrun_role(servers: int, environ: Mapping[str, str] | None = None) -> tuple[str, int]:
-    """This torchrun process's role: ``("server", i)`` serves as ``ps{i}``, ``("trainer", j)`` trains as rank ``j``.
-
-    The servers are spread over the nodes: with ``N`` nodes of ``L`` processes each and ``servers`` a multiple of
-    ``N``, the first ``servers / N`` local ranks of every node serve and the rest train (one node: ranks
-    ``< servers`` serve, as before). Otherwise global ranks ``< servers`` serve. Server and trainer indices follow
-    node order, so trainer ``j`` is ``topology.gpus[j]`` whatever the layout.
-    """
-    env = os.environ if environ is None else environ
-    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-    local, per_node = int(env.get("LOCAL_RANK", rank)), int(env.get("LOCAL_WORLD_SIZE", world))
-    nodes = world // per_node if per_node and world % per_node == 0 else 1
-    if nodes > 1 and servers % nodes == 0 and per_node > servers // nodes:
-        node, serving = rank // per_node, servers // nodes
-        if local < serving:
-            return "server", node * serving + local
-        return "trainer", node * (per_node - serving) + local - serving
-    return ("server", rank) if rank < servers else ("trainer", rank - servers)
-
-
 def train_torchrun(
-    cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int, topology: Topology
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement],
+    *,
+    topology: Topology,
+    node_host: str | None = None,
 ) -> Any:
-    """The same job under ``torchrun``, on one node or several: some processes serve the PS tables, the others
-    train (:func:`torchrun_role`).
+    """The same job under ``torchrun``, on one node or several: each node is one or more topology hosts, whose
+    parameter servers serve the PS tables and whose trainer devices train (:func:`persia_planner.nodes.process_role`).
 
     RPC and the trainers' gloo group both rendezvous in torchrun's store at ``MASTER_ADDR:MASTER_PORT``.
-    Returns the summary on the first trainer, None elsewhere.
+
+    Args:
+        cfg, spec, tables: As for :func:`train_local` (``cfg.trainers`` becomes the topology's trainer devices).
+        topology: The plan's topology.
+        node_host: This node's host names, comma-separated (``--node-host`` / ``PERSIA_HOST``); None: by rank.
+
+    Returns:
+        The summary on the first trainer, None elsewhere.
+
+    Raises:
+        PlannerError: The world does not match the topology (checked before anything starts).
     """
     from .ps import server as ps_server
-    from .ps.protocol import server_name
     from .ps.trainer import joined
+    from .roles import claim_role, with_processes
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world <= servers:
-        raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
+    process = TorchrunProcess.from_environ()
+    role = process_role(topology, process, node_host)
+    servers, rank, world = len(topology.servers), process.rank, process.world_size
     cfg = elastic_resume(cfg)
     # A restarted attempt that resumes this run's own checkpoint trains on to the step the first attempt was to reach.
     restarted = cfg.resume and written_by_run(cfg.checkpoint or "", os.environ.get("TORCHELASTIC_RUN_ID", ""))
     check_before_start(cfg, spec, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()))
-    cfg = replace(cfg, trainers=world - servers)
-    check_trainers(cfg.trainers, topology, torchrun_servers=servers)
-    role, index = torchrun_role(servers)
-    if role == "server":
-        ps_server.serve(rank, world, name=server_name(index))
+    cfg = replace(cfg, trainers=len(topology.gpus))
+    claim_role(role, process)
+    if role.kind is ProcessKind.SERVER:
+        ps_server.serve(rank, world, name=role.name)
         return None
+    index = role.index
     _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
-    job = Job(cfg, spec, dict(tables), topology, servers, world - servers, restarted=restarted)
+    job = Job(cfg, spec, dict(tables), topology, servers, cfg.trainers, restarted=restarted)
+    if not servers:  # no parameter_server host: no RPC group, as on one machine
+        return with_processes(_trainer(index, None, job), world)
     # joined: a failed step leaves at once; a server lost at the end is named within the peer timeout, not awaited.
     with joined(
         f"trainer{index}",
@@ -443,7 +440,7 @@ def train_torchrun(
         wire_dtype=cfg.ps_wire_dtype,
     ) as client:
         try:
-            return _trainer(index, client, job)
+            return with_processes(_trainer(index, client, job), world)
         except RuntimeError as err:
             cause = next((c for c in _PEER_GONE if c in str(err)), None)
             if cause is None:

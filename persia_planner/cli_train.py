@@ -96,13 +96,22 @@ def train_command(
         ),
     ] = "planned",
     seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the model, data and PS initialisers")] = 0,
+    node_host: Annotated[
+        str | None,
+        typer.Option(
+            "--node-host",
+            envvar="PERSIA_HOST",
+            help="under torchrun: the topology host(s) this node is, comma-separated (default: by node rank, in "
+            "topology order)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,
 ) -> None:
     """Train a DLRM with the plan: local tables sync (fbgemm), PS tables async (bounded staleness), dense DDP.
 
     With no options: the bundled small DLRM on synthetic click data with a known best AUC, 2 parameter servers and
-    2 trainers on this machine. Under torchrun, some processes of every node serve the parameter-server tables and
-    the others train.
+    2 trainers on this machine. Under torchrun, each node is one or more topology hosts (--node-host, else by node
+    rank): it runs their parameter servers and their trainer devices' trainers.
     """
     import json
     import logging
@@ -110,6 +119,7 @@ def train_command(
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
     from persia_planner.modules.config import TrainConfig, check_before_start, elastic_resume
+    from persia_planner.nodes import TorchrunProcess, process_role
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
     from persia_planner.plan_checks import require_valid
     from persia_planner.plans import load_plan
@@ -152,20 +162,19 @@ def train_command(
         check_before_start(cfg, model_spec, with_ps=bool(remote))
         servers = max(1, len(topo.servers))
         under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-        if under_torchrun:
-            missing = [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
-            if missing:
-                raise PlannerError(
-                    f"TORCHELASTIC_RUN_ID is set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-                    "not: not a complete torchrun environment",
-                    fixes=("launch with torchrun", "unset TORCHELASTIC_RUN_ID to train locally"),
-                )
+        if under_torchrun:  # the world against the plan's hosts, before torch is imported
+            process_role(topo, TorchrunProcess.from_environ(), node_host)
+        elif node_host is not None:
+            raise PlannerError(
+                "--node-host (or PERSIA_HOST) is set but this is not a torchrun process",
+                fixes=("launch with torchrun", "unset PERSIA_HOST to train on this machine"),
+            )
 
         from persia_planner.modules.train import summary_rows, train_local, train_torchrun, usage_table
 
         logging.basicConfig(level=logging.WARNING)
         if under_torchrun:
-            result = train_torchrun(cfg, model_spec, dict(the_plan.tables), servers=servers, topology=topo)
+            result = train_torchrun(cfg, model_spec, dict(the_plan.tables), topology=topo, node_host=node_host)
             if result is None:
                 return
         else:

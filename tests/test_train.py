@@ -244,6 +244,13 @@ def test_same_entry_point_runs_under_torchrun():
     assert result["trainers"] == 2 and result["servers"] == 2 and result["steps"] == 4
     assert result["ps_tables"] == PS_TABLES and result["batch_size"] == 256
     assert result["ps_wire"] == "bfloat16"
+    # one node: its servers first, then its trainers
+    assert [(p["rank"], p["role"]) for p in result["processes"]] == [
+        (0, "ps0"),
+        (1, "ps1"),
+        (2, "trainer0"),
+        (3, "trainer1"),
+    ]
 
 
 def _run_torchrun(torchrun: list[str]) -> subprocess.CompletedProcess:
@@ -354,21 +361,6 @@ def test_a_plan_torchrec_would_change_or_the_wrong_trainer_count_is_refused_befo
     assert "use --trainers 2" in line
 
 
-def test_torchrun_roles_spread_the_servers_over_the_nodes():
-    from persia_planner.modules.train import torchrun_role
-
-    def roles(world: int, per_node: int, servers: int) -> list[tuple[str, int]]:
-        env = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(per_node)}
-        return [torchrun_role(servers, env | {"RANK": str(r), "LOCAL_RANK": str(r % per_node)}) for r in range(world)]
-
-    # one node: the first ranks serve, as before
-    assert roles(4, 4, 2) == [("server", 0), ("server", 1), ("trainer", 0), ("trainer", 1)]
-    # two nodes of two: a server and a trainer on each, indices in node order
-    assert roles(4, 2, 2) == [("server", 0), ("trainer", 0), ("server", 1), ("trainer", 1)]
-    # servers that do not divide over the nodes: the first ranks serve
-    assert roles(6, 3, 1) == [("server", 0), *[("trainer", j) for j in range(5)]]
-
-
 def _torchrun_node(port: int, extra: list[str]) -> subprocess.Popen:
     torchrun = str(Path(sys.executable).parent / "torchrun")
     rdzv = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "two-nodes"]
@@ -383,8 +375,8 @@ def _torchrun_node(port: int, extra: list[str]) -> subprocess.Popen:
 
 @pytest.mark.timeout(600)
 def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
-    """Two torchrun node groups on this machine (a server and a trainer on each) run the same K = 0 job as the
-    single launcher, step for step."""
+    """Two torchrun node groups on this machine run the same K = 0 job as the single launcher, step for step; with
+    no host named, the node of ranks 0-1 is the trainer host (first in local_2x1.yaml), the other both servers'."""
     from persia_planner.modules.ps.launch import reserved_port
 
     job = ["--mode", "sync", "--steps", "4", "--batch-size", "128", "--eval-batches", "1", "--json"]
@@ -396,6 +388,13 @@ def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
     assert len(lines) == 1, lines  # only the first trainer prints
     multi = json.loads(lines[0])
     assert multi["trainers"] == 2 and multi["servers"] == 2 and multi["executed_matches_plan"] is True
+    placed = [(p["rank"], p["node"], p["host"], p["role"]) for p in multi["processes"]]
+    assert placed == [
+        (0, 0, "trainer0", "trainer0"),
+        (1, 0, "trainer0", "trainer1"),
+        (2, 1, "ps0", "ps0"),
+        (3, 1, "ps1", "ps1"),
+    ]
     done = subprocess.run([*PERSIA, "train", *job], capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
     single = json.loads(done.stdout)
