@@ -11,10 +11,30 @@ from pathlib import Path
 import pytest
 import yaml
 
-from persia_planner.modules.ps.launch import reserved_port
+from persia_planner.errors import PlannerError
+from persia_planner.modules.ps.launch import hosted_store, reserved_port
+from persia_planner.modules.roles import claim_role, job_processes
+from persia_planner.nodes import ProcessKind, ProcessRole, TorchrunProcess
 from persia_planner.paths import EXAMPLES
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def test_a_role_claimed_twice_is_refused(monkeypatch):
+    with hosted_store(timeout_s=30) as port:
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "claims")
+        ps0 = ProcessRole(ProcessKind.SERVER, 0, "ps0")
+        claim_role(ps0, TorchrunProcess(0, 2, 0, 1, 0))
+        claim_role(ProcessRole(ProcessKind.TRAINER, 0, "trainer0"), TorchrunProcess(1, 2, 0, 1, 1))
+        with pytest.raises(PlannerError) as info:  # a second node that says it is ps0 as well
+            claim_role(ps0, TorchrunProcess(1, 3, 0, 1, 1))
+        message = str(info.value)
+        assert message.startswith("ps0 of host 'ps0' is run by two torchrun processes (node 1 is the second)")
+        assert "fix: name each host on one node only (--node-host or PERSIA_HOST)" in message
+        placed = [(p["rank"], p["node"], p["host"], p["role"]) for p in job_processes(2)]
+        assert placed == [(0, 0, "ps0", "ps0"), (1, 1, "trainer0", "trainer0")]
 
 
 def _topology(tmp_path: Path) -> Path:
@@ -63,3 +83,24 @@ def test_two_torchrun_nodes_run_the_servers_on_the_parameter_server_host(tmp_pat
     # each node's processes share the node rank the rendezvous gave it
     node = {p["role"]: p["node"] for p in processes}
     assert node["trainer0"] == node["trainer1"] != node["ps0"] == node["ps1"]
+
+
+@pytest.mark.timeout(600)
+def test_a_topology_without_parameter_servers_trains_under_torchrun_without_them(tmp_path):
+    profile = str(EXAMPLES / "profiles" / "cpu-2core.yaml")
+    trainer = {"name": "box", "ddr": "8GiB", "profile": profile, "cpus": {"count": 2, "memory": "64MiB"}}
+    topology = tmp_path / "no_ps.yaml"
+    topology.write_text(yaml.safe_dump({"name": "no-ps", "hosts": [trainer]}))
+    job = ["train", "--topology", str(topology), "--steps", "4", "--batch-size", "64", "--eval-batches", "1", "--json"]
+    with reserved_port() as port:  # ours until the run ends: torchrun may bind it (SO_REUSEADDR), nobody else
+        done = subprocess.run(
+            [str(TORCHRUN), "--nproc-per-node", "2", "--master-port", str(port), "-m", "persia_planner.cli", *job],
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    result = json.loads(line)
+    assert result["servers"] == 0 and result["ps_tables"] == [] and result["trainers"] == 2
+    assert [p["role"] for p in result["processes"]] == ["trainer0", "trainer1"]
