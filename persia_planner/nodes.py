@@ -92,7 +92,8 @@ class TorchrunProcess:
         """Read torchrun's variables (one node of ``WORLD_SIZE`` processes when the node's are unset).
 
         Raises:
-            PlannerError: ``RANK`` or ``WORLD_SIZE`` is unset (``TORCHELASTIC_RUN_ID`` says torchrun started it), or a variable is not a whole number.
+            PlannerError: ``RANK`` or ``WORLD_SIZE`` is unset (``TORCHELASTIC_RUN_ID`` says torchrun started it),
+                or a variable is not a whole number.
         """
         env = os.environ if environ is None else environ
         missing = [v for v in ("RANK", "WORLD_SIZE") if v not in env]
