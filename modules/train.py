@@ -46,6 +46,7 @@ from .config import (
     check_before_start,
     dlrm_embedding_dim,
     elastic_resume,
+    hyper_parameters,
     id_universe,
     sparse_optimizer_of,
 )
@@ -256,6 +257,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         "staleness": cfg.effective_staleness,
         "staleness_max_seen": hybrid.staleness_max_seen,
         "mode": cfg.mode.value,
+        "hyper_parameters": hyper_parameters(cfg, spec, job.trainers),
         "trainers": job.trainers,
         "servers": job.servers if hybrid.ps is not None else 0,
         "ps_tables": [c.name for c in hybrid.ps_tables],

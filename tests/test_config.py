@@ -57,8 +57,8 @@ def test_wire_dtype_names_the_torch_dtype():
     [
         ({"mode": "async"}, "--mode must be hybrid or sync, got 'async'"),
         ({"ps_wire": "int8"}, "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
-        ({"dense_optimizer": "adam"}, "dense optimizer must be adagrad or sgd, got 'adam'"),
-        ({"sparse_optimizer": "lamb"}, "sparse optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
+        ({"dense_optimizer": "lamb"}, "--dense-optimizer must be one of adagrad, sgd, adam, got 'lamb'"),
+        ({"sparse_optimizer": "lamb"}, "--sparse-optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
         ({"resume": True}, "--resume needs --checkpoint DIR"),
         ({"checkpoint_every": 5}, "--checkpoint-every needs --checkpoint DIR"),
         (
@@ -74,8 +74,9 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"ps_delay_ms": float("inf")}, "--ps-delay-ms must be a finite number >= 0, got inf"),
         ({"ps_delay_ms": float("nan")}, "--ps-delay-ms must be a finite number >= 0, got nan"),
         ({"eval_every": -3}, "--eval-every must be >= 0 (0: only at the end), got -3"),
-        ({"sparse_lr": -1.0}, "sparse_lr must be a finite number > 0, got -1.0"),
-        ({"dense_lr": float("nan")}, "dense_lr must be a finite number > 0, got nan"),
+        ({"sparse_lr": -1.0}, "--sparse-lr must be a finite number > 0, got -1.0"),
+        ({"dense_lr": float("nan")}, "--dense-lr must be a finite number > 0, got nan"),
+        ({"dense_lr": 0.0}, "--dense-lr must be a finite number > 0, got 0.0"),
         ({"teacher_rows_scale": -5.0}, "--id-space must be a number in (0, 1000] (ids per table row), got -5.0"),
         ({"teacher_rows_scale": float("nan")}, "--id-space must be a number in (0, 1000] (ids per table row), got nan"),
         ({"teacher_rows_scale": 1001}, "--id-space must be a number in (0, 1000]"),
