@@ -27,7 +27,7 @@ from .data.criteo import Batch
 from .distributed import data_parallel_tables, dense_parameters, hybrid_of, sparse_torch_optimizer
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 
-__all__ = ["StepStats", "TrainLoop", "build_model", "dense_state_dict", "make_optimizer"]
+__all__ = ["StepStats", "TrainLoop", "build_model", "dense_state_dict", "make_optimizer", "torchrec_model"]
 
 
 # ---- the model -----------------------------------------------------------------------------------------------
@@ -58,8 +58,6 @@ def build_model(
     Raises:
         PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
     """
-    from torchrec.models.dlrm import DLRM, DLRM_DCN
-
     from persia_planner.export import to_embedding_bag_configs
 
     dim = dlrm_embedding_dim(spec)
@@ -83,18 +81,23 @@ def build_model(
         local_device=local_device,
         keep_order=False,  # DLRM reads the pooled embeddings by key
     )
-    arch = arch or spec.dense.built_arch
+    return torchrec_model(hybrid, arch or spec.dense.built_arch, dim), hybrid
+
+
+def torchrec_model(embeddings: nn.Module, arch: DenseArch, dim: int) -> nn.Module:
+    """TorchRec's ``DLRM`` or ``DLRM_DCN`` as ``arch`` describes it, over ``embeddings`` (an
+    ``EmbeddingBagCollection`` or a :class:`HybridEmbeddingBagCollection`) whose tables all have ``dim`` columns."""
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
+
     sizes: dict[str, Any] = {
-        "embedding_bag_collection": hybrid,
+        "embedding_bag_collection": embeddings,
         "dense_in_features": arch.num_dense,
         "dense_arch_layer_sizes": [*arch.bottom, dim],
         "over_arch_layer_sizes": list(arch.over),
     }
     if arch.kind is ArchKind.DCN:
-        model: nn.Module = DLRM_DCN(**sizes, dcn_num_layers=arch.dcn_layers, dcn_low_rank_dim=arch.dcn_low_rank)
-    else:
-        model = DLRM(**sizes)
-    return model, hybrid
+        return DLRM_DCN(**sizes, dcn_num_layers=arch.dcn_layers, dcn_low_rank_dim=arch.dcn_low_rank)
+    return DLRM(**sizes)
 
 
 def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
