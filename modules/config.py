@@ -148,8 +148,9 @@ class TrainConfig:
             training ones in a Criteo file).
         eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
         sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
-        sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (PS tables only); None: the one
-            the model's tables name (``optimizer:`` in model.yaml, which the plan sized their state for).
+        sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (local tables: CUDA only, fbgemm has
+            no CPU adam), for every table; None: the one the model's tables name (``optimizer:`` in model.yaml, which
+            the plan sized their state for).
         dense_lr: Learning rate of the dense optimizer.
         dense_optimizer: ``adagrad``, ``sgd`` or ``adam``.
         ps_delay_ms: Added to every PS call (a stand-in for a slow network).

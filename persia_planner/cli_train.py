@@ -66,7 +66,7 @@ def train_command(
         str | None,
         typer.Option(
             "--sparse-optimizer",
-            help="rowwise_adagrad, adagrad, sgd or adam, for every table (default: the tables' optimizer:)",
+            help="rowwise_adagrad, adagrad, sgd or adam (CUDA or PS tables), for every table (default: model.yaml's)",
         ),
     ] = None,
     eval_every: Annotated[
