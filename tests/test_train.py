@@ -276,6 +276,15 @@ def test_cli_refuses_dense_inputs_the_data_does_not_have(tmp_path):
     assert "dense.num_dense: is 5, but the data (synthetic or Criteo) has 13 dense features" in line, line
 
 
+def test_cli_refuses_adam_for_local_tables_on_cpu_before_training():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("fbgemm fuses adam on CUDA")
+    line = _one_line_error(["--sparse-optimizer", "adam"])
+    assert "table 'c2' is a local table, and fbgemm's CPU kernels have no fused adam" in line, line
+
+
 @pytest.mark.timeout(600)
 def test_same_entry_point_runs_under_torchrun():
     from persia_planner.modules.ps.launch import reserved_port
