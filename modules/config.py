@@ -45,6 +45,7 @@ __all__ = [
     "criteo_files",
     "criteo_path",
     "data_identity",
+    "describe_hyper_parameters",
     "dlrm_embedding_dim",
     "elastic_resume",
     "hyper_parameters",
@@ -408,6 +409,16 @@ def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[s
         "staleness": cfg.effective_staleness,
         "dense_arch": spec.dense.built_arch.to_dict(),
     }
+
+
+def describe_hyper_parameters(hyper: Mapping[str, Any] | None) -> str:
+    """:func:`hyper_parameters` in one line of the summary table."""
+    if not hyper:
+        return "-"
+    return (
+        f"{hyper['dense_arch']['arch']}; dense {hyper['dense_optimizer']} ({hyper['dense_lr']:g}), "
+        f"sparse {hyper['sparse_optimizer']} ({hyper['sparse_lr']:g})"
+    )
 
 
 def id_universe(spec: ModelSpec, cfg: TrainConfig) -> dict[str, int]:

@@ -21,6 +21,8 @@ from persia_planner.modules.config import (
     WireDtype,
     check_before_start,
     check_id_space,
+    describe_hyper_parameters,
+    hyper_parameters,
     id_universe,
     sparse_optimizer_of,
 )
@@ -200,3 +202,21 @@ def test_the_synthetic_id_space_is_checked_against_the_generator_before_any_proc
     )
     assert "fix: --id-space 335.54 or less" in message and "\n" not in message
     check_id_space(SPEC, TrainConfig(teacher_rows_scale=400, data="criteo:/x"))  # real data: its own ids
+
+
+def test_hyper_parameters_record_what_the_run_trains_with():
+    cfg = TrainConfig(dense_optimizer="adam", dense_lr=0.001, sparse_lr=0.2, batch_size=100, eval_every=5, mode="sync")
+    hyper = hyper_parameters(cfg, SPEC, trainers=2)
+    assert hyper == {
+        "dense_optimizer": "adam",
+        "dense_lr": 0.001,
+        "sparse_optimizer": "rowwise_adagrad",  # the tables' own (model.yaml names none: the default)
+        "sparse_lr": 0.2,
+        "batch_size": 200,  # global: 2 trainers x 100
+        "eval_every": 5,
+        "staleness": 0,  # sync
+        "dense_arch": {"arch": "dlrm", "num_dense": 13, "bottom": [64], "over": [64, 32, 1]},
+    }
+    assert json.loads(json.dumps(hyper)) == hyper
+    assert describe_hyper_parameters(hyper) == "dlrm; dense adam (0.001), sparse rowwise_adagrad (0.2)"
+    assert describe_hyper_parameters(None) == "-"
