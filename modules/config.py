@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from persia_planner.dense import DLRM_NUM_DENSE
 from persia_planner.errors import PlannerError, SpecError
 from persia_planner.specs import ModelSpec, Optimizer
 
@@ -38,13 +39,16 @@ __all__ = [
     "check_before_start",
     "check_checkpoint_dir",
     "check_data_matches",
+    "check_dense_inputs",
     "check_id_space",
     "check_resume_exists",
     "criteo_files",
     "criteo_path",
     "data_identity",
+    "describe_hyper_parameters",
     "dlrm_embedding_dim",
     "elastic_resume",
+    "hyper_parameters",
     "id_universe",
     "sparse_optimizer_of",
 ]
@@ -114,6 +118,7 @@ class DenseOptimizer(enum.StrEnum):
 
     ADAGRAD = "adagrad"
     SGD = "sgd"
+    ADAM = "adam"
 
 
 def _choice(kind: type[enum.StrEnum], value: Any, option: str) -> Any:
@@ -144,10 +149,11 @@ class TrainConfig:
             training ones in a Criteo file).
         eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
         sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
-        sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (PS tables only); None: the one
-            the model's tables name (``optimizer:`` in model.yaml, which the plan sized their state for).
+        sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (local tables: CUDA only, fbgemm has
+            no CPU adam), for every table; None: the one the model's tables name (``optimizer:`` in model.yaml, which
+            the plan sized their state for).
         dense_lr: Learning rate of the dense optimizer.
-        dense_optimizer: ``adagrad`` or ``sgd``.
+        dense_optimizer: ``adagrad``, ``sgd`` or ``adam``.
         ps_delay_ms: Added to every PS call (a stand-in for a slow network).
         ps_wire: The dtype PS rows and gradients travel in: ``float32`` (exact), ``float16`` or ``bfloat16`` (half
             the bytes, as Persia sends them; the servers keep float32 weights and optimizer state).
@@ -200,9 +206,11 @@ class TrainConfig:
         object.__setattr__(self, "mode", _choice(TrainMode, self.mode, "--mode"))
         object.__setattr__(self, "ps_wire", _choice(WireDtype, self.ps_wire, "--ps-wire"))
         object.__setattr__(self, "ps_capacity", _choice(PsCapacity, self.ps_capacity, "--ps-capacity"))
-        object.__setattr__(self, "dense_optimizer", _choice(DenseOptimizer, self.dense_optimizer, "dense optimizer"))
+        object.__setattr__(self, "dense_optimizer", _choice(DenseOptimizer, self.dense_optimizer, "--dense-optimizer"))
         if self.sparse_optimizer is not None:
-            object.__setattr__(self, "sparse_optimizer", _choice(Optimizer, self.sparse_optimizer, "sparse optimizer"))
+            object.__setattr__(
+                self, "sparse_optimizer", _choice(Optimizer, self.sparse_optimizer, "--sparse-optimizer")
+            )
         if self.steps < 1 or self.trainers < 1 or self.eval_batches < 1:
             raise PlannerError("--steps, trainers and eval batches must be >= 1")
         if self.batch_size is not None and self.batch_size < 1:
@@ -213,9 +221,9 @@ class TrainConfig:
             raise PlannerError(f"--ps-delay-ms must be a finite number >= 0, got {self.ps_delay_ms}")
         if self.eval_every < 0:
             raise PlannerError(f"--eval-every must be >= 0 (0: only at the end), got {self.eval_every}")
-        for name, value in (("sparse_lr", self.sparse_lr), ("dense_lr", self.dense_lr)):
-            if not 0 < value < math.inf:
-                raise PlannerError(f"{name} must be a finite number > 0, got {value}")
+        for name, value in (("--sparse-lr", self.sparse_lr), ("--dense-lr", self.dense_lr)):
+            if not 0 < value < math.inf:  # nan fails this too
+                raise PlannerError(f"{name} must be a finite number > 0, got {value}", fixes=(f"e.g. {name} 0.05",))
         if not 0 < self.teacher_rows_scale <= MAX_ID_SPACE:  # nan fails this too
             raise PlannerError(
                 f"--id-space must be a number in (0, {MAX_ID_SPACE:g}] (ids per table row), "
@@ -376,6 +384,43 @@ def dlrm_embedding_dim(spec: ModelSpec) -> int:
     return dims.pop()
 
 
+def check_dense_inputs(spec: ModelSpec) -> None:
+    """The dense arch reads the data's dense features: synthetic and Criteo data have Criteo's 13."""
+    arch = spec.dense.built_arch
+    if arch.num_dense != DLRM_NUM_DENSE:
+        raise SpecError(
+            spec.name,
+            "dense.num_dense",
+            f"is {arch.num_dense}, but the data (synthetic or Criteo) has {DLRM_NUM_DENSE} dense features",
+            fixes=(f"num_dense: {DLRM_NUM_DENSE}",),
+        )
+
+
+def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
+    """What a run trains with, as ``--json`` and checkpoints record it: optimizers, learning rates, the global batch,
+    the evaluation interval, the staleness bound and the dense arch."""
+    return {
+        "dense_optimizer": cfg.dense_optimizer.value,
+        "dense_lr": cfg.dense_lr,
+        "sparse_optimizer": sparse_optimizer_of(cfg, spec).value,
+        "sparse_lr": cfg.sparse_lr,
+        "batch_size": (cfg.batch_size or max(1, spec.batch_size // trainers)) * trainers,
+        "eval_every": cfg.eval_every,
+        "staleness": cfg.effective_staleness,
+        "dense_arch": spec.dense.built_arch.to_dict(),
+    }
+
+
+def describe_hyper_parameters(hyper: Mapping[str, Any] | None) -> str:
+    """:func:`hyper_parameters` in one line of the summary table."""
+    if not hyper:
+        return "-"
+    return (
+        f"{hyper['dense_arch']['arch']}; dense {hyper['dense_optimizer']} ({hyper['dense_lr']:g}), "
+        f"sparse {hyper['sparse_optimizer']} ({hyper['sparse_lr']:g})"
+    )
+
+
 def id_universe(spec: ModelSpec, cfg: TrainConfig) -> dict[str, int]:
     """Distinct ids the synthetic data draws per table: ``--id-space`` times the table's rows (at least 1)."""
     return {t.name: max(1, int(t.rows * cfg.teacher_rows_scale)) for t in spec.tables}
@@ -399,8 +444,8 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
     """The run's inputs that every process would trip over: one line here, before any process starts.
 
     Checks the data (:func:`check_data_matches`), the checkpoint directory and, with ``--resume``, that it holds a
-    trainer state; that the model's tables agree on one sparse optimizer and one dim; and, when the plan has PS tables
-    (``with_ps``), ``PERSIA_RPC_TRANSPORTS``.
+    trainer state; that the model's tables agree on one sparse optimizer and one dim, and its dense arch on the
+    data's dense features; and, when the plan has PS tables (``with_ps``), ``PERSIA_RPC_TRANSPORTS``.
 
     Raises:
         PlannerError: The first problem found (``SpecError`` for the data).
@@ -412,5 +457,6 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
     check_checkpoint_dir(cfg)
     sparse_optimizer_of(cfg, spec)
     dlrm_embedding_dim(spec)
+    check_dense_inputs(spec)
     if with_ps:
         rpc_transports()

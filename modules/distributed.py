@@ -125,7 +125,9 @@ def distribute(
     if local is not None:
         module_path = f"{path}.local.ebc" if path else "local.ebc"
         sharding_plan = to_sharding_plan(tables, spec, topology, module_path=module_path, device_type=device.type)
-    sharder = EmbeddingBagCollectionSharder(fused_params=hybrid.optimizer.fbgemm(device.type == "cuda"))
+    # Without local tables nothing is fused: an optimizer fbgemm lacks on this device (CPU adam) is no obstacle.
+    fused = hybrid.optimizer.fbgemm(device.type == "cuda") if local is not None else None
+    sharder = EmbeddingBagCollectionSharder(fused_params=fused)
     dmp = DistributedModelParallel(
         model,
         env=ShardingEnv.from_process_group(group),

@@ -20,7 +20,7 @@ from persia_planner.specs import ModelSpec
 
 from .atomic import atomic_json, atomic_torch_save
 from .checkpoints import Checkpoint, newest_complete, prune, publish, staging_dir, verify
-from .config import TrainConfig, data_identity
+from .config import TrainConfig, data_identity, hyper_parameters
 from .hybrid import HybridEmbeddingBagCollection
 from .loop import dense_state_dict
 
@@ -213,9 +213,16 @@ def load_trainer_state(
             f"{tuple(own[k].shape)} (saved with another model.yaml?)",
             fixes=("resume with the model the checkpoint was trained with", "train from scratch without --resume"),
         )
-    _missing, unexpected = model.load_state_dict(state["dense"], strict=False)
+    missing, unexpected = model.load_state_dict(state["dense"], strict=False)
     if unexpected:
         raise PlannerError(f"--resume: checkpoint {path} holds parameters {unexpected[:3]} this model lacks")
+    dense_keys = dense_state_dict(model).keys()
+    missing = [k for k in missing if k in dense_keys]  # the collection's own state is loaded below
+    if missing:
+        raise PlannerError(
+            f"--resume: checkpoint {path} lacks this model's {missing[:3]} (saved with another dense arch?)",
+            fixes=("resume with the model the checkpoint was trained with", "train from scratch without --resume"),
+        )
     opt.init_state()  # a zero-gradient step: every state exists (Adam creates its own at the first step) to load into
     opt.load_state_dict(state["dense_optimizer"])
     hybrid.load_local_weights(state["local"])
@@ -253,7 +260,9 @@ class Saver:
         target_step: int,
     ) -> None:
         self.root, self.job, self.model, self.hybrid, self.opt, self.client = root, job, model, hybrid, opt, client
-        self.layout = layout | {"target_step": target_step}
+        # The hyper-parameters ride along for whoever reads the checkpoint; resuming does not compare them.
+        hyper = hyper_parameters(job.cfg, job.spec, job.trainers)
+        self.layout = layout | {"target_step": target_step, "hyper_parameters": hyper}
         self.lineage = lineage
         self.plan = {name: placement_to_dict(p) for name, p in job.tables.items()}
         self.last: Checkpoint | None = None

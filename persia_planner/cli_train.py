@@ -53,6 +53,25 @@ def train_command(
             help="samples per trainer and step (default: model's / trainers)",
         ),
     ] = None,
+    dense_lr: Annotated[
+        float | None, typer.Option("--dense-lr", help="learning rate of the dense optimizer (default 0.05)")
+    ] = None,
+    dense_optimizer: Annotated[
+        str | None, typer.Option("--dense-optimizer", help="adagrad (default), sgd or adam (torch.optim)")
+    ] = None,
+    sparse_lr: Annotated[
+        float | None, typer.Option("--sparse-lr", help="learning rate of the embedding tables (default 0.1)")
+    ] = None,
+    sparse_optimizer: Annotated[
+        str | None,
+        typer.Option(
+            "--sparse-optimizer",
+            help="rowwise_adagrad, adagrad, sgd or adam (CUDA or PS tables), for every table (default: model.yaml's)",
+        ),
+    ] = None,
+    eval_every: Annotated[
+        int, typer.Option("--eval-every", min=0, help="also evaluate AUC every N steps (0: only at the end)")
+    ] = 0,
     trainers: Annotated[int, typer.Option("--trainers", min=1, help="trainer processes on this machine")] = 2,
     eval_batches: Annotated[int, typer.Option("--eval-batches", min=1, help="held-out batches per trainer")] = 8,
     checkpoint: Annotated[
@@ -107,7 +126,8 @@ def train_command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,
 ) -> None:
-    """Train a DLRM with the plan: local tables sync (fbgemm), PS tables async (bounded staleness), dense DDP.
+    """Train the model's DLRM or DCN-v2 with the plan: local tables sync (fbgemm), PS tables async (bounded
+    staleness), dense DDP.
 
     With no options: the bundled small DLRM on synthetic click data with a known best AUC, 2 parameter servers and
     2 trainers on this machine. Under torchrun, each node is one or more topology hosts (--node-host, else by node
@@ -139,6 +159,17 @@ def train_command(
             trainers=trainers,
             data=data,
             eval_batches=eval_batches,
+            eval_every=eval_every,
+            **{
+                name: value
+                for name, value in (
+                    ("dense_lr", dense_lr),
+                    ("dense_optimizer", dense_optimizer),
+                    ("sparse_lr", sparse_lr),
+                    ("sparse_optimizer", sparse_optimizer),
+                )
+                if value is not None  # TrainConfig's defaults otherwise
+            },
             ps_delay_ms=ps_delay_ms,
             ps_wire=ps_wire,
             checkpoint=str(checkpoint) if checkpoint is not None else None,

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import enum
-import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from persia_planner.dense import DLRM_BOTTOM, DLRM_TOP, DenseArch, DenseSpec, read_dense
 from persia_planner.errors import SpecError, abbreviate
 from persia_planner.fields import Fields, load_yaml
 from persia_planner.limits import (
     MAX_BATCH_SIZE,
-    MAX_DENSE_FLOPS_PER_SAMPLE,
-    MAX_DENSE_PARAMETERS,
     MAX_DIM,
     MAX_POOLING_FACTOR,
     MAX_ROWS,
@@ -26,7 +24,17 @@ from persia_planner.limits import (
 )
 from persia_planner.units import Quantity
 
-__all__ = ["DType", "DenseSpec", "ModelSpec", "Optimizer", "TableSpec", "load_model"]
+__all__ = [
+    "DLRM_BOTTOM",
+    "DLRM_TOP",
+    "DType",
+    "DenseArch",
+    "DenseSpec",
+    "ModelSpec",
+    "Optimizer",
+    "TableSpec",
+    "load_model",
+]
 
 DEFAULT_STALENESS = 4
 OPTIMIZER_STATE_VALUE_BYTES = 4  # float32: fbgemm's momentum tensors and the parameter-server store's state
@@ -134,48 +142,6 @@ class TableSpec:
         return self.rows * self.dim
 
 
-# The hidden layers of the DLRM ``persia train`` builds (TorchRec's ``DLRM``): bottom MLP, then top MLP to one logit.
-DLRM_BOTTOM = (64,)
-DLRM_TOP = (64, 32, 1)
-
-
-@dataclass(frozen=True)
-class DenseSpec:
-    """The dense network, trained data-parallel.
-
-    Attributes:
-        parameters: Dense parameter count (its gradients are all-reduced every step in fp32).
-        flops_per_sample: Forward FLOPs per sample; backward counts as 2x.
-    """
-
-    parameters: int = 0
-    flops_per_sample: float = 0.0
-
-    @classmethod
-    def dlrm(
-        cls,
-        num_dense: int,
-        dim: int,
-        features: int,
-        bottom: tuple[int, ...] = DLRM_BOTTOM,
-        top: tuple[int, ...] = DLRM_TOP,
-    ) -> DenseSpec:
-        """TorchRec's ``DLRM`` dense part as ``persia train`` builds it: a bottom MLP ``num_dense -> bottom ->
-        dim``, the pairwise dot interaction of the ``features`` pooled embeddings and the bottom output (one
-        batched ``F x dim`` by ``dim x F`` product, ``F = features + 1``), and a top MLP over ``dim`` plus the
-        ``F (F - 1) / 2`` dot products to ``top``. FLOPs are 2 per multiply-add."""
-        params = macs = 0
-        for fan_in, fan_out in itertools.pairwise((num_dense, *bottom, dim)):
-            params += fan_in * fan_out + fan_out
-            macs += fan_in * fan_out
-        f = features + 1
-        macs += f * f * dim
-        for fan_in, fan_out in itertools.pairwise((dim + f * (f - 1) // 2, *top)):
-            params += fan_in * fan_out + fan_out
-            macs += fan_in * fan_out
-        return cls(params, 2.0 * macs)
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """A whole model: tables, dense part, batch.
@@ -242,16 +208,7 @@ class ModelSpec:
                 )
         if not tables:
             raise top.error("tables", "the model has no tables", fixes=("add at least one table",))
-        dense_fields = top.sub("dense", default=None)
-        dense = DenseSpec()
-        if dense_fields is not None:
-            dense = DenseSpec(
-                parameters=dense_fields.take("parameters", Quantity.COUNT, default=0, maximum=MAX_DENSE_PARAMETERS),
-                flops_per_sample=dense_fields.take(
-                    "flops_per_sample", Quantity.NUMBER, default=0.0, maximum=MAX_DENSE_FLOPS_PER_SAMPLE
-                ),
-            )
-            dense_fields.finish()
+        dense = read_dense(top.sub("dense", default=None), {t.dim for t in tables}, len(tables))
         top.finish()
         return cls(name, batch_size, tuple(tables), dense, dtype, staleness)
 

@@ -21,6 +21,8 @@ from persia_planner.modules.config import (
     WireDtype,
     check_before_start,
     check_id_space,
+    describe_hyper_parameters,
+    hyper_parameters,
     id_universe,
     sparse_optimizer_of,
 )
@@ -57,8 +59,8 @@ def test_wire_dtype_names_the_torch_dtype():
     [
         ({"mode": "async"}, "--mode must be hybrid or sync, got 'async'"),
         ({"ps_wire": "int8"}, "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
-        ({"dense_optimizer": "adam"}, "dense optimizer must be adagrad or sgd, got 'adam'"),
-        ({"sparse_optimizer": "lamb"}, "sparse optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
+        ({"dense_optimizer": "lamb"}, "--dense-optimizer must be one of adagrad, sgd, adam, got 'lamb'"),
+        ({"sparse_optimizer": "lamb"}, "--sparse-optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
         ({"resume": True}, "--resume needs --checkpoint DIR"),
         ({"checkpoint_every": 5}, "--checkpoint-every needs --checkpoint DIR"),
         (
@@ -74,8 +76,9 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"ps_delay_ms": float("inf")}, "--ps-delay-ms must be a finite number >= 0, got inf"),
         ({"ps_delay_ms": float("nan")}, "--ps-delay-ms must be a finite number >= 0, got nan"),
         ({"eval_every": -3}, "--eval-every must be >= 0 (0: only at the end), got -3"),
-        ({"sparse_lr": -1.0}, "sparse_lr must be a finite number > 0, got -1.0"),
-        ({"dense_lr": float("nan")}, "dense_lr must be a finite number > 0, got nan"),
+        ({"sparse_lr": -1.0}, "--sparse-lr must be a finite number > 0, got -1.0"),
+        ({"dense_lr": float("nan")}, "--dense-lr must be a finite number > 0, got nan"),
+        ({"dense_lr": 0.0}, "--dense-lr must be a finite number > 0, got 0.0"),
         ({"teacher_rows_scale": -5.0}, "--id-space must be a number in (0, 1000] (ids per table row), got -5.0"),
         ({"teacher_rows_scale": float("nan")}, "--id-space must be a number in (0, 1000] (ids per table row), got nan"),
         ({"teacher_rows_scale": 1001}, "--id-space must be a number in (0, 1000]"),
@@ -199,3 +202,21 @@ def test_the_synthetic_id_space_is_checked_against_the_generator_before_any_proc
     )
     assert "fix: --id-space 335.54 or less" in message and "\n" not in message
     check_id_space(SPEC, TrainConfig(teacher_rows_scale=400, data="criteo:/x"))  # real data: its own ids
+
+
+def test_hyper_parameters_record_what_the_run_trains_with():
+    cfg = TrainConfig(dense_optimizer="adam", dense_lr=0.001, sparse_lr=0.2, batch_size=100, eval_every=5, mode="sync")
+    hyper = hyper_parameters(cfg, SPEC, trainers=2)
+    assert hyper == {
+        "dense_optimizer": "adam",
+        "dense_lr": 0.001,
+        "sparse_optimizer": "rowwise_adagrad",  # the tables' own (model.yaml names none: the default)
+        "sparse_lr": 0.2,
+        "batch_size": 200,  # global: 2 trainers x 100
+        "eval_every": 5,
+        "staleness": 0,  # sync
+        "dense_arch": {"arch": "dlrm", "num_dense": 13, "bottom": [64], "over": [64, 32, 1]},
+    }
+    assert json.loads(json.dumps(hyper)) == hyper
+    assert describe_hyper_parameters(hyper) == "dlrm; dense adam (0.001), sparse rowwise_adagrad (0.2)"
+    assert describe_hyper_parameters(None) == "-"

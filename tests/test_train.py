@@ -145,6 +145,11 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--ps-capacity", "unbounded", "--data", "criteo:/x"], "--ps-capacity unbounded needs --data synthetic"),
         (["--checkpoint", "/nonexistent-ckpt", "--resume"], "no checkpoint in /nonexistent-ckpt (no step-* directory)"),
         (["--checkpoint", "/nonexistent-ckpt", "--resume", "--overwrite"], "--resume continues the checkpoint that"),
+        (["--dense-lr", "0"], "--dense-lr must be a finite number > 0, got 0.0"),
+        (["--sparse-lr", "nan"], "--sparse-lr must be a finite number > 0, got nan"),
+        (["--dense-optimizer", "lamb"], "--dense-optimizer must be one of adagrad, sgd, adam, got 'lamb'"),
+        (["--sparse-optimizer", "lamb"], "--sparse-optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
+        (["--eval-every", "-1"], "--eval-every"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(args, needle):
@@ -229,6 +234,55 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
     assert all(s["admissions"] == s["rows"] > 0 and s["planned_bytes"] > 0 for s in servers), servers
     assert math.isfinite(result["loss"]) and math.isfinite(result["eval_loss"])
     assert Path(tmp_path / "day_0").is_file()
+
+
+@pytest.mark.timeout(600)
+def test_cli_trains_a_dcn_with_the_given_hyper_parameters(tmp_path):
+    data = yaml.safe_load(DEFAULT_MODEL.read_text())
+    data["dense"] = {"arch": "dcn", "bottom": [32], "over": [32, 1], "dcn_layers": 2, "dcn_low_rank": 8}
+    model = tmp_path / "dcn.yaml"
+    model.write_text(yaml.safe_dump(data))
+    hyper = ["--dense-optimizer", "adam", "--dense-lr", "0.005", "--sparse-lr", "0.05", "--eval-every", "10"]
+    done = subprocess.run(
+        [*PERSIA, "train", "--model", str(model), "--steps", "20", *hyper, *OPTS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["steps"] == 20 and math.isfinite(result["loss"]) and 0.0 <= result["auc"] <= 1.0
+    assert result["teacher_auc"] is not None and result["ps_tables"] == PS_TABLES
+    assert result["hyper_parameters"] == {
+        "dense_optimizer": "adam",
+        "dense_lr": 0.005,
+        "sparse_optimizer": "rowwise_adagrad",
+        "sparse_lr": 0.05,
+        "batch_size": 512,
+        "eval_every": 10,
+        "staleness": 2,
+        "dense_arch": {"arch": "dcn", "num_dense": 13, "bottom": [32], "over": [32, 1], "dcn_layers": 2,
+                       "dcn_low_rank": 8},
+    }  # fmt: skip
+
+
+def test_cli_refuses_dense_inputs_the_data_does_not_have(tmp_path):
+    data = yaml.safe_load(DEFAULT_MODEL.read_text())
+    data["dense"] = {"arch": "dlrm", "num_dense": 5}
+    model = tmp_path / "m.yaml"
+    model.write_text(yaml.safe_dump(data))
+    line = _one_line_error(["--model", str(model)])
+    assert "dense.num_dense: is 5, but the data (synthetic or Criteo) has 13 dense features" in line, line
+
+
+def test_cli_refuses_adam_for_local_tables_on_cpu_before_training():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("fbgemm fuses adam on CUDA")
+    line = _one_line_error(["--sparse-optimizer", "adam"])
+    assert "table 'c2' is a local table, and fbgemm's CPU kernels have no fused adam" in line, line
 
 
 @pytest.mark.timeout(600)
