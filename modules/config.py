@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import PlannerError, SpecError
-from persia_planner.specs import ModelSpec, Optimizer
+from persia_planner.specs import DataSchema, ModelSpec, Optimizer
 
+from .data_source import DataSource, check_tabular
 from .rpcenv import rpc_transports
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,9 +44,11 @@ __all__ = [
     "criteo_files",
     "criteo_path",
     "data_identity",
+    "data_schema",
     "dlrm_embedding_dim",
     "elastic_resume",
     "id_universe",
+    "num_dense",
     "sparse_optimizer_of",
 ]
 
@@ -55,9 +58,12 @@ MAX_ID_SPACE = 1000.0
 MAX_SYNTHETIC_IDS = 2**26
 """The most distinct ids of one synthetic feature: the generator keeps an 8-byte CDF entry per id (512 MiB)."""
 _CRITEO = "criteo:"
+NUM_CRITEO_DENSE = 13
+"""Criteo's integer columns I1..I13, the synthetic data's dense features too."""
+MAX_DATA_WORKERS = 64
 
 
-# ---- --data: "synthetic" or "criteo:PATH" -----------------------------------------------------------------------
+# ---- --data: "synthetic" or "KIND:PATH" (:mod:`.data_source`) --------------------------------------------------
 
 
 def criteo_path(data: str) -> Path | None:
@@ -73,10 +79,9 @@ def criteo_files(path: Path) -> list[str]:
 
 
 def data_identity(data: str) -> str:
-    """``--data`` as a checkpoint records it: a Criteo path resolved, so that the same files under another spelling
-    of their path are the same data."""
-    path = criteo_path(data)
-    return data if path is None else _CRITEO + str(path.resolve())
+    """``--data`` as a checkpoint records it: a path resolved, so that the same files under another spelling of their
+    path are the same data."""
+    return DataSource.parse(data).identity
 
 
 class TrainMode(enum.StrEnum):
@@ -139,7 +144,11 @@ class TrainConfig:
         mode: ``hybrid`` (PS tables async with staleness K) or ``sync`` (K = 0: one gathered update per step,
             every step sees every update, reproducible).
         trainers: Trainer processes.
-        data: ``"synthetic"`` or ``"criteo:PATH"`` (one file or a directory of files).
+        data: ``"synthetic"``, or ``"criteo:PATH"``, ``"parquet:PATH"`` or ``"csv:PATH"`` (one file or a directory
+            of files; :class:`.data_source.DataSource`).
+        schema: How a Parquet / CSV file's columns feed the model (``--schema``); None: the model's ``data:``.
+        data_workers: DataLoader worker processes per trainer reading Parquet, CSV or Criteo files (0: the trainer
+            reads them itself); each reads its own part of the trainer's share.
         eval_batches: Batches per trainer for the final AUC (held out: a different seed, or the batches after the
             training ones in a Criteo file).
         eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
@@ -177,6 +186,8 @@ class TrainConfig:
     mode: TrainMode = TrainMode.HYBRID
     trainers: int = 2
     data: str = "synthetic"
+    schema: DataSchema | None = None
+    data_workers: int = 0
     eval_batches: int = 8
     eval_every: int = 0
     sparse_lr: float = 0.1
@@ -239,14 +250,12 @@ class TrainConfig:
                 "--resume continues the checkpoint that --overwrite would replace: pass one of them",
                 fixes=("--resume to continue it", "--overwrite to train from scratch into it"),
             )
-        if self.data != "synthetic" and criteo_path(self.data) is None:
-            raise PlannerError(
-                f"--data must be 'synthetic' or 'criteo:PATH', got {self.data!r}",
-                fixes=("e.g. --data criteo:/data/day_0.tsv",),
-            )
+        DataSource.parse(self.data)
+        if not 0 <= self.data_workers <= MAX_DATA_WORKERS:
+            raise PlannerError(f"data workers must be in [0, {MAX_DATA_WORKERS}], got {self.data_workers}")
         if self.ps_capacity is PsCapacity.UNBOUNDED and self.data != "synthetic":
             raise PlannerError(
-                "--ps-capacity unbounded needs --data synthetic: the ids of Criteo files are not known before reading",
+                "--ps-capacity unbounded needs --data synthetic: the ids of data files are not known before reading",
                 fixes=("--ps-capacity planned",),
             )
 
@@ -262,9 +271,27 @@ class TrainConfig:
 # ---- checks of the run's inputs, before any process starts ----------------------------------------------------
 
 
+def data_schema(spec: ModelSpec, cfg: TrainConfig) -> DataSchema | None:
+    """The columns' roles of a Parquet / CSV source: ``--schema``'s, else the model's ``data:``."""
+    return cfg.schema if cfg.schema is not None else spec.data
+
+
+def num_dense(spec: ModelSpec, cfg: TrainConfig) -> int:
+    """The dense features of a batch: the schema's dense columns for Parquet / CSV, Criteo's 13 otherwise."""
+    schema = data_schema(spec, cfg)
+    if DataSource.parse(cfg.data).tabular and schema is not None:
+        return len(schema.dense)
+    return NUM_CRITEO_DENSE
+
+
 def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """``--data criteo:PATH`` must exist and hold files; it provides features c1..c26, so the model's tables must
-    be named after them."""
+    """The data must exist and feed the model: ``--data criteo:PATH`` provides features c1..c26, so the model's
+    tables must be named after them (and gzip files, read whole, are at least one per trainer); a Parquet / CSV
+    source is checked against its schema by :func:`.data_source.check_tabular`."""
+    source = DataSource.parse(cfg.data)
+    if source.tabular:
+        check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers)
+        return
     path = criteo_path(cfg.data)
     if path is None:
         return
@@ -281,6 +308,15 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
             f"tables.{unknown[0]}",
             "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
             fixes=("name the tables c1..c26",),
+        )
+    files = source.files()
+    if all(f.endswith(".gz") for f in files) and len(files) < cfg.trainers:
+        raise SpecError(
+            str(path),
+            "",
+            f"{len(files)} gzip file(s) for {cfg.trainers} trainers: a gzip file cannot be split, each trainer reads "
+            "whole ones",
+            fixes=("decompress the files", "split them into one per trainer or more"),
         )
 
 
