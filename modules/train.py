@@ -47,6 +47,7 @@ from .config import (
     dlrm_embedding_dim,
     elastic_resume,
     id_universe,
+    num_dense,
     sparse_optimizer_of,
 )
 from .distributed import check_trainers, distribute, executed_plan
@@ -119,6 +120,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         device=device,
         local_device=torch.device("meta"),  # only the shards this trainer holds are allocated, by DMP
         capacity=capacity,
+        num_dense=num_dense(spec, cfg),
     )
     dmp = distribute(model, job.tables, job.topology, device=device)
     executed = executed_plan(model, job.topology)

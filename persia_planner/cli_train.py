@@ -28,9 +28,18 @@ def train_command(
     plan_path: Annotated[
         Path | None, typer.Option("--plan", help="plan.json to execute (default: plan MODEL on TOPOLOGY now)")
     ] = None,
-    data: Annotated[str, typer.Option("--data", help="'synthetic' or 'criteo:PATH' (a file or a directory)")] = (
-        "synthetic"
-    ),
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            help="'synthetic', or 'criteo:PATH', 'parquet:PATH' or 'csv:PATH' (a file or a directory of files; "
+            "Parquet and CSV columns mapped by model.yaml's data: or --schema)",
+        ),
+    ] = "synthetic",
+    schema: Annotated[
+        Path | None,
+        typer.Option("--schema", help="YAML mapping a Parquet / CSV file's columns (label, dense, sparse), as data:"),
+    ] = None,
     staleness: Annotated[
         int | None,
         typer.Option(
@@ -108,6 +117,7 @@ def train_command(
     import logging
 
     from persia_planner import load_model, load_topology
+    from persia_planner.specs import load_data_schema
     from persia_planner import plan as make_plan
     from persia_planner.modules.config import TrainConfig, check_before_start, elastic_resume
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
@@ -128,6 +138,7 @@ def train_command(
             mode=mode,
             trainers=trainers,
             data=data,
+            schema=load_data_schema(schema) if schema is not None else None,
             eval_batches=eval_batches,
             ps_delay_ms=ps_delay_ms,
             ps_wire=ps_wire,

@@ -22,33 +22,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from persia_planner.errors import SpecError
 
 from ..config import FEATURE_NAMES
+from .batch import Batch
 from .criteo_format import BadField, Block, parse_chunk
 from .shards import Failure, Shard, ShardStream, assign, line_number, merged_batches, text_chunks, text_shards
 
 __all__ = ["FEATURE_NAMES", "Batch", "CriteoReader"]
-
-
-@dataclass(frozen=True, eq=False)
-class Batch:
-    """One training batch (shared by the Criteo reader and the synthetic generator).
-
-    Attributes:
-        dense: ``[B, 13]`` float32 dense features (already transformed, see :mod:`.criteo_format`).
-        sparse: KeyedJaggedTensor of int64 ids; keys are the feature names (``"c1".."c26"`` for Criteo), one bag
-            per (feature, sample), key-major like all KJTs.
-        labels: ``[B]`` float32 click labels (0/1).
-        teacher_prob: ``[B]`` float32 true click probability for synthetic data (``None`` for real data).
-    """
-
-    dense: torch.Tensor
-    sparse: KeyedJaggedTensor
-    labels: torch.Tensor
-    teacher_prob: torch.Tensor | None = None
-
-    @property
-    def size(self) -> int:
-        """Number of samples in the batch."""
-        return int(self.labels.shape[0])
 
 
 def _to_batch(block: Block) -> Batch:
