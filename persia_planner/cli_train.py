@@ -117,12 +117,12 @@ def train_command(
     import logging
 
     from persia_planner import load_model, load_topology
-    from persia_planner.specs import load_data_schema
     from persia_planner import plan as make_plan
     from persia_planner.modules.config import TrainConfig, check_before_start, elastic_resume
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
     from persia_planner.plan_checks import require_valid
     from persia_planner.plans import load_plan
+    from persia_planner.specs import load_data_schema
 
     with edge():
         model_path = model or DEFAULT_MODEL
