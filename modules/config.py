@@ -250,6 +250,11 @@ class TrainConfig:
                 "--resume continues the checkpoint that --overwrite would replace: pass one of them",
                 fixes=("--resume to continue it", "--overwrite to train from scratch into it"),
             )
+        if self.schema is not None and not DataSource.parse(self.data).tabular:
+            raise PlannerError(
+                f"--schema maps the columns of Parquet or CSV files, not --data {self.data}",
+                fixes=("drop --schema", "pass --data parquet:PATH or csv:PATH"),
+            )
         DataSource.parse(self.data)
         if not 0 <= self.data_workers <= MAX_DATA_WORKERS:
             raise PlannerError(f"data workers must be in [0, {MAX_DATA_WORKERS}], got {self.data_workers}")

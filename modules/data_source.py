@@ -205,16 +205,18 @@ def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec
                 fixes=("name a table of the model (table: NAME)", "remove the feature"),
             )
     files = source.check_files()
-    units = 0
+    row_groups = 0
     for path in files:
-        columns = _parquet_columns(path) if source.kind is DataKind.PARQUET else csv_columns(path)
-        _check_columns(path, columns, schema)
-        units += parquet_row_groups(path) if source.kind is DataKind.PARQUET else trainers
-    if units < trainers:
+        if source.kind is DataKind.PARQUET:
+            _check_columns(path, _parquet_columns(path), schema)
+            row_groups += parquet_row_groups(path)
+        else:
+            _check_columns(path, csv_columns(path), schema)
+    if source.kind is DataKind.PARQUET and row_groups < trainers:
         raise SpecError(
             str(source.path),
             "",
-            f"{units} row group(s) in {len(files)} file(s) for {trainers} trainers: "
+            f"{row_groups} row group(s) in {len(files)} file(s) for {trainers} trainers: "
             "each trainer reads whole row groups",
             fixes=("write smaller row groups (row_group_size) or more files", "train with fewer trainers"),
         )

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from persia_planner.errors import SpecError
+from persia_planner.errors import PlannerError, SpecError
 from persia_planner.modules.config import TrainConfig, check_before_start
 from persia_planner.modules.data import Batch, CriteoReader, TabularReader, as_batch, hash_ids
 from persia_planner.modules.data.shards import Shard, assign
@@ -150,6 +150,25 @@ def test_csv_reader_header_separator_and_missing_values(tmp_path):
     assert batch.labels.tolist() == [1.0, 0.0, 1.0] and batch.dense.tolist() == [[3.5], [0.0], [2.0]]
     assert _bags(batch, "u") == [[ref_string("alice")], [ref_string("bob")], []]
     assert _bags(batch, "t") == [[ref_string(x) for x in bag] for bag in (["a", "b"], [], ["c", "d", "c"])]
+
+
+def test_gzip_csv_files_of_a_directory_are_read_whole_in_name_order(tmp_path):
+    import gzip
+
+    for k in range(2):
+        with gzip.open(tmp_path / f"part-{k}.csv.gz", "wt") as f:
+            f.write("y,a,u\n" + "".join(f"{i % 2},{i},x{i}\n" for i in range(5 * k, 5 * k + 5)))
+    schema = DataSchema("y", ("a",), (SparseColumn("u", "u", "u"),))
+    cfg = TrainConfig(data=f"csv:{tmp_path}", steps=2, trainers=1)
+    spec = ModelSpec("m", 8, (), data=schema)
+    got = [b.dense[:, 0].tolist() for b in trainer_batches(spec, cfg, 4, eval_=False)]
+    assert got == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+
+
+def test_a_schema_for_other_data_is_refused():
+    schema = DataSchema("y", (), (SparseColumn("u", "u", "u"),))
+    with pytest.raises(PlannerError, match=r"--schema maps the columns of Parquet or CSV files, not --data synthetic"):
+        TrainConfig(schema=schema)
 
 
 def test_a_bad_label_names_the_file_and_column(tmp_path):
