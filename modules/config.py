@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from persia_planner.errors import PlannerError, SpecError
 from persia_planner.specs import DataSchema, ModelSpec, Optimizer
 
-from .data_source import DataSource, check_tabular
+from .data_source import DataKind, DataSource, check_tabular
 from .rpcenv import rpc_transports
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,8 +41,6 @@ __all__ = [
     "check_data_matches",
     "check_id_space",
     "check_resume_exists",
-    "criteo_files",
-    "criteo_path",
     "data_identity",
     "data_schema",
     "dlrm_embedding_dim",
@@ -57,25 +55,12 @@ MAX_ID_SPACE = 1000.0
 """The largest ``--id-space``: ids drawn from a thousand times a table's rows already overflow any store."""
 MAX_SYNTHETIC_IDS = 2**26
 """The most distinct ids of one synthetic feature: the generator keeps an 8-byte CDF entry per id (512 MiB)."""
-_CRITEO = "criteo:"
 NUM_CRITEO_DENSE = 13
 """Criteo's integer columns I1..I13, the synthetic data's dense features too."""
 MAX_DATA_WORKERS = 64
 
 
 # ---- --data: "synthetic" or "KIND:PATH" (:mod:`.data_source`) --------------------------------------------------
-
-
-def criteo_path(data: str) -> Path | None:
-    """The file or directory of ``--data criteo:PATH``; None for any other value (``synthetic``, or no path)."""
-    if not data.startswith(_CRITEO) or data == _CRITEO:
-        return None
-    return Path(data.removeprefix(_CRITEO))
-
-
-def criteo_files(path: Path) -> list[str]:
-    """The files ``criteo:PATH`` reads, in order: the file itself, or every file of the directory by name."""
-    return sorted(str(p) for p in path.iterdir() if p.is_file()) if path.is_dir() else [str(path)]
 
 
 def data_identity(data: str) -> str:
@@ -297,15 +282,9 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
     if source.tabular:
         check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers)
         return
-    path = criteo_path(cfg.data)
-    if path is None:
+    if source.kind is not DataKind.CRITEO:
         return
-    if not path.exists():
-        raise SpecError(str(path), "", "file or directory not found", fixes=("pass --data criteo:PATH",))
-    if path.is_dir() and not any(p.is_file() for p in path.iterdir()):
-        raise SpecError(
-            str(path), "", "the directory holds no files", fixes=("point --data criteo: at Criteo .tsv/.gz files",)
-        )
+    files = source.check_files()
     unknown = [t.name for t in spec.tables if t.name not in FEATURE_NAMES]
     if unknown:
         raise SpecError(
@@ -314,10 +293,9 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
             "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
             fixes=("name the tables c1..c26",),
         )
-    files = source.files()
     if all(f.endswith(".gz") for f in files) and len(files) < cfg.trainers:
         raise SpecError(
-            str(path),
+            str(source.path),
             "",
             f"{len(files)} gzip file(s) for {cfg.trainers} trainers: a gzip file cannot be split, each trainer reads "
             "whole ones",

@@ -21,7 +21,7 @@ from persia_planner.modules.config import TrainConfig, check_before_start
 from persia_planner.modules.data import Batch, CriteoReader, TabularReader, as_batch, hash_ids
 from persia_planner.modules.data.shards import Shard, assign
 from persia_planner.modules.stream import trainer_batches
-from persia_planner.specs import DataSchema, ModelSpec, SparseColumn, load_data_schema, load_model
+from persia_planner.specs import DataSchema, ModelSpec, SparseColumn, TableSpec, load_data_schema, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MASK = 2**64 - 1
@@ -449,3 +449,14 @@ def test_a_resumed_run_on_parquet_goes_on_with_each_trainers_next_batches(tmp_pa
     assert rest["first_step"] == 3 and rest["last_step"] == 6
     assert [h["loss"] for h in rest["history"]] == [h["loss"] for h in whole["history"][3:]]
     assert rest["auc"] == whole["auc"] and rest["eval_samples"] == 2 * 32
+
+
+def test_fewer_criteo_gzip_files_than_trainers_are_refused(tmp_path):
+    import gzip
+
+    with gzip.open(tmp_path / "day_0.gz", "wt") as f:
+        f.write("0" + "\t" * 39 + "\n")
+    spec = ModelSpec("m", 8, (TableSpec("c1", 10, 4),))
+    check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=1), spec, with_ps=False)
+    with pytest.raises(SpecError, match=r"1 gzip file\(s\) for 2 trainers: a gzip file cannot be split"):
+        check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=2), spec, with_ps=False)
