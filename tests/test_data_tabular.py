@@ -460,3 +460,29 @@ def test_fewer_criteo_gzip_files_than_trainers_are_refused(tmp_path):
     check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=1), spec, with_ps=False)
     with pytest.raises(SpecError, match=r"1 gzip file\(s\) for 2 trainers: a gzip file cannot be split"):
         check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=2), spec, with_ps=False)
+
+
+@pytest.mark.timeout(600)
+def test_persia_train_on_csv_with_a_schema_file(tmp_path):
+    """`persia train --data csv:FILE --schema FILE`: a model.yaml without data:, a multi-hot column split at '|'."""
+    (tmp_path / "model.yaml").write_text(MODEL_YAML.split("data:")[0])
+    (tmp_path / "schema.yaml").write_text(
+        "label: clicked\ndense: [age]\nsparse:\n  user_id: user\n  item_ids: {column: items, separator: '|'}\n"
+        "  country: country\n"
+    )
+    rows = "".join(f"{i % 2},{i % 50},u{i % 97},a{i % 7}|b{i % 5},{i % 9}\n" for i in range(600))
+    (tmp_path / "clicks.csv").write_text("clicked,age,user,items,country\n" + rows)
+    args = ["--model", str(tmp_path / "model.yaml"), "--data", f"csv:{tmp_path / 'clicks.csv'}"]
+    args += ["--schema", str(tmp_path / "schema.yaml"), "--steps", "3", "--batch-size", "32", "--eval-batches", "1"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    done = subprocess.run(
+        [sys.executable, "-m", "persia_planner.cli", "train", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 3 and result["eval_samples"] == 2 * 32 and np.isfinite(result["loss"])
