@@ -18,10 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from persia_planner.dense import DLRM_NUM_DENSE
+from persia_planner.dense import DenseArch
 from persia_planner.errors import PlannerError, SpecError
-from persia_planner.specs import ModelSpec, Optimizer
+from persia_planner.specs import DataSchema, ModelSpec, Optimizer
 
+from .data_source import DataKind, DataSource, check_tabular
 from .rpcenv import rpc_transports
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,14 +43,15 @@ __all__ = [
     "check_dense_inputs",
     "check_id_space",
     "check_resume_exists",
-    "criteo_files",
-    "criteo_path",
     "data_identity",
+    "data_schema",
+    "dense_arch",
     "describe_hyper_parameters",
     "dlrm_embedding_dim",
     "elastic_resume",
     "hyper_parameters",
     "id_universe",
+    "num_dense",
     "sparse_optimizer_of",
 ]
 
@@ -58,29 +60,18 @@ MAX_ID_SPACE = 1000.0
 """The largest ``--id-space``: ids drawn from a thousand times a table's rows already overflow any store."""
 MAX_SYNTHETIC_IDS = 2**26
 """The most distinct ids of one synthetic feature: the generator keeps an 8-byte CDF entry per id (512 MiB)."""
-_CRITEO = "criteo:"
+NUM_CRITEO_DENSE = 13
+"""Criteo's integer columns I1..I13, the synthetic data's dense features too."""
+MAX_DATA_WORKERS = 64
 
 
-# ---- --data: "synthetic" or "criteo:PATH" -----------------------------------------------------------------------
-
-
-def criteo_path(data: str) -> Path | None:
-    """The file or directory of ``--data criteo:PATH``; None for any other value (``synthetic``, or no path)."""
-    if not data.startswith(_CRITEO) or data == _CRITEO:
-        return None
-    return Path(data.removeprefix(_CRITEO))
-
-
-def criteo_files(path: Path) -> list[str]:
-    """The files ``criteo:PATH`` reads, in order: the file itself, or every file of the directory by name."""
-    return sorted(str(p) for p in path.iterdir() if p.is_file()) if path.is_dir() else [str(path)]
+# ---- --data: "synthetic" or "KIND:PATH" (:mod:`.data_source`) --------------------------------------------------
 
 
 def data_identity(data: str) -> str:
-    """``--data`` as a checkpoint records it: a Criteo path resolved, so that the same files under another spelling
-    of their path are the same data."""
-    path = criteo_path(data)
-    return data if path is None else _CRITEO + str(path.resolve())
+    """``--data`` as a checkpoint records it: a path resolved, so that the same files under another spelling of their
+    path are the same data."""
+    return DataSource.parse(data).identity
 
 
 class TrainMode(enum.StrEnum):
@@ -144,7 +135,11 @@ class TrainConfig:
         mode: ``hybrid`` (PS tables async with staleness K) or ``sync`` (K = 0: one gathered update per step,
             every step sees every update, reproducible).
         trainers: Trainer processes.
-        data: ``"synthetic"`` or ``"criteo:PATH"`` (one file or a directory of files).
+        data: ``"synthetic"``, or ``"criteo:PATH"``, ``"parquet:PATH"`` or ``"csv:PATH"`` (one file or a directory
+            of files; :class:`.data_source.DataSource`).
+        schema: How a Parquet / CSV file's columns feed the model (``--schema``); None: the model's ``data:``.
+        data_workers: DataLoader worker processes per trainer reading Parquet, CSV or Criteo files (0: the trainer
+            reads them itself); each reads its own part of the trainer's share.
         eval_batches: Batches per trainer for the final AUC (held out: a different seed, or the batches after the
             training ones in a Criteo file).
         eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
@@ -183,6 +178,8 @@ class TrainConfig:
     mode: TrainMode = TrainMode.HYBRID
     trainers: int = 2
     data: str = "synthetic"
+    schema: DataSchema | None = None
+    data_workers: int = 0
     eval_batches: int = 8
     eval_every: int = 0
     sparse_lr: float = 0.1
@@ -247,14 +244,17 @@ class TrainConfig:
                 "--resume continues the checkpoint that --overwrite would replace: pass one of them",
                 fixes=("--resume to continue it", "--overwrite to train from scratch into it"),
             )
-        if self.data != "synthetic" and criteo_path(self.data) is None:
+        if self.schema is not None and not DataSource.parse(self.data).tabular:
             raise PlannerError(
-                f"--data must be 'synthetic' or 'criteo:PATH', got {self.data!r}",
-                fixes=("e.g. --data criteo:/data/day_0.tsv",),
+                f"--schema maps the columns of Parquet or CSV files, not --data {self.data}",
+                fixes=("drop --schema", "pass --data parquet:PATH or csv:PATH"),
             )
+        DataSource.parse(self.data)
+        if not 0 <= self.data_workers <= MAX_DATA_WORKERS:
+            raise PlannerError(f"data workers must be in [0, {MAX_DATA_WORKERS}], got {self.data_workers}")
         if self.ps_capacity is PsCapacity.UNBOUNDED and self.data != "synthetic":
             raise PlannerError(
-                "--ps-capacity unbounded needs --data synthetic: the ids of Criteo files are not known before reading",
+                "--ps-capacity unbounded needs --data synthetic: the ids of data files are not known before reading",
                 fixes=("--ps-capacity planned",),
             )
 
@@ -270,18 +270,30 @@ class TrainConfig:
 # ---- checks of the run's inputs, before any process starts ----------------------------------------------------
 
 
+def data_schema(spec: ModelSpec, cfg: TrainConfig) -> DataSchema | None:
+    """The columns' roles of a Parquet / CSV source: ``--schema``'s, else the model's ``data:``."""
+    return cfg.schema if cfg.schema is not None else spec.data
+
+
+def num_dense(spec: ModelSpec, cfg: TrainConfig) -> int:
+    """The dense features of a batch: the schema's dense columns for Parquet / CSV, Criteo's 13 otherwise."""
+    schema = data_schema(spec, cfg)
+    if DataSource.parse(cfg.data).tabular and schema is not None:
+        return len(schema.dense)
+    return NUM_CRITEO_DENSE
+
+
 def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """``--data criteo:PATH`` must exist and hold files; it provides features c1..c26, so the model's tables must
-    be named after them."""
-    path = criteo_path(cfg.data)
-    if path is None:
+    """The data must exist and feed the model: ``--data criteo:PATH`` provides features c1..c26, so the model's
+    tables must be named after them (and gzip files, read whole, are at least one per trainer); a Parquet / CSV
+    source is checked against its schema by :func:`.data_source.check_tabular`."""
+    source = DataSource.parse(cfg.data)
+    if source.tabular:
+        check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers)
         return
-    if not path.exists():
-        raise SpecError(str(path), "", "file or directory not found", fixes=("pass --data criteo:PATH",))
-    if path.is_dir() and not any(p.is_file() for p in path.iterdir()):
-        raise SpecError(
-            str(path), "", "the directory holds no files", fixes=("point --data criteo: at Criteo .tsv/.gz files",)
-        )
+    if source.kind is not DataKind.CRITEO:
+        return
+    files = source.check_files()
     unknown = [t.name for t in spec.tables if t.name not in FEATURE_NAMES]
     if unknown:
         raise SpecError(
@@ -289,6 +301,14 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
             f"tables.{unknown[0]}",
             "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
             fixes=("name the tables c1..c26",),
+        )
+    if all(f.endswith(".gz") for f in files) and len(files) < cfg.trainers:
+        raise SpecError(
+            str(source.path),
+            "",
+            f"{len(files)} gzip file(s) for {cfg.trainers} trainers: a gzip file cannot be split, each trainer reads "
+            "whole ones",
+            fixes=("decompress the files", "split them into one per trainer or more"),
         )
 
 
@@ -384,15 +404,24 @@ def dlrm_embedding_dim(spec: ModelSpec) -> int:
     return dims.pop()
 
 
-def check_dense_inputs(spec: ModelSpec) -> None:
-    """The dense arch reads the data's dense features: synthetic and Criteo data have Criteo's 13."""
-    arch = spec.dense.built_arch
-    if arch.num_dense != DLRM_NUM_DENSE:
+def dense_arch(spec: ModelSpec, cfg: TrainConfig) -> DenseArch:
+    """The dense arch a run builds: the model's (``dense: arch:``), or TorchRec's default ``DLRM`` over the data's
+    dense features (:func:`num_dense`) when the model names none."""
+    if spec.dense.arch is not None:
+        return spec.dense.arch
+    return replace(spec.dense.built_arch, num_dense=max(1, num_dense(spec, cfg)))
+
+
+def check_dense_inputs(spec: ModelSpec, cfg: TrainConfig) -> None:
+    """The model's dense arch reads the data's dense features (:func:`num_dense`): as many inputs as it has."""
+    arch, inputs = spec.dense.arch, num_dense(spec, cfg)
+    if arch is not None and arch.num_dense != inputs:
+        source = "the schema's dense columns" if DataSource.parse(cfg.data).tabular else "synthetic or Criteo data"
         raise SpecError(
             spec.name,
             "dense.num_dense",
-            f"is {arch.num_dense}, but the data (synthetic or Criteo) has {DLRM_NUM_DENSE} dense features",
-            fixes=(f"num_dense: {DLRM_NUM_DENSE}",),
+            f"is {arch.num_dense}, but the data ({source}) has {inputs} dense features",
+            fixes=(f"num_dense: {inputs}", "or leave num_dense out: it defaults to the data's"),
         )
 
 
@@ -457,6 +486,6 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
     check_checkpoint_dir(cfg)
     sparse_optimizer_of(cfg, spec)
     dlrm_embedding_dim(spec)
-    check_dense_inputs(spec)
+    check_dense_inputs(spec, cfg)
     if with_ps:
         rpc_transports()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from persia_planner.specs import ModelSpec
 
 from .breakdown import PS_PUSH, PS_WAIT, StepProfiler
 from .config import DenseOptimizer, TrainConfig, dlrm_embedding_dim
-from .data.criteo import Batch
+from .data.batch import Batch, as_batches
 from .distributed import data_parallel_tables, dense_parameters, hybrid_of, sparse_torch_optimizer
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 
@@ -173,8 +173,10 @@ class TrainLoop:
             return batch
         return Batch(batch.dense.to(self.device), batch.sparse.to(self.device), batch.labels.to(self.device))
 
-    def run(self, batches: Iterator[Batch]) -> Iterator[StepStats]:
-        """Train on every batch of ``batches``; yields one :class:`StepStats` per step."""
+    def run(self, batches: Iterable[Any]) -> Iterator[StepStats]:
+        """Train on every batch of ``batches`` (ours, or TorchRec's ``Batch`` es: :func:`.data.batch.as_batch`);
+        yields one :class:`StepStats` per step."""
+        batches = as_batches(batches)
         ahead: collections.deque[tuple[Batch, bool]] = collections.deque()
         window = self.hybrid.max_staleness + 1
         exhausted = False

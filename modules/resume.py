@@ -165,12 +165,15 @@ def check_resume(
 def data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
     """What a step of the data stream is: the trainer count, the per-trainer batch size, the data and the seed
     (synthetic data: the teacher that labels the samples, and the samples) (saved, then checked on resume)."""
-    return {
+    layout = {
         "trainers": trainers,
         "batch_size": cfg.batch_size or max(1, spec.batch_size // trainers),
         "data": data_identity(cfg.data),
         "seed": cfg.seed,
     }
+    if cfg.data != "synthetic":  # a file source's batch order depends on how many workers read each trainer's shards
+        layout["data_workers"] = cfg.data_workers
+    return layout
 
 
 def check_layout(path: Path, state: dict[str, Any], layout: dict[str, Any]) -> None:

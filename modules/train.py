@@ -45,6 +45,7 @@ from .config import (
     PsCapacity,
     TrainConfig,
     check_before_start,
+    dense_arch,
     describe_hyper_parameters,
     dlrm_embedding_dim,
     elastic_resume,
@@ -121,6 +122,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         device=device,
         local_device=torch.device("meta"),  # only the shards this trainer holds are allocated, by DMP
         capacity=capacity,
+        arch=dense_arch(spec, cfg),
     )
     dmp = distribute(model, job.tables, job.topology, device=device)
     executed = executed_plan(model, job.topology)

@@ -26,7 +26,7 @@ from persia_planner.specs import ModelSpec, Optimizer
 from persia_planner.topology import Topology
 
 from .config import TrainConfig
-from .data.criteo import Batch
+from .data.batch import Batch
 from .data.synthetic import SyntheticClicks, Teacher
 from .distributed import distribute, sparse_torch_optimizer
 from .hybrid import SparseOptimizer

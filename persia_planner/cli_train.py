@@ -28,9 +28,18 @@ def train_command(
     plan_path: Annotated[
         Path | None, typer.Option("--plan", help="plan.json to execute (default: plan MODEL on TOPOLOGY now)")
     ] = None,
-    data: Annotated[str, typer.Option("--data", help="'synthetic' or 'criteo:PATH' (a file or a directory)")] = (
-        "synthetic"
-    ),
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            help="'synthetic', or 'criteo:PATH', 'parquet:PATH' or 'csv:PATH' (a file or a directory of files; "
+            "Parquet and CSV columns mapped by model.yaml's data: or --schema)",
+        ),
+    ] = "synthetic",
+    schema: Annotated[
+        Path | None,
+        typer.Option("--schema", help="YAML mapping a Parquet / CSV file's columns (label, dense, sparse), as data:"),
+    ] = None,
     staleness: Annotated[
         int | None,
         typer.Option(
@@ -143,6 +152,7 @@ def train_command(
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
     from persia_planner.plan_checks import require_valid
     from persia_planner.plans import load_plan
+    from persia_planner.specs import load_data_schema
 
     with edge():
         model_path = model or DEFAULT_MODEL
@@ -158,6 +168,7 @@ def train_command(
             mode=mode,
             trainers=trainers,
             data=data,
+            schema=load_data_schema(schema) if schema is not None else None,
             eval_batches=eval_batches,
             eval_every=eval_every,
             **{

@@ -188,7 +188,7 @@ class DenseSpec:
 _ARCH_KEYS = ("num_dense", "bottom", "over", "dcn_layers", "dcn_low_rank")
 
 
-def read_dense(fields: Fields | None, dims: set[int], features: int) -> DenseSpec:
+def read_dense(fields: Fields | None, dims: set[int], features: int, num_dense: int = DLRM_NUM_DENSE) -> DenseSpec:
     """model.yaml's ``dense:`` section (``fields``; None when absent) for tables of ``dims`` and ``features``.
 
     Either the counts (``parameters``, ``flops_per_sample``) or an arch (``arch:`` and its sizes, from which the
@@ -223,7 +223,7 @@ def read_dense(fields: Fields | None, dims: set[int], features: int) -> DenseSpe
         dcn_key = next((k for k in ("dcn_layers", "dcn_low_rank") if fields.has(k)), None)
         if dcn_key is not None:
             raise fields.error(dcn_key, "is for 'arch: dcn' only", (f"remove '{dcn_key}'", "or set 'arch: dcn'"))
-    values: dict[str, Any] = {"kind": kind}
+    values: dict[str, Any] = {"kind": kind, "num_dense": num_dense}
     for key, ceiling in (
         ("num_dense", MAX_DENSE_FEATURES),
         ("dcn_layers", MAX_LAYERS),

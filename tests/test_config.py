@@ -68,7 +68,7 @@ def test_wire_dtype_names_the_torch_dtype():
             "--checkpoint-every must be >= 0 steps (0: only at the end), got -1",
         ),
         ({"keep": 0, "checkpoint": "x"}, "--keep must be in [1, 1000] checkpoints, got 0"),
-        ({"data": "parquet:/x"}, "--data must be 'synthetic' or 'criteo:PATH', got 'parquet:/x'"),
+        ({"data": "hdfs:/x"}, "--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH', got 'hdfs:/x'"),
         ({"steps": 0}, "--steps, trainers and eval batches must be >= 1"),
         ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
         ({"staleness": -1}, "--staleness must be >= 0, got -1"),
@@ -84,7 +84,8 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"teacher_rows_scale": 1001}, "--id-space must be a number in (0, 1000]"),
         ({"ps_capacity": "huge"}, "--ps-capacity must be planned or unbounded, got 'huge'"),
         ({"ps_capacity": "unbounded", "data": "criteo:/x"}, "--ps-capacity unbounded needs --data synthetic"),
-        ({"data": "criteo:"}, "--data must be 'synthetic' or 'criteo:PATH', got 'criteo:'"),
+        ({"data": "criteo:"}, "--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH', got 'criteo:'"),
+        ({"data_workers": -1}, "data workers must be in [0, 64], got -1"),
     ],
 )
 def test_bad_options_are_one_line_errors_naming_the_option(options, message):

@@ -135,7 +135,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--mode", "async"], "--mode must be hybrid or sync"),
         (["--resume"], "--resume needs --checkpoint DIR"),
         (["--data", "criteo:/nonexistent/day_0"], "/nonexistent/day_0: file or directory not found"),
-        (["--data", "hdfs:/x"], "--data must be 'synthetic' or 'criteo:PATH'"),
+        (["--data", "hdfs:/x"], "--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH'"),
         (["--model", "/nonexistent.yaml"], "nonexistent.yaml"),
         (["--steps", "0"], "--steps"),
         (["--ps-wire", "int8"], "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
