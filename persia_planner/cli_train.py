@@ -96,6 +96,14 @@ def train_command(
         ),
     ] = "planned",
     seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the model, data and PS initialisers")] = 0,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--log-dir",
+            help="write per-step metrics (metrics.jsonl, TensorBoard events), summary.json and one log file per "
+            "process here (--resume appends)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,
 ) -> None:
     """Train a DLRM with the plan: local tables sync (fbgemm), PS tables async (bounded staleness), dense DDP.
@@ -140,6 +148,7 @@ def train_command(
             progress=not as_json,
             teacher_rows_scale=id_space,
             ps_capacity=ps_capacity,
+            log_dir=str(log_dir) if log_dir is not None else None,
         )
         if plan_path is not None:
             the_plan = load_plan(plan_path)
