@@ -1,27 +1,43 @@
 """One log file per process of a job under ``--log-dir``: ``ps0.log``, ``trainer0.log``, ... and ``launcher.log``.
 
-A worker calls :func:`log_to_file` first thing: its file descriptors 1 and 2 are pointed at ``DIR/<name>.log``
-(appended to), so everything the process writes lands there: Python's logging (INFO and up), ``print``, warnings,
-and what C++ (torch, gloo, TensorPipe) writes to stderr, even just before a crash. The terminal keeps what it showed
-before: records at the job's log level and above are also written to the terminal, and the progress bar draws there
-(:func:`terminal`). A worker's failure reaches the terminal as before, as the launcher's one line.
+A worker of the local launcher calls :func:`log_to_file` first thing: its file descriptors 1 and 2 are pointed at
+``DIR/<name>.log`` (appended to), so everything the process writes lands there: Python's logging (INFO and up),
+``print``, warnings, and what C++ (torch, gloo, TensorPipe) writes to stderr, even just before a crash. The terminal
+keeps what it showed before: records at the job's log level and above are also written to the terminal, and the
+progress bar draws there (:func:`terminal`). A worker's failure reaches the terminal as before, as the launcher's
+one line. Under torchrun, where each process prints its own result and error, :func:`process_log` sends the output
+to the file for the job's length only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["LAUNCHER_LOG", "LOG_FORMAT", "launcher_log", "log_failure", "log_file", "log_to_file", "terminal"]
+__all__ = [
+    "LAUNCHER_LOG",
+    "LOG_FORMAT",
+    "launcher_log",
+    "log_failure",
+    "log_file",
+    "log_to_file",
+    "process_log",
+    "terminal",
+]
+
+log = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LAUNCHER_LOG = "launcher"
 
 _terminal: TextIO | None = None  # this process's stderr as it was before log_to_file redirected it
+_saved_stdout: int | None = None  # a copy of fd 1 from before, for process_log to put back
 
 
 def log_file(log_dir: str | os.PathLike[str], name: str) -> Path:
@@ -53,7 +69,7 @@ def log_to_file(log_dir: str | os.PathLike[str] | None, name: str, level: int = 
     Returns:
         The log file, or None without a log dir.
     """
-    global _terminal
+    global _terminal, _saved_stdout
     if log_dir is None:
         logging.basicConfig(level=level, format=LOG_FORMAT)
         return None
@@ -63,6 +79,7 @@ def log_to_file(log_dir: str | os.PathLike[str] | None, name: str, level: int = 
     sys.stderr.flush()
     if _terminal is None:
         _terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
+        _saved_stdout = os.dup(1)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, _header(name).encode())
@@ -83,6 +100,41 @@ def log_to_file(log_dir: str | os.PathLike[str] | None, name: str, level: int = 
     root.setLevel(min(level, logging.INFO))
     logging.captureWarnings(True)
     return path
+
+
+def _restore(level: int) -> None:
+    """Undo :func:`log_to_file`: fds 1 and 2 and the logging as they were."""
+    global _terminal, _saved_stdout
+    if _terminal is None or _saved_stdout is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(_saved_stdout, 1)
+    os.dup2(_terminal.fileno(), 2)
+    os.close(_saved_stdout)
+    _terminal.close()
+    _terminal = _saved_stdout = None
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
+
+
+@contextlib.contextmanager
+def process_log(log_dir: str | os.PathLike[str] | None, name: str, level: int = logging.WARNING) -> Iterator[None]:
+    """:func:`log_to_file` for the block only (a torchrun process, which prints its result and its error itself
+    after the job); a failure's traceback goes into the file first. Without a log dir, nothing changes."""
+    if log_dir is None:
+        yield
+        return
+    log_to_file(log_dir, name, level)
+    try:
+        yield
+    except BaseException:
+        log.info("%s failed", name, exc_info=True)  # the file only: the process's own error line follows
+        raise
+    finally:
+        _restore(level)
 
 
 def launcher_log(log_dir: str | os.PathLike[str], job: str) -> logging.Handler:

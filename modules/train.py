@@ -55,7 +55,7 @@ from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
 from .loop import TrainLoop, build_model, dense_state_dict, make_optimizer
 from .metrics_log import MetricsSink, Sinks, StepRecord, open_sinks, write_summary
-from .proclogs import launcher_log, log_failure, log_to_file
+from .proclogs import launcher_log, log_failure, process_log
 from .ps.launch import trainers_store
 from .ps.progress import publish_progress
 from .ps_usage import planned_server_bytes, server_usage, usage_table, warm_up
@@ -428,21 +428,24 @@ def train_torchrun(
     cfg = replace(cfg, trainers=world - servers)
     check_trainers(cfg.trainers, topology, torchrun_servers=servers)
     role, index = torchrun_role(servers)
-    log_to_file(cfg.log_dir, server_name(index) if role == "server" else f"trainer{index}", logging.WARNING)
     if role == "server":
-        ps_server.serve(rank, world, name=server_name(index))
+        with process_log(cfg.log_dir, server_name(index)):
+            ps_server.serve(rank, world, name=server_name(index))
         return None
     _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
     job = Job(cfg, spec, dict(tables), topology, servers, world - servers, restarted=restarted)
     # joined: a failed step leaves at once; a server lost at the end is named within the peer timeout, not awaited.
-    with joined(
-        f"trainer{index}",
-        rank,
-        world,
-        timeout_s=PS_REQUEST_TIMEOUT_S,
-        delay_ms=cfg.ps_delay_ms,
-        wire_dtype=cfg.ps_wire_dtype,
-    ) as client:
+    with (
+        process_log(cfg.log_dir, f"trainer{index}"),
+        joined(
+            f"trainer{index}",
+            rank,
+            world,
+            timeout_s=PS_REQUEST_TIMEOUT_S,
+            delay_ms=cfg.ps_delay_ms,
+            wire_dtype=cfg.ps_wire_dtype,
+        ) as client,
+    ):
         try:
             result = _trainer(index, client, job)
             if result is not None and cfg.log_dir:
