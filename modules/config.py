@@ -10,6 +10,7 @@ that cannot be one is answered in a fraction of a second, as ``persia plan`` ans
 from __future__ import annotations
 
 import enum
+import importlib.util
 import math
 import os
 import tempfile
@@ -330,9 +331,15 @@ METRICS_FILE = "metrics.jsonl"
 
 def check_log_dir(cfg: TrainConfig) -> None:
     """``--log-dir`` must be a writable directory or a path one can become (it is created here); a run from scratch
-    does not mix its metrics into an earlier run's (``--resume`` appends, ``--overwrite`` replaces them)."""
+    does not mix its metrics into an earlier run's (``--resume`` appends, ``--overwrite`` replaces them); and the
+    TensorBoard writer must be installed (found, not imported: it imports torch)."""
     if not cfg.log_dir:
         return
+    if importlib.util.find_spec("tensorboard") is None:
+        raise PlannerError(
+            "--log-dir writes TensorBoard event files: the tensorboard package is not installed",
+            fixes=("pip install tensorboard", "leave out --log-dir"),
+        )
     path = Path(cfg.log_dir)
     _check_not_under_a_file("--log-dir", path)
     metrics = path / METRICS_FILE

@@ -3,6 +3,7 @@ before it imports torch."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -149,7 +150,7 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
         check_before_start(TrainConfig(), criteo_model, with_ps=True)
 
 
-def test_the_log_dir_is_checked_before_any_process_starts(tmp_path):
+def test_the_log_dir_is_checked_before_any_process_starts(tmp_path, monkeypatch):
     spec = model("sgd")
     (tmp_path / "afile").write_text("")
     with pytest.raises(PlannerError, match=f"^--log-dir {tmp_path}/afile/x: {tmp_path}/afile is a file, not a dir"):
@@ -166,6 +167,12 @@ def test_the_log_dir_is_checked_before_any_process_starts(tmp_path):
         check_before_start(TrainConfig(log_dir=str(logs)), spec, with_ps=False)
     check_before_start(TrainConfig(log_dir=str(logs), overwrite=True), spec, with_ps=False)
     assert (logs / "metrics.jsonl").read_text() == '{"step": 1}\n'  # checks write nothing into it
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(
+        PlannerError, match=r"^--log-dir writes TensorBoard event files: the tensorboard package is not"
+    ):
+        check_before_start(TrainConfig(log_dir=str(tmp_path / "other")), spec, with_ps=False)
 
 
 def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):

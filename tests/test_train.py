@@ -195,8 +195,13 @@ def test_cli_refuses_before_training_and_reports_trainer_errors_in_one_line(tmp_
     model = tmp_path / "m.yaml"
     model.write_text("name: m\nbatch_size: 64\ntables:\n  - {name: c1, rows: 100, dim: 8}\n")
     (tmp_path / "day_0").write_text("not a criteo line\n" * 200)
-    line = _one_line_error([*quick, "--model", str(model), "--data", f"criteo:{tmp_path / 'day_0'}"])
+    logs = tmp_path / "logs"
+    bad_data = ["--model", str(model), "--data", f"criteo:{tmp_path / 'day_0'}", "--log-dir", str(logs)]
+    line = _one_line_error([*quick, *bad_data])
     assert "trainer0 failed" in line
+    # With --log-dir the terminal shows the same; the traceback is in the trainer's log, the line in the launcher's.
+    assert "Traceback (most recent call last)" in (logs / "trainer0.log").read_text()
+    assert line.removeprefix("error: ").split(";")[0] in (logs / "launcher.log").read_text()
 
 
 OPTS = ["--eval-batches", "2", "--json", "--staleness", "2", "--batch-size", "256"]
