@@ -5,6 +5,8 @@ The bar draws on the process's terminal even when its output goes to a log file 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 from .config import TrainConfig
@@ -24,6 +26,10 @@ def progress_bar(cfg: TrainConfig) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    out = terminal()
+    width = None  # rich measures fds 0-2, which a log file may have taken: measure the terminal itself
+    with contextlib.suppress(OSError, ValueError):
+        width = os.get_terminal_size(out.fileno()).columns or None
     return Progress(
         TextColumn("[bold]train[/]"),
         BarColumn(),
@@ -32,7 +38,7 @@ def progress_bar(cfg: TrainConfig) -> Any:
         TextColumn("{task.fields[rate]:,.0f} samples/s"),
         TextColumn("staleness {task.fields[stale]}" + f"/{cfg.effective_staleness}"),
         TimeRemainingColumn(),
-        console=Console(file=terminal()),
+        console=Console(file=out, width=width),
         transient=False,
     )
 
