@@ -10,6 +10,7 @@ that cannot be one is answered in a fraction of a second, as ``persia plan`` ans
 from __future__ import annotations
 
 import enum
+import importlib.util
 import math
 import os
 import tempfile
@@ -42,6 +43,7 @@ __all__ = [
     "check_data_matches",
     "check_dense_inputs",
     "check_id_space",
+    "check_log_dir",
     "check_resume_exists",
     "data_identity",
     "data_schema",
@@ -167,6 +169,9 @@ class TrainConfig:
             server's store fills and evicts while training.
         ps_capacity: ``planned`` (each server's store holds the rows the plan charged it for) or ``unbounded``
             (it holds every id the synthetic data can draw; needs ``data="synthetic"``).
+        log_dir: Directory of the run's logs (:mod:`.metrics_log`, :mod:`.proclogs`): per-step metrics as JSON lines
+            and TensorBoard events, the summary, one log file per process. ``resume`` appends to it; a run from
+            scratch into one that holds metrics needs ``overwrite``.
 
     Raises:
         PlannerError: An option is out of range or not one of its choices (one line, naming the option).
@@ -197,6 +202,7 @@ class TrainConfig:
     progress: bool = True
     teacher_rows_scale: float = 0.02
     ps_capacity: PsCapacity = PsCapacity.PLANNED
+    log_dir: str | None = None
 
     def __post_init__(self) -> None:
         # frozen: the string-to-enum conversions go through object.__setattr__, once, here.
@@ -337,18 +343,52 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
     if not cfg.checkpoint:
         return
     path = Path(cfg.checkpoint)
-    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        raise PlannerError(
-            f"--checkpoint {path}: {blocker} is a file, not a directory",
-            fixes=("pass a directory (it is created if missing)",),
-        )
+    _check_not_under_a_file("--checkpoint", path)
     # A run from scratch replaces what the directory holds at its first save: never silently.
     if not (cfg.resume or cfg.overwrite) and path.is_dir() and any(path.iterdir()):
         raise PlannerError(
             f"--checkpoint {path} is not empty; training from scratch would replace what it holds",
             fixes=("add --resume to continue its checkpoint", "add --overwrite to replace it", "pass another dir"),
         )
+    _check_writable("--checkpoint", path)
+
+
+METRICS_FILE = "metrics.jsonl"
+"""The per-step metrics in ``--log-dir`` (:mod:`.metrics_log`, which imports the name from here)."""
+
+
+def check_log_dir(cfg: TrainConfig) -> None:
+    """``--log-dir`` must be a writable directory or a path one can become (it is created here); a run from scratch
+    does not mix its metrics into an earlier run's (``--resume`` appends, ``--overwrite`` replaces them); and the
+    TensorBoard writer must be installed (found, not imported: it imports torch)."""
+    if not cfg.log_dir:
+        return
+    if importlib.util.find_spec("tensorboard") is None:
+        raise PlannerError(
+            "--log-dir writes TensorBoard event files: the tensorboard package is not installed",
+            fixes=("pip install tensorboard", "leave out --log-dir"),
+        )
+    path = Path(cfg.log_dir)
+    _check_not_under_a_file("--log-dir", path)
+    metrics = path / METRICS_FILE
+    if not (cfg.resume or cfg.overwrite) and metrics.is_file() and metrics.stat().st_size > 0:
+        raise PlannerError(
+            f"--log-dir {path} holds the metrics of an earlier run ({METRICS_FILE})",
+            fixes=("add --resume to continue them", "add --overwrite to replace them", "pass another dir"),
+        )
+    _check_writable("--log-dir", path)
+
+
+def _check_not_under_a_file(option: str, path: Path) -> None:
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise PlannerError(
+            f"{option} {path}: {blocker} is a file, not a directory",
+            fixes=("pass a directory (it is created if missing)",),
+        )
+
+
+def _check_writable(option: str, path: Path) -> None:
     # Whether it can be written is only known by writing (permissions, read-only mounts, /proc): create it now and
     # write a probe, rather than train for hours and fail at the save.
     try:
@@ -357,7 +397,7 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
             pass
     except OSError as err:
         raise PlannerError(
-            f"--checkpoint {path}: cannot write there ({err.strerror or err})",
+            f"{option} {path}: cannot write there ({err.strerror or err})",
             fixes=("pass a writable directory",),
         ) from None
 
@@ -380,8 +420,10 @@ def elastic_resume(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -
     newest checkpoint that its run (``TORCHELASTIC_RUN_ID``) wrote, or, if it wrote none yet, starts over into the
     directory its first attempt was allowed to use. The first attempt runs ``cfg`` as given."""
     env = os.environ if environ is None else environ
-    if not cfg.checkpoint or int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
+    if int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
         return cfg
+    if not cfg.checkpoint:  # it starts over: its metrics replace the first attempt's
+        return replace(cfg, overwrite=True) if cfg.log_dir else cfg
     from .checkpoints import written_by_run
 
     if written_by_run(cfg.checkpoint, env.get("TORCHELASTIC_RUN_ID", "")):
@@ -472,9 +514,10 @@ def check_id_space(spec: ModelSpec, cfg: TrainConfig) -> None:
 def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> None:
     """The run's inputs that every process would trip over: one line here, before any process starts.
 
-    Checks the data (:func:`check_data_matches`), the checkpoint directory and, with ``--resume``, that it holds a
-    trainer state; that the model's tables agree on one sparse optimizer and one dim, and its dense arch on the
-    data's dense features; and, when the plan has PS tables (``with_ps``), ``PERSIA_RPC_TRANSPORTS``.
+    Checks the data (:func:`check_data_matches`), the checkpoint and log directories and, with ``--resume``, that the
+    checkpoint holds a trainer state; that the model's tables agree on one sparse optimizer and one dim, and its
+    dense arch on the data's dense features; and, when the plan has PS tables (``with_ps``),
+    ``PERSIA_RPC_TRANSPORTS``.
 
     Raises:
         PlannerError: The first problem found (``SpecError`` for the data).
@@ -484,6 +527,7 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
     if cfg.resume and cfg.checkpoint:  # first: a refused resume creates nothing
         check_resume_exists(cfg.checkpoint)
     check_checkpoint_dir(cfg)
+    check_log_dir(cfg)
     sparse_optimizer_of(cfg, spec)
     dlrm_embedding_dim(spec)
     check_dense_inputs(spec, cfg)

@@ -19,6 +19,7 @@ job, and re-exports the Python API below.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -46,7 +47,6 @@ from .config import (
     TrainConfig,
     check_before_start,
     dense_arch,
-    describe_hyper_parameters,
     dlrm_embedding_dim,
     elastic_resume,
     hyper_parameters,
@@ -57,12 +57,15 @@ from .distributed import check_trainers, distribute, executed_plan
 from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
 from .loop import TrainLoop, build_model, dense_state_dict, make_optimizer
+from .metrics_log import MetricsSink, Sinks, StepRecord, open_sinks, write_summary
+from .proclogs import launcher_log, log_failure, process_log
 from .ps.launch import trainers_store
 from .ps.progress import publish_progress
 from .ps_usage import planned_server_bytes, server_usage, usage_table, warm_up
 from .resume import TRAINER_STATE, Saver, check_layout, check_resume, data_layout, load_trainer_state
 from .stopping import GracefulStop
 from .stream import evaluate, lockstep, teacher_for, trainer_batches
+from .terminal import ema, progress_bar, summary_rows
 
 __all__ = [
     "FINAL_CHECKPOINT_WAIT_S",
@@ -88,11 +91,12 @@ log = logging.getLogger(__name__)
 
 def _trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     """Body of trainer ``j`` (also under torchrun); returns the summary on trainer 0."""
-    with trainer_group(j, job, backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"):
-        return _train(j, client, job)
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    with trainer_group(j, job, backend=backend), contextlib.ExitStack() as cleanup:
+        return _train(j, client, job, cleanup)
 
 
-def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
+def _train(j: int, client: Any, job: Job, cleanup: contextlib.ExitStack) -> dict[str, Any] | None:
     cfg, spec = job.cfg, job.spec
     layout = data_layout(cfg, spec, job.trainers)
     batch_size = layout["batch_size"]
@@ -155,10 +159,15 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     profiler = None
     if cfg.steps >= 4 and hybrid.ps is None:
         profiler = StepProfiler(warmup, min(10, max(1, cfg.steps // 4)))
+    # Trainer 0 logs the job's steps: its samples/s counts every trainer's, and the others run the same steps.
+    # Closed however _train ends: a failed run keeps the steps it logged.
+    sink: MetricsSink = cleanup.enter_context(
+        contextlib.closing(open_sinks(cfg.log_dir, first_step=start_step) if j == 0 else Sinks())
+    )
     data_ms: list[float] = []
     ps_ms: dict[str, list[float]] = {"ps_wait": [], "push": []}
     loop = TrainLoop(dmp, hybrid, opt, device, profiler)
-    progress = _progress(cfg) if (j == 0 and cfg.progress) else None
+    progress = progress_bar(cfg) if (j == 0 and cfg.progress) else None
     task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
     t0 = time.perf_counter()
     # The loop's start on the machine-wide monotonic clock: places each step's t_s beside other processes' samples.
@@ -189,23 +198,20 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
                 excluded_samples += stats.samples * job.trainers
                 excluded_steps += 1
             rate = (samples - excluded_samples) / max(1e-9, time.perf_counter() - t0 - eval_s)
+            t_s = time.perf_counter() - t0  # at the step's end, evaluations included: throughput over time
             history.append(
-                {
-                    "step": step,
-                    "loss": stats.loss,
-                    "samples": samples,
-                    "staleness": stats.staleness,
-                    "t_s": time.perf_counter() - t0,  # at the step's end, evaluations included: throughput over time
-                }
+                {"step": step, "loss": stats.loss, "samples": samples, "staleness": stats.staleness, "t_s": t_s}
             )
+            sink.log_step(StepRecord.of(step, stats, samples_per_s=rate, t_s=t_s))
             if progress:
-                progress.update(task, advance=1, loss=_ema(losses), rate=rate, stale=stats.staleness)
+                progress.update(task, advance=1, loss=ema(losses), rate=rate, stale=stats.staleness)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < start_step + cfg.steps:
                 eval_started = time.perf_counter()
                 hybrid.flush()
                 dist.barrier()  # every trainer's pushes are applied before anyone evaluates
                 held_out = trainer_batches(spec, cfg, batch_size, eval_=True, skip=start_step)
                 history[-1].update(evaluate(dmp, held_out, device))
+                sink.log_eval(step, history[-1])
                 eval_s += time.perf_counter() - eval_started
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < start_step + cfg.steps:
                 eval_s += saver.save(step)  # not training time either
@@ -229,6 +235,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     if saver.last_step != step:
         saver.save(step)
     result = evaluate(dmp, trainer_batches(spec, cfg, batch_size, eval_=True, skip=start_step), device)
+    sink.log_eval(step, result)
     if history:
         history[-1].update(result)
     if j != 0:
@@ -294,28 +301,6 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2]
 
 
-def _ema(xs: list[float], window: int = 20) -> float:
-    tail = xs[-window:]
-    return sum(tail) / len(tail)
-
-
-def _progress(cfg: TrainConfig) -> Any:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("[bold]train[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}"),
-        TextColumn("{task.fields[rate]:,.0f} samples/s"),
-        TextColumn("staleness {task.fields[stale]}" + f"/{cfg.effective_staleness}"),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=False,
-    )
-
-
 # How long the trainers have, after SIGINT or SIGTERM, to reach the step they agree to stop at and save the final
 # checkpoint (a second signal stops them at once).
 FINAL_CHECKPOINT_WAIT_S = 120.0
@@ -364,6 +349,7 @@ def train_local(
         check_layout(ckpt.path / TRAINER_STATE, state, data_layout(cfg, spec, cfg.trainers))
         chosen = str(ckpt.path)
     job = Job(cfg, spec, dict(tables), topology, servers if has_ps else 0, cfg.trainers, resume_from=chosen)
+    logged = launcher_log(cfg.log_dir, f"{cfg!r}, {job.servers} servers") if cfg.log_dir else None
     try:
         results = local_cluster(
             job.servers,
@@ -376,17 +362,30 @@ def train_local(
             run_timeout_s=run_timeout_s,
             drain_s=FINAL_CHECKPOINT_WAIT_S if cfg.checkpoint else 0.0,
             on_start=on_start,
+            log_dir=cfg.log_dir,
         )
     except Interrupted as stop:
         if not stop.results:
             raise
         done = stop.results[0]
+        if cfg.log_dir:
+            write_summary(cfg.log_dir, done)
         raise Interrupted(
             stop.signum,
             f"interrupted ({signal.Signals(stop.signum).name}) after step {done['last_step']}; "
             f"checkpoint in {done['checkpoint']} (--resume goes on from there)",
             stop.results,
         ) from None
+    except Exception as err:
+        if logged is not None:  # the terminal gets the one line from the caller
+            log_failure(logged, err)
+        raise
+    finally:
+        if logged is not None:
+            logging.getLogger().removeHandler(logged)
+            logged.close()
+    if cfg.log_dir:
+        write_summary(cfg.log_dir, results[0])
     return results[0]
 
 
@@ -416,7 +415,7 @@ def train_torchrun(
     """
     from .ps import server as ps_server
     from .ps.trainer import joined
-    from .roles import claim_role, with_processes
+    from .roles import claim_role
 
     process = TorchrunProcess.from_environ()
     role = process_role(topology, process, node_host)
@@ -428,24 +427,29 @@ def train_torchrun(
     cfg = replace(cfg, trainers=len(topology.gpus))
     claim_role(role, process)
     if role.kind is ProcessKind.SERVER:
-        ps_server.serve(rank, world, name=role.name)
+        with process_log(cfg.log_dir, role.name):
+            ps_server.serve(rank, world, name=role.name)
         return None
     index = role.index
     _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
     job = Job(cfg, spec, dict(tables), topology, servers, cfg.trainers, restarted=restarted)
     if not servers:  # no parameter_server host: no RPC group, as on one machine
-        return with_processes(_trainer(index, None, job), world)
+        with process_log(cfg.log_dir, f"trainer{index}"):
+            return _finished(_trainer(index, None, job), world, cfg)
     # joined: a failed step leaves at once; a server lost at the end is named within the peer timeout, not awaited.
-    with joined(
-        f"trainer{index}",
-        rank,
-        world,
-        timeout_s=PS_REQUEST_TIMEOUT_S,
-        delay_ms=cfg.ps_delay_ms,
-        wire_dtype=cfg.ps_wire_dtype,
-    ) as client:
+    with (
+        process_log(cfg.log_dir, f"trainer{index}"),
+        joined(
+            f"trainer{index}",
+            rank,
+            world,
+            timeout_s=PS_REQUEST_TIMEOUT_S,
+            delay_ms=cfg.ps_delay_ms,
+            wire_dtype=cfg.ps_wire_dtype,
+        ) as client,
+    ):
         try:
-            return with_processes(_trainer(index, client, job), world)
+            return _finished(_trainer(index, client, job), world, cfg)
         except RuntimeError as err:
             cause = next((c for c in _PEER_GONE if c in str(err)), None)
             if cause is None:
@@ -458,31 +462,15 @@ def train_torchrun(
             ) from None
 
 
+def _finished(result: dict[str, Any] | None, world: int, cfg: TrainConfig) -> dict[str, Any] | None:
+    """The first trainer's summary with where every process ran, also in ``--log-dir``'s summary.json."""
+    from .roles import with_processes
+
+    result = with_processes(result, world)
+    if result is not None and cfg.log_dir:
+        write_summary(cfg.log_dir, result)
+    return result
+
+
 # What gloo says when the other end of a collective died.
 _PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
-
-
-def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    """The summary table's rows (metric, value)."""
-    rows = [
-        ("AUC", f"{result['auc']:.4f}"),
-        ("teacher AUC (best possible)", f"{result['teacher_auc']:.4f}" if result.get("teacher_auc") else "-"),
-        ("train loss (last 10%)", f"{result['loss']:.4f}"),
-        ("eval log loss", f"{result['eval_loss']:.4f}"),
-        ("samples/s", f"{result['samples_per_s']:,.0f}"),
-        ("step ms (median, after warm-up)", f"{result['step_ms']:.1f}"),
-        (
-            "  of which (ms)",
-            ", ".join(f"{k} {v:.1f}" for k, v in result.get("step_breakdown_ms", {}).items() if k != "data") or "-",
-        ),
-        ("data ms per step (not in the step)", f"{result.get('step_breakdown_ms', {}).get('data', 0.0):.1f}"),
-        ("global batch x steps", f"{result['batch_size']} x {result['steps']}"),
-        ("dense arch; optimizers (lr)", describe_hyper_parameters(result.get("hyper_parameters"))),
-        ("staleness K (max seen)", f"{result['staleness']} ({result['staleness_max_seen']})"),
-        ("trainers / PS servers", f"{result['trainers']} / {result['servers']}"),
-        ("PS wire dtype", result["ps_wire"]),
-        ("PS tables (async)", ", ".join(result["ps_tables"]) or "-"),
-        ("local tables (sync)", f"{len(result['local_tables'])}"),
-        ("executed as planned", "yes" if result.get("executed_matches_plan") else "no"),
-    ]
-    return rows

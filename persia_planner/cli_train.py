@@ -133,6 +133,14 @@ def train_command(
             "topology order)",
         ),
     ] = None,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--log-dir",
+            help="write per-step metrics (metrics.jsonl, TensorBoard events), summary.json and one log file per "
+            "process here (--resume appends)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,
 ) -> None:
     """Train the model's DLRM or DCN-v2 with the plan: local tables sync (fbgemm), PS tables async (bounded
@@ -192,6 +200,7 @@ def train_command(
             progress=not as_json,
             teacher_rows_scale=id_space,
             ps_capacity=ps_capacity,
+            log_dir=str(log_dir) if log_dir is not None else None,
         )
         if plan_path is not None:
             the_plan = load_plan(plan_path)

@@ -3,6 +3,7 @@ before it imports torch."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -151,6 +152,31 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
     check_before_start(TrainConfig(), criteo_model, with_ps=False)  # no PS tables: the transports do not matter
     with pytest.raises(PlannerError, match=r"unknown TensorPipe transport\(s\) \['foo'\]"):
         check_before_start(TrainConfig(), criteo_model, with_ps=True)
+
+
+def test_the_log_dir_is_checked_before_any_process_starts(tmp_path, monkeypatch):
+    spec = model("sgd")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(PlannerError, match=f"^--log-dir {tmp_path}/afile/x: {tmp_path}/afile is a file, not a dir"):
+        check_before_start(TrainConfig(log_dir=str(tmp_path / "afile" / "x")), spec, with_ps=False)
+    with pytest.raises(PlannerError, match=r"^--log-dir /proc/persia-logs: cannot write there \("):
+        check_before_start(TrainConfig(log_dir="/proc/persia-logs"), spec, with_ps=False)
+    logs = tmp_path / "logs"
+    check_before_start(TrainConfig(log_dir=str(logs)), spec, with_ps=False)
+    assert logs.is_dir() and not any(logs.iterdir())
+    (logs / "trainer0.log").write_text("a process log alone is no earlier run's metrics\n")
+    check_before_start(TrainConfig(log_dir=str(logs)), spec, with_ps=False)
+    (logs / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(PlannerError, match=f"^--log-dir {logs} holds the metrics of an earlier run"):
+        check_before_start(TrainConfig(log_dir=str(logs)), spec, with_ps=False)
+    check_before_start(TrainConfig(log_dir=str(logs), overwrite=True), spec, with_ps=False)
+    assert (logs / "metrics.jsonl").read_text() == '{"step": 1}\n'  # checks write nothing into it
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(
+        PlannerError, match=r"^--log-dir writes TensorBoard event files: the tensorboard package is not"
+    ):
+        check_before_start(TrainConfig(log_dir=str(tmp_path / "other")), spec, with_ps=False)
 
 
 def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):

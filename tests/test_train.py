@@ -150,6 +150,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--dense-optimizer", "lamb"], "--dense-optimizer must be one of adagrad, sgd, adam, got 'lamb'"),
         (["--sparse-optimizer", "lamb"], "--sparse-optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
         (["--eval-every", "-1"], "--eval-every"),
+        (["--log-dir", "/dev/null/logs"], "--log-dir /dev/null/logs: /dev/null is a file, not a directory"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(args, needle):
@@ -199,8 +200,13 @@ def test_cli_refuses_before_training_and_reports_trainer_errors_in_one_line(tmp_
     model = tmp_path / "m.yaml"
     model.write_text("name: m\nbatch_size: 64\ntables:\n  - {name: c1, rows: 100, dim: 8}\n")
     (tmp_path / "day_0").write_text("not a criteo line\n" * 200)
-    line = _one_line_error([*quick, "--model", str(model), "--data", f"criteo:{tmp_path / 'day_0'}"])
+    logs = tmp_path / "logs"
+    bad_data = ["--model", str(model), "--data", f"criteo:{tmp_path / 'day_0'}", "--log-dir", str(logs)]
+    line = _one_line_error([*quick, *bad_data])
     assert "trainer0 failed" in line
+    # With --log-dir the terminal shows the same; the traceback is in the trainer's log, the line in the launcher's.
+    assert "Traceback (most recent call last)" in (logs / "trainer0.log").read_text()
+    assert line.removeprefix("error: ").split(";")[0] in (logs / "launcher.log").read_text()
 
 
 OPTS = ["--eval-batches", "2", "--json", "--staleness", "2", "--batch-size", "256"]
@@ -286,12 +292,12 @@ def test_cli_refuses_adam_for_local_tables_on_cpu_before_training():
 
 
 @pytest.mark.timeout(600)
-def test_same_entry_point_runs_under_torchrun():
+def test_same_entry_point_runs_under_torchrun(tmp_path):
     from persia_planner.modules.ps.launch import reserved_port
 
     with reserved_port() as port:  # ours until the run ends: torchrun may bind it (SO_REUSEADDR), nobody else
         torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "4", "--master-port", str(port)]
-        done = _run_torchrun(torchrun)
+        done = _run_torchrun(torchrun, ["--log-dir", str(tmp_path)])
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("{")]  # only the first trainer prints
     result = json.loads(line)
@@ -305,9 +311,14 @@ def test_same_entry_point_runs_under_torchrun():
         (2, "trainer0"),
         (3, "trainer1"),
     ]
+    # Each process logs into its own file for the job only: the result above still reached the terminal.
+    for name in ("ps0", "ps1", "trainer0", "trainer1"):
+        assert (tmp_path / f"{name}.log").read_text().startswith(f"==== {name} (pid "), name
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4] and json.loads((tmp_path / "summary.json").read_text())["auc"] == result["auc"]
 
 
-def _run_torchrun(torchrun: list[str]) -> subprocess.CompletedProcess:
+def _run_torchrun(torchrun: list[str], extra: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             *torchrun,
@@ -323,6 +334,7 @@ def _run_torchrun(torchrun: list[str]) -> subprocess.CompletedProcess:
             "--ps-wire",
             "bfloat16",
             "--json",
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -454,3 +466,35 @@ def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
     single = json.loads(done.stdout)
     for key in ("loss", "auc", "eval_loss"):
         assert multi[key] == pytest.approx(single[key], abs=1e-6), key
+
+
+@pytest.mark.timeout(600)
+def test_cli_logs_every_step_and_a_resume_appends(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logs, quick = tmp_path / "logs", ["--mode", "sync", "--batch-size", "64", "--eval-batches", "1", "--json"]
+    common = [*quick, "--checkpoint", str(tmp_path / "ckpt"), "--log-dir", str(logs)]
+    done = subprocess.run([*PERSIA, "train", "--steps", "3", *common], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    lines = [json.loads(x) for x in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    keys = {"loss", "samples_per_s", "staleness", "ps_wait_ms", "push_ms", "data_ms", "step_ms", "t_s"}
+    assert all(keys <= line.keys() for line in lines) and lines[-1]["auc"] == result["auc"]
+    assert json.loads((logs / "summary.json").read_text()) == result
+    for name in ("launcher", "ps0", "ps1", "trainer0", "trainer1"):
+        assert (logs / f"{name}.log").stat().st_size > 0, name
+    # The same directory again: refused from scratch, appended to by a resume (steps go on from the checkpoint).
+    again = [*PERSIA, "train", "--steps", "2", *quick, "--log-dir", str(logs)]
+    refused = subprocess.run(again, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "holds the metrics of an earlier run" in refused.stderr, refused.stderr
+    resumed = [*PERSIA, "train", "--steps", "2", "--resume", *common]
+    done = subprocess.run(resumed, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(x) for x in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 5]
+    events = EventAccumulator(str(logs / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5]
+    assert [e.value for e in events.Scalars("loss")] == pytest.approx([line["loss"] for line in lines])
+    assert (logs / "trainer0.log").read_text().count("==== trainer0 (pid ") == 2
