@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .atomic import atomic_write
-from .config import METRICS_FILE
+from .run_dirs import METRICS_FILE
 
 __all__ = [
     "EVAL_KEYS",

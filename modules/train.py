@@ -48,7 +48,6 @@ from .config import (
     check_before_start,
     dense_arch,
     dlrm_embedding_dim,
-    elastic_resume,
     hyper_parameters,
     id_universe,
     sparse_optimizer_of,
@@ -63,6 +62,7 @@ from .ps.launch import trainers_store
 from .ps.progress import publish_progress
 from .ps_usage import planned_server_bytes, server_usage, usage_table, warm_up
 from .resume import TRAINER_STATE, Saver, check_layout, check_resume, data_layout, load_trainer_state
+from .run_dirs import elastic_resume
 from .stopping import GracefulStop
 from .stream import evaluate, lockstep, teacher_for, trainer_batches
 from .terminal import ema, progress_bar, summary_rows

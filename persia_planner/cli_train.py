@@ -155,7 +155,8 @@ def train_command(
 
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
-    from persia_planner.modules.config import TrainConfig, check_before_start, elastic_resume
+    from persia_planner.modules.config import TrainConfig, check_before_start
+    from persia_planner.modules.run_dirs import elastic_resume
     from persia_planner.nodes import TorchrunProcess, process_role
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
     from persia_planner.plan_checks import require_valid

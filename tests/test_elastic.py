@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from processes import descendants_of
 
-from persia_planner.modules.config import TrainConfig, elastic_resume
+from persia_planner.modules.config import TrainConfig
+from persia_planner.modules.run_dirs import elastic_resume
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
