@@ -354,8 +354,11 @@ def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
     to_criteo(SyntheticClicks(teacher, batch_size=64, num_batches=6, seed=3), tmp_path / "day_0")
     with pytest.raises(PlannerError, match="no evaluation samples"):
         run(steps=100, batch_size=64, data=f"criteo:{tmp_path / 'day_0'}", checkpoint=str(tmp_path / "ckpt"))
-    state = torch.load(tmp_path / "ckpt" / "step-000000003" / "trainer.pt", weights_only=True)
-    assert state["step"] == 3 and state["seed"] == 0  # 6 batches of 64 = 3 steps of 2 trainers x 64
+    (saved,) = (tmp_path / "ckpt").glob("step-*")
+    state = torch.load(saved / "trainer.pt", weights_only=True)
+    # 6 batches of 64 in one file: each trainer reads about half of its bytes (whole lines), so the shorter share
+    # holds 2 or 3 full batches, and the trainers stop together after it.
+    assert state["step"] == int(saved.name.removeprefix("step-")) in (2, 3) and state["seed"] == 0
     assert state["data"] == f"criteo:{(tmp_path / 'day_0').resolve()}"
 
 
