@@ -161,6 +161,9 @@ def train_command(
                     fixes=("launch with torchrun", "unset TORCHELASTIC_RUN_ID to train locally"),
                 )
 
+        from persia_planner.modules.stack import require_training_stack
+
+        require_training_stack("persia train")
         from persia_planner.modules.train import summary_rows, train_local, train_torchrun, usage_table
 
         logging.basicConfig(level=logging.WARNING)
