@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from persia_planner.errors import PlannerError
+from persia_planner.modules import stack
 from persia_planner.modules.stack import (
     INSTALL_FIXES,
     PS_STACK,
     TRAINING_STACK,
     StackPackage,
+    mismatch,
     missing_packages,
     require_training_stack,
 )
@@ -49,6 +51,36 @@ def test_the_ps_needs_only_torch(monkeypatch):
     assert missing_packages(PS_STACK) == ()
     monkeypatch.setitem(sys.modules, "torch", None)
     assert missing_packages(PS_STACK) == (StackPackage("torch", "torch"),)
+
+
+def installed(monkeypatch, versions: dict[str, str]) -> None:
+    """Make the stack's metadata say ``versions`` (distribution -> version); the others are not installed."""
+    monkeypatch.setattr(stack, "installed_version", versions.get)
+
+
+def test_the_known_good_pairs_match(monkeypatch):
+    installed(monkeypatch, {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"})
+    assert mismatch() is None
+    # constraints/train-cpu.txt's install: the file-less fbgemm-gpu 1.8.0+cpu beside fbgemm-gpu-cpu
+    installed(monkeypatch, {"torch": "2.13.0+cpu", "fbgemm-gpu": "1.8.0+cpu", "fbgemm-gpu-cpu": "1.8.0"})
+    assert mismatch() is None
+    installed(monkeypatch, {"torch": "2.13.0", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"})  # CUDA
+    assert mismatch() is None
+
+
+def test_a_cuda_fbgemm_beside_a_cpu_torch_is_named(monkeypatch):
+    installed(monkeypatch, {"torch": "2.13.0+cpu", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"})
+    assert mismatch() == "fbgemm-gpu 1.8.0 is the CUDA build, which does not load on torch 2.13.0+cpu (a CPU build)"
+    with pytest.raises(PlannerError, match=r"^persia train needs the training stack, and fbgemm-gpu 1.8.0 is the CUDA"):
+        require_training_stack("persia train")
+    require_training_stack("persia ps", PS_STACK)  # a server does not load fbgemm
+
+
+def test_a_release_built_for_another_torch_is_named(monkeypatch):
+    installed(monkeypatch, {"torch": "2.13.0", "fbgemm-gpu": "1.9.0", "torchrec": "1.8.0"})
+    assert mismatch() == "fbgemm 1.9.0 is built for torch 2.14, and torch 2.13.0 is installed"
+    installed(monkeypatch, {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.7.0"})
+    assert mismatch() == "torchrec 1.7.0 is built for torch 2.12, and torch 2.13.0+cpu is installed"
 
 
 def persia_without(hidden: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
