@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import enum
 import math
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from persia_planner.dense import DenseArch
 from persia_planner.errors import PlannerError, SpecError
-from persia_planner.specs import ModelSpec, Optimizer
+from persia_planner.specs import DataSchema, ModelSpec, Optimizer
 
+from .data_source import DataKind, DataSource, check_tabular
 from .rpcenv import rpc_transports
+from .run_dirs import check_checkpoint_dir, check_log_dir, check_resume_exists
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -36,16 +36,17 @@ __all__ = [
     "TrainMode",
     "WireDtype",
     "check_before_start",
-    "check_checkpoint_dir",
     "check_data_matches",
+    "check_dense_inputs",
     "check_id_space",
-    "check_resume_exists",
-    "criteo_files",
-    "criteo_path",
     "data_identity",
+    "data_schema",
+    "dense_arch",
+    "describe_hyper_parameters",
     "dlrm_embedding_dim",
-    "elastic_resume",
+    "hyper_parameters",
     "id_universe",
+    "num_dense",
     "sparse_optimizer_of",
 ]
 
@@ -54,29 +55,18 @@ MAX_ID_SPACE = 1000.0
 """The largest ``--id-space``: ids drawn from a thousand times a table's rows already overflow any store."""
 MAX_SYNTHETIC_IDS = 2**26
 """The most distinct ids of one synthetic feature: the generator keeps an 8-byte CDF entry per id (512 MiB)."""
-_CRITEO = "criteo:"
+NUM_CRITEO_DENSE = 13
+"""Criteo's integer columns I1..I13, the synthetic data's dense features too."""
+MAX_DATA_WORKERS = 64
 
 
-# ---- --data: "synthetic" or "criteo:PATH" -----------------------------------------------------------------------
-
-
-def criteo_path(data: str) -> Path | None:
-    """The file or directory of ``--data criteo:PATH``; None for any other value (``synthetic``, or no path)."""
-    if not data.startswith(_CRITEO) or data == _CRITEO:
-        return None
-    return Path(data.removeprefix(_CRITEO))
-
-
-def criteo_files(path: Path) -> list[str]:
-    """The files ``criteo:PATH`` reads, in order: the file itself, or every file of the directory by name."""
-    return sorted(str(p) for p in path.iterdir() if p.is_file()) if path.is_dir() else [str(path)]
+# ---- --data: "synthetic" or "KIND:PATH" (:mod:`.data_source`) --------------------------------------------------
 
 
 def data_identity(data: str) -> str:
-    """``--data`` as a checkpoint records it: a Criteo path resolved, so that the same files under another spelling
-    of their path are the same data."""
-    path = criteo_path(data)
-    return data if path is None else _CRITEO + str(path.resolve())
+    """``--data`` as a checkpoint records it: a path resolved, so that the same files under another spelling of their
+    path are the same data."""
+    return DataSource.parse(data).identity
 
 
 class TrainMode(enum.StrEnum):
@@ -114,6 +104,7 @@ class DenseOptimizer(enum.StrEnum):
 
     ADAGRAD = "adagrad"
     SGD = "sgd"
+    ADAM = "adam"
 
 
 def _choice(kind: type[enum.StrEnum], value: Any, option: str) -> Any:
@@ -139,15 +130,20 @@ class TrainConfig:
         mode: ``hybrid`` (PS tables async with staleness K) or ``sync`` (K = 0: one gathered update per step,
             every step sees every update, reproducible).
         trainers: Trainer processes.
-        data: ``"synthetic"`` or ``"criteo:PATH"`` (one file or a directory of files).
+        data: ``"synthetic"``, or ``"criteo:PATH"``, ``"parquet:PATH"`` or ``"csv:PATH"`` (one file or a directory
+            of files; :class:`.data_source.DataSource`).
+        schema: How a Parquet / CSV file's columns feed the model (``--schema``); None: the model's ``data:``.
+        data_workers: DataLoader worker processes per trainer reading Parquet, CSV or Criteo files (0: the trainer
+            reads them itself); each reads its own part of the trainer's share.
         eval_batches: Batches per trainer for the final AUC (held out: a different seed, or the batches after the
             training ones in a Criteo file).
         eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
         sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
-        sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (PS tables only); None: the one
-            the model's tables name (``optimizer:`` in model.yaml, which the plan sized their state for).
+        sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (local tables: CUDA only, fbgemm has
+            no CPU adam), for every table; None: the one the model's tables name (``optimizer:`` in model.yaml, which
+            the plan sized their state for).
         dense_lr: Learning rate of the dense optimizer.
-        dense_optimizer: ``adagrad`` or ``sgd``.
+        dense_optimizer: ``adagrad``, ``sgd`` or ``adam``.
         ps_delay_ms: Added to every PS call (a stand-in for a slow network).
         ps_wire: The dtype PS rows and gradients travel in: ``float32`` (exact), ``float16`` or ``bfloat16`` (half
             the bytes, as Persia sends them; the servers keep float32 weights and optimizer state).
@@ -166,6 +162,9 @@ class TrainConfig:
             server's store fills and evicts while training.
         ps_capacity: ``planned`` (each server's store holds the rows the plan charged it for) or ``unbounded``
             (it holds every id the synthetic data can draw; needs ``data="synthetic"``).
+        log_dir: Directory of the run's logs (:mod:`.metrics_log`, :mod:`.proclogs`): per-step metrics as JSON lines
+            and TensorBoard events, the summary, one log file per process. ``resume`` appends to it; a run from
+            scratch into one that holds metrics needs ``overwrite``.
 
     Raises:
         PlannerError: An option is out of range or not one of its choices (one line, naming the option).
@@ -177,6 +176,8 @@ class TrainConfig:
     mode: TrainMode = TrainMode.HYBRID
     trainers: int = 2
     data: str = "synthetic"
+    schema: DataSchema | None = None
+    data_workers: int = 0
     eval_batches: int = 8
     eval_every: int = 0
     sparse_lr: float = 0.1
@@ -194,15 +195,18 @@ class TrainConfig:
     progress: bool = True
     teacher_rows_scale: float = 0.02
     ps_capacity: PsCapacity = PsCapacity.PLANNED
+    log_dir: str | None = None
 
     def __post_init__(self) -> None:
         # frozen: the string-to-enum conversions go through object.__setattr__, once, here.
         object.__setattr__(self, "mode", _choice(TrainMode, self.mode, "--mode"))
         object.__setattr__(self, "ps_wire", _choice(WireDtype, self.ps_wire, "--ps-wire"))
         object.__setattr__(self, "ps_capacity", _choice(PsCapacity, self.ps_capacity, "--ps-capacity"))
-        object.__setattr__(self, "dense_optimizer", _choice(DenseOptimizer, self.dense_optimizer, "dense optimizer"))
+        object.__setattr__(self, "dense_optimizer", _choice(DenseOptimizer, self.dense_optimizer, "--dense-optimizer"))
         if self.sparse_optimizer is not None:
-            object.__setattr__(self, "sparse_optimizer", _choice(Optimizer, self.sparse_optimizer, "sparse optimizer"))
+            object.__setattr__(
+                self, "sparse_optimizer", _choice(Optimizer, self.sparse_optimizer, "--sparse-optimizer")
+            )
         if self.steps < 1 or self.trainers < 1 or self.eval_batches < 1:
             raise PlannerError("--steps, trainers and eval batches must be >= 1")
         if self.batch_size is not None and self.batch_size < 1:
@@ -213,9 +217,9 @@ class TrainConfig:
             raise PlannerError(f"--ps-delay-ms must be a finite number >= 0, got {self.ps_delay_ms}")
         if self.eval_every < 0:
             raise PlannerError(f"--eval-every must be >= 0 (0: only at the end), got {self.eval_every}")
-        for name, value in (("sparse_lr", self.sparse_lr), ("dense_lr", self.dense_lr)):
-            if not 0 < value < math.inf:
-                raise PlannerError(f"{name} must be a finite number > 0, got {value}")
+        for name, value in (("--sparse-lr", self.sparse_lr), ("--dense-lr", self.dense_lr)):
+            if not 0 < value < math.inf:  # nan fails this too
+                raise PlannerError(f"{name} must be a finite number > 0, got {value}", fixes=(f"e.g. {name} 0.05",))
         if not 0 < self.teacher_rows_scale <= MAX_ID_SPACE:  # nan fails this too
             raise PlannerError(
                 f"--id-space must be a number in (0, {MAX_ID_SPACE:g}] (ids per table row), "
@@ -239,14 +243,17 @@ class TrainConfig:
                 "--resume continues the checkpoint that --overwrite would replace: pass one of them",
                 fixes=("--resume to continue it", "--overwrite to train from scratch into it"),
             )
-        if self.data != "synthetic" and criteo_path(self.data) is None:
+        if self.schema is not None and not DataSource.parse(self.data).tabular:
             raise PlannerError(
-                f"--data must be 'synthetic' or 'criteo:PATH', got {self.data!r}",
-                fixes=("e.g. --data criteo:/data/day_0.tsv",),
+                f"--schema maps the columns of Parquet or CSV files, not --data {self.data}",
+                fixes=("drop --schema", "pass --data parquet:PATH or csv:PATH"),
             )
+        DataSource.parse(self.data)
+        if not 0 <= self.data_workers <= MAX_DATA_WORKERS:
+            raise PlannerError(f"data workers must be in [0, {MAX_DATA_WORKERS}], got {self.data_workers}")
         if self.ps_capacity is PsCapacity.UNBOUNDED and self.data != "synthetic":
             raise PlannerError(
-                "--ps-capacity unbounded needs --data synthetic: the ids of Criteo files are not known before reading",
+                "--ps-capacity unbounded needs --data synthetic: the ids of data files are not known before reading",
                 fixes=("--ps-capacity planned",),
             )
 
@@ -262,18 +269,30 @@ class TrainConfig:
 # ---- checks of the run's inputs, before any process starts ----------------------------------------------------
 
 
+def data_schema(spec: ModelSpec, cfg: TrainConfig) -> DataSchema | None:
+    """The columns' roles of a Parquet / CSV source: ``--schema``'s, else the model's ``data:``."""
+    return cfg.schema if cfg.schema is not None else spec.data
+
+
+def num_dense(spec: ModelSpec, cfg: TrainConfig) -> int:
+    """The dense features of a batch: the schema's dense columns for Parquet / CSV, Criteo's 13 otherwise."""
+    schema = data_schema(spec, cfg)
+    if DataSource.parse(cfg.data).tabular and schema is not None:
+        return len(schema.dense)
+    return NUM_CRITEO_DENSE
+
+
 def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """``--data criteo:PATH`` must exist and hold files; it provides features c1..c26, so the model's tables must
-    be named after them."""
-    path = criteo_path(cfg.data)
-    if path is None:
+    """The data must exist and feed the model: ``--data criteo:PATH`` provides features c1..c26, so the model's
+    tables must be named after them (and gzip files, read whole, are at least one per trainer); a Parquet / CSV
+    source is checked against its schema by :func:`.data_source.check_tabular`."""
+    source = DataSource.parse(cfg.data)
+    if source.tabular:
+        check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers)
         return
-    if not path.exists():
-        raise SpecError(str(path), "", "file or directory not found", fixes=("pass --data criteo:PATH",))
-    if path.is_dir() and not any(p.is_file() for p in path.iterdir()):
-        raise SpecError(
-            str(path), "", "the directory holds no files", fixes=("point --data criteo: at Criteo .tsv/.gz files",)
-        )
+    if source.kind is not DataKind.CRITEO:
+        return
+    files = source.check_files()
     unknown = [t.name for t in spec.tables if t.name not in FEATURE_NAMES]
     if unknown:
         raise SpecError(
@@ -281,6 +300,14 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
             f"tables.{unknown[0]}",
             "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
             fixes=("name the tables c1..c26",),
+        )
+    if all(f.endswith(".gz") for f in files) and len(files) < cfg.trainers:
+        raise SpecError(
+            str(source.path),
+            "",
+            f"{len(files)} gzip file(s) for {cfg.trainers} trainers: a gzip file cannot be split, each trainer reads "
+            "whole ones",
+            fixes=("decompress the files", "split them into one per trainer or more"),
         )
 
 
@@ -303,64 +330,6 @@ MAX_KEEP = 1000
 """The most checkpoints a run keeps (each is a full copy of the model)."""
 
 
-def check_checkpoint_dir(cfg: TrainConfig) -> None:
-    """``--checkpoint`` must be a writable directory or a path one can become (it is created here): found out before
-    training, not at its end."""
-    if not cfg.checkpoint:
-        return
-    path = Path(cfg.checkpoint)
-    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        raise PlannerError(
-            f"--checkpoint {path}: {blocker} is a file, not a directory",
-            fixes=("pass a directory (it is created if missing)",),
-        )
-    # A run from scratch replaces what the directory holds at its first save: never silently.
-    if not (cfg.resume or cfg.overwrite) and path.is_dir() and any(path.iterdir()):
-        raise PlannerError(
-            f"--checkpoint {path} is not empty; training from scratch would replace what it holds",
-            fixes=("add --resume to continue its checkpoint", "add --overwrite to replace it", "pass another dir"),
-        )
-    # Whether it can be written is only known by writing (permissions, read-only mounts, /proc): create it now and
-    # write a probe, rather than train for hours and fail at the save.
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as err:
-        raise PlannerError(
-            f"--checkpoint {path}: cannot write there ({err.strerror or err})",
-            fixes=("pass a writable directory",),
-        ) from None
-
-
-def check_resume_exists(directory: str | os.PathLike[str]) -> Path:
-    """The newest checkpoint directory of ``directory`` (``--resume``), which must hold one whose files are all there
-    (sizes, not checksums). :func:`.resume.check_resume` checks it whole, falling back to an older one: it reads the
-    trainer state with torch.
-
-    Raises:
-        PlannerError: No checkpoint in ``directory``, or none whose files are all there.
-    """
-    from .checkpoints import newest_complete
-
-    return newest_complete(directory, checksums=False).path
-
-
-def elastic_resume(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> TrainConfig:
-    """``cfg`` for this attempt of a torchrun job: after a restart (``--max-restarts``), the job resumes from the
-    newest checkpoint that its run (``TORCHELASTIC_RUN_ID``) wrote, or, if it wrote none yet, starts over into the
-    directory its first attempt was allowed to use. The first attempt runs ``cfg`` as given."""
-    env = os.environ if environ is None else environ
-    if not cfg.checkpoint or int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
-        return cfg
-    from .checkpoints import written_by_run
-
-    if written_by_run(cfg.checkpoint, env.get("TORCHELASTIC_RUN_ID", "")):
-        return replace(cfg, resume=True, overwrite=False)
-    return cfg if cfg.resume else replace(cfg, overwrite=True)
-
-
 def dlrm_embedding_dim(spec: ModelSpec) -> int:
     """The one embedding dim of ``spec``'s tables, which DLRM's feature interaction needs.
 
@@ -374,6 +343,53 @@ def dlrm_embedding_dim(spec: ModelSpec) -> int:
             fixes=("give every table the same dim",),
         )
     return dims.pop()
+
+
+def dense_arch(spec: ModelSpec, cfg: TrainConfig) -> DenseArch:
+    """The dense arch a run builds: the model's (``dense: arch:``), or TorchRec's default ``DLRM`` over the data's
+    dense features (:func:`num_dense`) when the model names none."""
+    if spec.dense.arch is not None:
+        return spec.dense.arch
+    return replace(spec.dense.built_arch, num_dense=max(1, num_dense(spec, cfg)))
+
+
+def check_dense_inputs(spec: ModelSpec, cfg: TrainConfig) -> None:
+    """The model's dense arch reads the data's dense features (:func:`num_dense`): as many inputs as it has."""
+    arch, inputs = spec.dense.arch, num_dense(spec, cfg)
+    if arch is not None and arch.num_dense != inputs:
+        source = DataSource.parse(cfg.data)
+        kind = f"{source.kind.value} columns" if source.tabular else "synthetic or Criteo"
+        raise SpecError(
+            spec.name,
+            "dense.num_dense",
+            f"is {arch.num_dense}, but the data ({kind}) has {inputs} dense features",
+            fixes=(f"num_dense: {inputs}", "or leave num_dense out: it defaults to the data's"),
+        )
+
+
+def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
+    """What a run trains with, as ``--json`` and checkpoints record it: optimizers, learning rates, the global batch,
+    the evaluation interval, the staleness bound and the dense arch."""
+    return {
+        "dense_optimizer": cfg.dense_optimizer.value,
+        "dense_lr": cfg.dense_lr,
+        "sparse_optimizer": sparse_optimizer_of(cfg, spec).value,
+        "sparse_lr": cfg.sparse_lr,
+        "batch_size": (cfg.batch_size or max(1, spec.batch_size // trainers)) * trainers,
+        "eval_every": cfg.eval_every,
+        "staleness": cfg.effective_staleness,
+        "dense_arch": spec.dense.built_arch.to_dict(),
+    }
+
+
+def describe_hyper_parameters(hyper: Mapping[str, Any] | None) -> str:
+    """:func:`hyper_parameters` in one line of the summary table."""
+    if not hyper:
+        return "-"
+    return (
+        f"{hyper['dense_arch']['arch']}; dense {hyper['dense_optimizer']} ({hyper['dense_lr']:g}), "
+        f"sparse {hyper['sparse_optimizer']} ({hyper['sparse_lr']:g})"
+    )
 
 
 def id_universe(spec: ModelSpec, cfg: TrainConfig) -> dict[str, int]:
@@ -398,9 +414,10 @@ def check_id_space(spec: ModelSpec, cfg: TrainConfig) -> None:
 def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> None:
     """The run's inputs that every process would trip over: one line here, before any process starts.
 
-    Checks the data (:func:`check_data_matches`), the checkpoint directory and, with ``--resume``, that it holds a
-    trainer state; that the model's tables agree on one sparse optimizer and one dim; and, when the plan has PS tables
-    (``with_ps``), ``PERSIA_RPC_TRANSPORTS``.
+    Checks the data (:func:`check_data_matches`), the checkpoint and log directories and, with ``--resume``, that the
+    checkpoint holds a trainer state; that the model's tables agree on one sparse optimizer and one dim, and its
+    dense arch on the data's dense features; and, when the plan has PS tables (``with_ps``),
+    ``PERSIA_RPC_TRANSPORTS``.
 
     Raises:
         PlannerError: The first problem found (``SpecError`` for the data).
@@ -410,7 +427,9 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
     if cfg.resume and cfg.checkpoint:  # first: a refused resume creates nothing
         check_resume_exists(cfg.checkpoint)
     check_checkpoint_dir(cfg)
+    check_log_dir(cfg)
     sparse_optimizer_of(cfg, spec)
     dlrm_embedding_dim(spec)
+    check_dense_inputs(spec, cfg)
     if with_ps:
         rpc_transports()

@@ -62,13 +62,13 @@ def quiet_trainer() -> None:
     logging.getLogger("torchrec").setLevel(logging.ERROR)
 
 
-def check_trainers(trainers: int, topology: Topology, *, torchrun_servers: int | None = None) -> None:
-    """The trainers must be the topology's trainer devices: rank ``r`` runs what the plan put on ``gpus[r]``.
+def check_trainers(trainers: int, topology: Topology) -> None:
+    """The trainers must be the topology's trainer devices: rank ``r`` runs what the plan put on ``gpus[r]``
+    (under torchrun, :func:`persia_planner.nodes.process_role` checks the world instead).
 
     Args:
         trainers: The trainer count.
         topology: The plan's topology.
-        torchrun_servers: Under torchrun, the servers of the world (the trainers are the rest of it).
 
     Raises:
         PlannerError: Another count, naming both and the fix.
@@ -76,15 +76,9 @@ def check_trainers(trainers: int, topology: Topology, *, torchrun_servers: int |
     devices = len(topology.gpus)
     if trainers == devices:
         return
-    if torchrun_servers is None:
-        what, fix = f"--trainers is {trainers}", f"use --trainers {devices}"
-    else:
-        world = trainers + torchrun_servers
-        what = f"the torchrun world of {world} leaves {trainers} trainers after {torchrun_servers} servers"
-        fix = f"launch {devices + torchrun_servers} processes in all (nodes x --nproc-per-node)"
     raise PlannerError(
-        f"{what} but topology {topology.name!r} has {devices} trainer devices (the plan's ranks)",
-        fixes=(fix, "plan for a topology with one device per trainer"),
+        f"--trainers is {trainers} but topology {topology.name!r} has {devices} trainer devices (the plan's ranks)",
+        fixes=(f"use --trainers {devices}", "plan for a topology with one device per trainer"),
     )
 
 
@@ -131,7 +125,9 @@ def distribute(
     if local is not None:
         module_path = f"{path}.local.ebc" if path else "local.ebc"
         sharding_plan = to_sharding_plan(tables, spec, topology, module_path=module_path, device_type=device.type)
-    sharder = EmbeddingBagCollectionSharder(fused_params=hybrid.optimizer.fbgemm(device.type == "cuda"))
+    # Without local tables nothing is fused: an optimizer fbgemm lacks on this device (CPU adam) is no obstacle.
+    fused = hybrid.optimizer.fbgemm(device.type == "cuda") if local is not None else None
+    sharder = EmbeddingBagCollectionSharder(fused_params=fused)
     dmp = DistributedModelParallel(
         model,
         env=ShardingEnv.from_process_group(group),

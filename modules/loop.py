@@ -1,7 +1,7 @@
-"""What a trainer runs: the DLRM over a :class:`~.hybrid.HybridEmbeddingBagCollection`, its optimizers, and the
-step loop that reads up to ``K`` batches ahead and asks the hybrid module to prefetch their PS rows whenever the
-staleness bound allows it without waiting, so lookups travel while earlier batches compute and gradient pushes never
-block the step.
+"""What a trainer runs: the model's DLRM or DLRM_DCN over a :class:`~.hybrid.HybridEmbeddingBagCollection`, its
+optimizers, and the step loop that reads up to ``K`` batches ahead and asks the hybrid module to prefetch their PS
+rows whenever the staleness bound allows it without waiting, so lookups travel while earlier batches compute and
+gradient pushes never block the step.
 """
 
 from __future__ import annotations
@@ -9,25 +9,25 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from persia_planner.dense import ArchKind, DenseArch
 from persia_planner.memory import ps_server_capacity
 from persia_planner.placement import Mode, TablePlacement
-from persia_planner.specs import DLRM_BOTTOM, DLRM_TOP, ModelSpec
+from persia_planner.specs import ModelSpec
 
 from .breakdown import PS_PUSH, PS_WAIT, StepProfiler
 from .config import DenseOptimizer, TrainConfig, dlrm_embedding_dim
-from .data.criteo import Batch
-from .data.criteo_format import NUM_INTEGER
+from .data.batch import Batch, as_batches
 from .distributed import data_parallel_tables, dense_parameters, hybrid_of, sparse_torch_optimizer
 from .hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 
-__all__ = ["StepStats", "TrainLoop", "build_model", "dense_state_dict", "make_optimizer"]
+__all__ = ["StepStats", "TrainLoop", "build_model", "dense_state_dict", "make_optimizer", "torchrec_model"]
 
 
 # ---- the model -----------------------------------------------------------------------------------------------
@@ -42,13 +42,14 @@ def build_model(
     staleness: int = 0,
     seed: int = 0,
     ps_servers: int = 1,
-    num_dense: int = NUM_INTEGER,
+    arch: DenseArch | None = None,
     device: torch.device | None = None,
     local_device: torch.device | None = None,
     capacity: Mapping[str, int] | None = None,
 ) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
-    """A TorchRec ``DLRM`` over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs
-    from plain TorchRec). Returns ``(model, hybrid)``; shard it with :func:`.distributed.distribute`.
+    """TorchRec's ``DLRM`` or ``DLRM_DCN`` (``arch``, default the model's ``dense:``, :attr:`DenseSpec.built_arch`)
+    over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs from plain TorchRec).
+    Returns ``(model, hybrid)``; shard it with :func:`.distributed.distribute`.
 
     Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_server_capacity``:
     the rows of its largest bucket plus the hash's allowance), or ``capacity[table]`` where given (``--ps-capacity
@@ -57,8 +58,6 @@ def build_model(
     Raises:
         PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
     """
-    from torchrec.models.dlrm import DLRM
-
     from persia_planner.export import to_embedding_bag_configs
 
     dim = dlrm_embedding_dim(spec)
@@ -82,13 +81,23 @@ def build_model(
         local_device=local_device,
         keep_order=False,  # DLRM reads the pooled embeddings by key
     )
-    model = DLRM(
-        embedding_bag_collection=hybrid,
-        dense_in_features=num_dense,
-        dense_arch_layer_sizes=[*DLRM_BOTTOM, dim],
-        over_arch_layer_sizes=list(DLRM_TOP),
-    )
-    return model, hybrid
+    return torchrec_model(hybrid, arch or spec.dense.built_arch, dim), hybrid
+
+
+def torchrec_model(embeddings: nn.Module, arch: DenseArch, dim: int) -> nn.Module:
+    """TorchRec's ``DLRM`` or ``DLRM_DCN`` as ``arch`` describes it, over ``embeddings`` (an
+    ``EmbeddingBagCollection`` or a :class:`HybridEmbeddingBagCollection`) whose tables all have ``dim`` columns."""
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
+
+    sizes: dict[str, Any] = {
+        "embedding_bag_collection": embeddings,
+        "dense_in_features": arch.num_dense,
+        "dense_arch_layer_sizes": [*arch.bottom, dim],
+        "over_arch_layer_sizes": list(arch.over),
+    }
+    if arch.kind is ArchKind.DCN:
+        return DLRM_DCN(**sizes, dcn_num_layers=arch.dcn_layers, dcn_low_rank_dim=arch.dcn_low_rank)
+    return DLRM(**sizes)
 
 
 def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -104,9 +113,12 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, sparse: SparseOptimizer) 
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
     def dense_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        if cfg.dense_optimizer is DenseOptimizer.SGD:
-            return torch.optim.SGD(params, lr=cfg.dense_lr)
-        return torch.optim.Adagrad(params, lr=cfg.dense_lr)
+        kind = {
+            DenseOptimizer.SGD: torch.optim.SGD,
+            DenseOptimizer.ADAGRAD: torch.optim.Adagrad,
+            DenseOptimizer.ADAM: torch.optim.Adam,
+        }[cfg.dense_optimizer]
+        return kind(params, lr=cfg.dense_lr)
 
     def sparse_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return sparse_torch_optimizer(sparse.kind, params, lr=sparse.learning_rate, eps=sparse.eps)
@@ -161,8 +173,10 @@ class TrainLoop:
             return batch
         return Batch(batch.dense.to(self.device), batch.sparse.to(self.device), batch.labels.to(self.device))
 
-    def run(self, batches: Iterator[Batch]) -> Iterator[StepStats]:
-        """Train on every batch of ``batches``; yields one :class:`StepStats` per step."""
+    def run(self, batches: Iterable[Any]) -> Iterator[StepStats]:
+        """Train on every batch of ``batches`` (ours, or TorchRec's ``Batch`` es: :func:`.data.batch.as_batch`);
+        yields one :class:`StepStats` per step."""
+        batches = as_batches(batches)
         ahead: collections.deque[tuple[Batch, bool]] = collections.deque()
         window = self.hybrid.max_staleness + 1
         exhausted = False

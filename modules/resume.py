@@ -20,7 +20,7 @@ from persia_planner.specs import ModelSpec
 
 from .atomic import atomic_json, atomic_torch_save
 from .checkpoints import Checkpoint, newest_complete, prune, publish, staging_dir, verify
-from .config import TrainConfig, data_identity
+from .config import TrainConfig, data_identity, hyper_parameters
 from .hybrid import HybridEmbeddingBagCollection
 from .loop import dense_state_dict
 
@@ -165,12 +165,15 @@ def check_resume(
 def data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
     """What a step of the data stream is: the trainer count, the per-trainer batch size, the data and the seed
     (synthetic data: the teacher that labels the samples, and the samples) (saved, then checked on resume)."""
-    return {
+    layout = {
         "trainers": trainers,
         "batch_size": cfg.batch_size or max(1, spec.batch_size // trainers),
         "data": data_identity(cfg.data),
         "seed": cfg.seed,
     }
+    if cfg.data != "synthetic":  # a file source's batch order depends on how many workers read each trainer's shards
+        layout["data_workers"] = cfg.data_workers
+    return layout
 
 
 def check_layout(path: Path, state: dict[str, Any], layout: dict[str, Any]) -> None:
@@ -213,9 +216,16 @@ def load_trainer_state(
             f"{tuple(own[k].shape)} (saved with another model.yaml?)",
             fixes=("resume with the model the checkpoint was trained with", "train from scratch without --resume"),
         )
-    _missing, unexpected = model.load_state_dict(state["dense"], strict=False)
+    missing, unexpected = model.load_state_dict(state["dense"], strict=False)
     if unexpected:
         raise PlannerError(f"--resume: checkpoint {path} holds parameters {unexpected[:3]} this model lacks")
+    dense_keys = dense_state_dict(model).keys()
+    missing = [k for k in missing if k in dense_keys]  # the collection's own state is loaded below
+    if missing:
+        raise PlannerError(
+            f"--resume: checkpoint {path} lacks this model's {missing[:3]} (saved with another dense arch?)",
+            fixes=("resume with the model the checkpoint was trained with", "train from scratch without --resume"),
+        )
     opt.init_state()  # a zero-gradient step: every state exists (Adam creates its own at the first step) to load into
     opt.load_state_dict(state["dense_optimizer"])
     hybrid.load_local_weights(state["local"])
@@ -253,7 +263,9 @@ class Saver:
         target_step: int,
     ) -> None:
         self.root, self.job, self.model, self.hybrid, self.opt, self.client = root, job, model, hybrid, opt, client
-        self.layout = layout | {"target_step": target_step}
+        # The hyper-parameters ride along for whoever reads the checkpoint; resuming does not compare them.
+        hyper = hyper_parameters(job.cfg, job.spec, job.trainers)
+        self.layout = layout | {"target_step": target_step, "hyper_parameters": hyper}
         self.lineage = lineage
         self.plan = {name: placement_to_dict(p) for name, p in job.tables.items()}
         self.last: Checkpoint | None = None

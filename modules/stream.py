@@ -1,9 +1,12 @@
-"""A trainer's data: its share of the batch stream (batch ``b`` goes to trainer ``b mod trainers``), the lockstep
-that stops every trainer at the same step, and the evaluation over every trainer's held-out batches."""
+"""A trainer's data: its share of the batch stream (synthetic batch ``b`` goes to trainer ``b mod trainers``; a file
+source's shards are split among the trainers, :mod:`.data.shards`), the lockstep that stops every trainer at the same
+step, and the evaluation over every trainer's held-out batches."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -12,11 +15,14 @@ from torch import nn
 from persia_planner.errors import PlannerError
 from persia_planner.specs import ModelSpec
 
-from .config import TrainConfig, criteo_files, criteo_path, id_universe
-from .data.criteo import Batch, CriteoReader
+from .config import TrainConfig, data_schema, id_universe
+from .data.batch import Batch, as_batches
+from .data.criteo import CriteoReader
 from .data.synthetic import SyntheticClicks, Teacher
+from .data.tabular import TabularReader
+from .data_source import DataKind, DataSource
 
-__all__ = ["evaluate", "lockstep", "teacher_for", "trainer_batches"]
+__all__ = ["evaluate", "file_reader", "lockstep", "teacher_for", "trainer_batches"]
 
 _EVAL_SEED_OFFSET = 1_000_003
 
@@ -33,7 +39,8 @@ def teacher_for(spec: ModelSpec, cfg: TrainConfig) -> Teacher:
 def trainer_batches(
     spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, eval_: bool, skip: int = 0
 ) -> Iterator[Batch]:
-    """This trainer's batches: global batch ``b`` of the stream goes to trainer ``b mod trainers``."""
+    """This trainer's batches after the ``skip`` it trained on before (a resumed run): synthetic global batch ``b``
+    goes to trainer ``b mod trainers``; a file source's trainer reads its own shards (:func:`file_reader`)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     count = cfg.eval_batches if eval_ else cfg.steps
@@ -51,20 +58,35 @@ def trainer_batches(
         for step in range(start, start + count):
             yield data.batch(step * world + rank)
         return
-    path = criteo_path(cfg.data)
-    assert path is not None  # TrainConfig accepts synthetic or criteo:PATH only
-    reader = CriteoReader(criteo_files(path), batch_size=batch_size, num_workers=0, drop_last=True)
-    # Training takes global batches [skip, steps) of the files, evaluation the eval_batches after the training ones.
-    first = ((skip + cfg.steps) if eval_ else skip) * world  # eval: the batches right after this run's training
-    last = first + count * world
-    for b, batch in enumerate(reader):
-        if b >= last:
-            return
-        if b >= first and (b - first) % world == rank:
-            yield batch
+    # A trainer's own stream of its shards: training takes its batches [skip, skip + steps), evaluation the
+    # eval_batches right after this run's training ones.
+    first = skip + cfg.steps if eval_ else skip
+    yield from itertools.islice(file_reader(spec, cfg, batch_size, rank, world), first, first + count)
 
 
-def lockstep(batches: Iterator[Batch]) -> Iterator[Batch]:
+def file_reader(spec: ModelSpec, cfg: TrainConfig, batch_size: int, rank: int = 0, world: int = 1) -> Iterable[Batch]:
+    """The batches trainer ``rank`` of ``world`` reads from ``cfg.data``'s files (its shards only), full ones."""
+    source = DataSource.parse(cfg.data)
+    files = source.files()
+    if source.kind is DataKind.CRITEO:
+        return CriteoReader(
+            files, batch_size=batch_size, num_workers=cfg.data_workers, drop_last=True, rank=rank, world=world
+        )
+    schema = data_schema(spec, cfg)
+    assert schema is not None  # config.check_data_matches
+    return TabularReader(
+        files,
+        schema,
+        fmt=source.kind.value,
+        batch_size=batch_size,
+        num_workers=cfg.data_workers,
+        rank=rank,
+        world=world,
+        drop_last=True,
+    )
+
+
+def lockstep(batches: Iterable[Batch]) -> Iterator[Batch]:
     """Stop every trainer at the same step when one runs out of data (collectives must match)."""
     for batch in batches:
         if dist.is_initialized():
@@ -81,14 +103,17 @@ def lockstep(batches: Iterator[Batch]) -> Iterator[Batch]:
 # ---- evaluation ----------------------------------------------------------------------------------------------
 
 
-def evaluate(model: nn.Module, batches: Iterator[Batch], device: torch.device | None = None) -> dict[str, float]:
-    """AUC (torchmetrics), log loss and teacher AUC over every trainer's eval batches."""
+def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device | None = None) -> dict[str, float]:
+    """AUC (torchmetrics), log loss and teacher AUC over every trainer's eval batches (ours, or TorchRec's
+    ``Batch`` es: :func:`.data.batch.as_batch`)."""
     from torchmetrics.functional.classification import binary_auroc
 
     model.eval()
     preds, labels, probs = [], [], []
     with torch.no_grad():
-        for b in lockstep(batches):  # sharded tables answer in collectives: every trainer runs as many batches
+        for b in lockstep(
+            as_batches(batches)
+        ):  # sharded tables answer in collectives: every trainer runs as many batches
             sparse = b.sparse if device is None or device.type == "cpu" else b.sparse.to(device)
             dense = b.dense if device is None else b.dense.to(device)
             preds.append(torch.sigmoid(model(dense, sparse).squeeze(-1)).cpu())

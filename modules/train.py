@@ -7,9 +7,9 @@ fused into fbgemm (local tables) or applied by the servers (PS tables); the dens
 over the dense parameters only.
 
 :func:`train_local` spawns the servers and trainers on this machine (:func:`.ps.launch.local_cluster`);
-:func:`train_torchrun` is the same job under ``torchrun`` on several machines: some processes of every node serve,
-the others train (:func:`torchrun_role`). Each trainer reads its own share of the data: batch ``b`` of the stream
-goes to trainer ``b mod trainers``.
+:func:`train_torchrun` is the same job under ``torchrun`` on several machines: each node is one or more topology
+hosts, and runs their servers and trainers (:func:`persia_planner.nodes.process_role`). Each trainer reads its own
+share of the data: batch ``b`` of the stream goes to trainer ``b mod trainers``.
 
 The rooms of a run: :mod:`.config` (the options, checked without torch), :mod:`.job` (what every trainer gets and
 its start-up), :mod:`.loop` (the model, its optimizers and the step loop, :class:`TrainLoop`), :mod:`.stream` (a
@@ -19,11 +19,12 @@ job, and re-exports the Python API below.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import torch.distributed as dist
 from persia_planner.errors import ErrorKind, Interrupted, PlannerError
 from persia_planner.execution import check_executable, planned_execution
 from persia_planner.memory import PS_MAX_CAPACITY
+from persia_planner.nodes import ProcessKind, TorchrunProcess, process_role
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
@@ -44,8 +46,9 @@ from .config import (
     PsCapacity,
     TrainConfig,
     check_before_start,
+    dense_arch,
     dlrm_embedding_dim,
-    elastic_resume,
+    hyper_parameters,
     id_universe,
     sparse_optimizer_of,
 )
@@ -53,12 +56,16 @@ from .distributed import check_trainers, distribute, executed_plan
 from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
 from .loop import TrainLoop, build_model, dense_state_dict, make_optimizer
+from .metrics_log import MetricsSink, Sinks, StepRecord, open_sinks, write_summary
+from .proclogs import launcher_log, log_failure, process_log
 from .ps.launch import trainers_store
 from .ps.progress import publish_progress
 from .ps_usage import planned_server_bytes, server_usage, usage_table, warm_up
 from .resume import TRAINER_STATE, Saver, check_layout, check_resume, data_layout, load_trainer_state
+from .run_dirs import elastic_resume
 from .stopping import GracefulStop
 from .stream import evaluate, lockstep, teacher_for, trainer_batches
+from .terminal import ema, progress_bar, summary_rows
 
 __all__ = [
     "FINAL_CHECKPOINT_WAIT_S",
@@ -71,7 +78,6 @@ __all__ = [
     "make_optimizer",
     "summary_rows",
     "teacher_for",
-    "torchrun_role",
     "train_local",
     "train_torchrun",
     "usage_table",
@@ -85,11 +91,12 @@ log = logging.getLogger(__name__)
 
 def _trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     """Body of trainer ``j`` (also under torchrun); returns the summary on trainer 0."""
-    with trainer_group(j, job, backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"):
-        return _train(j, client, job)
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    with trainer_group(j, job, backend=backend), contextlib.ExitStack() as cleanup:
+        return _train(j, client, job, cleanup)
 
 
-def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
+def _train(j: int, client: Any, job: Job, cleanup: contextlib.ExitStack) -> dict[str, Any] | None:
     cfg, spec = job.cfg, job.spec
     layout = data_layout(cfg, spec, job.trainers)
     batch_size = layout["batch_size"]
@@ -119,6 +126,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         device=device,
         local_device=torch.device("meta"),  # only the shards this trainer holds are allocated, by DMP
         capacity=capacity,
+        arch=dense_arch(spec, cfg),
     )
     dmp = distribute(model, job.tables, job.topology, device=device)
     executed = executed_plan(model, job.topology)
@@ -151,10 +159,15 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     profiler = None
     if cfg.steps >= 4 and hybrid.ps is None:
         profiler = StepProfiler(warmup, min(10, max(1, cfg.steps // 4)))
+    # Trainer 0 logs the job's steps: its samples/s counts every trainer's, and the others run the same steps.
+    # Closed however _train ends: a failed run keeps the steps it logged.
+    sink: MetricsSink = cleanup.enter_context(
+        contextlib.closing(open_sinks(cfg.log_dir, first_step=start_step) if j == 0 else Sinks())
+    )
     data_ms: list[float] = []
     ps_ms: dict[str, list[float]] = {"ps_wait": [], "push": []}
     loop = TrainLoop(dmp, hybrid, opt, device, profiler)
-    progress = _progress(cfg) if (j == 0 and cfg.progress) else None
+    progress = progress_bar(cfg) if (j == 0 and cfg.progress) else None
     task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
     t0 = time.perf_counter()
     # The loop's start on the machine-wide monotonic clock: places each step's t_s beside other processes' samples.
@@ -185,23 +198,20 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
                 excluded_samples += stats.samples * job.trainers
                 excluded_steps += 1
             rate = (samples - excluded_samples) / max(1e-9, time.perf_counter() - t0 - eval_s)
+            t_s = time.perf_counter() - t0  # at the step's end, evaluations included: throughput over time
             history.append(
-                {
-                    "step": step,
-                    "loss": stats.loss,
-                    "samples": samples,
-                    "staleness": stats.staleness,
-                    "t_s": time.perf_counter() - t0,  # at the step's end, evaluations included: throughput over time
-                }
+                {"step": step, "loss": stats.loss, "samples": samples, "staleness": stats.staleness, "t_s": t_s}
             )
+            sink.log_step(StepRecord.of(step, stats, samples_per_s=rate, t_s=t_s))
             if progress:
-                progress.update(task, advance=1, loss=_ema(losses), rate=rate, stale=stats.staleness)
+                progress.update(task, advance=1, loss=ema(losses), rate=rate, stale=stats.staleness)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < start_step + cfg.steps:
                 eval_started = time.perf_counter()
                 hybrid.flush()
                 dist.barrier()  # every trainer's pushes are applied before anyone evaluates
                 held_out = trainer_batches(spec, cfg, batch_size, eval_=True, skip=start_step)
                 history[-1].update(evaluate(dmp, held_out, device))
+                sink.log_eval(step, history[-1])
                 eval_s += time.perf_counter() - eval_started
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < start_step + cfg.steps:
                 eval_s += saver.save(step)  # not training time either
@@ -225,6 +235,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     if saver.last_step != step:
         saver.save(step)
     result = evaluate(dmp, trainer_batches(spec, cfg, batch_size, eval_=True, skip=start_step), device)
+    sink.log_eval(step, result)
     if history:
         history[-1].update(result)
     if j != 0:
@@ -256,6 +267,7 @@ def _train(j: int, client: Any, job: Job) -> dict[str, Any] | None:
         "staleness": cfg.effective_staleness,
         "staleness_max_seen": hybrid.staleness_max_seen,
         "mode": cfg.mode.value,
+        "hyper_parameters": hyper_parameters(cfg, spec, job.trainers),
         "trainers": job.trainers,
         "servers": job.servers if hybrid.ps is not None else 0,
         "ps_tables": [c.name for c in hybrid.ps_tables],
@@ -287,28 +299,6 @@ def _median(xs: list[float]) -> float:
         return float("nan")
     s = sorted(xs)
     return s[len(s) // 2]
-
-
-def _ema(xs: list[float], window: int = 20) -> float:
-    tail = xs[-window:]
-    return sum(tail) / len(tail)
-
-
-def _progress(cfg: TrainConfig) -> Any:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("[bold]train[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}"),
-        TextColumn("{task.fields[rate]:,.0f} samples/s"),
-        TextColumn("staleness {task.fields[stale]}" + f"/{cfg.effective_staleness}"),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=False,
-    )
 
 
 # How long the trainers have, after SIGINT or SIGTERM, to reach the step they agree to stop at and save the final
@@ -359,6 +349,7 @@ def train_local(
         check_layout(ckpt.path / TRAINER_STATE, state, data_layout(cfg, spec, cfg.trainers))
         chosen = str(ckpt.path)
     job = Job(cfg, spec, dict(tables), topology, servers if has_ps else 0, cfg.trainers, resume_from=chosen)
+    logged = launcher_log(cfg.log_dir, f"{cfg!r}, {job.servers} servers") if cfg.log_dir else None
     try:
         results = local_cluster(
             job.servers,
@@ -371,79 +362,94 @@ def train_local(
             run_timeout_s=run_timeout_s,
             drain_s=FINAL_CHECKPOINT_WAIT_S if cfg.checkpoint else 0.0,
             on_start=on_start,
+            log_dir=cfg.log_dir,
         )
     except Interrupted as stop:
         if not stop.results:
             raise
         done = stop.results[0]
+        if cfg.log_dir:
+            write_summary(cfg.log_dir, done)
         raise Interrupted(
             stop.signum,
             f"interrupted ({signal.Signals(stop.signum).name}) after step {done['last_step']}; "
             f"checkpoint in {done['checkpoint']} (--resume goes on from there)",
             stop.results,
         ) from None
+    except Exception as err:
+        if logged is not None:  # the terminal gets the one line from the caller
+            log_failure(logged, err)
+        raise
+    finally:
+        if logged is not None:
+            logging.getLogger().removeHandler(logged)
+            logged.close()
+    if cfg.log_dir:
+        write_summary(cfg.log_dir, results[0])
     return results[0]
 
 
-def torchrun_role(servers: int, environ: Mapping[str, str] | None = None) -> tuple[str, int]:
-    """This torchrun process's role: ``("server", i)`` serves as ``ps{i}``, ``("trainer", j)`` trains as rank ``j``.
-
-    The servers are spread over the nodes: with ``N`` nodes of ``L`` processes each and ``servers`` a multiple of
-    ``N``, the first ``servers / N`` local ranks of every node serve and the rest train (one node: ranks
-    ``< servers`` serve, as before). Otherwise global ranks ``< servers`` serve. Server and trainer indices follow
-    node order, so trainer ``j`` is ``topology.gpus[j]`` whatever the layout.
-    """
-    env = os.environ if environ is None else environ
-    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-    local, per_node = int(env.get("LOCAL_RANK", rank)), int(env.get("LOCAL_WORLD_SIZE", world))
-    nodes = world // per_node if per_node and world % per_node == 0 else 1
-    if nodes > 1 and servers % nodes == 0 and per_node > servers // nodes:
-        node, serving = rank // per_node, servers // nodes
-        if local < serving:
-            return "server", node * serving + local
-        return "trainer", node * (per_node - serving) + local - serving
-    return ("server", rank) if rank < servers else ("trainer", rank - servers)
-
-
 def train_torchrun(
-    cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], *, servers: int, topology: Topology
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement],
+    *,
+    topology: Topology,
+    node_host: str | None = None,
 ) -> Any:
-    """The same job under ``torchrun``, on one node or several: some processes serve the PS tables, the others
-    train (:func:`torchrun_role`).
+    """The same job under ``torchrun``, on one node or several: each node is one or more topology hosts, whose
+    parameter servers serve the PS tables and whose trainer devices train (:func:`persia_planner.nodes.process_role`).
 
     RPC and the trainers' gloo group both rendezvous in torchrun's store at ``MASTER_ADDR:MASTER_PORT``.
-    Returns the summary on the first trainer, None elsewhere.
+
+    Args:
+        cfg, spec, tables: As for :func:`train_local` (``cfg.trainers`` becomes the topology's trainer devices).
+        topology: The plan's topology.
+        node_host: This node's host names, comma-separated (``--node-host`` / ``PERSIA_HOST``); None: by rank.
+
+    Returns:
+        The summary on the first trainer, None elsewhere.
+
+    Raises:
+        PlannerError: The world does not match the topology (checked before anything starts).
     """
     from .ps import server as ps_server
-    from .ps.protocol import server_name
     from .ps.trainer import joined
+    from .roles import claim_role
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world <= servers:
-        raise PlannerError(f"torchrun world size {world} leaves no trainer after {servers} parameter servers")
+    process = TorchrunProcess.from_environ()
+    role = process_role(topology, process, node_host)
+    servers, rank, world = len(topology.servers), process.rank, process.world_size
     cfg = elastic_resume(cfg)
     # A restarted attempt that resumes this run's own checkpoint trains on to the step the first attempt was to reach.
     restarted = cfg.resume and written_by_run(cfg.checkpoint or "", os.environ.get("TORCHELASTIC_RUN_ID", ""))
     check_before_start(cfg, spec, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()))
-    cfg = replace(cfg, trainers=world - servers)
-    check_trainers(cfg.trainers, topology, torchrun_servers=servers)
-    role, index = torchrun_role(servers)
-    if role == "server":
-        ps_server.serve(rank, world, name=server_name(index))
+    cfg = replace(cfg, trainers=len(topology.gpus))
+    claim_role(role, process)
+    if role.kind is ProcessKind.SERVER:
+        with process_log(cfg.log_dir, role.name):
+            ps_server.serve(rank, world, name=role.name)
         return None
+    index = role.index
     _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
-    job = Job(cfg, spec, dict(tables), topology, servers, world - servers, restarted=restarted)
+    job = Job(cfg, spec, dict(tables), topology, servers, cfg.trainers, restarted=restarted)
+    if not servers:  # no parameter_server host: no RPC group, as on one machine
+        with process_log(cfg.log_dir, f"trainer{index}"):
+            return _finished(_trainer(index, None, job), world, cfg)
     # joined: a failed step leaves at once; a server lost at the end is named within the peer timeout, not awaited.
-    with joined(
-        f"trainer{index}",
-        rank,
-        world,
-        timeout_s=PS_REQUEST_TIMEOUT_S,
-        delay_ms=cfg.ps_delay_ms,
-        wire_dtype=cfg.ps_wire_dtype,
-    ) as client:
+    with (
+        process_log(cfg.log_dir, f"trainer{index}"),
+        joined(
+            f"trainer{index}",
+            rank,
+            world,
+            timeout_s=PS_REQUEST_TIMEOUT_S,
+            delay_ms=cfg.ps_delay_ms,
+            wire_dtype=cfg.ps_wire_dtype,
+        ) as client,
+    ):
         try:
-            return _trainer(index, client, job)
+            return _finished(_trainer(index, client, job), world, cfg)
         except RuntimeError as err:
             cause = next((c for c in _PEER_GONE if c in str(err)), None)
             if cause is None:
@@ -456,30 +462,15 @@ def train_torchrun(
             ) from None
 
 
+def _finished(result: dict[str, Any] | None, world: int, cfg: TrainConfig) -> dict[str, Any] | None:
+    """The first trainer's summary with where every process ran, also in ``--log-dir``'s summary.json."""
+    from .roles import with_processes
+
+    result = with_processes(result, world)
+    if result is not None and cfg.log_dir:
+        write_summary(cfg.log_dir, result)
+    return result
+
+
 # What gloo says when the other end of a collective died.
 _PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
-
-
-def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    """The summary table's rows (metric, value)."""
-    rows = [
-        ("AUC", f"{result['auc']:.4f}"),
-        ("teacher AUC (best possible)", f"{result['teacher_auc']:.4f}" if result.get("teacher_auc") else "-"),
-        ("train loss (last 10%)", f"{result['loss']:.4f}"),
-        ("eval log loss", f"{result['eval_loss']:.4f}"),
-        ("samples/s", f"{result['samples_per_s']:,.0f}"),
-        ("step ms (median, after warm-up)", f"{result['step_ms']:.1f}"),
-        (
-            "  of which (ms)",
-            ", ".join(f"{k} {v:.1f}" for k, v in result.get("step_breakdown_ms", {}).items() if k != "data") or "-",
-        ),
-        ("data ms per step (not in the step)", f"{result.get('step_breakdown_ms', {}).get('data', 0.0):.1f}"),
-        ("global batch x steps", f"{result['batch_size']} x {result['steps']}"),
-        ("staleness K (max seen)", f"{result['staleness']} ({result['staleness_max_seen']})"),
-        ("trainers / PS servers", f"{result['trainers']} / {result['servers']}"),
-        ("PS wire dtype", result["ps_wire"]),
-        ("PS tables (async)", ", ".join(result["ps_tables"]) or "-"),
-        ("local tables (sync)", f"{len(result['local_tables'])}"),
-        ("executed as planned", "yes" if result.get("executed_matches_plan") else "no"),
-    ]
-    return rows

@@ -26,13 +26,12 @@ from persia_planner.specs import ModelSpec, Optimizer
 from persia_planner.topology import Topology
 
 from .config import TrainConfig
-from .data.criteo import Batch
-from .data.criteo_format import NUM_INTEGER
+from .data.batch import Batch
 from .data.synthetic import SyntheticClicks, Teacher
 from .distributed import distribute, sparse_torch_optimizer
 from .hybrid import SparseOptimizer
 from .job import Job, trainer_group
-from .loop import build_model, dense_state_dict, make_optimizer
+from .loop import build_model, dense_state_dict, make_optimizer, torchrec_model
 
 __all__ = ["compare_with_torchrec", "in_range"]
 
@@ -50,7 +49,6 @@ def in_range(batch: Batch, spec: ModelSpec) -> Batch:
 
 
 def _worker(j: int, client: Any, job: Job) -> dict[str, list[float]]:
-    from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from persia_planner.export import to_embedding_bag_configs
@@ -73,11 +71,8 @@ def _worker(j: int, client: Any, job: Job) -> dict[str, list[float]]:
         )
         hyb_net = distribute(model, job.tables, job.topology)
         dim = spec.tables[0].dim
-        reference = DLRM(
-            embedding_bag_collection=EmbeddingBagCollection(tables=to_embedding_bag_configs(spec)),
-            dense_in_features=NUM_INTEGER,
-            dense_arch_layer_sizes=[64, dim],
-            over_arch_layer_sizes=[64, 32, 1],
+        reference = torchrec_model(
+            EmbeddingBagCollection(tables=to_embedding_bag_configs(spec)), spec.dense.built_arch, dim
         )
         # Same starting point: the hybrid's dense layers and local tables, and the PS rows as the servers hold them.
         _missing, unexpected = reference.load_state_dict(dense_state_dict(model), strict=False)

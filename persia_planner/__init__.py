@@ -11,6 +11,7 @@ Nothing here imports torch; the TorchRec export and the training modules import 
 
 from persia_planner.constants import CostConstants
 from persia_planner.cost import Cost, CostModel
+from persia_planner.dense import ArchKind, DenseArch
 from persia_planner.errors import CapacityError, ErrorKind, PlannerError, SpecError
 from persia_planner.placement import Mode, Shard, Sharding, Storage, TablePlacement, Tier
 from persia_planner.plan_checks import validate
@@ -22,11 +23,13 @@ from persia_planner.topology import Topology, load_topology
 from persia_planner.units import Quantity, parse
 
 __all__ = [
+    "ArchKind",
     "CapacityError",
     "Cost",
     "CostConstants",
     "CostModel",
     "DType",
+    "DenseArch",
     "DenseSpec",
     "ErrorKind",
     "GreedyLocalSearch",

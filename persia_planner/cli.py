@@ -6,13 +6,13 @@ traceback; 3 an internal error (a bug: please report it; ``PERSIA_DEBUG=1`` show
 interrupted by SIGINT (Ctrl-C) / SIGTERM (``128 + signum``, as a shell reports a signal; ``persia train`` stops its
 workers first and says so in its ``error:`` line).
 
-Nothing here imports torch, and matplotlib is imported only by ``persia topology --png``.
+Nothing here imports torch, and matplotlib is imported only by ``--png`` (``persia plan``, ``persia topology``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -31,6 +31,10 @@ from persia_planner.cli_base import (
 from persia_planner.cli_train import train_command
 from persia_planner.errors import PlannerError
 
+if TYPE_CHECKING:
+    from persia_planner.plans import Plan
+    from persia_planner.topology import Topology
+
 __all__ = ["app", "main"]
 
 
@@ -46,6 +50,9 @@ def plan_command(
     explain: Annotated[bool, typer.Option("--explain", help="say why the largest tables went where they did")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print only the plan.json content on stdout")] = False,
     seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the search's tie-breaking")] = 0,
+    png: Annotated[
+        Path | None, typer.Option("--png", help="draw the placement into this PNG file (each table on its devices)")
+    ] = None,
 ) -> None:
     """Place every table of MODEL on TOPOLOGY; print the per-device and per-table reports and the estimate."""
     from persia_planner import load_model, load_topology
@@ -75,17 +82,35 @@ def plan_command(
         require_valid(result, model_spec, topo)
         if out is not None:
             write_file(out, "the plan", result.save)
+        if png is not None:
+            _write_picture(png, topo, result)
         if as_json:
             typer.echo(result.to_json())
-            if out is not None:
-                note(f"wrote {out}", to_stderr=True)
+            for written in (out, png):
+                if written is not None:
+                    note(f"wrote {written}", to_stderr=True)
             return
         from persia_planner import report
 
         console = make_console()
         report.print_plan(result, model_spec, topo, console, explain=explain)
-        if out is not None:
-            note(f"wrote {out}", to_stderr=False)
+        for written in (out, png):
+            if written is not None:
+                note(f"wrote {written}", to_stderr=False)
+
+
+def _write_picture(png: Path, topo: Topology, placed: Plan | None = None) -> None:
+    """Draw ``topo`` (with ``placed``'s tables on their devices) into the PNG file ``png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from persia_planner.report import draw_topology
+
+    figure = draw_topology(topo, placed)
+    try:
+        write_file(png, "the picture", lambda path: figure.savefig(path, dpi=120, bbox_inches="tight", format="png"))
+    finally:
+        figure.clear()
 
 
 @app.command("validate")
@@ -142,19 +167,35 @@ def topology_command(
         for line in topology_lines(topo):
             typer.echo(line)
         if png is not None:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            from persia_planner.report import draw_topology
-
-            figure = draw_topology(topo)
-            try:
-                write_file(
-                    png, "the picture", lambda path: figure.savefig(path, dpi=120, bbox_inches="tight", format="png")
-                )
-            finally:
-                figure.clear()
+            _write_picture(png, topo)
             typer.echo(f"wrote {png}")
+
+
+@app.command("nodes")
+def nodes_command(
+    topology: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="topology.yaml")],
+    node: Annotated[
+        int | None, typer.Option("--node", min=0, help="print only node N's line: its host and --nproc-per-node")
+    ] = None,
+) -> None:
+    """The torchrun layout of TOPOLOGY, one node per host in topology order: node, host, --nproc-per-node.
+
+    A parameter_server host runs one server, a trainer host one trainer per device; launch node N with
+    ``PERSIA_HOST=HOST torchrun --nproc-per-node NPROC ...`` (scripts/slurm_train.sbatch does).
+    """
+    from persia_planner import load_topology
+    from persia_planner.nodes import node_layout
+
+    with edge():
+        layout = node_layout(load_topology(topology))
+        if node is not None and node >= len(layout):
+            raise PlannerError(
+                f"--node {node} is past the {len(layout)} nodes of {topology}",
+                fixes=(f"give --node 0 to {len(layout) - 1}", "launch one node per host of the topology"),
+            )
+        for i, (host, procs) in enumerate(layout):
+            if node is None or node == i:
+                typer.echo(f"{i} {host} {procs}")
 
 
 @app.command("ps")

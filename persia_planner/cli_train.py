@@ -28,9 +28,18 @@ def train_command(
     plan_path: Annotated[
         Path | None, typer.Option("--plan", help="plan.json to execute (default: plan MODEL on TOPOLOGY now)")
     ] = None,
-    data: Annotated[str, typer.Option("--data", help="'synthetic' or 'criteo:PATH' (a file or a directory)")] = (
-        "synthetic"
-    ),
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            help="'synthetic', or 'criteo:PATH', 'parquet:PATH' or 'csv:PATH' (a file or a directory of files; "
+            "Parquet and CSV columns mapped by model.yaml's data: or --schema)",
+        ),
+    ] = "synthetic",
+    schema: Annotated[
+        Path | None,
+        typer.Option("--schema", help="YAML mapping a Parquet / CSV file's columns (label, dense, sparse), as data:"),
+    ] = None,
     staleness: Annotated[
         int | None,
         typer.Option(
@@ -53,6 +62,25 @@ def train_command(
             help="samples per trainer and step (default: model's / trainers)",
         ),
     ] = None,
+    dense_lr: Annotated[
+        float | None, typer.Option("--dense-lr", help="learning rate of the dense optimizer (default 0.05)")
+    ] = None,
+    dense_optimizer: Annotated[
+        str | None, typer.Option("--dense-optimizer", help="adagrad (default), sgd or adam (torch.optim)")
+    ] = None,
+    sparse_lr: Annotated[
+        float | None, typer.Option("--sparse-lr", help="learning rate of the embedding tables (default 0.1)")
+    ] = None,
+    sparse_optimizer: Annotated[
+        str | None,
+        typer.Option(
+            "--sparse-optimizer",
+            help="rowwise_adagrad, adagrad, sgd or adam (CUDA or PS tables), for every table (default: model.yaml's)",
+        ),
+    ] = None,
+    eval_every: Annotated[
+        int, typer.Option("--eval-every", min=0, help="also evaluate AUC every N steps (0: only at the end)")
+    ] = 0,
     trainers: Annotated[int, typer.Option("--trainers", min=1, help="trainer processes on this machine")] = 2,
     eval_batches: Annotated[int, typer.Option("--eval-batches", min=1, help="held-out batches per trainer")] = 8,
     checkpoint: Annotated[
@@ -96,23 +124,44 @@ def train_command(
         ),
     ] = "planned",
     seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the model, data and PS initialisers")] = 0,
+    node_host: Annotated[
+        str | None,
+        typer.Option(
+            "--node-host",
+            envvar="PERSIA_HOST",
+            help="under torchrun: the topology host(s) this node is, comma-separated (default: by node rank, in "
+            "topology order)",
+        ),
+    ] = None,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--log-dir",
+            help="write per-step metrics (metrics.jsonl, TensorBoard events), summary.json and one log file per "
+            "process here (--resume appends)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")] = False,
 ) -> None:
-    """Train a DLRM with the plan: local tables sync (fbgemm), PS tables async (bounded staleness), dense DDP.
+    """Train the model's DLRM or DCN-v2 with the plan: local tables sync (fbgemm), PS tables async (bounded
+    staleness), dense DDP.
 
     With no options: the bundled small DLRM on synthetic click data with a known best AUC, 2 parameter servers and
-    2 trainers on this machine. Under torchrun, some processes of every node serve the parameter-server tables and
-    the others train.
+    2 trainers on this machine. Under torchrun, each node is one or more topology hosts (--node-host, else by node
+    rank): it runs their parameter servers and their trainer devices' trainers.
     """
     import json
     import logging
 
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
-    from persia_planner.modules.config import TrainConfig, check_before_start, elastic_resume
+    from persia_planner.modules.config import TrainConfig, check_before_start
+    from persia_planner.modules.run_dirs import elastic_resume
+    from persia_planner.nodes import TorchrunProcess, process_role
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
     from persia_planner.plan_checks import require_valid
     from persia_planner.plans import load_plan
+    from persia_planner.specs import load_data_schema
 
     with edge():
         model_path = model or DEFAULT_MODEL
@@ -128,7 +177,19 @@ def train_command(
             mode=mode,
             trainers=trainers,
             data=data,
+            schema=load_data_schema(schema) if schema is not None else None,
             eval_batches=eval_batches,
+            eval_every=eval_every,
+            **{
+                name: value
+                for name, value in (
+                    ("dense_lr", dense_lr),
+                    ("dense_optimizer", dense_optimizer),
+                    ("sparse_lr", sparse_lr),
+                    ("sparse_optimizer", sparse_optimizer),
+                )
+                if value is not None  # TrainConfig's defaults otherwise
+            },
             ps_delay_ms=ps_delay_ms,
             ps_wire=ps_wire,
             checkpoint=str(checkpoint) if checkpoint is not None else None,
@@ -140,6 +201,7 @@ def train_command(
             progress=not as_json,
             teacher_rows_scale=id_space,
             ps_capacity=ps_capacity,
+            log_dir=str(log_dir) if log_dir is not None else None,
         )
         if plan_path is not None:
             the_plan = load_plan(plan_path)
@@ -152,14 +214,13 @@ def train_command(
         check_before_start(cfg, model_spec, with_ps=bool(remote))
         servers = max(1, len(topo.servers))
         under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-        if under_torchrun:
-            missing = [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
-            if missing:
-                raise PlannerError(
-                    f"TORCHELASTIC_RUN_ID is set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-                    "not: not a complete torchrun environment",
-                    fixes=("launch with torchrun", "unset TORCHELASTIC_RUN_ID to train locally"),
-                )
+        if under_torchrun:  # the world against the plan's hosts, before torch is imported
+            process_role(topo, TorchrunProcess.from_environ(), node_host)
+        elif node_host is not None:
+            raise PlannerError(
+                "--node-host (or PERSIA_HOST) is set but this is not a torchrun process",
+                fixes=("launch with torchrun", "unset PERSIA_HOST to train on this machine"),
+            )
 
         from persia_planner.modules.stack import require_training_stack
 
@@ -168,7 +229,7 @@ def train_command(
 
         logging.basicConfig(level=logging.WARNING)
         if under_torchrun:
-            result = train_torchrun(cfg, model_spec, dict(the_plan.tables), servers=servers, topology=topo)
+            result = train_torchrun(cfg, model_spec, dict(the_plan.tables), topology=topo, node_host=node_host)
             if result is None:
                 return
         else:

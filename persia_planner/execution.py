@@ -46,7 +46,7 @@ def check_executable(
 
     - On CPU TorchRec runs the ``fused_uvm`` and ``fused_uvm_caching`` kernels (tiers ``ddr``, ``hbm_cache``) as
       plain host memory with the ``fused`` kernel: the plan would be silently changed.
-    - fbgemm's CPU kernels have no bfloat16 tables.
+    - fbgemm's CPU kernels have no bfloat16 tables, and no fused Adam.
     - Data-parallel tables are not fused: TorchRec leaves them to a ``torch.optim`` optimizer, whose state has the
       weights' dtype; an Adagrad-type or Adam state in fp16/bf16 underflows and the run diverges.
 
@@ -80,6 +80,12 @@ def check_executable(
                 f"table {name!r}: fbgemm's CPU kernels have no bfloat16 tables (embedding_dtype: bf16)",
                 kind=ErrorKind.UNSUPPORTED,
                 fixes=("use embedding_dtype: fp16 or fp32", "train on GPUs"),
+            )
+        if device_type != "cuda" and optimizer is Optimizer.ADAM:  # HybridEmbeddingBagCollection refuses it too
+            raise PlannerError(
+                f"table {name!r} is a local table, and fbgemm's CPU kernels have no fused adam",
+                kind=ErrorKind.UNSUPPORTED,
+                fixes=("use the rowwise_adagrad, adagrad or sgd sparse optimizer", "train on GPUs"),
             )
         if p.sharding is Sharding.DATA_PARALLEL and dtype is not DType.FP32 and optimizer is not Optimizer.SGD:
             raise PlannerError(

@@ -17,6 +17,7 @@ from persia_planner.units import Quantity
 __all__ = [
     "MAX_BANDWIDTH",
     "MAX_BATCH_SIZE",
+    "MAX_DENSE_FEATURES",
     "MAX_DENSE_FLOPS_PER_SAMPLE",
     "MAX_DENSE_PARAMETERS",
     "MAX_DIM",
@@ -24,6 +25,8 @@ __all__ = [
     "MAX_HOST_COUNT",
     "MAX_INPUT_BYTES",
     "MAX_LATENCY_S",
+    "MAX_LAYERS",
+    "MAX_LAYER_WIDTH",
     "MAX_MEMORY_BYTES",
     "MAX_OF_KIND",
     "MAX_POOLING_FACTOR",
@@ -87,6 +90,15 @@ MAX_DENSE_PARAMETERS = 2**44
 
 MAX_DENSE_FLOPS_PER_SAMPLE = 1e15
 """Forward FLOPs per sample of the dense network."""
+
+MAX_DENSE_FEATURES = 1_000_000
+"""Dense input features of the dense arch (``dense.num_dense``)."""
+
+MAX_LAYER_WIDTH = 1_048_576
+"""Width of one layer of the dense arch (``dense.bottom``, ``dense.over``, ``dense.dcn_low_rank``)."""
+
+MAX_LAYERS = 100
+"""Layers of one MLP of the dense arch, and DCN-v2 cross layers (``dense.dcn_layers``)."""
 
 # ---- plan.json ----------------------------------------------------------------------------------------------------
 MAX_SHARDS_PER_TABLE = 100_000

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import enum
-import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from persia_planner.dense import DLRM_BOTTOM, DLRM_NUM_DENSE, DLRM_TOP, DenseArch, DenseSpec, read_dense
 from persia_planner.errors import SpecError, abbreviate
 from persia_planner.fields import Fields, load_yaml
 from persia_planner.limits import (
     MAX_BATCH_SIZE,
-    MAX_DENSE_FLOPS_PER_SAMPLE,
-    MAX_DENSE_PARAMETERS,
     MAX_DIM,
     MAX_POOLING_FACTOR,
     MAX_ROWS,
@@ -26,7 +24,21 @@ from persia_planner.limits import (
 )
 from persia_planner.units import Quantity
 
-__all__ = ["DType", "DenseSpec", "ModelSpec", "Optimizer", "TableSpec", "load_model"]
+__all__ = [
+    "DLRM_BOTTOM",
+    "DLRM_TOP",
+    "DType",
+    "DataSchema",
+    "DenseArch",
+    "DenseSpec",
+    "ModelSpec",
+    "Optimizer",
+    "SparseColumn",
+    "TableSpec",
+    "load_data_schema",
+    "load_model",
+    "read_data_schema",
+]
 
 DEFAULT_STALENESS = 4
 OPTIMIZER_STATE_VALUE_BYTES = 4  # float32: fbgemm's momentum tensors and the parameter-server store's state
@@ -134,48 +146,6 @@ class TableSpec:
         return self.rows * self.dim
 
 
-# The hidden layers of the DLRM ``persia train`` builds (TorchRec's ``DLRM``): bottom MLP, then top MLP to one logit.
-DLRM_BOTTOM = (64,)
-DLRM_TOP = (64, 32, 1)
-
-
-@dataclass(frozen=True)
-class DenseSpec:
-    """The dense network, trained data-parallel.
-
-    Attributes:
-        parameters: Dense parameter count (its gradients are all-reduced every step in fp32).
-        flops_per_sample: Forward FLOPs per sample; backward counts as 2x.
-    """
-
-    parameters: int = 0
-    flops_per_sample: float = 0.0
-
-    @classmethod
-    def dlrm(
-        cls,
-        num_dense: int,
-        dim: int,
-        features: int,
-        bottom: tuple[int, ...] = DLRM_BOTTOM,
-        top: tuple[int, ...] = DLRM_TOP,
-    ) -> DenseSpec:
-        """TorchRec's ``DLRM`` dense part as ``persia train`` builds it: a bottom MLP ``num_dense -> bottom ->
-        dim``, the pairwise dot interaction of the ``features`` pooled embeddings and the bottom output (one
-        batched ``F x dim`` by ``dim x F`` product, ``F = features + 1``), and a top MLP over ``dim`` plus the
-        ``F (F - 1) / 2`` dot products to ``top``. FLOPs are 2 per multiply-add."""
-        params = macs = 0
-        for fan_in, fan_out in itertools.pairwise((num_dense, *bottom, dim)):
-            params += fan_in * fan_out + fan_out
-            macs += fan_in * fan_out
-        f = features + 1
-        macs += f * f * dim
-        for fan_in, fan_out in itertools.pairwise((dim + f * (f - 1) // 2, *top)):
-            params += fan_in * fan_out + fan_out
-            macs += fan_in * fan_out
-        return cls(params, 2.0 * macs)
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """A whole model: tables, dense part, batch.
@@ -187,6 +157,7 @@ class ModelSpec:
         dense: The dense network.
         embedding_dtype: Weight dtype of every table.
         staleness: Persia's embedding staleness K: how many steps async (PS) work may lag; 0 = synchronous.
+        data: How the columns of a Parquet / CSV click log feed the model (model.yaml's ``data:``), if given.
     """
 
     name: str
@@ -195,6 +166,7 @@ class ModelSpec:
     dense: DenseSpec = field(default_factory=DenseSpec)
     embedding_dtype: DType = DType.FP32
     staleness: int = DEFAULT_STALENESS
+    data: DataSchema | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tables]
@@ -242,18 +214,12 @@ class ModelSpec:
                 )
         if not tables:
             raise top.error("tables", "the model has no tables", fixes=("add at least one table",))
-        dense_fields = top.sub("dense", default=None)
-        dense = DenseSpec()
-        if dense_fields is not None:
-            dense = DenseSpec(
-                parameters=dense_fields.take("parameters", Quantity.COUNT, default=0, maximum=MAX_DENSE_PARAMETERS),
-                flops_per_sample=dense_fields.take(
-                    "flops_per_sample", Quantity.NUMBER, default=0.0, maximum=MAX_DENSE_FLOPS_PER_SAMPLE
-                ),
-            )
-            dense_fields.finish()
+        data = read_data_schema(top.sub("data", default=None))
+        # A tabular model's dense inputs are its data's dense columns: the arch (and its price) reads them.
+        inputs = len(data.dense) if data is not None and data.dense else DLRM_NUM_DENSE
+        dense = read_dense(top.sub("dense", default=None), {t.dim for t in tables}, len(tables), inputs)
         top.finish()
-        return cls(name, batch_size, tuple(tables), dense, dtype, staleness)
+        return cls(name, batch_size, tuple(tables), dense, dtype, staleness, data=data)
 
     @classmethod
     def from_torchrec(
@@ -337,3 +303,114 @@ def load_model(path: str | Path) -> ModelSpec:
     if data is None:
         raise SpecError(source, "", "file is empty", fixes=("see formats.md for the model.yaml keys",))
     return ModelSpec.from_dict(data, Path(source).name)
+
+
+# ---- data: which columns of a click log feed the model ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SparseColumn:
+    """One sparse feature of a click log.
+
+    Attributes:
+        feature: The feature's name in the schema.
+        column: The file's column holding its ids: strings or integers, or lists of them (multi-hot).
+        table: The table it feeds (the feature's name unless given); the batches' KJT key.
+        separator: CSV multi-hot: the ids of a cell are separated by this string (None: one id per cell).
+    """
+
+    feature: str
+    column: str
+    table: str
+    separator: str | None = None
+
+
+@dataclass(frozen=True)
+class DataSchema:
+    """How the columns of a Parquet or CSV click log map to a training batch (model.yaml's ``data:``, or
+    ``persia train --schema FILE``).
+
+    Attributes:
+        label: The 0/1 click column.
+        dense: The float columns of the dense features, in order (a missing value reads as 0).
+        sparse: The sparse features, each feeding one table.
+        source: The file the schema was read from (named by errors).
+    """
+
+    label: str
+    dense: tuple[str, ...]
+    sparse: tuple[SparseColumn, ...]
+    source: str = "model.yaml"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column the schema reads, each once, label first."""
+        return tuple(dict.fromkeys((self.label, *self.dense, *(s.column for s in self.sparse))))
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The tables fed, in the schema's order (the batches' KJT keys)."""
+        return tuple(s.table for s in self.sparse)
+
+
+def read_data_schema(fields: Fields | None) -> DataSchema | None:
+    """The ``data:`` mapping as a :class:`DataSchema` (None when absent); errors name the file and key path."""
+    if fields is None:
+        return None
+    label = fields.take_str("label")
+    dense_value = fields.take("dense", default=[])
+    if not isinstance(dense_value, list) or not all(isinstance(c, str) and c for c in dense_value):
+        raise fields.error("dense", f"expected a list of column names, got {abbreviate(dense_value)}")
+    sparse_fields = fields.sub("sparse")
+    assert sparse_fields is not None
+    sparse: list[SparseColumn] = []
+    for feature in list(sparse_fields.data):
+        if not isinstance(feature, str) or not feature:
+            raise sparse_fields.error(str(feature), "a feature name must be a non-empty string")
+        value = sparse_fields.take(feature)
+        if isinstance(value, str):
+            sparse.append(SparseColumn(feature, value, feature))
+            continue
+        item = sparse_fields.sub(feature)
+        assert item is not None
+        column = item.take_str("column")
+        table = item.take_str("table", default=feature)
+        separator = item.take_str("separator", default=None)
+        item.finish()
+        if separator == "":
+            raise item.error("separator", "is empty", fixes=("give the string between ids, e.g. '|'",))
+        sparse.append(SparseColumn(feature, column, table, separator))
+    sparse_fields.finish()
+    fields.finish()
+    if not sparse:
+        raise fields.error("sparse", "no sparse feature", fixes=("map each table to the column of its ids",))
+    seen: dict[str, str] = {}
+    for s in sparse:
+        if s.table in seen:
+            raise sparse_fields.error(
+                s.feature, f"feeds table {s.table!r}, which {seen[s.table]} feeds already", ("one feature per table",)
+            )
+        seen[s.table] = s.feature
+    for name, column in (("label", label), *((f"dense {c!r}", c) for c in dense_value)):
+        if column in {s.column for s in sparse}:
+            raise fields.error("sparse", f"column {column!r} is the {name} column too", ("map it once",))
+    if label in dense_value:
+        raise fields.error("dense", f"column {label!r} is the label", fixes=("remove it from dense",))
+    return DataSchema(label, tuple(dense_value), tuple(sparse), fields.source)
+
+
+def load_data_schema(path: str | Path) -> DataSchema:
+    """A schema file (``persia train --schema FILE``): the ``data:`` mapping of model.yaml, at the top level or
+    under ``data:``.
+
+    Raises:
+        SpecError: Malformed YAML, a missing or unknown key; the message names the file and key path.
+    """
+    data, source = load_yaml(path)
+    name = Path(source).name
+    if isinstance(data, Mapping) and set(data) == {"data"}:
+        schema = read_data_schema(Fields(data, name, "").sub("data"))
+    else:
+        schema = read_data_schema(Fields(data if data is not None else {}, name, ""))
+    assert schema is not None
+    return schema

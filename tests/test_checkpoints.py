@@ -20,10 +20,10 @@ from persia_planner.modules.checkpoints import (
     staging_dir,
     verify,
 )
-from persia_planner.modules.config import check_resume_exists
 from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad
 from persia_planner.modules.ps.checkpoint import save_all
 from persia_planner.modules.resume import TRAINER_STATE, check_resume
+from persia_planner.modules.run_dirs import check_resume_exists
 
 WORLD = {"trainers": 2, "servers": 1}
 

@@ -269,6 +269,20 @@ def test_topology_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plan_png_draws_the_placement(tmp_path, example):
+    _, _, expected = example
+    png, out = tmp_path / "plan.png", tmp_path / "plan.json"
+    result = run("plan", MODEL, TOPOLOGY, "--png", png, "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == json.loads(out.read_text()) == expected.to_dict()  # stdout: the plan alone
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.stderr == f"wrote {out}\nwrote {png}\n"
+    bad = run("plan", MODEL, TOPOLOGY, "--png", tmp_path / "missing" / "plan.png")
+    assert bad.exit_code == 2
+    (line,) = bad.stderr.strip().splitlines()
+    assert line.startswith("error: cannot write the picture to") and "fix: choose a writable path" in line
+
+
 # ---- bad inputs: one line on stderr, exit 2, no traceback -----------------------------------------------------------
 def _plan_model(name):
     return ("plan", BAD / name, TOPOLOGY)

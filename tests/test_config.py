@@ -3,6 +3,7 @@ before it imports torch."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -21,6 +22,8 @@ from persia_planner.modules.config import (
     WireDtype,
     check_before_start,
     check_id_space,
+    describe_hyper_parameters,
+    hyper_parameters,
     id_universe,
     sparse_optimizer_of,
 )
@@ -57,8 +60,8 @@ def test_wire_dtype_names_the_torch_dtype():
     [
         ({"mode": "async"}, "--mode must be hybrid or sync, got 'async'"),
         ({"ps_wire": "int8"}, "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
-        ({"dense_optimizer": "adam"}, "dense optimizer must be adagrad or sgd, got 'adam'"),
-        ({"sparse_optimizer": "lamb"}, "sparse optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
+        ({"dense_optimizer": "lamb"}, "--dense-optimizer must be one of adagrad, sgd, adam, got 'lamb'"),
+        ({"sparse_optimizer": "lamb"}, "--sparse-optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
         ({"resume": True}, "--resume needs --checkpoint DIR"),
         ({"checkpoint_every": 5}, "--checkpoint-every needs --checkpoint DIR"),
         (
@@ -66,7 +69,7 @@ def test_wire_dtype_names_the_torch_dtype():
             "--checkpoint-every must be >= 0 steps (0: only at the end), got -1",
         ),
         ({"keep": 0, "checkpoint": "x"}, "--keep must be in [1, 1000] checkpoints, got 0"),
-        ({"data": "parquet:/x"}, "--data must be 'synthetic' or 'criteo:PATH', got 'parquet:/x'"),
+        ({"data": "hdfs:/x"}, "--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH', got 'hdfs:/x'"),
         ({"steps": 0}, "--steps, trainers and eval batches must be >= 1"),
         ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
         ({"staleness": -1}, "--staleness must be >= 0, got -1"),
@@ -74,14 +77,16 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"ps_delay_ms": float("inf")}, "--ps-delay-ms must be a finite number >= 0, got inf"),
         ({"ps_delay_ms": float("nan")}, "--ps-delay-ms must be a finite number >= 0, got nan"),
         ({"eval_every": -3}, "--eval-every must be >= 0 (0: only at the end), got -3"),
-        ({"sparse_lr": -1.0}, "sparse_lr must be a finite number > 0, got -1.0"),
-        ({"dense_lr": float("nan")}, "dense_lr must be a finite number > 0, got nan"),
+        ({"sparse_lr": -1.0}, "--sparse-lr must be a finite number > 0, got -1.0"),
+        ({"dense_lr": float("nan")}, "--dense-lr must be a finite number > 0, got nan"),
+        ({"dense_lr": 0.0}, "--dense-lr must be a finite number > 0, got 0.0"),
         ({"teacher_rows_scale": -5.0}, "--id-space must be a number in (0, 1000] (ids per table row), got -5.0"),
         ({"teacher_rows_scale": float("nan")}, "--id-space must be a number in (0, 1000] (ids per table row), got nan"),
         ({"teacher_rows_scale": 1001}, "--id-space must be a number in (0, 1000]"),
         ({"ps_capacity": "huge"}, "--ps-capacity must be planned or unbounded, got 'huge'"),
         ({"ps_capacity": "unbounded", "data": "criteo:/x"}, "--ps-capacity unbounded needs --data synthetic"),
-        ({"data": "criteo:"}, "--data must be 'synthetic' or 'criteo:PATH', got 'criteo:'"),
+        ({"data": "criteo:"}, "--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH', got 'criteo:'"),
+        ({"data_workers": -1}, "data workers must be in [0, 64], got -1"),
     ],
 )
 def test_bad_options_are_one_line_errors_naming_the_option(options, message):
@@ -149,6 +154,31 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
         check_before_start(TrainConfig(), criteo_model, with_ps=True)
 
 
+def test_the_log_dir_is_checked_before_any_process_starts(tmp_path, monkeypatch):
+    spec = model("sgd")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(PlannerError, match=f"^--log-dir {tmp_path}/afile/x: {tmp_path}/afile is a file, not a dir"):
+        check_before_start(TrainConfig(log_dir=str(tmp_path / "afile" / "x")), spec, with_ps=False)
+    with pytest.raises(PlannerError, match=r"^--log-dir /proc/persia-logs: cannot write there \("):
+        check_before_start(TrainConfig(log_dir="/proc/persia-logs"), spec, with_ps=False)
+    logs = tmp_path / "logs"
+    check_before_start(TrainConfig(log_dir=str(logs)), spec, with_ps=False)
+    assert logs.is_dir() and not any(logs.iterdir())
+    (logs / "trainer0.log").write_text("a process log alone is no earlier run's metrics\n")
+    check_before_start(TrainConfig(log_dir=str(logs)), spec, with_ps=False)
+    (logs / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(PlannerError, match=f"^--log-dir {logs} holds the metrics of an earlier run"):
+        check_before_start(TrainConfig(log_dir=str(logs)), spec, with_ps=False)
+    check_before_start(TrainConfig(log_dir=str(logs), overwrite=True), spec, with_ps=False)
+    assert (logs / "metrics.jsonl").read_text() == '{"step": 1}\n'  # checks write nothing into it
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(
+        PlannerError, match=r"^--log-dir writes TensorBoard event files: the tensorboard package is not"
+    ):
+        check_before_start(TrainConfig(log_dir=str(tmp_path / "other")), spec, with_ps=False)
+
+
 def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):
     """Each refusal is exit 2 with the one-line error, and none of them imported torch (a mistake costs < 1 s,
     not the ~7 s of importing torch and torchrec)."""
@@ -199,3 +229,21 @@ def test_the_synthetic_id_space_is_checked_against_the_generator_before_any_proc
     )
     assert "fix: --id-space 335.54 or less" in message and "\n" not in message
     check_id_space(SPEC, TrainConfig(teacher_rows_scale=400, data="criteo:/x"))  # real data: its own ids
+
+
+def test_hyper_parameters_record_what_the_run_trains_with():
+    cfg = TrainConfig(dense_optimizer="adam", dense_lr=0.001, sparse_lr=0.2, batch_size=100, eval_every=5, mode="sync")
+    hyper = hyper_parameters(cfg, SPEC, trainers=2)
+    assert hyper == {
+        "dense_optimizer": "adam",
+        "dense_lr": 0.001,
+        "sparse_optimizer": "rowwise_adagrad",  # the tables' own (model.yaml names none: the default)
+        "sparse_lr": 0.2,
+        "batch_size": 200,  # global: 2 trainers x 100
+        "eval_every": 5,
+        "staleness": 0,  # sync
+        "dense_arch": {"arch": "dlrm", "num_dense": 13, "bottom": [64], "over": [64, 32, 1]},
+    }
+    assert json.loads(json.dumps(hyper)) == hyper
+    assert describe_hyper_parameters(hyper) == "dlrm; dense adam (0.001), sparse rowwise_adagrad (0.2)"
+    assert describe_hyper_parameters(None) == "-"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from processes import descendants_of
 
-from persia_planner.modules.config import TrainConfig, elastic_resume
+from persia_planner.modules.config import TrainConfig
+from persia_planner.modules.run_dirs import elastic_resume
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -40,6 +41,10 @@ def test_a_restarted_attempt_resumes_only_its_own_runs_checkpoint(tmp_path):
     _manifest(tmp_path, 6, "r1")
     assert elastic_resume(cfg, again) == TrainConfig(checkpoint=str(tmp_path), progress=False, resume=True)
     assert elastic_resume(TrainConfig(progress=False), again) == TrainConfig(progress=False)  # nothing to resume
+    # Without a checkpoint it starts over: its metrics replace the first attempt's in the log dir.
+    logged = TrainConfig(progress=False, log_dir=str(tmp_path))
+    assert elastic_resume(logged, first) == logged
+    assert elastic_resume(logged, again) == TrainConfig(progress=False, log_dir=str(tmp_path), overwrite=True)
 
 
 def _rank_of(pid: int) -> int | None:

@@ -24,3 +24,6 @@ def test_plans_torchrec_would_not_run_as_written_are_refused():
         check_executable(dp, "cpu", dtype=DType.FP16, optimizer=Optimizer.ROWWISE_ADAGRAD)
     check_executable(dp, "cpu", dtype=DType.FP16, optimizer=Optimizer.SGD)  # no state to underflow
     check_executable(dp, "cpu", dtype=DType.FP32, optimizer=Optimizer.ROWWISE_ADAGRAD)
+    with pytest.raises(PlannerError, match=r"table 'a' is a local table, and fbgemm's CPU kernels have no fused adam"):
+        check_executable({"a": local_placement(10, 4)}, "cpu", optimizer=Optimizer.ADAM)
+    check_executable({"a": local_placement(10, 4)}, "cuda", optimizer=Optimizer.ADAM)

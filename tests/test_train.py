@@ -135,7 +135,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--mode", "async"], "--mode must be hybrid or sync"),
         (["--resume"], "--resume needs --checkpoint DIR"),
         (["--data", "criteo:/nonexistent/day_0"], "/nonexistent/day_0: file or directory not found"),
-        (["--data", "hdfs:/x"], "--data must be 'synthetic' or 'criteo:PATH'"),
+        (["--data", "hdfs:/x"], "--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH'"),
         (["--model", "/nonexistent.yaml"], "nonexistent.yaml"),
         (["--steps", "0"], "--steps"),
         (["--ps-wire", "int8"], "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
@@ -145,6 +145,12 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--ps-capacity", "unbounded", "--data", "criteo:/x"], "--ps-capacity unbounded needs --data synthetic"),
         (["--checkpoint", "/nonexistent-ckpt", "--resume"], "no checkpoint in /nonexistent-ckpt (no step-* directory)"),
         (["--checkpoint", "/nonexistent-ckpt", "--resume", "--overwrite"], "--resume continues the checkpoint that"),
+        (["--dense-lr", "0"], "--dense-lr must be a finite number > 0, got 0.0"),
+        (["--sparse-lr", "nan"], "--sparse-lr must be a finite number > 0, got nan"),
+        (["--dense-optimizer", "lamb"], "--dense-optimizer must be one of adagrad, sgd, adam, got 'lamb'"),
+        (["--sparse-optimizer", "lamb"], "--sparse-optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
+        (["--eval-every", "-1"], "--eval-every"),
+        (["--log-dir", "/dev/null/logs"], "--log-dir /dev/null/logs: /dev/null is a file, not a directory"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(args, needle):
@@ -194,8 +200,13 @@ def test_cli_refuses_before_training_and_reports_trainer_errors_in_one_line(tmp_
     model = tmp_path / "m.yaml"
     model.write_text("name: m\nbatch_size: 64\ntables:\n  - {name: c1, rows: 100, dim: 8}\n")
     (tmp_path / "day_0").write_text("not a criteo line\n" * 200)
-    line = _one_line_error([*quick, "--model", str(model), "--data", f"criteo:{tmp_path / 'day_0'}"])
+    logs = tmp_path / "logs"
+    bad_data = ["--model", str(model), "--data", f"criteo:{tmp_path / 'day_0'}", "--log-dir", str(logs)]
+    line = _one_line_error([*quick, *bad_data])
     assert "trainer0 failed" in line
+    # With --log-dir the terminal shows the same; the traceback is in the trainer's log, the line in the launcher's.
+    assert "Traceback (most recent call last)" in (logs / "trainer0.log").read_text()
+    assert line.removeprefix("error: ").split(";")[0] in (logs / "launcher.log").read_text()
 
 
 OPTS = ["--eval-batches", "2", "--json", "--staleness", "2", "--batch-size", "256"]
@@ -232,21 +243,82 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_same_entry_point_runs_under_torchrun():
+def test_cli_trains_a_dcn_with_the_given_hyper_parameters(tmp_path):
+    data = yaml.safe_load(DEFAULT_MODEL.read_text())
+    data["dense"] = {"arch": "dcn", "bottom": [32], "over": [32, 1], "dcn_layers": 2, "dcn_low_rank": 8}
+    model = tmp_path / "dcn.yaml"
+    model.write_text(yaml.safe_dump(data))
+    hyper = ["--dense-optimizer", "adam", "--dense-lr", "0.005", "--sparse-lr", "0.05", "--eval-every", "10"]
+    done = subprocess.run(
+        [*PERSIA, "train", "--model", str(model), "--steps", "20", *hyper, *OPTS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["steps"] == 20 and math.isfinite(result["loss"]) and 0.0 <= result["auc"] <= 1.0
+    assert result["teacher_auc"] is not None and result["ps_tables"] == PS_TABLES
+    assert result["hyper_parameters"] == {
+        "dense_optimizer": "adam",
+        "dense_lr": 0.005,
+        "sparse_optimizer": "rowwise_adagrad",
+        "sparse_lr": 0.05,
+        "batch_size": 512,
+        "eval_every": 10,
+        "staleness": 2,
+        "dense_arch": {"arch": "dcn", "num_dense": 13, "bottom": [32], "over": [32, 1], "dcn_layers": 2,
+                       "dcn_low_rank": 8},
+    }  # fmt: skip
+
+
+def test_cli_refuses_dense_inputs_the_data_does_not_have(tmp_path):
+    data = yaml.safe_load(DEFAULT_MODEL.read_text())
+    data["dense"] = {"arch": "dlrm", "num_dense": 5}
+    model = tmp_path / "m.yaml"
+    model.write_text(yaml.safe_dump(data))
+    line = _one_line_error(["--model", str(model)])
+    assert "dense.num_dense: is 5, but the data (synthetic or Criteo) has 13 dense features" in line, line
+
+
+def test_cli_refuses_adam_for_local_tables_on_cpu_before_training():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("fbgemm fuses adam on CUDA")
+    line = _one_line_error(["--sparse-optimizer", "adam"])
+    assert "table 'c2' is a local table, and fbgemm's CPU kernels have no fused adam" in line, line
+
+
+@pytest.mark.timeout(600)
+def test_same_entry_point_runs_under_torchrun(tmp_path):
     from persia_planner.modules.ps.launch import reserved_port
 
     with reserved_port() as port:  # ours until the run ends: torchrun may bind it (SO_REUSEADDR), nobody else
         torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "4", "--master-port", str(port)]
-        done = _run_torchrun(torchrun)
+        done = _run_torchrun(torchrun, ["--log-dir", str(tmp_path)])
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("{")]  # only the first trainer prints
     result = json.loads(line)
     assert result["trainers"] == 2 and result["servers"] == 2 and result["steps"] == 4
     assert result["ps_tables"] == PS_TABLES and result["batch_size"] == 256
     assert result["ps_wire"] == "bfloat16"
+    # one node: its servers first, then its trainers
+    assert [(p["rank"], p["role"]) for p in result["processes"]] == [
+        (0, "ps0"),
+        (1, "ps1"),
+        (2, "trainer0"),
+        (3, "trainer1"),
+    ]
+    # Each process logs into its own file for the job only: the result above still reached the terminal.
+    for name in ("ps0", "ps1", "trainer0", "trainer1"):
+        assert (tmp_path / f"{name}.log").read_text().startswith(f"==== {name} (pid "), name
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4] and json.loads((tmp_path / "summary.json").read_text())["auc"] == result["auc"]
 
 
-def _run_torchrun(torchrun: list[str]) -> subprocess.CompletedProcess:
+def _run_torchrun(torchrun: list[str], extra: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             *torchrun,
@@ -262,6 +334,7 @@ def _run_torchrun(torchrun: list[str]) -> subprocess.CompletedProcess:
             "--ps-wire",
             "bfloat16",
             "--json",
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -354,21 +427,6 @@ def test_a_plan_torchrec_would_change_or_the_wrong_trainer_count_is_refused_befo
     assert "use --trainers 2" in line
 
 
-def test_torchrun_roles_spread_the_servers_over_the_nodes():
-    from persia_planner.modules.train import torchrun_role
-
-    def roles(world: int, per_node: int, servers: int) -> list[tuple[str, int]]:
-        env = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(per_node)}
-        return [torchrun_role(servers, env | {"RANK": str(r), "LOCAL_RANK": str(r % per_node)}) for r in range(world)]
-
-    # one node: the first ranks serve, as before
-    assert roles(4, 4, 2) == [("server", 0), ("server", 1), ("trainer", 0), ("trainer", 1)]
-    # two nodes of two: a server and a trainer on each, indices in node order
-    assert roles(4, 2, 2) == [("server", 0), ("trainer", 0), ("server", 1), ("trainer", 1)]
-    # servers that do not divide over the nodes: the first ranks serve
-    assert roles(6, 3, 1) == [("server", 0), *[("trainer", j) for j in range(5)]]
-
-
 def _torchrun_node(port: int, extra: list[str]) -> subprocess.Popen:
     torchrun = str(Path(sys.executable).parent / "torchrun")
     rdzv = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "two-nodes"]
@@ -383,8 +441,8 @@ def _torchrun_node(port: int, extra: list[str]) -> subprocess.Popen:
 
 @pytest.mark.timeout(600)
 def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
-    """Two torchrun node groups on this machine (a server and a trainer on each) run the same K = 0 job as the
-    single launcher, step for step."""
+    """Two torchrun node groups on this machine run the same K = 0 job as the single launcher, step for step; with
+    no host named, the node of ranks 0-1 is the trainer host (first in local_2x1.yaml), the other both servers'."""
     from persia_planner.modules.ps.launch import reserved_port
 
     job = ["--mode", "sync", "--steps", "4", "--batch-size", "128", "--eval-batches", "1", "--json"]
@@ -396,8 +454,47 @@ def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
     assert len(lines) == 1, lines  # only the first trainer prints
     multi = json.loads(lines[0])
     assert multi["trainers"] == 2 and multi["servers"] == 2 and multi["executed_matches_plan"] is True
+    placed = [(p["rank"], p["node"], p["host"], p["role"]) for p in multi["processes"]]
+    assert placed == [
+        (0, 0, "trainer0", "trainer0"),
+        (1, 0, "trainer0", "trainer1"),
+        (2, 1, "ps0", "ps0"),
+        (3, 1, "ps1", "ps1"),
+    ]
     done = subprocess.run([*PERSIA, "train", *job], capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
     single = json.loads(done.stdout)
     for key in ("loss", "auc", "eval_loss"):
         assert multi[key] == pytest.approx(single[key], abs=1e-6), key
+
+
+@pytest.mark.timeout(600)
+def test_cli_logs_every_step_and_a_resume_appends(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logs, quick = tmp_path / "logs", ["--mode", "sync", "--batch-size", "64", "--eval-batches", "1", "--json"]
+    common = [*quick, "--checkpoint", str(tmp_path / "ckpt"), "--log-dir", str(logs)]
+    done = subprocess.run([*PERSIA, "train", "--steps", "3", *common], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    lines = [json.loads(x) for x in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    keys = {"loss", "samples_per_s", "staleness", "ps_wait_ms", "push_ms", "data_ms", "step_ms", "t_s"}
+    assert all(keys <= line.keys() for line in lines) and lines[-1]["auc"] == result["auc"]
+    assert json.loads((logs / "summary.json").read_text()) == result
+    for name in ("launcher", "ps0", "ps1", "trainer0", "trainer1"):
+        assert (logs / f"{name}.log").stat().st_size > 0, name
+    # The same directory again: refused from scratch, appended to by a resume (steps go on from the checkpoint).
+    again = [*PERSIA, "train", "--steps", "2", *quick, "--log-dir", str(logs)]
+    refused = subprocess.run(again, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "holds the metrics of an earlier run" in refused.stderr, refused.stderr
+    resumed = [*PERSIA, "train", "--steps", "2", "--resume", *common]
+    done = subprocess.run(resumed, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(x) for x in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 5]
+    events = EventAccumulator(str(logs / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5]
+    assert [e.value for e in events.Scalars("loss")] == pytest.approx([line["loss"] for line in lines])
+    assert (logs / "trainer0.log").read_text().count("==== trainer0 (pid ") == 2

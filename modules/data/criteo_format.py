@@ -32,7 +32,7 @@ import torch
 
 from persia_planner.errors import SpecError
 
-from ..config import FEATURE_NAMES
+from ..config import FEATURE_NAMES, NUM_CRITEO_DENSE
 
 __all__ = [
     "CATEGORICAL_COLUMNS",
@@ -45,7 +45,7 @@ __all__ = [
     "write_criteo",
 ]
 
-NUM_INTEGER = 13
+NUM_INTEGER = NUM_CRITEO_DENSE  # I1..I13
 NUM_CATEGORICAL = len(FEATURE_NAMES)  # c1..c26: the KJT keys of the categorical columns
 NUM_COLUMNS = 1 + NUM_INTEGER + NUM_CATEGORICAL
 INTEGER_COLUMNS = tuple(f"I{i}" for i in range(1, NUM_INTEGER + 1))

@@ -238,6 +238,7 @@ def local_cluster(
     on_start: Callable[[dict[str, int]], None] | None = None,
     hang_timeout_s: float = DEFAULT_PEER_TIMEOUT_S,
     end_on_lost_server: bool = True,
+    log_dir: str | None = None,
 ) -> list[Any]:
     """Run ``fn(trainer_index, client, *args)`` in ``n_clients`` trainers against ``n_servers`` fresh servers.
 
@@ -271,6 +272,8 @@ def local_cluster(
         end_on_lost_server: A server that ends while the trainers run ends the job, naming it (a server lost while
             the group forms would otherwise keep the others in the rendezvous for ``rpc_timeout_s``). False: leave
             it to the trainers' requests (for trainers that kill a server on purpose).
+        log_dir: Each worker writes its output and logging to ``log_dir/<name>.log`` (:mod:`..proclogs`); what
+            reaches the terminal stays as without it.
 
     Returns:
         The trainers' return values, in trainer order.
@@ -301,7 +304,7 @@ def local_cluster(
             servers = [
                 ctx.Process(
                     target=server_main,
-                    args=(i, world_size, port, rpc_timeout_s, log_level, environ, results),
+                    args=(i, world_size, port, rpc_timeout_s, (log_level, log_dir), environ, results),
                     name=server_name(i),
                     daemon=True,
                 )
@@ -315,7 +318,7 @@ def local_cluster(
                         n_servers,
                         world_size,
                         port,
-                        (timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype),
+                        (timeout_s, rpc_timeout_s, (log_level, log_dir), delay_ms, wire_dtype),
                         results,
                         (trainer_barrier, progress),
                         fn,

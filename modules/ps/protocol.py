@@ -242,7 +242,7 @@ def server_name(rank: int) -> str:
 def server_index(name: str, rank: int) -> int:
     """Index of a server (its shard of every table and checkpoint): ``i`` of its name ``ps{i}``, else its RPC rank.
 
-    Under torchrun on several nodes the servers are spread over the nodes, so ``ps1`` need not have RPC rank 1.
+    Under torchrun each server runs on its topology host's node, so ``ps1`` need not have RPC rank 1.
     """
     m = _SERVER_NAME.fullmatch(name)
     return int(m.group(1)) if m else rank

@@ -22,6 +22,7 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import PlannerError
 
+from ..proclogs import log_to_file
 from ..rpcenv import listen_on_loopback_if_asked
 from .client import PsClient
 from .lifecycle import adopt_environment, die_with_the_launcher, exit_now, name_process
@@ -29,6 +30,8 @@ from .progress import use_progress_slot
 from .protocol import server_name
 from .server import serve
 from .trainer import connect
+
+log = logging.getLogger(__name__)
 
 __all__ = ["barrier", "describe_exit", "failure_of", "server_main", "trainer_main", "use_hosted_store"]
 
@@ -76,13 +79,21 @@ def _finish(results: Any, failed: bool) -> None:
 
 
 def server_main(
-    rank: int, world_size: int, port: int, rpc_timeout_s: float, log_level: int, environ: dict[str, str], results: Any
+    rank: int,
+    world_size: int,
+    port: int,
+    rpc_timeout_s: float,
+    logs: tuple[int, str | None],
+    environ: dict[str, str],
+    results: Any,
 ) -> None:
-    """Server ``ps{rank}`` of the local cluster; a failure (even at start-up) is reported as ``(name, False, ...)``."""
+    """Server ``ps{rank}`` of the local cluster; a failure (even at start-up) is reported as ``(name, False, ...)``.
+    ``logs`` is the log level and the log directory (:func:`..proclogs.log_to_file`)."""
     die_with_the_launcher()
     name_process(server_name(rank))
     adopt_environment(environ)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_level, log_dir = logs
+    log_to_file(log_dir, server_name(rank), log_level)
     use_hosted_store(port)
     failed = False
     try:
@@ -92,6 +103,7 @@ def server_main(
     except Exception as err:
         failed = True
         results.put((server_name(rank), False, failure_of(err)))
+        log.info("%s failed", server_name(rank), exc_info=True)  # its log file only (the launcher names it)
     _finish(results, failed)
 
 
@@ -100,7 +112,7 @@ def trainer_main(
     n_servers: int,
     world_size: int,
     port: int,
-    opts: tuple[float, float, int, float, torch.dtype],
+    opts: tuple[float, float, tuple[int, str | None], float, torch.dtype],
     results: Any,
     shared: tuple[Any, Any],
     fn: Callable[..., Any],
@@ -108,13 +120,14 @@ def trainer_main(
     environ: dict[str, str],
 ) -> None:
     """Trainer ``j`` of the local cluster: joins the RPC group (if there are servers), runs ``fn(j, client, *args)``
-    and reports its value or its failure (one that happens while joining too)."""
+    and reports its value or its failure (one that happens while joining too). ``opts`` holds the client's timeouts,
+    the log level and directory, and the client's delay and wire dtype."""
     global _BARRIER
     die_with_the_launcher()
     name_process(f"trainer{j}")
     adopt_environment(environ)
-    timeout_s, rpc_timeout_s, log_level, delay_ms, wire_dtype = opts
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    timeout_s, rpc_timeout_s, (log_level, log_dir), delay_ms, wire_dtype = opts
+    log_to_file(log_dir, f"trainer{j}", log_level)
     use_hosted_store(port)
     _BARRIER, progress = shared
     use_progress_slot(progress, j)
@@ -144,6 +157,7 @@ def trainer_main(
         except BaseException as err:
             failed = True
             results.put((j, False, failure_of(err)))
+            log.info("trainer%d failed", j, exc_info=True)  # its log file only (the launcher names it)
             if not isinstance(err, Exception):
                 raise  # an interrupt or exit goes on as it came
     finally:

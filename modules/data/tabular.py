@@ -1,0 +1,331 @@
+"""Parquet and CSV click logs through pyarrow -> :class:`Batch` streams, mapped by a
+:class:`~persia_planner.specs.DataSchema` (model.yaml's ``data:``).
+
+Parquet files are read a row group at a time (``ParquetFile.iter_batches``, only the schema's columns), CSV files a
+byte range at a time (the header's names, every chunk parsed by ``pyarrow.csv``; a row must not hold a newline
+inside quotes); both are sharded across trainers and DataLoader workers by :mod:`.shards`.
+
+Values: the label and the dense columns as float32 (a missing dense value is 0); a sparse column's ids, strings or
+integers, hashed to int64 by :func:`hash_ids`: the same id gives the same int64 on every trainer, run and machine.
+A list column (or a string column with a ``separator``) is multi-hot: one bag of all its ids per row; a missing
+value is an empty bag. The tables map the hashed ids into their rows (``id mod rows``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from persia_planner.errors import SpecError
+from persia_planner.specs import DataSchema, SparseColumn
+
+from .batch import Batch
+from .shards import Failure, Shard, ShardStream, assign, merged_batches, parquet_shards, text_chunks, text_shards
+
+__all__ = ["TabularReader", "hash_ids"]
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wrapping arithmetic): spreads nearby ids over all 64 bits."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _hash_strings(array: Any) -> np.ndarray:
+    """FNV-1a 64 of each string's UTF-8 bytes, then splitmix64; vectorised over the strings, a pass per byte."""
+    import pyarrow as pa
+
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32)[
+        array.offset : array.offset + len(array) + 1
+    ]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    starts = offsets[:-1].astype(np.int64)
+    lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
+    h = np.full(len(array), _FNV_OFFSET, dtype=np.uint64)
+    live = np.arange(len(array))
+    for i in range(int(lengths.max(initial=0))):
+        live = live[lengths[live] > i]
+        h[live] = (h[live] ^ data[starts[live] + i].astype(np.uint64)) * _FNV_PRIME
+    return _splitmix64(h)
+
+
+def hash_ids(array: Any) -> np.ndarray:
+    """Ids as int64: strings by the FNV-1a 64 hash of their UTF-8 bytes, integers by the splitmix64 finaliser of
+    their 64-bit pattern (so ``"7"`` and ``7`` differ). Stable across runs, processes and machines.
+
+    Args:
+        array: A pyarrow array of strings or integers (dictionary-encoded too), without nulls.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(array.type):
+        codes = array.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        return hash_ids(array.dictionary)[codes]
+    if pa.types.is_null(array.type) or len(array) == 0:
+        return np.zeros(len(array), dtype=np.int64)
+    if pa.types.is_integer(array.type):
+        bits = pc.cast(array, pa.int64(), safe=False).to_numpy(zero_copy_only=False).view(np.uint64)
+        return _splitmix64(bits).view(np.int64)
+    return _hash_strings(array).view(np.int64)
+
+
+@dataclass(frozen=True)
+class TabularBlock:
+    """Rows of a click log in a pickle-friendly, concatenable layout.
+
+    Attributes:
+        labels: ``[n]`` float32.
+        dense: ``[n, d]`` float32.
+        lengths: Per sparse feature, ``[n]`` int32 ids per row.
+        values: Per sparse feature, the rows' ids (int64) one after another.
+    """
+
+    labels: np.ndarray
+    dense: np.ndarray
+    lengths: tuple[np.ndarray, ...]
+    values: tuple[np.ndarray, ...]
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def slice(self, start: int, stop: int) -> TabularBlock:
+        """Rows ``start:stop``."""
+        values = []
+        for lengths, vals in zip(self.lengths, self.values, strict=True):
+            first = int(lengths[:start].sum())
+            values.append(vals[first : first + int(lengths[start:stop].sum())])
+        return TabularBlock(
+            self.labels[start:stop], self.dense[start:stop], tuple(x[start:stop] for x in self.lengths), tuple(values)
+        )
+
+    @classmethod
+    def concat(cls, blocks: Sequence[TabularBlock]) -> TabularBlock:
+        """The rows of ``blocks``, in order."""
+        if len(blocks) == 1:
+            return blocks[0]
+        features = range(len(blocks[0].lengths))
+        return cls(
+            np.concatenate([b.labels for b in blocks]),
+            np.concatenate([b.dense for b in blocks]),
+            tuple(np.concatenate([b.lengths[f] for b in blocks]) for f in features),
+            tuple(np.concatenate([b.values[f] for b in blocks]) for f in features),
+        )
+
+
+class _BadValue(Exception):
+    def __init__(self, column: str, problem: str):
+        super().__init__(problem)
+        self.column = column
+        self.problem = problem
+
+
+def _floats(array: Any) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    # A copy: torch wants writable arrays, and pyarrow's may be its read-only buffers.
+    return np.array(pc.fill_null(pc.cast(array, pa.float32()), 0.0).to_numpy(zero_copy_only=False), dtype=np.float32)
+
+
+def _bags(array: Any, column: SparseColumn) -> tuple[np.ndarray, np.ndarray]:
+    """``(lengths [n] int32, ids int64)`` of one sparse column: one id per row, or a bag per row (multi-hot)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(array)
+    if column.separator is not None:
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        array = pc.split_pattern(array, column.separator)
+    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        flat = pc.list_flatten(array)
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        keep = flat.is_valid()
+        if column.separator is not None:  # "a||b" holds two ids, not an empty third
+            keep = pc.and_(keep, pc.greater(pc.utf8_length(flat), 0))
+        keep_np = keep.to_numpy(zero_copy_only=False)
+        ids = hash_ids(flat.filter(keep))
+        lengths = np.bincount(parents[keep_np], minlength=n).astype(np.int32)
+        return lengths, ids
+    valid = array.is_valid()
+    lengths = valid.to_numpy(zero_copy_only=False).astype(np.int32)
+    return lengths, hash_ids(array.filter(valid))
+
+
+def to_block(table: Any, schema: DataSchema) -> TabularBlock:
+    """A pyarrow RecordBatch or Table holding the schema's columns as a :class:`TabularBlock`.
+
+    Raises:
+        _BadValue: A missing label, or one other than 0 and 1.
+    """
+    import pyarrow as pa
+
+    def column(name: str) -> Any:
+        col = table.column(name)
+        return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+    label = column(schema.label)
+    if label.null_count:
+        raise _BadValue(schema.label, "a missing label")
+    labels = _floats(label)
+    bad = labels[(labels != 0) & (labels != 1)]
+    if bad.size:
+        raise _BadValue(schema.label, f"label {bad[0]:g}: labels are 0 or 1")
+    dense = np.zeros((len(labels), len(schema.dense)), dtype=np.float32)
+    for j, name in enumerate(schema.dense):
+        dense[:, j] = _floats(column(name))
+    bags = [_bags(column(s.column), s) for s in schema.sparse]
+    return TabularBlock(labels, dense, tuple(b[0] for b in bags), tuple(b[1] for b in bags))
+
+
+def to_batch(block: TabularBlock, keys: Sequence[str]) -> Batch:
+    """A block as a :class:`Batch` whose KJT has one key per table (key-major, as every KJT)."""
+    sparse = KeyedJaggedTensor(
+        keys=list(keys),
+        values=torch.from_numpy(np.concatenate(block.values) if block.values else np.zeros(0, np.int64)),
+        lengths=torch.from_numpy(np.concatenate(block.lengths) if block.lengths else np.zeros(0, np.int32)),
+    )
+    return Batch(dense=torch.from_numpy(block.dense), sparse=sparse, labels=torch.from_numpy(block.labels))
+
+
+@dataclass(frozen=True)
+class _ReadParquet:
+    schema: DataSchema
+    batch_rows: int
+
+    def __call__(self, shard: Shard) -> Iterator[TabularBlock | Failure]:
+        import pyarrow.parquet as pq
+
+        try:
+            f = pq.ParquetFile(shard.path)
+            for rows in f.iter_batches(
+                batch_size=self.batch_rows, row_groups=[shard.row_group or 0], columns=list(self.schema.columns)
+            ):
+                yield to_block(rows, self.schema)
+        except _BadValue as err:
+            yield Failure(f"{shard.path} (row group {shard.row_group})", err.column, err.problem)
+        except (OSError, ValueError, TypeError) as err:  # pyarrow's errors subclass these
+            yield Failure(f"{shard.path} (row group {shard.row_group})", "", _first_line(err))
+
+
+@dataclass(frozen=True)
+class _ReadCsv:
+    schema: DataSchema
+    chunk_bytes: int
+
+    def __call__(self, shard: Shard) -> Iterator[TabularBlock | Failure]:
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        with pcsv.open_csv(shard.path) as head:  # the header's names (every chunk after it has none)
+            names = head.schema.names
+        # Ids as strings whatever they look like: a chunk of "123"s and one with "abc" read alike.
+        types = {s.column: pa.string() for s in self.schema.sparse}
+        types |= {c: pa.float32() for c in (self.schema.label, *self.schema.dense)}
+        convert = pcsv.ConvertOptions(
+            column_types=types, include_columns=list(self.schema.columns), strings_can_be_null=True
+        )
+        for offset, lines in text_chunks(shard, self.chunk_bytes, header=True):
+            try:
+                table = pcsv.read_csv(
+                    io.BytesIO(lines), read_options=pcsv.ReadOptions(column_names=names), convert_options=convert
+                )
+                yield to_block(table, self.schema)
+            except _BadValue as err:
+                yield Failure(f"{shard.path} (bytes from {offset})", err.column, err.problem)
+                return
+            except (OSError, ValueError, TypeError) as err:
+                yield Failure(f"{shard.path} (bytes from {offset})", "", _first_line(err))
+                return
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+class TabularReader:
+    """Streams Parquet or CSV click logs as :class:`Batch` es: this trainer's row groups or byte ranges, read by a
+    DataLoader worker pool.
+
+    Args:
+        paths: Parquet files (``fmt="parquet"``) or CSV files, plain or ``.gz`` (``fmt="csv"``).
+        schema: Which columns are the label, the dense and the sparse features.
+        fmt: ``"parquet"`` or ``"csv"``.
+        batch_size: Rows per batch; only the last batch may be smaller (and is dropped with ``drop_last``).
+        num_workers: DataLoader worker processes (0 reads in the calling process).
+        rank: This trainer's rank: it reads only its shards (:func:`.shards.assign`).
+        world: The trainers reading the files together.
+        drop_last: Drop the final partial batch.
+        chunk_bytes: CSV: bytes parsed at a time per worker.
+
+    Raises:
+        SpecError: On construction for a missing file or a bad argument; during iteration for a bad value (the
+            message names the file, the row group or byte offset, and the column).
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+        schema: DataSchema,
+        *,
+        fmt: str,
+        batch_size: int,
+        num_workers: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        drop_last: bool = False,
+        chunk_bytes: int = 1 << 22,
+    ):
+        path_list = [str(paths)] if isinstance(paths, str | os.PathLike) else [str(p) for p in paths]
+        if not path_list:
+            raise SpecError("TabularReader", "paths", "no files given")
+        for path in path_list:
+            if not os.path.isfile(path):
+                raise SpecError(path, "", "file not found", fixes=(f"pass existing {fmt} files",))
+        if fmt not in ("parquet", "csv"):
+            raise SpecError("TabularReader", "fmt", f"must be parquet or csv, got {fmt!r}")
+        if batch_size < 1 or num_workers < 0 or chunk_bytes < 1:
+            raise SpecError("TabularReader", "", "batch_size and chunk_bytes must be >= 1, num_workers >= 0")
+        if not 0 <= rank < world:
+            raise SpecError("TabularReader", "rank", f"must be in [0, {world}), got {rank}")
+        self.paths = tuple(path_list)
+        self.schema = schema
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.drop_last = drop_last
+        if fmt == "parquet":
+            shards = parquet_shards(path_list)
+            read: Any = _ReadParquet(schema, batch_size)
+        else:
+            shards = text_shards(path_list, world * max(num_workers, 1))
+            read = _ReadCsv(schema, chunk_bytes)
+        self.shards = assign(shards, rank, world)
+        self._dataset = ShardStream(self.shards, read, batch_size)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """KJT keys of the batches: the tables the schema's features feed."""
+        return self.schema.tables
+
+    def __iter__(self) -> Iterator[Batch]:
+        keys = self.schema.tables
+        return merged_batches(
+            self._dataset, self.num_workers, lambda block: to_batch(block, keys), drop_last=self.drop_last
+        )

@@ -1,0 +1,489 @@
+"""Parquet / CSV click logs: id hashing, the reader's values, sharding across trainers and workers (Criteo's too),
+the schema checks before any process starts, and TorchRec Batches through the training loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from persia_planner.errors import PlannerError, SpecError
+from persia_planner.modules.config import TrainConfig, check_before_start
+from persia_planner.modules.data import Batch, CriteoReader, TabularReader, as_batch, hash_ids
+from persia_planner.modules.data.shards import Shard, assign
+from persia_planner.modules.stream import trainer_batches
+from persia_planner.specs import DataSchema, ModelSpec, SparseColumn, TableSpec, load_data_schema, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+MASK = 2**64 - 1
+
+MODEL_YAML = """
+name: clicks
+batch_size: 128
+tables:
+  - {name: user_id, rows: 200_000, dim: 16}
+  - {name: item_ids, rows: 150_000, dim: 16, pooling_factor: 2}
+  - {name: country, rows: 50, dim: 16}
+data:
+  label: clicked
+  dense: [age, price]
+  sparse:
+    user_id: user
+    item_ids: {column: items}
+    country: country
+"""
+
+
+def _signed(x: int) -> int:
+    return x - 2**64 if x >= 2**63 else x
+
+
+def _splitmix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def ref_string(s: str) -> int:
+    """FNV-1a 64 of the UTF-8 bytes, then splitmix64, written out one byte at a time."""
+    h = 0xCBF29CE484222325
+    for byte in s.encode():
+        h = ((h ^ byte) * 0x100000001B3) & MASK
+    return _signed(_splitmix(h))
+
+
+def ref_int(i: int) -> int:
+    return _signed(_splitmix(i & MASK))
+
+
+def _model(tmp_path: Path, text: str = MODEL_YAML) -> ModelSpec:
+    path = tmp_path / "model.yaml"
+    path.write_text(text)
+    return load_model(path)
+
+
+def _clicks(n: int, start: int = 0) -> pa.Table:
+    """``n`` rows: string users, a multi-hot list of item strings (some empty or missing), int countries."""
+    rows = range(start, start + n)
+    return pa.table(
+        {
+            "clicked": [i % 2 for i in rows],
+            "age": [None if i % 5 == 0 else float(i) for i in rows],
+            "price": [i * 0.5 for i in rows],
+            "user": [None if i % 7 == 3 else f"u{i % 13}" for i in rows],
+            "items": [None if i % 6 == 5 else [f"it{(i + k) % 11}" for k in range(i % 4)] for i in rows],
+            "country": [i % 9 for i in rows],
+        }
+    )
+
+
+def _write_parquet(directory: Path, files: int, groups: int, rows: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        pq.write_table(_clicks(groups * rows, f * groups * rows), directory / f"part-{f}.parquet", row_group_size=rows)
+    (directory / "_SUCCESS").write_text("")  # Spark's marker: not a data file
+    return directory
+
+
+# ---- hashing -----------------------------------------------------------------------------------------------------
+
+
+def test_ids_hash_to_stable_int64_whatever_their_encoding():
+    words = ["a", "", "user-42", "ünïcode", "a" * 70]
+    expected = [ref_string(w) for w in words]
+    assert hash_ids(pa.array(words)).tolist() == expected
+    assert hash_ids(pa.array(words, pa.large_string())).tolist() == expected
+    assert hash_ids(pa.array(words).dictionary_encode()).tolist() == expected
+    assert hash_ids(pa.array(["x", *words])[1:]).tolist() == expected  # a slice: offsets into shared buffers
+    ints = [0, 1, -1, 2**63 - 1, 123456789]
+    assert hash_ids(pa.array(ints, pa.int64())).tolist() == [ref_int(i) for i in ints]
+    assert hash_ids(pa.array([7], pa.int32())).tolist() == [ref_int(7)]
+    assert hash_ids(pa.array(["7"])).tolist() != hash_ids(pa.array([7])).tolist()
+    assert hash_ids(pa.array(["a"])).dtype == np.int64
+
+
+# ---- the reader's values -----------------------------------------------------------------------------------------
+
+
+def _bags(batch: Batch, key: str) -> list[list[int]]:
+    jt = batch.sparse[key]
+    values, offsets = jt.values().tolist(), jt.offsets().tolist()
+    return [values[offsets[i] : offsets[i + 1]] for i in range(batch.size)]
+
+
+def test_parquet_reader_values_multi_hot_and_missing(tmp_path):
+    spec = _model(tmp_path)
+    table = _clicks(10)
+    pq.write_table(table, tmp_path / "c.parquet", row_group_size=4)
+    batches = list(TabularReader(tmp_path / "c.parquet", spec.data, fmt="parquet", batch_size=4))
+    assert [b.size for b in batches] == [4, 4, 2]
+    assert batches[0].sparse.keys() == ["user_id", "item_ids", "country"]
+    rows = table.to_pylist()
+    labels = torch.cat([b.labels for b in batches])
+    dense = torch.cat([b.dense for b in batches])
+    assert labels.dtype == torch.float32 and labels.tolist() == [float(r["clicked"]) for r in rows]
+    assert dense.tolist() == [[r["age"] or 0.0, r["price"]] for r in rows]  # a missing age reads as 0
+    users = [bag for b in batches for bag in _bags(b, "user_id")]
+    items = [bag for b in batches for bag in _bags(b, "item_ids")]
+    countries = [bag for b in batches for bag in _bags(b, "country")]
+    assert users == [[] if r["user"] is None else [ref_string(r["user"])] for r in rows]
+    assert items == [[ref_string(x) for x in r["items"] or []] for r in rows]
+    assert [len(bag) for bag in items] == [0, 1, 2, 3, 0, 0, 2, 3, 0, 1]  # multi-hot lengths; a missing list is empty
+    assert countries == [[ref_int(r["country"])] for r in rows]
+
+
+def test_csv_reader_header_separator_and_missing_values(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("id,clicked,age,user,tags\n1,1,3.5,alice,a|b\n2,0,,bob,\n3,1,2,,c||d|c\n")
+    schema = DataSchema("clicked", ("age",), (SparseColumn("u", "user", "u"), SparseColumn("t", "tags", "t", "|")))
+    (batch,) = TabularReader(path, schema, fmt="csv", batch_size=8)
+    assert batch.labels.tolist() == [1.0, 0.0, 1.0] and batch.dense.tolist() == [[3.5], [0.0], [2.0]]
+    assert _bags(batch, "u") == [[ref_string("alice")], [ref_string("bob")], []]
+    assert _bags(batch, "t") == [[ref_string(x) for x in bag] for bag in (["a", "b"], [], ["c", "d", "c"])]
+
+
+def test_gzip_csv_files_of_a_directory_are_read_whole_in_name_order(tmp_path):
+    import gzip
+
+    for k in range(2):
+        with gzip.open(tmp_path / f"part-{k}.csv.gz", "wt") as f:
+            f.write("y,a,u\n" + "".join(f"{i % 2},{i},x{i}\n" for i in range(5 * k, 5 * k + 5)))
+    schema = DataSchema("y", ("a",), (SparseColumn("u", "u", "u"),))
+    cfg = TrainConfig(data=f"csv:{tmp_path}", steps=2, trainers=1)
+    spec = ModelSpec("m", 8, (), data=schema)
+    got = [b.dense[:, 0].tolist() for b in trainer_batches(spec, cfg, 4, eval_=False)]
+    assert got == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+
+
+def test_a_schema_for_other_data_is_refused():
+    schema = DataSchema("y", (), (SparseColumn("u", "u", "u"),))
+    with pytest.raises(PlannerError, match=r"--schema maps the columns of Parquet or CSV files, not --data synthetic"):
+        TrainConfig(schema=schema)
+
+
+def test_a_bad_label_names_the_file_and_column(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("clicked,user\n1,a\n2,b\n")
+    schema = DataSchema("clicked", (), (SparseColumn("u", "user", "u"),))
+    with pytest.raises(SpecError, match=r"c\.csv \(bytes from \d+\): clicked: label 2: labels are 0 or 1"):
+        list(TabularReader(path, schema, fmt="csv", batch_size=8))
+
+
+# ---- sharding ----------------------------------------------------------------------------------------------------
+
+
+def test_assign_is_disjoint_and_complete():
+    shards = [Shard("f", row_group=g) for g in range(11)]
+    parts = [assign(shards, r, 2, w, 2) for r in range(2) for w in range(2)]
+    assert sorted(s.row_group for p in parts for s in p) == list(range(11))
+    assert [s.row_group for s in parts[0]] == [0, 4, 8] and [s.row_group for s in parts[3]] == [3, 7]
+
+
+def _rows_read(reader) -> list[float]:
+    return [x for b in reader for x in b.dense[:, 0].tolist()]
+
+
+@pytest.mark.timeout(300)
+def test_two_trainers_with_two_workers_read_every_row_once(tmp_path):
+    schema = DataSchema("clicked", ("price",), (SparseColumn("user_id", "user", "user_id"),))
+    data = _write_parquet(tmp_path / "pq", files=2, groups=4, rows=5)
+    files = sorted(str(p) for p in data.glob("*.parquet"))
+    got = [
+        _rows_read(TabularReader(files, schema, fmt="parquet", batch_size=3, num_workers=2, rank=r, world=2))
+        for r in range(2)
+    ]
+    assert sorted(got[0] + got[1]) == [i * 0.5 for i in range(40)]
+    # Trainer 0 reads row groups 0, 2 of each file (global units 0, 2, 4, 6), and nothing else.
+    assert sorted(got[0]) == [i * 0.5 for g in (0, 2, 4, 6) for i in range(g * 5, g * 5 + 5)]
+    # CSV: byte ranges of one file.
+    csv_path = tmp_path / "c.csv"
+    csv_path.write_text("clicked,price,user\n" + "".join(f"{i % 2},{i},u{i}\n" for i in range(57)))
+    got = [
+        _rows_read(TabularReader(csv_path, schema, fmt="csv", batch_size=4, num_workers=2, rank=r, world=2))
+        for r in range(2)
+    ]
+    assert sorted(got[0] + got[1]) == list(range(57)) and got[0] and got[1]
+    # Criteo TSV goes through the same shards: I1 = the row number (read back through log1p).
+    tsv = tmp_path / "day.tsv"
+    tsv.write_text("".join(f"{i % 2}\t{i}" + "\t" * 12 + "\t" * 26 + "\n" for i in range(45)))
+    got = [_rows_read(CriteoReader(tsv, batch_size=4, num_workers=2, rank=r, world=2)) for r in range(2)]
+    rows = sorted(round(float(np.expm1(x))) for x in got[0] + got[1])
+    assert rows == list(range(45)) and got[0] and got[1]
+
+
+def test_resume_skips_the_trainers_own_consumed_batches_and_evaluates_after_them(tmp_path):
+    spec = _model(tmp_path)
+    data = _write_parquet(tmp_path / "pq", files=1, groups=4, rows=10)
+    cfg = TrainConfig(data=f"parquet:{data}", steps=5, eval_batches=2, trainers=1)
+    full = [b.dense[:, 1].tolist() for b in trainer_batches(spec, cfg, 4, eval_=False)]
+    resumed = [b.dense[:, 1].tolist() for b in trainer_batches(spec, cfg, 4, eval_=False, skip=3)]
+    assert full == [[i * 0.5 for i in range(4 * k, 4 * k + 4)] for k in range(5)]
+    assert resumed == [[i * 0.5 for i in range(4 * k, 4 * k + 4)] for k in range(3, 8)]
+    held_out = [b.dense[:, 1].tolist() for b in trainer_batches(spec, cfg, 4, eval_=True)]
+    assert held_out == [[i * 0.5 for i in range(20, 24)], [i * 0.5 for i in range(24, 28)]]
+
+
+# ---- checks before any process starts ------------------------------------------------------------------------------
+
+
+def test_schema_from_model_yaml_and_from_a_schema_file(tmp_path):
+    spec = _model(tmp_path)
+    assert spec.data is not None and spec.data.tables == ("user_id", "item_ids", "country")
+    assert spec.data.columns == ("clicked", "age", "price", "user", "items", "country")
+    (tmp_path / "schema.yaml").write_text(
+        "data:\n  label: y\n  sparse: {uid: {column: u, table: user_id, separator: ';'}}\n"
+    )
+    schema = load_data_schema(tmp_path / "schema.yaml")
+    assert schema.sparse == (SparseColumn("uid", "u", "user_id", ";"),) and schema.dense == ()
+    (tmp_path / "flat.yaml").write_text("label: y\nsparse: {user_id: u}\n")
+    assert load_data_schema(tmp_path / "flat.yaml").tables == ("user_id",)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("  label: y\n  sparse: {a: {column: x, colum: y}}\n", "model.yaml: data.sparse.a.colum: unknown key"),
+        ("  label: y\n  dense: age\n  sparse: {a: x}\n", "model.yaml: data.dense: expected a list of column names"),
+        ("  label: y\n  sparse: {a: x, b: {column: z, table: a}}\n", "data.sparse.b: feeds table 'a', which a"),
+        ("  label: y\n  sparse: {a: y}\n", "column 'y' is the label column too"),
+        ("  sparse: {a: x}\n", "model.yaml: data.label: required key is missing"),
+    ],
+)
+def test_a_bad_data_section_is_one_line_naming_the_key(tmp_path, data, message):
+    with pytest.raises(SpecError) as info:
+        _model(tmp_path, "batch_size: 8\ntables: [{name: a, rows: 10, dim: 4}]\ndata:\n" + data)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_data_is_checked_against_the_model_before_any_process_starts(tmp_path):
+    spec = _model(tmp_path)
+    data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=4)
+    part = data / "part-0.parquet"
+
+    def check(schema: DataSchema | None = spec.data, source: str = f"parquet:{data}", model: ModelSpec = spec):
+        check_before_start(TrainConfig(data=source, trainers=2), dataclasses.replace(model, data=schema), with_ps=False)
+
+    check()  # all well
+    bad = {
+        "no schema": (dict(schema=None), "needs the columns' roles (label, dense, sparse)"),
+        "missing column": (
+            dict(schema=dataclasses.replace(spec.data, dense=("age", "weight"))),
+            f"{part}: weight: no such column (the schema's dense); the file has clicked, age",
+        ),
+        "string dense": (
+            dict(
+                schema=dataclasses.replace(
+                    spec.data,
+                    dense=("user",),
+                    sparse=(*spec.data.sparse[1:], SparseColumn("user_id", "country", "user_id")),
+                )
+            ),
+            f"{part}: user: a dense column is string, not numeric",
+        ),
+        "string label": (
+            dict(
+                schema=dataclasses.replace(
+                    spec.data,
+                    label="user",
+                    sparse=(*spec.data.sparse[1:], SparseColumn("user_id", "country", "user_id")),
+                )
+            ),
+            f"{part}: user: the label column is string, not numeric 0/1",
+        ),
+        "float ids": (
+            dict(
+                schema=dataclasses.replace(
+                    spec.data, sparse=(*spec.data.sparse[1:], SparseColumn("user_id", "price", "user_id"))
+                )
+            ),
+            "price: sparse feature 'user_id''s column is double: ids must be strings or integers, or lists of them",
+        ),
+        "table not fed": (
+            dict(schema=dataclasses.replace(spec.data, sparse=spec.data.sparse[1:])),
+            "model.yaml: data.sparse: no feature feeds table 'user_id' of model clicks",
+        ),
+        "unknown table": (
+            dict(schema=dataclasses.replace(spec.data, sparse=(*spec.data.sparse, SparseColumn("x", "user", "x")))),
+            "data.sparse.x: feeds table 'x', which model clicks does not have",
+        ),
+        "missing path": (dict(source=f"parquet:{tmp_path / 'none'}"), "none: file or directory not found"),
+        "one row group": (
+            dict(source=f"parquet:{_write_parquet(tmp_path / 'one', 1, 1, 4)}"),
+            "1 row group(s) in 1 file(s) for 2 trainers",
+        ),
+        "csv column": (dict(source=f"csv:{_csv(tmp_path)}"), "c.csv: items: no such column"),
+    }
+    for name, (options, message) in bad.items():
+        with pytest.raises(SpecError) as info:
+            check(**options)
+        assert message in str(info.value) and "\n" not in str(info.value), (name, str(info.value))
+
+
+def _csv(tmp_path: Path) -> Path:
+    path = tmp_path / "c.csv"
+    path.write_text("clicked,age,price,user,country\n1,2,3,a,4\n")
+    return path
+
+
+def test_persia_train_refuses_a_bad_schema_with_exit_2_without_importing_torch(tmp_path):
+    _model(tmp_path)
+    data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=4)
+    (tmp_path / "schema.yaml").write_text("label: clicked\nsparse: {user_id: user, item_ids: nope, country: country}\n")
+    cases = [
+        ["train", "--model", str(tmp_path / "model.yaml"), "--data", f"csv:{tmp_path / 'none.csv'}"],
+        [
+            "train",
+            "--model",
+            str(tmp_path / "model.yaml"),
+            "--data",
+            f"parquet:{data}",
+            "--schema",
+            str(tmp_path / "schema.yaml"),
+        ],
+    ]
+    code = (
+        "import json, sys\n"
+        "from typer.testing import CliRunner\n"
+        "from persia_planner.cli import app\n"
+        f"out = [[r.exit_code, r.output] for r in (CliRunner().invoke(app, a) for a in {json.dumps(cases)})]\n"
+        "print(json.dumps({'results': out, 'torch': 'torch' in sys.modules}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    (missing_code, missing), (column_code, column) = report["results"]
+    assert missing_code == 2 and "none.csv: file or directory not found" in missing, missing
+    assert column_code == 2 and "part-0.parquet: nope: no such column (the schema's sparse.item_ids)" in column, column
+    assert "Traceback" not in missing + column and report["torch"] is False
+
+
+# ---- training --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_torchrec_batches_train_through_the_loop_and_evaluate(tmp_path):
+    """The Python API in one process, all tables local: TorchRec's Batch goes wherever ours goes."""
+    from torchrec.datasets.utils import Batch as TorchRecBatch
+
+    from persia_planner.modules.hybrid import SparseOptimizer
+    from persia_planner.modules.loop import TrainLoop, build_model, make_optimizer
+    from persia_planner.modules.stream import evaluate
+
+    spec = _model(tmp_path)
+    pq.write_table(_clicks(256), tmp_path / "c.parquet", row_group_size=64)
+    ours = list(TabularReader(tmp_path / "c.parquet", spec.data, fmt="parquet", batch_size=32))
+    theirs = [TorchRecBatch(b.dense, b.sparse, b.labels.long()) for b in ours]
+    assert as_batch(theirs[0]).labels.dtype == torch.float32 and as_batch(ours[0]) is ours[0]
+    with pytest.raises(TypeError, match=r"expected a persia Batch or a torchrec\.datasets\.utils\.Batch, got int"):
+        as_batch(3)
+    arch = dataclasses.replace(spec.dense.built_arch, num_dense=len(spec.data.dense))
+    model, hybrid = build_model(spec, None, arch=arch)
+    cfg = TrainConfig(dense_lr=0.05, sparse_lr=0.1)
+    opt = make_optimizer(model, cfg, SparseOptimizer(spec.tables[0].optimizer, learning_rate=0.1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = list(TrainLoop(model, hybrid, opt).run(theirs[:6]))
+    assert len(stats) == 6 and all(np.isfinite(s.loss) and s.samples == 32 for s in stats)
+    after = model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    result = evaluate(model, theirs[6:])
+    assert result["eval_samples"] == 64 and 0.0 <= result["auc"] <= 1.0
+
+
+@pytest.mark.timeout(600)
+def test_persia_train_on_parquet_with_a_data_section(tmp_path):
+    """`persia train --data parquet:DIR` on the default local topology: 2 PS + 2 trainers, the two large tables on
+    the servers, string ids and a multi-hot column."""
+    _model(tmp_path)
+    data = _write_parquet(tmp_path / "pq", files=2, groups=4, rows=100)
+    args = ["--model", str(tmp_path / "model.yaml"), "--data", f"parquet:{data}", "--steps", "6"]
+    args += ["--batch-size", "32", "--eval-batches", "2", "--json"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    done = subprocess.run(
+        [sys.executable, "-m", "persia_planner.cli", "train", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(result["ps_tables"]) == ["item_ids", "user_id"] and result["local_tables"] == ["country"]
+    assert result["servers"] == 2 and result["trainers"] == 2 and result["steps"] == 6
+    assert result["eval_samples"] == 2 * 2 * 32 and 0.0 <= result["auc"] <= 1.0
+    assert result["data"] == f"parquet:{data}" and np.isfinite(result["loss"])
+
+
+@pytest.mark.timeout(900)
+def test_a_resumed_run_on_parquet_goes_on_with_each_trainers_next_batches(tmp_path):
+    """Sync mode (K = 0) is reproducible: a run resumed at step 3 has the uninterrupted run's losses, bit for bit,
+    only if each trainer skipped exactly the batches of its own shards it trained on."""
+    import shutil
+
+    from persia_planner import load_topology, plan
+    from persia_planner.modules.train import train_local
+    from persia_planner.paths import DEFAULT_TOPOLOGY
+
+    spec = _model(tmp_path)
+    topology = load_topology(DEFAULT_TOPOLOGY)
+    tables = dict(plan(spec, topology).tables)
+    data = _write_parquet(tmp_path / "pq", files=2, groups=2, rows=150)
+
+    def run(**options) -> dict:
+        cfg = TrainConfig(data=f"parquet:{data}", batch_size=32, mode="sync", eval_batches=1, progress=False, **options)
+        return train_local(cfg, spec, tables, servers=len(topology.servers), topology=topology)
+
+    whole = run(steps=6, checkpoint=str(tmp_path / "whole"), checkpoint_every=3)
+    shutil.copytree(tmp_path / "whole" / "step-000000003", tmp_path / "ckpt" / "step-000000003")
+    rest = run(steps=3, checkpoint=str(tmp_path / "ckpt"), resume=True)
+    assert rest["first_step"] == 3 and rest["last_step"] == 6
+    assert [h["loss"] for h in rest["history"]] == [h["loss"] for h in whole["history"][3:]]
+    assert rest["auc"] == whole["auc"] and rest["eval_samples"] == 2 * 32
+
+
+def test_fewer_criteo_gzip_files_than_trainers_are_refused(tmp_path):
+    import gzip
+
+    with gzip.open(tmp_path / "day_0.gz", "wt") as f:
+        f.write("0" + "\t" * 39 + "\n")
+    spec = ModelSpec("m", 8, (TableSpec("c1", 10, 4),))
+    check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=1), spec, with_ps=False)
+    with pytest.raises(SpecError, match=r"1 gzip file\(s\) for 2 trainers: a gzip file cannot be split"):
+        check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=2), spec, with_ps=False)
+
+
+@pytest.mark.timeout(600)
+def test_persia_train_on_csv_with_a_schema_file(tmp_path):
+    """`persia train --data csv:FILE --schema FILE`: a model.yaml without data:, a multi-hot column split at '|'."""
+    (tmp_path / "model.yaml").write_text(MODEL_YAML.split("data:")[0])
+    (tmp_path / "schema.yaml").write_text(
+        "label: clicked\ndense: [age]\nsparse:\n  user_id: user\n  item_ids: {column: items, separator: '|'}\n"
+        "  country: country\n"
+    )
+    rows = "".join(f"{i % 2},{i % 50},u{i % 97},a{i % 7}|b{i % 5},{i % 9}\n" for i in range(600))
+    (tmp_path / "clicks.csv").write_text("clicked,age,user,items,country\n" + rows)
+    args = ["--model", str(tmp_path / "model.yaml"), "--data", f"csv:{tmp_path / 'clicks.csv'}"]
+    args += ["--schema", str(tmp_path / "schema.yaml"), "--steps", "3", "--batch-size", "32", "--eval-batches", "1"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    done = subprocess.run(
+        [sys.executable, "-m", "persia_planner.cli", "train", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 3 and result["eval_samples"] == 2 * 32 and np.isfinite(result["loss"])

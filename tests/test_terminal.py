@@ -1,0 +1,42 @@
+"""What a run shows on the terminal: the progress bar keeps the terminal's width when a log file took fds 1 and 2."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import struct
+import sys
+import termios
+
+CHILD = """
+import os, sys
+from persia_planner.modules.config import TrainConfig
+from persia_planner.modules.proclogs import log_to_file
+from persia_planner.modules.terminal import progress_bar
+
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # as a forked worker's stdin
+log_to_file(sys.argv[1], "trainer0")
+bar = progress_bar(TrainConfig())
+bar.console.print(f"width={bar.console.width} terminal={bar.console.is_terminal}", highlight=False)
+"""
+
+
+def test_the_bar_draws_on_the_terminal_at_its_width_with_a_log_file(tmp_path):
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a terminal 137 columns wide
+        fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 137, 0, 0))
+        os.execv(sys.executable, [sys.executable, "-c", CHILD, str(tmp_path)])
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, shown
+    assert b"width=137 terminal=True" in shown
+    assert "width=" not in (tmp_path / "trainer0.log").read_text()
