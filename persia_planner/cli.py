@@ -217,11 +217,13 @@ def ps_command(
         if rank >= world_size:
             raise PlannerError(f"--rank {rank} must be below --world-size {world_size}")
         from persia_planner.modules.rpcenv import master_address, rpc_transports
+        from persia_planner.modules.stack import PS_STACK, require_training_stack
 
         # The environment is checked before torch is imported (and before the network is touched): a mistake
         # is answered at once.
         master_address("the parameter-server RPC group")
         rpc_transports()
+        require_training_stack("persia ps", PS_STACK)
         from persia_planner.modules.ps.server import serve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -249,6 +251,9 @@ def calibrate_command(
             raise PlannerError(f"--out {out} is not a regular file", fixes=("give a file path, e.g. profile.yaml",))
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from persia_planner.modules.stack import require_training_stack
+
+        require_training_stack("persia calibrate")
         from persia_planner.modules.calibrate import PHASES, calibrate
 
         with Progress(

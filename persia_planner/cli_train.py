@@ -222,6 +222,9 @@ def train_command(
                 fixes=("launch with torchrun", "unset PERSIA_HOST to train on this machine"),
             )
 
+        from persia_planner.modules.stack import require_training_stack
+
+        require_training_stack("persia train")
         from persia_planner.modules.train import summary_rows, train_local, train_torchrun, usage_table
 
         logging.basicConfig(level=logging.WARNING)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command (README and CI run exactly this): lint, unit/property/CLI tests, the tutorials.
+# The project's test command (README and CI run exactly this): lint, the docs build, unit/property/CLI tests, the
+# tutorials.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -12,5 +13,7 @@ root=$PWD tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 cp -R persia_planner "$tree/" && rm -rf "$tree/persia_planner/modules" && cp -R modules "$tree/persia_planner/modules"
 (cd "$tree" && PYTHONPATH="$tree" "$root/.venv/bin/lint-imports" "$root/pyproject.toml" --no-cache --no-logo)
+# The API reference site (mkdocs.yml); --strict fails on any warning (a docstring griffe cannot parse, a broken anchor).
+"$PY" -m mkdocs build --strict --quiet
 # pytest exits 5 when it collects no test: with `set -e` that fails the run, as it must.
 "$PY" -m pytest tests tutorials --nbmake -p no:cacheprovider "$@"

@@ -102,7 +102,9 @@ def joined(
             ...
 
     Args:
-        name, rank, world_size: As for :func:`connect`.
+        name: This trainer's RPC worker name, as for :func:`connect`.
+        rank: Its rank in the group, as for :func:`connect`.
+        world_size: Servers + trainers, as for :func:`connect`.
         peer_timeout_s: See :func:`.group.leave_group`; None or 0: wait for every worker forever.
         **options: :func:`connect`'s keyword arguments (``timeout_s``, ``wire_dtype``...).
 
