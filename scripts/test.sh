@@ -14,6 +14,6 @@ trap 'rm -rf "$tree"' EXIT
 cp -R persia_planner "$tree/" && rm -rf "$tree/persia_planner/modules" && cp -R modules "$tree/persia_planner/modules"
 (cd "$tree" && PYTHONPATH="$tree" "$root/.venv/bin/lint-imports" "$root/pyproject.toml" --no-cache --no-logo)
 # The API reference site (mkdocs.yml); --strict fails on any warning (a docstring griffe cannot parse, a broken anchor).
-"$PY" -m mkdocs build --strict --quiet
+PERSIA_DOCS_SRC="$tree" "$PY" -m mkdocs build --strict --quiet
 # pytest exits 5 when it collects no test: with `set -e` that fails the run, as it must.
 "$PY" -m pytest tests tutorials --nbmake -p no:cacheprovider "$@"
