@@ -250,7 +250,7 @@ class TrainConfig:
             )
         DataSource.parse(self.data)
         if not 0 <= self.data_workers <= MAX_DATA_WORKERS:
-            raise PlannerError(f"data workers must be in [0, {MAX_DATA_WORKERS}], got {self.data_workers}")
+            raise PlannerError(f"--data-workers must be in [0, {MAX_DATA_WORKERS}], got {self.data_workers}")
         if self.ps_capacity is PsCapacity.UNBOUNDED and self.data != "synthetic":
             raise PlannerError(
                 "--ps-capacity unbounded needs --data synthetic: the ids of data files are not known before reading",

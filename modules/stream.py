@@ -5,6 +5,7 @@ step, and the evaluation over every trainer's held-out batches."""
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -68,6 +69,10 @@ def file_reader(spec: ModelSpec, cfg: TrainConfig, batch_size: int, rank: int = 
     """The batches trainer ``rank`` of ``world`` reads from ``cfg.data``'s files (its shards only), full ones."""
     source = DataSource.parse(cfg.data)
     files = source.files()
+    if cfg.data_workers and multiprocessing.current_process().daemon:
+        # The local launcher starts trainers as daemonic processes, which multiprocessing forbids to have children.
+        # A DataLoader's workers watch their trainer and end with it, so the trainer may start them.
+        multiprocessing.current_process().daemon = False
     if source.kind is DataKind.CRITEO:
         return CriteoReader(
             files, batch_size=batch_size, num_workers=cfg.data_workers, drop_last=True, rank=rank, world=world

@@ -40,6 +40,14 @@ def train_command(
         Path | None,
         typer.Option("--schema", help="YAML mapping a Parquet / CSV file's columns (label, dense, sparse), as data:"),
     ] = None,
+    data_workers: Annotated[
+        int,
+        typer.Option(
+            "--data-workers",
+            min=0,
+            help="DataLoader worker processes per trainer reading --data files (0: the trainer reads them itself)",
+        ),
+    ] = 0,
     staleness: Annotated[
         int | None,
         typer.Option(
@@ -178,6 +186,7 @@ def train_command(
             trainers=trainers,
             data=data,
             schema=load_data_schema(schema) if schema is not None else None,
+            data_workers=data_workers,
             eval_batches=eval_batches,
             eval_every=eval_every,
             **{

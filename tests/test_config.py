@@ -86,7 +86,7 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"ps_capacity": "huge"}, "--ps-capacity must be planned or unbounded, got 'huge'"),
         ({"ps_capacity": "unbounded", "data": "criteo:/x"}, "--ps-capacity unbounded needs --data synthetic"),
         ({"data": "criteo:"}, "--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH', got 'criteo:'"),
-        ({"data_workers": -1}, "data workers must be in [0, 64], got -1"),
+        ({"data_workers": -1}, "--data-workers must be in [0, 64], got -1"),
     ],
 )
 def test_bad_options_are_one_line_errors_naming_the_option(options, message):

@@ -403,11 +403,11 @@ def test_torchrec_batches_train_through_the_loop_and_evaluate(tmp_path):
 @pytest.mark.timeout(600)
 def test_persia_train_on_parquet_with_a_data_section(tmp_path):
     """`persia train --data parquet:DIR` on the default local topology: 2 PS + 2 trainers, the two large tables on
-    the servers, string ids and a multi-hot column."""
+    the servers, string ids and a multi-hot column, each trainer reading its row groups with 2 DataLoader workers."""
     _model(tmp_path)
     data = _write_parquet(tmp_path / "pq", files=2, groups=4, rows=100)
     args = ["--model", str(tmp_path / "model.yaml"), "--data", f"parquet:{data}", "--steps", "6"]
-    args += ["--batch-size", "32", "--eval-batches", "2", "--json"]
+    args += ["--batch-size", "32", "--eval-batches", "2", "--data-workers", "2", "--json"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
     done = subprocess.run(
         [sys.executable, "-m", "persia_planner.cli", "train", *args],
