@@ -368,6 +368,21 @@ def test_persia_train_refuses_a_bad_schema_with_exit_2_without_importing_torch(t
     assert "Traceback" not in missing + column and report["torch"] is False
 
 
+def _train_json(args: list[str]) -> dict:
+    """``persia train ARGS`` on this machine (not under torchrun): its ``--json`` result; exit 0 asserted."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    done = subprocess.run(
+        [sys.executable, "-m", "persia_planner.cli", "train", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 # ---- training --------------------------------------------------------------------------------------------------
 
 
@@ -408,17 +423,7 @@ def test_persia_train_on_parquet_with_a_data_section(tmp_path):
     data = _write_parquet(tmp_path / "pq", files=2, groups=4, rows=100)
     args = ["--model", str(tmp_path / "model.yaml"), "--data", f"parquet:{data}", "--steps", "6"]
     args += ["--batch-size", "32", "--eval-batches", "2", "--data-workers", "2", "--json"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
-    done = subprocess.run(
-        [sys.executable, "-m", "persia_planner.cli", "train", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=540,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _train_json(args)
     assert sorted(result["ps_tables"]) == ["item_ids", "user_id"] and result["local_tables"] == ["country"]
     assert result["servers"] == 2 and result["trainers"] == 2 and result["steps"] == 6
     assert result["eval_samples"] == 2 * 2 * 32 and 0.0 <= result["auc"] <= 1.0
@@ -475,15 +480,5 @@ def test_persia_train_on_csv_with_a_schema_file(tmp_path):
     (tmp_path / "clicks.csv").write_text("clicked,age,user,items,country\n" + rows)
     args = ["--model", str(tmp_path / "model.yaml"), "--data", f"csv:{tmp_path / 'clicks.csv'}"]
     args += ["--schema", str(tmp_path / "schema.yaml"), "--steps", "3", "--batch-size", "32", "--eval-batches", "1"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
-    done = subprocess.run(
-        [sys.executable, "-m", "persia_planner.cli", "train", *args, "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=540,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _train_json([*args, "--json"])
     assert result["steps"] == 3 and result["eval_samples"] == 2 * 32 and np.isfinite(result["loss"])

@@ -26,16 +26,6 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture
-def one_trainer():
-    """A process group of one trainer (DMP needs one), torn down after the test."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def sharded(configs=CONFIGS, optimizer: SparseOptimizer | None = None, *, is_weighted: bool = False, dp=()):
     """A collection of ``configs`` sharded by DMP on one trainer: table-wise, or data-parallel for ``dp``."""
     plan = {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from plans import TOPO_1X1, local_placement
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -71,15 +70,6 @@ def built(seed: int = 0) -> tuple[TwoTower, HybridEmbeddingBagCollection, nn.Mod
     dmp = distribute(model, PLAN, TOPOLOGY)
     opt = make_optimizer(model, TrainConfig(dense_optimizer="adam", dense_lr=0.01), sparse)
     return model, hybrid, dmp, opt
-
-
-@pytest.fixture
-def one_trainer():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(300)
