@@ -346,24 +346,32 @@ def dlrm_embedding_dim(spec: ModelSpec) -> int:
 
 
 def dense_arch(spec: ModelSpec, cfg: TrainConfig) -> DenseArch:
-    """The dense arch a run builds: the model's (``dense: arch:``), or TorchRec's default ``DLRM`` over the data's
-    dense features (:func:`num_dense`) when the model names none."""
-    if spec.dense.arch is not None:
-        return spec.dense.arch
-    return replace(spec.dense.built_arch, num_dense=max(1, num_dense(spec, cfg)))
+    """The dense arch a run builds: the model's (``dense: arch:``), or TorchRec's default ``DLRM``, reading the data's
+    dense features (:func:`num_dense`) unless model.yaml wrote ``num_dense``."""
+    arch = spec.dense.built_arch
+    if spec.dense.arch is None or arch.inputs_from_data:
+        return replace(arch, num_dense=num_dense(spec, cfg))
+    return arch
 
 
 def check_dense_inputs(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """The model's dense arch reads the data's dense features (:func:`num_dense`): as many inputs as it has."""
-    arch, inputs = spec.dense.arch, num_dense(spec, cfg)
-    if arch is not None and arch.num_dense != inputs:
-        source = DataSource.parse(cfg.data)
+    """The data has dense features (the bottom MLP reads at least one), as many as a ``num_dense`` model.yaml wrote."""
+    inputs, source = num_dense(spec, cfg), DataSource.parse(cfg.data)
+    if inputs == 0:
+        raise SpecError(
+            spec.name,
+            "data.dense",
+            "is empty: the dense arch's bottom MLP reads at least one dense column",
+            fixes=("list at least one numeric column under data.dense (a constant one will do)",),
+        )
+    arch = spec.dense.arch
+    if arch is not None and not arch.inputs_from_data and arch.num_dense != inputs:
         kind = f"{source.kind.value} columns" if source.tabular else "synthetic or Criteo"
         raise SpecError(
             spec.name,
             "dense.num_dense",
             f"is {arch.num_dense}, but the data ({kind}) has {inputs} dense features",
-            fixes=(f"num_dense: {inputs}", "or leave num_dense out: it defaults to the data's"),
+            fixes=(f"num_dense: {inputs}", "leave num_dense out (it follows the data)"),
         )
 
 
@@ -378,7 +386,7 @@ def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[s
         "batch_size": (cfg.batch_size or max(1, spec.batch_size // trainers)) * trainers,
         "eval_every": cfg.eval_every,
         "staleness": cfg.effective_staleness,
-        "dense_arch": spec.dense.built_arch.to_dict(),
+        "dense_arch": dense_arch(spec, cfg).to_dict(),
     }
 
 

@@ -211,7 +211,16 @@ def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec
             _check_columns(path, _parquet_columns(path), schema)
             row_groups += parquet_row_groups(path)
         else:
-            _check_columns(path, csv_columns(path), schema)
+            _check_columns(path, csv_columns(path), schema, ids_as_text=True)
+    gzipped = [f for f in files if f.endswith(".gz")]
+    if source.kind is DataKind.CSV and len(gzipped) == len(files) and len(files) < trainers:
+        raise SpecError(
+            str(source.path),
+            "",
+            f"{len(files)} gzip file(s) for {trainers} trainers: a gzip file cannot be split, each trainer reads "
+            "whole ones",
+            fixes=("decompress the files", "split them into one per trainer or more"),
+        )
     if source.kind is DataKind.PARQUET and row_groups < trainers:
         raise SpecError(
             str(source.path),
@@ -222,7 +231,10 @@ def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec
         )
 
 
-def _check_columns(path: str, columns: dict[str, Any], schema: DataSchema) -> None:
+def _check_columns(path: str, columns: dict[str, Any], schema: DataSchema, *, ids_as_text: bool = False) -> None:
+    """The schema's columns are in the file with fitting types. ``ids_as_text``: a CSV, whose ids the reader reads
+    as strings whatever type pyarrow infers from the first block (``0012``, ``1e5``): only their presence counts."""
+
     def need(column: str, field: str) -> Any:
         if column not in columns:
             known = ", ".join(list(columns)[:12])
@@ -247,6 +259,8 @@ def _check_columns(path: str, columns: dict[str, Any], schema: DataSchema) -> No
             )
     for s in schema.sparse:
         t = need(s.column, f"sparse.{s.feature}")
+        if ids_as_text:
+            continue
         if s.separator is not None:
             if not _is_id(t) or "string" not in str(_value_type(t)):
                 raise SpecError(

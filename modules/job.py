@@ -46,6 +46,8 @@ class Job:
             before the trainers started; None: each trainer finds the newest whole one itself (torchrun).
         restarted: torchrun restarted the job after a failure: it resumes and trains up to the step the first
             attempt was to reach.
+        local_trainer: Under torchrun, this trainer's place among its node's trainers (its GPU there: a node may be
+            several trainer hosts); None: its place on its host.
     """
 
     cfg: TrainConfig
@@ -56,6 +58,7 @@ class Job:
     trainers: int
     resume_from: str | None = None
     restarted: bool = False
+    local_trainer: int | None = None
 
 
 @contextlib.contextmanager

@@ -189,7 +189,7 @@ def check_layout(path: Path, state: dict[str, Any], layout: dict[str, Any]) -> N
         raise PlannerError(
             f"--resume: checkpoint {path} was trained with {what}; resuming would replay or skip training data",
             fixes=(
-                "resume with the --trainers, --batch-size, --data and --seed of the checkpointed run",
+                "resume with the --trainers, --batch-size, --data, --data-workers and --seed of the checkpointed run",
                 "train from scratch",
             ),
         )

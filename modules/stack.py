@@ -49,6 +49,8 @@ TRAINING_STACK: tuple[StackPackage, ...] = (
     StackPackage("torchmetrics", "torchmetrics"),
     StackPackage("pyre_extensions", "pyre-extensions"),
     StackPackage("tqdm", "tqdm"),
+    # the Parquet / CSV reader (--data parquet: / csv:)
+    StackPackage("pyarrow", "pyarrow"),
 )
 """What ``persia train`` and ``persia calibrate`` import (pyproject.toml's ``train`` extra)."""
 

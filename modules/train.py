@@ -35,7 +35,7 @@ import torch.distributed as dist
 from persia_planner.errors import ErrorKind, Interrupted, PlannerError
 from persia_planner.execution import check_executable, planned_execution
 from persia_planner.memory import PS_MAX_CAPACITY
-from persia_planner.nodes import ProcessKind, TorchrunProcess, process_role
+from persia_planner.nodes import ProcessKind, TorchrunProcess, node_hosts, node_roles, process_role
 from persia_planner.placement import Mode, TablePlacement
 from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
@@ -104,7 +104,8 @@ def _train(j: int, client: Any, job: Job, cleanup: contextlib.ExitStack) -> dict
     per_host = len(job.topology.trainers[0].gpus)  # trainer_group told TorchRec the plan's nodes
     device = torch.device("cpu")
     if torch.cuda.is_available():  # trainer j is GPU j % per_host of its host, as in the plan
-        device = torch.device("cuda", (j % per_host) % torch.cuda.device_count())
+        local = j % per_host if job.local_trainer is None else job.local_trainer
+        device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
     memory_before = None
     if job.servers:  # the servers' memory before this run's tables exist: what the run costs them is the growth
@@ -423,8 +424,8 @@ def train_torchrun(
     cfg = elastic_resume(cfg)
     # A restarted attempt that resumes this run's own checkpoint trains on to the step the first attempt was to reach.
     restarted = cfg.resume and written_by_run(cfg.checkpoint or "", os.environ.get("TORCHELASTIC_RUN_ID", ""))
+    cfg = replace(cfg, trainers=len(topology.gpus))  # before the checks: the data's shards are for them
     check_before_start(cfg, spec, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()))
-    cfg = replace(cfg, trainers=len(topology.gpus))
     claim_role(role, process)
     if role.kind is ProcessKind.SERVER:
         with process_log(cfg.log_dir, role.name):
@@ -432,7 +433,9 @@ def train_torchrun(
         return None
     index = role.index
     _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
-    job = Job(cfg, spec, dict(tables), topology, servers, cfg.trainers, restarted=restarted)
+    node = node_roles(topology, node_hosts(topology, process, node_host))
+    local = process.local_rank - sum(r.kind is ProcessKind.SERVER for r in node)  # servers come first on a node
+    job = Job(cfg, spec, dict(tables), topology, servers, cfg.trainers, restarted=restarted, local_trainer=local)
     if not servers:  # no parameter_server host: no RPC group, as on one machine
         with process_log(cfg.log_dir, f"trainer{index}"):
             return _finished(_trainer(index, None, job), world, cfg)

@@ -5,6 +5,7 @@ Options, plan and inputs are checked before torch is imported; the engine is :mo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Annotated
@@ -218,8 +219,13 @@ def train_command(
             the_plan = make_plan(model_spec, topo, seed=seed)
         require_valid(the_plan, model_spec, topo)
         remote = the_plan.remote_tables()
+        from persia_planner.modules.stack import require_training_stack
+
+        require_training_stack("persia train")  # first: the data's checks read Parquet with pyarrow
         if "TORCHELASTIC_RUN_ID" in os.environ:
             cfg = elastic_resume(cfg)  # a restarted attempt resumes the run's own newest checkpoint
+            # Under torchrun the trainers are the topology's trainer devices (the data's shards are checked for them).
+            cfg = dataclasses.replace(cfg, trainers=len(topo.gpus))
         check_before_start(cfg, model_spec, with_ps=bool(remote))
         servers = max(1, len(topo.servers))
         under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
@@ -231,9 +237,6 @@ def train_command(
                 fixes=("launch with torchrun", "unset PERSIA_HOST to train on this machine"),
             )
 
-        from persia_planner.modules.stack import require_training_stack
-
-        require_training_stack("persia train")
         from persia_planner.modules.train import summary_rows, train_local, train_torchrun, usage_table
 
         logging.basicConfig(level=logging.WARNING)

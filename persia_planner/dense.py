@@ -49,6 +49,8 @@ class DenseArch:
     Attributes:
         kind: ``dlrm`` or ``dcn``.
         num_dense: Dense input features (the bottom MLP's input width).
+        inputs_from_data: ``num_dense`` was not written in model.yaml: a run takes the data's dense columns instead
+            (the plan prices ``num_dense``, the model's ``data:`` count or Criteo's 13).
         bottom: Hidden sizes of the bottom MLP; the embedding dim is appended as its output layer.
         over: Sizes of the over (top) arch, at least two, the last one 1 (the logit).
         dcn_layers: DCN-v2 cross layers (``dcn`` only).
@@ -64,6 +66,7 @@ class DenseArch:
     over: tuple[int, ...] = DLRM_TOP
     dcn_layers: int = DCN_LAYERS
     dcn_low_rank: int = DCN_LOW_RANK
+    inputs_from_data: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", ArchKind(self.kind))
@@ -222,8 +225,8 @@ def read_dense(fields: Fields | None, dims: set[int], features: int, num_dense: 
     if kind is ArchKind.DLRM:
         dcn_key = next((k for k in ("dcn_layers", "dcn_low_rank") if fields.has(k)), None)
         if dcn_key is not None:
-            raise fields.error(dcn_key, "is for 'arch: dcn' only", (f"remove '{dcn_key}'", "or set 'arch: dcn'"))
-    values: dict[str, Any] = {"kind": kind, "num_dense": num_dense}
+            raise fields.error(dcn_key, "is for 'arch: dcn' only", (f"remove '{dcn_key}'", "set 'arch: dcn'"))
+    values: dict[str, Any] = {"kind": kind, "num_dense": num_dense, "inputs_from_data": not fields.has("num_dense")}
     for key, ceiling in (
         ("num_dense", MAX_DENSE_FEATURES),
         ("dcn_layers", MAX_LAYERS),

@@ -482,3 +482,43 @@ def test_persia_train_on_csv_with_a_schema_file(tmp_path):
     args += ["--schema", str(tmp_path / "schema.yaml"), "--steps", "3", "--batch-size", "32", "--eval-batches", "1"]
     result = _train_json([*args, "--json"])
     assert result["steps"] == 3 and result["eval_samples"] == 2 * 32 and np.isfinite(result["loss"])
+
+
+def test_the_dense_inputs_follow_the_data_unless_model_yaml_writes_them(tmp_path):
+    """An arch without num_dense reads the run's dense columns (--schema may bring others than model.yaml's data:);
+    a written num_dense must match them; a schema without dense columns is refused (the bottom MLP reads one)."""
+    from persia_planner.modules.config import dense_arch, hyper_parameters
+
+    data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=4)
+    arch = "dense: {arch: dcn, bottom: [8], over: [8, 1]}\n"
+    spec = _model(tmp_path, MODEL_YAML + arch)
+    assert spec.dense.arch.num_dense == 2 and spec.dense.arch.inputs_from_data  # priced with data:'s two columns
+    wider = dataclasses.replace(spec.data, dense=("age", "price", "country"))
+    cfg = TrainConfig(data=f"parquet:{data}", trainers=2, schema=wider)
+    check_before_start(cfg, spec, with_ps=False)
+    assert dense_arch(spec, cfg).num_dense == 3 and hyper_parameters(cfg, spec, 2)["dense_arch"]["num_dense"] == 3
+    written = _model(tmp_path, MODEL_YAML + "dense: {arch: dcn, num_dense: 2, bottom: [8], over: [8, 1]}\n")
+    with pytest.raises(SpecError, match=r"dense.num_dense: is 2, but the data \(parquet columns\) has 3 dense"):
+        check_before_start(cfg, written, with_ps=False)
+    no_dense = TrainConfig(data=f"parquet:{data}", trainers=2, schema=dataclasses.replace(spec.data, dense=()))
+    with pytest.raises(SpecError, match=r"data.dense: is empty: the dense arch's bottom MLP reads at least one"):
+        check_before_start(no_dense, spec, with_ps=False)
+
+
+def test_csv_ids_are_checked_as_text_and_gzip_files_against_the_trainers(tmp_path):
+    """The reader reads CSV ids as strings whatever pyarrow infers ("12|7" tags, "0012"); a gzip CSV is one shard."""
+    import gzip
+
+    # pyarrow infers int64 for "items" (no row has two ids yet) and for "user" ("0007")
+    text = "clicked,age,price,user,items,country\n" + "".join(f"1,3,4.5,{i:04d},{i},{i}\n" for i in range(8))
+    (tmp_path / "clicks.csv").write_text(text)
+    tags = SparseColumn("item_ids", "items", "item_ids", "|")
+    sparse = (SparseColumn("user_id", "user", "user_id"), tags, SparseColumn("country", "country", "country"))
+    schema = dataclasses.replace(_model(tmp_path).data, sparse=sparse)
+    spec = dataclasses.replace(_model(tmp_path), data=schema)
+    check_before_start(TrainConfig(data=f"csv:{tmp_path / 'clicks.csv'}", trainers=2), spec, with_ps=False)
+    (tmp_path / "gz").mkdir()
+    with gzip.open(tmp_path / "gz" / "clicks.csv.gz", "wt") as f:
+        f.write(text)
+    with pytest.raises(SpecError, match=r"1 gzip file\(s\) for 2 trainers: a gzip file cannot be split"):
+        check_before_start(TrainConfig(data=f"csv:{tmp_path / 'gz'}", trainers=2), spec, with_ps=False)
