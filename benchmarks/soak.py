@@ -24,7 +24,7 @@ is the baseline every later one is compared to, as a ratio:
 Prints a table (a row per window) and writes JSON (``--json OUT``).
 
     python benchmarks/soak.py --json benchmarks/results/soak.json       # 10 minutes
-    python benchmarks/soak.py --quick                                   # 2 minutes (CI)
+    python benchmarks/soak.py --quick                                   # 90 seconds (CI)
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def soak_steps(probe: dict[str, Any], seconds_left: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget, start-up included")
-    parser.add_argument("--quick", action="store_true", help="2 minutes (CI)")
+    parser.add_argument("--quick", action="store_true", help="90 seconds (CI)")
     parser.add_argument("--windows", type=int, default=10, help="windows the training span is cut into")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
 
     began = time.monotonic()
-    budget_s = 60 * (2.0 if args.quick else args.minutes)
+    budget_s = 60 * (1.5 if args.quick else args.minutes)
     spec, topo = load_model(DEFAULT_MODEL), load_topology(DEFAULT_TOPOLOGY)
     the_plan = plan(spec, topo)
     servers = len(topo.servers)
