@@ -19,7 +19,7 @@ from persia_planner.dense import DenseArch
 from persia_planner.errors import PlannerError, SpecError
 from persia_planner.specs import DataSchema, ModelSpec, Optimizer
 
-from .data_source import DataKind, DataSource, check_tabular
+from .data_source import DataKind, DataSource, check_gzip_shards, check_tabular
 from .rpcenv import rpc_transports
 from .run_dirs import check_checkpoint_dir, check_log_dir, check_resume_exists
 
@@ -301,14 +301,7 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
             "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
             fixes=("name the tables c1..c26",),
         )
-    if all(f.endswith(".gz") for f in files) and len(files) < cfg.trainers:
-        raise SpecError(
-            str(source.path),
-            "",
-            f"{len(files)} gzip file(s) for {cfg.trainers} trainers: a gzip file cannot be split, each trainer reads "
-            "whole ones",
-            fixes=("decompress the files", "split them into one per trainer or more"),
-        )
+    check_gzip_shards(source, files, cfg.trainers)
 
 
 def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:

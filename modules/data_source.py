@@ -20,6 +20,7 @@ from persia_planner.specs import DataSchema, ModelSpec
 __all__ = [
     "DataKind",
     "DataSource",
+    "check_gzip_shards",
     "check_tabular",
     "csv_columns",
     "parquet_row_groups",
@@ -212,15 +213,8 @@ def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec
             row_groups += parquet_row_groups(path)
         else:
             _check_columns(path, csv_columns(path), schema, ids_as_text=True)
-    gzipped = [f for f in files if f.endswith(".gz")]
-    if source.kind is DataKind.CSV and len(gzipped) == len(files) and len(files) < trainers:
-        raise SpecError(
-            str(source.path),
-            "",
-            f"{len(files)} gzip file(s) for {trainers} trainers: a gzip file cannot be split, each trainer reads "
-            "whole ones",
-            fixes=("decompress the files", "split them into one per trainer or more"),
-        )
+    if source.kind is DataKind.CSV:
+        check_gzip_shards(source, files, trainers)
     if source.kind is DataKind.PARQUET and row_groups < trainers:
         raise SpecError(
             str(source.path),
@@ -228,6 +222,22 @@ def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec
             f"{row_groups} row group(s) in {len(files)} file(s) for {trainers} trainers: "
             "each trainer reads whole row groups",
             fixes=("write smaller row groups (row_group_size) or more files", "train with fewer trainers"),
+        )
+
+
+def check_gzip_shards(source: DataSource, files: list[str], trainers: int) -> None:
+    """Text files read whole (all ``.gz``: a gzip stream cannot be split) must be at least one per trainer.
+
+    Raises:
+        SpecError: Fewer gzip files than trainers.
+    """
+    if files and all(f.endswith(".gz") for f in files) and len(files) < trainers:
+        raise SpecError(
+            str(source.path),
+            "",
+            f"{len(files)} gzip file(s) for {trainers} trainers: a gzip file cannot be split, each trainer reads "
+            "whole ones",
+            fixes=("decompress the files", "split them into one per trainer or more"),
         )
 
 
