@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from processes import cli_in_fresh_interpreter
 
 from persia_planner import ModelSpec, Optimizer, load_model
 from persia_planner.errors import PlannerError, SpecError
@@ -197,23 +195,10 @@ def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):
         (ps, {**rendezvous, "MASTER_PORT": "http"}, "MASTER_PORT must be a port number"),
         (ps, {**rendezvous, "PERSIA_RPC_TRANSPORTS": "uv,tcp"}, "unknown TensorPipe transport(s) ['tcp']"),
     ]
-    code = (
-        "import json, os, sys\n"
-        "from typer.testing import CliRunner\n"
-        "from persia_planner.cli import app\n"
-        "out = []\n"
-        f"for args, env in {json.dumps([[a, e] for a, e, _ in cases])}:\n"
-        "    result = CliRunner().invoke(app, args, env=env)\n"
-        "    out.append([result.exit_code, result.output])\n"
-        "print(json.dumps({'results': out, 'torch': 'torch' in sys.modules}))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    for (args, _, needle), (exit_code, output) in zip(cases, report["results"], strict=True):
+    results, torch_imported = cli_in_fresh_interpreter([(a, e) for a, e, _ in cases])
+    for (args, _, needle), (exit_code, output) in zip(cases, results, strict=True):
         assert exit_code == 2 and needle in output and "Traceback" not in output, (args, output)
-    assert report["torch"] is False
+    assert torch_imported is False
 
 
 def test_the_synthetic_id_space_is_checked_against_the_generator_before_any_process_starts():

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from processes import cli_in_fresh_interpreter
 
 from persia_planner.errors import PlannerError, SpecError
 from persia_planner.modules.config import TrainConfig, check_before_start
@@ -351,21 +352,11 @@ def test_persia_train_refuses_a_bad_schema_with_exit_2_without_importing_torch(t
             str(tmp_path / "schema.yaml"),
         ],
     ]
-    code = (
-        "import json, sys\n"
-        "from typer.testing import CliRunner\n"
-        "from persia_planner.cli import app\n"
-        f"out = [[r.exit_code, r.output] for r in (CliRunner().invoke(app, a) for a in {json.dumps(cases)})]\n"
-        "print(json.dumps({'results': out, 'torch': 'torch' in sys.modules}))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    (missing_code, missing), (column_code, column) = report["results"]
+    results, torch_imported = cli_in_fresh_interpreter([(a, {}) for a in cases])
+    (missing_code, missing), (column_code, column) = results
     assert missing_code == 2 and "none.csv: file or directory not found" in missing, missing
     assert column_code == 2 and "part-0.parquet: nope: no such column (the schema's sparse.item_ids)" in column, column
-    assert "Traceback" not in missing + column and report["torch"] is False
+    assert "Traceback" not in missing + column and torch_imported is False
 
 
 def _train_json(args: list[str]) -> dict:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from processes import cli_in_fresh_interpreter
 
 from persia_planner import load_topology
 from persia_planner.errors import PlannerError
@@ -160,25 +159,11 @@ def test_the_cli_refuses_a_mismatched_world_before_importing_torch(tmp_path):
         (["train"], {"PERSIA_HOST": "trainer0"}, "--node-host (or PERSIA_HOST) is set but this is not a torchrun"),
         (["nodes", str(EXAMPLES / "local_2x1.yaml"), "--node", "3"], {}, "--node 3 is past the 3 nodes of"),
     ]
-    code = (
-        "import json, sys\n"
-        "from typer.testing import CliRunner\n"
-        "from persia_planner.cli import app\n"
-        "out = []\n"
-        f"for args, env in {json.dumps([[a, e] for a, e, _ in cases])}:\n"
-        "    result = CliRunner().invoke(app, args, env=env)\n"
-        "    out.append([result.exit_code, result.output])\n"
-        "print(json.dumps({'results': out, 'torch': 'torch' in sys.modules}))\n"
-    )
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "PERSIA_HOST")
-    env = {k: v for k, v in os.environ.items() if k not in names}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    for (args, _, needle), (exit_code, output) in zip(cases, report["results"], strict=True):
+    results, torch_imported = cli_in_fresh_interpreter([(a, e) for a, e, _ in cases])
+    for (args, _, needle), (exit_code, output) in zip(cases, results, strict=True):
         assert exit_code == 2 and needle in output and "Traceback" not in output, (args, output)
         assert len(output.strip().splitlines()) == 1, output
-    assert report["torch"] is False
+    assert torch_imported is False
 
 
 def test_persia_nodes_prints_each_nodes_host_and_process_count(tmp_path):
