@@ -119,7 +119,7 @@ def distribute(
     path, hybrid = hybrid_of(model)
     # Table shapes and dtype come from the collection itself: the plan must be the one made for it.
     spec = ModelSpec.from_torchrec(hybrid.embedding_bag_configs(), batch_size=1)
-    check_executable(tables, device.type, dtype=spec.embedding_dtype, optimizer=hybrid.optimizer.kind)
+    check_executable(tables, device.type, dtype=spec.table_dtypes, optimizer=hybrid.optimizer.kind)
     local = hybrid.local
     sharding_plan = None
     if local is not None:

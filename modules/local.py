@@ -45,14 +45,22 @@ class ExecutedTable:
         sharding: TorchRec ``ShardingType`` value.
         kernel: TorchRec ``EmbeddingComputeKernel`` value of the kernel that computes it.
         ranks: Trainer ranks holding its shards, in shard order (data-parallel: every replica's rank).
+        dtype: The torch dtype of its weights (``float16``).
     """
 
     sharding: str
     kernel: str
     ranks: tuple[int, ...]
+    dtype: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sharding": self.sharding, "kernel": self.kernel, "ranks": list(self.ranks)}
+        return {"sharding": self.sharding, "kernel": self.kernel, "ranks": list(self.ranks), "dtype": self.dtype}
+
+
+def _dtype_name(weight: Any) -> str:
+    """``float16`` for a weight in float16: a tensor's, or a ``ShardedTensor``'s (its metadata's)."""
+    dtype = weight.metadata().tensor_properties.dtype if hasattr(weight, "metadata") else weight.dtype
+    return str(dtype).removeprefix("torch.")
 
 
 def int64_ids(values: torch.Tensor) -> torch.Tensor:
@@ -158,7 +166,11 @@ class LocalEmbeddingBags(nn.Module):
         """Each table's sharding type, kernel and ranks as the built module runs them (a collective when sharded:
         each trainer knows the kernels of its own shards only)."""
         if not self.sharded:
-            return {c.name: ExecutedTable("unsharded", "dense", (0,)) for c in self.configs}
+            state = self.ebc.state_dict()
+            return {
+                c.name: ExecutedTable("unsharded", "dense", (0,), _dtype_name(state[f"embedding_bags.{c.name}.weight"]))
+                for c in self.configs
+            }
         kernels = {}
         for lookup in self.ebc._lookups:  # TorchRec keeps the built kernels here; no public accessor exists
             for emb in getattr(lookup, "module", lookup)._emb_modules:
@@ -180,7 +192,7 @@ class LocalEmbeddingBags(nn.Module):
             else:
                 ranks = tuple(range(self.world_size))
             kernel = "/".join(sorted(merged.get(c.name, {"none"})))
-            out[c.name] = ExecutedTable(plan[c.name].sharding_type, kernel, ranks)
+            out[c.name] = ExecutedTable(plan[c.name].sharding_type, kernel, ranks, _dtype_name(value))
         return out
 
     # ---- weights and optimizer state ---------------------------------------------------------------------------

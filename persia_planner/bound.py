@@ -64,7 +64,7 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 
     Option columns: hbm, ddr, hbm_cache for each cache fraction, data_parallel, ps.
     """
-    lay, c, dtype = cost.layout, cost.constants, cost.dtype
+    lay, c = cost.layout, cost.constants
     G, H = lay.n_gpus, lay.n_hosts
     tables = cost.model.tables
     fractions = list(c.cache_fractions)
@@ -78,6 +78,8 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 
     rows = np.array([t.rows for t in tables], dtype=float)
     dims = np.array([t.dim for t in tables], dtype=float)
+    dtypes = [cost.dtype_of(t) for t in tables]
+    value_bytes = np.array([d.n_bytes for d in dtypes], dtype=float)
     moved = np.array(
         [cost.moved_bytes(t, cost.batch * t.pooling_factor, t.dim, cost.unique_rows(t, cost.batch)) for t in tables]
     )
@@ -85,7 +87,7 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     # bags and fixed costs, never removes ids or distinct rows).
     all_gpus = np.arange(G)
     hbm_ms = np.array([float(cost.hbm_emb_ms(t, 1.0, t.dim, all_gpus).min()) for t in tables])
-    out_bytes = cost.batch * dims * dtype.n_bytes
+    out_bytes = cost.batch * dims * value_bytes
     # Every local option has at least one shard: its fixed overhead, its pooled output, the ids it receives.
     ids_bytes = cost.batch * np.array([t.pooling_factor for t in tables]) * c.id_bytes
     exchange = (out_bytes + ids_bytes / 2) * float(cost.a2a_gpu_sum.min())
@@ -97,7 +99,7 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     def charge(column: int, tier: Tier, fraction: float = 0.0) -> None:
         """Each table's (HBM, DDR) bytes as one shard of ``tier``: what the runtime allocates (placement.tier_bytes)."""
         for i, t in enumerate(tables):
-            mem[:2, i, column] = tier_bytes(t, tier, t.rows, t.dim, dtype, fraction)
+            mem[:2, i, column] = tier_bytes(t, tier, t.rows, t.dim, dtypes[i], fraction)
 
     sync[:, 0] = hbm_ms + out
     charge(0, Tier.HBM)
@@ -112,13 +114,15 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         # fbgemm rounds each shard's cache up to whole sets of slots; any cut into at most G row pieces holds at least
         # rows * f - G slots (each piece's floor loses less than one), and every row keeps its index entry.
         for i, t in enumerate(tables):
-            hbm, ddr = fbgemm_bytes(t, t.rows, t.dim, dtype, managed=True)
+            hbm, ddr = fbgemm_bytes(t, t.rows, t.dim, dtypes[i], managed=True)
             slots = max(0.0, t.rows * f - G)
             mem[0, i, 2 + j] = float(hbm) + t.rows * FBGEMM_CACHE_INDEX_BYTES_PER_ROW
-            mem[0, i, 2 + j] += slots * (t.dim * dtype.n_bytes + FBGEMM_CACHE_STATE_BYTES_PER_SLOT)
+            mem[0, i, 2 + j] += slots * (t.dim * dtypes[i].n_bytes + FBGEMM_CACHE_STATE_BYTES_PER_SLOT)
             mem[1, i, 2 + j] = float(ddr)
     # data-parallel: a replica on every GPU (weights, state and DDP's gradient), whose gradients join the all-reduce.
-    replicas = np.array([float(tier_bytes(t, Tier.HBM, t.rows, t.dim, dtype, replica=True)[0]) for t in tables])
+    replicas = np.array(
+        [float(tier_bytes(t, Tier.HBM, t.rows, t.dim, d, replica=True)[0]) for t, d in zip(tables, dtypes, strict=True)]
+    )
     dp_ok = replicas <= cost.capacities()[lay.hbm].min() + 0.5
     dense_bw = cost.hbm_bw * c.dense_kernel_efficiency
     replica = np.array([cost.replica_moved_bytes(t) for t in tables]) * float((1 / dense_bw).sum())
@@ -150,7 +154,7 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         # The store's bytes are linear in the rows plus a fixed slack per server that holds a share, and a plan may
         # hash a table over fewer servers than there are: the least any plan can hold is all rows on one server.
         for i, t in enumerate(tables):
-            mem[2, i, ps] = float(tier_bytes(t, Tier.PS, even_split(t.rows, 1), t.dim, dtype)[1].sum())
+            mem[2, i, ps] = float(tier_bytes(t, Tier.PS, even_split(t.rows, 1), t.dim, dtypes[i])[1].sum())
     # Host NICs, weighted: the average over hosts and, where hosts differ, the busiest one alone (largest ms per byte
     # a GPU sends to the servers). A local table's output leaves from its cheapest owner under the weights.
     per_gpu_nic = cost.gpus_per_host / cost.nic_bw

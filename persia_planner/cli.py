@@ -30,6 +30,7 @@ from persia_planner.cli_base import (
 )
 from persia_planner.cli_train import train_command
 from persia_planner.errors import PlannerError
+from persia_planner.limits import MAX_STALENESS
 
 if TYPE_CHECKING:
     from persia_planner.plans import Plan
@@ -53,12 +54,27 @@ def plan_command(
     png: Annotated[
         Path | None, typer.Option("--png", help="draw the placement into this PNG file (each table on its devices)")
     ] = None,
+    staleness: Annotated[
+        int | None,
+        typer.Option(
+            "--staleness",
+            min=0,
+            max=MAX_STALENESS,
+            help="plan for this staleness K of the PS tables, as 'persia train' will run it (default: model's; "
+            "0 for 'persia train --mode sync')",
+        ),
+    ] = None,
+    ps_wire: Annotated[
+        str | None,
+        typer.Option("--ps-wire", help="plan for PS traffic in this dtype: fp32, fp16 or bf16 (default: model's)"),
+    ] = None,
 ) -> None:
     """Place every table of MODEL on TOPOLOGY; print the per-device and per-table reports and the estimate."""
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
     from persia_planner.paths import EXAMPLE_MODEL, EXAMPLE_TOPOLOGY
     from persia_planner.plan_checks import require_valid
+    from persia_planner.specs import with_run_options
 
     with edge():
         if (model is None) != (topology is None):
@@ -75,7 +91,7 @@ def plan_command(
                 f"no files given: planning the bundled example {EXAMPLE_MODEL.name} on {EXAMPLE_TOPOLOGY.name}",
                 to_stderr=as_json,
             )
-        model_spec = load_model(model)
+        model_spec = with_run_options(load_model(model), staleness=staleness, ps_wire=ps_wire)
         topo = load_topology(topology)
         # Only --explain prints the alternatives: without it, the search need not score them.
         result = make_plan(model_spec, topo, seed=seed, **({} if explain else {"explain_top": 0}))

@@ -55,7 +55,7 @@ def train_command(
             "--staleness",
             min=0,
             max=MAX_STALENESS,
-            help="bounded staleness K of the PS tables (default: model's)",
+            help="bounded staleness K of the PS tables (default: --plan's, else model's)",
         ),
     ] = None,
     mode: Annotated[str, typer.Option("--mode", help="hybrid (PS tables async, staleness K) or sync (K = 0)")] = (
@@ -110,12 +110,13 @@ def train_command(
         float, typer.Option("--ps-delay-ms", min=0.0, help="add this many ms to every PS call (a slow network)")
     ] = 0.0,
     ps_wire: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--ps-wire",
-            help="dtype of PS rows and gradients on the wire: float32 (exact), float16 (|values| <= 65504) or bfloat16",
+            help="dtype of PS rows and gradients on the wire: float32 (exact), float16 (|values| <= 65504) or "
+            "bfloat16 (default: --plan's, else model's)",
         ),
-    ] = "float32",
+    ] = None,
     id_space: Annotated[
         float,
         typer.Option(
@@ -168,21 +169,29 @@ def train_command(
     from persia_planner.modules.run_dirs import elastic_resume
     from persia_planner.nodes import TorchrunProcess, process_role
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
-    from persia_planner.plan_checks import require_valid
+    from persia_planner.plan_checks import require_plan_agrees, require_valid
     from persia_planner.plans import load_plan
-    from persia_planner.specs import load_data_schema
+    from persia_planner.specs import DType, load_data_schema, with_run_options
 
     with edge():
         model_path = model or DEFAULT_MODEL
         topology_path = topology or DEFAULT_TOPOLOGY
         model_spec = load_model(model_path)
         topo = load_topology(topology_path)
+        the_plan = load_plan(plan_path) if plan_path is not None else None
+        # K and the wire default to what the plan was priced for, so that a plan runs as planned unless told not to.
+        planned = with_run_options(
+            model_spec,
+            staleness=the_plan.staleness if the_plan is not None else None,
+            ps_wire=the_plan.ps_wire_dtype.value if the_plan is not None and the_plan.ps_wire_dtype else None,
+        )
+        wire = planned.ps_wire_dtype if ps_wire is None else DType.parse(ps_wire, "--ps-wire")
         # Options, plan and inputs are all checked before torch is imported (~7 s with torchrec): a mistake is
         # answered at once, as `persia plan` answers.
         cfg = TrainConfig(
             steps=steps,
             batch_size=batch_size,
-            staleness=model_spec.staleness if staleness is None else staleness,
+            staleness=planned.staleness if staleness is None else staleness,
             mode=mode,
             trainers=trainers,
             data=data,
@@ -201,7 +210,7 @@ def train_command(
                 if value is not None  # TrainConfig's defaults otherwise
             },
             ps_delay_ms=ps_delay_ms,
-            ps_wire=ps_wire,
+            ps_wire=wire.torch_name,
             checkpoint=str(checkpoint) if checkpoint is not None else None,
             checkpoint_every=checkpoint_every,
             keep=keep,
@@ -213,10 +222,12 @@ def train_command(
             ps_capacity=ps_capacity,
             log_dir=str(log_dir) if log_dir is not None else None,
         )
-        if plan_path is not None:
-            the_plan = load_plan(plan_path)
-        else:
+        # The run's model: priced and planned (below, without --plan) for the K and wire it trains with.
+        model_spec = with_run_options(model_spec, staleness=cfg.effective_staleness, ps_wire=wire.value)
+        if the_plan is None:
             the_plan = make_plan(model_spec, topo, seed=seed)
+        else:
+            require_plan_agrees(the_plan, model_spec, str(plan_path))
         require_valid(the_plan, model_spec, topo)
         remote = the_plan.remote_tables()
         from persia_planner.modules.stack import require_training_stack
@@ -254,6 +265,9 @@ def train_command(
                 )
             result = train_local(cfg, model_spec, dict(the_plan.tables), servers=servers, topology=topo)
         result.pop("history", None)
+        result["plan_staleness"] = the_plan.staleness
+        result["plan_ps_wire_dtype"] = None if the_plan.ps_wire_dtype is None else the_plan.ps_wire_dtype.value
+        result["plan_step_ms"] = the_plan.step_ms
         if as_json:
             typer.echo(json.dumps(result))
             return

@@ -41,7 +41,9 @@ class CostModel:
         self.model = model
         self.topology = topology
         self.constants = c = topology.constants
-        self.dtype: DType = model.embedding_dtype
+        self.dtype_of = model.dtype_of
+        # PS rows and gradients travel in the wire dtype, whatever the table's (the client converts both ways).
+        self.wire_dtype: DType = model.ps_wire_dtype
         self.layout = lay = Layout(len(topology.gpus), len(topology.trainers), len(topology.servers))
         gpus, hosts, servers = topology.gpus, topology.trainers, topology.servers
         host_index = {h.name: i for i, h in enumerate(hosts)}
@@ -157,9 +159,10 @@ class CostModel:
         """Bytes a lookup-and-update pass moves in the shard's memory: read the rows of the ``lookups`` ids, then
         the backward pass and optimizer on the ``unique`` distinct rows among them (all, if None): fbgemm aggregates
         a row's gradients and updates it once (``update_passes`` x the weights, read + write of the state)."""
-        state = table.row_bytes(self.dtype, cols) - cols * self.dtype.n_bytes
+        dtype = self.dtype_of(table)
+        state = table.row_bytes(dtype, cols) - cols * dtype.n_bytes
         # Memory is read in whole sectors: a narrow row (a thin column shard) costs at least min_access_bytes.
-        row = max(cols * self.dtype.n_bytes, self.constants.min_access_bytes)
+        row = max(cols * dtype.n_bytes, self.constants.min_access_bytes)
         rows = lookups if unique is None else unique
         return lookups * row + rows * (row * self.constants.update_passes + 2 * state)
 
@@ -184,7 +187,7 @@ class CostModel:
         out = self.moved_bytes(table, lookups, cols, unique) / self.hbm_bw[gpus]
         if self.profiled.any():
             lookups, unique = np.broadcast_to(lookups, gpus.shape), np.broadcast_to(unique, gpus.shape)
-            row_bytes = cols * self.dtype.n_bytes
+            row_bytes = cols * self.dtype_of(table).n_bytes
             for k in np.flatnonzero(self.profiled[gpus]):
                 seconds = self.profiles[gpus[k]].embedding_seconds(
                     table.optimizer.value, self.batch, lookups[k], row_bytes, unique[k]
@@ -208,7 +211,7 @@ class CostModel:
         The search keeps them per table and option, and builds load vectors of any candidate GPUs from them.
         """
         lookups = self.batch * table.pooling_factor * rows_fraction
-        out_bytes = self.batch * cols * self.dtype.n_bytes
+        out_bytes = self.batch * cols * self.dtype_of(table).n_bytes
         # Input distribution: the ids of the shard's lookups travel to it, forward only (half an a2a pattern).
         ids_bytes = np.asarray(lookups * self.constants.id_bytes, dtype=float)
         ids_half = ids_bytes / 2 if ids_bytes.ndim else float(ids_bytes / 2)
@@ -280,8 +283,9 @@ class CostModel:
     def replica_moved_bytes(self, table: TableSpec) -> float:
         """Bytes one data-parallel replica moves per step: its local lookups and their gradients, then the dense
         optimizer's update of every row."""
-        weights = table.dim * self.dtype.n_bytes
-        state = table.row_bytes(self.dtype) - weights
+        dtype = self.dtype_of(table)
+        weights = table.dim * dtype.n_bytes
+        state = table.row_bytes(dtype) - weights
         lookups = self.local_batch * table.pooling_factor
         return 2 * lookups * weights + table.rows * (weights * self.constants.dp_update_passes + 2 * state)
 
@@ -304,9 +308,10 @@ class CostModel:
 
     def ps_bytes_per_gpu(self, table: TableSpec) -> float:
         """Bytes a trainer exchanges with the parameter servers per step for ``table``: the client de-duplicates
-        its batch's ids, then looks up and pushes each distinct row once (ids and rows, both ways)."""
+        its batch's ids, then looks up and pushes each distinct row once (ids and rows, both ways), rows and
+        gradients in the wire dtype (``persia train --ps-wire``)."""
         rows = self.unique_rows(table, self.local_batch)
-        return 2 * rows * (table.dim * self.dtype.n_bytes + self.constants.id_bytes)
+        return 2 * rows * (table.dim * self.wire_dtype.n_bytes + self.constants.id_bytes)
 
     def ps_moved_bytes(self, table: TableSpec) -> float:
         """Bytes the servers' stores move per step for ``table``: every trainer's distinct rows read, then updated."""
@@ -355,13 +360,14 @@ class CostModel:
         mem = np.zeros(lay.mem_size)
         shards = placement.shards
         known: dict[tuple[Tier, int, int, float | None, bool], Storage] = {}
+        dtype = self.dtype_of(table)
 
         def storage(s: Shard) -> Storage:
             # A table's shards mostly share one shape (a replica on every GPU, equal row blocks).
             key = (s.tier, s.n_rows(table), s.n_cols, s.cache_fraction, s.replica)
             found = known.get(key)
             if found is None:
-                found = known[key] = s.storage(table, self.dtype)
+                found = known[key] = s.storage(table, dtype)
             return found
 
         gpu_index = self.topology.gpu_index

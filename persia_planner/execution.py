@@ -7,6 +7,7 @@ differently on the trainers' devices. Nothing here imports torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from persia_planner.errors import ErrorKind, PlannerError
@@ -22,11 +23,18 @@ def planned_execution(plan: PlanLike, model: ModelSpec, topology: Topology) -> d
     """How a run must execute ``plan``, table by table, in the terms a run reports what it executed.
 
     Returns:
-        ``{table: {"sharding", "kernel", "ranks"}}`` (TorchRec's sharding type, compute kernel and ranks in shard
-        order) for local tables, ``{table: {"servers": [...]}}`` for parameter-server tables, in model order.
+        ``{table: {"sharding", "kernel", "ranks", "dtype"}}`` (TorchRec's sharding type, compute kernel, ranks in
+        shard order and the weights' torch dtype) for local tables, ``{table: {"servers": [...]}}`` for
+        parameter-server tables, in model order.
     """
+    dtypes = model.table_dtypes
     local = {
-        e.table: {"sharding": e.sharding_type, "kernel": e.compute_kernel, "ranks": e.ranks}
+        e.table: {
+            "sharding": e.sharding_type,
+            "kernel": e.compute_kernel,
+            "ranks": e.ranks,
+            "dtype": dtypes[e.table].torch_name,
+        }
         for e in torchrec_shardings(plan, model, topology)
     }
     tables = tables_of(plan)
@@ -40,7 +48,11 @@ def planned_execution(plan: PlanLike, model: ModelSpec, topology: Topology) -> d
 
 
 def check_executable(
-    plan: PlanLike, device_type: str, *, dtype: DType = DType.FP32, optimizer: Optimizer = Optimizer.SGD
+    plan: PlanLike,
+    device_type: str,
+    *,
+    dtype: DType | Mapping[str, DType] = DType.FP32,
+    optimizer: Optimizer = Optimizer.SGD,
 ) -> None:
     """Refuse a plan that TorchRec and fbgemm would not run as written on trainers of ``device_type``.
 
@@ -53,7 +65,7 @@ def check_executable(
     Args:
         plan: The plan (or its ``tables``).
         device_type: ``cpu`` or ``cuda``.
-        dtype: The model's ``embedding_dtype``.
+        dtype: The tables' weight dtype: one for all, or one per table name (:attr:`.ModelSpec.table_dtypes`).
         optimizer: The sparse optimizer of the local tables.
 
     Raises:
@@ -61,6 +73,7 @@ def check_executable(
     """
     local = {name: p for name, p in tables_of(plan).items() if p.sharding is not Sharding.PS_HASH}
     for name, p in local.items():
+        table_dtype = dtype.get(name, DType.FP32) if isinstance(dtype, Mapping) else dtype
         tiers = {s.tier for s in p.shards}
         bad = tiers & {Tier.DDR, Tier.HBM_CACHE}
         if device_type != "cuda" and bad:
@@ -75,7 +88,7 @@ def check_executable(
                     "train on GPUs",
                 ),
             )
-        if device_type != "cuda" and dtype is DType.BF16:
+        if device_type != "cuda" and table_dtype is DType.BF16:
             raise PlannerError(
                 f"table {name!r}: fbgemm's CPU kernels have no bfloat16 tables (embedding_dtype: bf16)",
                 kind=ErrorKind.UNSUPPORTED,
@@ -87,10 +100,10 @@ def check_executable(
                 kind=ErrorKind.UNSUPPORTED,
                 fixes=("use the rowwise_adagrad, adagrad or sgd sparse optimizer", "train on GPUs"),
             )
-        if p.sharding is Sharding.DATA_PARALLEL and dtype is not DType.FP32 and optimizer is not Optimizer.SGD:
+        if p.sharding is Sharding.DATA_PARALLEL and table_dtype is not DType.FP32 and optimizer is not Optimizer.SGD:
             raise PlannerError(
-                f"table {name!r} is data_parallel in {dtype.value}: TorchRec updates replicas with a torch.optim "
-                f"{optimizer.value} whose state would be {dtype.value} too, and it underflows",
+                f"table {name!r} is data_parallel in {table_dtype.value}: TorchRec updates replicas with a torch.optim "
+                f"{optimizer.value} whose state would be {table_dtype.value} too, and it underflows",
                 kind=ErrorKind.UNSUPPORTED,
                 fixes=(
                     "use embedding_dtype: fp32",

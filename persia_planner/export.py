@@ -29,7 +29,7 @@ from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, row_blocks
 from persia_planner.plan_checks import require_same_tables
 from persia_planner.plans import Plan
-from persia_planner.specs import ModelSpec, Optimizer, TableSpec
+from persia_planner.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -350,14 +350,14 @@ def _row_boxes(
 
 
 # ---- torch objects ---------------------------------------------------------------------------------------------
-def _data_type(model: ModelSpec) -> Any:
+def _data_type(dtype: DType) -> Any:
     from torchrec.modules.embedding_configs import DataType
 
-    return DataType[model.embedding_dtype.value.upper()]
+    return DataType[dtype.value.upper()]
 
 
 def to_embedding_bag_configs(model: ModelSpec, tables: Iterable[str] | None = None) -> list[EmbeddingBagConfig]:
-    """TorchRec ``EmbeddingBagConfig`` per table (feature name = table name, sum pooling, the model's dtype).
+    """TorchRec ``EmbeddingBagConfig`` per table (feature name = table name, sum pooling, the table's dtype).
 
     Args:
         model: The model.
@@ -373,7 +373,6 @@ def to_embedding_bag_configs(model: ModelSpec, tables: Iterable[str] | None = No
         unknown = wanted - {t.name for t in model.tables}
         if unknown:
             raise KeyError(f"model {model.name!r} has no table {sorted(unknown)[0]!r}")
-    data_type = _data_type(model)
     return [
         EmbeddingBagConfig(
             name=t.name,
@@ -381,7 +380,7 @@ def to_embedding_bag_configs(model: ModelSpec, tables: Iterable[str] | None = No
             num_embeddings=t.rows,
             embedding_dim=t.dim,
             pooling=PoolingType.SUM,
-            data_type=data_type,
+            data_type=_data_type(model.dtype_of(t)),
         )
         for t in model.tables
         if wanted is None or t.name in wanted

@@ -16,7 +16,15 @@ from persia_planner.specs import ModelSpec
 from persia_planner.topology import Topology
 from persia_planner.units import format_bytes
 
-__all__ = ["MAX_PROBLEMS", "MAX_TABLE_PROBLEMS", "require_same_tables", "require_valid", "table_mismatch", "validate"]
+__all__ = [
+    "MAX_PROBLEMS",
+    "MAX_TABLE_PROBLEMS",
+    "require_plan_agrees",
+    "require_same_tables",
+    "require_valid",
+    "table_mismatch",
+    "validate",
+]
 
 MAX_TABLE_PROBLEMS = 5
 """Problems :func:`validate` lists for one table: a plan of 200,000 bad shards is answered in a few lines."""
@@ -149,7 +157,7 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
         problems += _check_tiling(table, placement)
         problems += _check_shape(table, placement, topology)
     for i, shard in enumerate(placement.shards):
-        expected = shard.n_rows(table) * table.row_bytes(cost.dtype, shard.n_cols)
+        expected = shard.n_rows(table) * table.row_bytes(cost.dtype_of(table), shard.n_cols)
         if shard.bytes != expected:
             problems.append(f"shard {i} bytes {shard.bytes} != {expected} (rows x (cols x dtype + state))")
     return problems
@@ -247,4 +255,40 @@ def require_valid(plan: Plan, model: ModelSpec, topology: Topology) -> None:
             f"invalid plan: {problems[0]}{more}",
             kind=ErrorKind.INVALID_PLAN,
             fixes=("re-run 'persia plan' for this model and topology",),
+        )
+
+
+def require_plan_agrees(plan: Plan, model: ModelSpec, source: str = "plan.json") -> None:
+    """Refuse to run ``plan`` with another staleness K or PS wire dtype than it was priced for.
+
+    ``model`` carries the run's K and wire (:func:`.specs.with_run_options`). Only parameter-server tables depend on
+    them (K decides how much of their traffic hides behind the step; the wire, its bytes), and a plan that does not
+    record them (an older writer, another planner) is taken as it is.
+
+    Raises:
+        PlannerError: Kind ``input``, naming the plan's value, the run's and both ways to agree.
+    """
+    if not plan.remote_tables():
+        return
+    if plan.staleness is not None and plan.staleness != model.staleness:
+        raise PlannerError(
+            f"{source} was priced for staleness K = {plan.staleness}, but this run trains its parameter-server tables "
+            f"with K = {model.staleness}",
+            kind=ErrorKind.INPUT,
+            fixes=(
+                f"re-plan with 'persia plan --staleness {model.staleness}'",
+                f"train with --staleness {plan.staleness} --mode hybrid"
+                if plan.staleness
+                else "train with --mode sync",
+            ),
+        )
+    if plan.ps_wire_dtype is not None and plan.ps_wire_dtype is not model.ps_wire_dtype:
+        raise PlannerError(
+            f"{source} was priced for parameter-server traffic in {plan.ps_wire_dtype.torch_name}, but this run sends "
+            f"{model.ps_wire_dtype.torch_name}",
+            kind=ErrorKind.INPUT,
+            fixes=(
+                f"re-plan with 'persia plan --ps-wire {model.ps_wire_dtype.value}'",
+                f"train with --ps-wire {plan.ps_wire_dtype.torch_name}",
+            ),
         )

@@ -8,7 +8,7 @@ from persia_planner.errors import CapacityError
 from persia_planner.memory import ps_holds, ps_rows_error
 from persia_planner.plans import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, SearchConfig, Searcher
-from persia_planner.specs import ModelSpec
+from persia_planner.specs import DType, ModelSpec
 from persia_planner.topology import Topology
 from persia_planner.units import format_bytes
 
@@ -45,6 +45,8 @@ class Planner:
             lower_bound_ms=bound.value_ms,
             samples_per_s=estimate.samples_per_s,
             alternatives=result.alternatives,
+            staleness=model.staleness,
+            ps_wire_dtype=model.ps_wire_dtype,
         )
 
 
@@ -71,7 +73,7 @@ def check_capacity(model: ModelSpec, topology: Topology) -> None:
     ddr = sum(topology.ddr_capacity(h) for h in topology.trainers)
     ps = sum(topology.ddr_capacity(s) for s in topology.servers)
     total = model.total_bytes
-    dtype = model.embedding_dtype
+    size = {t.name: t.bytes(model.dtype_of(t)) for t in model.tables}
     if total > hbm + ddr + ps:
         short = total - (hbm + ddr + ps)
         resource = "PS DDR" if topology.servers else "trainer DDR"
@@ -82,7 +84,7 @@ def check_capacity(model: ModelSpec, topology: Topology) -> None:
             fixes.append(f"add {need} parameter servers of {format_bytes(per_server)}")
         else:
             fixes.append("add parameter servers (hosts with role: parameter_server)")
-        if dtype.n_bytes == 4:
+        if DType.FP32 in model.dtypes:
             fixes.append("set embedding_dtype: fp16")
         fixes.append("reduce table rows")
         raise CapacityError(
@@ -95,16 +97,16 @@ def check_capacity(model: ModelSpec, topology: Topology) -> None:
     # A table larger than all of HBM and all of DDR can only go to the parameter servers: each must hold its share.
     local = max(hbm, ddr)
     for table in model.tables:
-        if table.bytes(dtype) > local and topology.servers and not ps_holds(table.rows, len(topology.servers)):
+        if size[table.name] > local and topology.servers and not ps_holds(table.rows, len(topology.servers)):
             raise ps_rows_error(table, len(topology.servers), local)
-    largest = max(model.tables, key=lambda t: t.bytes(dtype))
+    largest = max(model.tables, key=lambda t: size[t.name])
     room = max(hbm, ddr, ps)
-    if largest.bytes(dtype) > room:
-        short = largest.bytes(dtype) - room
+    if size[largest.name] > room:
+        short = size[largest.name] - room
         raise CapacityError(
             "largest tier",
             short,
-            f"table {largest.name!r} ({format_bytes(largest.bytes(dtype))}) is larger than any tier "
+            f"table {largest.name!r} ({format_bytes(size[largest.name])}) is larger than any tier "
             f"(largest holds {format_bytes(room)}; short by {format_bytes(short)})",
             ("add parameter servers or DDR", "reduce its rows or dim"),
             table=largest.name,

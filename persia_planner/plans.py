@@ -15,8 +15,9 @@ import numpy as np
 from persia_planner.cost import CostModel, Estimate
 from persia_planner.errors import PlannerError, SpecError, abbreviate
 from persia_planner.fields import Fields, load_json
-from persia_planner.limits import MAX_OF_KIND, MAX_SHARDS_PER_TABLE
+from persia_planner.limits import MAX_OF_KIND, MAX_SHARDS_PER_TABLE, MAX_STALENESS
 from persia_planner.placement import Mode, Shard, Sharding, TablePlacement, Tier
+from persia_planner.specs import DType
 from persia_planner.units import Quantity
 
 __all__ = [
@@ -53,6 +54,9 @@ class Plan:
         lower_bound_ms: A bound no plan can beat under the same cost model (see ``bound.py``), as computed.
         samples_per_s: Global batch / step time.
         alternatives: For the largest tables, the step time under other options (explanations; not in JSON).
+        staleness: The staleness bound K the plan was priced for (None: not recorded, a plan of an older writer or
+            of another planner). Only a plan with parameter-server tables depends on it.
+        ps_wire_dtype: The dtype its parameter-server traffic was priced in (None: not recorded).
     """
 
     model: str
@@ -63,6 +67,8 @@ class Plan:
     lower_bound_ms: float
     samples_per_s: float
     alternatives: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    staleness: int | None = None
+    ps_wire_dtype: DType | None = None
 
     @property
     def quality(self) -> float:
@@ -85,6 +91,8 @@ class Plan:
             "format": FORMAT,
             "model": self.model,
             "topology": self.topology,
+            **({"staleness": self.staleness} if self.staleness is not None else {}),
+            **({"ps_wire_dtype": self.ps_wire_dtype.value} if self.ps_wire_dtype is not None else {}),
             "tables": {name: placement_to_dict(p) for name, p in self.tables.items()},
             "devices": {
                 name: {"hbm_bytes": u.hbm_bytes, "ddr_bytes": u.ddr_bytes, "cost_ms": round(u.cost_ms, 4)}
@@ -148,6 +156,8 @@ class Plan:
         top.take("format")
         model = top.take_str("model", default="")
         topology = top.take_str("topology", default="")
+        staleness = top.take("staleness", Quantity.COUNT, default=None, maximum=MAX_STALENESS)
+        wire = top.take_enum("ps_wire_dtype", DType, default=None)
         tables_data = top.sub("tables")
         assert tables_data is not None
         tables = {}
@@ -176,7 +186,15 @@ class Plan:
             estimate.finish()
         top.finish()
         return cls(
-            model, topology, tables, devices, numbers["step_ms"], numbers["lower_bound_ms"], numbers["samples_per_s"]
+            model,
+            topology,
+            tables,
+            devices,
+            numbers["step_ms"],
+            numbers["lower_bound_ms"],
+            numbers["samples_per_s"],
+            staleness=staleness,
+            ps_wire_dtype=wire,
         )
 
 

@@ -219,8 +219,7 @@ def explanations(plan: Plan, model: ModelSpec, topology: Topology) -> list[Expla
     Options are compared by (sharding, tier); ``plan.alternatives`` holds, per table, the step time of the best
     placement under each option with every other table left where it is, sorted best first.
     """
-    dtype = model.embedding_dtype
-    sizes = {t.name: t.bytes(dtype) for t in model.tables}
+    sizes = {t.name: t.bytes(model.dtype_of(t)) for t in model.tables}
     local = sum(topology.hbm_capacity(g) for g in topology.gpus) + sum(
         topology.ddr_capacity(h) for h in topology.trainers
     )

@@ -5,12 +5,12 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from persia_planner.dense import DLRM_BOTTOM, DLRM_NUM_DENSE, DLRM_TOP, DenseArch, DenseSpec, read_dense
-from persia_planner.errors import SpecError, abbreviate
+from persia_planner.errors import ErrorKind, PlannerError, SpecError, abbreviate
 from persia_planner.fields import Fields, load_yaml
 from persia_planner.limits import (
     MAX_BATCH_SIZE,
@@ -38,6 +38,7 @@ __all__ = [
     "load_data_schema",
     "load_model",
     "read_data_schema",
+    "with_run_options",
 ]
 
 DEFAULT_STALENESS = 4
@@ -54,6 +55,27 @@ class DType(enum.StrEnum):
     @property
     def n_bytes(self) -> int:
         return 4 if self is DType.FP32 else 2
+
+    @property
+    def torch_name(self) -> str:
+        """The name torch gives the dtype (``float16``), which ``persia train --ps-wire`` takes too."""
+        return _TORCH_NAMES[self]
+
+    @classmethod
+    def parse(cls, text: str, option: str) -> DType:
+        """``text`` as our name (``fp16``) or torch's (``float16``).
+
+        Raises:
+            PlannerError: Neither; the message names ``option`` and the choices.
+        """
+        for dtype in cls:
+            if text in (dtype.value, dtype.torch_name):
+                return dtype
+        choices = ", ".join(f"{d.value} ({d.torch_name})" for d in cls)
+        raise PlannerError(f"{option} must be one of {choices}, got {abbreviate(text, 30)}", kind=ErrorKind.INPUT)
+
+
+_TORCH_NAMES = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
 
 
 class Optimizer(enum.StrEnum):
@@ -115,6 +137,7 @@ class TableSpec:
         pooling_factor: Mean ids per sample looked up in this table.
         optimizer: Sparse optimizer.
         zipf_alpha: Access skew of ids; 0 means uniform.
+        embedding_dtype: The table's own weight dtype; None: the model's (:meth:`ModelSpec.dtype_of`).
     """
 
     name: str
@@ -123,6 +146,7 @@ class TableSpec:
     pooling_factor: float = 1.0
     optimizer: Optimizer = Optimizer.ROWWISE_ADAGRAD
     zipf_alpha: float = 0.0
+    embedding_dtype: DType | None = None
 
     def __post_init__(self) -> None:
         if self.rows <= 0 or self.dim <= 0:
@@ -155,9 +179,11 @@ class ModelSpec:
         batch_size: Global samples per training step.
         tables: The embedding tables, in file order.
         dense: The dense network.
-        embedding_dtype: Weight dtype of every table.
+        embedding_dtype: Weight dtype of the tables that do not name their own.
         staleness: Persia's embedding staleness K: how many steps async (PS) work may lag; 0 = synchronous.
         data: How the columns of a Parquet / CSV click log feed the model (model.yaml's ``data:``), if given.
+        ps_wire_dtype: The dtype parameter-server rows and gradients travel in (``persia train --ps-wire``); the
+            plan prices PS traffic in it.
     """
 
     name: str
@@ -167,12 +193,27 @@ class ModelSpec:
     embedding_dtype: DType = DType.FP32
     staleness: int = DEFAULT_STALENESS
     data: DataSchema | None = None
+    ps_wire_dtype: DType = DType.FP32
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             raise ValueError(f"table name {dup!r} appears twice")
+
+    def dtype_of(self, table: TableSpec) -> DType:
+        """``table``'s weight dtype: its own, else the model's ``embedding_dtype``."""
+        return table.embedding_dtype or self.embedding_dtype
+
+    @property
+    def table_dtypes(self) -> dict[str, DType]:
+        """Each table's weight dtype, by table name."""
+        return {t.name: self.dtype_of(t) for t in self.tables}
+
+    @property
+    def dtypes(self) -> frozenset[DType]:
+        """The weight dtypes of the tables."""
+        return frozenset(self.dtype_of(t) for t in self.tables)
 
     def table(self, name: str) -> TableSpec:
         for table in self.tables:
@@ -182,7 +223,7 @@ class ModelSpec:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.bytes(self.embedding_dtype) for t in self.tables)
+        return sum(t.bytes(self.dtype_of(t)) for t in self.tables)
 
     @property
     def embedding_parameters(self) -> int:
@@ -196,6 +237,7 @@ class ModelSpec:
         batch_size = top.take_positive("batch_size", Quantity.COUNT, maximum=MAX_BATCH_SIZE)
         dtype = top.take_enum("embedding_dtype", DType, default=DType.FP32)
         staleness = top.take("staleness", Quantity.COUNT, default=DEFAULT_STALENESS, maximum=MAX_STALENESS)
+        wire = top.take_enum("ps_wire_dtype", DType, default=DType.FP32)
         tables: list[TableSpec] = []
         seen: dict[str, str] = {}
         for _, item in top.take_list("tables", max_items=MAX_TABLES):
@@ -219,7 +261,7 @@ class ModelSpec:
         inputs = len(data.dense) if data is not None and data.dense else DLRM_NUM_DENSE
         dense = read_dense(top.sub("dense", default=None), {t.dim for t in tables}, len(tables), inputs)
         top.finish()
-        return cls(name, batch_size, tuple(tables), dense, dtype, staleness, data=data)
+        return cls(name, batch_size, tuple(tables), dense, dtype, staleness, data=data, ps_wire_dtype=wire)
 
     @classmethod
     def from_torchrec(
@@ -246,22 +288,43 @@ class ModelSpec:
         """
         configs = tables.embedding_bag_configs() if hasattr(tables, "embedding_bag_configs") else list(tables)
         pooling_factors = dict(pooling_factors or {})
-        dtype = DType.FP32
-        specs = []
-        for config in configs:
-            data_type = str(getattr(config, "data_type", "FP32")).rsplit(".", 1)[-1].lower()
-            if data_type in {d.value for d in DType}:
-                dtype = DType(data_type)
-            specs.append(
-                TableSpec(
-                    name=config.name,
-                    rows=int(config.num_embeddings),
-                    dim=int(config.embedding_dim),
-                    pooling_factor=float(pooling_factors.get(config.name, 1.0)),
-                    optimizer=optimizer,
-                )
+        specs = [
+            TableSpec(
+                name=config.name,
+                rows=int(config.num_embeddings),
+                dim=int(config.embedding_dim),
+                pooling_factor=float(pooling_factors.get(config.name, 1.0)),
+                optimizer=optimizer,
+                embedding_dtype=_torchrec_dtype(config),
             )
+            for config in configs
+        ]
+        # The model's default is the most common dtype; every table keeps its own.
+        dtypes = [t.embedding_dtype for t in specs if t.embedding_dtype is not None]
+        dtype = max(DType, key=dtypes.count) if dtypes else DType.FP32
         return cls(name, int(batch_size), tuple(specs), dense or DenseSpec(), dtype)
+
+
+def _torchrec_dtype(config: Any) -> DType:
+    """An ``EmbeddingBagConfig``'s ``data_type`` (TorchRec's ``DataType``, e.g. ``DataType.FP16``) as a :class:`DType`.
+
+    Raises:
+        SpecError: A dtype the planner cannot price or the runtime cannot train (e.g. INT8 weights): a silent float32
+            would price and allocate the table at the wrong size.
+    """
+    value = getattr(config, "data_type", None)
+    if value is None:
+        return DType.FP32
+    name = str(getattr(value, "name", value)).rsplit(".", 1)[-1].lower()
+    try:
+        return DType(name)
+    except ValueError:
+        raise SpecError(
+            "EmbeddingBagConfig",
+            f"{config.name}.data_type",
+            f"{abbreviate(name, 20)} is not a trainable embedding dtype ({', '.join(d.value for d in DType)})",
+            fixes=("train the table in fp32, fp16 or bf16 and quantize it for inference",),
+        ) from None
 
 
 TABLE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}"
@@ -282,6 +345,7 @@ def _read_tables(item: Fields) -> Iterable[TableSpec]:
     optimizer = item.take_enum("optimizer", Optimizer, default=Optimizer.ROWWISE_ADAGRAD)
     alpha = item.take("zipf_alpha", Quantity.NUMBER, default=0.0, maximum=MAX_ZIPF_ALPHA)
     count = item.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_TABLE_COUNT)
+    dtype = item.take_enum("embedding_dtype", DType, default=None)
     item.finish()
     if not name:
         raise item.error("name", "table name is empty", fixes=(_TABLE_NAME_FIX,))
@@ -290,7 +354,18 @@ def _read_tables(item: Fields) -> Iterable[TableSpec]:
             "name", f"table name {abbreviate(name, 60)} cannot be a checkpoint file name", fixes=(_TABLE_NAME_FIX,)
         )
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
-    return [TableSpec(n, rows, dim, pooling, optimizer, alpha) for n in names]
+    return [TableSpec(n, rows, dim, pooling, optimizer, alpha, embedding_dtype=dtype) for n in names]
+
+
+def with_run_options(model: ModelSpec, *, staleness: int | None = None, ps_wire: str | None = None) -> ModelSpec:
+    """``model`` with the staleness K and the PS wire dtype a run will use (``--staleness``, ``--ps-wire``; None
+    keeps the model's): the plan is priced for them and records them.
+
+    Raises:
+        PlannerError: ``ps_wire`` names no dtype.
+    """
+    wire = model.ps_wire_dtype if ps_wire is None else DType.parse(ps_wire, "--ps-wire")
+    return replace(model, staleness=model.staleness if staleness is None else int(staleness), ps_wire_dtype=wire)
 
 
 def load_model(path: str | Path) -> ModelSpec:

@@ -51,6 +51,7 @@ def model_dict(model: ModelSpec) -> dict:
         "batch_size": model.batch_size,
         "embedding_dtype": model.embedding_dtype.value,
         "staleness": model.staleness,
+        "ps_wire_dtype": model.ps_wire_dtype.value,
         "tables": [
             {
                 "name": t.name,
@@ -59,6 +60,7 @@ def model_dict(model: ModelSpec) -> dict:
                 "pooling_factor": t.pooling_factor,
                 "optimizer": t.optimizer.value,
                 "zipf_alpha": t.zipf_alpha,
+                **({"embedding_dtype": t.embedding_dtype.value} if t.embedding_dtype is not None else {}),
             }
             for t in model.tables
         ],
@@ -92,19 +94,19 @@ def nearly_full_topology(model: ModelSpec, fill: float, *, servers: int = 4) -> 
     hbm_free = float(sum(local.hbm_capacity(g) for g in local.gpus))
     ddr_free = float(sum(local.ddr_capacity(h) for h in local.trainers))
     room = hbm_free + ddr_free
-    dtype = model.embedding_dtype
+    dtype = model.dtype_of
     in_stores = [
-        float(tier_bytes(t, Tier.PS, even_split(t.rows, servers), t.dim, dtype)[1].sum()) for t in model.tables
+        float(tier_bytes(t, Tier.PS, even_split(t.rows, servers), t.dim, dtype(t))[1].sum()) for t in model.tables
     ]
-    order = np.argsort([-b / t.bytes(dtype) for t, b in zip(model.tables, in_stores, strict=True)], kind="stable")
+    order = np.argsort([-b / t.bytes(dtype(t)) for t, b in zip(model.tables, in_stores, strict=True)], kind="stable")
     need = 0.0
     for i in order:
         table = model.tables[i]
-        state, rows = (float(b) for b in tier_bytes(table, Tier.DDR, table.rows, table.dim, dtype))
+        state, rows = (float(b) for b in tier_bytes(table, Tier.DDR, table.rows, table.dim, dtype(table)))
         if rows <= ddr_free and state <= hbm_free:
             ddr_free, hbm_free = ddr_free - rows, hbm_free - state
-        elif table.bytes(dtype) <= hbm_free:
-            hbm_free -= table.bytes(dtype)
+        elif table.bytes(dtype(table)) <= hbm_free:
+            hbm_free -= table.bytes(dtype(table))
         else:
             need += in_stores[i]
     ps_usable = 1 - local.constants.ps_reserve_fraction

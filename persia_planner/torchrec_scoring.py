@@ -368,7 +368,7 @@ def _placement_of(table: TableSpec, entry: TorchRecSharding, model: ModelSpec, t
             kind=ErrorKind.INPUT,
             fixes=("pass the topology TorchRec planned for",),
         )
-    dtype = model.embedding_dtype
+    dtype = model.dtype_of(table)
     if sharding is Sharding.DATA_PARALLEL:
         ranks = sorted({b.rank for b in entry.shards})
         shards = tuple(

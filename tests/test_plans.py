@@ -3,9 +3,12 @@ import json
 
 import pytest
 
-from persia_planner import ModelSpec, SpecError, Topology, load_plan, plan, validate
+from persia_planner import CostModel, ModelSpec, SpecError, Topology, load_plan, plan, validate
+from persia_planner.errors import PlannerError
 from persia_planner.placement import Sharding, TablePlacement, Tier
+from persia_planner.plan_checks import require_plan_agrees
 from persia_planner.plans import Plan
+from persia_planner.specs import DType
 
 MODEL = ModelSpec.from_dict(
     {
@@ -213,3 +216,71 @@ def test_plan_matches_model_check():
     assert err.value.kind is ErrorKind.INVALID_PLAN
     with pytest.raises(PlannerError, match=r"places tables \['x'\] that are not in the collection"):
         require_same_tables(["a", "x"], ["a"], holder="the collection")
+
+
+def test_the_plan_records_the_staleness_and_wire_it_was_priced_for(the_plan, tmp_path):
+    data = json.loads(the_plan.to_json())
+    assert (data["staleness"], data["ps_wire_dtype"]) == (MODEL.staleness, "fp32") == (4, "fp32")
+    fp16_k0 = plan(dataclasses.replace(MODEL, staleness=0, ps_wire_dtype=DType.FP16), TOPO, improve_time_s=0.5)
+    path = tmp_path / "plan.json"
+    fp16_k0.save(path)
+    again = load_plan(path)
+    assert (again.staleness, again.ps_wire_dtype) == (0, DType.FP16)
+    # A plan of an older writer or another planner records neither, and reads as unknown.
+    del data["staleness"], data["ps_wire_dtype"]
+    older = Plan.from_dict(data)
+    assert (older.staleness, older.ps_wire_dtype) == (None, None)
+
+
+def test_a_run_with_another_staleness_or_wire_than_its_plan_is_refused(the_plan):
+    assert "big" in the_plan.remote_tables()
+    require_plan_agrees(the_plan, MODEL)  # the run trains as planned
+    with pytest.raises(PlannerError) as err:
+        require_plan_agrees(the_plan, dataclasses.replace(MODEL, staleness=0), "p.json")
+    assert str(err.value) == (
+        "p.json was priced for staleness K = 4, but this run trains its parameter-server tables with K = 0; "
+        "fix: re-plan with 'persia plan --staleness 0' or train with --staleness 4 --mode hybrid"
+    )
+    with pytest.raises(PlannerError, match=r"priced for parameter-server traffic in float32, but this run sends "):
+        require_plan_agrees(the_plan, dataclasses.replace(MODEL, ps_wire_dtype=DType.BF16))
+    # Neither matters to a plan without parameter-server tables, nor to one that does not record them.
+    remote = set(the_plan.remote_tables())
+    local = dataclasses.replace(the_plan, tables={k: v for k, v in the_plan.tables.items() if k not in remote})
+    require_plan_agrees(local, dataclasses.replace(MODEL, staleness=0, ps_wire_dtype=DType.BF16))
+    unknown = dataclasses.replace(the_plan, staleness=None, ps_wire_dtype=None)
+    require_plan_agrees(unknown, dataclasses.replace(MODEL, staleness=0, ps_wire_dtype=DType.BF16))
+
+
+def test_ps_traffic_is_priced_in_the_wire_dtype():
+    fp16_wire = dataclasses.replace(MODEL, ps_wire_dtype=DType.FP16)
+    big = MODEL.table("big")
+    exact, halved = CostModel(MODEL, TOPO), CostModel(fp16_wire, TOPO)
+    rows = exact.unique_rows(big, exact.local_batch)
+    id_bytes = TOPO.constants.id_bytes
+    assert exact.ps_bytes_per_gpu(big) == pytest.approx(2 * rows * (64 * 4 + id_bytes))
+    assert halved.ps_bytes_per_gpu(big) == pytest.approx(2 * rows * (64 * 2 + id_bytes))
+    # The stores keep what they keep whatever the wire: their bytes moved do not change.
+    assert halved.ps_moved_bytes(big) == exact.ps_moved_bytes(big)
+    assert plan(fp16_wire, TOPO, improve_time_s=0.5).step_ms <= plan(MODEL, TOPO, improve_time_s=0.5).step_ms
+
+
+def test_each_table_is_planned_and_validated_in_its_own_dtype():
+    mixed = ModelSpec.from_dict(
+        {
+            "batch_size": 8192,
+            "tables": [
+                {"name": "half", "rows": 2_000_000, "dim": 64, "embedding_dtype": "fp16"},
+                {"name": "full", "rows": 2_000_000, "dim": 64},
+            ],
+        }
+    )
+    placed = plan(mixed, TOPO, improve_time_s=0.5)
+    assert validate(placed, mixed, TOPO) == []
+    for name, value_bytes in (("half", 2), ("full", 4)):
+        for s in placed.tables[name].shards:  # rowwise_adagrad keeps one float32 per row in every column shard
+            assert s.bytes == s.n_rows(mixed.table(name)) * (s.n_cols * value_bytes + 4), (name, s)
+    # The same shards read as fp32 are wrong by the weights' half.
+    as_fp32 = dataclasses.replace(
+        mixed, tables=tuple(dataclasses.replace(t, embedding_dtype=None) for t in mixed.tables)
+    )
+    assert any("bytes" in problem for problem in validate(placed, as_fp32, TOPO))

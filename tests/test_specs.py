@@ -121,3 +121,42 @@ def test_from_torchrec_configs():
             ("t1", 1000, 32, 3.0),
         ]
         assert m.batch_size == 512
+
+
+def test_a_table_may_have_its_own_dtype():
+    m = ModelSpec.from_dict(
+        {
+            "batch_size": 8,
+            "embedding_dtype": "fp16",
+            "ps_wire_dtype": "bf16",
+            "tables": [
+                {"name": "a", "rows": 10, "dim": 8},
+                {"name": "b", "rows": 10, "dim": 8, "embedding_dtype": "fp32"},
+            ],
+        }
+    )
+    assert m.table_dtypes == {"a": DType.FP16, "b": DType.FP32} and m.ps_wire_dtype is DType.BF16
+    # rowwise_adagrad: one float32 of state per row, whatever the weights' dtype
+    assert m.total_bytes == 10 * (8 * 2 + 4) + 10 * (8 * 4 + 4)
+
+
+def test_from_torchrec_keeps_each_tables_dtype_and_refuses_one_it_cannot_train():
+    torchrec = pytest.importorskip("torchrec")
+    from torchrec.modules.embedding_configs import DataType
+
+    def config(name, data_type):
+        return torchrec.EmbeddingBagConfig(
+            name=name, embedding_dim=16, num_embeddings=100, feature_names=[name], data_type=data_type
+        )
+
+    m = ModelSpec.from_torchrec(
+        [config("h0", DataType.FP16), config("f", DataType.FP32), config("h1", DataType.FP16)], batch_size=64
+    )
+    assert m.table_dtypes == {"h0": DType.FP16, "f": DType.FP32, "h1": DType.FP16}
+    assert m.embedding_dtype is DType.FP16  # the most common one is the model's default
+    with pytest.raises(SpecError) as err:
+        ModelSpec.from_torchrec([config("f", DataType.FP32), config("q", DataType.INT8)], batch_size=64)
+    assert str(err.value) == (
+        "EmbeddingBagConfig: q.data_type: 'int8' is not a trainable embedding dtype (fp32, fp16, bf16); "
+        "fix: train the table in fp32, fp16 or bf16 and quantize it for inference"
+    )

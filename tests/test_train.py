@@ -138,7 +138,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--data", "hdfs:/x"], "--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH'"),
         (["--model", "/nonexistent.yaml"], "nonexistent.yaml"),
         (["--steps", "0"], "--steps"),
-        (["--ps-wire", "int8"], "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
+        (["--ps-wire", "int8"], "--ps-wire must be one of fp32 (float32), fp16 (float16), bf16 (bfloat16), got 'int8'"),
         (["--id-space", "0"], "--id-space must be a number in (0, 1000] (ids per table row), got 0.0"),
         (["--id-space", "500"], "--id-space 500: table 'c1' would draw from 100,000,000 ids"),
         (["--ps-capacity", "infinite"], "--ps-capacity must be planned or unbounded, got 'infinite'"),
@@ -354,10 +354,10 @@ def test_a_hand_edited_plan_is_run_exactly_as_written(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     executed = result["executed_plan"]
-    assert executed["c3"] == {"sharding": "column_wise", "kernel": "fused", "ranks": [1, 0]}
-    assert executed["c12"] == {"sharding": "row_wise", "kernel": "fused", "ranks": [0, 1]}
-    assert executed["c2"] == {"sharding": "table_wise", "kernel": "fused", "ranks": [1]}
-    assert executed["c21"] == {"sharding": "data_parallel", "kernel": "dense", "ranks": [0, 1]}
+    assert executed["c3"] == {"sharding": "column_wise", "kernel": "fused", "ranks": [1, 0], "dtype": "float32"}
+    assert executed["c12"] == {"sharding": "row_wise", "kernel": "fused", "ranks": [0, 1], "dtype": "float32"}
+    assert executed["c2"] == {"sharding": "table_wise", "kernel": "fused", "ranks": [1], "dtype": "float32"}
+    assert executed["c21"] == {"sharding": "data_parallel", "kernel": "dense", "ranks": [0, 1], "dtype": "float32"}
     assert executed["c1"] == {"servers": ["ps0", "ps1"]}
     assert result["executed_matches_plan"] is True
 
@@ -452,3 +452,39 @@ def test_cli_logs_every_step_and_a_resume_appends(tmp_path):
     assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5]
     assert [e.value for e in events.Scalars("loss")] == pytest.approx([line["loss"] for line in lines])
     assert (logs / "trainer0.log").read_text().count("==== trainer0 (pid ") == 2
+
+
+MIXED_DTYPES = """name: mixed
+batch_size: 128
+staleness: 4
+tables:
+  - {name: h16, rows: 5000, dim: 16, embedding_dtype: fp16}
+  - {name: f32, rows: 5000, dim: 16}
+  - {name: wide, rows: 200000, dim: 16, embedding_dtype: fp16}
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_plan_runs_with_the_staleness_wire_and_dtypes_it_was_priced_for(tmp_path):
+    model = tmp_path / "m.yaml"
+    model.write_text(MIXED_DTYPES)
+    path = tmp_path / "plan.json"
+    done = subprocess.run([*PERSIA, "plan", str(model), str(DEFAULT_TOPOLOGY), "--staleness", "0", "--ps-wire",
+                           "fp16", "--out", str(path)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = json.loads(path.read_text())
+    assert (written["staleness"], written["ps_wire_dtype"]) == (0, "fp16")
+    assert written["tables"]["wide"]["sharding"] == "ps_hash"  # 7 MB: over a trainer's 4 MiB
+    # Another K or wire than the plan's is refused before anything starts.
+    base = ["--model", str(model), "--plan", str(path)]
+    assert "priced for staleness K = 0, but this run trains" in one_line_error([*base, "--staleness", "2"])
+    assert "priced for parameter-server traffic in float16" in one_line_error([*base, "--ps-wire", "float32"])
+    quick = ["--steps", "3", "--eval-batches", "1", "--json"]
+    done = subprocess.run([*PERSIA, "train", *base, "--mode", "sync", *quick], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert (result["plan_staleness"], result["staleness"], result["ps_wire"]) == (0, 0, "float16")
+    executed = result["executed_plan"]
+    assert (executed["h16"]["dtype"], executed["f32"]["dtype"]) == ("float16", "float32")
+    assert executed["wide"] == {"servers": ["ps0", "ps1"]} and result["executed_matches_plan"] is True

@@ -162,18 +162,18 @@ def place_all(state: State, start: Start, previous: State | None = None) -> None
 
 def _order(state: State, tables: Sequence[TableSpec], start: Start) -> np.ndarray:
     """The order in which ``start`` places the tables (indices into ``tables``)."""
-    dtype = state.dtype
-    density = np.array([t.pooling_factor / t.row_bytes(dtype) / t.rows for t in tables])
+    dtype = state.dtype_of
+    density = np.array([t.pooling_factor / t.row_bytes(dtype(t)) / t.rows for t in tables])
     order = np.argsort(-density, kind="stable")
     if start.largest_first:
-        order = np.argsort(-np.array([t.bytes(dtype) for t in tables], dtype=float), kind="stable")
+        order = np.argsort(-np.array([t.bytes(dtype(t)) for t in tables], dtype=float), kind="stable")
     elif start.keep_local:
-        in_stores = np.array([state.ps_mem(t).sum() / t.bytes(dtype) for t in tables])
+        in_stores = np.array([state.ps_mem(t).sum() / t.bytes(dtype(t)) for t in tables])
         order = np.argsort(-in_stores, kind="stable")
     elif start.preferred:
         # The hint already says which tables deserve fast memory; what remains is packing: the big tables that
         # must be split go first, largest first, while every GPU still has room for its even share.
-        sizes = np.array([t.bytes(dtype) for t in tables], dtype=float)
+        sizes = np.array([t.bytes(dtype(t)) for t in tables], dtype=float)
         big = sizes > state.min_hbm
         by_size = np.argsort(-sizes, kind="stable")
         order = np.concatenate([by_size[big[by_size]], order[~big[order]]])

@@ -228,11 +228,11 @@ class DeviceChoice:
                 table, rows / table.rows, table.dim, option.tier, gpus, cache_fraction=option.cache_fraction
             )
             loads = cost.range_loads_sum(terms, gpus, twrw=False)
-            hbm, ddr = tier_bytes(table, option.tier, rows, table.dim, state.dtype, option.cache_fraction)
+            hbm, ddr = tier_bytes(table, option.tier, rows, table.dim, state.dtype_of(table), option.cache_fraction)
             mem = cost.shard_memory_sum(gpus, hbm, ddr)
         elif s is Sharding.DATA_PARALLEL:
             loads = cost.replica_loads(table)
-            replica = tier_bytes(table, Tier.HBM, table.rows, table.dim, state.dtype, replica=True)[0]
+            replica = tier_bytes(table, Tier.HBM, table.rows, table.dim, state.dtype_of(table), replica=True)[0]
             mem = cost.memory_vector(hbm=float(replica))
         else:
             # ps_hash: every server holds one bucket; shares follow the bucket row counts.
@@ -260,5 +260,5 @@ class DeviceChoice:
         loads = self.cost.range_shard_loads(
             table, rows / table.rows, table.dim, option.tier, gpus, cache_fraction=option.cache_fraction, twrw=twrw
         )
-        hbm, ddr = tier_bytes(table, option.tier, rows, table.dim, self.state.dtype, option.cache_fraction)
+        hbm, ddr = tier_bytes(table, option.tier, rows, table.dim, self.state.dtype_of(table), option.cache_fraction)
         return loads, self.cost.shard_memory(gpus, hbm, ddr)

@@ -24,7 +24,7 @@ class NextBestAlternatives:
 
     def alternatives(self, state: State, top: int) -> dict[str, tuple[Alternative, ...]]:
         """For the ``top`` largest tables: the best step time under each other (sharding, tier), best first."""
-        tables = sorted(state.cost.model.tables, key=lambda t: -t.bytes(state.dtype))[:top]
+        tables = sorted(state.cost.model.tables, key=lambda t: -t.bytes(state.dtype_of(t)))[:top]
         result = {}
         for table in tables:
             old = state.remove(table.name)
@@ -42,7 +42,7 @@ class NextBestAlternatives:
 
 def capacity_error(state: State, table: TableSpec) -> CapacityError:
     """Why ``table`` fits nowhere in ``state``: the resource that is short, by how much, and the fixes."""
-    cost, size = state.cost, table.bytes(state.dtype)
+    cost, size = state.cost, table.bytes(state.dtype_of(table))
     free_vector = state.cap - state.mem
     free = {
         "GPU HBM": float(cost.hbm_of(free_vector).sum()),

@@ -127,8 +127,8 @@ class BottleneckLocalSearch:
         """The colder table-wise tables of ``tier`` on one GPU (HBM) or host (DDR) whose bytes, with the free
         room there, fit ``table``: the set with the least traffic per step ([] when there is room already), or None
         when no GPU / host can make room."""
-        cost, dtype = state.cost, state.dtype
-        size = table.bytes(dtype)
+        cost = state.cost
+        size = table.bytes(state.dtype_of(table))
         heat = table.pooling_factor / table.rows
         by_slot: dict[int, list[tuple[float, int, str]]] = {}
         for other, choice in state.choices.items():
@@ -141,7 +141,7 @@ class BottleneckLocalSearch:
                 continue
             g = choice.gpus[0]
             slot = g if tier is Tier.HBM else int(cost.gpu_host[g])
-            by_slot.setdefault(slot, []).append((other_heat * spec.rows, spec.bytes(dtype), other))
+            by_slot.setdefault(slot, []).append((other_heat * spec.rows, spec.bytes(state.dtype_of(spec)), other))
         of = cost.hbm_of if tier is Tier.HBM else cost.ddr_of
         free = of(state.cap) - of(state.mem)
         if free.max() >= size:

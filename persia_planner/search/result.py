@@ -22,7 +22,7 @@ def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
 
 def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Sequence[int]) -> TablePlacement:
     """Turn an option and its devices into shards with row/column ranges and byte counts."""
-    topo, dtype = cost.topology, cost.dtype
+    topo, dtype = cost.topology, cost.dtype_of(table)
     names = [topo.gpus[g].name for g in gpus]
     fraction = option.cache_fraction if option.tier is Tier.HBM_CACHE else None
     s = option.sharding

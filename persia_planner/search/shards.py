@@ -58,7 +58,7 @@ class ShardTerms:
         if found is None:
             cost = self.cost
             terms = cost.range_shard_terms(table, 1.0, cols, tier, self.all_gpus, cache_fraction=cache_fraction)
-            hbm, ddr = tier_bytes(table, tier, table.rows, cols, cost.dtype, cache_fraction)
+            hbm, ddr = tier_bytes(table, tier, table.rows, cols, cost.dtype_of(table), cache_fraction)
             found = self._range[key] = RangeTerms(terms, float(hbm), float(ddr))
         return found
 
@@ -75,7 +75,7 @@ class ShardTerms:
 
     def size(self, table: TableSpec) -> int:
         """The table's bytes (weights and optimizer state)."""
-        return self.whole(("size", table.name), lambda: table.bytes(self.cost.dtype))  # type: ignore[return-value]
+        return self.whole(("size", table.name), lambda: table.bytes(self.cost.dtype_of(table)))  # type: ignore[return-value]
 
     def whole(self, key: Hashable, compute: Callable[[], object]) -> object:
         """The value of ``compute()`` (a placement's vectors that depend on nothing but the table), kept by ``key``."""

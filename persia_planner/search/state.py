@@ -85,7 +85,7 @@ class State:
         self.specs = {t.name: t for t in cost.model.tables}
         lay = cost.layout
         self.n_gpus, self.n_hosts, self.n_servers = lay.n_gpus, lay.n_hosts, lay.n_servers
-        self.dtype = cost.dtype
+        self.dtype_of = cost.dtype_of
         self.host_gpus = cost.host_gpus()  # not a pass over the GPUs per host: hosts x GPUs
         self.min_hbm = min(cost.topology.hbm_capacity(g) for g in cost.topology.gpus)
         # Table-row-wise needs the same GPU count on every host (TorchRec's layout); so do we.
@@ -318,7 +318,7 @@ class State:
 
     def ps_mem(self, table: TableSpec) -> np.ndarray:
         """DDR bytes each server's store takes for the table."""
-        return tier_bytes(table, Tier.PS, self.ps_rows(table), table.dim, self.dtype)[1]
+        return tier_bytes(table, Tier.PS, self.ps_rows(table), table.dim, self.cost.dtype_of(table))[1]
 
     def ps_holds(self, table: TableSpec) -> bool:
         """Whether no server would hold more of the table's rows than its store can (see memory.PS_MAX_ROWS)."""
