@@ -34,6 +34,7 @@ from persia_planner.limits import MAX_STALENESS
 
 if TYPE_CHECKING:
     from persia_planner.plans import Plan
+    from persia_planner.specs import ModelSpec
     from persia_planner.topology import Topology
 
 __all__ = ["app", "main"]
@@ -68,6 +69,21 @@ def plan_command(
         str | None,
         typer.Option("--ps-wire", help="plan for PS traffic in this dtype: fp32, fp16 or bf16 (default: model's)"),
     ] = None,
+    tune: Annotated[
+        bool,
+        typer.Option(
+            "--tune",
+            help="run the plan, its best alternatives and TorchRec's planner's plan on this machine (synthetic "
+            "data, the topology's trainers and servers), and keep the fastest measured",
+        ),
+    ] = False,
+    tune_budget: Annotated[
+        float, typer.Option("--tune-budget", min=1.0, help="seconds --tune may run candidates for (at least a round)")
+    ] = 120.0,
+    tune_steps: Annotated[int, typer.Option("--tune-steps", min=5, help="training steps of each timed run")] = 40,
+    tune_candidates: Annotated[
+        int, typer.Option("--tune-candidates", min=1, help="plans of our search --tune runs (TorchRec's on top)")
+    ] = 3,
 ) -> None:
     """Place every table of MODEL on TOPOLOGY; print the per-device and per-table reports and the estimate."""
     from persia_planner import load_model, load_topology
@@ -96,6 +112,9 @@ def plan_command(
         # Only --explain prints the alternatives: without it, the search need not score them.
         result = make_plan(model_spec, topo, seed=seed, **({} if explain else {"explain_top": 0}))
         require_valid(result, model_spec, topo)
+        if tune:
+            result = _tuned(result, model_spec, topo, seed, tune_budget, tune_steps, tune_candidates)
+            require_valid(result, model_spec, topo)
         if out is not None:
             write_file(out, "the plan", result.save)
         if png is not None:
@@ -113,6 +132,56 @@ def plan_command(
         for written in (out, png):
             if written is not None:
                 note(f"wrote {written}", to_stderr=False)
+
+
+def _tuned(
+    searched: Plan, model: ModelSpec, topo: Topology, seed: int, budget_s: float, steps: int, candidates: int
+) -> Plan:
+    """``persia plan --tune``: the candidates run here under a progress bar on stderr; the fastest measured."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from persia_planner.modules.stack import require_training_stack
+    from persia_planner.topology import DeviceKind
+
+    require_training_stack("persia plan --tune")
+    if len(topo.trainers) != 1:
+        raise PlannerError(
+            f"--tune runs the candidates on this machine, and topology {topo.name!r} has {len(topo.trainers)} trainer "
+            "hosts",
+            fixes=("tune on a topology of this machine (one trainer host), then plan the cluster with what it chose",),
+        )
+    if topo.device_kind is DeviceKind.GPU:
+        import torch
+
+        if torch.cuda.device_count() < len(topo.gpus):
+            raise PlannerError(
+                f"--tune runs the candidates on this machine, which has {torch.cuda.device_count()} GPUs; topology "
+                f"{topo.name!r} has {len(topo.gpus)}",
+                fixes=("tune where the topology's GPUs are",),
+            )
+    from persia_planner.modules.tune import tune
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=make_console(stderr=True)
+    ) as progress:
+        task = progress.add_task("tuning: planning the candidates", total=budget_s)
+        started = [0.0]
+
+        def runs(found) -> None:
+            started[0] = time.monotonic()
+            names = ", ".join(r.name for r in found)
+            progress.update(task, description=f"tuning {len(found)} candidates ({names})")
+
+        def ran(name: str, rate: float | None) -> None:
+            done = f"{rate:,.0f} samples/s" if rate is not None else "failed"
+            progress.update(task, completed=time.monotonic() - started[0], description=f"tuning: {name} {done}")
+
+        tuned = tune(searched, model, topo, budget_s=budget_s, steps=steps, limit=candidates, seed=seed,
+                     on_runs=runs, on_run=ran)  # fmt: skip
+        progress.update(task, completed=budget_s)
+    return tuned
 
 
 def _write_picture(png: Path, topo: Topology, placed: Plan | None = None) -> None:

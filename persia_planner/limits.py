@@ -38,6 +38,8 @@ __all__ = [
     "MAX_TFLOPS",
     "MAX_TOPOLOGY_LINKS",
     "MAX_TOPOLOGY_NODES",
+    "MAX_TUNING_CANDIDATES",
+    "MAX_TUNING_ROUNDS",
     "MAX_ZIPF_ALPHA",
 ]
 
@@ -101,6 +103,12 @@ MAX_LAYERS = 100
 """Layers of one MLP of the dense arch, and DCN-v2 cross layers (``dense.dcn_layers``)."""
 
 # ---- plan.json ----------------------------------------------------------------------------------------------------
+MAX_TUNING_CANDIDATES = 64
+"""Candidate plans a plan.json ``tuning`` record may list."""
+
+MAX_TUNING_ROUNDS = 1000
+"""Timed runs of one candidate a plan.json ``tuning`` record may list."""
+
 MAX_SHARDS_PER_TABLE = 100_000
 """Shards of one table in plan.json: a shard per GPU or per hash bucket of a parameter server, far fewer than this in
 any cluster the planner is given; a list of 200,000 copied shards is refused before each is read."""

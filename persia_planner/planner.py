@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
-from persia_planner.errors import CapacityError
+from persia_planner.errors import CapacityError, PlannerError
 from persia_planner.memory import ps_holds, ps_rows_error
+from persia_planner.placement import Sharding, TablePlacement
 from persia_planner.plans import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, SearchConfig, Searcher
 from persia_planner.specs import DType, ModelSpec
 from persia_planner.topology import Topology
 from persia_planner.units import format_bytes
 
-__all__ = ["Planner", "plan"]
+__all__ = ["CANDIDATE_FAMILIES", "Planner", "candidate_plans", "plan", "priced_plan"]
 
 
 class Planner:
@@ -35,19 +39,7 @@ class Planner:
         cost = CostModel(model, topology)
         bound = lower_bound(cost)
         result = self.searcher.search(cost, bound)
-        estimate, mem = cost.evaluate(result.placements)
-        return Plan(
-            model=model.name,
-            topology=topology.name,
-            tables=result.placements,
-            devices=usage_of(cost, estimate, mem, result.placements),
-            step_ms=estimate.step_ms,
-            lower_bound_ms=bound.value_ms,
-            samples_per_s=estimate.samples_per_s,
-            alternatives=result.alternatives,
-            staleness=model.staleness,
-            ps_wire_dtype=model.ps_wire_dtype,
-        )
+        return priced_plan(cost, result.placements, lower_bound_ms=bound.value_ms, alternatives=result.alternatives)
 
 
 def plan(
@@ -65,6 +57,91 @@ def plan(
     """
     config = SearchConfig(seed=seed, improve_time_s=improve_time_s, explain_top=explain_top)
     return Planner(GreedyLocalSearch(config)).plan(model, topology)
+
+
+def priced_plan(
+    cost: CostModel,
+    placements: Mapping[str, TablePlacement],
+    *,
+    lower_bound_ms: float,
+    alternatives: Mapping[str, Any] | None = None,
+) -> Plan:
+    """``placements`` as a :class:`Plan` of ``cost``'s model and topology: its estimate, its devices' usage, and the
+    K and PS wire dtype it was priced for.
+
+    Args:
+        cost: The cost model of the model and topology.
+        placements: Every table's placement (the search's, or another planner's).
+        lower_bound_ms: The bound to report beside it.
+        alternatives: The search's explanations, if any.
+    """
+    model = cost.model
+    estimate, mem = cost.evaluate(placements)
+    return Plan(
+        model=model.name,
+        topology=cost.topology.name,
+        tables=dict(placements),
+        devices=usage_of(cost, estimate, mem, placements),
+        step_ms=estimate.step_ms,
+        lower_bound_ms=lower_bound_ms,
+        samples_per_s=estimate.samples_per_s,
+        alternatives=dict(alternatives or {}),
+        staleness=model.staleness,
+        ps_wire_dtype=model.ps_wire_dtype,
+    )
+
+
+_SPLITS = frozenset({Sharding.ROW_WISE, Sharding.COLUMN_WISE, Sharding.TABLE_ROW_WISE, Sharding.TABLE_COLUMN_WISE})
+CANDIDATE_FAMILIES: tuple[tuple[str, frozenset[Sharding]], ...] = (
+    ("search", frozenset(Sharding)),
+    ("whole tables", frozenset(Sharding) - _SPLITS),
+    ("no replicas", frozenset(Sharding) - {Sharding.DATA_PARALLEL}),
+    ("no row splits", frozenset(Sharding) - {Sharding.ROW_WISE, Sharding.TABLE_ROW_WISE}),
+    ("table-wise only", frozenset({Sharding.TABLE_WISE, Sharding.PS_HASH})),
+)
+"""The searches whose plans :func:`candidate_plans` offers, by name: the full search, then the same search kept from
+kinds of sharding whose run-time cost the model prices least surely (a split table's input distribution and extra
+output collectives, a replica's all-reduce)."""
+
+
+def candidate_plans(
+    model: ModelSpec,
+    topology: Topology,
+    *,
+    limit: int = 4,
+    seed: int = 0,
+    improve_time_s: float = 5.0,
+    first: Plan | None = None,
+) -> list[tuple[str, Plan]]:
+    """The plans worth measuring (``persia plan --tune``): the search's, then its best distinct alternatives.
+
+    Each of :data:`CANDIDATE_FAMILIES` is searched; a family that cannot place the model (a table too big for any
+    option it keeps) is skipped, and one whose plan equals an earlier one's is dropped. The search's own plan comes
+    first, the others by their estimate.
+
+    Args:
+        model: The model (with the run's K and wire, :func:`.specs.with_run_options`).
+        topology: The cluster.
+        limit: At most this many plans.
+        seed: Seed of each search.
+        improve_time_s: Local-search budget of each search.
+        first: The search's plan, if already made (saves searching it again).
+    """
+    found: list[tuple[str, Plan]] = []
+    for name, shardings in CANDIDATE_FAMILIES:
+        if len(found) >= limit:
+            break
+        if name == "search" and first is not None:
+            found.append((name, first))
+            continue
+        config = SearchConfig(seed=seed, improve_time_s=improve_time_s, shardings=shardings, explain_top=0)
+        try:
+            candidate = Planner(GreedyLocalSearch(config)).plan(model, topology)
+        except PlannerError:
+            continue
+        if all(dict(candidate.tables) != dict(other.tables) for _, other in found):
+            found.append((name, candidate))
+    return found[:1] + sorted(found[1:], key=lambda item: item[1].step_ms)
 
 
 def check_capacity(model: ModelSpec, topology: Topology) -> None:

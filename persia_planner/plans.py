@@ -18,6 +18,7 @@ from persia_planner.fields import Fields, load_json
 from persia_planner.limits import MAX_OF_KIND, MAX_SHARDS_PER_TABLE, MAX_STALENESS
 from persia_planner.placement import Mode, Shard, Sharding, TablePlacement, Tier
 from persia_planner.specs import DType
+from persia_planner.tuning import Tuning
 from persia_planner.units import Quantity
 
 __all__ = [
@@ -57,6 +58,7 @@ class Plan:
         staleness: The staleness bound K the plan was priced for (None: not recorded, a plan of an older writer or
             of another planner). Only a plan with parameter-server tables depends on it.
         ps_wire_dtype: The dtype its parameter-server traffic was priced in (None: not recorded).
+        tuning: What ``persia plan --tune`` measured of the candidates, and which it kept (None: not tuned).
     """
 
     model: str
@@ -69,6 +71,7 @@ class Plan:
     alternatives: Mapping[str, Any] = field(default_factory=dict, compare=False)
     staleness: int | None = None
     ps_wire_dtype: DType | None = None
+    tuning: Tuning | None = None
 
     @property
     def quality(self) -> float:
@@ -103,6 +106,7 @@ class Plan:
                 "lower_bound_ms": round(self.lower_bound_ms, 4),
                 "samples_per_s": round(self.samples_per_s, 1),
             },
+            **({"tuning": self.tuning.to_dict()} if self.tuning is not None else {}),
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -184,6 +188,8 @@ class Plan:
         if estimate is not None:
             numbers = {k: estimate.take(k, Quantity.NUMBER, default=0.0) for k in numbers}
             estimate.finish()
+        tuning_fields = top.sub("tuning", default=None)
+        tuning = Tuning.from_fields(tuning_fields) if tuning_fields is not None else None
         top.finish()
         return cls(
             model,
@@ -195,6 +201,7 @@ class Plan:
             numbers["samples_per_s"],
             staleness=staleness,
             ps_wire_dtype=wire,
+            tuning=tuning,
         )
 
 

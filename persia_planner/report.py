@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from persia_planner.plans import Plan
+    from persia_planner.tuning import Tuning
 
 __all__ = [
     "DeviceRow",
@@ -460,7 +461,26 @@ def print_plan(
         console.print(table)
     if explain:
         console.print(render_explanation(plan, model, topology))
+    if plan.tuning is not None:
+        console.print(_rich_table(*_tuning_table(plan.tuning), packed=False))
     console.print(summary(plan), soft_wrap=True, markup=False, highlight=False)
+
+
+def _tuning_table(tuning: Tuning) -> tuple[str, tuple[tuple[str, str], ...], list[tuple[str, ...]]]:
+    """``persia plan --tune``'s measurements: a row per candidate, the one kept marked (cells escaped: an error line
+    may hold brackets, which rich would read as markup)."""
+    from rich.markup import escape
+
+    title = f"tuning ({tuning.steps}-step runs here, the fastest kept)"
+    columns = (("candidate", "left"), ("estimate ms", "right"), ("runs", "right"), ("median samples/s", "right"))
+    columns += (("", "left"),)
+    rows = []
+    for c in tuning.candidates:
+        estimate = f"{c.estimate_step_ms:.2f}" if math.isfinite(c.estimate_step_ms) else "-"
+        measured = f"{c.median_samples_per_s:,.0f}" if c.samples_per_s else (c.error or "not run")
+        kept = "kept" if c.name == tuning.chosen else ""
+        rows.append((escape(c.name), estimate, str(len(c.samples_per_s)), escape(measured), kept))
+    return title, columns, rows
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from persia_planner.export import (
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
 from persia_planner.plans import Plan
 from persia_planner.specs import ModelSpec, TableSpec
-from persia_planner.topology import Topology
+from persia_planner.topology import DeviceKind, Topology
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.planner import Topology as TorchRecTopology
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = [
     "from_sharding_options",
     "meta_collection",
+    "plan_with_torchrec",
     "score_with_torchrec",
     "shardings_from_plan",
     "to_sharding_options",
@@ -293,6 +294,54 @@ def to_torchrec_topology(topology: Topology, *, compute_device: str = "cuda") ->
     from torchrec.distributed.planner import Topology as TorchRecTopology
 
     return TorchRecTopology(compute_device=compute_device, **torchrec_topology_kwargs(topology))
+
+
+def plan_with_torchrec(model: ModelSpec, topology: Topology) -> dict[str, TablePlacement]:
+    """TorchRec's own ``EmbeddingShardingPlanner``'s plan of ``model`` on ``topology``, as our placements.
+
+    Planned as a TorchRec user would: TorchRec's default enumerator, proposers, partitioner, storage reservation and
+    perf model, the tables' pooling factors as ``ParameterConstraints``, a batch of ``batch_size / ranks`` per rank.
+    CPU trainer devices are planned with ``compute_device="cpu"``, each rank holding its device's memory budget
+    (TorchRec counts CPU tables in DDR); GPUs with ``"cuda"``, HBM and the host DDR split over its GPUs. Runs in this
+    process on the meta device (no memory is allocated).
+
+    Raises:
+        PlannerError: TorchRec's planner found no plan that fits (kind ``capacity``), or the hosts differ in GPU
+            count (TorchRec has one local world size).
+    """
+    import logging
+
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner import Topology as TorchRecTopology
+
+    args = torchrec_topology_kwargs(topology)
+    cpu = topology.device_kind is DeviceKind.CPU
+    if cpu:
+        args["ddr_cap"] = min(g.hbm_bytes for g in topology.gpus)
+    planner = EmbeddingShardingPlanner(
+        topology=TorchRecTopology(compute_device="cpu" if cpu else "cuda", **args),
+        batch_size=max(1, model.batch_size // len(topology.gpus)),
+        constraints=torchrec_constraints(model),
+        debug=False,
+    )
+    # TorchRec logs its plan at INFO, its failure at ERROR before raising it, and a warning per table on the root
+    # logger: the caller gets the plan or one line.
+    quiet = [logging.getLogger("torchrec.distributed.planner"), logging.getLogger()]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        sharding_plan = planner.plan(module=meta_collection(model), sharders=[EmbeddingBagCollectionSharder()])
+    except Exception as err:  # TorchRec's PlannerError, RuntimeError, ...: one line of ours
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise PlannerError(
+            f"TorchRec's planner found no plan: {first}", kind=ErrorKind.CAPACITY, fixes=("plan with persia plan",)
+        ) from None
+    finally:
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
+    return from_sharding_options(shardings_from_plan(sharding_plan, model), model, topology)
 
 
 # ---- TorchRec -> plan ------------------------------------------------------------------------------------------
