@@ -10,7 +10,8 @@
    tensors' bytes on the trainers, resident memory on the servers).
 
 Prints a table per term and writes JSON (``--json OUT``) with ``cases``, ``median_abs_error``, ``worst_abs_error``,
-``ranking_correct`` (and ``ranking``), ``memory_max_abs_error`` (and ``memory``) and ``calibrate_s``.
+``ranking_correct`` (and ``ranking``), ``memory_max_abs_error`` (and ``memory``), ``calibrate_s``, ``by_sharding``
+(per sharding type: the cases whose plan uses it, their median and worst |error|) and ``ps_cases``.
 
     python benchmarks/cost_model.py --quick --json out.json
 """
@@ -18,6 +19,7 @@ Prints a table per term and writes JSON (``--json OUT``) with ``cases``, ``media
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -33,6 +35,7 @@ from rich.table import Table
 from persia_planner import CostModel, ModelSpec, SearchConfig, Tier, load_topology
 from persia_planner.modules.data.criteo_format import NUM_INTEGER
 from persia_planner.modules.data.synthetic import ZIPF_ALPHA
+from persia_planner.placement import Sharding
 from persia_planner.planner import Planner
 from persia_planner.search import GreedyLocalSearch
 from persia_planner.specs import DenseSpec, TableSpec
@@ -57,6 +60,7 @@ class Case:
     staleness: int = 4
     mode: str = "hybrid"
     tiers: tuple[str, ...] = ()  # restrict the search (e.g. ("hbm",): all local)
+    shardings: tuple[str, ...] = ()  # restrict the search's sharding types (e.g. ("row_wise",): every table split)
 
     def model(self) -> ModelSpec:
         # Ids as the synthetic data draws them: Zipf over every row of the table (TrainConfig teacher_rows_scale=1).
@@ -79,6 +83,18 @@ def cases() -> list[Case]:
         Case("batch 1024", batch=1024, memory="4MiB"),
         Case("one PS process", memory="4MiB", servers=1),
         Case("26 tables", tables=26, rows=5_000, memory="4MiB"),
+        # Each TorchRec sharding type a CPU cluster runs, every table placed by it, three cases each.
+        Case("row_wise", memory="256MiB", shardings=("row_wise",)),
+        Case("row_wise, pooling 4", memory="256MiB", pooling=4.0, shardings=("row_wise",)),
+        Case("row_wise, dim 64", dim=64, rows=5_000, big_rows=50_000, memory="256MiB", shardings=("row_wise",)),
+        Case("column_wise, dim 32", dim=32, memory="256MiB", shardings=("column_wise",)),
+        Case("column_wise, dim 64", dim=64, rows=5_000, big_rows=50_000, memory="256MiB", shardings=("column_wise",)),
+        Case("column_wise, pooling 4", dim=32, pooling=4.0, memory="256MiB", shardings=("column_wise",)),
+        Case("data_parallel", rows=500, big_rows=2_000, memory="256MiB", shardings=("data_parallel",)),
+        Case("data_parallel, dim 64", dim=64, rows=500, big_rows=1_000, memory="256MiB", shardings=("data_parallel",)),
+        Case(
+            "data_parallel, 26 tables", tables=26, rows=300, big_rows=300, memory="256MiB", shardings=("data_parallel",)
+        ),
     ]
 
 
@@ -98,8 +114,22 @@ def topology_for(case: Case, profile: Path, folder: Path) -> Path:
 def plan_for(case: Case, model: ModelSpec, topology: Any) -> Any:
     config = SearchConfig(seed=0, improve_time_s=1.0)
     if case.tiers:
-        config = SearchConfig(seed=0, improve_time_s=1.0, tiers=frozenset({*(Tier(t) for t in case.tiers)}))
+        config = dataclasses.replace(config, tiers=frozenset(Tier(t) for t in case.tiers))
+    if case.shardings:
+        config = dataclasses.replace(config, shardings=frozenset(Sharding(s) for s in case.shardings))
     return Planner(GreedyLocalSearch(config)).plan(model, topology)
+
+
+def by_sharding(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per sharding type: the cases whose plan uses it, their median and worst |error|."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        for sharding in r["shardings"]:
+            out.setdefault(sharding, {"cases": []})["cases"].append(r["name"])
+    for sharding, entry in out.items():
+        errors = [abs(r["error"]) for r in results if sharding in r["shardings"]]
+        entry.update(median_abs_error=statistics.median(errors), worst_abs_error=max(errors))
+    return dict(sorted(out.items()))
 
 
 def measure(case: Case, model: ModelSpec, tables: dict[str, Any], topology: Any, steps: int) -> dict[str, Any]:
@@ -146,6 +176,7 @@ def run_plan(
     return {
         "name": name or case.name,
         "ps_tables": sorted(t for t, p in tables.items() if p.sharding.value == "ps_hash"),
+        "shardings": sorted({p.sharding.value for p in tables.values()}),
         "predicted_ms": estimate.step_ms,
         "measured_ms": result["step_ms"],
         "error": estimate.step_ms / result["step_ms"] - 1,
@@ -273,12 +304,22 @@ def main(argv: list[str] | None = None) -> int:
         "ranking_correct": ranked["ranking_correct"],
         "memory_max_abs_error": memory["memory_max_abs_error"],
         "memory": memory["cases"],
+        "by_sharding": by_sharding(results),
+        "ps_cases": sum("ps_hash" in r["shardings"] for r in results),
     }
     console.print(step_table("cost model: predicted vs measured step (ms)", results))
     console.print(
         f"median |error| {out['median_abs_error']:.0%} (target <= 15%), worst {out['worst_abs_error']:.0%} "
         "(target <= 30%); terms are predicted / measured ('-': not measured in runs with PS tables)"
     )
+    per_type = Table(title="by sharding type (the cases whose plan uses it)")
+    for column in ("sharding", "cases", "median |error|", "worst |error|"):
+        per_type.add_column(column, justify="left" if column == "sharding" else "right")
+    for sharding, entry in out["by_sharding"].items():
+        per_type.add_row(
+            sharding, str(len(entry["cases"])), f"{entry['median_abs_error']:.0%}", f"{entry['worst_abs_error']:.0%}"
+        )
+    console.print(per_type)
     console.print(step_table("ranking: three plans of one model (ms)", ranked["plans"]))
     console.print(memory_table(memory["cases"]))
     console.print(
