@@ -27,6 +27,7 @@ from persia_planner.export import (
     torchrec_shardings,
     uniform_hosts,
 )
+from persia_planner.kinds import TIER_OF_KERNEL
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
 from persia_planner.plans import Plan
 from persia_planner.specs import ModelSpec, TableSpec
@@ -46,13 +47,6 @@ __all__ = [
     "torchrec_constraints",
     "torchrec_topology_kwargs",
 ]
-
-_TIER_OF_KERNEL: Mapping[str, Tier] = {
-    "fused": Tier.HBM,
-    "dense": Tier.HBM,
-    "fused_uvm": Tier.DDR,
-    "fused_uvm_caching": Tier.HBM_CACHE,
-}
 
 
 def shardings_from_plan(sharding_plan: Any, model: ModelSpec) -> list[TorchRecSharding]:
@@ -349,7 +343,7 @@ def _placement_of(table: TableSpec, entry: TorchRecSharding, model: ModelSpec, t
                 "table_column_wise/data_parallel",
             ),
         )
-    tier = _TIER_OF_KERNEL.get(entry.compute_kernel)
+    tier = TIER_OF_KERNEL.get(entry.compute_kernel)
     if tier is None or (entry.compute_kernel == DATA_PARALLEL_KERNEL) != (sharding is Sharding.DATA_PARALLEL):
         if tier is None:
             problem = f"TorchRec compute kernel {entry.compute_kernel!r} has no persia tier"
