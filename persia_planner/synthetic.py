@@ -59,6 +59,7 @@ def model_dict(model: ModelSpec) -> dict:
                 "pooling_factor": t.pooling_factor,
                 "optimizer": t.optimizer.value,
                 "zipf_alpha": t.zipf_alpha,
+                **({"constraints": t.constraints.to_dict()} if t.constraints.constrained else {}),
             }
             for t in model.tables
         ],
