@@ -326,6 +326,11 @@ BAD_INPUTS = [
         "fix: name trainer devices (e.g. trainer0/gpu0) or parameter servers (e.g. ps0)",
     ),
     (
+        ("validate", BAD / "model_constraint_unknown_device.yaml", TOPOLOGY, BAD / "not_read.json"),
+        "table 'user': constraints.devices names 'trainer2/gpu0', which topology '2x4-l4-2ps' does not have; "
+        "fix: name trainer devices (e.g. trainer0/gpu0) or parameter servers (e.g. ps0)",
+    ),
+    (
         _plan_model("model_constraint_no_pair.yaml"),
         "model_constraint_no_pair.yaml: tables[0].constraints.tiers: table 'user': sharding_types [ps_hash], "
         "tiers [hbm] have no pair in common (ps_hash runs on ps); fix: allow a tier that one of its sharding types "
