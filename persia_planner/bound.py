@@ -1,10 +1,12 @@
 """A lower bound on the step time that no plan can beat under the same cost model.
 
-It covers every plan that passes ``plan.validate`` and is built from the search's options: ``hbm_cache`` shards use
-the constants' ``cache_fractions``, and a ``table_row_wise`` table spans every GPU of its host (as TorchRec lays it
-out). Other valid plans may beat it: a cache of another size (the hit rate is concave in the size, so the step is
-convex in it and a size between two options can beat both), or a table-row-wise table on part of a host (the cost
-model charges each shard 1/n of the host's output, as if all n GPUs of the host held one).
+It covers every plan that passes ``plan.validate`` and is built from the search's options: ``hbm_cache`` shards
+cache between ``access.MIN_CACHE_FRACTION`` and all of the rows (or the share a table's constraints fix), and a
+``table_row_wise`` table spans every GPU of its host (as TorchRec lays it out). Other valid plans may beat it: a
+smaller cache, or a table-row-wise table on part of a host (the cost model charges each shard 1/n of the host's
+output, as if all n GPUs of the host held one). Every cache size at once: the hit rate is concave in the size, so
+the terms of the tangents' envelope (:func:`.access.hit_rate_envelope`), linear in the size between its corners,
+are at most the true terms there, and least at a corner.
 
 Derivation (Lagrangian relaxation). With the step formula of ``cost.py`` (staleness K), every plan has
 
@@ -22,10 +24,11 @@ the busiest. (S plus the busiest NIC is no bound: where hosts differ, the GPUs b
 sync work than the average, and the step is then below it.) So step >= S + A_r with those A_r.
 
 For any weights lam on the simplex a convex combination of these functionals is then a bound. Each is a sum over
-tables of a term that depends only on the table's *tier*, taken at its smallest over every device and sharding of
-that tier (lookup bytes at the tier's fastest bandwidth; pooled output at the cheapest all-to-all owner under the
-functional's weights); an option whose bytes alone exceed an aggregate capacity is in no plan. Capacity of the
-aggregate HBM, trainer DDR and PS DDR is priced into the objective with multipliers mu >= 0:
+tables of a term that depends only on the table's *tier* (of those its ``constraints:`` allow), taken at its
+smallest over every device and sharding of that tier (lookup bytes at the tier's fastest bandwidth; pooled output
+at the cheapest all-to-all owner under the functional's weights); an option whose bytes alone exceed an aggregate
+capacity is in no plan. Capacity of the aggregate HBM, trainer DDR and PS DDR is priced into the objective with
+multipliers mu >= 0:
 
     L(lam, mu) = lam_S * fixed + sum_t min_o [ c_t(o; lam) + mu . mem_t(o) ] - mu . capacity
 
@@ -40,7 +43,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from persia_planner.cost import CostModel, zipf_hit_rate
+from persia_planner.access import MAX_CACHE_FRACTION, MIN_CACHE_FRACTION, hit_rate_envelope, zipf_hit_rate
+from persia_planner.constraint_checks import placeable
+from persia_planner.cost import CostModel
+from persia_planner.kinds import Sharding
 from persia_planner.memory import (
     FBGEMM_CACHE_INDEX_BYTES_PER_ROW,
     FBGEMM_CACHE_STATE_BYTES_PER_SLOT,
@@ -48,6 +54,7 @@ from persia_planner.memory import (
     ps_holds,
 )
 from persia_planner.placement import Tier, even_split, tier_bytes
+from persia_planner.specs import TableSpec
 
 __all__ = ["MAX_WEIGHTINGS", "LowerBound", "TierChoice", "lower_bound", "lower_bound_ms"]
 
@@ -57,19 +64,41 @@ _HINT_TRUST = 1.3
 MAX_WEIGHTINGS = 100
 
 
-def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _cache_points(cost: CostModel, table: TableSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The cache sizes of ``table``'s ``hbm_cache`` columns and a hit rate at each, at least the modelled one: the
+    corners of the hit rate's tangent envelope over every size the search may build (and the size where the bound's
+    cache memory bends, ``G / rows``), or the one size its constraints fix, in every column."""
+    G = cost.layout.n_gpus
+    fixed = table.constraints.cache_fraction
+    n = _cache_columns()
+    if fixed is not None:
+        return np.full(n, fixed), np.full(n, zipf_hit_rate(table.zipf_alpha, table.rows, fixed))
+    lo = min((MIN_CACHE_FRACTION, *cost.constants.cache_fractions))
+    return hit_rate_envelope(table.zipf_alpha, table.rows, lo, MAX_CACHE_FRACTION, knots=(G / table.rows,))
+
+
+def _cache_columns() -> int:
+    """How many ``hbm_cache`` columns every table has (see :func:`_cache_points`)."""
+    return len(hit_rate_envelope(0.0, 2, MIN_CACHE_FRACTION, MAX_CACHE_FRACTION, knots=(1.0,))[0])
+
+
+def _table_terms(
+    cost: CostModel,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per table x tier option, each summed over GPUs (T x O): sync time counting the GPU's own memory path, sync
     time counting its host's shared DDR instead; async terms (R x T x O); NIC terms, one per weighting of the hosts
-    (W x T x O); memory (3 x T x O).
+    (W x T x O); memory (3 x T x O); the cache fraction of each option (T x O, 0 but for hbm_cache).
 
-    Option columns: hbm, ddr, hbm_cache for each cache fraction, data_parallel, ps.
+    Option columns: hbm, ddr, hbm_cache at each of :func:`_cache_points`, data_parallel, ps. An option a table's
+    constraints rule out costs inf (unless they rule out every option that fits: then none is ruled out, and no plan
+    exists anyway).
     """
     lay, c = cost.layout, cost.constants
     G, H = lay.n_gpus, lay.n_hosts
     tables = cost.model.tables
-    fractions = list(c.cache_fractions)
-    n_opt = 3 + len(fractions) + 1
-    dp, ps = 2 + len(fractions), 3 + len(fractions)
+    n_cache = _cache_columns()
+    n_opt = 3 + n_cache + 1
+    dp, ps = 2 + n_cache, 3 + n_cache
     T = len(tables)
     sync = np.full((T, n_opt), np.inf)
     sync_ddr = np.zeros((T, n_opt))
@@ -107,18 +136,21 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     sync_ddr[:, :dp] = exchange[:, None]  # the overhead is GPU time, not host-DDR time
     sync_ddr[:, 1] += moved * host_ddr
     charge(1, Tier.DDR)
-    for j, f in enumerate(fractions):
-        hit = np.array([zipf_hit_rate(t.zipf_alpha, t.rows, f) for t in tables])
-        sync[:, 2 + j] = hit * moved / hbm_bw + (1 - hit) * moved / uvm_bw + out
-        sync_ddr[:, 2 + j] += (1 - hit) * moved * host_ddr
-        # fbgemm rounds each shard's cache up to whole sets of slots; any cut into at most G row pieces holds at least
-        # rows * f - G slots (each piece's floor loses less than one), and every row keeps its index entry.
-        for i, t in enumerate(tables):
-            hbm, ddr = fbgemm_bytes(t, t.rows, t.dim, dtypes[i], managed=True)
-            slots = max(0.0, t.rows * f - G)
-            mem[0, i, 2 + j] = float(hbm) + t.rows * FBGEMM_CACHE_INDEX_BYTES_PER_ROW
-            mem[0, i, 2 + j] += slots * (t.dim * dtypes[i].n_bytes + FBGEMM_CACHE_STATE_BYTES_PER_SLOT)
-            mem[1, i, 2 + j] = float(ddr)
+    fractions = np.zeros((T, n_opt))
+    points = [_cache_points(cost, t) for t in tables]
+    cache = slice(2, 2 + n_cache)
+    fractions[:, cache] = np.array([f for f, _ in points])
+    hit = np.array([h for _, h in points])
+    sync[:, cache] = hit * (moved / hbm_bw)[:, None] + (1 - hit) * (moved / uvm_bw)[:, None] + out[:, None]
+    sync_ddr[:, cache] += (1 - hit) * (moved * host_ddr)[:, None]
+    # fbgemm rounds each shard's cache up to whole sets of slots; any cut into at most G row pieces holds at least
+    # rows * f - G slots (each piece's floor loses less than one), and every row keeps its index entry.
+    for i, t in enumerate(tables):
+        hbm, ddr = fbgemm_bytes(t, t.rows, t.dim, dtypes[i], managed=True)
+        slots = np.maximum(0.0, t.rows * fractions[i, cache] - G)
+        mem[0, i, cache] = float(hbm) + t.rows * FBGEMM_CACHE_INDEX_BYTES_PER_ROW
+        mem[0, i, cache] += slots * (t.dim * dtypes[i].n_bytes + FBGEMM_CACHE_STATE_BYTES_PER_SLOT)
+        mem[1, i, cache] = float(ddr)
     # data-parallel: a replica on every GPU (weights, state and DDP's gradient), whose gradients join the all-reduce.
     replicas = np.array(
         [float(tier_bytes(t, Tier.HBM, t.rows, t.dim, d, replica=True)[0]) for t, d in zip(tables, dtypes, strict=True)]
@@ -168,7 +200,25 @@ def _table_terms(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         nic[i, :, :dp] = ((out_bytes + ids_bytes / 2) * float(cost.a2a.nic_dot(w).min()))[:, None]
         if lay.n_servers:
             nic[i, :, ps] = traffic / G * float(w @ per_gpu_nic)
-    return sync, sync_ddr, asyn, nic, mem
+    ruled_out = _ruled_out(cost, n_opt)
+    ruled_out &= (np.isfinite(sync) & ~ruled_out).any(axis=1, keepdims=True)
+    sync[ruled_out] = np.inf
+    return sync, sync_ddr, asyn, nic, mem, fractions
+
+
+def _ruled_out(cost: CostModel, n_opt: int) -> np.ndarray:
+    """T x O: the options each table's constraints rule out (the pairs :func:`.constraint_checks.placeable` leaves
+    out: their sharding types, tiers, devices)."""
+    columns = _columns(cost)
+    out = np.zeros((len(cost.model.tables), n_opt), dtype=bool)
+    for i, table in enumerate(cost.model.tables):
+        if not table.constraints.constrained:
+            continue
+        pairs = placeable(table, cost.topology)
+        replica = any(s is Sharding.DATA_PARALLEL for s, _ in pairs)
+        tiers = {t for s, t in pairs if s is not Sharding.DATA_PARALLEL}
+        out[i] = [not (replica if c.replicated else c.tier in tiers) for c in columns]
+    return out
 
 
 def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> LowerBound:
@@ -183,7 +233,7 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     if max_weightings < 1:
         raise ValueError(f"max_weightings must be at least 1, got {max_weightings}")
     lay = cost.layout
-    sync, sync_ddr, asyn, nic, mem = _table_terms(cost)
+    sync, sync_ddr, asyn, nic, mem, fractions = _table_terms(cost)
     feasible = np.isfinite(sync)
     sync_avg = np.where(feasible, sync / lay.n_gpus, 0.0)
     ddr_avg = np.where(feasible, sync_ddr / lay.n_gpus, 0.0)
@@ -199,7 +249,8 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     # the cache fractions, so those options go together, where even the smallest cache does not fit. (Where a table
     # fits nowhere no plan exists: its options stay, so that the bound stays finite.)
     fits = np.all(mem <= capacity[:, None, None], axis=0)
-    cached = np.array([c.tier is Tier.HBM_CACHE for c in _choices(cost)])
+    columns = _columns(cost)
+    cached = np.array([c.tier is Tier.HBM_CACHE for c in columns])
     fits[:, cached] = fits[:, cached].any(axis=1, keepdims=True)
     feasible &= fits | ~np.any(feasible & fits, axis=1, keepdims=True)
     # A capacity that even the most memory-hungry option of every table cannot exceed never binds: price 0.
@@ -362,8 +413,10 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
         if not improved:
             step /= 2
     best_pick = repair(best_pick, combination(best_w)[0])
-    choices = _choices(cost)
-    preferred = {t.name: choices[int(p)] for t, p in zip(cost.model.tables, best_pick, strict=True)}
+    preferred = {
+        t.name: TierChoice(columns[p].tier, float(fractions[i, p]), columns[p].replicated)
+        for i, (t, p) in enumerate(zip(cost.model.tables, best_pick.tolist(), strict=True))
+    }
     prices = (float(best_mu[0] + best_mu[3]), float(best_mu[1] + best_mu[3]), float(best_mu[2]))
     # The relaxed step of the hinted tiers: the largest functional there. A Lagrangian pick is only optimal for its
     # weights; when it overloads a resource the weights ignored, the search should not follow it.
@@ -405,13 +458,12 @@ class LowerBound:
         return self.hinted_ms <= _HINT_TRUST * self.value_ms
 
 
-def _choices(cost: CostModel) -> list[TierChoice]:
-    """The option columns of ``_table_terms``, in order."""
-    fractions = cost.constants.cache_fractions
+def _columns(cost: CostModel) -> list[TierChoice]:
+    """The option columns of ``_table_terms``, in order (each ``hbm_cache`` column's size is per table)."""
     return [
         TierChoice(Tier.HBM),
         TierChoice(Tier.DDR),
-        *(TierChoice(Tier.HBM_CACHE, f) for f in fractions),
+        *(TierChoice(Tier.HBM_CACHE) for _ in range(_cache_columns())),
         TierChoice(Tier.HBM, replicated=True),
         TierChoice(Tier.PS),
     ]

@@ -204,16 +204,20 @@ def validate_command(
     topology: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="topology.yaml")],
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan.json")],
 ) -> None:
-    """Re-check PLAN against MODEL and TOPOLOGY: every table placed exactly once, nothing over capacity.
+    """Re-check PLAN against MODEL and TOPOLOGY: every table placed exactly once, each table's constraints kept,
+    nothing over capacity.
 
-    Exits 0 when valid, 1 when the plan breaks a rule (each problem is printed), 2 on bad input.
+    Exits 0 when valid, 1 when the plan breaks a rule (each problem is printed), 2 on bad input (also constraints
+    that no plan on TOPOLOGY can keep, as ``persia plan`` refuses them).
     """
     from persia_planner import CostModel, load_model, load_plan, load_topology, validate
+    from persia_planner.constraint_checks import check_constraints
     from persia_planner.report import summary
 
     with edge():
         model_spec = load_model(model)
         topo = load_topology(topology)
+        check_constraints(model_spec, topo)
         loaded = load_plan(plan_file)
         problems = validate(loaded, model_spec, topo)
         if problems:

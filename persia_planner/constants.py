@@ -10,11 +10,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CostConstants"]
+__all__ = ["LIST_CONSTANTS", "CostConstants"]
 
 
 # Relative to fbgemm's fused kernel, not to a peak: the one efficiency that may exceed 1.
 _RELATIVE_EFFICIENCY = "dense_kernel_efficiency"
+# Lists of numbers (topology.yaml gives them as YAML lists).
+LIST_CONSTANTS = frozenset({"cache_hit_targets", "cache_fractions"})
 # Fixed costs that a GPU cluster may not have at all.
 _MAY_BE_ZERO = frozenset({"collective_latency_ms", "ps_request_ms", "ps_client_ms", "step_overhead_ms"})
 
@@ -56,7 +58,11 @@ class CostConstants:
         hbm_reserve_fraction: Share of each GPU's HBM the planner leaves free (activations, buffers, cache slack).
         ddr_reserve_fraction: Share of each trainer host's DDR left free (OS, data loader, pinned buffers).
         ps_reserve_fraction: Share of each parameter server's DDR left free (hash-table overhead, checkpoints).
-        cache_fractions: HBM cache sizes (share of a table's rows) the search may choose for ``hbm_cache``.
+        cache_hit_targets: Hit rates at which the search sizes a skewed table's ``hbm_cache``: each target's
+            smallest cache (:func:`persia_planner.access.cache_fraction_candidates`), besides the largest the free HBM
+            holds.
+        cache_fractions: HBM cache sizes (shares of a table's rows) the search tries for every table besides those
+            (between the targets' sizes and the free room's: what weakly skewed tables need).
     """
 
     hbm_efficiency: float = 0.6
@@ -79,6 +85,7 @@ class CostConstants:
     hbm_reserve_fraction: float = 0.1
     ddr_reserve_fraction: float = 0.1
     ps_reserve_fraction: float = 0.2
+    cache_hit_targets: tuple[float, ...] = (0.8, 0.9, 0.95, 0.99)
     cache_fractions: tuple[float, ...] = (0.05, 0.2)
 
     @classmethod
@@ -94,17 +101,17 @@ class CostConstants:
         for name in _integer_fields() & set(values):
             if float(values[name]).is_integer():  # YAML's 8.0 is 8; validate() refuses a fraction
                 values[name] = int(values[name])
-        if "cache_fractions" in values:
-            values["cache_fractions"] = tuple(float(x) for x in values["cache_fractions"])
+        for name in LIST_CONSTANTS & set(values):
+            values[name] = tuple(float(x) for x in values[name])
         return dataclasses.replace(self, **values)
 
     def validate(self) -> str | None:
         """Return a problem description, or None when every constant is in range."""
         for name in self.names():
             value = getattr(self, name)
-            if name == "cache_fractions":
-                if not value or any(not 0 < x < 1 for x in value):
-                    return f"cache_fractions must be numbers in (0, 1), got {list(value)}"
+            if name in LIST_CONSTANTS:
+                if any(not 0 < x < 1 for x in value):
+                    return f"{name} must be numbers in (0, 1), got {list(value)}"
             elif name.endswith("reserve_fraction"):
                 if not 0 <= value < 1:
                     return f"{name} must be in [0, 1), got {value}"

@@ -9,6 +9,7 @@ from typing import Any
 __all__ = [
     "MAX_LINE_CHARS",
     "CapacityError",
+    "ConstraintError",
     "ErrorKind",
     "Interrupted",
     "PlannerError",
@@ -120,6 +121,19 @@ class CapacityError(PlannerError):
         self.short_bytes = int(short_bytes)
         self.table = table
         super().__init__(message, kind=ErrorKind.CAPACITY, fixes=fixes)
+
+
+class ConstraintError(PlannerError):
+    """A table's ``constraints:`` cannot be met on this topology (an unknown device, no parameter server for a table
+    that may only go there, no sharding the named devices can hold). The message names the table and what it asked.
+
+    Attributes:
+        table: The table whose constraints cannot be met.
+    """
+
+    def __init__(self, table: str, message: str, fixes: tuple[str, ...] = ()):
+        self.table = table
+        super().__init__(message, kind=ErrorKind.INPUT, fixes=fixes)
 
 
 class Interrupted(Exception):

@@ -317,6 +317,49 @@ class Fields:
             allowed = " | ".join(member.value for member in enum_type)
             raise self.error(key, f"unknown value {abbreviate(value)}", fixes=(f"use one of {allowed}",)) from None
 
+    def take_enum_list(self, key: str, enum_type: type[E], default: Any = _MISSING) -> Any:
+        """Read a non-empty list of ``enum_type`` values at ``key`` as a tuple (each once, in the file's order); an
+        unknown value is named by its index (``tiers[1]``)."""
+        items = self._take_items(key, "names", default)
+        if items is default:
+            return default
+        allowed = "use one of " + " | ".join(member.value for member in enum_type)
+        values: list[E] = []
+        for i, item in enumerate(items):
+            try:
+                if not isinstance(item, str):
+                    raise ValueError(item)
+                values.append(enum_type(item.lower()))
+            except ValueError:
+                raise SpecError(
+                    self.source, f"{self.key_path(key)}[{i}]", f"unknown value {abbreviate(item)}", fixes=(allowed,)
+                ) from None
+        return tuple(dict.fromkeys(values))
+
+    def take_str_list(self, key: str, default: Any = _MISSING) -> Any:
+        """Read a non-empty list of non-empty strings at ``key`` as a tuple (each once, in the file's order)."""
+        items = self._take_items(key, "names", default)
+        if items is default:
+            return default
+        for i, item in enumerate(items):
+            if not isinstance(item, str) or not item:
+                raise SpecError(
+                    self.source, f"{self.key_path(key)}[{i}]", f"expected a non-empty string, got {abbreviate(item)}"
+                )
+        return tuple(dict.fromkeys(items))
+
+    def _take_items(self, key: str, what: str, default: Any) -> Any:
+        """The list at ``key`` (``default`` when absent); refuses another type and an empty list."""
+        value = self.take(key, default=default)
+        if value is default:
+            return default
+        if not isinstance(value, list):
+            fix = f"write {key}: [{value}]" if isinstance(value, str) and len(value) <= 60 else f"write {key}: [...]"
+            raise self.error(key, f"expected a list of {what}, got {abbreviate(value)}", fixes=(fix,))
+        if not value:
+            raise self.error(key, "is an empty list, which allows nothing", fixes=(f"name one or more, or drop {key}",))
+        return value
+
     def take_positive(self, key: str, kind: Quantity, default: Any = _MISSING, maximum: float | None = None) -> Any:
         """``take`` a value that must be > 0 (and at most ``maximum``)."""
         value = self.take(key, kind, default, maximum)

@@ -100,6 +100,7 @@ __all__ = [
     "PS_VALUE_BYTES",
     "fbgemm_bytes",
     "fbgemm_cache_slots",
+    "largest_cache_fraction",
     "ps_bytes",
     "ps_capacity",
     "ps_holds",
@@ -159,6 +160,19 @@ def fbgemm_bytes(
             + slots * (cols * dtype.n_bytes + FBGEMM_CACHE_STATE_BYTES_PER_SLOT)
         )
     return hbm, ddr
+
+
+def largest_cache_fraction(table: TableSpec, rows: int, cols: int, dtype: DType, hbm_room: float) -> float:
+    """The largest cache load factor whose ``MANAGED_CACHING`` shard of ``rows`` x ``cols`` takes at most
+    ``hbm_room`` bytes of HBM (:func:`fbgemm_bytes`: whole sets of slots); 0 where not even one set fits, at most 1.
+    """
+    fixed, _ = fbgemm_bytes(table, rows, cols, dtype, managed=True)
+    fixed = float(fixed) + rows * FBGEMM_CACHE_INDEX_BYTES_PER_ROW
+    per_set = FBGEMM_CACHE_ASSOCIATIVITY * (cols * dtype.n_bytes + FBGEMM_CACHE_STATE_BYTES_PER_SLOT)
+    sets = math.floor((hbm_room - fixed) / per_set)
+    if sets < 1 or rows <= 0:
+        return 0.0
+    return min(1.0, sets * FBGEMM_CACHE_ASSOCIATIVITY / rows)
 
 
 def replica_bytes(table: TableSpec, rows: Any, cols: int, dtype: DType) -> Any:

@@ -1,4 +1,5 @@
-"""Value objects of a placement: tiers, sharding types, shards. Shared by the cost model, search and plan.
+"""Value objects of a placement: shards and a table's placement (the tiers, sharding types and modes they name live in
+:mod:`.kinds`, re-exported here). Shared by the cost model, search and plan.
 
 A shard's :meth:`Shard.storage` is what the runtime allocates for it (:func:`tier_bytes`, from the layouts in
 :mod:`.memory`).
@@ -6,12 +7,12 @@ A shard's :meth:`Shard.storage` is what the runtime allocates for it (:func:`tie
 
 from __future__ import annotations
 
-import enum
 import functools
 from dataclasses import dataclass
 from typing import Any
 
 from persia_planner import memory
+from persia_planner.kinds import Mode, Sharding, Tier
 from persia_planner.specs import DType, TableSpec
 
 __all__ = [
@@ -27,34 +28,6 @@ __all__ = [
     "row_splittable",
     "tier_bytes",
 ]
-
-
-class Tier(enum.StrEnum):
-    """Where a shard's rows live."""
-
-    HBM = "hbm"  # GPU memory
-    DDR = "ddr"  # host memory, read by the GPU through UVM
-    HBM_CACHE = "hbm_cache"  # rows in host DDR, the hottest cached in HBM
-    PS = "ps"  # a parameter server's DDR, trained asynchronously
-
-
-class Sharding(enum.StrEnum):
-    """How a table is split (TorchRec's names, plus the parameter-server hash sharding)."""
-
-    TABLE_WISE = "table_wise"
-    ROW_WISE = "row_wise"
-    COLUMN_WISE = "column_wise"
-    TABLE_ROW_WISE = "table_row_wise"
-    TABLE_COLUMN_WISE = "table_column_wise"
-    DATA_PARALLEL = "data_parallel"
-    PS_HASH = "ps_hash"
-
-
-class Mode(enum.StrEnum):
-    """How a table trains: synchronously with the dense step, or asynchronously on the parameter servers."""
-
-    SYNC = "sync"
-    ASYNC = "async"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from persia_planner.constraint_checks import constraint_problems
 from persia_planner.cost import CostModel
 from persia_planner.errors import ErrorKind, PlannerError, abbreviate
 from persia_planner.memory import PS_LIMIT_REASON, PS_MAX_ROWS, ps_servers_needed
@@ -67,9 +68,10 @@ def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
     """Re-check a plan against its model and topology.
 
     Checks: every table is placed exactly once (range shards tile rows x cols; hash buckets each once per column
-    range; replicas on every GPU), tiers match devices and sharding types, shard bytes are right, no parameter
-    server holds more rows of a table than its store can, and no GPU, host or parameter server exceeds its capacity
-    minus the reservation, with every shard charged what its runtime allocates (``Shard.storage``).
+    range; replicas on every GPU), tiers match devices and sharding types, shard bytes are right, each table keeps
+    its ``constraints:`` (sharding types, tiers, devices, cache fraction), no parameter server holds more rows of a
+    table than its store can, and no GPU, host or parameter server exceeds its capacity minus the reservation, with
+    every shard charged what its runtime allocates (``Shard.storage``).
 
     Returns:
         Problems found, one line each (at most :data:`MAX_TABLE_PROBLEMS` per table and :data:`MAX_PROBLEMS` in
@@ -87,6 +89,8 @@ def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
             problems.append(f"table {table.name!r} is not placed")
             continue
         table_problems = _check_table(table, placement, topology, cost)
+        broken = constraint_problems(table, placement)
+        problems.extend(f"table {table.name!r}: {p}" for p in broken[:MAX_TABLE_PROBLEMS])
         problems.extend(f"table {table.name!r}: {p}" for p in table_problems[:MAX_TABLE_PROBLEMS])
         if len(problems) >= MAX_PROBLEMS:
             return [*problems[:MAX_PROBLEMS], f"stopped after {MAX_PROBLEMS} problems"]
@@ -125,8 +129,8 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
                 problems.append(f"shard {i} is on tier {shard.tier.value} but {shard.device!r} is not a GPU")
             if s is Sharding.PS_HASH:
                 problems.append(f"shard {i} is on tier {shard.tier.value} but ps_hash shards must be on tier ps")
-        if shard.tier is Tier.HBM_CACHE and not (shard.cache_fraction and 0 < shard.cache_fraction < 1):
-            problems.append(f"shard {i} is hbm_cache without a cache_fraction in (0, 1)")
+        if shard.tier is Tier.HBM_CACHE and not (shard.cache_fraction and 0 < shard.cache_fraction <= 1):
+            problems.append(f"shard {i} is hbm_cache without a cache_fraction in (0, 1]")
         if not (0 <= shard.cols[0] < shard.cols[1] <= table.dim):
             problems.append(f"shard {i} cols {list(shard.cols)} are outside [0, {table.dim})")
         if shard.rows is not None and not (0 <= shard.rows[0] < shard.rows[1] <= table.rows):

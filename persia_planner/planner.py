@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from persia_planner.bound import lower_bound
+from persia_planner.constraint_checks import check_constraints
 from persia_planner.cost import CostModel
 from persia_planner.errors import CapacityError, PlannerError
 from persia_planner.memory import ps_holds, ps_rows_error
@@ -33,8 +34,12 @@ class Planner:
         """Place every table of ``model`` on ``topology``.
 
         Raises:
-            CapacityError: The model does not fit; names the short capacity, by how much, and what to change.
+            ConstraintError: A table's constraints name a device the topology lacks, or allow no placement its
+                devices can hold.
+            CapacityError: The model does not fit (or a table fits nowhere its constraints allow); names the short
+                capacity, by how much, and what to change.
         """
+        check_constraints(model, topology)
         check_capacity(model, topology)
         cost = CostModel(model, topology)
         bound = lower_bound(cost)

@@ -7,8 +7,15 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from persia_planner.constraints import (
+    NO_CONSTRAINTS,
+    TORCHREC_SOURCE,
+    TableConstraints,
+    from_parameter_constraints,
+    read_constraints,
+)
 from persia_planner.dense import DLRM_BOTTOM, DLRM_NUM_DENSE, DLRM_TOP, DenseArch, DenseSpec, read_dense
 from persia_planner.errors import ErrorKind, PlannerError, SpecError, abbreviate
 from persia_planner.fields import Fields, load_yaml
@@ -24,6 +31,9 @@ from persia_planner.limits import (
 )
 from persia_planner.units import Quantity
 
+if TYPE_CHECKING:
+    from persia_planner.topology import Topology
+
 __all__ = [
     "DLRM_BOTTOM",
     "DLRM_TOP",
@@ -34,6 +44,7 @@ __all__ = [
     "ModelSpec",
     "Optimizer",
     "SparseColumn",
+    "TableConstraints",
     "TableSpec",
     "load_data_schema",
     "load_model",
@@ -138,6 +149,7 @@ class TableSpec:
         optimizer: Sparse optimizer.
         zipf_alpha: Access skew of ids; 0 means uniform.
         embedding_dtype: The table's own weight dtype; None: the model's (:meth:`ModelSpec.dtype_of`).
+        constraints: What the planner may do with it (model.yaml's ``constraints:``; default: anything).
     """
 
     name: str
@@ -147,6 +159,7 @@ class TableSpec:
     optimizer: Optimizer = Optimizer.ROWWISE_ADAGRAD
     zipf_alpha: float = 0.0
     embedding_dtype: DType | None = None
+    constraints: TableConstraints = NO_CONSTRAINTS
 
     def __post_init__(self) -> None:
         if self.rows <= 0 or self.dim <= 0:
@@ -273,6 +286,8 @@ class ModelSpec:
         dense: DenseSpec | None = None,
         pooling_factors: Mapping[str, float] | None = None,
         optimizer: Optimizer = Optimizer.ROWWISE_ADAGRAD,
+        constraints: Mapping[str, Any] | None = None,
+        topology: Topology | None = None,
     ) -> ModelSpec:
         """Build from a TorchRec ``EmbeddingBagCollection`` or a list of ``EmbeddingBagConfig``.
 
@@ -283,22 +298,47 @@ class ModelSpec:
             batch_size: Global batch size.
             name: Model name for the plan.
             dense: The dense part, if known.
-            pooling_factors: Mean ids per sample per table name (default 1.0).
+            pooling_factors: Mean ids per sample per table name (default: the constraints' ``pooling_factors``,
+                else 1.0).
             optimizer: Sparse optimizer of every table.
+            constraints: TorchRec's ``ParameterConstraints`` per table name, as its planner takes them: their
+                sharding types, compute kernels, cache load factor, ranks and pooling factors become each table's
+                :class:`~persia_planner.constraints.TableConstraints` (see
+                :func:`~persia_planner.constraints.from_parameter_constraints`).
+            topology: The topology the ranks of ``constraints`` number (rank ``r`` is ``topology.gpus[r]``);
+                needed only where a constraint gives ``ranks``.
+
+        Raises:
+            SpecError: ``constraints`` names a table the collection lacks, or one that cannot be read as ours.
         """
         configs = tables.embedding_bag_configs() if hasattr(tables, "embedding_bag_configs") else list(tables)
         pooling_factors = dict(pooling_factors or {})
-        specs = [
-            TableSpec(
-                name=config.name,
-                rows=int(config.num_embeddings),
-                dim=int(config.embedding_dim),
-                pooling_factor=float(pooling_factors.get(config.name, 1.0)),
-                optimizer=optimizer,
-                embedding_dtype=_torchrec_dtype(config),
+        constraints = dict(constraints or {})
+        unknown = sorted(set(constraints) - {c.name for c in configs})
+        if unknown:
+            raise SpecError(
+                TORCHREC_SOURCE,
+                str(unknown[0]),
+                f"constrains table {unknown[0]!r}, which the collection lacks",
+                fixes=("key the constraints by table name",),
             )
-            for config in configs
-        ]
+        gpu_names = None if topology is None else [g.name for g in topology.gpus]
+        specs = []
+        for config in configs:
+            allowed, pooling = NO_CONSTRAINTS, None
+            if config.name in constraints:
+                allowed, pooling = from_parameter_constraints(config.name, constraints[config.name], gpu_names)
+            specs.append(
+                TableSpec(
+                    name=config.name,
+                    rows=int(config.num_embeddings),
+                    dim=int(config.embedding_dim),
+                    pooling_factor=float(pooling_factors.get(config.name, pooling or 1.0)),
+                    optimizer=optimizer,
+                    embedding_dtype=_torchrec_dtype(config),
+                    constraints=allowed,
+                )
+            )
         # The model's default is the most common dtype; every table keeps its own.
         dtypes = [t.embedding_dtype for t in specs if t.embedding_dtype is not None]
         dtype = max(DType, key=dtypes.count) if dtypes else DType.FP32
@@ -346,6 +386,7 @@ def _read_tables(item: Fields) -> Iterable[TableSpec]:
     alpha = item.take("zipf_alpha", Quantity.NUMBER, default=0.0, maximum=MAX_ZIPF_ALPHA)
     count = item.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_TABLE_COUNT)
     dtype = item.take_enum("embedding_dtype", DType, default=None)
+    constraints = read_constraints(item.sub("constraints", default=None), name if isinstance(name, str) else "")
     item.finish()
     if not name:
         raise item.error("name", "table name is empty", fixes=(_TABLE_NAME_FIX,))
@@ -354,7 +395,10 @@ def _read_tables(item: Fields) -> Iterable[TableSpec]:
             "name", f"table name {abbreviate(name, 60)} cannot be a checkpoint file name", fixes=(_TABLE_NAME_FIX,)
         )
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
-    return [TableSpec(n, rows, dim, pooling, optimizer, alpha, embedding_dtype=dtype) for n in names]
+    return [
+        TableSpec(n, rows, dim, pooling, optimizer, alpha, embedding_dtype=dtype, constraints=constraints)
+        for n in names
+    ]
 
 
 def with_run_options(model: ModelSpec, *, staleness: int | None = None, ps_wire: str | None = None) -> ModelSpec:

@@ -61,6 +61,7 @@ def model_dict(model: ModelSpec) -> dict:
                 "optimizer": t.optimizer.value,
                 "zipf_alpha": t.zipf_alpha,
                 **({"embedding_dtype": t.embedding_dtype.value} if t.embedding_dtype is not None else {}),
+                **({"constraints": t.constraints.to_dict()} if t.constraints.constrained else {}),
             }
             for t in model.tables
         ],

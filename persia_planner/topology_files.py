@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-from persia_planner.constants import CostConstants
+from persia_planner.constants import LIST_CONSTANTS, CostConstants
 from persia_planner.devices import DeviceKind, Gpu, Host, NodeKind, Role
-from persia_planner.errors import SpecError
+from persia_planner.errors import SpecError, abbreviate
 from persia_planner.fields import Fields
 from persia_planner.limits import (
     MAX_BANDWIDTH,
@@ -41,8 +41,8 @@ def read_constants(top: Fields, fitted: Mapping[str, Any] | None = None) -> Cost
         return CostConstants().replace(dict(fitted or {}))
     overrides: dict[str, Any] = dict(fitted or {})
     for key in CostConstants.names():
-        if key == "cache_fractions" and section.has(key):
-            overrides[key] = _read_cache_fractions(section)
+        if key in LIST_CONSTANTS and section.has(key):
+            overrides[key] = _read_numbers(section, key)
         elif section.has(key):
             overrides[key] = section.take(key, Quantity.NUMBER)
         else:
@@ -55,19 +55,20 @@ def read_constants(top: Fields, fitted: Mapping[str, Any] | None = None) -> Cost
     return constants
 
 
-def _read_cache_fractions(section: Fields) -> list[float]:
-    value = section.take("cache_fractions")
+def _read_numbers(section: Fields, key: str) -> list[float]:
+    """A constant that is a list of numbers in (0, 1) (``cache_fractions``, ``cache_hit_targets``)."""
+    value = section.take(key)
     if not isinstance(value, list):
         raise section.error(
-            "cache_fractions", f"expected a list of numbers in (0, 1), got {value!r}", fixes=("write e.g. [0.05, 0.2]",)
+            key, f"expected a list of numbers in (0, 1), got {abbreviate(value)}", fixes=("write e.g. [0.05, 0.2]",)
         )
-    fractions = []
+    numbers = []
     for i, item in enumerate(value):
         try:
-            fractions.append(parse(item, Quantity.NUMBER))
+            numbers.append(parse(item, Quantity.NUMBER))
         except UnitError as err:
-            raise SpecError(section.source, f"{section.key_path('cache_fractions')}[{i}]", str(err)) from None
-    return fractions
+            raise SpecError(section.source, f"{section.key_path(key)}[{i}]", str(err)) from None
+    return numbers
 
 
 @dataclass(frozen=True)

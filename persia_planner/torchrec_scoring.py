@@ -17,6 +17,7 @@ from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.export import (
     DATA_PARALLEL_KERNEL,
     DEFAULT_CACHE_LOAD_FACTOR,
+    KERNEL_OF_TIER,
     PlanLike,
     ShardBox,
     TorchRecSharding,
@@ -27,10 +28,13 @@ from persia_planner.export import (
     torchrec_shardings,
     uniform_hosts,
 )
+from persia_planner.kinds import TIER_OF_KERNEL
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
 from persia_planner.plans import Plan
 from persia_planner.specs import ModelSpec, TableSpec
 from persia_planner.topology import DeviceKind, Topology
+
+_TORCHREC_TYPES = frozenset(Sharding) - {Sharding.PS_HASH}
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.planner import Topology as TorchRecTopology
@@ -47,13 +51,6 @@ __all__ = [
     "torchrec_constraints",
     "torchrec_topology_kwargs",
 ]
-
-_TIER_OF_KERNEL: Mapping[str, Tier] = {
-    "fused": Tier.HBM,
-    "dense": Tier.HBM,
-    "fused_uvm": Tier.DDR,
-    "fused_uvm_caching": Tier.HBM_CACHE,
-}
 
 
 def shardings_from_plan(sharding_plan: Any, model: ModelSpec) -> list[TorchRecSharding]:
@@ -124,16 +121,56 @@ def meta_collection(model: ModelSpec, tables: Iterable[str] | None = None) -> An
     return ebc
 
 
-def torchrec_constraints(model: ModelSpec, tables: Iterable[str] | None = None, **extra: Any) -> dict[str, Any]:
-    """``ParameterConstraints`` per table with its pooling factor (plus ``extra`` constraint fields)."""
+def torchrec_constraints(
+    model: ModelSpec,
+    tables: Iterable[str] | None = None,
+    *,
+    topology: Topology | None = None,
+    keep: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
+    """``ParameterConstraints`` per table with its pooling factor and, with ``keep``, what its ``constraints:``
+    allow in TorchRec's terms (plus ``extra`` constraint fields, which win).
+
+    Sharding types but ``ps_hash``; tiers as compute kernels (``hbm`` -> ``fused``, and ``dense`` where
+    ``data_parallel`` is allowed; ``ddr`` -> ``fused_uvm``; ``hbm_cache`` -> ``fused_uvm_caching``); a fixed cache
+    fraction as ``cache_params``; devices as ``ranks`` (rank ``r`` = ``topology.gpus[r]``, so only with
+    ``topology``, and only where the installed TorchRec's ``ParameterConstraints`` has ``ranks``). A list that would
+    be empty (a table allowed only on the parameter servers) is left out.
+    """
+    import dataclasses
+
     from torchrec.distributed.planner.types import ParameterConstraints
 
+    known = {f.name for f in dataclasses.fields(ParameterConstraints)}
     wanted = None if tables is None else set(tables)
-    return {
-        t.name: ParameterConstraints(pooling_factors=[float(t.pooling_factor)], **extra)
-        for t in model.tables
-        if wanted is None or t.name in wanted
-    }
+    out = {}
+    for t in model.tables:
+        if wanted is not None and t.name not in wanted:
+            continue
+        fields: dict[str, Any] = {"pooling_factors": [float(t.pooling_factor)]}
+        if keep:
+            fields.update((key, value) for key, value in _torchrec_fields(t, topology).items() if key in known)
+        out[t.name] = ParameterConstraints(**{**fields, **extra})
+    return out
+
+
+def _torchrec_fields(table: TableSpec, topology: Topology | None) -> dict[str, Any]:
+    """The ``ParameterConstraints`` fields of ``table``'s constraints (see :func:`torchrec_constraints`)."""
+    allowed = table.constraints
+    fields: dict[str, Any] = {}
+    if allowed.sharding_types is not None:
+        fields["sharding_types"] = [s.value for s in Sharding if s in allowed.sharding_types and s in _TORCHREC_TYPES]
+    if allowed.tiers is not None:
+        kernels = [KERNEL_OF_TIER[t] for t in KERNEL_OF_TIER if t in allowed.tiers]
+        if allowed.allows(Sharding.DATA_PARALLEL, Tier.HBM):
+            kernels.append(DATA_PARALLEL_KERNEL)
+        fields["compute_kernels"] = kernels
+    if allowed.cache_fraction is not None:
+        fields["cache_params"] = cache_params(allowed.cache_fraction)
+    if allowed.devices is not None and topology is not None:
+        fields["ranks"] = [r for r, g in enumerate(topology.gpus) if g.name in allowed.devices]
+    return {key: value for key, value in fields.items() if value != []}
 
 
 def _options_from_shardings(
@@ -228,7 +265,7 @@ def _estimate(options: list[ShardingOption], torchrec_topology: TorchRecTopology
 
     sharder = EmbeddingBagCollectionSharder()
     data_map = build_sharder_data_map({sharder_name(sharder.module_type): sharder})
-    constraints = torchrec_constraints(model, [o.name for o in options])
+    constraints = torchrec_constraints(model, [o.name for o in options], keep=False)
     EmbeddingPerfEstimator(topology=torchrec_topology, constraints=constraints).estimate(options, data_map)
     EmbeddingStorageEstimator(topology=torchrec_topology, constraints=constraints).estimate(options, data_map)
 
@@ -398,7 +435,7 @@ def _placement_of(table: TableSpec, entry: TorchRecSharding, model: ModelSpec, t
                 "table_column_wise/data_parallel",
             ),
         )
-    tier = _TIER_OF_KERNEL.get(entry.compute_kernel)
+    tier = TIER_OF_KERNEL.get(entry.compute_kernel)
     if tier is None or (entry.compute_kernel == DATA_PARALLEL_KERNEL) != (sharding is Sharding.DATA_PARALLEL):
         if tier is None:
             problem = f"TorchRec compute kernel {entry.compute_kernel!r} has no persia tier"

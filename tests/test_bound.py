@@ -1,8 +1,8 @@
 """The lower bound is a bound: no valid plan steps faster, on clusters whose hosts differ (hypothesis).
 
 Random plans are drawn from the plans the search builds (its sharding types and tiers, any devices, any row and column
-cuts, cache fractions from the constants) and checked on a cluster whose capacities are cut to what the plan uses, so
-that the bound's memory prices are at work.
+cuts, any cache fraction it may size, shard by shard) and checked on a cluster whose capacities are cut to what the
+plan uses, so that the bound's memory prices are at work.
 """
 
 import itertools
@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Topology, validate
+from persia_planner import CapacityError, ModelSpec, Planner, PlannerError, SearchConfig, Topology, validate
+from persia_planner.access import MAX_CACHE_FRACTION, MIN_CACHE_FRACTION
 from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
@@ -146,11 +147,11 @@ def range_shard(table, dtype, tier: Tier, device: str, rows, cols, fraction: flo
 
 def random_placements(model: ModelSpec, topo: Topology, rng: np.random.Generator) -> dict[str, TablePlacement]:
     """A placement per table: a sharding type the search uses, on random devices with random cuts, each cached shard
-    with a cache fraction of the constants' (the search's options)."""
+    with a cache fraction the search may size (log-uniform from the smallest to every row)."""
     gpus = [g.name for g in topo.gpus]
     host_gpus = [list(h.gpus) for h in topo.trainers]
     ps_names = [s.name for s in topo.servers]
-    fractions = topo.constants.cache_fractions
+    low, high = np.log(MIN_CACHE_FRACTION), np.log(MAX_CACHE_FRACTION)
     dtype = model.embedding_dtype
     kinds = ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel"]
     placements = {}
@@ -160,7 +161,7 @@ def random_placements(model: ModelSpec, topo: Topology, rng: np.random.Generator
         all_rows, all_cols = (0, t.rows), (0, t.dim)
 
         def shard(device, rows, cols, t=t, tier=tier):
-            return range_shard(t, dtype, tier, device, rows, cols, float(rng.choice(fractions)))
+            return range_shard(t, dtype, tier, device, rows, cols, float(np.exp(rng.uniform(low, high))))
 
         if kind == "ps_hash":
             shards = []
@@ -330,3 +331,43 @@ def test_a_plan_that_meets_its_bound_is_called_provably_optimal():
     plan = Planner(GreedyLocalSearch(SearchConfig(improve_time_s=0.2))).plan(model, topo)
     assert plan.lower_bound_ms == pytest.approx(plan.step_ms, rel=1e-12)
     assert plan.proven_optimal and "quality 1.000x (provably optimal under the model)" in summary(plan)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tables,
+    hosts,
+    st.sampled_from([0.0002, 0.01, 0.5, 1.0]),
+    st.sampled_from([["hbm_cache"], ["hbm_cache", "ddr"], ["hbm", "ps"], ["ddr"]]),
+    st.integers(0, 2**16),
+)
+def test_constrained_plans_are_not_faster_than_their_bound(rows_dims, host_specs, fraction, tiers, seed):
+    """Tables held to tiers (and to a cache size, below the smallest the search sizes too): the bound leaves out
+    what they rule out and covers the size they fix."""
+    model = make_model(rows_dims, 1)
+    held = dict(cache_fraction=fraction) if "hbm_cache" in tiers else {}
+    model = ModelSpec.from_dict(
+        {
+            "name": "held",
+            "batch_size": 4096,
+            "tables": [
+                {
+                    "name": t.name,
+                    "rows": t.rows,
+                    "dim": t.dim,
+                    "pooling_factor": t.pooling_factor,
+                    "optimizer": t.optimizer.value,
+                    "zipf_alpha": t.zipf_alpha,
+                    **({"constraints": {"tiers": tiers, **held}} if i % 2 == 0 else {}),
+                }
+                for i, t in enumerate(model.tables)
+            ],
+        }
+    )
+    topo = Topology.from_dict(cluster_dict(host_specs, [{"ddr_bw": 100.0, "nic": 25.0}]))
+    try:
+        plan = Planner(GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=0.2))).plan(model, topo)
+    except PlannerError:
+        return
+    assert validate(plan, model, topo) == []
+    assert 0 < plan.lower_bound_ms <= plan.step_ms * (1 + 1e-9)

@@ -244,6 +244,28 @@ def test_validate_against_a_smaller_cluster_names_each_full_gpu(plan_file, tmp_p
     assert "over its usable 3.6 GiB" in result.stdout
 
 
+def test_plan_keeps_a_tables_constraints_and_validate_refuses_a_plan_that_breaks_them(tmp_path):
+    """A table held to one GPU: planned there; moved elsewhere by hand, the plan is refused with exit 1 and one
+    line naming the table, the constraint and where the plan put it."""
+    model = tmp_path / "model.yaml"
+    held = MODEL.read_text().replace("{name: c2,", "{name: c2, constraints: {devices: [trainer1/gpu2], tiers: [hbm]},")
+    assert "trainer1/gpu2" in held
+    model.write_text(held)
+    out = tmp_path / "plan.json"
+    result = run("plan", model, TOPOLOGY, "--out", out)
+    assert result.exit_code == 0, result.output
+    shards = json.loads(out.read_text())["tables"]["c2"]["shards"]
+    assert [(s["device"], s["tier"]) for s in shards] == [("trainer1/gpu2", "hbm")]
+    _tamper(out, lambda d: d["tables"]["c2"]["shards"][0].update(device="trainer0/gpu0"))
+    result = run("validate", model, TOPOLOGY, out)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        "error: invalid plan: table 'c2': the plan puts shard 0 on trainer0/gpu0, but its constraints allow "
+        "devices [trainer1/gpu2]\n"
+    )
+    assert "Traceback" not in result.output
+
+
 # ---- persia topology ------------------------------------------------------------------------------------------------
 def test_topology_summary():
     result = run("topology", TOPOLOGY)
@@ -297,6 +319,53 @@ def _validate(name):
 
 
 BAD_INPUTS = [
+    # model.yaml: a table's constraints that no plan can keep
+    (
+        _plan_model("model_constraint_unknown_device.yaml"),
+        "table 'user': constraints.devices names 'trainer2/gpu0', which topology '2x4-l4-2ps' does not have; "
+        "fix: name trainer devices (e.g. trainer0/gpu0) or parameter servers (e.g. ps0)",
+    ),
+    (
+        ("validate", BAD / "model_constraint_unknown_device.yaml", TOPOLOGY, BAD / "not_read.json"),
+        "table 'user': constraints.devices names 'trainer2/gpu0', which topology '2x4-l4-2ps' does not have; "
+        "fix: name trainer devices (e.g. trainer0/gpu0) or parameter servers (e.g. ps0)",
+    ),
+    (
+        _plan_model("model_constraint_no_pair.yaml"),
+        "model_constraint_no_pair.yaml: tables[0].constraints.tiers: table 'user': sharding_types [ps_hash], "
+        "tiers [hbm] have no pair in common (ps_hash runs on ps); fix: allow a tier that one of its sharding types "
+        "runs on",
+    ),
+    (
+        _plan_model("model_constraint_unknown_tier.yaml"),
+        "model_constraint_unknown_tier.yaml: tables[0].constraints.tiers[1]: unknown value 'uvm'; "
+        "fix: use one of hbm | ddr | hbm_cache | ps",
+    ),
+    (
+        ("plan", BAD / "model_constraint_ps_only.yaml", BAD / "topology_without_servers.yaml"),
+        "table 'user': no placement keeps its constraints (tiers [ps]): ps_hash needs parameter servers, and "
+        "topology '1x2' has none; fix: add parameter servers (hosts with role: parameter_server) or allow a tier of "
+        "the trainers",
+    ),
+    (
+        _plan_model("model_constraint_some_servers.yaml"),
+        "table 'user': no placement keeps its constraints (sharding_types [ps_hash], devices [ps1]): ps_hash hashes "
+        "a table over every parameter server, and it names 1 of the 2 servers; fix: name the devices those need or "
+        "allow a tier of the trainers",
+    ),
+    (
+        _plan_model("model_constraint_row_wise_on_one_host.yaml"),
+        "table 'user': no placement keeps its constraints (sharding_types [row_wise], devices [trainer0/gpu0, "
+        "trainer0/gpu1, trainer0/gpu2, trainer0/gpu3]): row_wise spans every trainer device, and it names 4 of the "
+        "8; fix: name the devices those need or allow table_wise",
+    ),
+    (
+        _plan_model("model_constraint_larger_than_hbm.yaml"),
+        "table 'user' (24.2 GiB) fits nowhere its constraints allow (sharding_types [table_wise], tiers [hbm]): "
+        "table_wise on hbm, the nearest to fitting, needs 24.2 GiB of HBM on one device, and the largest it may use "
+        "has 21.6 GiB usable (short by 2.6 GiB); fix: allow more tiers, sharding types or devices or give those "
+        "devices more memory or reduce its rows",
+    ),
     # model.yaml
     (
         _plan_model("model_typo_key.yaml"),

@@ -117,7 +117,7 @@ def test_each_table_exports_its_sharding(struct_case, name):
         assert [(b.rows, b.cols) for b in entry.shards] == [(table.rows, table.dim)]
     if tier is Tier.HBM_CACHE:
         assert entry.cache_load_factor == placement.shards[0].cache_fraction
-        assert 0 < entry.cache_load_factor < 1
+        assert 0 < entry.cache_load_factor <= 1
     else:
         assert entry.cache_load_factor is None
 

@@ -37,6 +37,7 @@ from persia_planner.memory import (
     PS_MAX_CAPACITY,
     PS_MAX_ROWS,
     PS_VALUE_BYTES,
+    largest_cache_fraction,
     ps_bytes,
     ps_capacity,
     ps_holds,
@@ -188,6 +189,23 @@ def _fbgemm_cache_bytes(rows: list[int], dims: list[int], load_factor: float, dt
 
 def test_the_cache_associativity_is_fbgemms():
     assert DEFAULT_ASSOC == FBGEMM_CACHE_ASSOCIATIVITY  # CUDA's (torch.version.hip is None here)
+
+
+@pytest.mark.parametrize("optimizer", [Optimizer.ROWWISE_ADAGRAD, Optimizer.ADAM])
+@pytest.mark.parametrize("room", [3e6, 4e7, 2.5e8, 1e12])
+def test_the_largest_cache_that_fits_fits_and_one_more_set_does_not(optimizer, room):
+    table = TableSpec("t", 1_000_000, 64, optimizer=optimizer)
+
+    def hbm(fraction: float) -> float:
+        return float(tier_bytes(table, Tier.HBM_CACHE, table.rows, 64, DType.FP16, fraction)[0])
+
+    fraction = largest_cache_fraction(table, table.rows, 64, DType.FP16, room)
+    if fraction == 0.0:  # not even the row-wise state, the index and one set fit
+        assert hbm(FBGEMM_CACHE_ASSOCIATIVITY / table.rows) > room
+    elif fraction == 1.0:
+        assert hbm(1.0) <= room
+    else:
+        assert hbm(fraction) <= room < hbm(fraction + FBGEMM_CACHE_ASSOCIATIVITY / table.rows)
 
 
 @pytest.mark.parametrize(

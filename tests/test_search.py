@@ -389,3 +389,128 @@ def test_each_stage_can_be_replaced_through_the_searchers_constructor():
     assert seen["score"] > 0
     assert (result.moves, result.alternatives) == (0, {})
     assert [s.device for s in result.placements["t0"].shards] == [g.name for g in topo.gpus]
+
+
+# ---- per-table constraints ------------------------------------------------------------------------------------------
+def constrained_model(constraints: dict, **table) -> ModelSpec:
+    """Six small tables, the first held to ``constraints`` (and given ``table``'s keys)."""
+    tables = [{"name": f"t{i}", "rows": 100_000, "dim": 64, "pooling_factor": 4.0} for i in range(6)]
+    tables[0] = {**tables[0], **table, "constraints": constraints}
+    return ModelSpec.from_dict({"name": "m", "batch_size": 8192, "tables": tables})
+
+
+def planned(model: ModelSpec, topo: Topology):
+    plan = Planner(GreedyLocalSearch(SearchConfig(improve_time_s=0.3))).plan(model, topo)
+    assert validate(plan, model, topo) == []
+    assert plan.lower_bound_ms <= plan.step_ms * (1 + 1e-9)
+    return plan.tables["t0"]
+
+
+def test_a_table_held_to_row_wise_is_planned_row_wise():
+    topo = cluster(2, 2, 1, 16, 64, 64)
+    assert planned(constrained_model({}), topo).sharding is not Sharding.ROW_WISE
+    placement = planned(constrained_model({"sharding_types": ["row_wise"]}), topo)
+    assert placement.sharding is Sharding.ROW_WISE and len(placement.shards) == 4
+
+
+def test_a_table_held_to_ddr_lands_on_ddr_and_one_held_off_ps_stays_local():
+    topo = cluster(1, 2, 2, 16, 64, 256)
+    assert planned(constrained_model({"tiers": ["ddr"]}), topo).tier is Tier.DDR
+    huge = {"rows": 200_000_000, "dim": 16, "pooling_factor": 1.0, "zipf_alpha": 1.1}
+    assert planned(constrained_model({}, **huge), topo).tier is Tier.PS  # 13 GiB, cold: the servers' by default
+    assert planned(constrained_model({"tiers": ["hbm", "hbm_cache", "ddr"]}, **huge), topo).tier is not Tier.PS
+    assert planned(constrained_model({"sharding_types": ["row_wise", "table_wise"]}, **huge), topo).tier is not Tier.PS
+
+
+def test_devices_restrict_where_a_tables_shards_go():
+    topo = cluster(2, 2, 2, 16, 64, 64)
+    placement = planned(constrained_model({"devices": ["trainer1/gpu1"]}), topo)
+    assert placement.devices == ("trainer1/gpu1",)
+    split = planned(
+        constrained_model({"devices": ["trainer1/gpu0", "trainer1/gpu1"], "sharding_types": ["table_row_wise"]}), topo
+    )
+    assert split.sharding is Sharding.TABLE_ROW_WISE and set(split.devices) == {"trainer1/gpu0", "trainer1/gpu1"}
+    servers = planned(constrained_model({"devices": ["ps0", "ps1"]}), topo)
+    assert servers.sharding is Sharding.PS_HASH
+
+
+def test_a_fixed_cache_fraction_is_kept():
+    topo = cluster(1, 2, 0, 16, 64, 64)
+    placement = planned(constrained_model({"tiers": ["hbm_cache"], "cache_fraction": 0.123}), topo)
+    assert placement.tier is Tier.HBM_CACHE
+    assert {s.cache_fraction for s in placement.shards} == {0.123}
+
+
+constraint_choices = st.fixed_dictionaries(
+    {},
+    optional={
+        "sharding_types": st.lists(st.sampled_from([s.value for s in Sharding]), min_size=1, max_size=3),
+        "tiers": st.lists(st.sampled_from([t.value for t in Tier]), min_size=1, max_size=2),
+        "devices": st.lists(st.sampled_from(["trainer0/gpu0", "trainer0/gpu1", "trainer1/gpu0", "ps0"]), min_size=1),
+        "cache_fraction": st.sampled_from([0.01, 0.3, 1.0]),
+    },
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tables, st.lists(constraint_choices, min_size=1, max_size=4), st.integers(0, 2**16))
+def test_plans_keep_every_constraint_or_refuse_in_one_line(rows_dims, constraints, seed):
+    """Random constraints on random models: the plan keeps them (validate checks each) and stays above its bound, or
+    planning refuses them with a one-line error naming a table."""
+    from persia_planner import PlannerError
+
+    tables = [
+        {"name": f"t{i}", "rows": r, "dim": d, "pooling_factor": p, "optimizer": o, "zipf_alpha": a}
+        for i, (r, d, p, o, a) in enumerate(rows_dims[:8])
+    ]
+    for table, allowed in zip(tables, constraints, strict=False):
+        table["constraints"] = allowed
+    try:
+        model = ModelSpec.from_dict({"name": "m", "batch_size": 4096, "tables": tables})
+    except PlannerError as err:  # sharding types and tiers without a pair, a cache for a tier left out
+        assert "\n" not in str(err) and "constraints" in str(err)
+        return
+    topo = cluster(2, 2, 1, 4, 64, 256)
+    try:
+        plan = Planner(GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=0.2))).plan(model, topo)
+    except PlannerError as err:
+        assert "\n" not in str(err) and "table '" in str(err)
+        return
+    assert validate(plan, model, topo) == []
+    assert plan.lower_bound_ms <= plan.step_ms * (1 + 1e-9)
+
+
+# ---- searched cache sizes -------------------------------------------------------------------------------------------
+def test_the_cache_size_is_searched_and_beats_the_old_menu():
+    """Two 50M-row tables, each four times one GPU's HBM: what is cached is cached at a size of its own, which steps
+    faster than the sizes every table tries (0.05 and 0.2) where those fit."""
+    import dataclasses
+
+    from persia_planner.placement import TablePlacement
+
+    topo = cluster(1, 4, 0, 8, 512, 64)
+    model = ModelSpec.from_dict(
+        {
+            "name": "m",
+            "batch_size": 65536,
+            "tables": [
+                {"name": "skewed", "rows": 50_000_000, "dim": 128, "pooling_factor": 4, "zipf_alpha": 1.05},
+                {"name": "flat", "rows": 50_000_000, "dim": 128, "pooling_factor": 4, "zipf_alpha": 0.8},
+            ],
+        }
+    )
+    plan = Planner(GreedyLocalSearch(SearchConfig(improve_time_s=1.0))).plan(model, topo)
+    assert validate(plan, model, topo) == []
+    cost = CostModel(model, topo)
+    cached = {name: p for name, p in plan.tables.items() if p.tier is Tier.HBM_CACHE}
+    assert cached
+    compared = 0
+    for name, placement in cached.items():
+        assert placement.shards[0].cache_fraction not in (0.05, 0.2)
+        for menu in (0.05, 0.2):
+            shards = tuple(dataclasses.replace(s, cache_fraction=menu) for s in placement.shards)
+            other = dataclasses.replace(plan, tables={**plan.tables, name: TablePlacement(placement.sharding, shards)})
+            fits = not any("over its usable" in p for p in validate(other, model, topo))
+            assert not fits or cost.evaluate(other.tables)[0].step_ms > plan.step_ms, (name, menu)
+            compared += fits
+    assert compared

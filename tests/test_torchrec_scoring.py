@@ -182,3 +182,47 @@ def test_torchrec_baseline_reports_failure_and_timeout():
     assert slow["status"] == "timeout" and slow["options"] is None
     assert slow["seconds"] == 0.5
     assert slow["wall_s"] < slow["startup_s"] + 5.0  # killed promptly, not waited for
+
+
+def test_our_constraints_are_passed_on_to_torchrecs_planner():
+    """Tables held by model.yaml's constraints: TorchRec's planner, given them as ParameterConstraints, plans each
+    as they ask (read back, the placements keep every constraint)."""
+    pytest.importorskip("torchrec")
+    import logging
+
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    from persia_planner.constraint_checks import constraint_problems
+    from persia_planner.torchrec_scoring import meta_collection, to_torchrec_topology, torchrec_constraints
+
+    logging.disable(logging.WARNING)
+    topology = Topology.from_dict({"name": "2x2", "hosts": [gpu_host("trainer", 2, 2)]})
+    held = {
+        "t0": {"sharding_types": ["row_wise"], "tiers": ["hbm"]},
+        "t1": {"sharding_types": ["table_wise"], "tiers": ["hbm_cache"], "cache_fraction": 0.3},
+        "t2": {"sharding_types": ["column_wise", "table_wise"], "tiers": ["ddr"]},
+        "t3": {"sharding_types": ["data_parallel", "ps_hash"]},
+    }
+    model = ModelSpec.from_dict(
+        {
+            "batch_size": 4096,
+            "tables": [
+                {"name": f"t{i}", "rows": 100_000, "dim": 64, "pooling_factor": 2.0 + i, "constraints": held[f"t{i}"]}
+                for i in range(4)
+            ],
+        }
+    )
+    constraints = torchrec_constraints(model, topology=topology)
+    assert constraints["t1"].compute_kernels == ["fused_uvm_caching"]
+    assert constraints["t1"].cache_params.load_factor == 0.3
+    assert constraints["t3"].sharding_types == ["data_parallel"] and constraints["t3"].compute_kernels is None
+    assert constraints["t0"].pooling_factors == [2.0]
+    planner = EmbeddingShardingPlanner(
+        topology=to_torchrec_topology(topology), batch_size=1024, constraints=constraints, stats=[], debug=False
+    )
+    planner.plan(module=meta_collection(model), sharders=[EmbeddingBagCollectionSharder()])
+    theirs = from_sharding_options(planner._best_plan, model, topology)
+    for table in model.tables:
+        assert constraint_problems(table, theirs[table.name]) == [], table.name
+    assert theirs["t1"].shards[0].cache_fraction == 0.3

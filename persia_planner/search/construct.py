@@ -81,13 +81,19 @@ class GreedyConstruction:
 
         plain = Start()
         guided = plain
+        untrusted = None  # the tiers of a hint that is not trusted, as a start of their own
         if hint is not None:
             # A hint whose tiers overload a resource the relaxation's weights ignored still has good prices.
             guided = Start(hint.preferred if hint.trustworthy else None, hint.prices)
+            untrusted = None if hint.trustworthy else Start(hint.preferred, hint.prices)
         # On large models only the guided passes run (the plain greedy scores every option of every table and
         # rarely wins there), to keep planning 1,000 tables fast.
         small = len(cost.model.tables) <= _BOTH_STARTS_MAX_TABLES
         starts = list(dict.fromkeys([guided, plain] if hint is None or small else [guided]))
+        if small and untrusted is not None:
+            # The relaxation's tiers can still be the better start where they overload a resource: the greedy
+            # rebalances them (decision 0020).
+            starts.append(untrusted)
         firsts = [state for start in starts if (state := attempt(start)[0])]
         if not firsts:
             # Tight memory: the greedy order (hottest bytes first) can fill a tier a big table needed. Before
@@ -96,8 +102,8 @@ class GreedyConstruction:
             fallbacks = [Start(largest_first=True), Start(None, guided.prices, largest_first=True)]
             if self.config.tiers & {Tier.HBM, Tier.DDR, Tier.HBM_CACHE} and Tier.PS in self.config.tiers:
                 fallbacks.append(Start(keep_local=True))
-            if hint is not None and not hint.trustworthy:
-                fallbacks.insert(0, Start(hint.preferred, hint.prices))
+            if untrusted is not None and untrusted not in starts:
+                fallbacks.insert(0, untrusted)
             firsts = [state for start in fallbacks if (state := attempt(start)[0])]
             starts = starts + [f for f in fallbacks if f not in starts]
         if not firsts and small:

@@ -5,7 +5,8 @@ and column-wise shards go one at a time, each on its best candidate GPU (the lea
 plus the least-loaded few: :meth:`.state.State.candidates`); table-column-wise and table-row-wise compare whole
 candidate hosts; row-wise spreads over every GPU, a replica goes on every GPU and ``ps_hash`` puts one hash bucket on
 every server, which leaves nothing to decide. Every option's first decision is scored in one matrix and the further
-ones together (:mod:`.steps`).
+ones together (:mod:`.steps`). A table whose constraints name devices is scored on those only (the host-level
+shardings on hosts with enough of them).
 """
 
 from __future__ import annotations
@@ -86,11 +87,17 @@ class DeviceChoice:
         s = option.sharding
         if s in (Sharding.TABLE_WISE, Sharding.COLUMN_WISE):
             return self._first_shard(table, option)
+        allowed = state.allowed_gpus(table)
         if s is Sharding.TABLE_COLUMN_WISE:
             # One candidate per candidate host, all scored in one matrix: every host's shards go through the cost
             # model at once.
-            hosts = state.candidate_hosts()
-            if state.host_grid is not None:
+            hosts = state.candidate_hosts() if allowed is None else self._allowed_hosts(allowed, option.splits)
+            if allowed is not None:
+                picked = [
+                    gpus[np.argsort(state.gpu_step[gpus], kind="stable")][: option.splits]
+                    for gpus in (state.host_gpus[h][allowed[state.host_gpus[h]]] for h in hosts)
+                ]
+            elif state.host_grid is not None:
                 grid = state.host_grid if len(hosts) == state.n_hosts else state.host_grid[hosts]
                 by_load = np.argsort(state.gpu_step[grid], axis=1, kind="stable")[:, : option.splits]
                 picked = list(np.take_along_axis(grid, by_load, axis=1)) if grid.shape[1] >= option.splits else []
@@ -111,8 +118,10 @@ class DeviceChoice:
         if s is Sharding.TABLE_ROW_WISE:
             # One candidate per candidate host. Every host's vectors depend only on the table: kept while the
             # candidates are every host; beyond, kept they would be hosts x GPUs per table, so built when asked.
-            hosts = state.candidate_hosts()
-            if len(hosts) == state.n_hosts:
+            hosts = state.candidate_hosts() if allowed is None else self._allowed_hosts(allowed, None)
+            if not hosts:
+                return None
+            if allowed is None and len(hosts) == state.n_hosts:
                 loads, mem = self.fixed_vectors(table, option)
             else:
                 loads, mem = self._twrw_vectors(table, option, hosts)
@@ -126,6 +135,18 @@ class DeviceChoice:
             return given(Choice(option, gpus, loads, mem, float(scores[0]), state.stamp(steps[0])))
 
         return Step(loads[None, :], finish, forced=lambda: Choice(option, gpus, loads, mem))
+
+    def _allowed_hosts(self, allowed: np.ndarray, need: int | None) -> list[int]:
+        """Candidate hosts with ``need`` GPUs in the mask ``allowed`` (None: all of theirs), in index order: those of
+        :meth:`.State.candidate_hosts`, else up to as many others."""
+        state = self.state
+        enough = [
+            h
+            for h, gpus in enumerate(state.host_gpus)
+            if (allowed[gpus].all() if need is None else int(allowed[gpus].sum()) >= need)
+        ]
+        eligible = set(enough)
+        return [h for h in state.candidate_hosts() if h in eligible] or enough[: len(state.candidate_hosts())]
 
     def _pick_step(
         self, option: Option, loads: np.ndarray, mem: np.ndarray, devices: list[tuple[int, ...]]
@@ -145,15 +166,19 @@ class DeviceChoice:
         return Step(loads, finish)
 
     def _shard_candidates(
-        self, found: RangeTerms, chosen: list[int], used_ddr: np.ndarray
+        self, found: RangeTerms, chosen: list[int], used_ddr: np.ndarray, allowed: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """GPUs to score for one more shard of ``found`` (besides those ``chosen``) and which of them fit."""
+        """GPUs to score for one more shard of ``found`` (besides those ``chosen``, within the mask ``allowed``) and
+        which of them fit."""
         gpus = self.state.candidates(exclude=chosen)
+        if allowed is not None:
+            gpus = gpus[allowed[gpus]]
         ok = self._shard_fits(found, gpus, used_ddr)
         if not ok.any():
             # The least-loaded GPUs are full: fall back to every GPU with room (the least-loaded of them, beyond
             # _FALLBACK: a row per GPU of the cluster is GPUs x GPUs).
-            gpus = np.setdiff1d(self.shards.all_gpus, chosen)
+            pool = self.shards.all_gpus if allowed is None else np.flatnonzero(allowed)
+            gpus = np.setdiff1d(pool, chosen)
             ok = self._shard_fits(found, gpus, used_ddr)
             if not ok.any():
                 return None
@@ -168,7 +193,8 @@ class DeviceChoice:
         state, shards, cost = self.state, self.shards, self.cost
         gpu_host = cost.gpu_host
         found = shards.range_terms(table, option.tier, option.cache_fraction, table.dim // option.splits)
-        first = self._shard_candidates(found, [], np.zeros(state.n_hosts))
+        allowed = state.allowed_gpus(table)
+        first = self._shard_candidates(found, [], np.zeros(state.n_hosts), allowed)
         if first is None:
             return None
         first_gpus, first_ok = first
@@ -191,7 +217,7 @@ class DeviceChoice:
                 loads = cand_l[i].copy()  # alone: a view would keep every candidate's row alive with the choice
                 if len(chosen) == option.splits:
                     return Choice(option, tuple(chosen), loads, mem, float(scores[i]), state.stamp(steps[i]))
-                more = self._shard_candidates(found, chosen, used_ddr)
+                more = self._shard_candidates(found, chosen, used_ddr, allowed)
                 if more is None:
                     return None
                 gpus, ok = more

@@ -41,7 +41,22 @@ class NextBestAlternatives:
 
 
 def capacity_error(state: State, table: TableSpec) -> CapacityError:
-    """Why ``table`` fits nowhere in ``state``: the resource that is short, by how much, and the fixes."""
+    """Why ``table`` fits nowhere in ``state``: the resource that is short, by how much, and the fixes (for a table
+    with constraints, that it fits nowhere they allow, and loosening them first)."""
+    err = _capacity_error(state, table)
+    allowed = table.constraints
+    if not allowed.constrained:
+        return err
+    return CapacityError(
+        err.resource,
+        err.short_bytes,
+        err.message.replace("fits nowhere", f"fits nowhere its constraints allow ({allowed.describe()})", 1),
+        ("allow more tiers, sharding types or devices", *err.fixes[:2]),
+        table=table.name,
+    )
+
+
+def _capacity_error(state: State, table: TableSpec) -> CapacityError:
     cost, size = state.cost, table.bytes(state.dtype_of(table))
     free_vector = state.cap - state.mem
     free = {

@@ -2,14 +2,21 @@
 
 Pruning keeps the scoring cheap without losing the plans that matter: slower local tiers only once a table no
 longer fits one GPU's free HBM, split options only for hot or big tables (or while the local search explores),
-replicas only for tiny tables, and nothing that cannot fit.
+replicas only for tiny tables, and nothing that cannot fit. A table's ``constraints:`` narrow its options to the
+sharding types, tiers and devices they allow; the ``hbm_cache`` tier is tried at the cache sizes that reach the
+constants' hit-rate targets and at the largest the free HBM holds (or at the one the constraints fix).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from persia_planner.access import cache_fraction_candidates
 from persia_planner.bound import TierChoice
+from persia_planner.kinds import LOCAL_TIERS
+from persia_planner.memory import largest_cache_fraction
 from persia_planner.placement import Sharding, Tier, row_splittable
 from persia_planner.search.base import Option
 from persia_planner.specs import TableSpec
@@ -42,44 +49,83 @@ class TieredOptions:
         With ``explore`` (local search), split options are scored for every table, not only hot or big ones.
         With ``hint``, only the options of the hinted tier, unpruned: the relaxation chose a slower tier for this
         table to leave the faster memory to others."""
-        cfg = state.config
+        cfg, allowed = state.config, table.constraints
+        shardings = frozenset(s for s in cfg.shardings if allowed.sharding_types is None or s in allowed.sharding_types)
+        tiers_allowed = frozenset(t for t in cfg.tiers if allowed.tiers is None or t in allowed.tiers)
+        gpus = state.allowed_gpus(table)
         opts: list[Option] = []
         size = state.shards.size(table)
-        free = state.free_room()
-        tiers = [t for t in (Tier.HBM, Tier.HBM_CACHE, Tier.DDR) if t in cfg.tiers]
+        free = state.free_room(gpus)
+        tiers = [t for t in LOCAL_TIERS if t in tiers_allowed] if free.hbm_sorted else []
         if hint is not None:
             tiers = [t for t in tiers if t is hint.tier and not hint.replicated]
-        fits_one_hbm = size <= free.hbm_sorted[0]
+        fits_one_hbm = bool(free.hbm_sorted) and size <= free.hbm_sorted[0]
         for tier in tiers:
             # Slower local tiers only matter once the table no longer fits in one GPU's free HBM.
             if tier is not Tier.HBM and fits_one_hbm and Tier.HBM in tiers and hint is None:
                 continue
-            fractions = state.cost.constants.cache_fractions if tier is Tier.HBM_CACHE else (0.0,)
-            if hint is not None and tier is Tier.HBM_CACHE:
-                fractions = (hint.cache_fraction,)
+            fractions: tuple[float, ...] = (0.0,)
+            if tier is Tier.HBM_CACHE:
+                fractions = self.cache_fractions(state, table, free)
+                if hint is not None and allowed.cache_fraction is None:
+                    # The relaxation's size, to three digits: the bound covers every size, and plans read better.
+                    fractions = (float(f"{hint.cache_fraction:.3g}"),)
             for fraction in fractions:
-                opts.extend(self._local_options(state, table, tier, fraction, free, explore))
+                opts.extend(self._local_options(state, table, tier, fraction, free, explore, shardings, gpus))
         if (
-            Sharding.DATA_PARALLEL in cfg.shardings
-            and Tier.HBM in cfg.tiers
+            Sharding.DATA_PARALLEL in shardings
+            and Tier.HBM in tiers_allowed
+            and gpus is None
             and size <= _DP_MAX_HBM_SHARE * state.min_hbm
             and (hint is None or hint.replicated)
         ):
             opts.append(Option(Sharding.DATA_PARALLEL, Tier.HBM))
         if (
-            Sharding.PS_HASH in cfg.shardings
-            and Tier.PS in cfg.tiers
+            Sharding.PS_HASH in shardings
+            and Tier.PS in tiers_allowed
             and state.n_servers
+            and state.every_server(table)
             and state.shards.whole(("ps_holds", table.name), lambda: state.ps_holds(table))
             and (hint is None or hint.tier is Tier.PS)
         ):
             opts.append(Option(Sharding.PS_HASH, Tier.PS))
         return opts
 
+    @staticmethod
+    def cache_fractions(state: State, table: TableSpec, free: FreeRoom) -> tuple[float, ...]:
+        """The cache sizes to try for ``table`` on ``hbm_cache`` in ``state``: the one its constraints fix, else
+        :func:`.access.cache_fraction_candidates` (the hit-rate targets, the largest cache the freest GPU holds
+        whole and the largest every GPU holds a row block of, given ``free``) and the constants' fixed sizes, but
+        those larger than a row block on every GPU holds (no split holds more: each is scored on every GPU first)."""
+        fixed = table.constraints.cache_fraction
+        if fixed is not None:
+            return (fixed,)
+        if not free.hbm_sorted:
+            return ()
+        constants = state.cost.constants
+
+        def targets() -> tuple[float, ...]:
+            hit = constants.cache_hit_targets
+            return cache_fraction_candidates(table.zipf_alpha, table.rows, hit, fixed=constants.cache_fractions)
+
+        block = -(-table.rows // len(free.hbm_sorted))
+        whole = largest_cache_fraction(table, table.rows, table.dim, state.dtype_of(table), free.hbm_sorted[0])
+        spread = largest_cache_fraction(table, block, table.dim, state.dtype_of(table), free.hbm_sorted[-1])
+        found = set(state.shards.whole(("cache_targets", table.name), targets))  # type: ignore[call-overload]
+        found.update(cache_fraction_candidates(0.0, table.rows, (), (whole, spread)))
+        return tuple(sorted(f for f in found if f <= max(whole, spread)))
+
     def _local_options(
-        self, state: State, table: TableSpec, tier: Tier, fraction: float, free: FreeRoom, explore: bool
+        self,
+        state: State,
+        table: TableSpec,
+        tier: Tier,
+        fraction: float,
+        free: FreeRoom,
+        explore: bool,
+        shardings: frozenset[Sharding],
+        gpus: np.ndarray | None,
     ) -> list[Option]:
-        shardings = state.config.shardings
         opts: list[Option] = []
         whole = state.shards.range_terms(table, tier, fraction, table.dim)
         hbm_need, ddr_need = whole.hbm, whole.ddr
@@ -97,6 +143,8 @@ class TieredOptions:
         if one_gpu and Sharding.TABLE_WISE in shardings and not explore and not self._is_hot(state, table, tier):
             return opts
         min_host = min(len(g) for g in state.host_gpus)
+        # Allowed GPUs per host: a host-level sharding needs as many of one host's GPUs as it has shards.
+        per_host = None if gpus is None else [int(gpus[g].sum()) for g in state.host_gpus]
         for splits in sorted({2, 4, min_host}):
             cols = table.dim // splits
             if splits < 2 or table.dim % splits or cols < _MIN_COLS or not room(splits):
@@ -104,14 +152,25 @@ class TieredOptions:
             if Sharding.COLUMN_WISE in shardings and splits <= 4:
                 opts.append(Option(Sharding.COLUMN_WISE, tier, fraction, splits))
             # TorchRec lays table-column-wise out like table-row-wise: the same GPU count on every host.
-            if Sharding.TABLE_COLUMN_WISE in shardings and splits == min_host and state.uniform_hosts:
+            if (
+                Sharding.TABLE_COLUMN_WISE in shardings
+                and splits == min_host
+                and state.uniform_hosts
+                and (per_host is None or max(per_host) >= splits)
+            ):
                 opts.append(Option(Sharding.TABLE_COLUMN_WISE, tier, fraction, splits))
         G = state.n_gpus
-        if Sharding.ROW_WISE in shardings and row_splittable(table.rows, G) and hbm_need / G <= hbm_sorted[-1]:
+        if (
+            Sharding.ROW_WISE in shardings
+            and gpus is None
+            and row_splittable(table.rows, G)
+            and hbm_need / G <= hbm_sorted[-1]
+        ):
             opts.append(Option(Sharding.ROW_WISE, tier, fraction))
         if (
             Sharding.TABLE_ROW_WISE in shardings
             and state.uniform_hosts
+            and (per_host is None or max(per_host) == min_host)
             and row_splittable(table.rows, min_host)
             and room(min_host)
         ):

@@ -129,8 +129,14 @@ class State:
             self._free = self._room - self.mem
         return self._free
 
-    def free_room(self) -> FreeRoom:
-        """Free HBM per GPU and free trainer DDR, as enumeration asks for them."""
+    def free_room(self, gpus: np.ndarray | None = None) -> FreeRoom:
+        """Free HBM per GPU and free trainer DDR, as enumeration asks for them: of every GPU and host, or of the GPUs
+        in the mask ``gpus`` and their hosts (a table's constraints)."""
+        if gpus is not None:
+            free_hbm = (self.cost.hbm_of(self.cap) - self.cost.hbm_of(self.mem))[gpus]
+            hosts = np.unique(self.cost.gpu_host[gpus])
+            free_ddr = (self.cost.ddr_of(self.cap) - self.cost.ddr_of(self.mem))[hosts]
+            return FreeRoom(np.sort(free_hbm)[::-1].tolist(), float(free_ddr.sum()), float(free_ddr.max(initial=0.0)))
         if self._room_stats is None:
             free_hbm = self.cost.hbm_of(self.cap) - self.cost.hbm_of(self.mem)
             free_ddr = self.cost.ddr_of(self.cap) - self.cost.ddr_of(self.mem)
@@ -310,6 +316,24 @@ class State:
     ) -> tuple[Choice | None, list[tuple[Choice, float]]]:
         """:meth:`best_choice` among ``options``."""
         return self.devices.best_choice_of(table, options)
+
+    # ---- a table's constraints ------------------------------------------------------------------------------------
+    def allowed_gpus(self, table: TableSpec) -> np.ndarray | None:
+        """The GPUs ``table``'s constraints let its shards go to, as a mask over the GPUs; None where every one."""
+        devices = table.constraints.devices
+        if devices is None:
+            return None
+
+        def mask() -> np.ndarray | None:
+            allowed = np.array([g.name in devices for g in self.cost.topology.gpus], dtype=bool)
+            return None if allowed.all() else allowed
+
+        return self.shards.whole(("allowed", table.name), mask)  # type: ignore[return-value]
+
+    def every_server(self, table: TableSpec) -> bool:
+        """Whether ``table``'s constraints let it go to every parameter server (``ps_hash`` hashes over all)."""
+        devices = table.constraints.devices
+        return devices is None or all(s.name in devices for s in self.cost.topology.servers)
 
     # ---- the parameter servers' share of a table ------------------------------------------------------------
     def ps_rows(self, table: TableSpec) -> np.ndarray:
