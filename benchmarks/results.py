@@ -47,6 +47,13 @@ HEADLINES = {
         "rss_growth_max",
         "rss_growth_worst",
     ),
+    "vs_torchrec": (
+        "min_ratio",
+        "median_ratio",
+        "cases_only_ours_runs",
+        "tuned_min_ratio",
+        "tuned_median_ratio",
+    ),
 }
 
 

@@ -2,7 +2,8 @@
 
 TorchRec's ``EmbeddingShardingPlanner`` runs in a child process (``python torchrec_baseline.py --worker CONFIG``)
 that is killed when it overruns, so a slow planner cannot hang the benchmark. The child plans on the meta device
-(no memory is allocated, no GPU is needed) for ``compute_device="cuda"``, with TorchRec's default enumerator,
+(no memory is allocated, no GPU is needed) for ``compute_device="cuda"`` (or ``"cpu"``: CPU trainers, whose
+tables TorchRec keeps in each rank's DDR), with TorchRec's default enumerator,
 proposers, partitioner, storage reservation and perf model; the only constraints are the tables' pooling factors
 and the sharding types our plans can represent (every TorchRec type but ``grid_shard``). Its chosen plan crosses
 the process boundary as JSON (:class:`persia_planner.export.TorchRecSharding` dicts).
@@ -52,6 +53,7 @@ __all__ = [
 # Sharding types our placements can represent: TorchRec's planner is constrained to these (grid_shard is not one).
 SUPPORTED_SHARDING_TYPES = tuple(s.value for s in Sharding if s is not Sharding.PS_HASH)
 DEFAULT_STARTUP_TIMEOUT_S = 180.0  # importing torch + torchrec and building the meta collection
+COMPUTE_DEVICES = ("cuda", "cpu")
 
 
 def model_to_dict(model: ModelSpec) -> dict[str, Any]:
@@ -99,11 +101,12 @@ def time_torchrec_planner(
     timeout_s: float,
     topology: Topology | None = None,
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    compute_device: str = "cuda",
 ) -> dict[str, Any]:
     """Run TorchRec's ``EmbeddingShardingPlanner`` on ``model`` in a child process killed at ``timeout_s``.
 
     The planner gets TorchRec's defaults (proposers, partitioner, storage reservation, perf model),
-    ``compute_device="cuda"``, a batch of ``model.batch_size // world_size`` per rank, and per table its pooling
+    ``compute_device``, a batch of ``model.batch_size // world_size`` per rank, and per table its pooling
     factor, its optimizer (so optimizer state counts in storage) and the sharding types our plans represent.
 
     Args:
@@ -116,13 +119,19 @@ def time_torchrec_planner(
             torch is imported and the meta collection is built (``startup_timeout_s`` bounds that part).
         topology: Optional: take bandwidths from our topology (see :func:`torchrec_topology_args`).
         startup_timeout_s: Limit on the child's start-up.
+        compute_device: TorchRec's ``compute_device``: ``"cuda"``, or ``"cpu"`` for CPU trainers (TorchRec then
+            ignores ``hbm_bytes`` and places every table in the rank's ``ddr_bytes``; its CPU sharder offers
+            table-wise, column-wise, table-column-wise and data-parallel only).
 
     Returns:
         ``status``: ``"ok"``, ``"timeout"`` or ``"failed"``; ``seconds``: planning time (``timeout_s`` on timeout);
         ``error``: one line, or None; ``options``: the chosen plan as :class:`TorchRecSharding` dicts, or None.
         Also ``objective_ms`` (TorchRec's perf-model objective of its plan), ``startup_s`` and ``wall_s``.
     """
+    if compute_device not in COMPUTE_DEVICES:
+        raise ValueError(f"compute_device must be one of {COMPUTE_DEVICES}, got {compute_device!r}")
     config = {
+        "compute_device": compute_device,
         "model": model_to_dict(model),
         "topology": torchrec_topology_args(
             world_size=world_size,
@@ -237,6 +246,7 @@ def torchrec_plan_placements(
     ddr_bytes: int,
     timeout_s: float,
     topology: Topology | None = None,
+    compute_device: str = "cuda",
 ) -> tuple[dict[str, TablePlacement] | None, dict[str, Any]]:
     """TorchRec's plan for ``model`` as our placements (None unless it planned in time), and the run's status.
 
@@ -249,6 +259,7 @@ def torchrec_plan_placements(
         timeout_s: Planning limit (see :func:`time_torchrec_planner`).
         topology: Our topology, whose GPUs name TorchRec's ranks (rank r = ``topology.gpus[r]``) and whose
             bandwidths TorchRec then uses; default a homogeneous cluster of ``world_size // local_world_size`` hosts.
+        compute_device: TorchRec's ``compute_device`` (see :func:`time_torchrec_planner`).
 
     Returns:
         ``(placements, status)`` where ``status`` is :func:`time_torchrec_planner`'s dict.
@@ -261,6 +272,7 @@ def torchrec_plan_placements(
         ddr_bytes=ddr_bytes,
         timeout_s=timeout_s,
         topology=topology,
+        compute_device=compute_device,
     )
     if status["status"] != "ok":
         return None, status
@@ -408,7 +420,7 @@ def _worker(config_path: str) -> int:
         from persia_planner.torchrec_scoring import meta_collection, shardings_from_plan, torchrec_constraints
 
         model = ModelSpec.from_dict(config["model"], "model")
-        topology = TorchRecTopology(compute_device="cuda", **config["topology"])
+        topology = TorchRecTopology(compute_device=config.get("compute_device", "cuda"), **config["topology"])
         collection = meta_collection(model)
         planner = EmbeddingShardingPlanner(
             topology=topology,

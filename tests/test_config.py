@@ -185,7 +185,7 @@ def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
     cases = [
         (["train", "--mode", "async"], {}, "--mode must be hybrid or sync"),
-        (["train", "--ps-wire", "int8"], {}, "--ps-wire must be one of fp32 (float32), fp16 (float16), bf16 (bfloat16)"),
+        (["train", "--ps-wire", "int8"], {}, "--ps-wire must be one of fp32 (float32), fp16 (float16)"),
         (["train", "--data", f"criteo:{tmp_path / 'none'}"], {}, "none: file or directory not found"),
         (["train", "--checkpoint", str(tmp_path / "afile" / "x")], {}, "afile is a file, not a directory"),
         (["train", "--checkpoint", str(tmp_path), "--resume"], {}, "no checkpoint in"),

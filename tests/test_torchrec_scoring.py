@@ -21,6 +21,7 @@ from persia_planner import (
     Topology,
     validate,
 )
+from persia_planner.paths import EXAMPLES
 from persia_planner.placement import Shard, TablePlacement
 from persia_planner.torchrec_scoring import from_sharding_options
 
@@ -226,3 +227,42 @@ def test_our_constraints_are_passed_on_to_torchrecs_planner():
     for table in model.tables:
         assert constraint_problems(table, theirs[table.name]) == [], table.name
     assert theirs["t1"].shards[0].cache_fraction == 0.3
+
+
+def test_torchrec_baseline_plans_for_cpu_trainers_in_their_memory_budget():
+    """compute_device="cpu": TorchRec's CPU sharder's types and kernels only, every table in the ranks' DDR budget,
+    and the plan converts onto a CPU topology (ranks = its trainer processes) within their memory."""
+    pytest.importorskip("torchrec")
+    from persia_planner.export import TorchRecSharding
+
+    baseline = _baseline()
+    host = {
+        "name": "trainer",
+        "ddr": "8GiB",
+        "profile": "profiles/cpu-2core.yaml",
+        "cpus": {"count": 2, "memory": "64MiB"},
+    }
+    topology = Topology.from_dict({"name": "cpu2", "hosts": [host]}, base_dir=EXAMPLES)
+    model = ModelSpec(
+        "cpu", 2048, tuple(TableSpec(f"t{i}", 20_000 * (i + 1), 16, pooling_factor=1.0 + i) for i in range(4))
+    )
+    result = baseline.time_torchrec_planner(
+        model, world_size=2, local_world_size=2, hbm_bytes=0, ddr_bytes=64 << 20, timeout_s=60.0, compute_device="cpu"
+    )
+    assert result["status"] == "ok", result["error"]
+    entries = [TorchRecSharding.from_dict(d) for d in result["options"]]
+    assert {e.sharding_type for e in entries} <= {"table_wise", "column_wise", "table_column_wise", "data_parallel"}
+    assert {e.compute_kernel for e in entries} <= {"fused", "dense"}
+    theirs = from_sharding_options(entries, model, topology)
+    assert list(theirs) == [t.name for t in model.tables]
+    assert {s.tier for p in theirs.values() for s in p.shards} == {Tier.HBM}  # a CPU trainer's budget
+    assert validate(Plan(model.name, topology.name, theirs, {}, 0.0, 0.0, 0.0), model, topology) == []
+
+    too_small = baseline.time_torchrec_planner(
+        model, world_size=2, local_world_size=2, hbm_bytes=0, ddr_bytes=1 << 20, timeout_s=60.0, compute_device="cpu"
+    )
+    assert too_small["status"] == "failed" and "storage" in too_small["error"].lower()
+    with pytest.raises(ValueError, match="compute_device"):
+        baseline.time_torchrec_planner(
+            model, world_size=2, hbm_bytes=0, ddr_bytes=1 << 20, timeout_s=1.0, compute_device="tpu"
+        )

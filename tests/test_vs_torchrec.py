@@ -1,0 +1,110 @@
+"""benchmarks/vs_torchrec.py's pure parts: its cases are models and clusters that load and have the budgets they
+claim, and its summary counts ratios and the cases only ours runs (the planning and training are the benchmark's)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from persia_planner import load_model, load_topology
+from persia_planner.topology import DeviceKind
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_torchrec.py"
+_SPEC = importlib.util.spec_from_file_location("vs_torchrec", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+vs = importlib.util.module_from_spec(_SPEC)
+sys.modules["vs_torchrec"] = vs  # dataclasses look their module up while the file runs
+_SPEC.loader.exec_module(vs)
+
+
+@pytest.mark.parametrize("case", vs.cases(), ids=lambda c: c.name)
+def test_each_case_writes_a_model_and_cluster_that_load_with_the_budget_it_claims(case, tmp_path):
+    model_path, topology_path = case.write(tmp_path)
+    model, topology = load_model(model_path), load_topology(topology_path)
+    assert len(model.tables) == case.tables and {t.dim for t in model.tables} == {case.dim}
+    assert model.staleness == 0 and model.batch_size == case.batch
+    assert [t.rows for t in model.tables] == case.table_rows()
+    assert min(t.rows for t in model.tables) == case.rows[0] and max(t.rows for t in model.tables) == case.rows[1]
+    assert {t.zipf_alpha for t in model.tables} == {case.zipf_alpha}
+    pooling = [t.pooling_factor for t in model.tables]
+    assert min(pooling) == case.pooling[0] and max(pooling) == case.pooling[1]
+    assert len(topology.gpus) == case.trainers and len(topology.servers) == case.servers
+    assert {g.kind for g in topology.gpus} == {DeviceKind.CPU}
+    assert {g.hbm_bytes for g in topology.gpus} == {case.budget_bytes}
+    assert vs.budget_kind(model, topology) == case.kind
+    if case.kind == vs.TIGHT and "split" in case.name:  # the largest table must be split
+        assert max(vs.table_bytes(model)) > topology.hbm_capacity(topology.gpus[0])
+    # Small enough for a 2-core machine to train 150 steps in well under a minute.
+    assert max(t.rows for t in model.tables) <= 300_000 and sum(vs.table_bytes(model)) < 100 * vs.MiB
+
+
+def test_the_cases_span_what_the_issue_asks():
+    every = vs.cases()
+    assert len(every) >= 8 and len({c.name for c in every}) == len(every)
+    assert min(c.tables for c in every) == 8 and max(c.tables for c in every) == 100
+    assert min(c.pooling[0] for c in every) == 1 and max(c.pooling[1] for c in every) == 20
+    assert {c.trainers for c in every} == {2, 4}
+    assert {c.kind for c in every} == set(vs.KINDS)
+    assert sum(c.kind == vs.PS_ONLY for c in every) >= 2
+    assert len({c.zipf_alpha for c in every}) >= 3 and len({c.dim for c in every}) >= 3
+    quick = vs.pick(None, quick=True)
+    assert len(quick) <= 3 and any(c.kind == vs.PS_ONLY for c in quick)
+    assert [c.name for c in vs.pick("ps-26t-d16-2tr,roomy-8t-d16-2tr", quick=False)] == [
+        "ps-26t-d16-2tr",
+        "roomy-8t-d16-2tr",
+    ]
+    with pytest.raises(SystemExit, match="unknown case"):
+        vs.pick("no-such-case", quick=False)
+
+
+def _record(name, ours, theirs, status="ok", **more):
+    record = {"name": name, "ours_samples_per_s": ours, "torchrec_samples_per_s": theirs, "torchrec_status": status}
+    return record | more
+
+
+def test_summary_takes_ratios_over_the_cases_both_ran_and_counts_the_ones_only_ours_runs():
+    records = [
+        _record("a", 120.0, 100.0),
+        _record("b", 90.0, 100.0),
+        _record("c", 200.0, 100.0),
+        _record("d", 50.0, None, status="planner_failed"),
+        _record("e", 60.0, None, status="over_capacity"),
+        _record("f", None, 100.0),  # ours failed to run: neither a ratio nor an only-ours case
+    ]
+    summary = vs.summarize(records)
+    assert summary["min_ratio"] == pytest.approx(0.9)
+    assert summary["median_ratio"] == pytest.approx(1.2)
+    assert summary["cases_only_ours_runs"] == 2
+    assert summary["cases_both_run"] == 3
+    assert summary["tuned_min_ratio"] is None and summary["tuned_median_ratio"] is None
+
+    tuned = [r | {"tuned_samples_per_s": r["ours_samples_per_s"] and r["ours_samples_per_s"] * 1.5} for r in records]
+    summary = vs.summarize(tuned)
+    assert summary["tuned_min_ratio"] == pytest.approx(1.35)
+    assert summary["tuned_median_ratio"] == pytest.approx(1.8)
+
+    nothing = vs.summarize([_record("x", 50.0, None, status="planner_failed")])
+    assert nothing["min_ratio"] is None and nothing["median_ratio"] is None and nothing["cases_only_ours_runs"] == 1
+
+
+def test_case_record_puts_each_plans_rate_and_the_ratio_side_by_side(tmp_path):
+    case = vs.cases()[0]
+    model_path, topology_path = case.write(tmp_path)
+    model, topology = load_model(model_path), load_topology(topology_path)
+    ours = vs.PlanOutcome("ok", mix={"table_wise": 7, "row_wise": 1}, split=1, predicted_ms=20.0, rates=[90, 110, 100])
+    theirs = vs.PlanOutcome("ok", mix={"column_wise": 8}, predicted_ms=25.0, rates=[80, 81, 79])
+    theirs.breakdowns = [{"embedding": 4.0, "dense": 2.0}, {"embedding": 6.0}, {"embedding": 5.0, "dense": 1.0}]
+    record = vs.case_record(case, model, topology, {"ours": ours, "torchrec": theirs})
+    assert record["ours_samples_per_s"] == 100 and record["torchrec_samples_per_s"] == 80
+    assert record["ratio"] == pytest.approx(1.25) and record["torchrec_status"] == "ok"
+    assert record["ours_mix"] == "tw 7, rw 1 (1 split)" and record["torchrec_mix"] == "cw 8"
+    assert record["breakdown_ms"] == {"torchrec": {"embedding": 5.0, "dense": 1.0}}
+
+    failed = vs.PlanOutcome("planner_failed", error="PlannerError: insufficient storage")
+    record = vs.case_record(case, model, topology, {"ours": ours, "torchrec": failed})
+    assert record["torchrec_samples_per_s"] is None and record["ratio"] is None
+    assert record["torchrec_status"] == "planner_failed" and record["torchrec_mix"] == ""
+    assert vs.summarize([record])["cases_only_ours_runs"] == 1
