@@ -24,11 +24,12 @@ trainer, split) and ``ps_only`` (the tables exceed all the trainers' memory toge
 
 Prints a table and writes JSON (``--json OUT``): ``cases`` (a record per case), ``min_ratio`` and ``median_ratio``
 (over the cases both plans ran), ``cases_only_ours_runs``, and ``tuned_min_ratio`` / ``tuned_median_ratio`` (a third,
-tuned plan per case; null until one is added to ``PLANNERS``).
+tuned plan per case: ``persia plan --tune``'s, with ``--tune``; null without it).
 
     python benchmarks/vs_torchrec.py --quick --json out.json    # CI: 3 cases, 60 steps, 2 rounds (~3 minutes)
     python benchmarks/vs_torchrec.py --json out.json            # 10 cases, 150 steps, 3 rounds (~30 minutes)
     python benchmarks/vs_torchrec.py --cases roomy-8t-d16-2tr,ps-26t-d16-2tr --rounds 5
+    python benchmarks/vs_torchrec.py --tune --json out.json     # also persia plan --tune's plan (tuned_* keys)
 """
 
 from __future__ import annotations
@@ -254,6 +255,7 @@ class PlanOutcome:
         error: One line, when not ok.
         rates: Samples/s of each round.
         breakdowns: Each round's measured step, term by term (``persia train``'s ``step_breakdown_ms``).
+        chosen: A tuned plan's candidate (plan.json's ``tuning.chosen``).
     """
 
     status: str
@@ -265,6 +267,7 @@ class PlanOutcome:
     error: str | None = None
     rates: list[float] = field(default_factory=list)
     breakdowns: list[dict[str, float]] = field(default_factory=list)
+    chosen: str | None = None
 
     @property
     def samples_per_s(self) -> float | None:
@@ -381,8 +384,32 @@ def plan_with_torchrec(files: CaseFiles) -> PlanOutcome:
     return outcome
 
 
-# The plans each case trains, in this order; each is compared with BASELINE's. A tuned plan joins as a third entry
-# ("tuned": plan_tuned), and the JSON's tuned_min_ratio / tuned_median_ratio then fill from its rates.
+def plan_tuned(files: CaseFiles, budget_s: float, steps: int) -> PlanOutcome:
+    """``persia plan --tune``, as a user runs it: our search's plan, its alternatives and TorchRec's planner's plan
+    each run here for ``steps`` steps in alternated rounds within ``budget_s``, the fastest median kept."""
+    path = files.folder / "tuned.json"
+    command = [*persia_command(), "plan", str(files.model_path), str(files.topology_path), "--tune"]
+    command += ["--tune-budget", f"{budget_s:g}", "--tune-steps", str(steps), "--out", str(path)]
+    started = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + TRAIN_TIMEOUT_S)
+    plan_s = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
+        return PlanOutcome("planner_failed", plan_s=plan_s, error=tail[0][:300])
+    from persia_planner import load_plan
+
+    tuned = load_plan(path)
+    outcome = describe(PlanOutcome("ok", path=path, plan_s=plan_s, predicted_ms=tuned.step_ms), tuned.tables)
+    outcome.chosen = tuned.tuning.chosen if tuned.tuning is not None else None
+    code, problem = validate_file(files, path)
+    if code != 0:
+        outcome.status, outcome.error = "invalid", problem
+    return outcome
+
+
+TUNED = "tuned"
+# The plans each case trains, in this order; each is compared with BASELINE's. With --tune, TUNED joins as a third
+# (plan_tuned), and the JSON's tuned_min_ratio / tuned_median_ratio fill from its rates.
 PLANNERS: dict[str, Callable[[CaseFiles], PlanOutcome]] = {"ours": plan_with_ours, BASELINE: plan_with_torchrec}
 
 
@@ -449,12 +476,23 @@ def run_rounds(
 
 
 # ---- one case ---------------------------------------------------------------------------------------------------
-def run_case(case: Case, folder: Path, *, steps: int, rounds: int, id_space: float | None = None) -> dict[str, Any]:
-    """Plan ``case`` with every planner of :data:`PLANNERS`, train the plans, and return the case's record."""
+def run_case(
+    case: Case,
+    folder: Path,
+    *,
+    steps: int,
+    rounds: int,
+    id_space: float | None = None,
+    tune: tuple[float, int] | None = None,
+) -> dict[str, Any]:
+    """Plan ``case`` with every planner of :data:`PLANNERS` (and, with ``tune`` = (budget s, steps), ``persia plan
+    --tune``), train the plans, and return the case's record."""
     model_path, topology_path = case.write(folder)
     model, topology = load_model(model_path), load_topology(topology_path)
     files = CaseFiles(case, model_path, topology_path, model, topology, folder)
     outcomes = {label: planner(files) for label, planner in PLANNERS.items()}
+    if tune is not None:
+        outcomes[TUNED] = plan_tuned(files, *tune)
     for label, o in outcomes.items():
         said = f"{o.status}" + (f" ({o.error})" if o.error else "")
         console.print(f"   {label}: {mix_text(o.mix, o.split) or '-'}; {said}")
@@ -491,6 +529,8 @@ def case_record(
             record["ratio" if label == "ours" else f"{label}_ratio"] = ours / theirs if ours and theirs else None
         record[f"{label}_status"] = o.status
         record[f"{label}_error"] = o.error
+        if o.chosen is not None:
+            record[f"{label}_chosen"] = o.chosen
     record["rounds"] = {label: o.rates for label, o in outcomes.items()}
     # Two levels deep, so RESULTS.md leaves it out: the terms say where a plan's step went (a run with PS tables is
     # not profiled, and has only data / ps_wait / push / other).
@@ -559,6 +599,7 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
         "ours samples/s",
         "TorchRec samples/s",
         "ratio",
+        "tuned: kept, ratio",
         "predicted ms (ours / TR)",
         "TorchRec status",
     )
@@ -589,6 +630,10 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
             rate(r["ours_samples_per_s"]),
             rate(r[f"{BASELINE}_samples_per_s"]),
             shown,
+            "-"
+            if f"{TUNED}_status" not in r
+            else f"{r.get(f'{TUNED}_chosen', r[f'{TUNED}_status'])}, "
+            + ("-" if r.get(f"{TUNED}_ratio") is None else f"{r[f'{TUNED}_ratio']:.2f}x"),
             f"{ms(r['ours_predicted_ms'])} / {ms(r[f'{BASELINE}_predicted_ms'])}",
             status if status == "ok" else f"[yellow]{status}[/]",
         )
@@ -618,6 +663,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="runs of each plan, alternated (default 3; --quick 2)")
     parser.add_argument("--steps", type=int, help="steps per run (default 150; --quick 60)")
     parser.add_argument("--id-space", type=float, help="persia train --id-space (default: persia train's)")
+    parser.add_argument("--tune", action="store_true", help="also run persia plan --tune's plan (tuned_* keys)")
+    parser.add_argument("--tune-budget", type=float, help="persia plan --tune-budget per case (default 90; --quick 30)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 3)
     steps = args.steps or (60 if args.quick else 150)
@@ -633,7 +680,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{case.trainers} trainers x {case.budget_bytes / MiB:g} MiB; {rounds} rounds of {steps} steps"
             )
             case_started = time.perf_counter()
-            records.append(run_case(case, Path(tmp, case.name), steps=steps, rounds=rounds, id_space=args.id_space))
+            tune = (args.tune_budget or (30.0 if args.quick else 90.0), max(20, steps // 3)) if args.tune else None
+            records.append(
+                run_case(case, Path(tmp, case.name), steps=steps, rounds=rounds, id_space=args.id_space, tune=tune)
+            )
             records[-1]["wall_s"] = round(time.perf_counter() - case_started, 1)
     out: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
@@ -659,6 +709,12 @@ def main(argv: list[str] | None = None) -> int:
         f"ours / TorchRec over the {out['cases_both_run']} cases both ran: min {fmt(out['min_ratio'])}, median "
         f"{fmt(out['median_ratio'])}; cases only ours runs: {out['cases_only_ours_runs']}; {out['wall_s']:.0f} s"
     )
+    if args.tune:
+        console.print(
+            f"tuned (persia plan --tune) / TorchRec: min {fmt(out['tuned_min_ratio'])}, median "
+            f"{fmt(out['tuned_median_ratio'])}; kept: "
+            + ", ".join(f"{r['name']} {r.get(f'{TUNED}_chosen', r[f'{TUNED}_status'])}" for r in records)
+        )
     for r in records:
         if r[f"{BASELINE}_status"] != "ok" or r["ours_status"] != "ok":
             console.print(

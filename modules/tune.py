@@ -151,7 +151,7 @@ def tune_runs(
         try:
             theirs = plan_with_torchrec(model, topology)
         except PlannerError as err:
-            failed.append(MeasuredCandidate(TORCHREC, float("nan"), (), str(err).splitlines()[0]))
+            failed.append(MeasuredCandidate(TORCHREC, None, (), str(err).splitlines()[0]))
         else:
             step_ms = float(cost.evaluate(theirs)[0].step_ms)
             problems = validate(priced_plan(cost, theirs, lower_bound_ms=0.0), model, topology)

@@ -476,7 +476,7 @@ def _tuning_table(tuning: Tuning) -> tuple[str, tuple[tuple[str, str], ...], lis
     columns += (("", "left"),)
     rows = []
     for c in tuning.candidates:
-        estimate = f"{c.estimate_step_ms:.2f}" if math.isfinite(c.estimate_step_ms) else "-"
+        estimate = "-" if c.estimate_step_ms is None else f"{c.estimate_step_ms:.2f}"
         measured = f"{c.median_samples_per_s:,.0f}" if c.samples_per_s else (c.error or "not run")
         kept = "kept" if c.name == tuning.chosen else ""
         rows.append((escape(c.name), estimate, str(len(c.samples_per_s)), escape(measured), kept))

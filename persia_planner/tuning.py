@@ -26,13 +26,14 @@ class MeasuredCandidate:
 
     Attributes:
         name: What the candidate is (``search``, a restricted search such as ``whole tables``, ``torchrec``).
-        estimate_step_ms: Its step time under the cost model.
+        estimate_step_ms: Its step time under the cost model (None: there is no plan, e.g. TorchRec's planner found
+            none).
         samples_per_s: Global samples per second of each timed run, in run order (empty when it could not run).
         error: Why it could not run (one line), or None.
     """
 
     name: str
-    estimate_step_ms: float
+    estimate_step_ms: float | None
     samples_per_s: tuple[float, ...] = ()
     error: str | None = None
 
@@ -44,7 +45,7 @@ class MeasuredCandidate:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": self.name,
-            "estimate_step_ms": round(self.estimate_step_ms, 4),
+            "estimate_step_ms": None if self.estimate_step_ms is None else round(self.estimate_step_ms, 4),
             "samples_per_s": [round(r, 1) for r in self.samples_per_s],
             "median_samples_per_s": round(self.median_samples_per_s, 1),
         }
@@ -55,14 +56,14 @@ class MeasuredCandidate:
     @classmethod
     def from_fields(cls, item: Fields) -> MeasuredCandidate:
         name = item.take_str("name")
-        estimate = item.take("estimate_step_ms", Quantity.NUMBER)
+        estimate = item.take("estimate_step_ms", Quantity.NUMBER, default=None)
         rates = item.take("samples_per_s", default=[])
         if not isinstance(rates, list) or len(rates) > MAX_TUNING_ROUNDS or not all(_rate(r) for r in rates):
             raise item.error("samples_per_s", f"expected a list of at most {MAX_TUNING_ROUNDS} numbers >= 0")
         item.take("median_samples_per_s", Quantity.NUMBER, default=None)  # derived: written for readers only
         error = item.take_str("error", default=None)
         item.finish()
-        return cls(name, float(estimate), tuple(float(r) for r in rates), error)
+        return cls(name, None if estimate is None else float(estimate), tuple(float(r) for r in rates), error)
 
 
 def _rate(value: Any) -> bool:

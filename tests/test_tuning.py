@@ -17,7 +17,7 @@ RECORD = Tuning(
     (
         MeasuredCandidate("search", 10.0, (100.0, 130.0, 90.0)),
         MeasuredCandidate("whole tables", 11.0, (120.0, 110.0, 140.0)),
-        MeasuredCandidate("torchrec", 12.0, (), "TorchRec's planner found no plan: insufficient storage"),
+        MeasuredCandidate("torchrec", None, (), "TorchRec's planner found no plan: insufficient storage"),
     ),
 )
 
@@ -43,6 +43,15 @@ def test_a_tuned_plan_round_trips_through_plan_json():
         "samples_per_s": [120.0, 110.0, 140.0],
         "median_samples_per_s": 120.0,
     }
+    # TorchRec's planner found no plan: no estimate (JSON null, never NaN), its error line, no runs.
+    assert data["tuning"]["candidates"][2] == {
+        "name": "torchrec",
+        "estimate_step_ms": None,
+        "samples_per_s": [],
+        "median_samples_per_s": 0.0,
+        "error": "TorchRec's planner found no plan: insufficient storage",
+    }
+    assert "NaN" not in tuned.to_json()
     assert Plan.from_dict(data).tuning == RECORD
 
 
