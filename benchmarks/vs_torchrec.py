@@ -59,11 +59,11 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # torchrec_baseline si
 
 from torchrec_baseline import over_capacity, time_torchrec_planner
 
-from persia_planner import CostModel, ModelSpec, Plan, Sharding, Topology, load_model, load_topology
+from persia_planner import CostModel, ModelSpec, Sharding, Topology, load_model, load_topology
 from persia_planner import plan as plan_ours
 from persia_planner.bound import lower_bound
 from persia_planner.paths import EXAMPLES
-from persia_planner.plans import usage_of
+from persia_planner.planner import priced_plan
 
 # Nothing here imports torch: the trainers are `persia train` processes, TorchRec's planner runs in its own child.
 
@@ -363,17 +363,8 @@ def plan_with_torchrec(files: CaseFiles) -> PlanOutcome:
         return outcome
     describe(outcome, tables)
     cost = CostModel(model, topology)
-    estimate, mem = cost.evaluate(tables)
-    outcome.predicted_ms = float(estimate.step_ms)
-    theirs = Plan(
-        model.name,
-        topology.name,
-        tables,
-        usage_of(cost, estimate, mem, tables),
-        estimate.step_ms,
-        lower_bound(cost).value_ms,
-        estimate.samples_per_s,
-    )
+    theirs = priced_plan(cost, tables, lower_bound_ms=lower_bound(cost).value_ms)
+    outcome.predicted_ms = float(theirs.step_ms)
     outcome.path = files.folder / "torchrec.json"
     theirs.save(outcome.path)
     code, problem = validate_file(files, outcome.path)
