@@ -268,6 +268,10 @@ def train_command(
         result["plan_staleness"] = the_plan.staleness
         result["plan_ps_wire_dtype"] = None if the_plan.ps_wire_dtype is None else the_plan.ps_wire_dtype.value
         result["plan_step_ms"] = the_plan.step_ms
+        if cfg.log_dir:  # summary.json is what --json prints, what the plan was priced for included
+            from persia_planner.modules.metrics_log import write_summary
+
+            write_summary(cfg.log_dir, result)
         if as_json:
             typer.echo(json.dumps(result))
             return
