@@ -26,7 +26,7 @@ Prints a table and writes JSON (``--json OUT``): ``cases`` (a record per case), 
 (over the cases both plans ran), ``cases_only_ours_runs``, and ``tuned_min_ratio`` / ``tuned_median_ratio`` (a third,
 tuned plan per case: ``persia plan --tune``'s, with ``--tune``; null without it).
 
-    python benchmarks/vs_torchrec.py --quick --json out.json    # CI: 3 cases, 60 steps, 2 rounds (~3 minutes)
+    python benchmarks/vs_torchrec.py --quick --json out.json    # CI: 3 cases, 40 steps, 2 rounds (~3 minutes; --tune ~6)
     python benchmarks/vs_torchrec.py --json out.json            # 10 cases, 150 steps, 3 rounds (~30 minutes)
     python benchmarks/vs_torchrec.py --cases roomy-8t-d16-2tr,ps-26t-d16-2tr --rounds 5
     python benchmarks/vs_torchrec.py --tune --json out.json     # also persia plan --tune's plan (tuned_* keys)
@@ -648,7 +648,7 @@ def pick(names: str | None, quick: bool) -> list[Case]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CI: 3 cases (one only ours can run), 60 steps, 2 rounds")
+    parser.add_argument("--quick", action="store_true", help="CI: 3 cases (one only ours can run), 40 steps, 2 rounds")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--cases", help="comma-separated case names (default: all, or --quick's)")
     parser.add_argument("--rounds", type=int, help="runs of each plan, alternated (default 3; --quick 2)")
@@ -658,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tune-budget", type=float, help="persia plan --tune-budget per case (default 90; --quick 30)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 3)
-    steps = args.steps or (60 if args.quick else 150)
+    steps = args.steps or (40 if args.quick else 150)
     chosen = pick(args.cases, args.quick)
     if shutil.which(persia_command()[0]) is None:
         raise SystemExit(f"no persia CLI at {persia_command()[0]}")
