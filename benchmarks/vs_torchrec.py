@@ -26,7 +26,7 @@ Prints a table and writes JSON (``--json OUT``): ``cases`` (a record per case), 
 (over the cases both plans ran), ``cases_only_ours_runs``, and ``tuned_min_ratio`` / ``tuned_median_ratio`` (a third,
 tuned plan per case: ``persia plan --tune``'s, with ``--tune``; null without it).
 
-    python benchmarks/vs_torchrec.py --quick --json out.json    # CI: 3 cases, 40 steps, 2 rounds (~3 minutes; --tune ~6)
+    python benchmarks/vs_torchrec.py --quick --json out.json    # CI: 3 cases, 40 steps, 2 rounds (~3 min; --tune ~6)
     python benchmarks/vs_torchrec.py --json out.json            # 10 cases, 150 steps, 3 rounds (~30 minutes)
     python benchmarks/vs_torchrec.py --cases roomy-8t-d16-2tr,ps-26t-d16-2tr --rounds 5
     python benchmarks/vs_torchrec.py --tune --json out.json     # also persia plan --tune's plan (tuned_* keys)
