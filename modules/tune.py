@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
-from persia_planner.errors import PlannerError
+from persia_planner.errors import Interrupted, PlannerError
 from persia_planner.placement import TablePlacement
 from persia_planner.plan_checks import validate
 from persia_planner.planner import candidate_plans, priced_plan
@@ -108,6 +108,8 @@ def measure_candidates(
                     topology=topology,
                     run_timeout_s=RUN_TIMEOUT_S,
                 )
+            except Interrupted:  # a signal stops the tuning, not just this candidate
+                raise
             except Exception as err:  # one candidate's failure is its record, not the tuning's end
                 line = str(err).strip().splitlines()[0] if str(err).strip() else ""
                 errors[run.name] = line if isinstance(err, PlannerError) else f"{type(err).__name__}: {line}"

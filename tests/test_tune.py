@@ -119,3 +119,14 @@ def test_persia_plan_tune_runs_the_candidates_here_and_records_them(tmp_path):
     chosen = next(c for c in tuning["candidates"] if c["name"] == tuning["chosen"])
     assert chosen["median_samples_per_s"] == max(c["median_samples_per_s"] for c in tuning["candidates"])
     assert "tuning (6-step runs here, the fastest kept)" in done.stdout
+
+
+def test_a_signal_stops_the_tuning_not_just_a_candidate(monkeypatch):
+    from persia_planner.errors import Interrupted
+
+    def interrupted(cfg, model, tables, **_):
+        raise Interrupted(2, "interrupted (SIGINT) after step 3")
+
+    cfg = tune_config(MODEL, TOPOLOGY, steps=20)
+    with pytest.raises(Interrupted):
+        measure_candidates(RUNS[:2], MODEL, TOPOLOGY, cfg, budget_s=100.0, train=interrupted)
