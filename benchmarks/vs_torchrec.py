@@ -259,6 +259,7 @@ class PlanOutcome:
         rates: Samples/s of each round (``persia train``'s: every step's time, from the first).
         step_ms: Each round's median step (warm-up and stalls left out).
         breakdowns: Each round's measured step, term by term (``persia train``'s ``step_breakdown_ms``).
+        retried: The errors of runs that failed and were run again.
     """
 
     status: str
@@ -271,6 +272,7 @@ class PlanOutcome:
     rates: list[float] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
     breakdowns: list[dict[str, float]] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
 
     @property
     def samples_per_s(self) -> float | None:
@@ -435,7 +437,9 @@ def run_rounds(
 ) -> None:
     """Train every valid plan ``rounds`` times, alternating the order round by round, into ``outcome.rates``.
 
-    A plan whose run fails is marked ``train_failed`` and not run again; the others go on.
+    A failed run is tried once more (in the full run a neighbour's SIGTERM once ended two runs in a row); a plan
+    whose retry fails too is marked ``train_failed`` and not run again, and the others go on. The first failure's
+    message is kept in ``outcome.retried``.
     """
     labels = [label for label, o in outcomes.items() if o.status == "ok"]
     for r in range(rounds):
@@ -446,9 +450,14 @@ def run_rounds(
                 continue
             try:
                 result = train_once(files, outcome.path, steps, id_space)
-            except (RuntimeError, subprocess.TimeoutExpired) as err:
-                outcome.status, outcome.error = "train_failed", _one_line(err)
-                continue
+            except (RuntimeError, subprocess.TimeoutExpired) as first:
+                outcome.retried.append(_one_line(first))
+                console.print(f"   round {r + 1} {label}: failed, once more ({outcome.retried[-1]})")
+                try:
+                    result = train_once(files, outcome.path, steps, id_space)
+                except (RuntimeError, subprocess.TimeoutExpired) as err:
+                    outcome.status, outcome.error = "train_failed", _one_line(err)
+                    continue
             outcome.rates.append(float(result["samples_per_s"]))
             outcome.step_ms.append(float(result["step_ms"]))
             outcome.breakdowns.append(dict(result.get("step_breakdown_ms", {})))
@@ -499,6 +508,7 @@ def case_record(
             record.update({f"{prefix}{k}": v for k, v in compare(o, base).items()})
         record[f"{label}_status"] = o.status
         record[f"{label}_error"] = o.error
+        record[f"{label}_retried"] = len(o.retried)
     record["rounds"] = {label: o.rates for label, o in outcomes.items()}
     record["rounds_step_ms"] = {label: o.step_ms for label, o in outcomes.items()}
     # Two levels deep, so RESULTS.md leaves it out: the terms say where a plan's step went (a run with PS tables is

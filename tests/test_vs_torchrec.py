@@ -120,3 +120,28 @@ def test_case_record_puts_each_plans_rate_and_the_ratio_side_by_side(tmp_path):
     assert record["torchrec_samples_per_s"] is None and record["ratio"] is None and record["paired_ratio"] is None
     assert record["torchrec_status"] == "planner_failed" and record["torchrec_mix"] == ""
     assert vs.summarize([record])["cases_only_ours_runs"] == 1
+
+
+def test_rounds_alternate_the_plans_and_a_failed_run_is_tried_once_more(monkeypatch, tmp_path):
+    calls = []
+    failures = {"ours.json": 1, "torchrec.json": 99}  # ours fails once (a stray signal), TorchRec's every time
+
+    def train_once(files, plan_path, steps, id_space):
+        calls.append(plan_path.name)
+        if failures[plan_path.name] > 0:
+            failures[plan_path.name] -= 1
+            raise RuntimeError("persia train exited 143: interrupted (SIGTERM)")
+        return {"samples_per_s": 100.0, "step_ms": 10.0, "step_breakdown_ms": {"embedding": 1.0}}
+
+    monkeypatch.setattr(vs, "train_once", train_once)
+    outcomes = {
+        "ours": vs.PlanOutcome("ok", path=tmp_path / "ours.json"),
+        "torchrec": vs.PlanOutcome("ok", path=tmp_path / "torchrec.json"),
+        "failed": vs.PlanOutcome("planner_failed"),
+    }
+    vs.run_rounds(None, outcomes, steps=10, rounds=3, id_space=None)
+    assert calls == ["ours.json", "ours.json", "torchrec.json", "torchrec.json", "ours.json", "ours.json"]
+    assert outcomes["ours"].status == "ok" and outcomes["ours"].rates == [100.0] * 3
+    assert outcomes["ours"].retried == ["RuntimeError: persia train exited 143: interrupted (SIGTERM)"]
+    assert outcomes["torchrec"].status == "train_failed" and outcomes["torchrec"].rates == []
+    assert outcomes["failed"].rates == []
