@@ -12,11 +12,15 @@ parameter servers), given to both planners as their users would give it:
 
 Both plans are then trained by ``persia train --plan P --mode sync`` (K = 0; the same data, seeds and dense
 network), alternating the plans round by round; each plan's figure is the median samples/s of its rounds and a
-case's ``ratio`` is ours / TorchRec's. TorchRec's plan may not exist: ``torchrec_status`` says why
-(``planner_failed``: its planner found no plan that fits, e.g. when the tables exceed the trainers' memory and only
-parameter servers could hold them; ``over_capacity``: its plan overfills a trainer by ``persia validate``;
-``unsupported``: the plan has what ``persia train`` cannot run; ``train_failed``: the run failed). Such a case stays
-in the results with ours alone and counts in ``cases_only_ours_runs``.
+case's ``ratio`` is ours / TorchRec's. A run's rate on a shared 2-core machine moves with the neighbours by tens of
+percent, so each case also has ``paired_ratio`` (the median of the rounds' ours / TorchRec's, runs adjacent in time)
+and ``step_ratio`` (by each run's median step, warm-up and stalls left out); five rounds by default.
+
+TorchRec's plan may not exist: ``torchrec_status`` says why (``planner_failed``: its planner found no plan that
+fits, e.g. when the tables exceed the trainers' memory and only parameter servers could hold them;
+``over_capacity``: its plan overfills a trainer by ``persia validate``; ``unsupported``: the plan has what ``persia
+train`` cannot run; ``train_failed``: the run failed). Such a case stays in the results with ours alone and counts
+in ``cases_only_ours_runs``.
 
 Budgets are of three kinds (``kind``), checked by ``tests/test_vs_torchrec.py``: ``roomy`` (every table fits on one
 trainer), ``tight`` (not on one trainer, but on all of them: tables must be spread, and where the largest exceeds a
@@ -27,7 +31,7 @@ Prints a table and writes JSON (``--json OUT``): ``cases`` (a record per case), 
 tuned plan per case: ``persia plan --tune``'s, with ``--tune``; null without it).
 
     python benchmarks/vs_torchrec.py --quick --json out.json    # CI: 3 cases, 40 steps, 2 rounds (~3 min; --tune ~6)
-    python benchmarks/vs_torchrec.py --json out.json            # 10 cases, 150 steps, 3 rounds (~30 minutes)
+    python benchmarks/vs_torchrec.py --json out.json            # 10 cases, 150 steps, 5 rounds (~40 minutes)
     python benchmarks/vs_torchrec.py --cases roomy-8t-d16-2tr,ps-26t-d16-2tr --rounds 5
     python benchmarks/vs_torchrec.py --tune --json out.json     # also persia plan --tune's plan (tuned_* keys)
 """
@@ -253,9 +257,11 @@ class PlanOutcome:
         split: Tables held in more than one piece (shards that are not replicas).
         predicted_ms: Our cost model's step of the plan (None without a plan).
         error: One line, when not ok.
-        rates: Samples/s of each round.
+        rates: Samples/s of each round (``persia train``'s: every step's time, from the first).
+        step_ms: Each round's median step (warm-up and stalls left out).
         breakdowns: Each round's measured step, term by term (``persia train``'s ``step_breakdown_ms``).
         chosen: A tuned plan's candidate (plan.json's ``tuning.chosen``).
+        retried: The errors of runs that failed and were run again.
     """
 
     status: str
@@ -266,8 +272,10 @@ class PlanOutcome:
     predicted_ms: float | None = None
     error: str | None = None
     rates: list[float] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
     breakdowns: list[dict[str, float]] = field(default_factory=list)
     chosen: str | None = None
+    retried: list[str] = field(default_factory=list)
 
     @property
     def samples_per_s(self) -> float | None:
@@ -447,7 +455,9 @@ def run_rounds(
 ) -> None:
     """Train every valid plan ``rounds`` times, alternating the order round by round, into ``outcome.rates``.
 
-    A plan whose run fails is marked ``train_failed`` and not run again; the others go on.
+    A failed run is tried once more (in the full run a neighbour's SIGTERM once ended two runs in a row); a plan
+    whose retry fails too is marked ``train_failed`` and not run again, and the others go on. The first failure's
+    message is kept in ``outcome.retried``.
     """
     labels = [label for label, o in outcomes.items() if o.status == "ok"]
     for r in range(rounds):
@@ -458,10 +468,16 @@ def run_rounds(
                 continue
             try:
                 result = train_once(files, outcome.path, steps, id_space)
-            except (RuntimeError, subprocess.TimeoutExpired) as err:
-                outcome.status, outcome.error = "train_failed", _one_line(err)
-                continue
+            except (RuntimeError, subprocess.TimeoutExpired) as first:
+                outcome.retried.append(_one_line(first))
+                console.print(f"   round {r + 1} {label}: failed, once more ({outcome.retried[-1]})")
+                try:
+                    result = train_once(files, outcome.path, steps, id_space)
+                except (RuntimeError, subprocess.TimeoutExpired) as err:
+                    outcome.status, outcome.error = "train_failed", _one_line(err)
+                    continue
             outcome.rates.append(float(result["samples_per_s"]))
+            outcome.step_ms.append(float(result["step_ms"]))
             outcome.breakdowns.append(dict(result.get("step_breakdown_ms", {})))
             console.print(f"   round {r + 1} {label}: {outcome.rates[-1]:,.0f} samples/s")
 
@@ -510,23 +526,45 @@ def case_record(
     }
     base = outcomes.get(BASELINE)
     for label, o in outcomes.items():
+        ran = o.status == "ok" and bool(o.rates)
         record[f"{label}_samples_per_s"] = o.samples_per_s
+        record[f"{label}_step_ms"] = round(statistics.median(o.step_ms), 3) if ran else None
         record[f"{label}_mix"] = mix_text(o.mix, o.split)
         record[f"{label}_predicted_ms"] = None if o.predicted_ms is None else round(o.predicted_ms, 3)
         record[f"{label}_plan_s"] = None if o.plan_s is None else round(o.plan_s, 3)
         if label != BASELINE:
-            theirs = base.samples_per_s if base else None
-            ours = o.samples_per_s
-            record["ratio" if label == "ours" else f"{label}_ratio"] = ours / theirs if ours and theirs else None
+            prefix = "" if label == "ours" else f"{label}_"
+            record.update({f"{prefix}{k}": v for k, v in compare(o, base).items()})
         record[f"{label}_status"] = o.status
         record[f"{label}_error"] = o.error
         if o.chosen is not None:
             record[f"{label}_chosen"] = o.chosen
+        record[f"{label}_retried"] = len(o.retried)
     record["rounds"] = {label: o.rates for label, o in outcomes.items()}
+    record["rounds_step_ms"] = {label: o.step_ms for label, o in outcomes.items()}
     # Two levels deep, so RESULTS.md leaves it out: the terms say where a plan's step went (a run with PS tables is
     # not profiled, and has only data / ps_wait / push / other).
     record["breakdown_ms"] = {label: median_terms(o.breakdowns) for label, o in outcomes.items() if o.breakdowns}
     return record
+
+
+def compare(mine: PlanOutcome, base: PlanOutcome | None) -> dict[str, float | None]:
+    """``mine`` against the baseline plan, three ways (None unless both ran).
+
+    ``ratio``: median samples/s over median samples/s (the headline). On a shared 2-core machine a run's rate moves
+    with its neighbours by more than the plans differ, so two more robust views go beside it: ``paired_ratio``, the
+    median over rounds of the ratio of the two runs of one round (adjacent in time: slow drifts cancel), and
+    ``step_ratio``, the baseline's median step over mine (each run's median step: warm-up and stalls left out).
+    """
+    empty: dict[str, float | None] = {"ratio": None, "paired_ratio": None, "step_ratio": None}
+    if base is None or mine.status != "ok" or base.status != "ok" or not mine.rates or not base.rates:
+        return empty
+    pairs = [a / b for a, b in zip(mine.rates, base.rates, strict=False)]
+    return {
+        "ratio": statistics.median(mine.rates) / statistics.median(base.rates),
+        "paired_ratio": statistics.median(pairs),
+        "step_ratio": statistics.median(base.step_ms) / statistics.median(mine.step_ms),
+    }
 
 
 def median_terms(breakdowns: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -563,7 +601,8 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     Returns:
         ``min_ratio`` / ``median_ratio``: ours / TorchRec's samples/s over the cases both ran (None if none);
         ``cases_only_ours_runs``: the cases ours ran and TorchRec's did not; ``tuned_min_ratio`` /
-        ``tuned_median_ratio``: the same as the first two for a ``tuned`` plan (None while there is none).
+        ``tuned_median_ratio``: the same as the first two for a ``tuned`` plan (None while there is none);
+        ``median_paired_ratio`` / ``median_step_ratio``: the medians of the cases' robust views (:func:`compare`).
     """
     out: dict[str, Any] = {}
     for label, prefix in (("ours", ""), ("tuned", "tuned_")):
@@ -574,6 +613,9 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         1 for r in records if r.get("ours_samples_per_s") and not r.get(f"{BASELINE}_samples_per_s")
     )
     out["cases_both_run"] = len(ratios(records))
+    for key in ("paired_ratio", "step_ratio"):
+        values = [r[key] for r in records if r.get(key) is not None]
+        out[f"median_{key}"] = statistics.median(values) if values else None
     return out
 
 
@@ -590,6 +632,8 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
         "ours samples/s",
         "TorchRec samples/s",
         "ratio",
+        "paired",
+        "by step",
         "tuned: kept, ratio",
         "predicted ms (ours / TR)",
         "TorchRec status",
@@ -606,9 +650,12 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
+    def times(value: float | None) -> str:
+        if value is None:
+            return "-"
+        return f"[green]{value:.2f}x[/]" if value >= 1 else f"[red]{value:.2f}x[/]"
+
     for r in records:
-        ratio = r.get("ratio")
-        shown = "-" if ratio is None else (f"[green]{ratio:.2f}x[/]" if ratio >= 1 else f"[red]{ratio:.2f}x[/]")
         status = r[f"{BASELINE}_status"]
         table.add_row(
             r["name"],
@@ -620,7 +667,9 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
             r[f"{BASELINE}_mix"] or "-",
             rate(r["ours_samples_per_s"]),
             rate(r[f"{BASELINE}_samples_per_s"]),
-            shown,
+            times(r.get("ratio")),
+            times(r.get("paired_ratio")),
+            times(r.get("step_ratio")),
             "-"
             if f"{TUNED}_status" not in r
             else f"{r.get(f'{TUNED}_chosen', r[f'{TUNED}_status'])}, "
@@ -651,13 +700,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="CI: 3 cases (one only ours can run), 40 steps, 2 rounds")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--cases", help="comma-separated case names (default: all, or --quick's)")
-    parser.add_argument("--rounds", type=int, help="runs of each plan, alternated (default 3; --quick 2)")
+    parser.add_argument("--rounds", type=int, help="runs of each plan, alternated (default 5; --quick 2)")
     parser.add_argument("--steps", type=int, help="steps per run (default 150; --quick 60)")
     parser.add_argument("--id-space", type=float, help="persia train --id-space (default: persia train's)")
     parser.add_argument("--tune", action="store_true", help="also run persia plan --tune's plan (tuned_* keys)")
     parser.add_argument("--tune-budget", type=float, help="persia plan --tune-budget per case (default 90; --quick 30)")
     args = parser.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 3)
+    rounds = args.rounds or (2 if args.quick else 5)
     steps = args.steps or (40 if args.quick else 150)
     chosen = pick(args.cases, args.quick)
     if shutil.which(persia_command()[0]) is None:
@@ -698,7 +747,9 @@ def main(argv: list[str] | None = None) -> int:
 
     console.print(
         f"ours / TorchRec over the {out['cases_both_run']} cases both ran: min {fmt(out['min_ratio'])}, median "
-        f"{fmt(out['median_ratio'])}; cases only ours runs: {out['cases_only_ours_runs']}; {out['wall_s']:.0f} s"
+        f"{fmt(out['median_ratio'])} (paired rounds: median {fmt(out['median_paired_ratio'])}; by median step: "
+        f"median {fmt(out['median_step_ratio'])}); cases only ours runs: {out['cases_only_ours_runs']}; "
+        f"{out['wall_s']:.0f} s"
     )
     if args.tune:
         console.print(
