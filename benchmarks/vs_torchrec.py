@@ -22,9 +22,7 @@ fits, e.g. when the tables exceed the trainers' memory and only parameter server
 train`` cannot run; ``train_failed``: the run failed). Such a case stays in the results with ours alone and counts
 in ``cases_only_ours_runs``.
 
-Budgets are of three kinds (``kind``), checked by ``tests/test_vs_torchrec.py``: ``roomy`` (every table fits on one
-trainer), ``tight`` (not on one trainer, but on all of them: tables must be spread, and where the largest exceeds a
-trainer, split) and ``ps_only`` (the tables exceed all the trainers' memory together: no all-local plan exists).
+The cases, and their kinds of budget (roomy, tight, PS only), are in ``benchmarks/cpu_cases.py``.
 
 Prints a table and writes JSON (``--json OUT``): ``cases`` (a record per case), ``min_ratio`` and ``median_ratio``
 (over the cases both plans ran), ``cases_only_ours_runs``, and ``tuned_min_ratio`` / ``tuned_median_ratio`` (a third,
@@ -48,368 +46,35 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # torchrec_baseline sits beside this file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from torchrec_baseline import over_capacity, time_torchrec_planner
+from case_plans import (
+    BASELINE,
+    PLANNERS,
+    TRAIN_TIMEOUT_S,
+    TUNED,
+    CaseFiles,
+    PlanOutcome,
+    mix_text,
+    one_line,
+    persia_command,
+    plan_tuned,
+)
+from cpu_cases import Case, MiB, pick, table_bytes
 
-from persia_planner import CostModel, ModelSpec, Sharding, Topology, load_model, load_topology
-from persia_planner import plan as plan_ours
-from persia_planner.bound import lower_bound
-from persia_planner.paths import EXAMPLES
-from persia_planner.planner import priced_plan
+from persia_planner import ModelSpec, Topology, load_model, load_topology
 
 # Nothing here imports torch: the trainers are `persia train` processes, TorchRec's planner runs in its own child.
 
 console = Console(width=max(Console().width, 200))
-
-KiB, MiB = 1024, 1024**2
-PROFILE = EXAMPLES / "profiles" / "cpu-2core.yaml"
-BASELINE = "torchrec"  # every ratio is a plan's samples/s over this one's
-TRAIN_TIMEOUT_S = 600.0
-TORCHREC_TIMEOUT_S = 120.0
-
-ROOMY, TIGHT, PS_ONLY = "roomy", "tight", "ps_only"
-KINDS = (ROOMY, TIGHT, PS_ONLY)
-
-# Short names of the sharding types, for the mix columns.
-_ABBREVIATIONS = {
-    "table_wise": "tw",
-    "row_wise": "rw",
-    "column_wise": "cw",
-    "table_row_wise": "twrw",
-    "table_column_wise": "twcw",
-    "data_parallel": "dp",
-    "ps_hash": "ps",
-}
-
-
-# ---- the cases --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Case:
-    """One model on one CPU cluster.
-
-    Table ``i`` of ``tables`` gets rows log-spaced from ``rows[0]`` to ``rows[1]`` and a pooling factor spaced from
-    ``pooling[0]`` to ``pooling[1]``, both shuffled by ``seed`` independently, so large tables are not always the
-    most pooled. All tables share ``dim`` (the DLRM ``persia train`` builds needs one) and ``zipf_alpha``.
-
-    Attributes:
-        name: Case name (``--cases`` picks by it).
-        kind: The budget's intent: ``roomy``, ``tight`` or ``ps_only`` (see the module docstring).
-        tables: Number of tables.
-        dim: Embedding dimension of every table.
-        rows: Smallest and largest table rows.
-        pooling: Smallest and largest pooling factor.
-        zipf_alpha: The tables' access skew, as the planner is told it.
-        trainers: Trainer processes (CPU devices of the one trainer host).
-        budget_kib: Each trainer's embedding memory (``cpus: memory``), KiB.
-        batch: Global batch size.
-        servers: Parameter-server processes.
-        seed: Seed of the shuffles.
-    """
-
-    name: str
-    kind: str
-    tables: int
-    dim: int
-    rows: tuple[int, int]
-    pooling: tuple[float, float]
-    zipf_alpha: float
-    trainers: int
-    budget_kib: int
-    batch: int = 2048
-    servers: int = 2
-    seed: int = 0
-
-    @property
-    def budget_bytes(self) -> int:
-        return self.budget_kib * KiB
-
-    def table_rows(self) -> list[int]:
-        """Rows of each table, in table order."""
-        rows = np.geomspace(self.rows[0], self.rows[1], self.tables).round().astype(int)
-        return [int(r) for r in np.random.default_rng([self.seed, 1]).permutation(rows)]
-
-    def table_pooling(self) -> list[float]:
-        """Pooling factor of each table, in table order."""
-        pooling = np.linspace(self.pooling[0], self.pooling[1], self.tables).round(1)
-        return [float(p) for p in np.random.default_rng([self.seed, 2]).permutation(pooling)]
-
-    def model_dict(self) -> dict[str, Any]:
-        """model.yaml content: the tables and the DLRM ``persia train`` builds over them, K = 0."""
-        tables = [
-            {
-                "name": f"t{i + 1}",
-                "rows": rows,
-                "dim": self.dim,
-                "pooling_factor": pooling,
-                "zipf_alpha": self.zipf_alpha,
-            }
-            for i, (rows, pooling) in enumerate(zip(self.table_rows(), self.table_pooling(), strict=True))
-        ]
-        return {
-            "name": self.name,
-            "batch_size": self.batch,
-            "embedding_dtype": "fp32",
-            "staleness": 0,  # the runs are --mode sync
-            "tables": tables,
-            "dense": {"arch": "dlrm", "num_dense": 13, "bottom": [64], "over": [64, 32, 1]},
-        }
-
-    def topology_dict(self, profile: Path = PROFILE) -> dict[str, Any]:
-        """topology.yaml content: one host of ``trainers`` CPU trainers with ``budget`` each, and the servers."""
-        hosts: list[dict[str, Any]] = [
-            {
-                "name": "trainer",
-                "ddr": "8GiB",
-                "profile": str(profile),
-                "cpus": {"count": self.trainers, "memory": f"{self.budget_kib}KiB"},
-            }
-        ]
-        if self.servers:
-            hosts.append(
-                {
-                    "name": "ps",
-                    "count": self.servers,
-                    "role": "parameter_server",
-                    "ddr": "2GiB",
-                    "profile": str(profile),
-                }
-            )
-        return {"name": f"{self.name}-cluster", "hosts": hosts, "network": {"latency": "50us"}}
-
-    def write(self, folder: Path) -> tuple[Path, Path]:
-        """Write model.yaml and topology.yaml into ``folder``; returns their paths."""
-        folder.mkdir(parents=True, exist_ok=True)
-        model, topology = folder / "model.yaml", folder / "topology.yaml"
-        model.write_text(yaml.safe_dump(self.model_dict(), sort_keys=False))
-        topology.write_text(yaml.safe_dump(self.topology_dict(), sort_keys=False))
-        return model, topology
-
-
-def cases() -> list[Case]:
-    """The full benchmark's cases: 8 to 100 tables, dims 8 to 256, pooling 1 to 20, skew 0.8 to 1.3, 2 and 4
-    trainers, each kind of budget (three ``ps_only``)."""
-    return [
-        Case("roomy-8t-d16-2tr", ROOMY, 8, 16, (500, 100_000), (1, 4), 1.05, 2, 64 * 1024),
-        Case("roomy-100t-d8-2tr", ROOMY, 100, 8, (100, 20_000), (1, 1), 1.2, 2, 32 * 1024, batch=1024),
-        Case("roomy-26t-d16-4tr-pool20", ROOMY, 26, 16, (100, 50_000), (1, 20), 0.9, 4, 32 * 1024),
-        # Tables must be spread over the trainers (none holds them all). On CPU, TorchRec's default reservation takes
-        # 15% of a rank's DDR plus 20 copies of its batch's ids, and it counts each table's pooled input and output
-        # with the table: these budgets are about the least with which its planner finds a plan (28 MiB, not 24, for
-        # 50 tables).
-        Case("tight-12t-d32-2tr", TIGHT, 12, 32, (1_000, 120_000), (1, 10), 1.1, 2, 34 * 1024),
-        Case("tight-50t-d16-4tr", TIGHT, 50, 16, (200, 80_000), (1, 6), 1.3, 4, 28 * 1024),
-        # The largest table exceeds a trainer: it must be split (TorchRec splits columns of 128 or more on CPU).
-        Case("tight-split-8t-d16-2tr", TIGHT, 8, 16, (1_000, 300_000), (1, 3), 1.05, 2, 21 * 1024),
-        Case("tight-split-8t-d256-4tr", TIGHT, 8, 256, (500, 30_000), (1, 2), 1.05, 4, 24 * 1024, batch=1024),
-        # More table bytes than all the trainers' memory: only parameter servers can hold some.
-        Case("ps-26t-d16-2tr", PS_ONLY, 26, 16, (10, 200_000), (1, 3), 1.05, 2, 4 * 1024),
-        Case("ps-50t-d8-4tr-zipf08", PS_ONLY, 50, 8, (100, 300_000), (1, 2), 0.8, 4, 2 * 1024),
-        Case("ps-10t-d32-2tr-pool20", PS_ONLY, 10, 32, (1_000, 200_000), (5, 20), 1.2, 2, 8 * 1024),
-    ]
-
-
-QUICK_CASES = ("roomy-8t-d16-2tr", "tight-12t-d32-2tr", "ps-26t-d16-2tr")
-
-
-def table_bytes(model: ModelSpec) -> list[int]:
-    """Bytes of each table (weights and optimizer state), as the planner counts them."""
-    return [t.bytes(model.embedding_dtype) for t in model.tables]
-
-
-def budget_kind(model: ModelSpec, topology: Topology) -> str:
-    """Which kind of budget ``topology`` gives ``model`` (``roomy``, ``tight`` or ``ps_only``), by our memory rule.
-
-    ``roomy``: all tables fit in one trainer's usable memory; ``tight``: not in one, but in all of them together;
-    ``ps_only``: more bytes than all the trainers' raw budgets (no all-local plan, whatever the reservation).
-    """
-    total = sum(table_bytes(model))
-    usable = [topology.hbm_capacity(g) for g in topology.gpus]
-    if total > sum(g.hbm_bytes for g in topology.gpus):
-        return PS_ONLY
-    if total <= min(usable):
-        return ROOMY
-    return TIGHT if total <= sum(usable) else "between"  # "between": neither, a case to fix
-
-
-# ---- plans ------------------------------------------------------------------------------------------------------
-@dataclass
-class PlanOutcome:
-    """One planner's plan for a case, and what became of it.
-
-    Attributes:
-        status: ``ok`` (a valid plan.json at ``path``), ``planner_failed``, ``timeout``, ``over_capacity``,
-            ``unsupported``, ``invalid``; after training, ``train_failed`` if a run failed.
-        path: plan.json, when there is one.
-        plan_s: Planning seconds (TorchRec's: its ``planner.plan`` call, start-up excluded).
-        mix: Count of tables per sharding type (``ps_hash`` for parameter-server tables).
-        split: Tables held in more than one piece (shards that are not replicas).
-        predicted_ms: Our cost model's step of the plan (None without a plan).
-        error: One line, when not ok.
-        rates: Samples/s of each round (``persia train``'s: every step's time, from the first).
-        step_ms: Each round's median step (warm-up and stalls left out).
-        breakdowns: Each round's measured step, term by term (``persia train``'s ``step_breakdown_ms``).
-        chosen: A tuned plan's candidate (plan.json's ``tuning.chosen``).
-        retried: The errors of runs that failed and were run again.
-    """
-
-    status: str
-    path: Path | None = None
-    plan_s: float | None = None
-    mix: dict[str, int] = field(default_factory=dict)
-    split: int = 0
-    predicted_ms: float | None = None
-    error: str | None = None
-    rates: list[float] = field(default_factory=list)
-    step_ms: list[float] = field(default_factory=list)
-    breakdowns: list[dict[str, float]] = field(default_factory=list)
-    chosen: str | None = None
-    retried: list[str] = field(default_factory=list)
-
-    @property
-    def samples_per_s(self) -> float | None:
-        return statistics.median(self.rates) if self.rates and self.status == "ok" else None
-
-
-@dataclass(frozen=True)
-class CaseFiles:
-    """What a planner gets: the case, its files and their loaded forms, and a folder for its plan.json."""
-
-    case: Case
-    model_path: Path
-    topology_path: Path
-    model: ModelSpec
-    topology: Topology
-    folder: Path
-
-
-def describe(outcome: PlanOutcome, tables: Mapping[str, Any]) -> PlanOutcome:
-    """Fill ``mix`` and ``split`` from a plan's placements."""
-    mix: dict[str, int] = {}
-    for p in tables.values():
-        mix[p.sharding.value] = mix.get(p.sharding.value, 0) + 1
-    outcome.mix = dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))
-    # A parameter-server table is hashed over the servers, which is no split of the trainers' memory.
-    outcome.split = sum(
-        1
-        for p in tables.values()
-        if p.sharding is not Sharding.PS_HASH and sum(1 for s in p.shards if not s.replica) > 1
-    )
-    return outcome
-
-
-def persia_command() -> list[str]:
-    """The ``persia`` CLI of this interpreter's environment."""
-    script = Path(sys.executable).with_name("persia")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "persia_planner.cli"]
-
-
-def validate_file(files: CaseFiles, plan_path: Path) -> tuple[int, str]:
-    """``persia validate MODEL TOPOLOGY PLAN``: its exit code and its first problem line (or its last line)."""
-    proc = subprocess.run(
-        [*persia_command(), "validate", str(files.model_path), str(files.topology_path), str(plan_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-    problems = [ln[2:] for ln in lines if ln.startswith("- ")]
-    return proc.returncode, (problems or lines or [""])[0][:300]
-
-
-def plan_with_ours(files: CaseFiles) -> PlanOutcome:
-    """Our planner with its defaults, as ``persia plan`` runs it."""
-    started = time.perf_counter()
-    try:
-        ours = plan_ours(files.model, files.topology)
-    except Exception as err:  # a CapacityError would be a case to fix, but it is reported, not raised
-        return PlanOutcome("planner_failed", plan_s=time.perf_counter() - started, error=_one_line(err))
-    outcome = describe(PlanOutcome("ok", plan_s=time.perf_counter() - started, predicted_ms=ours.step_ms), ours.tables)
-    outcome.path = files.folder / "ours.json"
-    ours.save(outcome.path)
-    code, problem = validate_file(files, outcome.path)
-    if code != 0:
-        outcome.status, outcome.error = "invalid", problem
-    return outcome
-
-
-def plan_with_torchrec(files: CaseFiles) -> PlanOutcome:
-    """TorchRec's ``EmbeddingShardingPlanner`` for CPU trainers, converted to plan.json and validated."""
-    from persia_planner.errors import PlannerError
-    from persia_planner.export import TorchRecSharding
-    from persia_planner.torchrec_scoring import from_sharding_options
-
-    model, topology, case = files.model, files.topology, files.case
-    result = time_torchrec_planner(
-        model,
-        world_size=case.trainers,
-        local_world_size=case.trainers,
-        hbm_bytes=0,  # TorchRec gives CPU ranks no HBM: their tables live in DDR
-        ddr_bytes=case.budget_bytes,
-        timeout_s=TORCHREC_TIMEOUT_S,
-        compute_device="cpu",
-    )
-    if result["status"] != "ok":
-        status = "timeout" if result["status"] == "timeout" else "planner_failed"
-        return PlanOutcome(status, plan_s=result["seconds"], error=result["error"])
-    outcome = PlanOutcome("ok", plan_s=result["seconds"])
-    try:
-        tables = from_sharding_options([TorchRecSharding.from_dict(d) for d in result["options"]], model, topology)
-    except PlannerError as err:
-        outcome.status, outcome.error = "unsupported", _one_line(err)
-        return outcome
-    describe(outcome, tables)
-    cost = CostModel(model, topology)
-    theirs = priced_plan(cost, tables, lower_bound_ms=lower_bound(cost).value_ms)
-    outcome.predicted_ms = float(theirs.step_ms)
-    outcome.path = files.folder / "torchrec.json"
-    theirs.save(outcome.path)
-    code, problem = validate_file(files, outcome.path)
-    if code != 0:
-        over = over_capacity(tables, model, topology)
-        outcome.status = "over_capacity" if over["devices"] else "invalid"
-        outcome.error = problem
-    return outcome
-
-
-def plan_tuned(files: CaseFiles, budget_s: float, steps: int) -> PlanOutcome:
-    """``persia plan --tune``, as a user runs it: our search's plan, its alternatives and TorchRec's planner's plan
-    each run here for ``steps`` steps in alternated rounds within ``budget_s``, the fastest median kept."""
-    path = files.folder / "tuned.json"
-    command = [*persia_command(), "plan", str(files.model_path), str(files.topology_path), "--tune"]
-    command += ["--tune-budget", f"{budget_s:g}", "--tune-steps", str(steps), "--out", str(path)]
-    started = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + TRAIN_TIMEOUT_S)
-    plan_s = time.perf_counter() - started
-    if proc.returncode != 0:
-        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
-        return PlanOutcome("planner_failed", plan_s=plan_s, error=tail[0][:300])
-    from persia_planner import load_plan
-
-    tuned = load_plan(path)
-    outcome = describe(PlanOutcome("ok", path=path, plan_s=plan_s, predicted_ms=tuned.step_ms), tuned.tables)
-    outcome.chosen = tuned.tuning.chosen if tuned.tuning is not None else None
-    code, problem = validate_file(files, path)
-    if code != 0:
-        outcome.status, outcome.error = "invalid", problem
-    return outcome
-
-
-TUNED = "tuned"
-# The plans each case trains, in this order; each is compared with BASELINE's. With --tune, TUNED joins as a third
-# (plan_tuned), and the JSON's tuned_min_ratio / tuned_median_ratio fill from its rates.
-PLANNERS: dict[str, Callable[[CaseFiles], PlanOutcome]] = {"ours": plan_with_ours, BASELINE: plan_with_torchrec}
 
 
 # ---- training ---------------------------------------------------------------------------------------------------
@@ -469,12 +134,12 @@ def run_rounds(
             try:
                 result = train_once(files, outcome.path, steps, id_space)
             except (RuntimeError, subprocess.TimeoutExpired) as first:
-                outcome.retried.append(_one_line(first))
+                outcome.retried.append(one_line(first))
                 console.print(f"   round {r + 1} {label}: failed, once more ({outcome.retried[-1]})")
                 try:
                     result = train_once(files, outcome.path, steps, id_space)
                 except (RuntimeError, subprocess.TimeoutExpired) as err:
-                    outcome.status, outcome.error = "train_failed", _one_line(err)
+                    outcome.status, outcome.error = "train_failed", one_line(err)
                     continue
             outcome.rates.append(float(result["samples_per_s"]))
             outcome.step_ms.append(float(result["step_ms"]))
@@ -571,17 +236,6 @@ def median_terms(breakdowns: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Each term's median over the rounds (a term missing from a round counts as 0 there)."""
     terms = list(dict.fromkeys(t for b in breakdowns for t in b))
     return {t: round(statistics.median(b.get(t, 0.0) for b in breakdowns), 3) for t in terms}
-
-
-def mix_text(mix: Mapping[str, int], split: int = 0) -> str:
-    """``{"table_wise": 7, "ps_hash": 1}`` -> ``"tw 7, ps 1"`` (``+ N split``: tables held in several pieces)."""
-    text = ", ".join(f"{_ABBREVIATIONS.get(k, k)} {n}" for k, n in mix.items())
-    return f"{text} ({split} split)" if split and text else text
-
-
-def _one_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
 
 
 # ---- summary ----------------------------------------------------------------------------------------------------
@@ -681,20 +335,6 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
 
 
 # ---- the run ----------------------------------------------------------------------------------------------------
-def pick(names: str | None, quick: bool) -> list[Case]:
-    """The cases ``--cases`` names (comma-separated), else the quick or full set.
-
-    Raises:
-        SystemExit: A name that is no case.
-    """
-    every = {c.name: c for c in cases()}
-    wanted = names.split(",") if names else (QUICK_CASES if quick else list(every))
-    unknown = [n for n in wanted if n not in every]
-    if unknown:
-        raise SystemExit(f"unknown case(s) {', '.join(unknown)}; the cases: {', '.join(every)}")
-    return [every[n] for n in wanted]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI: 3 cases (one only ours can run), 40 steps, 2 rounds")

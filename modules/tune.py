@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
 from persia_planner.errors import Interrupted, PlannerError
-from persia_planner.placement import TablePlacement
 from persia_planner.plan_checks import validate
 from persia_planner.planner import candidate_plans, priced_plan
 from persia_planner.plans import Plan
@@ -39,13 +37,11 @@ class TuneRun:
 
     Attributes:
         name: What the candidate is (``search``, ``whole tables``, ``torchrec``).
-        tables: Its placement of every table.
-        estimate_step_ms: Its step time under the cost model.
+        plan: Its plan (every table's placement, and its estimate under the cost model).
     """
 
     name: str
-    tables: Mapping[str, TablePlacement]
-    estimate_step_ms: float
+    plan: Plan
 
 
 def tune_config(model: ModelSpec, topology: Topology, *, steps: int, seed: int = 0) -> TrainConfig:
@@ -103,7 +99,7 @@ def measure_candidates(
                 result = train(
                     cfg,
                     model,
-                    dict(run.tables),
+                    dict(run.plan.tables),
                     servers=max(1, len(topology.servers)),
                     topology=topology,
                     run_timeout_s=RUN_TIMEOUT_S,
@@ -125,7 +121,7 @@ def measure_candidates(
         if len(errors) == len(runs) or time.monotonic() - started + round_s > budget_s:
             break
         cfg = dataclasses.replace(cfg, seed=cfg.seed + 1)  # another draw of the data, the same for every candidate
-    return [MeasuredCandidate(r.name, r.estimate_step_ms, tuple(rates[r.name]), errors.get(r.name)) for r in runs]
+    return [MeasuredCandidate(r.name, r.plan.step_ms, tuple(rates[r.name]), errors.get(r.name)) for r in runs]
 
 
 TORCHREC = "torchrec"
@@ -142,25 +138,23 @@ def tune_runs(
     them; when TorchRec finds no plan, or one that overfills a device as this runtime allocates, it is recorded as
     such and not run.
     """
-    runs = [TuneRun(name, p.tables, p.step_ms) for name, p in candidate_plans(
-        model, topology, limit=limit, seed=seed, first=searched
-    )]  # fmt: skip
+    runs = [TuneRun(name, p) for name, p in candidate_plans(model, topology, limit=limit, seed=seed, first=searched)]
     failed: list[MeasuredCandidate] = []
     if with_torchrec:
         from persia_planner.torchrec_scoring import plan_with_torchrec
 
-        cost = CostModel(model, topology)
         try:
-            theirs = plan_with_torchrec(model, topology)
+            placements = plan_with_torchrec(model, topology)
         except PlannerError as err:
             failed.append(MeasuredCandidate(TORCHREC, None, (), str(err).splitlines()[0]))
         else:
-            step_ms = float(cost.evaluate(theirs)[0].step_ms)
-            problems = validate(priced_plan(cost, theirs, lower_bound_ms=0.0), model, topology)
+            # Beside the search's bound: no plan of its options beats it, and TorchRec's are among them.
+            theirs = priced_plan(CostModel(model, topology), placements, lower_bound_ms=searched.lower_bound_ms)
+            problems = validate(theirs, model, topology)
             if problems:
-                failed.append(MeasuredCandidate(TORCHREC, step_ms, (), f"does not fit here: {problems[0]}"))
-            elif all(dict(theirs) != dict(r.tables) for r in runs):
-                runs.append(TuneRun(TORCHREC, theirs, step_ms))
+                failed.append(MeasuredCandidate(TORCHREC, theirs.step_ms, (), f"does not fit here: {problems[0]}"))
+            elif all(dict(theirs.tables) != dict(r.plan.tables) for r in runs):
+                runs.append(TuneRun(TORCHREC, theirs))
     return runs, failed
 
 
@@ -198,11 +192,5 @@ def tune(
     measured = measure_candidates(runs, model, topology, cfg, budget_s=budget_s, on_run=on_run) + failed
     best = fastest(measured)
     record = Tuning(best.name, steps, float(budget_s), tuple(measured))
-    if best.name == runs[0].name:
-        return dataclasses.replace(searched, tuning=record)
-    tables = next(r.tables for r in runs if r.name == best.name)
-    cost = CostModel(model, topology)
-    return dataclasses.replace(
-        priced_plan(cost, tables, lower_bound_ms=searched.lower_bound_ms or lower_bound(cost).value_ms),
-        tuning=record,
-    )
+    kept = next((r.plan for r in runs if r.name == best.name), searched)
+    return dataclasses.replace(kept, tuning=record)

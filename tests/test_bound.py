@@ -21,6 +21,7 @@ from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
 from persia_planner.plans import Plan, usage_of
 from persia_planner.report import summary
 from persia_planner.search import GreedyLocalSearch
+from persia_planner.synthetic import model_dict
 
 MIB, GIB = 2**20, 2**30
 NO_RESERVE = {"hbm_reserve_fraction": 0, "ddr_reserve_fraction": 0, "ps_reserve_fraction": 0}
@@ -344,26 +345,11 @@ def test_a_plan_that_meets_its_bound_is_called_provably_optimal():
 def test_constrained_plans_are_not_faster_than_their_bound(rows_dims, host_specs, fraction, tiers, seed):
     """Tables held to tiers (and to a cache size, below the smallest the search sizes too): the bound leaves out
     what they rule out and covers the size they fix."""
-    model = make_model(rows_dims, 1)
     held = dict(cache_fraction=fraction) if "hbm_cache" in tiers else {}
-    model = ModelSpec.from_dict(
-        {
-            "name": "held",
-            "batch_size": 4096,
-            "tables": [
-                {
-                    "name": t.name,
-                    "rows": t.rows,
-                    "dim": t.dim,
-                    "pooling_factor": t.pooling_factor,
-                    "optimizer": t.optimizer.value,
-                    "zipf_alpha": t.zipf_alpha,
-                    **({"constraints": {"tiers": tiers, **held}} if i % 2 == 0 else {}),
-                }
-                for i, t in enumerate(model.tables)
-            ],
-        }
-    )
+    data = model_dict(make_model(rows_dims, 1)) | {"name": "held", "batch_size": 4096}
+    for table in data["tables"][::2]:
+        table["constraints"] = {"tiers": tiers, **held}
+    model = ModelSpec.from_dict(data)
     topo = Topology.from_dict(cluster_dict(host_specs, [{"ddr_bw": 100.0, "nic": 25.0}]))
     try:
         plan = Planner(GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=0.2))).plan(model, topo)

@@ -13,10 +13,18 @@ from persia_planner.errors import PlannerError
 from persia_planner.modules import tune as tune_module
 from persia_planner.modules.tune import TuneRun, measure_candidates, tune_config
 from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+from persia_planner.plans import Plan
 
 TOPOLOGY = load_topology(DEFAULT_TOPOLOGY)
 MODEL = ModelSpec.from_dict({"batch_size": 64, "staleness": 0, "tables": [{"name": "a", "rows": 10, "dim": 4}]})
-RUNS = [TuneRun("search", {}, 10.0), TuneRun("whole tables", {}, 11.0), TuneRun("torchrec", {}, 12.0)]
+
+
+def run(name: str, estimate_ms: float) -> TuneRun:
+    """A candidate whose tables name it (the fake launchers below read the name from them)."""
+    return TuneRun(name, Plan("m", "t", {"name": name}, {}, estimate_ms, 0.0, 0.0))
+
+
+RUNS = [run("search", 10.0), run("whole tables", 11.0), run("torchrec", 12.0)]
 
 
 class FakeClock:
@@ -46,7 +54,7 @@ def test_candidates_alternate_in_rounds_until_the_budget_and_a_failure_is_kept(m
     monkeypatch.setattr(tune_module.time, "monotonic", clock.monotonic)
     rates = {"search": [100.0, 90.0, 95.0], "whole tables": [120.0, 80.0, 130.0]}
     calls: list[tuple[str, int]] = []
-    runs = [TuneRun(r.name, {"name": r.name}, r.estimate_step_ms) for r in RUNS]  # the fake reads the name
+    runs = RUNS
     seen: list[tuple[str, float | None]] = []
     cfg = tune_config(MODEL, TOPOLOGY, steps=20, seed=7)
     measured = measure_candidates(
@@ -69,7 +77,7 @@ def test_at_least_one_round_runs_whatever_the_budget(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(tune_module.time, "monotonic", clock.monotonic)
     calls: list[tuple[str, int]] = []
-    runs = [TuneRun(r.name, {"name": r.name}, r.estimate_step_ms) for r in RUNS[:2]]
+    runs = RUNS[:2]
     rates = {"search": [1.0], "whole tables": [2.0]}
     cfg = tune_config(MODEL, TOPOLOGY, steps=20)
     measured = measure_candidates(runs, MODEL, TOPOLOGY, cfg, budget_s=1.0, train=fake_train(clock, rates, calls))
