@@ -60,6 +60,7 @@ __all__ = ["MAX_WEIGHTINGS", "LowerBound", "TierChoice", "lower_bound", "lower_b
 
 _ASYNC = 5  # ps_ddr, ps_nic, switch, host nic, pcie (busiest / slowest at K >= 1, GPU average at K = 0)
 _HINT_TRUST = 1.3
+_NOT_RANGED = (Sharding.DATA_PARALLEL, Sharding.PS_HASH)  # the sharding types that are no range shards
 # Weightings the bound's search evaluates by default (see lower_bound). Each is a maximisation over the memory prices.
 MAX_WEIGHTINGS = 100
 
@@ -119,7 +120,10 @@ def _table_terms(
     out_bytes = cost.batch * dims * value_bytes
     # Every local option has at least one shard: its fixed overhead, its pooled output, the ids it receives.
     ids_bytes = cost.batch * np.array([t.pooling_factor for t in tables]) * c.id_bytes
-    exchange = (out_bytes + ids_bytes / 2) * float(cost.a2a_gpu_sum.min())
+    # TorchRec's DMP scales a range shard's exchange by its sharding type (CostModel.sharding_scale): at least by
+    # the least factor of any range type on any device.
+    ranged = min(float(scale.min()) for s, scale in cost.sharding_scale.items() if s not in _NOT_RANGED)
+    exchange = (out_bytes + ids_bytes / 2) * float(cost.a2a_gpu_sum.min()) * ranged
     out = exchange + c.shard_overhead_ms
     hbm_bw, uvm_bw = float(cost.hbm_bw.max()), float(cost.uvm_bw.max())
     # GPU-ms (summed over GPUs) per byte of a host's DDR traffic: every GPU of the host waits on it.
@@ -160,6 +164,9 @@ def _table_terms(
     replica = np.array([cost.replica_moved_bytes(t) for t in tables]) * float((1 / dense_bw).sum())
     replica += G * c.shard_overhead_ms
     allreduce = 4.0 * rows * dims * float(cost.allreduce_ms_per_byte.sum())
+    # A replica's work and its all-reduce, both scaled by data-parallel's factor.
+    replicated = float(cost.sharding_scale[Sharding.DATA_PARALLEL].min())
+    replica, allreduce = replica * replicated, allreduce * replicated
     sync[:, dp] = np.where(dp_ok, replica + allreduce, np.inf)
     sync_ddr[:, dp] = allreduce
     mem[0, :, dp] = replicas * G
@@ -197,7 +204,7 @@ def _table_terms(
         weights.append(busiest)
     nic = np.zeros((len(weights), T, n_opt))
     for i, w in enumerate(weights):
-        nic[i, :, :dp] = ((out_bytes + ids_bytes / 2) * float(cost.a2a.nic_dot(w).min()))[:, None]
+        nic[i, :, :dp] = ((out_bytes + ids_bytes / 2) * float(cost.a2a.nic_dot(w).min()) * ranged)[:, None]
         if lay.n_servers:
             nic[i, :, ps] = traffic / G * float(w @ per_gpu_nic)
     ruled_out = _ruled_out(cost, n_opt)

@@ -79,6 +79,13 @@ class CostModel:
         # (fbgemm's TBE per bag, id and distinct row; the DLRM dense step), not through a bandwidth.
         self.profiles = [hosts[host_index[g.host]].profile if g.kind is DeviceKind.CPU else None for g in gpus]
         self.profiled = np.array([p is not None for p in self.profiles], dtype=bool)
+        # What TorchRec's DMP adds to a table's work by its sharding type, per device: each profiled CPU trainer's
+        # measured factor (its profile's DMP jobs, against table-wise), 1 elsewhere and for the servers' tables.
+        self.sharding_scale = {
+            s: np.array([1.0 if p is None else p.sharding_scale.get(s.value, 1.0) for p in self.profiles])
+            for s in Sharding
+        }
+        self.sharding_scaled = {s: bool((scale != 1.0).any()) for s, scale in self.sharding_scale.items()}
 
         # Dense part: forward + 2x backward FLOPs on the local batch; hierarchical ring all-reduce of fp32 grads.
         tflops = np.array([g.tflops for g in gpus]) * c.tflops_efficiency / MS
@@ -233,29 +240,40 @@ class CostModel:
         gpus: np.ndarray,
         *,
         cache_fraction: float = 0.0,
-        twrw: bool = False,
+        sharding: Sharding = Sharding.TABLE_WISE,
     ) -> np.ndarray:
-        """Load vectors (one row per candidate GPU in ``gpus``) of a range shard placed on that GPU.
+        """Load vectors (one row per candidate GPU in ``gpus``) of a range shard of a ``sharding`` placement placed
+        on that GPU.
 
         ``rows_fraction`` is the share of the table's rows (and so of its lookups) in the shard: one number, or
         one per candidate.
         """
         terms = self.range_shard_terms(table, rows_fraction, cols, tier, gpus, cache_fraction=cache_fraction)
-        return self.range_loads_of(terms, gpus, twrw=twrw)
+        return self.range_loads_of(terms, gpus, sharding)
 
     def range_loads_of(
-        self, terms: tuple[float, float | np.ndarray, np.ndarray, np.ndarray | None], gpus: np.ndarray, twrw: bool
+        self,
+        terms: tuple[float, float | np.ndarray, np.ndarray, np.ndarray | None],
+        gpus: np.ndarray,
+        sharding: Sharding,
     ) -> np.ndarray:
-        """Load vectors of a range shard on each GPU in ``gpus`` from its :meth:`range_shard_terms` (for those GPUs).
+        """Load vectors of a range shard of a ``sharding`` placement on each GPU in ``gpus`` from its
+        :meth:`range_shard_terms` (for those GPUs).
 
-        The all-to-all pattern of its pooled output and half of it for its ids; its ``emb`` time on its GPU; in UVM,
-        its time on its host's DDR.
+        The all-to-all pattern of its pooled output (table-row-wise: reduced in the host first) and half of it for
+        its ids, times the sharding type's measured factor on its GPU (:attr:`sharding_scale`); its ``emb`` time on
+        its GPU; in UVM, its time on its host's DDR.
         """
         lay = self.layout
         out_bytes, ids_half, emb, ddr = terms
         pattern = self.a2a.rows(gpus)
+        twrw = sharding is Sharding.TABLE_ROW_WISE
         loads = (self.a2a.twrw_of(pattern, gpus) if twrw else pattern) * out_bytes
         loads += pattern * (ids_half[:, None] if isinstance(ids_half, np.ndarray) else ids_half)
+        if self.sharding_scaled[sharding]:
+            # What a sharding type adds is in how its ids and pooled output travel (row-wise's bucketize and
+            # reduce-scatter, column-wise's concat), not in its kernels: the factor is on the exchange.
+            loads *= self.sharding_scale[sharding][gpus][:, None]
         idx = np.arange(len(gpus))
         loads[idx, lay.emb.start + gpus] += emb
         if ddr is not None:
@@ -263,15 +281,19 @@ class CostModel:
         return loads
 
     def range_loads_sum(
-        self, terms: tuple[float, float | np.ndarray, np.ndarray, np.ndarray | None], gpus: np.ndarray, twrw: bool
+        self,
+        terms: tuple[float, float | np.ndarray, np.ndarray, np.ndarray | None],
+        gpus: np.ndarray,
+        sharding: Sharding,
     ) -> np.ndarray:
         """The sum of :meth:`range_loads_of`'s rows (a table's shards over many GPUs), in time and memory linear in
-        the cluster beyond :data:`.cost_a2a.DENSE_MAX_GPUS` shards (up to it, the rows' own sum, to the bit)."""
-        if len(gpus) <= DENSE_MAX_GPUS:
-            return self.range_loads_of(terms, gpus, twrw).sum(axis=0)
+        the cluster beyond :data:`.cost_a2a.DENSE_MAX_GPUS` shards (up to it, or where the sharding type has a
+        measured factor, the rows' own sum, to the bit)."""
+        if len(gpus) <= DENSE_MAX_GPUS or self.sharding_scaled[sharding]:
+            return self.range_loads_of(terms, gpus, sharding).sum(axis=0)
         lay = self.layout
         out_bytes, ids_half, emb, ddr = terms
-        if twrw:
+        if sharding is Sharding.TABLE_ROW_WISE:
             loads = self.a2a.weighted_sum(gpus, ids_half, np.full(len(gpus), out_bytes))
         else:
             loads = self.a2a.weighted_sum(gpus, out_bytes + np.asarray(ids_half))
@@ -290,12 +312,17 @@ class CostModel:
         return 2 * lookups * weights + table.rows * (weights * self.constants.dp_update_passes + 2 * state)
 
     def replica_loads(self, table: TableSpec, gpus: np.ndarray | None = None) -> np.ndarray:
-        """Load vectors of one data-parallel replica on each GPU of ``gpus`` (default: every GPU), summed."""
+        """Load vectors of one data-parallel replica on each GPU of ``gpus`` (default: every GPU), summed (times the
+        sharding type's measured factor on each, :attr:`sharding_scale`)."""
         lay = self.layout
         g = np.arange(lay.n_gpus) if gpus is None else np.asarray(gpus, dtype=np.intp)
         moved = self.replica_moved_bytes(table)
         emb = moved / (self.hbm_bw[g] * self.constants.dense_kernel_efficiency) + self.constants.shard_overhead_ms
         per_replica = 4.0 * table.rows * table.dim / lay.n_gpus
+        if self.sharding_scaled[Sharding.DATA_PARALLEL]:
+            # Each replica's work times its device's measured factor (its gradient's share of the all-reduce too).
+            scale = self.sharding_scale[Sharding.DATA_PARALLEL][g]
+            emb, per_replica = emb * scale, per_replica * scale
         if len(g) <= DENSE_MAX_GPUS:  # the rows' own sum, to the bit
             rows = np.zeros((len(g), lay.size))
             rows[np.arange(len(g)), lay.emb.start + g] = emb
@@ -383,7 +410,6 @@ class CostModel:
                 mem[lay.ps_mem.start + p] += storage(s).ddr_bytes
             return self.ps_table_loads(table, shares), mem
         loads = np.zeros(lay.size)
-        twrw = placement.sharding is Sharding.TABLE_ROW_WISE
         groups: dict[tuple[int, Tier, float], list[Shard]] = {}
         for s in shards:
             groups.setdefault((s.n_cols, s.tier, s.cache_fraction or 0.0), []).append(s)
@@ -395,7 +421,7 @@ class CostModel:
             gpus = np.array([gpu_index(s.device) for s in group])
             fractions = np.array([s.row_fraction(table) for s in group])
             terms = self.range_shard_terms(table, fractions, cols, tier, gpus, cache_fraction=fraction)
-            loads += self.range_loads_sum(terms, gpus, twrw)
+            loads += self.range_loads_sum(terms, gpus, placement.sharding)
         return loads, mem
 
     # ---- the step -----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,12 @@ import numpy as np
 from persia_planner.constants import CostConstants
 from persia_planner.errors import SpecError
 from persia_planner.fields import Fields, load_yaml
+from persia_planner.kinds import Sharding
 from persia_planner.units import Quantity
 
 __all__ = [
     "PROFILE_FORMAT",
+    "SCALED_SHARDINGS",
     "DenseFit",
     "EmbeddingFit",
     "HardwareProfile",
@@ -223,6 +225,10 @@ class HardwareProfile:
             ``persia train`` jobs, ``modules/calibrate_step.py``; None in a profile without the ``step`` section).
         step_ps_client_ms: What one PS request costs a trainer inside a step (None without ``step``: the RPC's
             round trip stands for it).
+        sharding_scale: Per TorchRec sharding type (its value), the factor on a table's modelled work that makes
+            TorchRec's DMP jobs of that type run as measured (its input and output distribution, row-wise
+            bucketize and reduce-scatter, column-wise concat, the replica's all-reduce). Fitted by
+            ``modules/calibrate_step.py`` against table-wise, the reference (1.0); a missing type is 1.0.
     """
 
     source: str
@@ -243,6 +249,7 @@ class HardwareProfile:
     unique_ids_per_s: float
     step_overhead_ms: float | None = None
     step_ps_client_ms: float | None = None
+    sharding_scale: Mapping[str, float] = field(default_factory=dict)
 
     def embedding_seconds(
         self, optimizer: str, bags: float, ids: float, row_bytes: float, unique: float | None = None
@@ -360,6 +367,8 @@ class HardwareProfile:
             rows.append(("training step beyond the model", f"{self.step_overhead_ms:.2f} ms", ""))
         if self.step_ps_client_ms is not None:
             rows.append(("PS request in a step (trainer)", f"{self.step_ps_client_ms:.2f} ms", ""))
+        for name, scale in self.sharding_scale.items():
+            rows.append((f"{name} in DMP (x its modelled exchange)", f"{scale:.2f}", ""))
         return rows
 
     @classmethod
@@ -422,6 +431,7 @@ class HardwareProfile:
         }
         store.finish()
         overhead = request = None
+        scales: dict[str, float] = {}
         if top.has("step"):
             step = top.sub("step")
             overhead = step.take("overhead_ms", Quantity.NUMBER)
@@ -429,6 +439,7 @@ class HardwareProfile:
             for key, value in (("overhead_ms", overhead), ("ps_client_ms", request)):
                 if value is not None and value < 0:
                     raise step.error(key, f"must be >= 0, got {value}", fixes=("run persia calibrate again",))
+            scales = _sharding_scales(step)
             for key in ("check_error", "jobs"):  # what was measured: kept in the file, not needed by the fit
                 step.take(key, default=None)
             step.finish()
@@ -452,7 +463,27 @@ class HardwareProfile:
             unique_ids_per_s=figures["unique_ids_per_s"],
             step_overhead_ms=overhead,
             step_ps_client_ms=request,
+            sharding_scale=scales,
         )
+
+
+# The sharding types a DMP job can be calibrated for: TorchRec's (the servers' hash sharding is priced by its requests).
+SCALED_SHARDINGS = tuple(s.value for s in Sharding if s is not Sharding.PS_HASH)
+
+
+def _sharding_scales(step: Fields) -> dict[str, float]:
+    """``step.sharding_scale``: a positive factor per TorchRec sharding type (absent: none measured)."""
+    section = step.sub("sharding_scale", default=None)
+    if section is None:
+        return {}
+    names = list(section.data)
+    for name in names:
+        if name not in SCALED_SHARDINGS:
+            known = ", ".join(SCALED_SHARDINGS)
+            raise section.error(name, "is no sharding type of a DMP job", fixes=(f"use one of {known}",))
+    scales = {str(name): float(section.take_positive(name, Quantity.NUMBER)) for name in names}
+    section.finish()
+    return scales
 
 
 def _nearest_optimizer(optimizer: str, profile: HardwareProfile) -> str:

@@ -7,11 +7,15 @@ plan uses, so that the bound's memory prices are at work.
 
 import itertools
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_profile import raw_profile
 
 from persia_planner import CapacityError, ModelSpec, Planner, PlannerError, SearchConfig, Topology, validate
 from persia_planner.access import MAX_CACHE_FRACTION, MIN_CACHE_FRACTION
@@ -19,9 +23,10 @@ from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
 from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
 from persia_planner.plans import Plan, usage_of
+from persia_planner.profile import SCALED_SHARDINGS
 from persia_planner.report import summary
 from persia_planner.search import GreedyLocalSearch
-from persia_planner.synthetic import model_dict
+from persia_planner.synthetic import model_dict, random_model
 
 MIB, GIB = 2**20, 2**30
 NO_RESERVE = {"hbm_reserve_fraction": 0, "ddr_reserve_fraction": 0, "ps_reserve_fraction": 0}
@@ -146,9 +151,15 @@ def range_shard(table, dtype, tier: Tier, device: str, rows, cols, fraction: flo
     return Shard(device, tier, cols, size, rows=rows, cache_fraction=fraction if tier is Tier.HBM_CACHE else None)
 
 
-def random_placements(model: ModelSpec, topo: Topology, rng: np.random.Generator) -> dict[str, TablePlacement]:
-    """A placement per table: a sharding type the search uses, on random devices with random cuts, each cached shard
-    with a cache fraction the search may size (log-uniform from the smallest to every row)."""
+def random_placements(
+    model: ModelSpec,
+    topo: Topology,
+    rng: np.random.Generator,
+    tiers: tuple[Tier, ...] = (Tier.HBM, Tier.DDR, Tier.HBM_CACHE),
+) -> dict[str, TablePlacement]:
+    """A placement per table: a sharding type the search uses, on random devices with random cuts (local shards on
+    one of ``tiers``), each cached shard with a cache fraction the search may size (log-uniform from the smallest to
+    every row)."""
     gpus = [g.name for g in topo.gpus]
     host_gpus = [list(h.gpus) for h in topo.trainers]
     ps_names = [s.name for s in topo.servers]
@@ -158,7 +169,7 @@ def random_placements(model: ModelSpec, topo: Topology, rng: np.random.Generator
     placements = {}
     for t in model.tables:
         kind = str(rng.choice(kinds + ["ps_hash"] * (2 if ps_names else 0)))
-        tier = [Tier.HBM, Tier.DDR, Tier.HBM_CACHE][int(rng.integers(3))]
+        tier = tiers[int(rng.integers(len(tiers)))]
         all_rows, all_cols = (0, t.rows), (0, t.dim)
 
         def shard(device, rows, cols, t=t, tier=tier):
@@ -357,3 +368,45 @@ def test_constrained_plans_are_not_faster_than_their_bound(rows_dims, host_specs
         return
     assert validate(plan, model, topo) == []
     assert 0 < plan.lower_bound_ms <= plan.step_ms * (1 + 1e-9)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tables,
+    st.dictionaries(st.sampled_from(SCALED_SHARDINGS), st.floats(0.05, 20.0)),
+    staleness,
+    st.integers(0, 2**32 - 1),
+)
+def test_no_random_plan_beats_the_bound_where_dmp_scales_a_sharding_type(rows_dims, scales, k, seed):
+    """CPU trainers whose profile measured a factor per TorchRec sharding type (below and above table-wise's)."""
+    model, topo = make_model(rows_dims, k), cpu_cluster(scales)
+    # A CPU trainer's embedding memory is its own (the device's): the host-memory tiers are for GPUs.
+    placements = random_placements(model, topo, np.random.default_rng(seed), tiers=(Tier.HBM,))
+    assert CostModel(model, topo).sharding_scale[Sharding.ROW_WISE][0] == scales.get("row_wise", 1.0)
+    assert_bounded(model, topo, placements)
+
+
+def cpu_cluster(scales: dict[str, float], memory: str = "16TiB") -> Topology:
+    """One host of 3 CPU trainers of ``memory`` each and 2 servers, measured with these sharding-type factors."""
+    raw = {**raw_profile(), "step": {"overhead_ms": 1.0, "sharding_scale": scales}}
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "cpu.yaml").write_text(yaml.safe_dump(raw))
+        data = {
+            "name": "cpus",
+            "hosts": [
+                {"name": "t", "ddr": "64TiB", "profile": "cpu.yaml", "cpus": {"count": 3, "memory": memory}},
+                {"name": "ps", "count": 2, "role": "parameter_server", "ddr": "64TiB", "profile": "cpu.yaml"},
+            ],
+        }
+        return Topology.from_dict(data, base_dir=folder)
+
+
+@pytest.mark.parametrize("factor", [0.05, 20.0])
+def test_the_planners_plan_is_not_faster_than_its_bound_where_dmp_scales_every_type(factor):
+    """Every sharding type's exchange (or replica) priced at a factor far from table-wise's: the bound scales too."""
+    scales = dict.fromkeys(SCALED_SHARDINGS, factor)
+    model = random_model(30, seed=3, rows_range=(1e3, 1e7), batch_size=8192, staleness=0)
+    for memory in ("16TiB", "256MiB"):
+        search = GreedyLocalSearch(SearchConfig(seed=0, improve_time_s=0.3))
+        plan = Planner(search).plan(model, cpu_cluster(scales, memory))
+        assert 0 < plan.lower_bound_ms <= plan.step_ms * (1 + 1e-9), (memory, plan.lower_bound_ms, plan.step_ms)

@@ -54,12 +54,18 @@ def test_every_benchmark_gives_figures_the_planner_fits():
     assert all(math.isfinite(f) and f > 0 for f in figures), figures
     assert set(profile.embedding_forward) == {"sgd", "rowwise_adagrad"}
     # the small training jobs: their steps against the model's predictions, and what the fit takes from them
+    from persia_planner.modules.calibrate_step import SHARDING_JOBS, STEP_JOBS
+
     step = raw["step"]
-    assert set(step["jobs"]) == {"small", "large", "ps"}
+    assert set(step["jobs"]) == set(STEP_JOBS) == {"large", "ps", "table_wise", *SHARDING_JOBS}
     assert all(j["measured_ms"] > 0 and j["predicted_ms"] > 0 for j in step["jobs"].values())
     assert step["overhead_ms"] >= 0 and step["ps_client_ms"] >= 0 and step["check_error"] > -1
     fitted = profile.fitted_constants()
     assert fitted["step_overhead_ms"] == step["overhead_ms"] and fitted["ps_client_ms"] == step["ps_client_ms"]
+    # a factor per TorchRec sharding type but the reference's, each within the range a fit may reach
+    assert set(step["sharding_scale"]) == set(SHARDING_JOBS)
+    assert all(0.05 <= f <= 100.0 for f in step["sharding_scale"].values())
+    assert profile.sharding_scale == step["sharding_scale"]
 
 
 def test_out_must_be_a_file(tmp_path):

@@ -229,3 +229,43 @@ def test_memory_vectors_by_kind(cost):
     )
     shard = cost.shard_memory(np.array([1, 0]), np.array([10.0, 20.0]), 5.0)
     assert shard.tolist() == [[0.0, 10.0, 5.0, 0.0], [20.0, 0.0, 5.0, 0.0]]
+
+
+def _cpu_cost(scales: dict[str, float], tmp_path) -> CostModel:
+    """Two CPU trainers of one host whose profile measured these sharding-type factors; one 2,000-row table."""
+    import yaml
+    from test_profile import raw_profile
+
+    (tmp_path / "cpu.yaml").write_text(
+        yaml.safe_dump({**raw_profile(), "step": {"overhead_ms": 1.0, "sharding_scale": scales}})
+    )
+    topo = Topology.from_dict(
+        {
+            "name": "cpus",
+            "hosts": [{"name": "t", "ddr": "8GiB", "profile": "cpu.yaml", "cpus": {"count": 2, "memory": "1GiB"}}],
+        },
+        base_dir=tmp_path,
+    )
+    model = ModelSpec.from_dict({"name": "m", "batch_size": 2048, "tables": [{"name": "t", "rows": 2000, "dim": 32}]})
+    return CostModel(model, topo)
+
+
+def test_a_profiled_sharding_factor_scales_that_type_s_exchange_and_a_replica_s_work(tmp_path):
+    plain = _cpu_cost({}, tmp_path)
+    scaled = _cpu_cost({"row_wise": 4.0, "data_parallel": 0.5}, tmp_path)
+    table, gpus, lay = plain.model.tables[0], np.array([0, 1]), plain.layout
+    terms = plain.range_shard_terms(table, np.array([0.5, 0.5]), table.dim, Tier.HBM, gpus)
+    for sharding, factor in ((Sharding.ROW_WISE, 4.0), (Sharding.TABLE_WISE, 1.0), (Sharding.COLUMN_WISE, 1.0)):
+        before, after = plain.range_loads_of(terms, gpus, sharding), scaled.range_loads_of(terms, gpus, sharding)
+        # the exchange (the devices' collectives) by the type's factor; the kernels' time as it was
+        assert after[:, lay.nvlink] == pytest.approx(before[:, lay.nvlink] * factor)
+        assert before[:, lay.nvlink].sum() > 0
+        assert after[:, lay.emb] == pytest.approx(before[:, lay.emb])
+    assert scaled.replica_loads(table) == pytest.approx(plain.replica_loads(table) * 0.5)
+    # a whole placement is priced the same way
+    rw = TablePlacement(
+        Sharding.ROW_WISE,
+        tuple(Shard(f"t0/cpu{g}", Tier.HBM, (0, 32), 1, rows=(1000 * g, 1000 * (g + 1))) for g in (0, 1)),
+    )
+    a, b = plain.placement_loads(table, rw)[0], scaled.placement_loads(table, rw)[0]
+    assert b[lay.nvlink] == pytest.approx(a[lay.nvlink] * 4.0) and b[lay.emb] == pytest.approx(a[lay.emb])

@@ -157,3 +157,20 @@ def test_a_measured_training_step_fits_the_step_overhead():
     for key, bad in (("overhead_ms", -1.0), ("ps_client_ms", -0.1)):
         with pytest.raises(SpecError, match=f"step.{key}"):
             HardwareProfile.from_dict({**raw, "step": {**raw["step"], key: bad}})
+
+
+def test_a_sharding_type_s_measured_factor_is_read_and_a_bad_one_named():
+    raw = raw_profile()
+    assert HardwareProfile.from_dict(raw).sharding_scale == {}
+    raw["step"] = {"overhead_ms": 4.5, "sharding_scale": {"row_wise": 2.5, "data_parallel": 0.5}}
+    profile = HardwareProfile.from_dict(raw)
+    assert profile.sharding_scale == {"row_wise": 2.5, "data_parallel": 0.5}
+    assert ("row_wise in DMP (x its modelled exchange)", "2.50", "") in profile.summary()
+    for scales, words in (
+        ({"row_wise": 0.0}, "step.sharding_scale.row_wise: must be > 0"),
+        ({"ps_hash": 2.0}, "step.sharding_scale.ps_hash: is no sharding type of a DMP job"),
+        ([2.0], "step.sharding_scale: expected a mapping"),
+    ):
+        with pytest.raises(SpecError) as err:
+            HardwareProfile.from_dict({**raw, "step": {**raw["step"], "sharding_scale": scales}})
+        assert words in str(err.value), str(err.value)

@@ -8,7 +8,7 @@ import pytest
 
 from persia_planner import cost_a2a
 from persia_planner.cost import CostModel
-from persia_planner.placement import Tier
+from persia_planner.placement import Sharding, Tier
 from persia_planner.search import GreedyLocalSearch, SearchConfig
 from persia_planner.search.state import CANDIDATE_HOSTS
 from persia_planner.synthetic import random_model, random_topology
@@ -41,17 +41,17 @@ def test_structured_sums_equal_dense_rows(monkeypatch):
     assert a2a.weighted_sum(gpus, plain, twrw) == pytest.approx(want, rel=1e-12, abs=1e-18)
 
 
-@pytest.mark.parametrize("twrw", [False, True])
-def test_range_and_replica_sums_equal_dense_rows(monkeypatch, twrw):
+@pytest.mark.parametrize("sharding", [Sharding.ROW_WISE, Sharding.TABLE_ROW_WISE])
+def test_range_and_replica_sums_equal_dense_rows(monkeypatch, sharding):
     cost = _mixed_cost()
     table, gpus = cost.model.tables[0], np.arange(cost.layout.n_gpus)
     fractions = np.full(len(gpus), 1 / len(gpus))
     terms = [cost.range_shard_terms(table, fractions, table.dim, t, gpus) for t in (Tier.HBM, Tier.DDR)]
-    dense = [cost.range_loads_sum(t, gpus, twrw) for t in terms]
+    dense = [cost.range_loads_sum(t, gpus, sharding) for t in terms]
     replica, memory = cost.replica_loads(table), cost.shard_memory_sum(gpus, 3.0, 5.0)
     monkeypatch.setattr("persia_planner.cost.DENSE_MAX_GPUS", 0)
     for t, want in zip(terms, dense, strict=True):
-        assert cost.range_loads_sum(t, gpus, twrw) == pytest.approx(want, rel=1e-12, abs=1e-18)
+        assert cost.range_loads_sum(t, gpus, sharding) == pytest.approx(want, rel=1e-12, abs=1e-18)
     assert cost.replica_loads(table) == pytest.approx(replica, rel=1e-12)
     assert cost.shard_memory_sum(gpus, 3.0, 5.0) == pytest.approx(memory)
 

@@ -112,7 +112,7 @@ class DeviceChoice:
             found = self.shards.range_terms(table, option.tier, option.cache_fraction, table.dim // option.splits)
             gpus = np.concatenate(picked)
             shape = (len(picked), option.splits, -1)  # every host's shards: sum them per host
-            loads = self.shards.range_loads(found, gpus).reshape(shape).sum(axis=1)
+            loads = self.shards.range_loads(found, gpus, s).reshape(shape).sum(axis=1)
             mem = self.shards.range_mem(found, gpus).reshape(shape).sum(axis=1)
             return self._pick_step(option, loads, mem, [tuple(int(g) for g in p) for p in picked])
         if s is Sharding.TABLE_ROW_WISE:
@@ -198,7 +198,7 @@ class DeviceChoice:
         if first is None:
             return None
         first_gpus, first_ok = first
-        first_loads = shards.range_loads(found, first_gpus)
+        first_loads = shards.range_loads(found, first_gpus, option.sharding)
 
         def finish(scores: np.ndarray, steps: np.ndarray, pick: Pick) -> Finish:
             gpus, ok, cand_l = first_gpus, first_ok, first_loads
@@ -221,7 +221,7 @@ class DeviceChoice:
                 if more is None:
                     return None
                 gpus, ok = more
-                cand_l = shards.range_loads(found, gpus)
+                cand_l = shards.range_loads(found, gpus, option.sharding)
                 cand_l += loads
                 scores, steps = yield cand_l
 
@@ -253,7 +253,7 @@ class DeviceChoice:
             terms = cost.range_shard_terms(
                 table, rows / table.rows, table.dim, option.tier, gpus, cache_fraction=option.cache_fraction
             )
-            loads = cost.range_loads_sum(terms, gpus, twrw=False)
+            loads = cost.range_loads_sum(terms, gpus, Sharding.ROW_WISE)
             hbm, ddr = tier_bytes(table, option.tier, rows, table.dim, state.dtype_of(table), option.cache_fraction)
             mem = cost.shard_memory_sum(gpus, hbm, ddr)
         elif s is Sharding.DATA_PARALLEL:
@@ -271,20 +271,26 @@ class DeviceChoice:
     def _twrw_vectors(self, table: TableSpec, option: Option, hosts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(loads, memory) of table-row-wise on each of ``hosts`` (one row each)."""
         picked = [self.state.host_gpus[h] for h in hosts]
-        part_l, part_m = self._row_split(table, option, picked, twrw=True)
+        part_l, part_m = self._row_split(table, option, picked)
         ends = np.cumsum([len(gpus) for gpus in picked])
         loads = np.array([part_l[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
         mem = np.array([part_m[e - len(g) : e].sum(axis=0) for g, e in zip(picked, ends, strict=True)])
         return loads, mem
 
     def _row_split(
-        self, table: TableSpec, option: Option, groups: Sequence[np.ndarray], twrw: bool = False
+        self, table: TableSpec, option: Option, groups: Sequence[np.ndarray]
     ) -> tuple[np.ndarray, np.ndarray]:
         """Loads and memory (one row per GPU) of ``table`` split in row blocks over each group of GPUs in turn."""
         rows = np.array([n for gpus in groups for n in row_blocks(table.rows, len(gpus))])
         gpus = np.concatenate(groups)
         loads = self.cost.range_shard_loads(
-            table, rows / table.rows, table.dim, option.tier, gpus, cache_fraction=option.cache_fraction, twrw=twrw
+            table,
+            rows / table.rows,
+            table.dim,
+            option.tier,
+            gpus,
+            cache_fraction=option.cache_fraction,
+            sharding=option.sharding,
         )
         hbm, ddr = tier_bytes(table, option.tier, rows, table.dim, self.state.dtype_of(table), option.cache_fraction)
         return loads, self.cost.shard_memory(gpus, hbm, ddr)

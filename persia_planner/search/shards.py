@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from persia_planner.cost import CostModel
-from persia_planner.placement import Tier, tier_bytes
+from persia_planner.placement import Sharding, Tier, tier_bytes
 from persia_planner.specs import TableSpec
 
 __all__ = ["RangeTerms", "ShardTerms"]
@@ -62,11 +62,12 @@ class ShardTerms:
             found = self._range[key] = RangeTerms(terms, float(hbm), float(ddr))
         return found
 
-    def range_loads(self, found: RangeTerms, gpus: np.ndarray) -> np.ndarray:
-        """Load vectors (one row per GPU in ``gpus``) of the shard of ``found`` on each of them."""
+    def range_loads(self, found: RangeTerms, gpus: np.ndarray, sharding: Sharding) -> np.ndarray:
+        """Load vectors (one row per GPU in ``gpus``) of the shard of ``found`` of a ``sharding`` placement on each
+        of them."""
         out_bytes, ids_half, emb, ddr = found.terms
         return self.cost.range_loads_of(
-            (out_bytes, ids_half, emb[gpus], None if ddr is None else ddr[gpus]), gpus, False
+            (out_bytes, ids_half, emb[gpus], None if ddr is None else ddr[gpus]), gpus, sharding
         )
 
     def range_mem(self, found: RangeTerms, gpus: np.ndarray) -> np.ndarray:
