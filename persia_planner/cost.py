@@ -79,8 +79,8 @@ class CostModel:
         # (fbgemm's TBE per bag, id and distinct row; the DLRM dense step), not through a bandwidth.
         self.profiles = [hosts[host_index[g.host]].profile if g.kind is DeviceKind.CPU else None for g in gpus]
         self.profiled = np.array([p is not None for p in self.profiles], dtype=bool)
-        # What TorchRec's DMP adds to a table's work by its sharding type, per device: each profiled CPU trainer's
-        # measured factor (its profile's DMP jobs, against table-wise), 1 elsewhere and for the servers' tables.
+        # What TorchRec's DMP adds to a placement's exchange (a replica's work) by its sharding type, per device:
+        # each profiled CPU trainer's measured factor (its profile's DMP jobs, against table-wise), 1 elsewhere.
         self.sharding_scale = {
             s: np.array([1.0 if p is None else p.sharding_scale.get(s.value, 1.0) for p in self.profiles])
             for s in Sharding

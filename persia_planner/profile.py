@@ -225,10 +225,11 @@ class HardwareProfile:
             ``persia train`` jobs, ``modules/calibrate_step.py``; None in a profile without the ``step`` section).
         step_ps_client_ms: What one PS request costs a trainer inside a step (None without ``step``: the RPC's
             round trip stands for it).
-        sharding_scale: Per TorchRec sharding type (its value), the factor on a table's modelled work that makes
-            TorchRec's DMP jobs of that type run as measured (its input and output distribution, row-wise
-            bucketize and reduce-scatter, column-wise concat, the replica's all-reduce). Fitted by
-            ``modules/calibrate_step.py`` against table-wise, the reference (1.0); a missing type is 1.0.
+        sharding_scale: Per TorchRec sharding type (its value), the factor on a placement's modelled exchange (a
+            replica's whole work for ``data_parallel``) that makes TorchRec's DMP jobs of that type run as measured
+            (its input and output distribution, row-wise bucketize and reduce-scatter, column-wise concat, the
+            replica's all-reduce). Fitted by ``modules/calibrate_step.py`` against table-wise, the reference; a
+            missing type is 1.0.
     """
 
     source: str
