@@ -47,6 +47,7 @@ HEADLINES = {
         "rss_growth_max",
         "rss_growth_worst",
     ),
+    "optimality": ("within_2pct_share", "worst_gap", "median_bound_over_optimum"),
     "vs_torchrec": (
         "min_ratio",
         "median_ratio",

@@ -1,0 +1,362 @@
+"""How far our plans are from optimal: an exact MILP over the search's options on small instances.
+
+For each instance (a model and a cluster small enough to solve exactly), the oracle chooses for every table one
+placement among the candidates the search itself would build, and minimises the cost model's step over them with
+``scipy.optimize.milp`` (HiGHS). A placement's load and memory vectors come from the cost model; the step's
+formula (:class:`persia_planner.cost_step.StepModel`: per device the sync time, the async time, their sum at K = 0
+or their max at K >= 1, and every host NIC's total) is exact as a MILP, since each ``max`` it takes is minimised (an
+epigraph variable per ``max``) and the PS round trip is paid by a binary that any PS table switches on.
+
+The candidates are the options of :data:`SHARDINGS` on the ``hbm`` tier (and ``ps_hash`` where there are servers):
+``table_wise`` on each device, ``row_wise`` over every device, a replica on every device, hashed over every server.
+Our search is run restricted to the same options (``SearchConfig.shardings`` and ``tiers``), so ``ours / optimum -
+1`` (the ``gap``) is the search's own shortfall; ``bound / optimum`` says how loose the lower bound is (the bound
+is over every plan, so it is at most the optimum of any restriction). The MILP lives here and in the tests, never
+in ``persia plan``'s path (scipy is a dev extra).
+
+    python benchmarks/optimality.py --json out.json          # 60 instances
+    python benchmarks/optimality.py --quick --json out.json  # 20 instances (CI)
+
+JSON keys: ``instances`` (``{name, ours_ms, optimum_ms, bound_ms, gap, status}``), ``within_2pct_share``,
+``worst_gap``, ``median_bound_over_optimum``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Topology
+from persia_planner.bound import lower_bound
+from persia_planner.cost import CostModel
+from persia_planner.placement import Sharding, TablePlacement, Tier
+from persia_planner.search import GreedyLocalSearch, Option, build_placement
+from persia_planner.synthetic import random_model
+
+console = Console(width=150)
+GIB = 1024**3
+SHARDINGS = frozenset({Sharding.TABLE_WISE, Sharding.ROW_WISE, Sharding.DATA_PARALLEL, Sharding.PS_HASH})
+TIERS = frozenset({Tier.HBM, Tier.PS})
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One whole placement of a table, with its load and memory vectors."""
+
+    placement: TablePlacement
+    loads: np.ndarray
+    mem: np.ndarray
+
+
+def candidates(cost: CostModel, table: Any) -> list[Candidate]:
+    """The placements of ``table`` among :data:`SHARDINGS` on ``hbm`` (and the servers) that fit on their own."""
+    G = cost.layout.n_gpus
+    options: list[tuple[Option, list[int]]] = [(Option(Sharding.TABLE_WISE, Tier.HBM), [g]) for g in range(G)]
+    if G > 1 and table.rows >= G:
+        options.append((Option(Sharding.ROW_WISE, Tier.HBM), list(range(G))))
+    options.append((Option(Sharding.DATA_PARALLEL, Tier.HBM), list(range(G))))
+    if cost.layout.n_servers:
+        options.append((Option(Sharding.PS_HASH, Tier.PS), []))
+    capacity = cost.capacities()
+    found = []
+    for option, gpus in options:
+        placement = build_placement(cost, table, option, gpus)
+        loads, mem = cost.placement_loads(table, placement)
+        if np.all(mem <= capacity + 0.5):
+            found.append(Candidate(placement, loads, mem))
+    return found
+
+
+def solve(cost: CostModel, time_limit_s: float = 60.0) -> tuple[float, dict[str, TablePlacement]] | None:
+    """The optimum of the cost model's step over :func:`candidates` (ms) and a plan that reaches it; None where no
+    choice fits.
+
+    Raises:
+        TimeoutError: HiGHS proved no optimum within ``time_limit_s``.
+    """
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import lil_matrix
+
+    lay, step_model = cost.layout, cost.step_model
+    G, H, P = lay.n_gpus, lay.n_hosts, lay.n_servers
+    tables = cost.model.tables
+    cands = [candidates(cost, t) for t in tables]
+    if any(not c for c in cands):
+        return None
+    # Variables: one binary per (table, candidate); then per GPU its emb epigraph, its async epigraph; the step; the
+    # PS indicator.
+    index = [(i, j) for i, cs in enumerate(cands) for j in range(len(cs))]
+    n_x = len(index)
+    emb0, asy0 = n_x, n_x + G
+    step, has_ps = n_x + 2 * G, n_x + 2 * G + 1
+    n = has_ps + 1
+    L = np.array([cands[i][j].loads for i, j in index]).T  # resources x candidates
+    M = np.array([cands[i][j].mem for i, j in index]).T
+    rows: list[tuple[dict[int, float], float, float]] = []  # (coefficients, lower, upper)
+
+    def load_row(resource: int) -> dict[int, float]:
+        return {k: float(v) for k, v in enumerate(L[resource]) if v != 0.0}
+
+    def add(coef: dict[int, float], lo: float, hi: float) -> None:
+        rows.append((coef, lo, hi))
+
+    # one candidate per table
+    for i in range(len(cands)):
+        add({k: 1.0 for k, (t, _) in enumerate(index) if t == i}, 1.0, 1.0)
+    # memory
+    capacity = cost.capacities()
+    for m in range(M.shape[0]):
+        coef = {k: float(v) for k, v in enumerate(M[m]) if v != 0.0}
+        if coef:
+            add(coef, -np.inf, float(capacity[m]) + 0.5)
+    hosts, fixed = cost.gpu_host, step_model.fixed_sync_ms
+    per_byte = step_model.allreduce_ms_per_byte
+    dp = lay.dp_bytes
+    for g in range(G):
+        # emb_g >= its memory path, >= its host's DDR
+        for r in (lay.emb.start + g, lay.host_ddr.start + hosts[g]):
+            add({**{k: -v for k, v in load_row(r).items()}, emb0 + g: 1.0}, 0.0, np.inf)
+        # async_g >= each async resource (+ the round trip once any table is on the servers)
+        if P:
+            rtt = step_model.rtt_ms / max(step_model.staleness, 1)
+            resources = [lay.pcie.start + g, lay.nic_async.start + hosts[g]]
+            resources += [lay.ps_nic.start + p for p in range(P)] + [lay.ps_ddr.start + p for p in range(P)]
+            resources += [lay.switch]
+            for r in resources:
+                add({**{k: -v for k, v in load_row(r).items()}, asy0 + g: 1.0, has_ps: -rtt}, 0.0, np.inf)
+        # sync_g = emb_g + nvlink_g + nic_sync_h + fixed_g + dp_bytes * per_byte_g; the step bounds it (and async_g)
+        sync = {emb0 + g: 1.0}
+        for r, w in ((lay.nvlink.start + g, 1.0), (lay.nic_sync.start + hosts[g], 1.0), (dp, float(per_byte[g]))):
+            for k, v in load_row(r).items():
+                sync[k] = sync.get(k, 0.0) + w * v
+        base = float(fixed[g])
+        if step_model.staleness == 0 and P:
+            add({**{k: -v for k, v in sync.items()}, asy0 + g: -1.0, step: 1.0}, base, np.inf)
+        else:
+            add({**{k: -v for k, v in sync.items()}, step: 1.0}, base, np.inf)
+            if P:
+                add({asy0 + g: -1.0, step: 1.0}, 0.0, np.inf)
+    # every host NIC's total
+    for h in range(H):
+        coef: dict[int, float] = {}
+        for r in (lay.nic_sync.start + h, lay.nic_async.start + h):
+            for k, v in load_row(r).items():
+                coef[k] = coef.get(k, 0.0) - v
+        add({**coef, step: 1.0}, 0.0, np.inf)
+    # the PS indicator is on where any table is hashed over the servers
+    for k, (i, j) in enumerate(index):
+        if cands[i][j].placement.sharding is Sharding.PS_HASH:
+            add({has_ps: 1.0, k: -1.0}, 0.0, np.inf)
+    A = lil_matrix((len(rows), n))
+    lo, hi = np.empty(len(rows)), np.empty(len(rows))
+    for r, (coef, a, b) in enumerate(rows):
+        for k, v in coef.items():
+            A[r, k] = v
+        lo[r], hi[r] = a, b
+    c = np.zeros(n)
+    c[step] = 1.0
+    integrality = np.zeros(n)
+    integrality[:n_x] = 1
+    integrality[has_ps] = 1
+    upper = np.full(n, np.inf)
+    upper[:n_x] = 1.0
+    upper[has_ps] = 1.0
+    result = milp(
+        c,
+        constraints=LinearConstraint(A.tocsr(), lo, hi),
+        integrality=integrality,
+        bounds=Bounds(np.zeros(n), upper),
+        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-7},
+    )
+    if result.status == 1:  # the time limit, before HiGHS proved an optimum
+        raise TimeoutError(f"HiGHS found no proven optimum in {time_limit_s:g} s: {result.message}")
+    if result.x is None or result.status != 0:
+        return None
+    chosen = {}
+    for k, (i, j) in enumerate(index):
+        if result.x[k] > 0.5:
+            chosen[tables[i].name] = cands[i][j].placement
+    # The plan's step by the cost model itself: the MILP's objective, up to the solver's tolerance, or the
+    # formulation above is not the cost model's.
+    evaluated = float(cost.evaluate(chosen)[0].step_ms)
+    if abs(evaluated - result.fun) > 1e-6 * max(1.0, evaluated):
+        raise AssertionError(f"the MILP's step {result.fun} is not the cost model's {evaluated}")
+    return evaluated, chosen
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A small model on a small cluster."""
+
+    name: str
+    tables: int
+    hosts: tuple[tuple[int, float], ...]  # (GPUs, NIC GB/s) per trainer host
+    servers: int
+    staleness: int
+    hbm_gib: float
+    seed: int
+
+    def model(self) -> ModelSpec:
+        return random_model(
+            self.tables,
+            seed=self.seed,
+            rows_range=(1e3, 2e6),
+            dims=(16, 64, 128),
+            batch_size=16384,
+            staleness=self.staleness,
+        )
+
+    def topology(self) -> Topology:
+        hosts: list[dict[str, Any]] = [
+            {
+                "name": f"h{i}_",
+                "ddr": 64 * GIB,
+                "ddr_bandwidth": "200GB/s",
+                "nic_bandwidth": f"{nic:g}GB/s",
+                "gpus": {
+                    "count": gpus,
+                    "hbm": int(self.hbm_gib * GIB),
+                    "hbm_bandwidth": "2TB/s",
+                    "tflops": 300,
+                    "pcie_bandwidth": "32GB/s",
+                    "nvlink_bandwidth": "300GB/s",
+                },
+            }
+            for i, (gpus, nic) in enumerate(self.hosts)
+        ]
+        hosts += [
+            {
+                "name": f"ps{p}_",
+                "role": "parameter_server",
+                "ddr": 2048 * GIB,
+                "ddr_bandwidth": "100GB/s",
+                "nic_bandwidth": "25GB/s",
+            }
+            for p in range(self.servers)
+        ]
+        return Topology.from_dict({"name": self.name, "hosts": hosts})
+
+
+def instances(quick: bool) -> list[Instance]:
+    """Homogeneous and heterogeneous hosts, K = 0 and K = 4, with and without servers, memory-tight and roomy."""
+    clusters = [
+        ((4, 50.0),),
+        ((2, 50.0), (2, 50.0)),
+        ((2, 12.5), (4, 100.0)),
+        ((1, 25.0), (3, 50.0), (4, 100.0)),
+    ]
+    out = []
+    count = 20 if quick else 60
+    rng = np.random.default_rng(0)
+    for k in range(count):
+        hosts = clusters[k % len(clusters)]
+        servers = (0, 2)[(k // len(clusters)) % 2]
+        staleness = (0, 4)[(k // (2 * len(clusters))) % 2]
+        hbm = float(rng.choice([0.25, 1.0, 16.0]))  # tight to roomy for these tables
+        tables = int(rng.integers(6, 25 if quick else 41))
+        name = f"i{k:02d}-{tables}t-{'x'.join(str(g) for g, _ in hosts)}-ps{servers}-k{staleness}-{hbm:g}g"
+        out.append(Instance(name, tables, hosts, servers, staleness, hbm, seed=k))
+    return out
+
+
+def run_instance(inst: Instance, time_limit_s: float) -> dict[str, Any]:
+    """Ours (restricted to the oracle's options), the optimum and the bound of one instance."""
+    model, topology = inst.model(), inst.topology()
+    cost = CostModel(model, topology)
+    record: dict[str, Any] = {"name": inst.name, "ours_ms": None, "optimum_ms": None, "bound_ms": None, "gap": None}
+    config = SearchConfig(seed=0, improve_time_s=1.0, shardings=SHARDINGS, tiers=TIERS)
+    started = time.perf_counter()
+    try:
+        solved = solve(cost, time_limit_s)
+    except TimeoutError:
+        record.update(status="unsolved", solve_s=time.perf_counter() - started)
+        return record
+    record["solve_s"] = time.perf_counter() - started
+    try:
+        ours = Planner(GreedyLocalSearch(config)).plan(model, topology)
+    except CapacityError:
+        ours = None
+    if solved is None:
+        # No choice among the oracle's options fits: the search, on the same options, finds none either.
+        record["status"] = "no_plan" if ours is None else "ours_without_optimum"
+        return record
+    optimum, _ = solved
+    record["optimum_ms"] = optimum
+    record["bound_ms"] = float(lower_bound(cost).value_ms)
+    if ours is None:
+        record["status"] = "ours_failed"
+        return record
+    record["ours_ms"] = ours.step_ms
+    record["gap"] = ours.step_ms / optimum - 1
+    record["status"] = "ok"
+    return record
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    solved = [r for r in records if r["status"] == "ok"]
+    gaps = [r["gap"] for r in solved]
+    ratios = [r["bound_ms"] / r["optimum_ms"] for r in solved]
+    return {
+        "instances": records,
+        "solved": len(solved),
+        "within_2pct_share": sum(g <= 0.02 for g in gaps) / len(gaps) if gaps else None,
+        "worst_gap": max(gaps, default=None),
+        "median_gap": statistics.median(gaps) if gaps else None,
+        "median_bound_over_optimum": statistics.median(ratios) if ratios else None,
+        "min_bound_over_optimum": min(ratios, default=None),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="20 instances of up to 24 tables (CI)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="HiGHS's time per instance (s)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    records = []
+    for inst in instances(args.quick):
+        records.append(run_instance(inst, args.time_limit))
+        r = records[-1]
+        console.print(f"{inst.name}: {r['status']} ours {r['ours_ms']} optimum {r['optimum_ms']} bound {r['bound_ms']}")
+    out = summarize(records) | {"quick": args.quick, "wall_s": time.perf_counter() - started}
+    table = Table(title="ours (the search on the oracle's options) vs the MILP optimum vs the lower bound (ms)")
+    for col in ("instance", "ours", "optimum", "bound", "gap", "bound / optimum", "solve s"):
+        table.add_column(col, justify="left" if col == "instance" else "right")
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    for r in records:
+        ratio = None if r["optimum_ms"] is None or r["bound_ms"] is None else r["bound_ms"] / r["optimum_ms"]
+        table.add_row(
+            r["name"],
+            ms(r["ours_ms"]),
+            ms(r["optimum_ms"]),
+            ms(r["bound_ms"]),
+            "-" if r["gap"] is None else f"{r['gap']:+.2%}",
+            "-" if ratio is None else f"{ratio:.3f}",
+            f"{r['solve_s']:.1f}",
+        )
+    console.print(table)
+    console.print(
+        f"solved {out['solved']}/{len(records)}; within 2%: {out['within_2pct_share']}; worst gap {out['worst_gap']};"
+        f" median bound / optimum {out['median_bound_over_optimum']}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
