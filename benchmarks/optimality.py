@@ -7,12 +7,12 @@ formula (:class:`persia_planner.cost_step.StepModel`: per device the sync time, 
 or their max at K >= 1, and every host NIC's total) is exact as a MILP, since each ``max`` it takes is minimised (an
 epigraph variable per ``max``) and the PS round trip is paid by a binary that any PS table switches on.
 
-The candidates are the options of :data:`SHARDINGS` on the ``hbm`` tier (and ``ps_hash`` where there are servers):
-``table_wise`` on each device, ``row_wise`` over every device, a replica on every device, hashed over every server.
-Our search is run restricted to the same options (``SearchConfig.shardings`` and ``tiers``), so ``ours / optimum -
-1`` (the ``gap``) is the search's own shortfall; ``bound / optimum`` says how loose the lower bound is (the bound
-is over every plan, so it is at most the optimum of any restriction). The MILP lives here and in the tests, never
-in ``persia plan``'s path (scipy is a dev extra).
+The candidates are what the search builds on every tier but the HBM cache (whose sizes the search derives from its
+state): each sharding type on ``hbm`` and ``ddr`` with every choice of devices it may make (:func:`candidates`),
+a replica on every device, hashed over every server. Our search is run restricted to the same tiers
+(``SearchConfig.tiers``), so ``ours / optimum - 1`` (the ``gap``) is the search's own shortfall; ``bound /
+optimum`` says how loose the lower bound is (the bound is over every plan, so it is at most the optimum of any
+restriction). The MILP lives here and in the tests, never in ``persia plan``'s path (scipy is a dev extra).
 
     python benchmarks/optimality.py --json out.json          # 60 instances
     python benchmarks/optimality.py --quick --json out.json  # 20 instances (CI)
@@ -24,6 +24,7 @@ JSON keys: ``instances`` (``{name, ours_ms, optimum_ms, bound_ms, gap, status}``
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -36,17 +37,20 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Topology
+from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Topology, validate
 from persia_planner.bound import lower_bound
 from persia_planner.cost import CostModel
-from persia_planner.placement import Sharding, TablePlacement, Tier
+from persia_planner.placement import Sharding, TablePlacement, Tier, row_splittable
+from persia_planner.plans import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, Option, build_placement
 from persia_planner.synthetic import random_model
 
 console = Console(width=150)
 GIB = 1024**3
-SHARDINGS = frozenset({Sharding.TABLE_WISE, Sharding.ROW_WISE, Sharding.DATA_PARALLEL, Sharding.PS_HASH})
-TIERS = frozenset({Tier.HBM, Tier.PS})
+# Every sharding type and every tier but the HBM cache, whose sizes the search derives from the state.
+SHARDINGS = frozenset(Sharding)
+TIERS = frozenset({Tier.HBM, Tier.DDR, Tier.PS})
+MIN_COLS = 16  # the narrowest column shard the search offers (search/options.py)
 
 
 @dataclass(frozen=True)
@@ -59,17 +63,45 @@ class Candidate:
 
 
 def candidates(cost: CostModel, table: Any) -> list[Candidate]:
-    """The placements of ``table`` among :data:`SHARDINGS` on ``hbm`` (and the servers) that fit on their own."""
-    G = cost.layout.n_gpus
-    options: list[tuple[Option, list[int]]] = [(Option(Sharding.TABLE_WISE, Tier.HBM), [g]) for g in range(G)]
-    if G > 1 and table.rows >= G:
-        options.append((Option(Sharding.ROW_WISE, Tier.HBM), list(range(G))))
+    """Every placement of ``table`` the search can build from :data:`SHARDINGS` on :data:`TIERS` that fits on its
+    own: whole on each device, column splits (2, 4 and a host's GPU count, as :mod:`.search.options` offers them) on
+    every set of that many distinct devices, table-column-wise and table-row-wise on each host (hosts of one size),
+    row-wise over every device, a replica on every device, hashed over every server."""
+    topo, lay = cost.topology, cost.layout
+    G = lay.n_gpus
+    host_gpus = [[cost.topology.gpu_index(g) for g in h.gpus] for h in topo.trainers]
+    min_host = min(len(g) for g in host_gpus)
+    uniform = len({len(g) for g in host_gpus}) == 1
+    local_tiers = [t for t in (Tier.HBM, Tier.DDR) if t in TIERS]
+    options: list[tuple[Option, list[int]]] = []
+    for tier in local_tiers:
+        options += [(Option(Sharding.TABLE_WISE, tier), [g]) for g in range(G)]
+        for splits in sorted({2, 4, min_host}):
+            if splits < 2 or table.dim % splits or table.dim // splits < MIN_COLS:
+                continue
+            if splits <= 4:
+                options += [
+                    (Option(Sharding.COLUMN_WISE, tier, splits=splits), list(devices))
+                    for devices in itertools.combinations(range(G), splits)
+                ]
+            if splits == min_host and uniform:
+                options += [
+                    (Option(Sharding.TABLE_COLUMN_WISE, tier, splits=splits), list(devices))
+                    for gpus in host_gpus
+                    for devices in itertools.combinations(gpus, splits)
+                ]
+        if row_splittable(table.rows, G):
+            options.append((Option(Sharding.ROW_WISE, tier), list(range(G))))
+        if uniform and row_splittable(table.rows, min_host):
+            options += [(Option(Sharding.TABLE_ROW_WISE, tier), gpus) for gpus in host_gpus]
     options.append((Option(Sharding.DATA_PARALLEL, Tier.HBM), list(range(G))))
-    if cost.layout.n_servers:
+    if lay.n_servers:
         options.append((Option(Sharding.PS_HASH, Tier.PS), []))
     capacity = cost.capacities()
     found = []
     for option, gpus in options:
+        if option.sharding not in SHARDINGS:
+            continue
         placement = build_placement(cost, table, option, gpus)
         loads, mem = cost.placement_loads(table, placement)
         if np.all(mem <= capacity + 0.5):
@@ -188,9 +220,15 @@ def solve(cost: CostModel, time_limit_s: float = 60.0) -> tuple[float, dict[str,
             chosen[tables[i].name] = cands[i][j].placement
     # The plan's step by the cost model itself: the MILP's objective, up to the solver's tolerance, or the
     # formulation above is not the cost model's.
-    evaluated = float(cost.evaluate(chosen)[0].step_ms)
+    estimate, mem = cost.evaluate(chosen)
+    evaluated = float(estimate.step_ms)
     if abs(evaluated - result.fun) > 1e-6 * max(1.0, evaluated):
         raise AssertionError(f"the MILP's step {result.fun} is not the cost model's {evaluated}")
+    # ... and a plan persia validate accepts (capacities, shards, devices), or the candidates are not the search's.
+    plan = Plan(cost.model.name, cost.topology.name, chosen, usage_of(cost, estimate, mem, chosen), evaluated, 0, 1)
+    problems = validate(plan, cost.model, cost.topology)
+    if problems:
+        raise AssertionError(f"the MILP's plan is not valid: {problems[0]}")
     return evaluated, chosen
 
 
