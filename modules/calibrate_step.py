@@ -73,7 +73,8 @@ def calibrate_step(measured: dict[str, Any], steps: int) -> dict[str, Any]:
 
     Args:
         measured: The profile so far (every other benchmark's results).
-        steps: Steps of each job (its median step after warm-up is measured).
+        steps: Calibration's steps per job (``Sizes.step_steps``); each job runs 4x as many and its median step
+            after warm-up is measured.
 
     Returns:
         The profile's ``step`` section: ``overhead_ms``, ``ps_client_ms``, ``sharding_scale`` (per type),
