@@ -117,7 +117,6 @@ def solve(cost: CostModel, time_limit_s: float = 60.0) -> tuple[float, dict[str,
         TimeoutError: HiGHS proved no optimum within ``time_limit_s``.
     """
     from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
 
     lay, step_model = cost.layout, cost.step_model
     G, H, P = lay.n_gpus, lay.n_hosts, lay.n_servers
@@ -134,67 +133,64 @@ def solve(cost: CostModel, time_limit_s: float = 60.0) -> tuple[float, dict[str,
     n = has_ps + 1
     L = np.array([cands[i][j].loads for i, j in index]).T  # resources x candidates
     M = np.array([cands[i][j].mem for i, j in index]).T
-    rows: list[tuple[dict[int, float], float, float]] = []  # (coefficients, lower, upper)
+    rows: list[np.ndarray] = []
+    lo: list[float] = []
 
-    def load_row(resource: int) -> dict[int, float]:
-        return {k: float(v) for k, v in enumerate(L[resource]) if v != 0.0}
+    def at_least(row: np.ndarray, bound: float) -> None:
+        """``row @ variables >= bound``."""
+        rows.append(row)
+        lo.append(bound)
 
-    def add(coef: dict[int, float], lo: float, hi: float) -> None:
-        rows.append((coef, lo, hi))
+    def epigraph(var: int, resources: list[int], extra: dict[int, float] | None = None) -> np.ndarray:
+        """The row of ``var - sum of those resources' loads (+ extra)``."""
+        row = np.zeros(n)
+        row[:n_x] = -L[resources].sum(axis=0)
+        row[var] = 1.0
+        for k, v in (extra or {}).items():
+            row[k] += v
+        return row
 
-    # one candidate per table
-    for i in range(len(cands)):
-        add({k: 1.0 for k, (t, _) in enumerate(index) if t == i}, 1.0, 1.0)
-    # memory
-    capacity = cost.capacities()
-    for m in range(M.shape[0]):
-        coef = {k: float(v) for k, v in enumerate(M[m]) if v != 0.0}
-        if coef:
-            add(coef, -np.inf, float(capacity[m]) + 0.5)
     hosts, fixed = cost.gpu_host, step_model.fixed_sync_ms
     per_byte = step_model.allreduce_ms_per_byte
-    dp = lay.dp_bytes
+    rtt = step_model.rtt_ms / max(step_model.staleness, 1)
     for g in range(G):
         # emb_g >= its memory path, >= its host's DDR
         for r in (lay.emb.start + g, lay.host_ddr.start + hosts[g]):
-            add({**{k: -v for k, v in load_row(r).items()}, emb0 + g: 1.0}, 0.0, np.inf)
+            at_least(epigraph(emb0 + g, [r]), 0.0)
         # async_g >= each async resource (+ the round trip once any table is on the servers)
         if P:
-            rtt = step_model.rtt_ms / max(step_model.staleness, 1)
-            resources = [lay.pcie.start + g, lay.nic_async.start + hosts[g]]
-            resources += [lay.ps_nic.start + p for p in range(P)] + [lay.ps_ddr.start + p for p in range(P)]
-            resources += [lay.switch]
+            resources = [lay.pcie.start + g, lay.nic_async.start + hosts[g], lay.switch]
+            resources += list(range(lay.ps_nic.start, lay.ps_nic.stop)) + list(range(lay.ps_ddr.start, lay.ps_ddr.stop))
             for r in resources:
-                add({**{k: -v for k, v in load_row(r).items()}, asy0 + g: 1.0, has_ps: -rtt}, 0.0, np.inf)
-        # sync_g = emb_g + nvlink_g + nic_sync_h + fixed_g + dp_bytes * per_byte_g; the step bounds it (and async_g)
-        sync = {emb0 + g: 1.0}
-        for r, w in ((lay.nvlink.start + g, 1.0), (lay.nic_sync.start + hosts[g], 1.0), (dp, float(per_byte[g]))):
-            for k, v in load_row(r).items():
-                sync[k] = sync.get(k, 0.0) + w * v
-        base = float(fixed[g])
+                at_least(epigraph(asy0 + g, [r], {has_ps: -rtt}), 0.0)
+        # step >= sync_g = emb_g + nvlink_g + nic_sync_h + fixed_g + dp_bytes * per_byte_g (+ async_g at K = 0)
+        sync = epigraph(step, [lay.nvlink.start + g, lay.nic_sync.start + hosts[g]], {emb0 + g: -1.0})
+        sync[:n_x] -= L[lay.dp_bytes] * per_byte[g]
         if step_model.staleness == 0 and P:
-            add({**{k: -v for k, v in sync.items()}, asy0 + g: -1.0, step: 1.0}, base, np.inf)
-        else:
-            add({**{k: -v for k, v in sync.items()}, step: 1.0}, base, np.inf)
-            if P:
-                add({asy0 + g: -1.0, step: 1.0}, 0.0, np.inf)
+            sync[asy0 + g] = -1.0
+        elif P:
+            at_least(epigraph(step, [], {asy0 + g: -1.0}), 0.0)
+        at_least(sync, float(fixed[g]))
     # every host NIC's total
     for h in range(H):
-        coef: dict[int, float] = {}
-        for r in (lay.nic_sync.start + h, lay.nic_async.start + h):
-            for k, v in load_row(r).items():
-                coef[k] = coef.get(k, 0.0) - v
-        add({**coef, step: 1.0}, 0.0, np.inf)
+        at_least(epigraph(step, [lay.nic_sync.start + h, lay.nic_async.start + h]), 0.0)
     # the PS indicator is on where any table is hashed over the servers
     for k, (i, j) in enumerate(index):
         if cands[i][j].placement.sharding is Sharding.PS_HASH:
-            add({has_ps: 1.0, k: -1.0}, 0.0, np.inf)
-    A = lil_matrix((len(rows), n))
-    lo, hi = np.empty(len(rows)), np.empty(len(rows))
-    for r, (coef, a, b) in enumerate(rows):
-        for k, v in coef.items():
-            A[r, k] = v
-        lo[r], hi[r] = a, b
+            at_least(epigraph(has_ps, [], {k: -1.0}), 0.0)
+    # one candidate per table; memory within capacity
+    table_of = np.array([i for i, _ in index])
+    one = np.zeros((len(cands), n))
+    one[:, :n_x] = table_of[None, :] == np.arange(len(cands))[:, None]
+    used = M[(M != 0).any(axis=1)]
+    memory = np.zeros((len(used), n))
+    memory[:, :n_x] = used
+    capacity = cost.capacities()[(M != 0).any(axis=1)] + 0.5
+    constraints = [
+        LinearConstraint(np.array(rows), np.array(lo), np.inf),
+        LinearConstraint(one, 1.0, 1.0),
+        LinearConstraint(memory, -np.inf, capacity),
+    ]
     c = np.zeros(n)
     c[step] = 1.0
     integrality = np.zeros(n)
@@ -205,7 +201,7 @@ def solve(cost: CostModel, time_limit_s: float = 60.0) -> tuple[float, dict[str,
     upper[has_ps] = 1.0
     result = milp(
         c,
-        constraints=LinearConstraint(A.tocsr(), lo, hi),
+        constraints=constraints,
         integrality=integrality,
         bounds=Bounds(np.zeros(n), upper),
         options={"time_limit": time_limit_s, "mip_rel_gap": 1e-7},
