@@ -1,5 +1,6 @@
-"""Planner benchmark: planning time (in-process, and ``persia plan`` as a whole process), plan quality, nearly full
-clusters, the Persia 100T setting, and TorchRec's planner beside ours.
+"""Planner benchmark: planning time (in-process, and ``persia plan`` as a whole process of 1,000 and 10,000 tables,
+with the time's scaling exponent), plan quality (also on heterogeneous clusters at K = 0), nearly full clusters, the
+Persia 100T setting, and TorchRec's planner beside ours.
 
 Prints tables and writes JSON (``--json OUT``). Every comparison is a ratio measured in this same run. TorchRec's
 planner and ours get the same problem: the same ranks and per-rank memory, no parameter-server tier (TorchRec has
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from rich.console import Console
 from rich.table import Table
@@ -44,7 +46,13 @@ from persia_planner.bound import MAX_WEIGHTINGS, lower_bound
 from persia_planner.cost import CostModel
 from persia_planner.memory import ps_servers_needed
 from persia_planner.paths import EXAMPLES
-from persia_planner.synthetic import model_dict, nearly_full_topology, random_model, random_topology
+from persia_planner.synthetic import (
+    heterogeneous_topology,
+    model_dict,
+    nearly_full_topology,
+    random_model,
+    random_topology,
+)
 
 console = Console()
 # TorchRec has no parameter-server tier: compared with it, our search may use only these.
@@ -53,6 +61,8 @@ LOCAL_TIERS = frozenset({Tier.HBM, Tier.HBM_CACHE, Tier.DDR})
 LOCAL_ROWS = (1e3, 1e8)
 PROCESS_TABLES = 1000  # `persia plan` of this many tables on 8 hosts x 8 GPUs + 8 PS, the whole process
 PROCESS_TARGET_S = 2.0
+PROCESS_10K_TARGET_S = 20.0  # ... and of 10,000 tables
+PROCESS_DIMS = (16, 32, 64, 128, 256)
 
 
 def timed_plan(model, topology, repeats: int = 1):
@@ -71,10 +81,11 @@ def plan_local(model, topology):
     return Planner(GreedyLocalSearch(SearchConfig(tiers=LOCAL_TIERS))).plan(model, topology)
 
 
-def bench_process(repeats: int = 3) -> dict[str, Any]:
-    """``persia plan MODEL TOPOLOGY --out plan.json`` of 1,000 generated tables on 8 hosts x 8 GPUs + 8 PS, timed
-    as a whole process (interpreter start, imports, YAML, search, validation, plan.json and the printed report)."""
-    model = random_model(PROCESS_TABLES, seed=PROCESS_TABLES)
+def bench_process(tables: int, repeats: int) -> dict[str, Any]:
+    """``persia plan MODEL TOPOLOGY --out plan.json`` of ``tables`` generated tables (dims 16-256, pooling 1-50, Zipf
+    skew, rows 1e3-1e9) on 8 hosts x 8 GPUs + 8 PS, timed as a whole process (interpreter start, imports, YAML,
+    search, validation, plan.json and the printed report); the median of ``repeats`` runs."""
+    model = random_model(tables, seed=tables, dims=PROCESS_DIMS)
     cluster = Topology.simple_dict(trainers=8, gpus_per_trainer=8, servers=8, ps_ddr_bytes=64 * 1024**4, name="8x8+8ps")
     persia = Path(sys.executable).with_name("persia")
     command = [str(persia)] if persia.exists() else [sys.executable, "-m", "persia_planner.cli"]
@@ -90,16 +101,55 @@ def bench_process(repeats: int = 3) -> dict[str, Any]:
             times.append(time.perf_counter() - started)
             if done.returncode != 0:
                 raise RuntimeError(f"persia plan exited {done.returncode}: {done.stderr.strip()[-300:]}")
-    seconds = statistics.median(times)
+        planned = json.loads(files[2].read_text())["estimate"]
     return {
-        "tables": PROCESS_TABLES,
+        "tables": tables,
         "topology": cluster["name"],
         "command": " ".join(Path(a).name if i == 0 else a for i, a in enumerate(args[: len(command) + 1])),
         "runs_s": times,
-        "seconds": seconds,
-        "target_s": PROCESS_TARGET_S,
-        "ratio_to_target": seconds / PROCESS_TARGET_S,
+        "seconds": statistics.median(times),
+        "step_over_bound": planned["step_ms"] / planned["lower_bound_ms"],
     }
+
+
+def bench_processes(sizes: list[int], repeats: int) -> dict[str, Any]:
+    """:func:`bench_process` at each size (the first :data:`PROCESS_TABLES`); the times' slope in log-log."""
+    runs = [bench_process(n, repeats if n <= PROCESS_TABLES else 1) for n in sizes]
+    by_size = {r["tables"]: r for r in runs}
+    slope = float(np.polyfit(np.log(sizes), np.log([r["seconds"] for r in runs]), 1)[0]) if len(runs) > 1 else None
+    return {
+        "runs": runs,
+        "plan_process_s": by_size[PROCESS_TABLES]["seconds"],
+        "target_s": PROCESS_TARGET_S,
+        "plan_process_10k_s": by_size[10_000]["seconds"] if 10_000 in by_size else None,
+        "target_10k_s": PROCESS_10K_TARGET_S,
+        "scaling_exponent": slope,
+    }
+
+
+def bench_heterogeneous(count: int) -> dict[str, Any]:
+    """Step / lower bound on generated heterogeneous clusters (2-4 trainer hosts of their own GPU count, HBM and
+    NIC; 2 servers) at K = 0, with models of 29-38 tables."""
+    cases = []
+    for seed in range(count):
+        topology = heterogeneous_topology(seed)
+        model = random_model(29 + seed % 10, seed=seed, staleness=0)
+        result, seconds = timed_plan(model, topology)
+        assert validate(result, model, topology) == [], f"invalid plan on {topology.name}"
+        cases.append(
+            {
+                "topology": topology.name,
+                "gpus": len(topology.gpus),
+                "tables": len(model.tables),
+                "step_ms": result.step_ms,
+                "lower_bound_ms": result.lower_bound_ms,
+                "ratio": result.quality,
+                "bound_parts": dict(result.bound_parts),
+                "seconds": seconds,
+            }
+        )
+    ratios = [c["ratio"] for c in cases]
+    return {"cases": cases, "median_ratio": statistics.median(ratios), "worst_ratio": max(ratios), "aim": 1.15}
 
 
 def bench_speed(sizes: list[int], torchrec_runs: list[tuple[int, int, float]]) -> dict[str, Any]:
@@ -296,10 +346,36 @@ def render(results: dict[str, Any]) -> None:
         )
     console.print(t)
     process = results["plan_process"]
+    t = Table(title="`persia plan` as a whole process (8 hosts x 8 GPUs + 8 PS; dims 16-256)")
+    for col in ("tables", "seconds (median)", "runs", "step / bound"):
+        t.add_column(col, justify="right")
+    for r in process["runs"]:
+        t.add_row(str(r["tables"]), f"{r['seconds']:.2f}", str(len(r["runs_s"])), f"{r['step_over_bound']:.3f}")
+    console.print(t)
+    ten_k = process["plan_process_10k_s"]
     console.print(
-        f"`{process['command']} ...` of {process['tables']} tables on {process['topology']}, whole process: "
-        f"{process['seconds']:.2f} s (median of {len(process['runs_s'])}; target < {process['target_s']:.0f} s, "
-        f"{process['ratio_to_target']:.2f}x the target)"
+        f"{PROCESS_TABLES} tables: {process['plan_process_s']:.2f} s (target < {process['target_s']:.0f} s); "
+        + (f"10,000 tables: {ten_k:.1f} s (target < {process['target_10k_s']:.0f} s); " if ten_k else "")
+        + (f"time ~ tables^{process['scaling_exponent']:.2f}" if process["scaling_exponent"] else "")
+    )
+    hetero = results["heterogeneous"]
+    t = Table(title="Heterogeneous clusters at K = 0: step / lower bound")
+    for col in ("topology", "GPUs", "tables", "step ms", "bound ms", "step / bound", "bound made of"):
+        t.add_column(col, justify="right")
+    for c in hetero["cases"]:
+        parts = ", ".join(f"{w:.2f} {n}" for n, w in c["bound_parts"].items())
+        t.add_row(
+            c["topology"],
+            str(c["gpus"]),
+            str(c["tables"]),
+            f"{c['step_ms']:.1f}",
+            f"{c['lower_bound_ms']:.1f}",
+            f"{c['ratio']:.3f}",
+            parts,
+        )
+    console.print(t)
+    console.print(
+        f"median step / bound {hetero['median_ratio']:.3f} (aim <= {hetero['aim']}), worst {hetero['worst_ratio']:.3f}"
     )
     if speed["torchrec"]:
         t = Table(title="TorchRec 1.8 EmbeddingShardingPlanner and ours on one problem (same ranks, no PS tier)")
@@ -399,11 +475,13 @@ def main(argv: list[str] | None = None) -> int:
         # TorchRec's planner on 100 tables takes minutes (the full run times it): 15 s bounds it in CI all the same.
         sizes, torchrec_runs, n_quality, n_vs, vs_timeout = [10, 100, 1000], [(10, 8, 30.0), (100, 8, 15.0)], 8, 3, 30.0
         tight_cases = [(100, 1.003, 4)]
+        process_sizes, n_hetero = [1000, 10_000], 6
     else:
         sizes = [10, 100, 1000, 10000]
         torchrec_runs = [(100, 64, 240.0), (500, 64, 240.0), (1000, 8, 240.0), (100, 8, 240.0)]
         n_quality, n_vs, vs_timeout = 20, 9, 120.0
         tight_cases = [(100, 1.003, 4), (200, 1.001, 1), (200, 1.01, 1), (300, 1.001, 1)]
+        process_sizes, n_hetero = [1000, 3000, 10_000], 12
     if args.no_torchrec:
         torchrec_runs, n_vs = [], 0
     # Hosts of 8 GPUs: 100 -> 1,000 in CI (about a minute a size at most), 100 -> 10,000 by hand.
@@ -420,8 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(results, indent=1, default=str))
         return 0
-    results["plan_process"] = bench_process()
-    results["plan_process_s"] = results["plan_process"]["seconds"]
+    results["plan_process"] = bench_processes(process_sizes, 3 if args.quick else 5)
+    results.update({k: v for k, v in results["plan_process"].items() if k.startswith("plan_process_")})
+    results["scaling_exponent"] = results["plan_process"]["scaling_exponent"]
+    results["heterogeneous"] = bench_heterogeneous(n_hetero)
+    results["heterogeneous_median_step_over_bound"] = results["heterogeneous"]["median_ratio"]
     results["speed"] = bench_speed(sizes, torchrec_runs)
     results["quality"] = bench_quality(n_quality)
     results["tight"] = bench_tight(tight_cases)

@@ -30,7 +30,12 @@ HEADLINES = {
         "memory_max_abs_error",
         "calibrate_s",
     ),
-    "planner": ("plan_process_s",),
+    "planner": (
+        "plan_process_s",
+        "plan_process_10k_s",
+        "scaling_exponent",
+        "heterogeneous_median_step_over_bound",
+    ),
     "ps_pressure": (
         "evictions",
         "distinct_ids_over_capacity",

@@ -56,11 +56,16 @@ from persia_planner.memory import (
 from persia_planner.placement import Tier, even_split, tier_bytes
 from persia_planner.specs import TableSpec
 
-__all__ = ["MAX_WEIGHTINGS", "LowerBound", "TierChoice", "lower_bound", "lower_bound_ms"]
+__all__ = ["MAX_WEIGHTINGS", "BoundPart", "LowerBound", "TierChoice", "lower_bound", "lower_bound_ms"]
 
 _ASYNC = 5  # ps_ddr, ps_nic, switch, host nic, pcie (busiest / slowest at K >= 1, GPU average at K = 0)
+# What each asynchronous resource and each memory capacity is called where the bound says what it is made of.
+_ASYNC_NAMES = ("parameter servers' DDR", "parameter servers' NICs", "switch", "host NIC (PS traffic)", "PCIe")
+_CAPACITY_NAMES = ("HBM", "trainer DDR", "PS DDR", "HBM + trainer DDR")
 _HINT_TRUST = 1.3
 _NOT_RANGED = (Sharding.DATA_PARALLEL, Sharding.PS_HASH)  # the sharding types that are no range shards
+# Up to this many trainer hosts that differ, the bound weighs every host's sync path alone (beyond, the busiest).
+_EACH_HOST_MAX = 4
 # Weightings the bound's search evaluates by default (see lower_bound). Each is a maximisation over the memory prices.
 MAX_WEIGHTINGS = 100
 
@@ -203,14 +208,31 @@ def _table_terms(
         busiest[int(np.argmax(per_gpu_nic))] = 1.0
         weights.append(busiest)
     nic = np.zeros((len(weights), T, n_opt))
+    # The same hosts' sync path: a GPU's sync time holds its host's all-to-all NIC time, its fixed dense time and
+    # the all-reduce of the replicas' gradients at its rate (and at K = 0 the servers' time, the same for every GPU).
+    # On a few hosts that differ, every host alone: which one's path is longest depends on the plan.
+    host_weights = weights
+    if len(weights) > 1 and H <= _EACH_HOST_MAX:
+        host_weights = [weights[0], *(np.eye(H)[h] for h in range(H))]
+    host = np.zeros((len(host_weights), T, n_opt))
+    host_fixed = np.zeros(len(host_weights))
+    a2a_bytes = (out_bytes + ids_bytes / 2) * ranged
+    gpus_of = [np.flatnonzero(cost.gpu_host == h) for h in range(H)]
+    replicated = float(cost.sharding_scale[Sharding.DATA_PARALLEL].min())
+    for i, w in enumerate(host_weights):
+        host[i, :, :dp] = (a2a_bytes * float(cost.a2a.nic_dot(w).min()))[:, None]
+        used_hosts = [h for h in range(H) if w[h] > 0]
+        per_byte = sum(w[h] * float(cost.allreduce_ms_per_byte[gpus_of[h]].min()) for h in used_hosts)
+        host[i, :, dp] = 4.0 * rows * dims * per_byte * replicated
+        host_fixed[i] = sum(w[h] * float(cost.fixed_sync_ms[gpus_of[h]].min()) for h in used_hosts)
     for i, w in enumerate(weights):
-        nic[i, :, :dp] = ((out_bytes + ids_bytes / 2) * float(cost.a2a.nic_dot(w).min()) * ranged)[:, None]
+        nic[i, :, :dp] = (a2a_bytes * float(cost.a2a.nic_dot(w).min()))[:, None]
         if lay.n_servers:
             nic[i, :, ps] = traffic / G * float(w @ per_gpu_nic)
     ruled_out = _ruled_out(cost, n_opt)
     ruled_out &= (np.isfinite(sync) & ~ruled_out).any(axis=1, keepdims=True)
     sync[ruled_out] = np.inf
-    return sync, sync_ddr, asyn, nic, mem, fractions
+    return sync, sync_ddr, asyn, nic, (host, host_fixed), mem, fractions
 
 
 def _ruled_out(cost: CostModel, n_opt: int) -> np.ndarray:
@@ -240,7 +262,7 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     if max_weightings < 1:
         raise ValueError(f"max_weightings must be at least 1, got {max_weightings}")
     lay = cost.layout
-    sync, sync_ddr, asyn, nic, mem, fractions = _table_terms(cost)
+    sync, sync_ddr, asyn, nic, (host, host_fixed), mem, fractions = _table_terms(cost)
     feasible = np.isfinite(sync)
     sync_avg = np.where(feasible, sync / lay.n_gpus, 0.0)
     ddr_avg = np.where(feasible, sync_ddr / lay.n_gpus, 0.0)
@@ -276,18 +298,18 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     # fancy index's strided copy, twice as slow.
     mem_rows = np.ascontiguousarray(mem_flat.T)
 
-    def evaluate(masked: np.ndarray, w_fixed: float, mu: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    def evaluate(masked: np.ndarray, constant: float, mu: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         """``masked``: the terms with inf where an option is infeasible."""
         c = masked + np.dot(mu[None, :], mem_flat).reshape(masked.shape)  # what np.tensordot(mu, mem, 1) does
         pick = c.argmin(axis=1)
         flat = row_starts + pick
-        value = w_fixed * fixed + float(c.ravel()[flat].sum()) - float(mu @ capacity)
+        value = constant + float(c.ravel()[flat].sum()) - float(mu @ capacity)
         used = mem_rows.take(flat, axis=0).sum(axis=0)
         return value, used - capacity, pick
 
     warm = np.zeros(4)  # prices of the previous weights: neighbouring weights have nearby optimal prices
 
-    def maximise(terms: np.ndarray, w_fixed: float) -> tuple[float, np.ndarray]:
+    def maximise(terms: np.ndarray, constant: float) -> tuple[float, np.ndarray]:
         """max over mu >= 0 by bisection on the subgradient (L is concave, piecewise linear in each price), two
         rounds over the binding capacities, warm-started from the previous call's prices.
 
@@ -295,7 +317,7 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
         where its capacity holds (so the picks make a near-feasible start for the search)."""
         mu = warm.copy()
         terms = np.where(feasible, terms, np.inf)
-        value, slope, pick = evaluate(terms, w_fixed, mu)
+        value, slope, pick = evaluate(terms, constant, mu)
         # No price above (largest term / smallest memory) changes a pick: the search range ends there.
         log_top = np.log10(max(float(np.abs(terms[feasible]).max(initial=0.0)), 1e-12) / mem_scale) + 1
         full_range = (log_top - 17, log_top)
@@ -306,9 +328,9 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
                 if mu[k] > 0:
                     lo, hi = np.log10(mu[k]) - 2, np.log10(mu[k]) + 2
                     mu[k] = 10**lo
-                    v_lo, sl_lo, _ = evaluate(terms, w_fixed, mu)
+                    v_lo, sl_lo, _ = evaluate(terms, constant, mu)
                     mu[k] = 10**hi
-                    v_hi, sl_hi, _ = evaluate(terms, w_fixed, mu)
+                    v_hi, sl_hi, _ = evaluate(terms, constant, mu)
                     value = max(value, v_lo, v_hi)
                     if not (sl_lo[k] > 0 >= sl_hi[k]):
                         lo, hi = full_range
@@ -317,35 +339,55 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
                 for _ in range(13):
                     mid = (lo + hi) / 2
                     mu[k] = 10**mid
-                    v, sl, _ = evaluate(terms, w_fixed, mu)
+                    v, sl, _ = evaluate(terms, constant, mu)
                     value = max(value, v)
                     lo, hi = (mid, hi) if sl[k] > 0 else (lo, mid)
                 mu[k] = 10**hi
-                v, slope, pick = evaluate(terms, w_fixed, mu)
+                v, slope, pick = evaluate(terms, constant, mu)
                 value = max(value, v)
         warm[:] = mu
         return value, pick
 
     synchronous = cost.model.staleness == 0
     used = [r for r in range(_ASYNC) if asyn[r].max(initial=0.0) > 0]
-    # Linear functionals F_j (per-table terms, weight of the fixed dense time) with step >= F_j for every plan.
+    # Linear functionals F_j (per-table terms, a constant in ms) with step >= F_j for every plan.
     functionals: list[tuple[np.ndarray, float]] = []
+    names: list[str] = []
+    shared = [r for r in used if r < 3]  # the servers' DDR and NICs and the switch: the same for every GPU
     if synchronous and used:
         strongest = max(used, key=lambda r: float(asyn[r].max(axis=1).sum()))
-        functionals.append((sync_avg + asyn[strongest], 1.0))
-        functionals.append((ddr_avg + asyn[strongest], 1.0))
+        functionals.append((sync_avg + asyn[strongest], fixed))
+        functionals.append((ddr_avg + asyn[strongest], fixed))
+        names += [f"GPU work + {_ASYNC_NAMES[strongest]} (K = 0)", f"GPU work via host DDR + {_ASYNC_NAMES[strongest]}"]
     else:
-        functionals.append((sync_avg, 1.0))
-        functionals.append((ddr_avg, 1.0))
+        functionals.append((sync_avg, fixed))
+        functionals.append((ddr_avg, fixed))
+        names += ["GPU work (average)", "GPU work via host DDR (average)"]
         # The two strongest asynchronous resources carry the bound; more only slow the weight search down.
         strongest_two = sorted(used, key=lambda r: -float(asyn[r].max(axis=1).sum()))[:2]
         functionals.extend((asyn[r], 0.0) for r in strongest_two)
+        names += [_ASYNC_NAMES[r] for r in strongest_two]
     functionals.extend((f, 0.0) for f in nic)
+    names += ["host NICs (average)", "busiest host NIC"][: len(nic)]
+    # A host's sync path. At K = 0 the servers' time joins it: only a resource every GPU waits on alike.
+    joined = max(shared, key=lambda r: float(asyn[r].max(axis=1).sum())) if synchronous and shared else None
+    host_names = ["hosts' sync path (average)"]
+    if len(host) == 2:
+        host_names.append("busiest host's sync path")
+    elif len(host) > 2:
+        host_names += [f"host {h.name}'s sync path" for h in cost.topology.trainers]
+    for which, f, constant in zip(host_names, host, host_fixed, strict=True):
+        if joined is None:
+            functionals.append((f, float(constant)))
+            names.append(which)
+        else:
+            functionals.append((f + asyn[joined], float(constant)))
+            names.append(f"{which} + {_ASYNC_NAMES[joined]} (K = 0)")
 
     def combination(weights: np.ndarray) -> tuple[np.ndarray, float]:
         terms = sum(w * f[0] for w, f in zip(weights, functionals, strict=True) if w > 0)
-        w_fixed = sum(w * f[1] for w, f in zip(weights, functionals, strict=True))
-        return np.asarray(terms) + np.zeros_like(sync_avg), w_fixed
+        constant = sum(w * f[1] for w, f in zip(weights, functionals, strict=True))
+        return np.asarray(terms) + np.zeros_like(sync_avg), constant
 
     calls = 0
 
@@ -382,9 +424,12 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
 
     # A functional that stays below the trivial bound even at its largest cannot lift a combination much: drop it.
     all_functionals = list(functionals)
-    functionals = [
-        f for f in functionals if f[1] > 0 or float(np.where(feasible, f[0], -np.inf).max(axis=1).sum()) > fixed
+    kept = [
+        k
+        for k, f in enumerate(functionals)
+        if f[1] > 0 or float(np.where(feasible, f[0], -np.inf).max(axis=1).sum()) > fixed
     ]
+    functionals, names = [functionals[k] for k in kept], [names[k] for k in kept]
     # Search the simplex of weights: the best pair (sync, one other), then a local pattern search over all.
     n = len(functionals)
     best_w = np.eye(n)[0]
@@ -427,8 +472,27 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     prices = (float(best_mu[0] + best_mu[3]), float(best_mu[1] + best_mu[3]), float(best_mu[2]))
     # The relaxed step of the hinted tiers: the largest functional there. A Lagrangian pick is only optimal for its
     # weights; when it overloads a resource the weights ignored, the search should not follow it.
-    hinted_ms = max(float(np.where(feasible, f, 0.0)[rows, best_pick].sum()) + w * fixed for f, w in all_functionals)
-    return LowerBound(max(best, fixed), preferred, prices, hinted_ms, calls)
+    hinted_ms = max(
+        float(np.where(feasible, f, 0.0)[rows, best_pick].sum()) + constant for f, constant in all_functionals
+    )
+    parts = tuple(BoundPart(name, float(w)) for name, w in zip(names, best_w.tolist(), strict=True) if w > 0)
+    binding_names = tuple(_CAPACITY_NAMES[k] for k in range(len(best_mu)) if best_mu[k] > 0)
+    if fixed >= best:
+        parts, binding_names = (BoundPart("dense step alone", 1.0),), ()
+    return LowerBound(max(best, fixed), preferred, prices, hinted_ms, calls, parts, binding_names)
+
+
+@dataclass(frozen=True)
+class BoundPart:
+    """One of the step-time functionals the bound combines, and its weight in the combination that gave the bound.
+
+    Attributes:
+        name: What it measures, e.g. "GPU work (average)" or "busiest host NIC".
+        weight: Its weight (the weights sum to 1).
+    """
+
+    name: str
+    weight: float
 
 
 @dataclass(frozen=True)
@@ -451,6 +515,8 @@ class LowerBound:
         hinted_ms: The relaxed step time (largest functional) of the ``preferred`` tiers: how far the hint is from
             balanced. Close to ``value_ms`` means a trustworthy hint.
         weightings: How many weightings of the functionals the search evaluated (at most ``max_weightings``).
+        parts: The functionals of the combination that gave the bound, with their weights: what it is made of.
+        binding: The memory capacities priced above zero in it (whose room limits the bound).
     """
 
     value_ms: float
@@ -458,6 +524,14 @@ class LowerBound:
     prices: tuple[float, float, float] = (0.0, 0.0, 0.0)
     hinted_ms: float = 0.0
     weightings: int = 0
+    parts: tuple[BoundPart, ...] = ()
+    binding: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """What the bound is made of, in one line: e.g. "0.85 GPU work (average) + 0.15 busiest host NIC; memory
+        priced: HBM"."""
+        text = " + ".join(f"{p.weight:.2f} {p.name}" for p in self.parts) or "no functional"
+        return text + (f"; memory priced: {', '.join(self.binding)}" if self.binding else "; no memory priced")
 
     @property
     def trustworthy(self) -> bool:

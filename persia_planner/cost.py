@@ -267,8 +267,11 @@ class CostModel:
         lay = self.layout
         out_bytes, ids_half, emb, ddr = terms
         pattern = self.a2a.rows(gpus)
-        twrw = sharding is Sharding.TABLE_ROW_WISE
-        loads = (self.a2a.twrw_of(pattern, gpus) if twrw else pattern) * out_bytes
+        if sharding is Sharding.TABLE_ROW_WISE:
+            loads = self.a2a.rows(gpus, twrw=True)
+            loads *= out_bytes
+        else:
+            loads = pattern * out_bytes
         loads += pattern * (ids_half[:, None] if isinstance(ids_half, np.ndarray) else ids_half)
         if self.sharding_scaled[sharding]:
             # What a sharding type adds is in how its ids and pooled output travel (row-wise's bucketize and

@@ -19,6 +19,9 @@ __all__ = ["DENSE_MAX_GPUS", "A2APattern"]
 
 # Up to this many GPUs sums over GPUs add dense rows (bit for bit what they always were); beyond, the structure.
 DENSE_MAX_GPUS = 1024
+# Every GPU's rows are built once and kept where they are at most this many entries (8 MB): the search asks for a
+# few candidates' rows tens of thousands of times, and indexing kept rows costs a tenth of building them.
+KEPT_MAX_ENTRIES = 1 << 20
 
 
 class A2APattern:
@@ -44,13 +47,25 @@ class A2APattern:
         self.host_gpus = np.split(order, np.cumsum(gpus_per_host)[:-1]) if len(gpus_per_host) else []
         # Every owner's NIC entries but its own host's.
         self.nic_common = gpus_per_host / layout.n_gpus / nic_bw
+        self._kept: tuple[np.ndarray, np.ndarray] | None = None
+        if 0 < layout.n_gpus * layout.size <= KEPT_MAX_ENTRIES:
+            every = np.arange(layout.n_gpus)
+            plain = self._build(every)
+            self._kept = (plain, self.twrw_of(plain, every))
 
     def rows(self, gpus: np.ndarray, twrw: bool = False) -> np.ndarray:
         """The pattern of each GPU in ``gpus`` (one row each). ``twrw``: table-row-wise, whose partial sums are
         reduce-scattered inside the host over NVLink first; the host's reduced output then leaves like a table-wise
         shard's, split over the host's GPUs."""
-        lay, G, n_g = self.layout, self.layout.n_gpus, self.n_g
         gpus = np.asarray(gpus, dtype=np.intp)
+        if self._kept is not None:
+            return self._kept[1 if twrw else 0][gpus]  # a copy: the caller may scale it in place
+        out = self._build(gpus)
+        return self.twrw_of(out, gpus) if twrw else out
+
+    def _build(self, gpus: np.ndarray) -> np.ndarray:
+        """The plain rows of ``gpus``, built from the links' bandwidths."""
+        lay, G, n_g = self.layout, self.layout.n_gpus, self.n_g
         hosts = self.gpu_host[gpus]
         out = np.zeros((len(gpus), lay.size))
         idx = np.arange(len(gpus))
@@ -62,7 +77,7 @@ class A2APattern:
         out[idx, nvl.start + gpus] = (n_g[gpus] - 1) / G / self.nvlink_bw[gpus]
         out[:, nic] = self.nic_common
         out[idx, nic.start + hosts] = (G - n_g[gpus]) / G / self.nic_bw[hosts]
-        return self.twrw_of(out, gpus) if twrw else out
+        return out
 
     def twrw_of(self, rows: np.ndarray, gpus: np.ndarray) -> np.ndarray:
         """The table-row-wise rows of ``gpus`` from their plain :meth:`rows` (without building those again)."""

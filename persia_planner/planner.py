@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +45,9 @@ class Planner:
         cost = CostModel(model, topology)
         bound = lower_bound(cost)
         result = self.searcher.search(cost, bound)
-        return priced_plan(cost, result.placements, lower_bound_ms=bound.value_ms, alternatives=result.alternatives)
+        planned = priced_plan(cost, result.placements, lower_bound_ms=bound.value_ms, alternatives=result.alternatives)
+        parts = {part.name: part.weight for part in bound.parts}
+        return dataclasses.replace(planned, bound_parts=parts, bound_binding=bound.binding)
 
 
 def plan(

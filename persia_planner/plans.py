@@ -59,6 +59,9 @@ class Plan:
             of another planner). Only a plan with parameter-server tables depends on it.
         ps_wire_dtype: The dtype its parameter-server traffic was priced in (None: not recorded).
         tuning: What ``persia plan --tune`` measured of the candidates, and which it kept (None: not tuned).
+        bound_parts: What the bound is made of: the step-time functionals of the combination that gave it, each
+            with its weight (``bound.BoundPart``; empty where not recorded).
+        bound_binding: The memory capacities whose room limits the bound (priced above zero in it).
     """
 
     model: str
@@ -72,6 +75,8 @@ class Plan:
     staleness: int | None = None
     ps_wire_dtype: DType | None = None
     tuning: Tuning | None = None
+    bound_parts: Mapping[str, float] = field(default_factory=dict, compare=False)
+    bound_binding: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def quality(self) -> float:
@@ -105,6 +110,16 @@ class Plan:
                 "step_ms": round(self.step_ms, 4),
                 "lower_bound_ms": round(self.lower_bound_ms, 4),
                 "samples_per_s": round(self.samples_per_s, 1),
+                **(
+                    {
+                        "lower_bound": {
+                            "parts": {name: round(w, 4) for name, w in self.bound_parts.items()},
+                            **({"memory_priced": list(self.bound_binding)} if self.bound_binding else {}),
+                        }
+                    }
+                    if self.bound_parts
+                    else {}
+                ),
             },
             **({"tuning": self.tuning.to_dict()} if self.tuning is not None else {}),
         }
@@ -185,8 +200,18 @@ class Plan:
             device_data.finish()
         estimate = top.sub("estimate", default=None)
         numbers = {"step_ms": 0.0, "lower_bound_ms": 0.0, "samples_per_s": 0.0}
+        parts: dict[str, float] = {}
+        binding: tuple[str, ...] = ()
         if estimate is not None:
             numbers = {k: estimate.take(k, Quantity.NUMBER, default=0.0) for k in numbers}
+            bound = estimate.sub("lower_bound", default=None)
+            if bound is not None:
+                part_fields = bound.sub("parts", default=None)
+                if part_fields is not None:
+                    parts = {str(n): part_fields.take(str(n), Quantity.NUMBER) for n in list(part_fields.data)}
+                    part_fields.finish()
+                binding = tuple(bound.take_str_list("memory_priced", default=[]))
+                bound.finish()
             estimate.finish()
         tuning_fields = top.sub("tuning", default=None)
         tuning = Tuning.from_fields(tuning_fields) if tuning_fields is not None else None
@@ -202,6 +227,8 @@ class Plan:
             staleness=staleness,
             ps_wire_dtype=wire,
             tuning=tuning,
+            bound_parts=parts,
+            bound_binding=binding,
         )
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "Explanation",
     "TableRow",
     "abbreviate",
+    "bound_line",
     "describe",
     "device_rows",
     "draw_topology",
@@ -197,6 +198,13 @@ def table_rows(plan: Plan, model: ModelSpec, topology: Topology) -> list[TableRo
             )
         )
     return rows
+
+
+def bound_line(plan: Plan) -> str:
+    """What the plan's lower bound is made of: the weighted step-time functionals and the memory that limits it."""
+    parts = " + ".join(f"{w:.2f} x {name}" for name, w in plan.bound_parts.items())
+    memory = ", ".join(plan.bound_binding) or "none"
+    return f"lower bound {plan.lower_bound_ms:.2f} ms = {parts}; memory whose room limits it: {memory}"
 
 
 def summary(plan: Plan) -> str:
@@ -461,6 +469,8 @@ def print_plan(
         console.print(table)
     if explain:
         console.print(render_explanation(plan, model, topology))
+        if plan.bound_parts:
+            console.print(bound_line(plan), soft_wrap=True, markup=False, highlight=False)
     if plan.tuning is not None:
         console.print(_rich_table(*_tuning_table(plan.tuning), packed=False))
     console.print(summary(plan), soft_wrap=True, markup=False, highlight=False)

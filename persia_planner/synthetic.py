@@ -8,7 +8,7 @@ from persia_planner.placement import Tier, even_split, tier_bytes
 from persia_planner.specs import DenseSpec, DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.topology import Topology
 
-__all__ = ["model_dict", "random_model", "random_topology"]
+__all__ = ["heterogeneous_topology", "model_dict", "random_model", "random_topology"]
 
 
 def random_model(
@@ -80,6 +80,41 @@ def random_topology(
         ps_ddr_bytes=ps_ddr_bytes,
         name=f"{trainers}x{gpus_per_trainer}+{servers}ps",
     )
+
+
+def heterogeneous_topology(seed: int, *, servers: int = 2) -> Topology:
+    """A cluster of 2 to 4 trainer hosts that differ: each its own GPU count (1, 2, 4 or 8), HBM (16, 40 or 80 GiB per
+    GPU) and NIC (12.5 to 100 GB/s); and ``servers`` parameter servers."""
+    rng = np.random.default_rng(seed)
+    hosts: list[dict] = []
+    for i in range(int(rng.integers(2, 5))):
+        hosts.append(
+            {
+                "name": f"h{i}_",
+                "ddr": 512 * 1024**3,
+                "ddr_bandwidth": "200GB/s",
+                "nic_bandwidth": f"{float(rng.choice([12.5, 25.0, 50.0, 100.0])):g}GB/s",
+                "gpus": {
+                    "count": int(rng.choice([1, 2, 4, 8])),
+                    "hbm": int(rng.choice([16, 40, 80])) * 1024**3,
+                    "hbm_bandwidth": "2TB/s",
+                    "tflops": 300,
+                    "pcie_bandwidth": "32GB/s",
+                    "nvlink_bandwidth": "300GB/s",
+                },
+            }
+        )
+    hosts += [
+        {
+            "name": f"ps{p}_",
+            "role": "parameter_server",
+            "ddr": 4 * 1024**4,
+            "ddr_bandwidth": "100GB/s",
+            "nic_bandwidth": "25GB/s",
+        }
+        for p in range(servers)
+    ]
+    return Topology.from_dict({"name": f"hetero-s{seed}", "hosts": hosts})
 
 
 def nearly_full_topology(model: ModelSpec, fill: float, *, servers: int = 4) -> Topology:

@@ -410,3 +410,19 @@ def test_the_planners_plan_is_not_faster_than_its_bound_where_dmp_scales_every_t
         search = GreedyLocalSearch(SearchConfig(seed=0, improve_time_s=0.3))
         plan = Planner(search).plan(model, cpu_cluster(scales, memory))
         assert 0 < plan.lower_bound_ms <= plan.step_ms * (1 + 1e-9), (memory, plan.lower_bound_ms, plan.step_ms)
+
+
+def test_the_bound_says_what_it_is_made_of():
+    """Its parts are the functionals of the combination that gave it, weights summing to 1; on hosts behind 1 and
+    100 GB/s NICs the slow host's NIC makes it."""
+    tables = [
+        {"name": "t0", "rows": 1_000_000, "dim": 16, "pooling_factor": 20, "zipf_alpha": 1.0},
+        {"name": "t1", "rows": 12_000, "dim": 64, "pooling_factor": 4},
+    ]
+    model = ModelSpec.from_dict({"name": "m", "batch_size": 4096, "staleness": 0, "tables": tables})
+    bound = lower_bound(CostModel(model, two_hosts_behind_1_and_100_gbps()))
+    assert bound.parts and sum(p.weight for p in bound.parts) == pytest.approx(1.0)
+    assert all(p.weight > 0 for p in bound.parts)
+    assert [p.name for p in bound.parts] == ["busiest host NIC"]
+    assert set(bound.binding) <= {"HBM", "trainer DDR", "PS DDR", "HBM + trainer DDR"}
+    assert bound.describe().startswith(" + ".join(f"{p.weight:.2f} {p.name}" for p in bound.parts))

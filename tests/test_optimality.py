@@ -53,7 +53,7 @@ def test_the_bound_is_at_most_the_optimum_and_the_search_at_least(tables, hosts,
     assert set(plan) == {t.name for t in model.tables}
     assert lower_bound(cost).value_ms <= optimum * (1 + 1e-9)
     if ours is not None:
-        assert ours.step_ms >= optimum * (1 - 1e-7)
+        assert ours.step_ms >= optimum * (1 - optimality.REL_GAP)
 
 
 def test_a_summary_counts_what_was_solved():
@@ -65,3 +65,18 @@ def test_a_summary_counts_what_was_solved():
     out = optimality.summarize(records)
     assert out["solved"] == 2 and out["within_2pct_share"] == 0.5 and out["worst_gap"] == 0.2
     assert out["median_bound_over_optimum"] == pytest.approx(0.7)
+
+
+def test_ruin_and_recreate_finds_what_single_moves_miss():
+    # A big table runs best split over two GPUs' HBM, which small tables fill first: emptying both is several
+    # moves, each worse alone. The local search alone stops 62% above the optimum; ruin and recreate reaches it.
+    from persia_planner.search.improve import BottleneckLocalSearch
+
+    inst = optimality.Instance("i09", 23, ((2, 50.0), (2, 50.0)), 0, 4, 1.0, seed=9)
+    model, topology = inst.model(), inst.topology()
+    config = SearchConfig(seed=0, improve_time_s=30.0, shardings=optimality.SHARDINGS, tiers=optimality.TIERS)
+    local = Planner(GreedyLocalSearch(config, improver=BottleneckLocalSearch())).plan(model, topology)
+    ruined = Planner(GreedyLocalSearch(config)).plan(model, topology)
+    optimum = 5.42314497737686  # optimality.solve of this instance (about a minute with HiGHS)
+    assert local.step_ms > optimum * 1.5
+    assert optimum * (1 - optimality.REL_GAP) <= ruined.step_ms <= optimum * 1.02

@@ -4,10 +4,12 @@ import json
 import pytest
 
 from persia_planner import CostModel, ModelSpec, SpecError, Topology, load_plan, plan, validate
+from persia_planner.bound import lower_bound
 from persia_planner.errors import PlannerError
 from persia_planner.placement import Sharding, TablePlacement, Tier
 from persia_planner.plan_checks import require_plan_agrees
 from persia_planner.plans import Plan
+from persia_planner.report import bound_line
 from persia_planner.specs import DType
 
 MODEL = ModelSpec.from_dict(
@@ -62,7 +64,7 @@ def test_json_has_the_contract_keys(the_plan):
     data = json.loads(the_plan.to_json())
     assert data["format"] == "persia-plan/1"
     assert (data["model"], data["topology"]) == ("m", "t")
-    assert set(data["estimate"]) == {"step_ms", "lower_bound_ms", "samples_per_s"}
+    assert set(data["estimate"]) == {"step_ms", "lower_bound_ms", "samples_per_s", "lower_bound"}
     assert set(data["tables"]) == {"big", "mid", "small"}
     big = data["tables"]["big"]
     assert big["sharding"] == "ps_hash" and big["mode"] == "async"
@@ -83,8 +85,20 @@ def test_save_and_load_round_trip(the_plan, tmp_path):
     again = load_plan(path)
     assert again.tables == the_plan.tables
     assert again.step_ms == pytest.approx(the_plan.step_ms, abs=1e-4)
+    assert again.bound_parts == pytest.approx(the_plan.bound_parts, abs=1e-4)
+    assert again.bound_binding == the_plan.bound_binding
     assert not list(tmp_path.glob(".*.tmp"))
     assert validate(again, MODEL, TOPO) == []
+
+
+def test_the_plan_says_what_its_bound_is_made_of(the_plan):
+    bound = lower_bound(CostModel(MODEL, TOPO))
+    assert the_plan.bound_parts == {part.name: part.weight for part in bound.parts}
+    assert sum(the_plan.bound_parts.values()) == pytest.approx(1.0)
+    assert all(w > 0 for w in the_plan.bound_parts.values())
+    line = bound_line(the_plan)
+    assert line.startswith(f"lower bound {the_plan.lower_bound_ms:.2f} ms = ")
+    assert all(name in line for name in the_plan.bound_parts)
 
 
 def _replace_table(p: Plan, name: str, placement: TablePlacement) -> Plan:

@@ -514,3 +514,22 @@ def test_the_cache_size_is_searched_and_beats_the_old_menu():
             assert not fits or cost.evaluate(other.tables)[0].step_ms > plan.step_ms, (name, menu)
             compared += fits
     assert compared
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(20, 120), st.integers(0, 2**16))
+def test_the_local_search_ends_where_no_candidate_move_helps(n_tables, seed):
+    """It skips the moves that failed since its last full round; it still stops only after a full round found
+    nothing, so running it again from where it stopped moves nothing."""
+    from persia_planner.search.construct import GreedyConstruction
+    from persia_planner.search.improve import BottleneckLocalSearch
+    from persia_planner.search.options import TieredOptions
+
+    model = random_model(n_tables, seed=seed, rows_range=(1e3, 1e8))
+    cost = CostModel(model, cluster(2, 4, 2, 16, 64, 1024))
+    state = GreedyConstruction(SearchConfig(seed=seed)).construct(cost, lower_bound(cost), TieredOptions())
+    local = BottleneckLocalSearch()
+    local.improve(state, deadline=float("inf"))
+    score = state.current_score()
+    assert local.improve(state, deadline=float("inf")) == 0
+    assert state.current_score() == score

@@ -14,8 +14,8 @@ from persia_planner.cost import CostModel
 from persia_planner.search.base import Constructor, Explainer, Improver, OptionSource, SearchConfig, SearchResult
 from persia_planner.search.construct import GreedyConstruction
 from persia_planner.search.explain import NextBestAlternatives
-from persia_planner.search.improve import BottleneckLocalSearch
 from persia_planner.search.options import TieredOptions
+from persia_planner.search.ruin import RuinAndRecreate
 
 __all__ = ["GreedyLocalSearch"]
 
@@ -27,7 +27,7 @@ class GreedyLocalSearch:
         config: Search knobs; defaults are good for up to ~10k tables.
         options: Enumeration (default: :class:`.options.TieredOptions`).
         constructor: Construction (default: :class:`.construct.GreedyConstruction` of ``config``).
-        improver: Improvement (default: :class:`.improve.BottleneckLocalSearch`).
+        improver: Improvement (default: :class:`.ruin.RuinAndRecreate` around :class:`.improve.BottleneckLocalSearch`).
         explainer: Explanation (default: :class:`.explain.NextBestAlternatives`).
     """
 
@@ -43,7 +43,7 @@ class GreedyLocalSearch:
         self.config = config or SearchConfig()
         self.options = options or TieredOptions()
         self.constructor = constructor or GreedyConstruction(self.config)
-        self.improver = improver or BottleneckLocalSearch()
+        self.improver = improver or RuinAndRecreate()
         self.explainer = explainer or NextBestAlternatives()
 
     def search(self, cost: CostModel, hint: LowerBound | None = None) -> SearchResult:

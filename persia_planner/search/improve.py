@@ -43,33 +43,41 @@ class BottleneckLocalSearch:
         (``time.perf_counter``) passes or ``state.config.improve_rounds`` moves were made. Returns the moves."""
         tables = {t.name: t for t in state.cost.model.tables}
         moves = 0
-        tried: set[tuple[str, str, float]] = set()
+        # Moves that failed since the last full round, skipped until a round finds nothing else: one accepted move
+        # changes a table or two, and what failed just before mostly fails again. A round that skipped some and
+        # found nothing is run again in full, so the search still ends where no candidate move improves.
+        failed: set[tuple[str, str]] = set()
         while moves < state.config.improve_rounds and time.perf_counter() < deadline:
             current = state.current_score()
-            improved = False
+            improved = skipped = False
             # Re-insertion is tried on the tables with the most load on the bottleneck; swapping in on those with the
             # most load per byte (they relieve it most for the room they take).
             # The few heaviest are also tried split (column/row-wise): splitting a light table cannot relieve much.
+            # Split tries score every split option of a table, several times a plain one's: they come after the
+            # plain ones, which find most moves.
             load = self._bottleneck_load(state)
             heavy = self._bottleneck_tables(state, load)
             candidates = (
-                [(n, self._reinsert_split) for n in heavy[: self.split_candidates]]
-                + [(n, self._reinsert) for n in heavy]
+                [(n, self._reinsert) for n in heavy]
+                + [(n, self._reinsert_split) for n in heavy[: self.split_candidates]]
                 + [(n, self._swap_in) for n in self._bottleneck_tables(state, load, per_byte=True)]
             )
             for name, move in candidates:
                 if time.perf_counter() >= deadline:
                     break
-                key = (name, move.__name__, round(current, 9))
-                if key in tried:
+                key = (name, move.__name__)
+                if key in failed:
+                    skipped = True
                     continue
-                tried.add(key)
                 if move(state, tables, name, current):
                     moves += 1
                     improved = True
                     break
+                failed.add(key)
             if not improved:
-                break
+                if not skipped:
+                    break
+                failed.clear()
         return moves
 
     def _reinsert_split(self, state: State, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
