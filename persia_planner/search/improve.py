@@ -47,6 +47,7 @@ class BottleneckLocalSearch:
         # changes a table or two, and what failed just before mostly fails again. A round that skipped some and
         # found nothing is run again in full, so the search still ends where no candidate move improves.
         failed: set[tuple[str, str]] = set()
+        table_loads = _TableLoads(state)
         while moves < state.config.improve_rounds and time.perf_counter() < deadline:
             current = state.current_score()
             improved = skipped = False
@@ -55,7 +56,7 @@ class BottleneckLocalSearch:
             # The few heaviest are also tried split (column/row-wise): splitting a light table cannot relieve much.
             # Split tries score every split option of a table, several times a plain one's: they come after the
             # plain ones, which find most moves.
-            load = self._bottleneck_load(state)
+            load = table_loads.bottleneck(state)
             heavy = self._bottleneck_tables(state, load)
             candidates = (
                 [(n, self._reinsert) for n in heavy]
@@ -168,19 +169,38 @@ class BottleneckLocalSearch:
                 best = (traffic, chosen)
         return best[1] if best else None
 
-    def _bottleneck_tables(self, state: State, load: tuple[list[str], np.ndarray], per_byte: bool = False) -> list[str]:
+    def _bottleneck_tables(
+        self, state: State, load: tuple[list[str], np.ndarray, np.ndarray], per_byte: bool = False
+    ) -> list[str]:
         """Tables with the most load (or load per stored byte) on the resource that sets the step time (``load``:
-        :meth:`_bottleneck_load` of the state)."""
-        names, weights = load
+        :meth:`_TableLoads.bottleneck` of the state)."""
+        names, weights, sizes = load
         if per_byte:
-            weights = weights / np.array([state.shards.size(state.specs[n]) for n in names])
+            weights = weights / sizes
         weights = weights + state.rng.random(len(names)) * 1e-15  # seeded tie-break
         top = np.argsort(-weights, kind="stable")[: self.candidates]
         return [names[i] for i in top if weights[i] > 0]
 
-    @staticmethod
-    def _bottleneck_load(state: State) -> tuple[list[str], np.ndarray]:
-        """Every placed table's name and its load on the resource that sets the step time."""
+
+class _TableLoads:
+    """Every table's load vector as a row of one matrix, kept across the rounds of one local search: a round copies
+    in only the rows of the tables whose choice changed (stacking every vector each round was most of a round on
+    10,000 tables)."""
+
+    def __init__(self, state: State):
+        self.row = {name: i for i, name in enumerate(state.specs)}
+        self.matrix = np.zeros((len(self.row), len(state.loads)))
+        self.held: list[object] = [None] * len(self.row)
+        self.sizes = np.array([state.shards.size(spec) for spec in state.specs.values()], dtype=float)
+
+    def bottleneck(self, state: State) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Every placed table's name (in the state's order), its load on the resource that sets the step time and
+        its stored bytes."""
         names = list(state.choices)
-        table_loads = np.stack([choice.loads for choice in state.choices.values()])
-        return names, state.cost.bottleneck_loads(state.loads, table_loads)
+        rows = [self.row[name] for name in names]
+        for name, i in zip(names, rows, strict=True):
+            choice = state.choices[name]
+            if self.held[i] is not choice:
+                self.matrix[i] = choice.loads
+                self.held[i] = choice
+        return names, state.cost.bottleneck_loads(state.loads, self.matrix)[rows], self.sizes[rows]
