@@ -53,6 +53,7 @@ HEADLINES = {
         "rss_growth_worst",
     ),
     "optimality": ("within_2pct_share", "worst_gap", "median_bound_over_optimum"),
+    "fuzz": ("examples", "failed"),
     "vs_torchrec": (
         "min_ratio",
         "median_ratio",

@@ -28,7 +28,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "FEATURE_NAMES",
+    "MAX_EVAL_BATCHES",
     "MAX_ID_SPACE",
+    "MAX_LOCAL_TRAINERS",
+    "MAX_PS_DELAY_MS",
+    "MAX_SEED",
+    "MAX_STEPS",
     "MAX_SYNTHETIC_IDS",
     "DenseOptimizer",
     "PsCapacity",
@@ -209,12 +214,24 @@ class TrainConfig:
             )
         if self.steps < 1 or self.trainers < 1 or self.eval_batches < 1:
             raise PlannerError("--steps, trainers and eval batches must be >= 1")
+        for option, value, ceiling in (
+            ("--steps", self.steps, MAX_STEPS),
+            ("--eval-every", self.eval_every, MAX_STEPS),
+            ("--checkpoint-every", self.checkpoint_every, MAX_STEPS),
+            ("--trainers", self.trainers, MAX_LOCAL_TRAINERS),
+            ("--eval-batches", self.eval_batches, MAX_EVAL_BATCHES),
+            ("--seed", self.seed, MAX_SEED),
+        ):
+            if value > ceiling:
+                raise PlannerError(f"{option} must be at most {ceiling:,}, got {value:,}", fixes=(f"lower {option}",))
         if self.batch_size is not None and self.batch_size < 1:
             raise PlannerError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.staleness < 0:
             raise PlannerError(f"--staleness must be >= 0, got {self.staleness}")
-        if not 0 <= self.ps_delay_ms < math.inf:  # nan fails this too
-            raise PlannerError(f"--ps-delay-ms must be a finite number >= 0, got {self.ps_delay_ms}")
+        if not 0 <= self.ps_delay_ms <= MAX_PS_DELAY_MS:  # nan and inf fail this too
+            raise PlannerError(
+                f"--ps-delay-ms must be a number in [0, {MAX_PS_DELAY_MS:g}] (ms per PS call), got {self.ps_delay_ms}"
+            )
         if self.eval_every < 0:
             raise PlannerError(f"--eval-every must be >= 0 (0: only at the end), got {self.eval_every}")
         for name, value in (("--sparse-lr", self.sparse_lr), ("--dense-lr", self.dense_lr)):
@@ -321,6 +338,17 @@ def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
 
 MAX_KEEP = 1000
 """The most checkpoints a run keeps (each is a full copy of the model)."""
+MAX_STEPS = 10**9
+"""The most steps a run asks for (``--steps``, ``--eval-every``, ``--checkpoint-every``): a billion steps is years."""
+MAX_SEED = 2**32 - 1
+"""The largest ``--seed``: numpy's and the data loaders' seeds are 32-bit."""
+MAX_PS_DELAY_MS = 60_000.0
+"""The largest ``--ps-delay-ms`` (a minute per call): beyond, the delay stands for no network, and the delay thread's
+timestamps overflow."""
+MAX_LOCAL_TRAINERS = 1024
+"""The most trainer processes on one machine (``--trainers``)."""
+MAX_EVAL_BATCHES = 10**6
+"""The most held-out batches per trainer (``--eval-batches``)."""
 
 
 def dlrm_embedding_dim(spec: ModelSpec) -> int:

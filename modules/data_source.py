@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from persia_planner.errors import PlannerError, SpecError
+from persia_planner.fields import require_file_or_directory
 from persia_planner.specs import DataSchema, ModelSpec
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "check_gzip_shards",
     "check_tabular",
     "csv_columns",
+    "parquet_footer",
     "parquet_row_groups",
 ]
 
@@ -98,6 +100,7 @@ class DataSource:
         assert self.path is not None
         if not self.path.exists():
             raise SpecError(str(self.path), "", "file or directory not found", fixes=(f"pass --data {self.kind}:PATH",))
+        require_file_or_directory(self.path, str(self.path))  # a FIFO would hang the readers
         files = self.files()
         if not files:
             raise SpecError(
@@ -111,12 +114,18 @@ class DataSource:
 
 def parquet_row_groups(path: str) -> int:
     """The row groups of a Parquet file, from its footer."""
+    return parquet_footer(path)[0]
+
+
+def parquet_footer(path: str) -> tuple[int, int]:
+    """A Parquet file's row groups and rows, from its footer."""
     import pyarrow.parquet as pq
 
     try:
-        return int(pq.ParquetFile(path).metadata.num_row_groups)
+        metadata = pq.ParquetFile(path).metadata
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
         raise SpecError(path, "", f"not a readable Parquet file ({_first_line(err)})") from None
+    return int(metadata.num_row_groups), int(metadata.num_rows)
 
 
 def csv_columns(path: str) -> dict[str, Any]:
@@ -125,18 +134,36 @@ def csv_columns(path: str) -> dict[str, Any]:
 
     try:
         with pcsv.open_csv(path) as reader:
-            return {f.name: f.type for f in reader.schema}
+            fields = list(reader.schema)
     except (OSError, ValueError) as err:
         raise SpecError(path, "", f"not a readable CSV file ({_first_line(err)})") from None
+    return _named_once(path, fields)
+
+
+def _named_once(path: str, fields: list[Any]) -> dict[str, Any]:
+    """The columns by name, where each name is one column: a name given twice would feed whichever the reader
+    takes (pyarrow the first), the other silently unused."""
+    columns: dict[str, Any] = {}
+    for i, f in enumerate(fields):
+        if f.name in columns:
+            raise SpecError(
+                path,
+                "",
+                f"the header names column {f.name!r} twice (columns {list(columns).index(f.name) + 1} and {i + 1})",
+                fixes=("give each column its own name",),
+            )
+        columns[f.name] = f.type
+    return columns
 
 
 def _parquet_columns(path: str) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     try:
-        return {f.name: f.type for f in pq.read_schema(path)}
+        fields = list(pq.read_schema(path))
     except (OSError, ValueError) as err:
         raise SpecError(path, "", f"not a readable Parquet file ({_first_line(err)})") from None
+    return _named_once(path, fields)
 
 
 def _first_line(err: BaseException) -> str:
@@ -206,15 +233,20 @@ def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec
                 fixes=("name a table of the model (table: NAME)", "remove the feature"),
             )
     files = source.check_files()
-    row_groups = 0
+    row_groups = rows = 0
     for path in files:
         if source.kind is DataKind.PARQUET:
             _check_columns(path, _parquet_columns(path), schema)
-            row_groups += parquet_row_groups(path)
+            groups, held = parquet_footer(path)
+            row_groups, rows = row_groups + groups, rows + held
         else:
             _check_columns(path, csv_columns(path), schema, ids_as_text=True)
     if source.kind is DataKind.CSV:
         check_gzip_shards(source, files, trainers)
+    if source.kind is DataKind.PARQUET and rows == 0:
+        # Empty part files are common (a Spark partition with no rows); all of them empty is no data at all.
+        where = "the Parquet file holds" if len(files) == 1 else f"the {len(files)} Parquet files hold"
+        raise SpecError(str(source.path), "", f"{where} no rows", fixes=("point --data at the files with the data",))
     if source.kind is DataKind.PARQUET and row_groups < trainers:
         raise SpecError(
             str(source.path),

@@ -3,6 +3,7 @@ restart's choice between resuming and starting over; torch-free, like :mod:`.con
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import tempfile
@@ -62,12 +63,31 @@ def check_log_dir(cfg: TrainConfig) -> None:
 
 
 def _check_not_under_a_file(option: str, path: Path) -> None:
+    for p in (path, *path.parents):
+        # A symbolic link that leads back to itself (directly or through others) neither exists nor can be made: say
+        # so, rather than mkdir's "File exists".
+        if p.is_symlink() and not p.exists() and _loops(p):
+            raise PlannerError(
+                f"{option} {path}: {p} is a symbolic link that loops back to itself",
+                fixes=("point the link at a directory, or pass another path",),
+            )
     blocker = next((p for p in (path, *path.parents) if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
         raise PlannerError(
             f"{option} {path}: {blocker} is a file, not a directory",
             fixes=("pass a directory (it is created if missing)",),
         )
+
+
+def _loops(link: Path) -> bool:
+    """Whether following ``link`` comes back to a link on the way (Python says "Symlink loop", the OS ELOOP)."""
+    try:
+        link.resolve(strict=True)
+    except RuntimeError:
+        return True
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    return False
 
 
 def _check_writable(option: str, path: Path) -> None:

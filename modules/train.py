@@ -141,8 +141,16 @@ def _train(j: int, client: Any, job: Job, cleanup: contextlib.ExitStack) -> dict
         ckpt, state = check_resume(root, hybrid.ps is not None, log.warning if j == 0 else None, chosen=chosen)
         start_step = resumed_from = load_trainer_state(ckpt, state, model, hybrid, opt, layout)
         lineage = ckpt.lineage or lineage
-        if job.restarted:  # torchrun restarted the job: it goes on to the step the first attempt was to reach
-            cfg = replace(cfg, steps=max(1, int(state.get("target_step", start_step + cfg.steps)) - start_step))
+        # --steps is the job's total, so that the same command, run again after a crash, trains what was asked;
+        # torchrun restarted the job: it goes on to the step its first attempt was to reach (the same total).
+        target = int(state.get("target_step", cfg.steps)) if job.restarted else cfg.steps
+        if target <= start_step:
+            raise PlannerError(
+                f"--resume: the newest checkpoint is at step {start_step:,}, which the job's --steps {target:,} "
+                "already reaches (--steps counts the job's steps, resumed ones too)",
+                fixes=(f"pass --steps above {start_step:,} to train on",),
+            )
+        cfg = replace(cfg, steps=target - start_step)
         if j == 0 and hybrid.ps is not None:
             client.load(ckpt.path / "ps")
         dist.barrier()
@@ -227,6 +235,15 @@ def _train(j: int, client: Any, job: Job, cleanup: contextlib.ExitStack) -> dict
         if progress:
             progress.stop()
     dist.barrier()  # every trainer's pushes are applied before the usage report and the checkpoint
+    if step == start_step and stopped_by is None:
+        # No training step at all: the data gave some trainer no full batch (every trainer stops together). Said
+        # here, for what it is: the evaluation after it would only find no held-out data either.
+        where = "after the resumed step" if start_step else "for every trainer"
+        raise PlannerError(
+            f"{cfg.data}: the data holds no full batch of {batch_size:,} samples {where} "
+            f"({job.trainers} trainers read their own share of the rows)",
+            fixes=("use a smaller --batch-size, fewer --trainers or more data",),
+        )
     ps_servers: list[dict[str, Any]] = []
     if j == 0 and memory_before is not None and hybrid.ps is not None:
         planned = planned_server_bytes(spec, job.tables, job.topology)

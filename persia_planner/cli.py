@@ -26,6 +26,7 @@ from persia_planner.cli_base import (
     make_console,
     note,
     print_error,
+    refuse_overwriting,
     write_file,
 )
 from persia_planner.cli_train import train_command
@@ -107,6 +108,7 @@ def plan_command(
                 f"no files given: planning the bundled example {EXAMPLE_MODEL.name} on {EXAMPLE_TOPOLOGY.name}",
                 to_stderr=as_json,
             )
+        refuse_overwriting({"--out": out, "--png": png}, {"MODEL": model, "TOPOLOGY": topology})
         model_spec = with_run_options(load_model(model), staleness=staleness, ps_wire=ps_wire)
         topo = load_topology(topology)
         # Only --explain prints the alternatives: without it, the search need not score them.
@@ -252,6 +254,7 @@ def topology_command(
     from persia_planner.report import topology_lines
 
     with edge():
+        refuse_overwriting({"--png": png}, {"TOPOLOGY": topology})
         topo = load_topology(topology)
         for line in topology_lines(topo):
             typer.echo(line)

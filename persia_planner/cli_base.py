@@ -7,6 +7,7 @@ The commands live in :mod:`persia_planner.cli` (planning, checking, serving) and
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ __all__ = [
     "make_console",
     "note",
     "print_error",
+    "refuse_overwriting",
     "write_file",
 ]
 
@@ -123,14 +125,48 @@ def edge() -> Iterator[None]:
 
 
 def make_console(stderr: bool = False):
+    """The console every command prints through: text is shown as it is, never read as rich markup (a name such as
+    ``dlrm[v2]`` or ``[/]`` is a name)."""
     from rich.console import Console
 
     width = None if (sys.stderr if stderr else sys.stdout).isatty() else 140
-    return Console(stderr=stderr, width=width, highlight=False)
+    return Console(stderr=stderr, width=width, highlight=False, markup=False)
 
 
 def note(message: str, *, to_stderr: bool) -> None:
     typer.echo(message, err=to_stderr)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (through links; by path where either does not exist yet)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_overwriting(outputs: dict[str, Path | None], inputs: dict[str, Path | None]) -> None:
+    """Refuse, before any work, an output that names an input file or another output (``--out model.yaml`` would
+    replace the model with the plan).
+
+    Args:
+        outputs: Each output's option (``"--out"``) and path (None: not asked for).
+        inputs: Each input's name (``"MODEL"``) and path.
+
+    Raises:
+        PlannerError: An output is an input, or two outputs are one file.
+    """
+    given = [(option, path) for option, path in outputs.items() if path is not None]
+    for option, path in given:
+        for name, source in inputs.items():
+            if source is not None and _same_file(path, source):
+                raise PlannerError(
+                    f"{option} {path} is the {name} file: writing there would replace it",
+                    fixes=("choose another path for the output",),
+                )
+    for (option, path), (other, other_path) in itertools.combinations(given, 2):
+        if _same_file(path, other_path):
+            raise PlannerError(f"{option} and {other} name one file, {path}", fixes=("give each its own path",))
 
 
 def write_file(path: Path, what: str, write: Any) -> None:

@@ -61,7 +61,15 @@ def train_command(
     mode: Annotated[str, typer.Option("--mode", help="hybrid (PS tables async, staleness K) or sync (K = 0)")] = (
         "hybrid"
     ),
-    steps: Annotated[int, typer.Option("--steps", min=1, help="training steps per trainer")] = 400,
+    steps: Annotated[
+        int,
+        typer.Option(
+            "--steps",
+            min=1,
+            help="the job's training steps per trainer; with --resume the total too: a job resumed at step 50 with "
+            "--steps 400 trains 350 more",
+        ),
+    ] = 400,
     batch_size: Annotated[
         int | None,
         typer.Option(

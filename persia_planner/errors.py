@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import reprlib
+import unicodedata
 from typing import Any
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "SpecError",
     "abbreviate",
     "one_line",
+    "printable",
+    "unprintable",
 ]
 
 MAX_LINE_CHARS = 600
@@ -53,8 +56,36 @@ def clip(text: str, limit: int) -> str:
 
 
 def one_line(text: str, limit: int = MAX_LINE_CHARS) -> str:
-    """``text`` as one line (runs of whitespace become one space) of at most ``limit`` characters."""
-    return clip(" ".join(str(text).split()), limit)
+    """``text`` as one line (runs of whitespace become one space) of at most ``limit`` characters, every character a
+    terminal would act on escaped (:func:`printable`)."""
+    return clip(printable(" ".join(str(text).split())), limit)
+
+
+# Control characters (ESC starts a terminal's escape sequences), lone surrogates (no encoder writes them) and format
+# characters (a right-to-left override reorders what follows): shown escaped, never written as they are.
+_UNPRINTABLE = frozenset({"Cc", "Cs", "Cf"})
+
+
+def unprintable(text: str) -> str | None:
+    """The first character of ``text`` a terminal would act on or cannot show, escaped (``'\\x1b'``); None if
+    none."""
+    for char in text:
+        if unicodedata.category(char) in _UNPRINTABLE:
+            return char.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return None
+
+
+def printable(text: str) -> str:
+    """``text`` with every character :func:`unprintable` finds escaped (``\\x1b``, ``\\u202e``, ``\\ud800``):
+    a name from an input file can then reach the terminal only as the text it is."""
+    if text.isprintable():  # the common case, checked in C
+        return text
+    return "".join(
+        char.encode("unicode_escape", "backslashreplace").decode("ascii")
+        if unicodedata.category(char) in _UNPRINTABLE
+        else char
+        for char in text
+    )
 
 
 class ErrorKind(enum.StrEnum):
@@ -84,10 +115,11 @@ class PlannerError(Exception):
 
     def __str__(self) -> str:
         """One line of at most :data:`MAX_LINE_CHARS`: what is wrong, then the fix; when too long, each part is cut
-        in its middle, so that the file, the key path and the fix stay readable."""
-        message = " ".join(self.message.split())
+        in its middle, so that the file, the key path and the fix stay readable. What a terminal would act on (a
+        name's escape sequence) is escaped (:func:`printable`), wherever the line is printed."""
+        message = printable(" ".join(self.message.split()))
         fix = f"; fix: {' or '.join(self.fixes)}" if self.fixes else ""
-        fix = " ".join(fix.split())
+        fix = printable(" ".join(fix.split()))
         if len(message) + len(fix) <= MAX_LINE_CHARS:
             return message + fix
         fix = clip(fix, _FIX_CHARS)

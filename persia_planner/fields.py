@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from persia_planner.errors import SpecError, abbreviate
+from persia_planner.errors import SpecError, abbreviate, unprintable
 from persia_planner.limits import MAX_INPUT_BYTES, MAX_OF_KIND
 from persia_planner.units import Quantity, UnitError, format_bytes, parse
 
-__all__ = ["Fields", "load_json", "load_yaml", "read_text"]
+__all__ = ["Fields", "load_json", "load_yaml", "read_text", "require_file_or_directory"]
 
 _MISSING = object()
 E = TypeVar("E", bound=enum.StrEnum)
@@ -45,6 +45,23 @@ def _refuse_special(mode: int, source: str) -> None:
         return
     what = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
     raise SpecError(source, "", f"is {what}, not a regular file", fixes=("give the path of a regular file",))
+
+
+def require_file_or_directory(path: str | Path, source: str) -> None:
+    """Refuse ``path`` unless it is a regular file or a directory (through links): a FIFO would block its reader
+    until a writer comes, a device never ends.
+
+    Raises:
+        SpecError: It does not exist, cannot be read, or is a FIFO, a device or a socket.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise SpecError(source, "", "file or directory not found", fixes=("check the path",)) from None
+    except OSError as err:
+        raise SpecError(source, "", f"cannot read it ({err.strerror or err})") from None
+    if not stat.S_ISDIR(mode):
+        _refuse_special(mode, source)
 
 
 def _too_big(source: str) -> SpecError:
@@ -105,7 +122,9 @@ def _refuse_repeated_keys(loader: yaml.SafeLoader, node: yaml.MappingNode, deep:
     seen: set[Any] = set()
     for key_node, _value in node.value:
         key = loader.construct_object(key_node, deep=deep)
-        if isinstance(key, str | int | float | bool) and key in seen:
+        if not isinstance(key, str | int | float | bool):
+            continue  # a list or mapping as a key: PyYAML's constructor refuses it next, as a YAML error
+        if key in seen:
             raise _RepeatedKey(key, key_node.start_mark)
         seen.add(key)
 
@@ -117,8 +136,14 @@ def _yaml_key_path(text: str, mark: Any) -> str:
     except (yaml.YAMLError, RecursionError):
         return ""
     stack: list[tuple[Any, str]] = [(root, "")]
+    # Each node once: aliases make the node graph a DAG, whose paths a few hundred bytes of nested aliases multiply
+    # into billions (an alias's keys sit at its anchor's marks, found on the first path to it).
+    seen: set[int] = set()
     while stack:  # iterative, as the document may be deep
         node, where = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
                 path = f"{where}.{key_node.value}" if where else str(key_node.value)
@@ -265,6 +290,14 @@ class Fields:
     def has(self, key: str) -> bool:
         return key in self.data
 
+    def names(self) -> list[str]:
+        """The mapping's keys where they are names (tables, devices, features): as strings, each one a terminal shows
+        as it is (see :meth:`take_str`)."""
+        keys = [str(key) for key in self.data]
+        for key in keys:
+            self.refuse_unprintable(key, key)
+        return keys
+
     def take(
         self, key: str, kind: Quantity | None = None, default: Any = _MISSING, maximum: float | None = None
     ) -> Any:
@@ -292,10 +325,24 @@ class Fields:
         return number
 
     def take_str(self, key: str, default: Any = _MISSING) -> Any:
+        """Read a string at ``key``: one a terminal shows as it is (no control, format or lone surrogate character,
+        which names and paths never need and which would reach the terminal with them)."""
         value = self.take(key, default=default)
         if value is not default and not isinstance(value, str):
             raise self.error(key, f"expected a string, got {abbreviate(value)}")
+        if value is not default:
+            self.refuse_unprintable(key, value)
         return value
+
+    def refuse_unprintable(self, key: str, value: str) -> None:
+        """Raise the error at ``key`` where ``value`` holds a character a terminal would act on or cannot show."""
+        bad = unprintable(value)
+        if bad is not None:
+            raise self.error(
+                key,
+                f"{abbreviate(value)} holds the character {bad}, which a terminal would act on or cannot show",
+                fixes=("use printable characters only",),
+            )
 
     def take_bool(self, key: str, default: Any = _MISSING) -> Any:
         value = self.take(key, default=default)
@@ -342,6 +389,8 @@ class Fields:
         if items is default:
             return default
         for i, item in enumerate(items):
+            if isinstance(item, str) and item:
+                self.refuse_unprintable(f"{key}[{i}]", item)
             if not isinstance(item, str) or not item:
                 raise SpecError(
                     self.source, f"{self.key_path(key)}[{i}]", f"expected a non-empty string, got {abbreviate(item)}"

@@ -129,6 +129,10 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
                 problems.append(f"shard {i} is on tier {shard.tier.value} but {shard.device!r} is not a GPU")
             if s is Sharding.PS_HASH:
                 problems.append(f"shard {i} is on tier {shard.tier.value} but ps_hash shards must be on tier ps")
+        if shard.replica and s is not Sharding.DATA_PARALLEL:
+            # A replica is charged its whole table once per GPU and nothing else; the flag must not turn a shard of
+            # another sharding into what it is not (a ps_hash bucket would then cost the servers nothing).
+            problems.append(f"shard {i} has replica: true but only data_parallel shards are replicas")
         if shard.tier is Tier.HBM_CACHE and not (shard.cache_fraction and 0 < shard.cache_fraction <= 1):
             problems.append(f"shard {i} is hbm_cache without a cache_fraction in (0, 1]")
         if not (0 <= shard.cols[0] < shard.cols[1] <= table.dim):

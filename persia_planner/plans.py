@@ -180,7 +180,7 @@ class Plan:
         tables_data = top.sub("tables")
         assert tables_data is not None
         tables = {}
-        for name in list(tables_data.data):
+        for name in tables_data.names():
             table = tables_data.sub(str(name))
             assert table is not None
             tables[str(name)] = _placement_from_fields(table)
@@ -188,7 +188,7 @@ class Plan:
         devices: dict[str, DeviceUsage] = {}
         device_data = top.sub("devices", default=None)
         if device_data is not None:
-            for name in list(device_data.data):
+            for name in device_data.names():
                 usage = device_data.sub(str(name))
                 assert usage is not None
                 devices[str(name)] = DeviceUsage(
@@ -208,7 +208,7 @@ class Plan:
             if bound is not None:
                 part_fields = bound.sub("parts", default=None)
                 if part_fields is not None:
-                    parts = {str(n): part_fields.take(str(n), Quantity.NUMBER) for n in list(part_fields.data)}
+                    parts = {str(n): part_fields.take(str(n), Quantity.NUMBER) for n in part_fields.names()}
                     part_fields.finish()
                 binding = tuple(bound.take_str_list("memory_priced", default=[]))
                 bound.finish()

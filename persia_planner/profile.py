@@ -400,15 +400,16 @@ class HardwareProfile:
         )
         for name in dict.fromkeys(p["optimizer"] for p in points):
             mine = [p for p in points if p["optimizer"] == name]
-            forward[name] = fit_embedding(mine, "forward_rows_per_s")
-            backward[name] = fit_embedding(mine, "backward_rows_per_s")
+            forward[name] = _fitted(top, "embedding", lambda mine=mine: fit_embedding(mine, "forward_rows_per_s"))
+            backward[name] = _fitted(top, "embedding", lambda mine=mine: fit_embedding(mine, "backward_rows_per_s"))
         dense = top.sub("dense")
         flops = dense.take_positive("flops_per_s", Quantity.NUMBER)
         dlrm = dense.take("dlrm", default=None)
         if dlrm is None:  # profiles of the first format revision: the wide MLP's rate for the whole network
             dense_step = DenseFit(0.0, 0.0, flops / 3)
         else:
-            dense_step = fit_dense(_points(dense, "dlrm", ("features", "dim", "batch", "flops_per_sample", "seconds")))
+            measured = _points(dense, "dlrm", ("features", "dim", "batch", "flops_per_sample", "seconds"))
+            dense_step = _fitted(dense, "dlrm", lambda: fit_dense(measured))
         for key in ("width", "batch"):  # what was measured: kept in the file, not needed by the fit
             dense.take(key, default=None)
         dense.finish()
@@ -421,8 +422,9 @@ class HardwareProfile:
         rpc = top.sub("rpc")
         dim = rpc.take_positive("dim", Quantity.COUNT)
         requests = _points(rpc, "requests", ("rows", "dim", "lookup_seconds", "push_seconds"))
-        lookup = fit_linear([p["rows"] for p in requests], [p["lookup_seconds"] for p in requests])
-        push = fit_linear([p["rows"] for p in requests], [p["push_seconds"] for p in requests])
+        rows = [p["rows"] for p in requests]
+        lookup = _fitted(rpc, "requests", lambda: fit_linear(rows, [p["lookup_seconds"] for p in requests]))
+        push = _fitted(rpc, "requests", lambda: fit_linear(rows, [p["push_seconds"] for p in requests]))
         rpc.finish()
         store = top.sub("ps_store")
         store.take("dim", default=None)
@@ -477,7 +479,7 @@ def _sharding_scales(step: Fields) -> dict[str, float]:
     section = step.sub("sharding_scale", default=None)
     if section is None:
         return {}
-    names = list(section.data)
+    names = section.names()
     for name in names:
         if name not in SCALED_SHARDINGS:
             known = ", ".join(SCALED_SHARDINGS)
@@ -515,7 +517,25 @@ def _points(section: Fields, key: str, names: tuple[str, ...], optional: tuple[s
 def _fit_points(section: Fields, key: str, x: str, seconds: Any) -> LinearFit:
     names = ("row_bytes", "bytes_per_s") if x == "row_bytes" else ("bytes", "seconds")
     points = _points(section, key, names)
-    return fit_linear([p[x] for p in points], [seconds(p) for p in points])
+    return _fitted(section, key, lambda: fit_linear([p[x] for p in points], [seconds(p) for p in points]))
+
+
+def _fitted(section: Fields, key: str, fit: Any) -> Any:
+    """``fit()``, or the one-line error at ``key`` where its measurements fit no positive rate (values at the edge of
+    what a float holds, such as 1e-320 bytes/s, overflow the fit)."""
+    with np.errstate(all="ignore"):
+        try:
+            found = fit()
+        except (ValueError, ZeroDivisionError, OverflowError, np.linalg.LinAlgError):
+            found = None
+    values = [v for v in vars(found).values() if isinstance(v, float)] if found is not None else []
+    if found is None or any(math.isnan(v) for v in values):
+        raise section.error(
+            key,
+            "the measurements fit no positive rate (are they zero, or beyond what a float holds?)",
+            fixes=("run persia calibrate again",),
+        )
+    return found
 
 
 def load_profile(path: str | Path) -> HardwareProfile:

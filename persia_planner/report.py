@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.cost import CostModel
+from persia_planner.errors import printable
 from persia_planner.placement import Sharding, TablePlacement, Tier
 from persia_planner.report_picture import draw_topology
 from persia_planner.report_text import LineTable
@@ -204,7 +205,7 @@ def bound_line(plan: Plan) -> str:
     """What the plan's lower bound is made of: the weighted step-time functionals and the memory that limits it."""
     parts = " + ".join(f"{w:.2f} x {name}" for name, w in plan.bound_parts.items())
     memory = ", ".join(plan.bound_binding) or "none"
-    return f"lower bound {plan.lower_bound_ms:.2f} ms = {parts}; memory whose room limits it: {memory}"
+    return printable(f"lower bound {plan.lower_bound_ms:.2f} ms = {parts}; memory whose room limits it: {memory}")
 
 
 def summary(plan: Plan) -> str:
@@ -219,7 +220,7 @@ def summary(plan: Plan) -> str:
         f"{plan.samples_per_s:,.0f} samples/s",
         remote_text or "no table remote",
     ]
-    return " | ".join(parts)
+    return printable(" | ".join(parts))
 
 
 def explanations(plan: Plan, model: ModelSpec, topology: Topology) -> list[Explanation]:
@@ -402,21 +403,25 @@ def _table_cells(plan: Plan, model: ModelSpec, topology: Topology) -> list[tuple
 
 def _rich_table(title: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple[str, ...]], packed: bool) -> Table:
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, title_justify="left")
+    # Cells as Text: shown as they are on any console (a name is never markup) and with what a terminal would act
+    # on escaped (names from plan.json or a profile reach here too).
+    table = Table(title=Text(printable(title)), title_justify="left")
     for header, justify in columns:
         table.add_column(header, justify=justify, no_wrap=packed)  # type: ignore[arg-type]
     if packed and rows:
-        table.add_row(*("\n".join(cells) for cells in zip(*rows, strict=True)))
+        table.add_row(*(Text(printable("\n".join(cells))) for cells in zip(*rows, strict=True)))
     else:
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*(Text(printable(cell)) for cell in row))
     return table
 
 
 def render_explanation(plan: Plan, model: ModelSpec, topology: Topology) -> Table:
     """The explanation as a rich table: table, size, chosen option, next best option, its step time and delta."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(
         title=f"why the largest tables went where they did (step {plan.step_ms:.2f} ms)", title_justify="left"
@@ -433,10 +438,10 @@ def render_explanation(plan: Plan, model: ModelSpec, topology: Topology) -> Tabl
     for e in explanations(plan, model, topology):
         if e.next_best is None or e.next_step_ms is None:
             why = "(only the PS can hold it)" if e.note and e.note.startswith("only") else "(no other option scored)"
-            table.add_row(e.table, format_bytes(e.bytes), f"{e.chosen} ({e.mode})", why, "-", "-")
+            table.add_row(Text(printable(e.table)), format_bytes(e.bytes), f"{e.chosen} ({e.mode})", why, "-", "-")
         else:
             table.add_row(
-                e.table,
+                Text(printable(e.table)),
                 format_bytes(e.bytes),
                 f"{e.chosen} ({e.mode})",
                 e.next_best,
@@ -452,7 +457,7 @@ def print_plan(
     """Print the device table, the table table, the summary line and (with ``explain``) the explanation."""
     from rich.console import Console
 
-    console = console or Console()
+    console = console or Console(highlight=False, markup=False)
     devices = (f"devices ({plan.topology})", _DEVICE_COLUMNS, _device_cells(plan, topology))
     tables = (f"tables ({plan.model})", _TABLE_COLUMNS, _table_cells(plan, model, topology))
     for title, columns, rows in (devices, tables):

@@ -480,12 +480,15 @@ def read_data_schema(fields: Fields | None) -> DataSchema | None:
     dense_value = fields.take("dense", default=[])
     if not isinstance(dense_value, list) or not all(isinstance(c, str) and c for c in dense_value):
         raise fields.error("dense", f"expected a list of column names, got {abbreviate(dense_value)}")
+    for i, column in enumerate(dense_value):
+        fields.refuse_unprintable(f"dense[{i}]", column)
     sparse_fields = fields.sub("sparse")
     assert sparse_fields is not None
     sparse: list[SparseColumn] = []
     for feature in list(sparse_fields.data):
         if not isinstance(feature, str) or not feature:
             raise sparse_fields.error(str(feature), "a feature name must be a non-empty string")
+        sparse_fields.refuse_unprintable(feature, feature)
         value = sparse_fields.take(feature)
         if isinstance(value, str):
             sparse.append(SparseColumn(feature, value, feature))

@@ -180,13 +180,13 @@ def _read_profile(item: Fields, base_dir: Path | None) -> HardwareProfile | None
     from persia_planner.profile import load_profile
 
     full = Path(path) if Path(path).is_absolute() or base_dir is None else base_dir / path
-    if not full.is_file():
+    if not full.exists():
         raise item.error(
             "profile",
             f"profile file {str(full)!r} not found",
             fixes=("give a path relative to the topology file", f"run persia calibrate --out {path}"),
         )
-    return load_profile(full)
+    return load_profile(full)  # a directory or a FIFO is refused there, as what it is
 
 
 def _rate(fields: Fields, key: str, measured: Mapping[str, float], kind: Quantity = Quantity.BANDWIDTH) -> float:

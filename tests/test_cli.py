@@ -575,9 +575,8 @@ BAD_INPUTS = [
     ),
     (
         _plan_model("model_table_name_nul.yaml"),
-        "model_table_name_nul.yaml: tables[0].name: table name 'user\\x00id' cannot be a checkpoint "
-        "file name; fix: name it to match [A-Za-z0-9_][A-Za-z0-9_.-]{0,199} (letters, digits, '_', "
-        "'-', '.'; no leading '.'; at most 200 characters)",
+        "model_table_name_nul.yaml: tables[0].name: 'user\\x00id' holds the character \\x00, which a terminal "
+        "would act on or cannot show; fix: use printable characters only",
     ),
     (
         _plan_model("model_table_name_slash.yaml"),

@@ -442,7 +442,7 @@ def test_a_resumed_run_on_parquet_goes_on_with_each_trainers_next_batches(tmp_pa
 
     whole = run(steps=6, checkpoint=str(tmp_path / "whole"), checkpoint_every=3)
     shutil.copytree(tmp_path / "whole" / "step-000000003", tmp_path / "ckpt" / "step-000000003")
-    rest = run(steps=3, checkpoint=str(tmp_path / "ckpt"), resume=True)
+    rest = run(steps=6, checkpoint=str(tmp_path / "ckpt"), resume=True)  # --steps: the job's total
     assert rest["first_step"] == 3 and rest["last_step"] == 6
     assert [h["loss"] for h in rest["history"]] == [h["loss"] for h in whole["history"][3:]]
     assert rest["auc"] == whole["auc"] and rest["eval_samples"] == 2 * 32
@@ -513,3 +513,36 @@ def test_csv_ids_are_checked_as_text_and_gzip_files_against_the_trainers(tmp_pat
         f.write(text)
     with pytest.raises(SpecError, match=r"1 gzip file\(s\) for 2 trainers: a gzip file cannot be split"):
         check_before_start(TrainConfig(data=f"csv:{tmp_path / 'gz'}", trainers=2), spec, with_ps=False)
+
+
+@pytest.mark.timeout(600)
+def test_a_bad_csv_row_90_percent_into_the_file_stops_the_job_naming_it(tmp_path):
+    """The trainer whose share holds the bad row fails on it; the other then loses its peer in a collective. The
+    launcher reports the first failure that is not only a lost peer: the file, the byte offset and the reason."""
+    _model(tmp_path)
+    rows = _clicks(100_000).to_pylist()  # 2.6 MB: the bad row past the first block, which the checks at start read
+    lines = ["clicked,age,price,user,country"]
+    for r in rows:
+        lines.append(f"{r['clicked']},{r['age'] or ''},{r['price']},{r['user'] or ''},{r['country']}")
+    bad = int(len(lines) * 0.9)
+    lines[bad] += ",surplus"  # a sixth field
+    data = tmp_path / "clicks.csv"
+    data.write_text("\n".join(lines) + "\n")
+    schema = tmp_path / "schema.yaml"
+    schema.write_text("label: clicked\ndense: [age, price]\nsparse: {user_id: user, item_ids: user, country: country}")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    args = ["--model", tmp_path / "model.yaml", "--data", f"csv:{data}", "--schema", schema, "--steps", 20]
+    args += ["--batch-size", 32, "--eval-batches", 1]
+    done = subprocess.run(
+        [sys.executable, "-m", "persia_planner.cli", "train", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=540,
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert str(data) in errors[0] and "bytes from" in errors[0], errors[0]
+    assert "Expected 5 columns, got 6" in errors[0] and "Connection closed" not in errors[0], errors[0]

@@ -36,3 +36,14 @@ def test_abbreviate_is_cheap_for_an_alias_bomb():
     shown = abbreviate(value)
     assert time.perf_counter() - start < 0.5 and len(shown) <= 80
     assert abbreviate("fp8") == "'fp8'" and abbreviate(-5) == "-5"
+
+
+def test_printable_escapes_what_a_terminal_would_act_on_and_nothing_else():
+    from persia_planner.errors import printable, unprintable
+
+    assert printable("dlrm[v2] é 中 [/]") == "dlrm[v2] é 中 [/]" and unprintable("dlrm[v2]") is None
+    assert printable("a\x1b[2Jb\x07") == "a\\x1b[2Jb\\x07" and unprintable("a\x1b[2Jb") == "\\x1b"
+    assert printable("x\u202ey\ud800") == "x\\u202ey\\ud800" and unprintable("\x9b") == "\\x9b"
+    assert str(PlannerError("bad name a\x1b]0;t\x07", fixes=("rename a\x1b",))) == (
+        "bad name a\\x1b]0;t\\x07; fix: rename a\\x1b"
+    )

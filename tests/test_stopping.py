@@ -70,7 +70,7 @@ def test_sigterm_takes_a_final_checkpoint_that_resume_continues(tmp_path):
     step, where = int(found.group(1)), Path(found.group(2))
     assert step >= 3 and where == (ckpt / f"step-{step:09d}").resolve() and verify(where).step == step
     done = subprocess.run(
-        [*train[:2], "--steps", "2", "--batch-size", "64", "--eval-batches", "1", "--checkpoint", str(ckpt),
+        [*train[:2], "--steps", str(step + 2), "--batch-size", "64", "--eval-batches", "1", "--checkpoint", str(ckpt),
          "--resume", "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

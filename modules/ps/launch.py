@@ -160,6 +160,20 @@ def _killed(procs: list[Any]) -> dict[str, str]:
     return {p.name: describe_exit(p.name, p.exitcode) for p in procs if p.exitcode is not None and p.exitcode < 0}
 
 
+# What a trainer reports when a peer of its process group went away: the consequence of that peer's failure.
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|\[gloo\].*(closed|reset)", re.IGNORECASE
+)
+
+
+def _first_cause(failed: list[tuple[int, Any, float]]) -> tuple[int, Any, float]:
+    """Of the trainers that failed (index, (message, traceback, internal), when reported), the one whose failure
+    caused the others': the first to report that did not only lose a peer (a trainer that stops on bad data makes
+    the others' collectives fail), else the first to report."""
+    causes = [f for f in failed if not _PEER_LOST.search(str(f[1][0]))]
+    return min(causes or failed, key=lambda f: (f[2], f[0]))
+
+
 def _killed_within(procs: list[Any], timeout_s: float) -> dict[str, str]:
     """:func:`_killed` of ``procs``, waiting up to ``timeout_s`` for one to end (the fork server reports a child's
     end a moment after the others saw its connections reset)."""
@@ -413,9 +427,9 @@ def local_cluster(
             finally:
                 stop_processes([p for p in procs if p.pid is not None], 0.0)  # those still running: at once
                 results.close()
-            failed = [(j, value) for j, (ok, value, _t) in sorted(outcome.items()) if not ok]
+            failed = [(j, value, t) for j, (ok, value, t) in sorted(outcome.items()) if not ok]
             if failed:
-                j, (message, tb, internal) = failed[0]
+                j, (message, tb, internal), _t = _first_cause(failed)
                 if killed and not any(re.search(rf"\b{name}\b", message) for name in killed):
                     # The trainer reports losing a peer by its address (gloo): name the lost one instead.
                     raise TrainerError(f"local cluster failed: {', '.join(killed.values())}", detail=tb)

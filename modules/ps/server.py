@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.distributed.rpc as rpc
 
+from persia_planner.errors import PlannerError
+
 from . import protocol
 from . import server_report as report
 from .allocator import allocator_env, tune_allocator
@@ -165,6 +167,11 @@ def _server_errors(fn):
         except PsServerError as err:
             log.warning("%s", err)
             return RemoteFailure(str(err))
+        except PlannerError as err:
+            # Bad input (a damaged checkpoint file, a table the plan does not give this server): the trainer
+            # reports it in one line; the traceback goes to the log file only (INFO), not to the terminal.
+            log.info("%s: %s refused: %s", state().name, fn.__name__, err, exc_info=True)
+            return RemoteFailure(f"parameter server {state().name}: {fn.__name__}: {type(err).__name__}: {err}")
         except Exception as err:
             log.exception("%s: %s failed", state().name, fn.__name__)
             return RemoteFailure(f"parameter server {state().name}: {fn.__name__}: {type(err).__name__}: {err}")
