@@ -19,6 +19,7 @@ import argparse
 import copy
 import json
 import math
+import platform
 import sys
 import tempfile
 import time
@@ -348,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         for failure in r["failures"]:
             print(f"    {failure[:200]}")
     out = {
+        "machine": platform.platform(),
         "quick": args.quick,
         "targets": rows,
         "examples": sum(r["examples"] for r in rows),

@@ -65,7 +65,6 @@ class RuinAndRecreate:
 
     def improve(self, state: State, deadline: float) -> int:
         """The local search's moves, then rounds while the budget lasts; returns the moves and rounds kept."""
-
         moves = self.local.improve(state, deadline)
         if len(state.choices) < 2:
             return moves
@@ -117,7 +116,7 @@ class RuinAndRecreate:
         elif kind == 2:
             size = int(rng.integers(2, min(len(names), self.max_ruined) + 1))
             picked = [names[i] for i in sorted(rng.choice(len(names), size, replace=False))]
-        elif kind == 3:
+        else:
             # A few of the largest tables: a plan of another shape (split where it kept whole) is many moves away,
             # each worse alone.
             sizes = np.array([state.shards.size(state.specs[n]) for n in names])
