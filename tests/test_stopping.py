@@ -76,3 +76,47 @@ def test_sigterm_takes_a_final_checkpoint_that_resume_continues(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["resumed_from_step"] == step and result["last_step"] == step + 2
+
+
+def _semaphores() -> set[str]:
+    """multiprocessing's named semaphores now in /dev/shm."""
+    return {p.name for p in Path("/dev/shm").glob("sem.mp-*")}
+
+
+def _until(condition, timeout_s: float) -> bool:
+    """Whether ``condition()`` held within ``timeout_s`` (checked until then, no longer)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # the poll interval, not a synchronisation
+    return True
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX shared memory in /dev/shm")
+def test_a_sigkill_of_the_job_leaves_no_semaphores_behind(tmp_path):
+    """The job's queue and barrier are named semaphores; multiprocessing's resource tracker, in a session of its
+    own, outlives a SIGKILL of the job's process group and unlinks them."""
+    before = _semaphores()
+    logs = tmp_path / "logs"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    job = subprocess.Popen(
+        [PERSIA, "train", "--steps", "100000", "--batch-size", "64", "--log-dir", str(logs)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        metrics = logs / "metrics.jsonl"
+        assert _until(lambda: metrics.is_file() and metrics.stat().st_size > 0, 240), "no step within 240 s"
+        created = _semaphores() - before
+        assert created, "the job made no named semaphore: nothing to check"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert _until(lambda: not created & _semaphores(), 30), sorted(created & _semaphores())
+    assert job.stderr is not None and "leaked semaphore" not in job.stderr.read().decode()

@@ -36,6 +36,7 @@ import queue
 import re
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -234,6 +235,32 @@ def _restart_forkserver_unless(settings: tuple[str | None, ...]) -> None:
         _forkserver_settings = settings
 
 
+def _tracker_in_own_session() -> None:
+    """Start multiprocessing's resource tracker, if it is not running, in a session of its own.
+
+    The job's queue and barrier are named POSIX semaphores (``/dev/shm/sem.mp-*``) that the tracker unlinks when
+    its last user is gone. Started as usual it shares the job's process group, and a SIGKILL of the group kills it
+    too: the semaphores then stay until reboot. In its own session it outlives the group, sees the launcher's pipe
+    close, and unlinks them. It is the standard library's tracker; only its start differs.
+    """
+    from multiprocessing import resource_tracker, util
+
+    if os.name != "posix":  # pragma: no cover - Linux is what runs jobs
+        return
+
+    def spawn_in_own_session(path: str, args: list[str], passfds: Any) -> int:
+        # Its count of what it cleaned up after a kill is no news to whoever killed the job.
+        quiet = [args[0], "-W", "ignore::UserWarning", *args[1:]]
+        return subprocess.Popen(quiet, executable=path, pass_fds=tuple(passfds), start_new_session=True).pid
+
+    spawn = util.spawnv_passfds
+    util.spawnv_passfds = spawn_in_own_session
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        util.spawnv_passfds = spawn
+
+
 def local_cluster(
     n_servers: int,
     n_clients: int,
@@ -305,6 +332,7 @@ def local_cluster(
     tuning = allocator_env() | quiet_cpp_logs()
     environ = dict(os.environ) | tuning
     _restart_forkserver_unless(tuple(environ.get(name) for name in sorted(tuning)))
+    _tracker_in_own_session()  # before the job's semaphores: a SIGKILL of the job must not leave them behind
     stopped: list[int] = []  # how many workers were running when a signal stopped the job
     try:
         with (
