@@ -53,6 +53,7 @@ __all__ = [
     "id_universe",
     "num_dense",
     "sparse_optimizer_of",
+    "trainer_batch_size",
 ]
 
 FEATURE_NAMES = tuple(f"c{i}" for i in range(1, 27))  # the 26 categorical columns of Criteo, as KJT keys
@@ -305,7 +306,8 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
     source is checked against its schema by :func:`.data_source.check_tabular`."""
     source = DataSource.parse(cfg.data)
     if source.tabular:
-        check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers)
+        batch_rows = trainer_batch_size(cfg, spec, cfg.trainers)
+        check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers, batch_rows=batch_rows)
         return
     if source.kind is not DataKind.CRITEO:
         return
@@ -396,6 +398,11 @@ def check_dense_inputs(spec: ModelSpec, cfg: TrainConfig) -> None:
         )
 
 
+def trainer_batch_size(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> int:
+    """Samples per step of each trainer: ``--batch-size``, else the model's ``batch_size`` shared by the trainers."""
+    return cfg.batch_size or max(1, spec.batch_size // trainers)
+
+
 def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
     """What a run trains with, as ``--json`` and checkpoints record it: optimizers, learning rates, the global batch,
     the evaluation interval, the staleness bound and the dense arch."""
@@ -404,7 +411,7 @@ def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[s
         "dense_lr": cfg.dense_lr,
         "sparse_optimizer": sparse_optimizer_of(cfg, spec).value,
         "sparse_lr": cfg.sparse_lr,
-        "batch_size": (cfg.batch_size or max(1, spec.batch_size // trainers)) * trainers,
+        "batch_size": trainer_batch_size(cfg, spec, trainers) * trainers,
         "eval_every": cfg.eval_every,
         "staleness": cfg.effective_staleness,
         "dense_arch": dense_arch(spec, cfg).to_dict(),

@@ -196,13 +196,16 @@ def _is_id_list(t: Any) -> bool:
     return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_id(t.value_type)
 
 
-def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec, trainers: int) -> None:
+def check_tabular(
+    source: DataSource, schema: DataSchema | None, spec: ModelSpec, trainers: int, batch_rows: int = 1
+) -> None:
     """A Parquet / CSV source against the model: one line naming the file, column or field, and the fix.
 
     Checks that a schema is given, that it feeds every table of ``spec`` exactly once and no other, that every file
     has the schema's columns with fitting types (label and dense numeric; sparse ids strings or integers, or lists of
     them; a ``separator`` on a string column), and that the Parquet row groups are at least ``trainers`` (each trainer
-    reads whole row groups).
+    reads whole row groups) and their rows at least a batch of ``batch_rows`` for each trainer (the footers count
+    them; a CSV's rows are known only by reading it).
 
     Raises:
         SpecError: The first problem found.
@@ -254,6 +257,14 @@ def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec
             f"{row_groups} row group(s) in {len(files)} file(s) for {trainers} trainers: "
             "each trainer reads whole row groups",
             fixes=("write smaller row groups (row_group_size) or more files", "train with fewer trainers"),
+        )
+    if source.kind is DataKind.PARQUET and rows < trainers * batch_rows:
+        # Some trainer would get no full batch, and every trainer stops when one runs out: no step at all.
+        raise SpecError(
+            str(source.path),
+            "",
+            f"{rows:,} rows hold no full batch of {batch_rows:,} samples for each of {trainers} trainers",
+            fixes=("use a smaller --batch-size, fewer --trainers or more data",),
         )
 
 

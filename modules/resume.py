@@ -20,7 +20,7 @@ from persia_planner.specs import ModelSpec
 
 from .atomic import atomic_json, atomic_torch_save
 from .checkpoints import Checkpoint, newest_complete, prune, publish, staging_dir, verify
-from .config import TrainConfig, data_identity, hyper_parameters
+from .config import TrainConfig, data_identity, hyper_parameters, trainer_batch_size
 from .hybrid import HybridEmbeddingBagCollection
 from .loop import dense_state_dict
 
@@ -167,7 +167,7 @@ def data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, A
     (synthetic data: the teacher that labels the samples, and the samples) (saved, then checked on resume)."""
     layout = {
         "trainers": trainers,
-        "batch_size": cfg.batch_size or max(1, spec.batch_size // trainers),
+        "batch_size": trainer_batch_size(cfg, spec, trainers),
         "data": data_identity(cfg.data),
         "seed": cfg.seed,
     }

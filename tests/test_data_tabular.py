@@ -272,7 +272,9 @@ def test_the_data_is_checked_against_the_model_before_any_process_starts(tmp_pat
     part = data / "part-0.parquet"
 
     def check(schema: DataSchema | None = spec.data, source: str = f"parquet:{data}", model: ModelSpec = spec):
-        check_before_start(TrainConfig(data=source, trainers=2), dataclasses.replace(model, data=schema), with_ps=False)
+        # 8 rows: a batch of 4 for each of the 2 trainers (fewer rows than that is refused too)
+        cfg = TrainConfig(data=source, trainers=2, batch_size=4)
+        check_before_start(cfg, dataclasses.replace(model, data=schema), with_ps=False)
 
     check()  # all well
     bad = {
@@ -485,13 +487,15 @@ def test_the_dense_inputs_follow_the_data_unless_model_yaml_writes_them(tmp_path
     spec = _model(tmp_path, MODEL_YAML + arch)
     assert spec.dense.arch.num_dense == 2 and spec.dense.arch.inputs_from_data  # priced with data:'s two columns
     wider = dataclasses.replace(spec.data, dense=("age", "price", "country"))
-    cfg = TrainConfig(data=f"parquet:{data}", trainers=2, schema=wider)
+    cfg = TrainConfig(data=f"parquet:{data}", trainers=2, batch_size=4, schema=wider)  # 8 rows: a batch each
     check_before_start(cfg, spec, with_ps=False)
     assert dense_arch(spec, cfg).num_dense == 3 and hyper_parameters(cfg, spec, 2)["dense_arch"]["num_dense"] == 3
     written = _model(tmp_path, MODEL_YAML + "dense: {arch: dcn, num_dense: 2, bottom: [8], over: [8, 1]}\n")
     with pytest.raises(SpecError, match=r"dense.num_dense: is 2, but the data \(parquet columns\) has 3 dense"):
         check_before_start(cfg, written, with_ps=False)
-    no_dense = TrainConfig(data=f"parquet:{data}", trainers=2, schema=dataclasses.replace(spec.data, dense=()))
+    no_dense = TrainConfig(
+        data=f"parquet:{data}", trainers=2, batch_size=4, schema=dataclasses.replace(spec.data, dense=())
+    )
     with pytest.raises(SpecError, match=r"data.dense: is empty: the dense arch's bottom MLP reads at least one"):
         check_before_start(no_dense, spec, with_ps=False)
 

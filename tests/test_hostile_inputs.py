@@ -455,3 +455,25 @@ def test_a_plan_json_device_name_with_an_escape_is_refused(tmp_path):
         "error: bad.json: devices.a\\x1b[2Jb: 'a\\x1b[2Jb' holds the character \\x1b, which a terminal would act on "
         "or cannot show; fix: use printable characters only\n"
     )
+
+
+def test_parquet_rows_fewer_than_a_batch_per_trainer_are_refused_before_the_start(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from persia_planner import load_model
+
+    tables = load_model(EXAMPLES / "dlrm_small.yaml").tables
+    columns = {"y": pa.array([1.0] * 20, pa.float32()), "a": pa.array([0.5] * 20, pa.float32())}
+    columns |= {t.name: pa.array(list(range(20)), pa.int64()) for t in tables}
+    data = tmp_path / "twenty.parquet"
+    pq.write_table(pa.table(columns), data, row_group_size=10)
+    schema = write_yaml(
+        tmp_path / "schema.yaml", {"label": "y", "dense": ["a"], "sparse": {t.name: t.name for t in tables}}
+    )
+    result = persia("train", "--data", f"parquet:{data}", "--schema", schema, "--batch-size", 1000, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"error: {data}: 20 rows hold no full batch of 1,000 samples for each of 2 trainers; fix: use a smaller "
+        "--batch-size, fewer --trainers or more data\n"
+    )
