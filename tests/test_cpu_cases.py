@@ -3,21 +3,13 @@ cases span the table counts, pooling, skew, trainers and budgets the comparison 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_modules import load
 
 from persia_planner import load_model, load_topology
 from persia_planner.topology import DeviceKind
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_cases.py"
-_SPEC = importlib.util.spec_from_file_location("cpu_cases", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-cases_module = importlib.util.module_from_spec(_SPEC)
-sys.modules["cpu_cases"] = cases_module  # dataclasses look their module up while the file runs
-_SPEC.loader.exec_module(cases_module)
+cases_module = load("cpu_cases")
 
 
 @pytest.mark.parametrize("case", cases_module.cases(), ids=lambda c: c.name)

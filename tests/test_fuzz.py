@@ -3,18 +3,10 @@ topology.yaml, plan.json, hardware profile, data schema and set of options is ac
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_modules import load
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz.py"
-_SPEC = importlib.util.spec_from_file_location("fuzz", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-fuzz = importlib.util.module_from_spec(_SPEC)
-sys.modules["fuzz"] = fuzz
-_SPEC.loader.exec_module(fuzz)
+fuzz = load("fuzz")
 
 EXAMPLES = 25
 

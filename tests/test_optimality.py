@@ -3,11 +3,8 @@ its optimum, and the search's plan (on the oracle's options) is never below it (
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_modules import load
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,12 +14,7 @@ from persia_planner.cost import CostModel
 from persia_planner.search import GreedyLocalSearch
 
 pytest.importorskip("scipy")
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "optimality.py"
-_SPEC = importlib.util.spec_from_file_location("optimality", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-optimality = importlib.util.module_from_spec(_SPEC)
-sys.modules["optimality"] = optimality
-_SPEC.loader.exec_module(optimality)
+optimality = load("optimality")
 
 CLUSTERS = [((3, 50.0),), ((2, 50.0), (2, 50.0)), ((1, 12.5), (2, 100.0))]
 

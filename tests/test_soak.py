@@ -4,19 +4,12 @@ benchmark's)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_modules import load
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
-_SPEC = importlib.util.spec_from_file_location("soak", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-soak = importlib.util.module_from_spec(_SPEC)
-sys.modules["soak"] = soak  # dataclasses look their module up while the file runs
-_SPEC.loader.exec_module(soak)
+soak = load("soak")
 
 
 def _steps(rates: list[float], seconds_each: float = 10.0, per_step: int = 100) -> list[dict]:

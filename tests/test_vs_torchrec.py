@@ -3,20 +3,12 @@ and the cases only ours runs (the planning and training are the benchmark's)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_modules import load
 
 from persia_planner import load_model, load_topology
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_torchrec.py"
-_SPEC = importlib.util.spec_from_file_location("vs_torchrec", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-vs = importlib.util.module_from_spec(_SPEC)
-sys.modules["vs_torchrec"] = vs  # dataclasses look their module up while the file runs
-_SPEC.loader.exec_module(vs)
+vs = load("vs_torchrec")
 
 
 def _record(name, ours, theirs, status="ok", **more):
