@@ -254,21 +254,8 @@ def target_options(values: list[tuple[int, Any]]) -> str:
     found = check(run_cli(args))
     if found:
         return found
-    fields = {
-        "steps": "steps",
-        "batch_size": "batch_size",
-        "staleness": "staleness",
-        "dense_lr": "dense_lr",
-        "sparse_lr": "sparse_lr",
-        "eval_every": "eval_every",
-        "trainers": "trainers",
-        "eval_batches": "eval_batches",
-        "checkpoint_every": "checkpoint_every",
-        "keep": "keep",
-        "ps_delay_ms": "ps_delay_ms",
-        "seed": "seed",
-    }
-    names = list(fields)
+    names = ["steps", "batch_size", "staleness", "dense_lr", "sparse_lr", "eval_every", "trainers"]
+    names += ["eval_batches", "checkpoint_every", "keep", "ps_delay_ms", "seed"]
     kwargs = {names[index % len(names)]: value for index, value in values}
     started = time.perf_counter()
     try:
