@@ -155,8 +155,8 @@ def plan_with_ours(files: CaseFiles) -> PlanOutcome:
 def plan_with_torchrec(files: CaseFiles) -> PlanOutcome:
     """TorchRec's ``EmbeddingShardingPlanner`` for CPU trainers, converted to plan.json and validated."""
     from persia_planner.errors import PlannerError
-    from persia_planner.export import TorchRecSharding
-    from persia_planner.torchrec_scoring import from_sharding_options
+    from persia_planner.plan.torchrec_export import TorchRecSharding
+    from persia_planner.plan.torchrec_scoring import from_sharding_options
 
     model, topology, case = files.model, files.topology, files.case
     result = time_torchrec_planner(

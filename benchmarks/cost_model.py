@@ -6,7 +6,7 @@
    ``persia train`` (median step after warm-up, and its measured breakdown). Errors are ``predicted / measured - 1``.
 3. Ranking: three plans of one model (the planner's, all local or all on the PS, half of the planner's local tables
    moved to the PS): is the predicted order the measured one, and is the planner's plan within 5% of the best measured?
-4. Memory: the planner's bytes per device against what the built modules allocate (``modules/allocated.py``:
+4. Memory: the planner's bytes per device against what the built modules allocate (``modules/tools/memory_audit.py``:
    tensors' bytes on the trainers, resident memory on the servers).
 
 Prints a table per term and writes JSON (``--json OUT``) with ``cases``, ``median_abs_error``, ``worst_abs_error``,
@@ -33,12 +33,12 @@ from rich.console import Console
 from rich.table import Table
 
 from persia_planner import CostModel, ModelSpec, SearchConfig, Tier, load_topology
+from persia_planner.kinds import Sharding
+from persia_planner.model.specs import DenseSpec, TableSpec
 from persia_planner.modules.data.criteo_format import NUM_INTEGER
 from persia_planner.modules.data.synthetic import ZIPF_ALPHA
-from persia_planner.placement import Sharding
 from persia_planner.planner import Planner
 from persia_planner.search import GreedyLocalSearch
-from persia_planner.specs import DenseSpec, TableSpec
 
 console = Console(width=170)
 MiB = 1024**2
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         profile = args.profile.resolve() if args.profile else folder / "profile.yaml"
         if args.profile is None:
-            from persia_planner.modules.calibrate import calibrate
+            from persia_planner.modules.tools.calibrate import calibrate
 
             console.print("[bold]1. calibrate[/] this machine")
             started = time.perf_counter()
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"   {r['name']}: predicted {r['predicted_ms']:.1f} ms, measured {r['measured_ms']:.1f} ms")
         console.print("[bold]3. ranking[/]: three plans of one model")
         ranked = ranking(profile, folder, steps)
-    from persia_planner.modules.allocated import memory_error
+    from persia_planner.modules.tools.memory_audit import memory_error
 
     console.print("[bold]4. memory[/]: the planner's bytes per device against what the built modules allocate")
     memory = memory_error()

@@ -222,7 +222,7 @@ def target_schema(changes: list[Mutation]) -> str:
     """A mutated data schema through its loader (``persia train --schema`` reads it so): it loads, or raises a
     PlannerError of one line."""
     from persia_planner.errors import PlannerError
-    from persia_planner.specs import load_data_schema
+    from persia_planner.model.specs import load_data_schema
 
     schema = {"label": "clicked", "dense": ["age", "price"], "sparse": {"t0": "user", "t1": {"column": "items"}}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -246,7 +246,7 @@ def target_options(values: list[tuple[int, Any]]) -> str:
     """``persia plan`` with options given junk (no --tune: it would run jobs), and ``persia train``'s option checks
     (the TrainConfig every run builds first: a rejected option never starts a process)."""
     from persia_planner.errors import PlannerError
-    from persia_planner.modules.config import TrainConfig
+    from persia_planner.modules.train.config import TrainConfig
 
     args: list[Any] = ["plan"]
     for index, value in values:

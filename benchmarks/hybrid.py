@@ -66,14 +66,14 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, j
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-    from persia_planner.export import to_embedding_bag_configs, to_sharding_plan
     from persia_planner.modules.data import SyntheticClicks
-    from persia_planner.modules.distributed import quiet_trainer
+    from persia_planner.modules.embedding.model_parallel import quiet_trainer
     from persia_planner.modules.ps.launch import use_hosted_store
     from persia_planner.modules.ps.lifecycle import exit_now
+    from persia_planner.modules.tools.torchrec_equivalence import in_range
     from persia_planner.modules.train import TrainConfig, teacher_for
-    from persia_planner.modules.verify import in_range
     from persia_planner.paths import DEFAULT_MODEL
+    from persia_planner.plan.torchrec_export import to_embedding_bag_configs, to_sharding_plan
 
     quiet_trainer()
     torch.set_num_threads(1)
@@ -150,7 +150,7 @@ def dmp_baseline(steps: int, batch_size: int, tables: dict, topology: Any) -> di
 def all_local_topology() -> Any:
     """The same trainers with room for every table and no parameter servers: the all-local case."""
     from persia_planner.paths import DEFAULT_TOPOLOGY
-    from persia_planner.topology import Topology
+    from persia_planner.topology.graph import Topology
 
     data = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())
     data["name"] = f"{data['name']}-all-local"
@@ -165,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (CI)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    from persia_planner.execution import planned_execution
-    from persia_planner.modules.verify import compare_with_torchrec
+    from persia_planner.modules.tools.torchrec_equivalence import compare_with_torchrec
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+    from persia_planner.plan.executability import planned_execution
 
     spec, topo = load_model(DEFAULT_MODEL), load_topology(DEFAULT_TOPOLOGY)
     the_plan = plan(spec, topo)

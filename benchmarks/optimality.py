@@ -3,7 +3,7 @@
 For each instance (a model and a cluster small enough to solve exactly), the oracle chooses for every table one
 placement among the candidates the search itself would build, and minimises the cost model's step over them with
 ``scipy.optimize.milp`` (HiGHS). A placement's load and memory vectors come from the cost model; the step's
-formula (:class:`persia_planner.cost_step.StepModel`: per device the sync time, the async time, their sum at K = 0
+formula (:class:`persia_planner.cost.step_time.StepModel`: per device the sync time, the async time, their sum at K = 0
 or their max at K >= 1, and every host NIC's total) is exact as a MILP, since each ``max`` it takes is minimised (an
 epigraph variable per ``max``) and the PS round trip is paid by a binary that any PS table switches on.
 
@@ -39,9 +39,10 @@ from rich.table import Table
 
 from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Topology, validate
 from persia_planner.bound import lower_bound
-from persia_planner.cost import CostModel
-from persia_planner.placement import Sharding, TablePlacement, Tier, row_splittable
-from persia_planner.plans import Plan, usage_of
+from persia_planner.cost.analytic import CostModel
+from persia_planner.kinds import Sharding, Tier
+from persia_planner.placement.shards import TablePlacement, row_splittable
+from persia_planner.plan.plan import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, Option, build_placement
 from persia_planner.synthetic import random_model
 

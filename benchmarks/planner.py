@@ -43,9 +43,9 @@ from persia_planner import (
     validate,
 )
 from persia_planner.bound import MAX_WEIGHTINGS, lower_bound
-from persia_planner.cost import CostModel
-from persia_planner.memory import ps_servers_needed
+from persia_planner.cost.analytic import CostModel
 from persia_planner.paths import EXAMPLES
+from persia_planner.placement.memory import ps_servers_needed
 from persia_planner.synthetic import (
     heterogeneous_topology,
     model_dict,

@@ -34,7 +34,7 @@ def peak_mb():
 
 
 from persia_planner.bound import lower_bound
-from persia_planner.cost import CostModel
+from persia_planner.cost.analytic import CostModel
 from persia_planner.search import GreedyLocalSearch, SearchConfig
 from persia_planner.synthetic import random_model, random_topology
 start = time.perf_counter()

@@ -36,9 +36,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from persia_planner.memory import ps_bytes
-from persia_planner.placement import Sharding
-from persia_planner.specs import ModelSpec, TableSpec
+from persia_planner.kinds import Sharding
+from persia_planner.model.specs import ModelSpec, TableSpec
+from persia_planner.placement.memory import ps_bytes
 from persia_planner.units import format_bytes
 
 # The training modules (torch, torchrec: ~7 s of imports) are imported inside the functions: every process a run
@@ -51,7 +51,7 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore::UserWarni
 
 def case(ps_rows: int, dim: int) -> tuple[ModelSpec, dict[str, Any], Any]:
     """The model, its placements and topology: two PS tables of ``ps_rows`` rows, three small local ones."""
-    from persia_planner.modules.allocated import cpu_topology, placed
+    from persia_planner.modules.tools.memory_audit import cpu_topology, placed
 
     spec = ModelSpec(
         "ps-pressure",

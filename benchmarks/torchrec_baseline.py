@@ -6,7 +6,7 @@ that is killed when it overruns, so a slow planner cannot hang the benchmark. Th
 tables TorchRec keeps in each rank's DDR), with TorchRec's default enumerator,
 proposers, partitioner, storage reservation and perf model; the only constraints are the tables' pooling factors
 and the sharding types our plans can represent (every TorchRec type but ``grid_shard``). Its chosen plan crosses
-the process boundary as JSON (:class:`persia_planner.export.TorchRecSharding` dicts).
+the process boundary as JSON (:class:`persia_planner.plan.torchrec_export.TorchRecSharding` dicts).
 
     python benchmarks/torchrec_baseline.py        # self-check: 10 tables on 8 ranks, a few seconds
 """
@@ -35,9 +35,9 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 from persia_planner import CostModel, ModelSpec, Plan, Sharding, TablePlacement, Topology, validate  # noqa: E402
-from persia_planner.export import TorchRecSharding, gpu_tables  # noqa: E402
+from persia_planner.plan.torchrec_export import TorchRecSharding, gpu_tables  # noqa: E402
+from persia_planner.plan.torchrec_scoring import from_sharding_options, torchrec_topology_kwargs  # noqa: E402
 from persia_planner.synthetic import model_dict  # noqa: E402
-from persia_planner.torchrec_scoring import from_sharding_options, torchrec_topology_kwargs  # noqa: E402
 
 __all__ = [
     "compare_plans",
@@ -306,7 +306,7 @@ def score_torchrec(
     """
     from torchrec.distributed.planner import Topology as TorchRecTopology
 
-    from persia_planner.torchrec_scoring import score_with_torchrec, to_sharding_options
+    from persia_planner.plan.torchrec_scoring import score_with_torchrec, to_sharding_options
 
     tr_topology = TorchRecTopology(compute_device="cuda", **torchrec_args)
     batch = max(1, model.batch_size // tr_topology.world_size)
@@ -417,7 +417,7 @@ def _worker(config_path: str) -> int:
         from torchrec.distributed.planner import Topology as TorchRecTopology
         from torchrec.distributed.planner.perf_models import NoopPerfModel
 
-        from persia_planner.torchrec_scoring import meta_collection, shardings_from_plan, torchrec_constraints
+        from persia_planner.plan.torchrec_scoring import meta_collection, shardings_from_plan, torchrec_constraints
 
         model = ModelSpec.from_dict(config["model"], "model")
         topology = TorchRecTopology(compute_device=config.get("compute_device", "cuda"), **config["topology"])

@@ -16,6 +16,7 @@ __all__ = [
     "PlannerError",
     "SpecError",
     "abbreviate",
+    "first_line",
     "one_line",
     "printable",
     "unprintable",
@@ -53,6 +54,16 @@ def clip(text: str, limit: int) -> str:
     tail = max(limit // 4, 0)
     head = max(limit - tail - 3, 0)
     return text[:head] + "..." + (text[-tail:] if tail else "")
+
+
+def first_line(err: BaseException, *, with_type: bool = False) -> str:
+    """The first line of ``err``'s message, after its type's name with ``with_type``; the name alone where the message
+    is empty."""
+    message = str(err).strip()
+    first = message.splitlines()[0] if message else ""
+    if not first:
+        return type(err).__name__
+    return f"{type(err).__name__}: {first}" if with_type else first
 
 
 def one_line(text: str, limit: int = MAX_LINE_CHARS) -> str:

@@ -23,7 +23,7 @@ from persia_planner.errors import SpecError, abbreviate, unprintable
 from persia_planner.limits import MAX_INPUT_BYTES, MAX_OF_KIND
 from persia_planner.units import Quantity, UnitError, format_bytes, parse
 
-__all__ = ["Fields", "load_json", "load_yaml", "read_text", "require_file_or_directory"]
+__all__ = ["Fields", "load_document", "load_json", "load_yaml", "read_text", "require_file_or_directory"]
 
 _MISSING = object()
 E = TypeVar("E", bound=enum.StrEnum)
@@ -168,6 +168,18 @@ if hasattr(yaml, "CSafeLoader"):
     _LOADERS: tuple[type, ...] = (_FastUniqueKeyLoader, _UniqueKeyLoader)
 else:  # pragma: no cover - PyYAML built without libyaml
     _LOADERS = (_UniqueKeyLoader,)
+
+
+def load_document(path: str | Path, fix: str) -> tuple[Any, str]:
+    """:func:`load_yaml` of an input file that must hold something: an empty one is refused with ``fix``.
+
+    Raises:
+        SpecError: The file is missing, malformed or empty (the message names the file).
+    """
+    data, source = load_yaml(path)
+    if data is None:
+        raise SpecError(source, "", "file is empty", fixes=(fix,))
+    return data, source
 
 
 def load_yaml(path: str | Path) -> tuple[Any, str]:

@@ -7,15 +7,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from persia_planner.bound import lower_bound
-from persia_planner.constraint_checks import check_constraints
-from persia_planner.cost import CostModel
+from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import CapacityError, PlannerError
-from persia_planner.memory import ps_holds, ps_rows_error
-from persia_planner.placement import Sharding, TablePlacement
-from persia_planner.plans import Plan, usage_of
+from persia_planner.kinds import Sharding
+from persia_planner.model.specs import DType, ModelSpec
+from persia_planner.placement.feasibility import check_constraints
+from persia_planner.placement.memory import ps_holds, ps_rows_error
+from persia_planner.placement.shards import TablePlacement
+from persia_planner.plan.plan import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, SearchConfig, Searcher
-from persia_planner.specs import DType, ModelSpec
-from persia_planner.topology import Topology
+from persia_planner.topology.graph import Topology
 from persia_planner.units import format_bytes
 
 __all__ = ["CANDIDATE_FAMILIES", "Planner", "candidate_plans", "plan", "priced_plan"]
@@ -128,7 +129,7 @@ def candidate_plans(
     first, the others by their estimate.
 
     Args:
-        model: The model (with the run's K and wire, :func:`.specs.with_run_options`).
+        model: The model (with the run's K and wire, :func:`persia_planner.model.specs.with_run_options`).
         topology: The cluster.
         limit: At most this many plans.
         seed: Seed of each search.

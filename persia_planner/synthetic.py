@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from persia_planner.placement import Tier, even_split, tier_bytes
-from persia_planner.specs import DenseSpec, DType, ModelSpec, Optimizer, TableSpec
-from persia_planner.topology import Topology
+from persia_planner.kinds import Tier
+from persia_planner.model.specs import DEFAULT_STALENESS, DenseSpec, DType, ModelSpec, Optimizer, TableSpec
+from persia_planner.placement.shards import even_split, tier_bytes
+from persia_planner.topology.graph import Topology
 
 __all__ = ["heterogeneous_topology", "model_dict", "random_model", "random_topology"]
 
@@ -18,7 +19,7 @@ def random_model(
     rows_range: tuple[float, float] = (1e3, 1e9),
     dims: tuple[int, ...] = (32, 64, 128),
     batch_size: int = 65536,
-    staleness: int = 4,
+    staleness: int = DEFAULT_STALENESS,
     dtype: DType = DType.FP32,
 ) -> ModelSpec:
     """A model of ``n_tables`` tables: rows log-uniform in ``rows_range``, dim drawn from ``dims``, pooling factor

@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# The project's test command (README and CI run exactly this): lint, the docs build, unit/property/CLI tests, the
-# tutorials.
+# The project's test command (README and CI run exactly this): lint, the import contracts, the docs build and the
+# names the docs use, every test and the tutorials.
+#   scripts/test.sh --fast [PYTEST ARGS]   the fast tier: the same checks and the tests that start no process
+#                                          (unit, property and in-process CLI tests), in a few minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
+fast=0
+if [[ "${1:-}" == "--fast" ]]; then
+  fast=1
+  shift
+fi
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
-# Which module may import which (pyproject.toml's [tool.importlinter] contracts). import-linter reads the packages from
-# disk and cannot follow the package-dir mapping of persia_planner.modules (modules/), so it reads a copy of the two
-# laid out as installed.
-root=$PWD tree=$(mktemp -d)
-trap 'rm -rf "$tree"' EXIT
-cp -R persia_planner "$tree/" && rm -rf "$tree/persia_planner/modules" && cp -R modules "$tree/persia_planner/modules"
-(cd "$tree" && PYTHONPATH="$tree" "$root/.venv/bin/lint-imports" "$root/pyproject.toml" --no-cache --no-logo)
+# Which module may import which (pyproject.toml's [tool.importlinter] contracts).
+.venv/bin/lint-imports --no-cache --no-logo
 # The API reference site (mkdocs.yml); --strict fails on any warning (a docstring griffe cannot parse, a broken anchor).
-PERSIA_DOCS_SRC="$tree" "$PY" -m mkdocs build --strict --quiet
+"$PY" -m mkdocs build --strict
+# Every module, function and path the documents name exists.
+"$PY" scripts/check_docs.py
 # pytest exits 5 when it collects no test: with `set -e` that fails the run, as it must.
-"$PY" -m pytest tests tutorials --nbmake -p no:cacheprovider "$@"
+if ((fast)); then
+  "$PY" -m pytest tests -m "not processes" -p no:cacheprovider "$@"
+else
+  "$PY" -m pytest tests tutorials --nbmake -p no:cacheprovider "$@"
+fi

@@ -1,4 +1,5 @@
-"""The benchmark scripts as modules, for the tests that check them (``benchmarks/`` is no package)."""
+"""The benchmark scripts (and the other scripts) as modules, for the tests that check them (``benchmarks/`` and
+``scripts/`` are no packages)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from types import ModuleType
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def load(name: str) -> ModuleType:
-    """``benchmarks/NAME.py`` imported as module ``NAME`` (registered first: dataclasses look their module up while
-    the file runs)."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+def load(name: str, directory: Path = BENCHMARKS) -> ModuleType:
+    """``benchmarks/NAME.py`` (or ``directory/NAME.py``) imported as module ``NAME`` (registered first: dataclasses
+    look their module up while the file runs)."""
+    spec = importlib.util.spec_from_file_location(name, directory / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

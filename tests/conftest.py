@@ -1,8 +1,29 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the fast tier's guard.
+
+``scripts/test.sh --fast`` deselects the tests marked ``processes`` (servers, trainers, torchrun, the CLI run as a
+subprocess, notebooks): what remains must start no process, and a test that does fails there with one line asking
+for the marker, so that the fast tier stays fast as tests are added.
+"""
 
 from __future__ import annotations
 
+import multiprocessing.process
+import subprocess
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "not processes" in (config.option.markexpr or ""):
+        _refuse_processes()
+
+
+def _refuse_processes() -> None:
+    def refused(*_args, **_kwargs):
+        raise RuntimeError("this test starts a process: mark it @pytest.mark.processes (the fast tier skips those)")
+
+    subprocess.Popen.__init__ = refused  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = refused  # type: ignore[method-assign]
 
 
 @pytest.fixture

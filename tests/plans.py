@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from persia_planner import CostModel, GreedyLocalSearch, ModelSpec, Plan, Planner, SearchConfig, Topology, validate
-from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
-from persia_planner.plans import usage_of
+from persia_planner.kinds import Sharding, Tier
+from persia_planner.placement.shards import Shard, TablePlacement
+from persia_planner.plan.plan import usage_of
 
 
 def gpu_host(name: str, count: int, gpus: int) -> dict:

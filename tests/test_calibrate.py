@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from persia_planner.cli import app
-from persia_planner.profile import HardwareProfile
+from persia_planner.topology.profile import HardwareProfile
 
 TINY = dict(
     memory_bytes=4 * 1024**2,
@@ -26,9 +26,10 @@ TINY = dict(
 )
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_every_benchmark_gives_figures_the_planner_fits():
-    from persia_planner.modules.calibrate import PHASES, Sizes, calibrate
+    from persia_planner.modules.tools.calibrate import PHASES, Sizes, calibrate
 
     done = []
     raw = calibrate(sizes=Sizes(**TINY), on_done=lambda name, s: done.append(name))
@@ -54,7 +55,7 @@ def test_every_benchmark_gives_figures_the_planner_fits():
     assert all(math.isfinite(f) and f > 0 for f in figures), figures
     assert set(profile.embedding_forward) == {"sgd", "rowwise_adagrad"}
     # the small training jobs: their steps against the model's predictions, and what the fit takes from them
-    from persia_planner.modules.calibrate_step import SHARDING_JOBS, STEP_JOBS
+    from persia_planner.modules.tools.step_calibration import SHARDING_JOBS, STEP_JOBS
 
     step = raw["step"]
     assert set(step["jobs"]) == set(STEP_JOBS) == {"large", "ps", "table_wise", *SHARDING_JOBS}

@@ -15,7 +15,7 @@ from persia_planner import load_model, load_plan, load_topology, plan, validate
 from persia_planner.cli import app
 from persia_planner.errors import MAX_LINE_CHARS
 from persia_planner.paths import EXAMPLE_MODEL, EXAMPLE_TOPOLOGY, EXAMPLES
-from persia_planner.plans import Plan
+from persia_planner.plan.plan import Plan
 from persia_planner.report import explanations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +123,7 @@ def test_plan_explain_names_each_large_table_and_its_alternative(example):
         assert f"{e.next_step_ms:.2f}" in row
 
 
+@pytest.mark.processes
 def test_plan_does_not_import_torch_or_matplotlib():
     code = (
         "import sys\n"
@@ -136,6 +137,7 @@ def test_plan_does_not_import_torch_or_matplotlib():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.processes
 def test_entry_point_prints_one_line_and_exits_2():
     out = subprocess.run(
         [sys.executable, "-m", "persia_planner.cli", "plan", "missing.yaml", str(TOPOLOGY)],
@@ -779,6 +781,7 @@ def _special_inputs(tmp_path: Path) -> dict[str, Path]:
     return inputs
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("role", ["model", "topology", "plan"])
 def test_special_files_are_refused_before_reading(tmp_path, role):
     for what, path in _special_inputs(tmp_path).items():
@@ -810,6 +813,7 @@ def _with_copied_shards(tmp_path: Path, copies: int) -> tuple[str, Path]:
     return name, bad
 
 
+@pytest.mark.processes
 def test_validate_200k_duplicate_shards_are_refused_in_one_line(tmp_path):
     name, bad = _with_copied_shards(tmp_path, 200_000)
     result = _persia("validate", MODEL, TOPOLOGY, bad)
@@ -858,6 +862,7 @@ def test_plan_out_writes_through_a_symlink(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == ["plan.json"]  # no temporary file left
 
 
+@pytest.mark.processes
 def test_plan_out_refuses_a_path_that_is_not_a_regular_file(tmp_path):
     import os
 

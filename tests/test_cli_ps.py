@@ -17,7 +17,7 @@ from persia_planner.modules.ps.launch import hosted_store, reserved_port
 PERSIA = Path(sys.executable).with_name("persia")
 TRAINER = """
 import sys, torch
-from persia_planner.modules.ps.trainer import joined
+from persia_planner.modules.ps.connection import joined
 from persia_planner.modules.ps.protocol import TableConfig
 from persia_planner.modules.ps.optim import SGD
 with joined("trainer1", 1, 2) as client:
@@ -37,7 +37,7 @@ with joined("trainer1", 1, 2) as client:
 # server has seen it as a working peer (it pings every 2 s with --peer-timeout 4; the group is formed by then).
 LOST_TRAINER = """
 import os, signal, sys, time, torch
-from persia_planner.modules.ps.trainer import connect
+from persia_planner.modules.ps.connection import connect
 from persia_planner.modules.ps.protocol import TableConfig
 from persia_planner.modules.ps.optim import SGD
 client = connect("trainer1", 1, 2)
@@ -57,7 +57,7 @@ os.kill(os.getpid(), signal.SIGSTOP)  # hangs: alive, its RPC threads answer not
 LOSING_TRAINER = """
 import os, select, signal, sys, torch
 from persia_planner.errors import PlannerError
-from persia_planner.modules.ps.trainer import joined
+from persia_planner.modules.ps.connection import joined
 from persia_planner.modules.ps.protocol import TableConfig
 from persia_planner.modules.ps.optim import SGD
 how, server, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -93,6 +93,7 @@ def ps_env() -> Iterator[dict[str, str]]:
         }
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("peer_timeout", [None, "1"])
 def test_persia_ps_serves_a_trainer(peer_timeout, ps_env):
@@ -124,6 +125,7 @@ def test_persia_ps_serves_a_trainer(peer_timeout, ps_env):
             server.kill()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("how", "cause"), [("crash", "stopped answering ("), ("hang", "(no answer within 2 s)")])
 def test_persia_ps_gives_up_on_a_lost_trainer_naming_it(how, cause, ps_env):
@@ -163,6 +165,7 @@ def test_persia_ps_gives_up_on_a_lost_trainer_naming_it(how, cause, ps_env):
 LOST_SERVER = "error: trainer trainer1: worker ps0 of its RPC group stopped answering"
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("how", "when", "message"),
@@ -224,6 +227,7 @@ def test_persia_ps_bad_input(args, env, message):
     assert result.stderr == message
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("rank", [0, 1])
 def test_persia_ps_gives_up_on_an_incomplete_group_within_the_rpc_timeout(rank):

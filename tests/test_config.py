@@ -12,12 +12,11 @@ from processes import cli_in_fresh_interpreter
 
 from persia_planner import ModelSpec, Optimizer, load_model
 from persia_planner.errors import PlannerError, SpecError
-from persia_planner.modules.config import (
+from persia_planner.modules.train.config import (
     FEATURE_NAMES,
     DenseOptimizer,
     TrainConfig,
     TrainMode,
-    WireDtype,
     check_before_start,
     check_id_space,
     describe_hyper_parameters,
@@ -25,6 +24,7 @@ from persia_planner.modules.config import (
     id_universe,
     sparse_optimizer_of,
 )
+from persia_planner.modules.wire_dtypes import WireDtype
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = load_model(ROOT / "persia_planner" / "examples" / "dlrm_small.yaml")
@@ -177,6 +177,7 @@ def test_the_log_dir_is_checked_before_any_process_starts(tmp_path, monkeypatch)
         check_before_start(TrainConfig(log_dir=str(tmp_path / "other")), spec, with_ps=False)
 
 
+@pytest.mark.processes
 def test_persia_train_and_ps_refuse_bad_input_without_importing_torch(tmp_path):
     """Each refusal is exit 2 with the one-line error, and none of them imported torch (a mistake costs < 1 s,
     not the ~7 s of importing torch and torchrec)."""

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from persia_planner import ModelSpec, SpecError, Topology
-from persia_planner.constraints import NO_CONSTRAINTS, TableConstraints, from_parameter_constraints
 from persia_planner.kinds import Sharding, Tier
+from persia_planner.model.constraints import NO_CONSTRAINTS, TableConstraints, from_parameter_constraints
 
 
 def model_with(constraints, **table) -> ModelSpec:

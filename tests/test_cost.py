@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from persia_planner import ModelSpec, Topology
-from persia_planner.cost import CostModel, zipf_hit_rate
-from persia_planner.placement import Shard, Sharding, TablePlacement, Tier
+from persia_planner.cost.analytic import CostModel, zipf_hit_rate
+from persia_planner.kinds import Sharding, Tier
+from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.search import Option, build_placement
 
 ONE = {

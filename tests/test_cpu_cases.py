@@ -7,7 +7,7 @@ import pytest
 from benchmark_modules import load
 
 from persia_planner import load_model, load_topology
-from persia_planner.topology import DeviceKind
+from persia_planner.topology.graph import DeviceKind
 
 cases_module = load("cpu_cases")
 

@@ -117,6 +117,7 @@ def test_reader_hash_buckets_bound_ids(tmp_path):
 
 
 # --- reader: workers, batching, gzip ----------------------------------------------------------------------------------
+@pytest.mark.processes
 def test_reader_two_workers_read_every_row_once(tmp_path):
     n, bs = 1000, 64
     labels, _, cats, cat_missing = _random_criteo(tmp_path / "day.tsv", n, seed=1)
@@ -139,6 +140,7 @@ def test_reader_two_workers_read_every_row_once(tmp_path):
     assert [b.size for b in dropped] == [bs] * (n // bs)
 
 
+@pytest.mark.processes
 def test_reader_gzip_multiple_files_and_tiny_files(tmp_path):
     _random_criteo(tmp_path / "a.tsv", 300, seed=2)
     _random_criteo(tmp_path / "b.tsv.gz", 200, seed=3)
@@ -155,6 +157,7 @@ def test_reader_gzip_multiple_files_and_tiny_files(tmp_path):
 
 
 # --- reader: errors ---------------------------------------------------------------------------------------------------
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("bad_row", "column", "problem"),
     [
@@ -267,6 +270,7 @@ def test_synthetic_variable_pooling(teacher):
         SyntheticClicks(teacher, batch_size=4, num_batches=1, pooling={"c99": 1.0})
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("suffix", [".tsv", ".tsv.gz"])
 def test_synthetic_to_criteo_reads_back(tmp_path, teacher, suffix):
     ds = SyntheticClicks(teacher, batch_size=500, num_batches=3, pooling={"c7": 0.6}, seed=9)

@@ -18,11 +18,11 @@ import torch
 from processes import cli_in_fresh_interpreter
 
 from persia_planner.errors import PlannerError, SpecError
-from persia_planner.modules.config import TrainConfig, check_before_start
+from persia_planner.model.specs import DataSchema, ModelSpec, SparseColumn, TableSpec, load_data_schema, load_model
 from persia_planner.modules.data import Batch, CriteoReader, TabularReader, as_batch, hash_ids
 from persia_planner.modules.data.shards import Shard, assign
-from persia_planner.modules.stream import trainer_batches
-from persia_planner.specs import DataSchema, ModelSpec, SparseColumn, TableSpec, load_data_schema, load_model
+from persia_planner.modules.train.batch_stream import trainer_batches
+from persia_planner.modules.train.config import TrainConfig, check_before_start
 
 ROOT = Path(__file__).resolve().parents[1]
 MASK = 2**64 - 1
@@ -194,6 +194,7 @@ def _rows_read(reader) -> list[float]:
     return [x for b in reader for x in b.dense[:, 0].tolist()]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_two_trainers_with_two_workers_read_every_row_once(tmp_path):
     schema = DataSchema("clicked", ("price",), (SparseColumn("user_id", "user", "user_id"),))
@@ -338,6 +339,7 @@ def _csv(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.processes
 def test_persia_train_refuses_a_bad_schema_with_exit_2_without_importing_torch(tmp_path):
     _model(tmp_path)
     data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=4)
@@ -384,9 +386,9 @@ def test_torchrec_batches_train_through_the_loop_and_evaluate(tmp_path):
     """The Python API in one process, all tables local: TorchRec's Batch goes wherever ours goes."""
     from torchrec.datasets.utils import Batch as TorchRecBatch
 
-    from persia_planner.modules.hybrid import SparseOptimizer
-    from persia_planner.modules.loop import TrainLoop, build_model, make_optimizer
-    from persia_planner.modules.stream import evaluate
+    from persia_planner.modules.embedding.hybrid import SparseOptimizer
+    from persia_planner.modules.train.batch_stream import evaluate
+    from persia_planner.modules.train.loop import TrainLoop, build_model, make_optimizer
 
     spec = _model(tmp_path)
     pq.write_table(_clicks(256), tmp_path / "c.parquet", row_group_size=64)
@@ -408,6 +410,7 @@ def test_torchrec_batches_train_through_the_loop_and_evaluate(tmp_path):
     assert result["eval_samples"] == 64 and 0.0 <= result["auc"] <= 1.0
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_persia_train_on_parquet_with_a_data_section(tmp_path):
     """`persia train --data parquet:DIR` on the default local topology: 2 PS + 2 trainers, the two large tables on
@@ -423,6 +426,7 @@ def test_persia_train_on_parquet_with_a_data_section(tmp_path):
     assert result["data"] == f"parquet:{data}" and np.isfinite(result["loss"])
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(900)
 def test_a_resumed_run_on_parquet_goes_on_with_each_trainers_next_batches(tmp_path):
     """Sync mode (K = 0) is reproducible: a run resumed at step 3 has the uninterrupted run's losses, bit for bit,
@@ -461,6 +465,7 @@ def test_fewer_criteo_gzip_files_than_trainers_are_refused(tmp_path):
         check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=2), spec, with_ps=False)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_persia_train_on_csv_with_a_schema_file(tmp_path):
     """`persia train --data csv:FILE --schema FILE`: a model.yaml without data:, a multi-hot column split at '|'."""
@@ -480,7 +485,7 @@ def test_persia_train_on_csv_with_a_schema_file(tmp_path):
 def test_the_dense_inputs_follow_the_data_unless_model_yaml_writes_them(tmp_path):
     """An arch without num_dense reads the run's dense columns (--schema may bring others than model.yaml's data:);
     a written num_dense must match them; a schema without dense columns is refused (the bottom MLP reads one)."""
-    from persia_planner.modules.config import dense_arch, hyper_parameters
+    from persia_planner.modules.train.config import dense_arch, hyper_parameters
 
     data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=4)
     arch = "dense: {arch: dcn, bottom: [8], over: [8, 1]}\n"
@@ -519,6 +524,7 @@ def test_csv_ids_are_checked_as_text_and_gzip_files_against_the_trainers(tmp_pat
         check_before_start(TrainConfig(data=f"csv:{tmp_path / 'gz'}", trainers=2), spec, with_ps=False)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_a_bad_csv_row_90_percent_into_the_file_stops_the_job_naming_it(tmp_path):
     """The trainer whose share holds the bad row fails on it; the other then loses its peer in a collective. The

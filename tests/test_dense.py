@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from persia_planner.dense import ArchError, ArchKind, DenseArch, DenseSpec
 from persia_planner.errors import SpecError
-from persia_planner.specs import ModelSpec, load_model
+from persia_planner.model.dense import ArchError, ArchKind, DenseArch, DenseSpec
+from persia_planner.model.specs import ModelSpec, load_model
 
 
 def model_dict(dense: dict | None, dims: tuple[int, ...] = (8, 8, 8)) -> dict:
@@ -108,7 +108,7 @@ def test_the_derived_parameters_are_those_of_torchrecs_module(arch):
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from persia_planner.modules.loop import build_model
+    from persia_planner.modules.train.loop import build_model
 
     dim, features = 8, 5
     spec = ModelSpec.from_dict(

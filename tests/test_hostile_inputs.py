@@ -204,6 +204,7 @@ def test_a_replica_flag_on_a_shard_of_another_sharding_is_an_invalid_plan(tmp_pa
 
 
 # ---- YAML ------------------------------------------------------------------------------------------------------------
+@pytest.mark.processes
 def test_a_repeated_key_beside_nested_aliases_is_named_at_once(tmp_path):
     lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
     for prev, label in zip("abcdefg", "bcdefgh", strict=True):
@@ -247,6 +248,7 @@ TRAIN_OPTIONS = {
 }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("case", list(TRAIN_OPTIONS), ids=list(TRAIN_OPTIONS))
 def test_a_train_option_beyond_what_it_means_is_refused_before_the_run(case):
     args, line = TRAIN_OPTIONS[case]
@@ -255,6 +257,7 @@ def test_a_train_option_beyond_what_it_means_is_refused_before_the_run(case):
     assert result.stderr == f"error: {line}\n"
 
 
+@pytest.mark.processes
 def test_data_that_is_a_fifo_is_refused_not_waited_for(tmp_path):
     from persia_planner import load_model
 
@@ -380,7 +383,7 @@ def test_a_profile_of_denormal_rates_is_named_not_an_internal_error(tmp_path):
 
 def test_a_csv_header_that_names_a_column_twice_is_refused(tmp_path):
     from persia_planner.errors import SpecError
-    from persia_planner.modules.data_source import csv_columns
+    from persia_planner.modules.data.source import csv_columns
 
     data = tmp_path / "dup.csv"
     data.write_text("y,a,a\n1,2,3\n")
@@ -391,6 +394,7 @@ def test_a_csv_header_that_names_a_column_twice_is_refused(tmp_path):
     )
 
 
+@pytest.mark.processes
 def test_parquet_files_that_hold_no_rows_are_said_to(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -413,6 +417,7 @@ def test_parquet_files_that_hold_no_rows_are_said_to(tmp_path):
     )
 
 
+@pytest.mark.processes
 def test_a_checkpoint_path_through_a_symlink_loop_is_named(tmp_path):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     result = persia("train", "--steps", 2, "--checkpoint", tmp_path / "loop" / "ckpt", timeout=60)
@@ -433,7 +438,7 @@ def test_a_checkpoint_path_through_a_symlink_loop_is_named(tmp_path):
 )
 def test_a_data_schema_name_a_terminal_would_act_on_is_refused(tmp_path, schema, key, value):
     from persia_planner.errors import SpecError, unprintable
-    from persia_planner.specs import load_data_schema
+    from persia_planner.model.specs import load_data_schema
 
     path = write_yaml(tmp_path / "schema.yaml", schema)
     with pytest.raises(SpecError) as info:
@@ -457,6 +462,7 @@ def test_a_plan_json_device_name_with_an_escape_is_refused(tmp_path):
     )
 
 
+@pytest.mark.processes
 def test_parquet_rows_fewer_than_a_batch_per_trainer_are_refused_before_the_start(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -11,10 +11,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import PlannerError
-from persia_planner.modules.hybrid import HybridEmbeddingBagCollection, SparseOptimizer, StalenessError
+from persia_planner.model.specs import ModelSpec, Optimizer, TableSpec
+from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer, StalenessError
 from persia_planner.modules.ps.launch import local_cluster
-from persia_planner.specs import ModelSpec, Optimizer, TableSpec
-from persia_planner.topology import Topology
+from persia_planner.topology.graph import Topology
 
 TOPOLOGY = Topology.from_dict(TOPO_1X2)
 
@@ -145,7 +145,7 @@ def _weighted_two_trainers(j: int, client, steps: int) -> dict[str, float]:
 
     import torch.distributed as dist
 
-    from persia_planner.modules.distributed import distribute
+    from persia_planner.modules.embedding.model_parallel import distribute
     from persia_planner.modules.ps.launch import trainers_store
 
     dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=2, timeout=datetime.timedelta(60))
@@ -218,6 +218,7 @@ def _weighted_two_trainers(j: int, client, steps: int) -> dict[str, float]:
         dist.destroy_process_group()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_weighted_features_match_torchrec_weighted_ebc_across_trainers_and_servers():
     """Weights reach fbgemm through TorchRec's input all-to-all and scale the PS rows (and so the pushed gradients):
@@ -245,9 +246,10 @@ SMALL_PLAN = {
 }
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_k0_equals_torchrec_ebc_plus_ddp_step_by_step():
-    from persia_planner.modules.verify import compare_with_torchrec
+    from persia_planner.modules.tools.torchrec_equivalence import compare_with_torchrec
 
     sync = compare_with_torchrec(
         SMALL, SMALL_PLAN, TOPOLOGY, steps=8, trainers=2, servers=2, batch_size=64, learning_rate=3.0
@@ -259,11 +261,12 @@ def test_k0_equals_torchrec_ebc_plus_ddp_step_by_step():
     assert sync["hybrid"][0][-1] < sync["hybrid"][0][0] - 0.05
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_k0_with_rowwise_adagrad_is_one_synchronous_update_per_step():
     # The trainers gather their PS gradients and push each id once: Adagrad's accumulator sees the step's averaged
     # gradient, as TorchRec's RowWiseAdagrad under DDP does (separate pushes per trainer would not match).
-    from persia_planner.modules.verify import compare_with_torchrec
+    from persia_planner.modules.tools.torchrec_equivalence import compare_with_torchrec
 
     sync = compare_with_torchrec(
         SMALL,

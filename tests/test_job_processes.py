@@ -20,7 +20,8 @@ from processes import descendants_of, gone_within, live
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps.group import host_store
-from persia_planner.modules.ps.launch import POLL_S, TrainerError, barrier, local_cluster, reserved_port, trainers_store
+from persia_planner.modules.ps.launch import barrier, local_cluster, reserved_port, trainers_store
+from persia_planner.modules.ps.local_job import POLL_S, TrainerError
 from persia_planner.modules.ps.progress import process_state, publish_progress
 
 PERSIA = Path(sys.executable).with_name("persia")
@@ -88,6 +89,7 @@ def _beyond_loopback(found: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return [(pid, where) for pid, where in found if not where.startswith(("127.0.0.1:", "::1:"))]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(180)
 def test_every_listening_socket_of_a_local_job_is_on_loopback(monkeypatch):
     """The launcher's store, the servers' and trainers' RPC agents and the trainers' gloo pairs: all on loopback.
@@ -118,13 +120,14 @@ def test_host_store_listens_on_its_address_only_and_names_one_it_cannot_listen_o
 
 JOINING_TRAINER = """
 import sys
-from persia_planner.modules.ps.trainer import joined
+from persia_planner.modules.ps.connection import joined
 with joined("trainer1", 1, 2) as client:
     print("joined", flush=True)
     sys.stdin.readline()  # until the test has looked
 """
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(150)
 def test_persia_ps_hosts_its_store_and_listens_on_master_addr_only():
     """``persia ps`` rank 0 hosts the group's store itself (torch's tcp:// rendezvous): on MASTER_ADDR only."""
@@ -219,6 +222,7 @@ def _kill_what_is_left(launcher: subprocess.Popen, pids: list[int]) -> None:
     launcher.wait()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(180)
 def test_workers_die_with_a_killed_launcher(tmp_path):
     launcher, descendants = _start_training(tmp_path)
@@ -231,6 +235,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         _kill_what_is_left(launcher, descendants)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_stops_the_job_with_one_error_line(tmp_path, signum, code):
@@ -268,12 +273,13 @@ def _established_to(pid: int) -> int:
     return len(_sockets_of(pid) & table)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("victim", ["ps0", "trainer1", "trainer0"])
 def test_a_killed_worker_stops_the_job_with_one_line_naming_it(tmp_path, victim):
     """SIGKILL one worker mid-run: the job ends within the trainers' PS request timeout with one line naming the lost
     process (the survivors' TensorPipe warnings stay off the terminal), and nothing is left running."""
-    from persia_planner.modules.train import PS_REQUEST_TIMEOUT_S
+    from persia_planner.modules.train.engine import PS_REQUEST_TIMEOUT_S
 
     launcher, descendants = _start_training(tmp_path)
     try:
@@ -319,6 +325,7 @@ def _step_until_trainer1_stops(j: int, client: object, where: str) -> None:
         publish_progress(step)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(GROUP_S)
 def test_a_stopped_trainer_is_named_within_the_hang_timeout(tmp_path):
     """SIGSTOP on one trainer: the job stops after the hang timeout (not the group's), naming that trainer and the

@@ -12,12 +12,12 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import PlannerError
-from persia_planner.modules.distributed import distribute, sparse_torch_optimizer
-from persia_planner.modules.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
-from persia_planner.modules.local import LocalEmbeddingBags
-from persia_planner.placement import Tier
-from persia_planner.specs import Optimizer
-from persia_planner.topology import Topology
+from persia_planner.kinds import Tier
+from persia_planner.model.specs import Optimizer
+from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
+from persia_planner.modules.embedding.local import LocalEmbeddingBags
+from persia_planner.modules.embedding.model_parallel import distribute, sparse_torch_optimizer
+from persia_planner.topology.graph import Topology
 
 CONFIGS = [
     EmbeddingBagConfig(name="t0", feature_names=["a", "b"], num_embeddings=50, embedding_dim=4),

@@ -11,16 +11,16 @@ from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from persia_planner.modules.checkpoints import new_lineage
-from persia_planner.modules.config import TrainConfig
+from persia_planner.model.specs import Optimizer
 from persia_planner.modules.data.criteo import Batch
-from persia_planner.modules.distributed import dense_parameters, distribute
-from persia_planner.modules.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
-from persia_planner.modules.loop import TrainLoop, dense_state_dict, make_optimizer
-from persia_planner.modules.resume import check_resume, load_trainer_state, save_checkpoint
-from persia_planner.modules.stream import evaluate
-from persia_planner.specs import Optimizer
-from persia_planner.topology import Topology
+from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
+from persia_planner.modules.embedding.model_parallel import dense_parameters, distribute
+from persia_planner.modules.train.batch_stream import evaluate
+from persia_planner.modules.train.config import TrainConfig
+from persia_planner.modules.train.job_checkpoints import new_lineage
+from persia_planner.modules.train.loop import TrainLoop, dense_state_dict, make_optimizer
+from persia_planner.modules.train.trainer_state import check_resume, load_trainer_state, save_checkpoint
+from persia_planner.topology.graph import Topology
 
 USER, ITEM = ("user", "age"), ("item", "shop")
 ROWS, DIM, NUM_DENSE = 64, 8, 3

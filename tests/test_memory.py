@@ -1,4 +1,4 @@
-"""The planner's bytes (persia_planner.memory, Shard.storage) against what the runtimes really allocate.
+"""The planner's bytes (persia_planner.placement.memory, Shard.storage) against what the runtimes really allocate.
 
 * Local tables: fbgemm's TBE built on CPU for each GPU's planned shards (weights + optimizer state); which memory
   each piece goes to for UVM tables from fbgemm's own ``construct_split_state``.
@@ -29,8 +29,12 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 from fbgemm_gpu.tbe.cache.cache_config import CacheState
 
 from persia_planner import CapacityError, ModelSpec, Topology, validate
-from persia_planner.cost import CostModel
-from persia_planner.memory import (
+from persia_planner.cost.analytic import CostModel
+from persia_planner.kinds import Sharding, Tier
+from persia_planner.model.specs import DType, Optimizer, TableSpec
+from persia_planner.modules.ps import optim as ps_optim
+from persia_planner.modules.ps.store import EmbeddingStore
+from persia_planner.placement.memory import (
     FBGEMM_CACHE_ASSOCIATIVITY,
     PS_INDEX_LOAD_FACTOR,
     PS_LIMIT_REASON,
@@ -44,13 +48,10 @@ from persia_planner.memory import (
     ps_servers_needed,
     ps_store_bytes,
 )
-from persia_planner.modules.ps import optim as ps_optim
-from persia_planner.modules.ps.store import EmbeddingStore
-from persia_planner.placement import Sharding, Tier, tier_bytes
+from persia_planner.placement.shards import tier_bytes
+from persia_planner.plan.plan import Plan, usage_of
 from persia_planner.planner import Planner, plan
-from persia_planner.plans import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, Option, SearchConfig, build_placement
-from persia_planner.specs import DType, Optimizer, TableSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 FBGEMM_OPTIMIZER = {
@@ -276,7 +277,7 @@ def test_the_store_takes_its_limits_from_the_planner():
 _RSS_SCRIPT = """
 import ctypes, json, os, sys
 import torch
-from persia_planner.memory import ps_capacity
+from persia_planner.placement.memory import ps_capacity
 from persia_planner.modules.ps.optim import RowWiseAdagrad
 from persia_planner.modules.ps.store import EmbeddingStore
 
@@ -303,6 +304,7 @@ print(json.dumps({"rows": len(store), "bytes": resident() - before}))
 """
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident set from /proc")
 def test_a_filled_store_is_as_resident_as_planned():
     """A server's store for a shard of N rows, with the capacity C persia train gives it (N + 4 sqrt(N) + 64),

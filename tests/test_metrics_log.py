@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from persia_planner.modules.metrics_log import (
+from persia_planner.modules.train.metrics_log import (
     JsonLinesSink,
     Sinks,
     StepRecord,
@@ -131,7 +131,7 @@ def test_the_summary_leaves_out_the_history(tmp_path):
 
 
 def test_a_record_takes_the_loops_measurements():
-    from persia_planner.modules.loop import StepStats
+    from persia_planner.modules.train.loop import StepStats
 
     stats = StepStats(loss=0.5, step_ms=40.0, staleness=1, samples=64, data_ms=0.25, ps_wait_ms=1.5, push_ms=2.5)
     assert StepRecord.of(1, stats, samples_per_s=100.0, t_s=0.1) == record(1)

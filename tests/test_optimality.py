@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from persia_planner import CapacityError, Planner, SearchConfig
 from persia_planner.bound import lower_bound
-from persia_planner.cost import CostModel
+from persia_planner.cost.analytic import CostModel
 from persia_planner.search import GreedyLocalSearch
 
 pytest.importorskip("scipy")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from persia_planner.errors import SpecError
-from persia_planner.profile import PROFILE_FORMAT, HardwareProfile, fit_linear, fit_terms
+from persia_planner.topology.profile import PROFILE_FORMAT, HardwareProfile, fit_linear, fit_terms
 
 
 def test_fit_recovers_latency_and_bandwidth():

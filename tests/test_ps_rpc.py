@@ -23,12 +23,13 @@ import torch.distributed.rpc as rpc
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import server as server_module
 from persia_planner.modules.ps.allocator import allocator_env
-from persia_planner.modules.ps.checkpoint import commit, load_rows, read_latest
 from persia_planner.modules.ps.client import PsClient
+from persia_planner.modules.ps.connection import connect
 from persia_planner.modules.ps.delay import DelayScheduler
 from persia_planner.modules.ps.deltas import apply_deltas
 from persia_planner.modules.ps.group import shutdown_error
-from persia_planner.modules.ps.launch import TrainerError, barrier, local_cluster, trainers_store
+from persia_planner.modules.ps.launch import barrier, local_cluster, trainers_store
+from persia_planner.modules.ps.local_job import TrainerError
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
 from persia_planner.modules.ps.policies import Uniform
 from persia_planner.modules.ps.protocol import (
@@ -43,7 +44,7 @@ from persia_planner.modules.ps.protocol import (
 from persia_planner.modules.ps.server import log_metrics_every
 from persia_planner.modules.ps.sharding import server_of
 from persia_planner.modules.ps.store import EmbeddingStore
-from persia_planner.modules.ps.trainer import connect
+from persia_planner.modules.ps.table_checkpoints import commit, load_rows, read_latest
 
 pytestmark = pytest.mark.timeout(90)  # far below the suite's 600 s: a hang fails here, not the whole run
 
@@ -101,6 +102,7 @@ def _round_trip(j, client):
     return {"rows": held, "distinct": uniq.numel(), "names": [m["name"] for m in metrics], "threads": threads}
 
 
+@pytest.mark.processes
 def test_round_trip_two_servers():
     [result] = local_cluster(2, 1, _round_trip, run_timeout_s=60)
     assert result["names"] == ["ps0", "ps1"]
@@ -124,6 +126,7 @@ def _environment(j, client):
     }
 
 
+@pytest.mark.processes
 def test_processes_take_the_environment_of_each_launch(monkeypatch):
     """The processes are forks of one fork server started by the first launch: they must still see the environment
     of their own launch, and the allocator setting that only takes effect when a process image starts (the fork
@@ -174,6 +177,7 @@ def _train_vs_local(j, client):
     return moved
 
 
+@pytest.mark.processes
 def test_ps_training_equals_local_store():
     [moved] = local_cluster(2, 1, _train_vs_local, run_timeout_s=60)
     assert moved > 0.01
@@ -209,6 +213,7 @@ def _concurrent(j, client):
     return initial, final, updated, server_updates
 
 
+@pytest.mark.processes
 def test_concurrent_pushes_lose_no_update():
     results = local_cluster(2, 4, _concurrent, run_timeout_s=75)
     initial, final = results[0][0], results[0][1]
@@ -269,6 +274,7 @@ def _dead_server(j, client):
     return hung, dead
 
 
+@pytest.mark.processes
 def test_unavailable_server_raises_naming_it():
     """A hung server fails the request at the client's timeout; a dead one by the lost connection, before it."""
     # The client timeout bounds every lookup, the healthy server's too: long enough for a loaded machine.
@@ -299,6 +305,7 @@ def _leaves_a_failing_push(j, client):
     return "the body returned"
 
 
+@pytest.mark.processes
 def test_a_push_failing_after_the_body_returned_fails_the_trainer():
     """The launcher flushes a trainer's pushes before reporting it done: lost gradients are an error, not a success
     with a non-zero exit code nobody reads."""
@@ -312,6 +319,7 @@ def _fails_while_the_other_waits(j, client):
     barrier(timeout_s=600)  # for trainer 0, which never comes
 
 
+@pytest.mark.processes
 def test_a_failed_trainer_does_not_leave_the_run_waiting_for_the_others():
     """A trainer waiting for a failed one (here in a barrier, in training a gloo collective) would hold the run
     until its own timeout: the launcher gives the others ``failure_grace_s``, then kills everything and reports."""
@@ -322,6 +330,7 @@ def test_a_failed_trainer_does_not_leave_the_run_waiting_for_the_others():
     assert [p.name for p in multiprocessing.active_children() if p.name.startswith(("ps", "trainer"))] == []
 
 
+@pytest.mark.processes
 def test_a_trainer_that_cannot_start_leaves_no_server_running():
     """The servers start first; if a trainer then cannot (its body does not pickle), they are killed, not left
     waiting for the group until their rendezvous timeout."""
@@ -361,6 +370,7 @@ def _load_and_read(j, client, directory):
     return loaded, held, expected, client.lookup("item", _CKPT_IDS, train=False)
 
 
+@pytest.mark.processes
 def test_checkpoint_survives_the_servers_and_reshards(tmp_path):
     ((version, saved),) = local_cluster(2, 1, _train_and_save, str(tmp_path))  # then every process exits
     assert version == 1
@@ -417,6 +427,7 @@ def _delayed(j, client):
     }
 
 
+@pytest.mark.processes
 def test_delay_ms_delays_every_request_and_delays_overlap():
     [result] = local_cluster(2, 1, _delayed, delay_ms=DELAY_MS, run_timeout_s=60)
     register_s, one_s, issue_s, four_s, push_s, metrics_s = result["times"]
@@ -543,6 +554,7 @@ def _wire_dtypes(j, client):
     return {name: [m["tables"][name]["updates"] for m in metrics] for name, metrics in out.items()}
 
 
+@pytest.mark.processes
 def test_fp16_and_bf16_on_the_wire_round_once_and_keep_fp32_on_the_server():
     [updates] = local_cluster(2, 1, _wire_dtypes, run_timeout_s=75)
     # 3 x 150 distinct + the duplicate batch's distinct ids + 2 (bfloat16), split over both servers
@@ -568,6 +580,7 @@ def _default_is_exact(j, client):
     ).all().item()
 
 
+@pytest.mark.processes
 def test_default_wire_stays_bit_exact():
     [(equal, same_bits)] = local_cluster(2, 1, _default_is_exact, run_timeout_s=60)
     assert equal and same_bits

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from persia_planner.memory import ps_server_capacity
 from persia_planner.modules.ps.sharding import server_of, table_salt
+from persia_planner.placement.memory import ps_server_capacity
 
 
 def test_stable_balanced_and_salted_by_table():

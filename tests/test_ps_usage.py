@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from persia_planner.modules.allocated import cpu_topology, placed
-from persia_planner.modules.ps_usage import WARM_UP_TABLE, planned_server_bytes, server_usage, usage_table
-from persia_planner.placement import Sharding
-from persia_planner.specs import ModelSpec, TableSpec
+from persia_planner.kinds import Sharding
+from persia_planner.model.specs import ModelSpec, TableSpec
+from persia_planner.modules.tools.memory_audit import cpu_topology, placed
+from persia_planner.modules.train.ps_usage import WARM_UP_TABLE, planned_server_bytes, server_usage, usage_table
 
 
 def _table(rows: int, capacity: int, lookups: int, misses: int, inserts: int, evictions: int) -> dict[str, int]:
@@ -77,9 +77,10 @@ def test_the_plan_charges_each_server_its_share():
     assert set(planned) == {"ps0", "ps1"} and planned["ps0"] == planned["ps1"] > 0
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_a_run_drawing_ids_from_beyond_the_servers_capacity_evicts_while_training(tmp_path):
-    from persia_planner.modules.ps.checkpoint import load_rows
+    from persia_planner.modules.ps.table_checkpoints import load_rows
     from persia_planner.modules.train import TrainConfig, train_local
 
     spec, tables, topology = _case()

@@ -12,9 +12,9 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import PlannerError
-from persia_planner.modules.hybrid import HybridEmbeddingBagCollection, SparseOptimizer, StalenessError
+from persia_planner.model.specs import Optimizer
+from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer, StalenessError
 from persia_planner.modules.ps.launch import local_cluster
-from persia_planner.specs import Optimizer
 
 
 def test_adam_for_ps_tables_is_the_servers_adam():
@@ -25,7 +25,7 @@ def test_adam_for_ps_tables_is_the_servers_adam():
 
 
 def test_gathered_rows_unpack_ids_and_gradients_also_when_empty():
-    from persia_planner.modules.remote import unpack_rows
+    from persia_planner.modules.embedding.remote import unpack_rows
 
     ids, grads = torch.tensor([-1, 2**62 + 5, 7]), torch.randn(3, 4)
     packed = torch.cat([ids.view(torch.float32).view(-1, 2), grads], dim=1)
@@ -73,6 +73,7 @@ def _k0_int32_ids_two_backwards(j: int, client, _unused) -> list[list[float]]:
         dist.destroy_process_group()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_k0_gathers_int32_ids_and_every_backward_through_a_forward():
     """The gathered K = 0 update packs ids as 8 bytes (int32 ids broke it) and sums every backward pass of a step
@@ -138,6 +139,7 @@ def _staleness_scenarios(j: int, client, _unused) -> dict:
     return out
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_bounded_staleness_gauge_and_misuse():
     (result,) = local_cluster(1, 1, _staleness_scenarios, None, delay_ms=30.0, timeout_s=30.0)
@@ -186,8 +188,8 @@ def test_a_trained_batch_leaves_nothing_behind():
     run's trainers grew by every step's rows (about 2 MB a step, benchmarks/soak.py)."""
     import gc
 
+    from persia_planner.modules.embedding.remote import RemoteEmbeddingBags
     from persia_planner.modules.ps import optim as ps_optim
-    from persia_planner.modules.remote import RemoteEmbeddingBags
 
     ps = _InProcessPs()
     configs = [EmbeddingBagConfig(name="t", feature_names=["a"], num_embeddings=100, embedding_dim=4)]

@@ -163,7 +163,7 @@ def test_rich_tables_have_a_row_per_device_and_table(example):
 def test_device_table_keeps_the_busiest_devices_and_a_line_for_the_rest(example, monkeypatch):
     _, topology, p = example
     rows = device_rows(p, topology)
-    monkeypatch.setattr("persia_planner.report.DEVICE_ROWS", 4)
+    monkeypatch.setattr("persia_planner.report.render.DEVICE_ROWS", 4)
     table = render_devices(p, topology)
     assert table.row_count == 5
     busiest = sorted(rows, key=lambda r: -r.cost_ms)

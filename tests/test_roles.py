@@ -13,9 +13,9 @@ import yaml
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps.launch import hosted_store, reserved_port
-from persia_planner.modules.roles import claim_role, job_processes
-from persia_planner.nodes import ProcessKind, ProcessRole, TorchrunProcess
+from persia_planner.modules.train.roles import claim_role, job_processes
 from persia_planner.paths import EXAMPLES
+from persia_planner.topology.torchrun_nodes import ProcessKind, ProcessRole, TorchrunProcess
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -61,6 +61,7 @@ def _node(rank: int, port: int, hosts: str, topology: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_two_torchrun_nodes_run_the_servers_on_the_parameter_server_host(tmp_path):
     topology = _topology(tmp_path)
@@ -85,6 +86,7 @@ def test_two_torchrun_nodes_run_the_servers_on_the_parameter_server_host(tmp_pat
     assert node["trainer0"] == node["trainer1"] != node["ps0"] == node["ps1"]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_a_topology_without_parameter_servers_trains_under_torchrun_without_them(tmp_path):
     profile = str(EXAMPLES / "profiles" / "cpu-2core.yaml")
@@ -94,7 +96,16 @@ def test_a_topology_without_parameter_servers_trains_under_torchrun_without_them
     job = ["train", "--topology", str(topology), "--steps", "4", "--batch-size", "64", "--eval-batches", "1", "--json"]
     with reserved_port() as port:  # ours until the run ends: torchrun may bind it (SO_REUSEADDR), nobody else
         done = subprocess.run(
-            [str(TORCHRUN), "--nproc-per-node", "2", "--master-port", str(port), "-m", "persia_planner.cli", *job],
+            [
+                str(TORCHRUN),
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(port),
+                "-m",
+                "persia_planner.cli",
+                *job,
+            ],
             capture_output=True,
             text=True,
             timeout=540,

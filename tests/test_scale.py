@@ -6,13 +6,13 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from persia_planner import cost_a2a
-from persia_planner.cost import CostModel
-from persia_planner.placement import Sharding, Tier
+from persia_planner.cost import all_to_all as cost_a2a
+from persia_planner.cost.analytic import CostModel
+from persia_planner.kinds import Sharding, Tier
 from persia_planner.search import GreedyLocalSearch, SearchConfig
 from persia_planner.search.state import CANDIDATE_HOSTS
 from persia_planner.synthetic import random_model, random_topology
-from persia_planner.topology import Topology
+from persia_planner.topology.graph import Topology
 
 
 def _mixed_cost() -> CostModel:
@@ -49,7 +49,7 @@ def test_range_and_replica_sums_equal_dense_rows(monkeypatch, sharding):
     terms = [cost.range_shard_terms(table, fractions, table.dim, t, gpus) for t in (Tier.HBM, Tier.DDR)]
     dense = [cost.range_loads_sum(t, gpus, sharding) for t in terms]
     replica, memory = cost.replica_loads(table), cost.shard_memory_sum(gpus, 3.0, 5.0)
-    monkeypatch.setattr("persia_planner.cost.DENSE_MAX_GPUS", 0)
+    monkeypatch.setattr("persia_planner.cost.analytic.DENSE_MAX_GPUS", 0)
     for t, want in zip(terms, dense, strict=True):
         assert cost.range_loads_sum(t, gpus, sharding) == pytest.approx(want, rel=1e-12, abs=1e-18)
     assert cost.replica_loads(table) == pytest.approx(replica, rel=1e-12)

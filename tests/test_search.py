@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Sharding, Tier, Topology, validate
 from persia_planner.bound import MAX_WEIGHTINGS, lower_bound, lower_bound_ms
-from persia_planner.cost import CostModel
-from persia_planner.plans import Plan
+from persia_planner.cost.analytic import CostModel
+from persia_planner.plan.plan import Plan
 from persia_planner.search import GreedyLocalSearch
 from persia_planner.synthetic import nearly_full_topology, random_model
 
@@ -486,7 +486,7 @@ def test_the_cache_size_is_searched_and_beats_the_old_menu():
     faster than the sizes every table tries (0.05 and 0.2) where those fit."""
     import dataclasses
 
-    from persia_planner.placement import TablePlacement
+    from persia_planner.placement.shards import TablePlacement
 
     topo = cluster(1, 4, 0, 8, 512, 64)
     model = ModelSpec.from_dict(

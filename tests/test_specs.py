@@ -1,7 +1,7 @@
 import pytest
 
 from persia_planner import DType, ModelSpec, Optimizer, SpecError, load_model
-from persia_planner.specs import TableSpec
+from persia_planner.model.specs import TableSpec
 
 BASE = {
     "name": "m",

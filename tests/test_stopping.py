@@ -16,9 +16,9 @@ import pytest
 import torch.distributed as dist
 from processes import descendants_of, gone_within, live
 
-from persia_planner.modules.checkpoints import verify
 from persia_planner.modules.stopping import REQUEST, STOP_AT, GracefulStop
-from persia_planner.modules.train import FINAL_CHECKPOINT_WAIT_S
+from persia_planner.modules.train.engine import FINAL_CHECKPOINT_WAIT_S
+from persia_planner.modules.train.job_checkpoints import verify
 
 PERSIA = Path(sys.executable).with_name("persia")
 
@@ -35,6 +35,7 @@ def test_every_trainer_stops_after_the_step_trainer_0_chose():
     assert first.reason == second.reason == "SIGTERM"
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_sigterm_takes_a_final_checkpoint_that_resume_continues(tmp_path):
     ckpt = tmp_path / "ckpt"
@@ -93,6 +94,7 @@ def _until(condition, timeout_s: float) -> bool:
     return True
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX shared memory in /dev/shm")
 def test_a_sigkill_of_the_job_leaves_no_semaphores_behind(tmp_path):

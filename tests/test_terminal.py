@@ -11,9 +11,9 @@ import termios
 
 CHILD = """
 import os, sys
-from persia_planner.modules.config import TrainConfig
-from persia_planner.modules.proclogs import log_to_file
-from persia_planner.modules.terminal import progress_bar
+from persia_planner.modules.train.config import TrainConfig
+from persia_planner.modules.process_logs import log_to_file
+from persia_planner.modules.train.terminal import progress_bar
 
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # as a forked worker's stdin
 log_to_file(sys.argv[1], "trainer0")

@@ -4,7 +4,7 @@ import networkx as nx
 import pytest
 
 from persia_planner import SpecError, Topology, load_topology
-from persia_planner.topology import NodeKind, Role
+from persia_planner.topology.graph import NodeKind, Role
 
 TOPO = {
     "name": "t",
@@ -178,7 +178,7 @@ def test_errors(data, message):
 
 
 def test_constants_validate_refuses_non_finite_byte_counts():
-    from persia_planner.constants import CostConstants
+    from persia_planner.topology.cost_constants import CostConstants
 
     for bad in (float("inf"), float("nan")):
         assert CostConstants(id_bytes=bad).validate() == f"id_bytes must be a whole number of bytes > 0, got {bad}"

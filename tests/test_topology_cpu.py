@@ -7,11 +7,11 @@ import yaml
 from test_profile import raw_profile
 
 from persia_planner import SpecError, load_model, load_topology, plan
-from persia_planner.constants import CostConstants
+from persia_planner.kinds import Tier
 from persia_planner.paths import DEFAULT_MODEL
-from persia_planner.placement import Tier
-from persia_planner.profile import HardwareProfile
-from persia_planner.topology import DeviceKind
+from persia_planner.topology.cost_constants import CostConstants
+from persia_planner.topology.graph import DeviceKind
+from persia_planner.topology.profile import HardwareProfile
 
 
 def write(tmp_path, hosts: list[dict], profile: bool = True) -> str:

@@ -1,4 +1,4 @@
-"""TorchRec re-scoring (``persia_planner/torchrec_scoring.py``): TorchRec's planner and ours rated alike by its
+"""TorchRec re-scoring (``persia_planner/plan/torchrec_scoring.py``): TorchRec's planner and ours rated alike by its
 estimators, and the TorchRec baseline of ``benchmarks/planner.py`` built on them."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from persia_planner import (
     validate,
 )
 from persia_planner.paths import EXAMPLES
-from persia_planner.placement import Shard, TablePlacement
-from persia_planner.torchrec_scoring import from_sharding_options
+from persia_planner.placement.shards import Shard, TablePlacement
+from persia_planner.plan.torchrec_scoring import from_sharding_options
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_torchrec_scores_our_plan_and_its_own_consistently(forced):
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.perf_models import NoopPerfModel
 
-    from persia_planner.torchrec_scoring import (
+    from persia_planner.plan.torchrec_scoring import (
         meta_collection,
         score_with_torchrec,
         to_sharding_options,
@@ -145,6 +145,7 @@ def _baseline():
     return module
 
 
+@pytest.mark.processes
 def test_torchrec_baseline_plan_converts_and_scores():
     pytest.importorskip("torchrec")
     baseline = _baseline()
@@ -164,6 +165,7 @@ def test_torchrec_baseline_plan_converts_and_scores():
         assert 0 < result[key] < float("inf")
 
 
+@pytest.mark.processes
 def test_torchrec_baseline_reports_failure_and_timeout():
     pytest.importorskip("torchrec")
     from persia_planner.synthetic import random_model
@@ -194,8 +196,8 @@ def test_our_constraints_are_passed_on_to_torchrecs_planner():
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
-    from persia_planner.constraint_checks import constraint_problems
-    from persia_planner.torchrec_scoring import meta_collection, to_torchrec_topology, torchrec_constraints
+    from persia_planner.placement.feasibility import constraint_problems
+    from persia_planner.plan.torchrec_scoring import meta_collection, to_torchrec_topology, torchrec_constraints
 
     logging.disable(logging.WARNING)
     topology = Topology.from_dict({"name": "2x2", "hosts": [gpu_host("trainer", 2, 2)]})
@@ -229,11 +231,12 @@ def test_our_constraints_are_passed_on_to_torchrecs_planner():
     assert theirs["t1"].shards[0].cache_fraction == 0.3
 
 
+@pytest.mark.processes
 def test_torchrec_baseline_plans_for_cpu_trainers_in_their_memory_budget():
     """compute_device="cpu": TorchRec's CPU sharder's types and kernels only, every table in the ranks' DDR budget,
     and the plan converts onto a CPU topology (ranks = its trainer processes) within their memory."""
     pytest.importorskip("torchrec")
-    from persia_planner.export import TorchRecSharding
+    from persia_planner.plan.torchrec_export import TorchRecSharding
 
     baseline = _baseline()
     host = {

@@ -37,6 +37,7 @@ def run(on_start=None, **options) -> dict:
     )
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_default_job_learns_with_both_paths():
     started: list[dict[str, int]] = []
@@ -62,6 +63,7 @@ def test_default_job_learns_with_both_paths():
     assert parts["ps_wait"] + parts["push"] <= result["step_ms"] * 1.5, parts  # medians of parts, not of the sum
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_an_all_local_run_measures_its_step_breakdown():
     data = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())
@@ -80,6 +82,7 @@ def test_an_all_local_run_measures_its_step_breakdown():
     assert sum(v for k, v in parts.items() if k != "data") == pytest.approx(result["step_ms"], rel=1e-6)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(900)
 def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatch):
     # Two trainers in sync mode (K = 0): one gathered row-wise Adagrad update per id and step, so the run is
@@ -103,7 +106,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
     # A trainer state saved with another model (here: one dense weight of another shape) is refused in one line.
     import torch
 
-    from persia_planner.modules.checkpoints import MANIFEST, publish
+    from persia_planner.modules.train.job_checkpoints import MANIFEST, publish
 
     state = torch.load(tmp_path / "trainer.pt", weights_only=True)
     key = next(k for k, v in state["dense"].items() if v.dim() == 2)
@@ -133,6 +136,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         run(steps=1, checkpoint=str(tmp_path), resume=True, seed=5, **common)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -165,6 +169,7 @@ def test_cli_bad_input_is_one_line_exit_2(args, needle):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.processes
 def test_cli_model_tables_must_match_criteo_features(tmp_path):
     model = tmp_path / "m.yaml"
     model.write_text("name: m\nbatch_size: 64\ntables:\n  - {name: user, rows: 100, dim: 8}\n")
@@ -189,6 +194,7 @@ def one_line_error(args: list[str], env: dict[str, str] | None = None) -> str:
     return lines[-1]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_cli_refuses_before_training_and_reports_trainer_errors_in_one_line(tmp_path):
     quick = ["--steps", "2", "--eval-batches", "1", "--batch-size", "64"]
@@ -219,6 +225,7 @@ OPTS = ["--eval-batches", "2", "--json", "--staleness", "2", "--batch-size", "25
 FP16 = ["--ps-wire", "float16"]  # the half-size wire of a multi-machine run, exercised end to end
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
     from persia_planner.modules.data import SyntheticClicks, Teacher, to_criteo
@@ -248,6 +255,7 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
     assert Path(tmp_path / "day_0").is_file()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_same_entry_point_runs_under_torchrun(tmp_path):
     from persia_planner.modules.ps.launch import reserved_port
@@ -299,6 +307,7 @@ def _run_torchrun(torchrun: list[str], extra: list[str]) -> subprocess.Completed
     )
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
     """Criteo data that ends before --steps: the trainers train to its end, then find no held-out batches; the
@@ -349,6 +358,7 @@ HAND_EDITED = {
 }  # fmt: skip
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_a_hand_edited_plan_is_run_exactly_as_written(tmp_path):
     path = _edited_plan(tmp_path, HAND_EDITED)
@@ -368,6 +378,7 @@ def test_a_hand_edited_plan_is_run_exactly_as_written(tmp_path):
     assert result["executed_matches_plan"] is True
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_a_plan_torchrec_would_change_or_the_wrong_trainer_count_is_refused_before_training(tmp_path):
     # The same machine described with GPU-like trainers (the default describes CPU trainers, which have no DDR tier)
@@ -399,6 +410,7 @@ def _torchrun_node(port: int, extra: list[str]) -> subprocess.Popen:
     )
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
     """Two torchrun node groups on this machine run the same K = 0 job as the single launcher, step for step; with
@@ -428,6 +440,7 @@ def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
         assert multi[key] == pytest.approx(single[key], abs=1e-6), key
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_cli_logs_every_step_and_a_resume_appends(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -471,6 +484,7 @@ tables:
 """
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_a_plan_runs_with_the_staleness_wire_and_dtypes_it_was_priced_for(tmp_path):
     model = tmp_path / "m.yaml"

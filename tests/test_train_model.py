@@ -14,6 +14,8 @@ from test_train import OPTS, PERSIA, PS_TABLES, one_line_error
 
 from persia_planner.paths import DEFAULT_MODEL
 
+pytestmark = pytest.mark.processes  # every test here starts processes
+
 
 @pytest.mark.timeout(600)
 def test_cli_trains_a_dcn_with_the_given_hyper_parameters(tmp_path):

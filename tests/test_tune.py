@@ -10,10 +10,10 @@ import pytest
 
 from persia_planner import ModelSpec, load_topology
 from persia_planner.errors import PlannerError
-from persia_planner.modules import tune as tune_module
-from persia_planner.modules.tune import TuneRun, measure_candidates, tune_config
+from persia_planner.modules.tools import tune as tune_module
+from persia_planner.modules.tools.tune import TuneRun, measure_candidates, tune_config
 from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
-from persia_planner.plans import Plan
+from persia_planner.plan.plan import Plan
 
 TOPOLOGY = load_topology(DEFAULT_TOPOLOGY)
 MODEL = ModelSpec.from_dict({"batch_size": 64, "staleness": 0, "tables": [{"name": "a", "rows": 10, "dim": 4}]})
@@ -95,6 +95,7 @@ def test_a_run_is_configured_as_persia_train_would_run_the_plan():
 PERSIA = [sys.executable, "-m", "persia_planner.cli"]
 
 
+@pytest.mark.processes
 def test_tune_needs_the_topology_of_this_machine():
     done = subprocess.run([*PERSIA, "plan", "--tune"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
@@ -105,6 +106,7 @@ def test_tune_needs_the_topology_of_this_machine():
     ], done.stderr
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_persia_plan_tune_runs_the_candidates_here_and_records_them(tmp_path):
     topology = tmp_path / "roomy.yaml"

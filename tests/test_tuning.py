@@ -5,10 +5,10 @@ import json
 import pytest
 
 from persia_planner import ModelSpec, SpecError, Topology, plan
-from persia_planner.placement import Sharding
+from persia_planner.kinds import Sharding
+from persia_planner.plan.plan import Plan
+from persia_planner.plan.tuning import MeasuredCandidate, Tuning, fastest
 from persia_planner.planner import candidate_plans
-from persia_planner.plans import Plan
-from persia_planner.tuning import MeasuredCandidate, Tuning, fastest
 
 RECORD = Tuning(
     "whole tables",

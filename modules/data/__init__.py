@@ -7,11 +7,9 @@ The file readers share their sharding across trainers and DataLoader workers (:m
 takes TorchRec's ``Batch`` too.
 """
 
-from .batch import Batch, as_batch, as_batches
-from .criteo import FEATURE_NAMES, CriteoReader
-from .criteo_format import write_criteo
-from .synthetic import SyntheticClicks, Teacher, teacher_auc, to_criteo
-from .tabular import TabularReader, hash_ids
+from __future__ import annotations
+
+from persia_planner.modules.lazy_exports import lazy_exports
 
 __all__ = [
     "FEATURE_NAMES",
@@ -27,3 +25,21 @@ __all__ = [
     "to_criteo",
     "write_criteo",
 ]
+
+_HOMES = {
+    "Batch": "persia_planner.modules.data.batch",
+    "CriteoReader": "persia_planner.modules.data.criteo",
+    "FEATURE_NAMES": "persia_planner.modules.data.criteo",
+    "SyntheticClicks": "persia_planner.modules.data.synthetic",
+    "TabularReader": "persia_planner.modules.data.tabular",
+    "Teacher": "persia_planner.modules.data.synthetic",
+    "as_batch": "persia_planner.modules.data.batch",
+    "as_batches": "persia_planner.modules.data.batch",
+    "hash_ids": "persia_planner.modules.data.tabular",
+    "teacher_auc": "persia_planner.modules.data.synthetic",
+    "to_criteo": "persia_planner.modules.data.synthetic",
+    "write_criteo": "persia_planner.modules.data.criteo_format",
+}
+
+
+__getattr__ = lazy_exports(__name__, _HOMES)

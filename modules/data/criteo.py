@@ -20,11 +20,18 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import SpecError
-
-from ..config import FEATURE_NAMES
-from .batch import Batch
-from .criteo_format import BadField, Block, parse_chunk
-from .shards import Failure, Shard, ShardStream, assign, line_number, merged_batches, text_chunks, text_shards
+from persia_planner.modules.data.batch import Batch
+from persia_planner.modules.data.criteo_format import FEATURE_NAMES, BadField, Block, parse_chunk
+from persia_planner.modules.data.shards import (
+    Failure,
+    Shard,
+    ShardStream,
+    assign,
+    line_number,
+    merged_batches,
+    text_chunks,
+    text_shards,
+)
 
 __all__ = ["FEATURE_NAMES", "Batch", "CriteoReader"]
 

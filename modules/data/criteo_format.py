@@ -26,16 +26,19 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from persia_planner.errors import SpecError
+from persia_planner.model.dense import DLRM_NUM_DENSE
 
-from ..config import FEATURE_NAMES, NUM_CRITEO_DENSE
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "CATEGORICAL_COLUMNS",
+    "FEATURE_NAMES",
     "INTEGER_COLUMNS",
     "NUM_CATEGORICAL",
     "NUM_INTEGER",
@@ -45,7 +48,10 @@ __all__ = [
     "write_criteo",
 ]
 
-NUM_INTEGER = NUM_CRITEO_DENSE  # I1..I13
+FEATURE_NAMES = tuple(f"c{i}" for i in range(1, 27))
+"""The 26 categorical columns C1..C26, as the KeyedJaggedTensor's keys."""
+NUM_INTEGER = DLRM_NUM_DENSE
+"""The integer columns I1..I13: the dense inputs of the DLRM that model.yaml describes by default."""
 NUM_CATEGORICAL = len(FEATURE_NAMES)  # c1..c26: the KJT keys of the categorical columns
 NUM_COLUMNS = 1 + NUM_INTEGER + NUM_CATEGORICAL
 INTEGER_COLUMNS = tuple(f"I{i}" for i in range(1, NUM_INTEGER + 1))
@@ -239,18 +245,18 @@ def write_criteo(
     """
 
     def rows_of(values, width: int, missing) -> list[list[int | None]]:
-        if isinstance(values, torch.Tensor):
+        if hasattr(values, "numpy"):  # a torch.Tensor, read without importing torch
             values = values.numpy()
         rows = [list(r) for r in (values.tolist() if isinstance(values, np.ndarray) else values)]
         if missing is not None:
-            mask = missing.numpy() if isinstance(missing, torch.Tensor) else np.asarray(missing)
+            mask = missing.numpy() if hasattr(missing, "numpy") else np.asarray(missing)
             rows = [[None if m else v for v, m in zip(r, mr, strict=True)] for r, mr in zip(rows, mask, strict=True)]
         for i, r in enumerate(rows):
             if len(r) != width:
                 raise SpecError(str(path), f"row {i}", f"expected {width} values, got {len(r)}")
         return rows
 
-    label_list = labels.tolist() if isinstance(labels, np.ndarray | torch.Tensor) else list(labels)
+    label_list = labels.tolist() if hasattr(labels, "tolist") else list(labels)
     int_rows = rows_of(ints, NUM_INTEGER, int_missing)
     cat_rows = rows_of(cats, NUM_CATEGORICAL, cat_missing)
     if not len(label_list) == len(int_rows) == len(cat_rows):

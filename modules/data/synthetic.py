@@ -30,28 +30,18 @@ from torchmetrics.functional.classification import binary_auroc
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import SpecError
-
-from .criteo import FEATURE_NAMES, Batch
-from .criteo_format import NUM_CATEGORICAL, NUM_INTEGER, write_criteo
+from persia_planner.modules.data.criteo import FEATURE_NAMES, Batch
+from persia_planner.modules.data.criteo_format import NUM_CATEGORICAL, NUM_INTEGER, write_criteo
+from persia_planner.modules.hashing import GOLDEN_GAMMA, splitmix64
 
 __all__ = ["ZIPF_ALPHA", "SyntheticClicks", "Teacher", "teacher_auc", "to_criteo"]
 
 ZIPF_ALPHA = 1.05  # the default skew of every feature's ids (a model.yaml table's zipf_alpha describes the same)
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(GOLDEN_GAMMA)
 _DENSE_LOG_MEAN = 1.5  # log-normal counts: log1p(count) is roughly N(1.5, 1.2); max count stays ~1e4, exact in f32
 _DENSE_LOG_STD = 1.2
 _CALIBRATION_SAMPLES = 1 << 15
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser on uint64 arrays (wrapping arithmetic): a cheap, well-mixed hash."""
-    x = x + _GOLDEN
-    x = (x ^ (x >> np.uint64(30))) * _MUL1
-    x = (x ^ (x >> np.uint64(27))) * _MUL2
-    return x ^ (x >> np.uint64(31))
 
 
 def _unit(h: np.ndarray) -> np.ndarray:
@@ -100,7 +90,7 @@ class Teacher:
         # Head weights: N(0, 1/dim) per feature makes each feature's per-id score ~N(0, 1) before scaling.
         object.__setattr__(self, "_w", rng.normal(0.0, 1.0 / math.sqrt(self.dim), (len(self.features), self.dim)))
         object.__setattr__(self, "_v", rng.normal(0.0, 1.0, self.num_dense))
-        salts = _splitmix64(np.arange(2 * len(self.features), dtype=np.uint64) + np.uint64(self.seed * 1_000_003))
+        salts = splitmix64(np.arange(2 * len(self.features), dtype=np.uint64) + np.uint64(self.seed * 1_000_003))
         object.__setattr__(self, "_id_salt", salts[: len(self.features)])
         object.__setattr__(self, "_emb_salt", salts[len(self.features) :])
         object.__setattr__(self, "_cdfs", {})
@@ -126,7 +116,7 @@ class Teacher:
         """The int64 ids (non-negative, 63-bit) of popularity ranks (0 = most frequent) of ``feature``."""
         f = self.features.index(feature)
         ranks = np.asarray(ranks, dtype=np.uint64)
-        return (_splitmix64(ranks ^ self._id_salt[f]) >> np.uint64(1)).astype(np.int64)
+        return (splitmix64(ranks ^ self._id_salt[f]) >> np.uint64(1)).astype(np.int64)
 
     def expected_share(self, feature: str, top_k: int) -> float:
         """Expected fraction of ``feature``'s lookups that hit its ``top_k`` most frequent ids."""
@@ -142,9 +132,9 @@ class Teacher:
     def embeddings(self, feature: str, ids: np.ndarray) -> np.ndarray:
         """``[len(ids), dim]`` float64 teacher embeddings (a pure function of seed, feature and id)."""
         f = self.features.index(feature)
-        h = _splitmix64(np.asarray(ids, dtype=np.int64).view(np.uint64)[:, None] ^ self._emb_salt[f])
-        h = _splitmix64(h + np.arange(self.dim, dtype=np.uint64)[None, :] * _GOLDEN)
-        u1, u2 = _unit(h), _unit(_splitmix64(h))
+        h = splitmix64(np.asarray(ids, dtype=np.int64).view(np.uint64)[:, None] ^ self._emb_salt[f])
+        h = splitmix64(h + np.arange(self.dim, dtype=np.uint64)[None, :] * _GOLDEN)
+        u1, u2 = _unit(h), _unit(splitmix64(h))
         return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)  # Box-Muller: standard normal
 
     def _raw_score(self, dense: np.ndarray, lengths: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> np.ndarray:

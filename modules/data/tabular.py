@@ -1,5 +1,5 @@
 """Parquet and CSV click logs through pyarrow -> :class:`Batch` streams, mapped by a
-:class:`~persia_planner.specs.DataSchema` (model.yaml's ``data:``).
+:class:`~persia_planner.model.specs.DataSchema` (model.yaml's ``data:``).
 
 Parquet files are read a row group at a time (``ParquetFile.iter_batches``, only the schema's columns), CSV files a
 byte range at a time (the header's names, every chunk parsed by ``pyarrow.csv``; a row must not hold a newline
@@ -23,24 +23,25 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from persia_planner.errors import SpecError
-from persia_planner.specs import DataSchema, SparseColumn
-
-from .batch import Batch
-from .shards import Failure, Shard, ShardStream, assign, merged_batches, parquet_shards, text_chunks, text_shards
+from persia_planner.errors import SpecError, first_line
+from persia_planner.model.specs import DataSchema, SparseColumn
+from persia_planner.modules.data.batch import Batch
+from persia_planner.modules.data.shards import (
+    Failure,
+    Shard,
+    ShardStream,
+    assign,
+    merged_batches,
+    parquet_shards,
+    text_chunks,
+    text_shards,
+)
+from persia_planner.modules.hashing import splitmix64
 
 __all__ = ["TabularReader", "hash_ids"]
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on uint64 (wrapping arithmetic): spreads nearby ids over all 64 bits."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 def _hash_strings(array: Any) -> np.ndarray:
@@ -60,7 +61,7 @@ def _hash_strings(array: Any) -> np.ndarray:
     for i in range(int(lengths.max(initial=0))):
         live = live[lengths[live] > i]
         h[live] = (h[live] ^ data[starts[live] + i].astype(np.uint64)) * _FNV_PRIME
-    return _splitmix64(h)
+    return splitmix64(h)
 
 
 def hash_ids(array: Any) -> np.ndarray:
@@ -80,7 +81,7 @@ def hash_ids(array: Any) -> np.ndarray:
         return np.zeros(len(array), dtype=np.int64)
     if pa.types.is_integer(array.type):
         bits = pc.cast(array, pa.int64(), safe=False).to_numpy(zero_copy_only=False).view(np.uint64)
-        return _splitmix64(bits).view(np.int64)
+        return splitmix64(bits).view(np.int64)
     return _hash_strings(array).view(np.int64)
 
 
@@ -222,7 +223,7 @@ class _ReadParquet:
         except _BadValue as err:
             yield Failure(f"{shard.path} (row group {shard.row_group})", err.column, err.problem)
         except (OSError, ValueError, TypeError) as err:  # pyarrow's errors subclass these
-            yield Failure(f"{shard.path} (row group {shard.row_group})", "", _first_line(err))
+            yield Failure(f"{shard.path} (row group {shard.row_group})", "", first_line(err))
 
 
 @dataclass(frozen=True)
@@ -252,12 +253,8 @@ class _ReadCsv:
                 yield Failure(f"{shard.path} (bytes from {offset})", err.column, err.problem)
                 return
             except (OSError, ValueError, TypeError) as err:
-                yield Failure(f"{shard.path} (bytes from {offset})", "", _first_line(err))
+                yield Failure(f"{shard.path} (bytes from {offset})", "", first_line(err))
                 return
-
-
-def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 class TabularReader:

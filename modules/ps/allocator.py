@@ -2,8 +2,8 @@
 
 Two halves, because glibc takes some settings only at process start: :func:`allocator_env` is the environment to start
 a server or trainer with (:func:`.launch.local_cluster` does), :func:`tune_allocator` what a running process can
-still change (``mallopt``; :func:`.server.serve` and :func:`.trainer.connect` call it). ``PS_TUNE_MALLOC=0`` turns
-both off. Nothing here depends on torch: other platforms simply skip it.
+still change (``mallopt``; :func:`.server.serve` and :func:`persia_planner.modules.ps.connection.connect` call it).
+``PS_TUNE_MALLOC=0`` turns both off. Nothing here depends on torch: other platforms simply skip it.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ def tune_allocator() -> bool:
     6.6 MB answer of a 64k-id batch), and the RPC agent's worker threads each warm their own arena. One
     arena, ``malloc`` up to 32 MiB from the heap and trimming only above 256 MiB of free heap make the buffers of
     the previous request serve the next one. Larger allocations (the stores' tables) are still mapped lazily.
-    Call it before the process starts threads (``init_rpc``); :func:`.server.serve` and :func:`.trainer.connect` do.
-    Returns whether it applied (False on a non-glibc platform or if ``PS_TUNE_MALLOC=0``).
+    Call it before the process starts threads (``init_rpc``); :func:`.server.serve` and
+    :func:`persia_planner.modules.ps.connection.connect` do. Returns whether it applied (False on a non-glibc platform
+    or if ``PS_TUNE_MALLOC=0``).
     """
     global _tuned
     if _tuned:

@@ -25,7 +25,8 @@ operation and the table. Errors the server reports (unknown table, conflicting c
 ``RemoteFailure`` value, see :mod:`.protocol`) are raised as :class:`~.protocol.PsServerError`.
 
 Requests are :mod:`.protocol`'s functions: the client knows the servers only by name and protocol. A process joins
-the group and gets a client with :func:`.trainer.connect` or :func:`.trainer.joined`.
+the group and gets a client with :func:`persia_planner.modules.ps.connection.connect` or
+:func:`persia_planner.modules.ps.connection.joined`.
 """
 
 from __future__ import annotations
@@ -43,11 +44,9 @@ import torch.distributed.rpc as rpc
 from torch.futures import Future
 
 from persia_planner.errors import PlannerError
-
-from . import kernels, protocol
-from .checkpoint import commit, prune, read_latest
-from .delay import DelayScheduler
-from .protocol import (
+from persia_planner.modules.ps import kernels, protocol
+from persia_planner.modules.ps.delay import DelayScheduler
+from persia_planner.modules.ps.protocol import (
     PsServerError,
     PsUnavailableError,
     RemoteFailure,
@@ -56,7 +55,8 @@ from .protocol import (
     check_wire_dtype,
     server_index,
 )
-from .sharding import server_of
+from persia_planner.modules.ps.sharding import server_of
+from persia_planner.modules.ps.table_checkpoints import commit, prune, read_latest
 
 __all__ = ["PsClient", "distinct_ids"]
 
@@ -435,7 +435,8 @@ class PsClient:
 
         Args:
             directory: The checkpoint directory.
-            keep: If set, then delete all but the ``keep`` newest committed versions (:func:`.checkpoint.prune`).
+            keep: If set, then delete all but the ``keep`` newest committed versions
+                (:func:`persia_planner.modules.ps.table_checkpoints.prune`).
         """
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
@@ -460,8 +461,8 @@ class PsClient:
         serving replicas: :func:`.deltas.apply_deltas`); returns the number of rows dumped.
 
         ``sequence`` must be above the previous dump's (after :meth:`load`: above the checkpoint's
-        ``delta_sequence``, from :func:`.checkpoint.read_latest`); a restored server's first dump removes the deltas
-        it wrote after that point in the run that was rolled back.
+        ``delta_sequence``, from :func:`persia_planner.modules.ps.table_checkpoints.read_latest`); a restored server's
+        first dump removes the deltas it wrote after that point in the run that was rolled back.
 
         Raises:
             PsServerError: ``sequence`` is not above a server's last dump.

@@ -2,7 +2,8 @@
 
 :func:`dump_incremental` writes the rows each store marked dirty (inserted or updated) since its previous dump to
 ``delta-{sequence:08d}.server{i}.pt``, atomically (:mod:`.atomic`). A replica folds a base checkpoint
-(:func:`.checkpoint.read_latest`, :func:`.checkpoint.load_rows`) and the deltas with :func:`apply_deltas`::
+(:func:`persia_planner.modules.ps.table_checkpoints.read_latest`,
+:func:`persia_planner.modules.ps.table_checkpoints.load_rows`) and the deltas with :func:`apply_deltas`::
 
     info = read_latest(ckpt_dir)
     rows = load_rows(ckpt_dir, server=i, n_servers=n)
@@ -30,10 +31,10 @@ from typing import Any
 
 import torch
 
-from ..atomic import atomic_torch_save
-from .protocol import unreadable
-from .sharding import server_of
-from .store import EmbeddingStore
+from persia_planner.modules.atomic import atomic_torch_save
+from persia_planner.modules.ps.protocol import unreadable
+from persia_planner.modules.ps.sharding import server_of
+from persia_planner.modules.ps.store import EmbeddingStore
 
 __all__ = ["DELTA_FORMAT", "apply_deltas", "dump_incremental", "list_deltas"]
 
@@ -120,14 +121,15 @@ def apply_deltas(
     """Fold deltas into base rows: the latest weights of every id (what a serving replica holds).
 
     Args:
-        rows: Table -> ``{"ids", "weights"[, "state"]}`` base (e.g. from :func:`.checkpoint.load_rows`; may be
-            empty).
+        rows: Table -> ``{"ids", "weights"[, "state"]}`` base (e.g. from
+            :func:`persia_planner.modules.ps.table_checkpoints.load_rows`; may be empty).
         deltas: A delta directory (its files with ``after < sequence <= upto`` are applied in order) or explicit
             delta paths, applied in the given order.
-        after: See ``deltas``; pass the checkpoint's ``delta_sequence`` (:func:`.checkpoint.read_latest`).
+        after: See ``deltas``; pass the checkpoint's ``delta_sequence``
+            (:func:`persia_planner.modules.ps.table_checkpoints.read_latest`).
         upto: See ``deltas``.
         server: With ``n_servers``, keep only the ids this replica shard owns (re-sharding, as in
-            :func:`.checkpoint.load_rows`).
+            :func:`persia_planner.modules.ps.table_checkpoints.load_rows`).
         n_servers: See ``server``.
 
     Returns:

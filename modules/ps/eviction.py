@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .index import HashIndex, as_ids
-from .policies import Eviction
+from persia_planner.modules.ps.index import HashIndex, as_ids
+from persia_planner.modules.ps.policies import Eviction
 
 __all__ = ["EvictionLog", "choose_victims"]
 

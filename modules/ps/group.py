@@ -6,7 +6,7 @@ Servers and trainers alike are ``torch.distributed.rpc`` workers (TensorPipe bac
   the store connection bounded by the RPC timeout (torch's own waits 30 minutes and takes no timeout), after
   waiting for rank 0 to listen; a group that does not come together fails in one line naming the address. Rank 0
   hosts the store on ``MASTER_ADDR`` only (:func:`host_store`), and TensorPipe listens on loopback when that
-  address is a loopback one (:func:`~persia_planner.modules.rpcenv.listen_on_loopback_if_asked`).
+  address is a loopback one (:func:`~persia_planner.modules.rpc_environment.listen_on_loopback_if_asked`).
 * Leaving (:func:`leave_group`): the graceful ``rpc.shutdown()`` returns once every worker reached its own; a worker
   that died or hangs would keep it waiting forever, so meanwhile every other worker is pinged, and a lost one ends
   the wait with :class:`~.protocol.PeerLostError` naming it.
@@ -32,9 +32,8 @@ import torch.distributed
 import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
-
-from ..rpcenv import listen_on_loopback_if_asked, master_address, rpc_transports
-from .protocol import PeerLostError
+from persia_planner.modules.ps.protocol import PeerLostError
+from persia_planner.modules.rpc_environment import listen_on_loopback_if_asked, master_address, rpc_transports
 
 __all__ = [
     "DEFAULT_PEER_TIMEOUT_S",
@@ -219,7 +218,7 @@ def leave_group(*, peer_timeout_s: float | None = DEFAULT_PEER_TIMEOUT_S, is_ser
     One that did not answer within ``peer_timeout_s / 2`` is asked again ``peer_timeout_s / 2`` (at least 5 s)
     later, unless the shutdown completed meanwhile (a worker that has just shut down also stops answering); if it
     fails again this worker gives up. :func:`.server.serve` ends with it; a trainer does through
-    :func:`.trainer.joined`.
+    :func:`persia_planner.modules.ps.connection.joined`.
 
     Args:
         peer_timeout_s: Give up on a worker that stopped answering after this long (seconds); None or 0: wait for

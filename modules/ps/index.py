@@ -18,8 +18,9 @@ import mmap
 
 import torch
 
-from . import kernels
-from .kernels import EMPTY, SLOT_BITS
+from persia_planner.modules.hashing import MASK63, mix64_tensor
+from persia_planner.modules.ps import kernels
+from persia_planner.modules.ps.kernels import EMPTY, SLOT_BITS
 
 __all__ = ["HUGE_PAGES_MIN_BYTES", "TOMBSTONE", "HashIndex", "as_ids", "hash_ids", "table_empty"]
 
@@ -27,27 +28,9 @@ TOMBSTONE = -2  # a bucket whose row was evicted: probes continue past it, inser
 _SLOT_BITS = int(SLOT_BITS)
 
 
-def _signed(c: int) -> int:
-    """A uint64 constant as the int64 with the same bits (torch has no uint64 arithmetic)."""
-    return c - (1 << 64) if c >= 1 << 63 else c
-
-
-_MIX1 = _signed(0xBF58476D1CE4E5B9)
-_MIX2 = _signed(0x94D049BB133111EB)
-
-
-def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
-    # torch's >> on int64 is arithmetic; mask the sign-extended bits to get the logical shift of the uint64 pattern.
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
 def hash_ids(ids: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finaliser on the uint64 bit pattern (int64 multiplication wraps modulo 2**64)."""
-    x = ids ^ _shr(ids, 30)
-    x = x * _MIX1
-    x = x ^ _shr(x, 27)
-    x = x * _MIX2
-    return (x ^ _shr(x, 31)) & (2**63 - 1)
+    """splitmix64's finaliser of the uint64 bit patterns, top bit cleared (:mod:`..hashing`)."""
+    return mix64_tensor(ids) & MASK63
 
 
 def as_ids(ids: torch.Tensor) -> torch.Tensor:

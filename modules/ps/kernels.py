@@ -42,6 +42,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from persia_planner.modules.hashing import GOLDEN_GAMMA, mix64_scalar
+
 __all__ = [
     "EMPTY",
     "F16C",
@@ -62,13 +64,7 @@ _MASK63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 @numba.njit(cache=True, nogil=True, inline="always")
 def _splitmix63(key: np.int64) -> np.int64:
     # splitmix64's finaliser on the uint64 bit pattern, top bit cleared: index.hash_ids, element by element.
-    x = np.uint64(key)
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    x = x ^ (x >> np.uint64(31))
-    return np.int64(x & _MASK63)
+    return np.int64(mix64_scalar(np.uint64(key)) & _MASK63)
 
 
 @intrinsic
@@ -224,7 +220,7 @@ def _dedup(ids, uniq, inverse, bits):  # pragma: no cover - compiled
     count = 0
     for i in range(n):
         key = ids[i]
-        p = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+        p = np.int64((np.uint64(key) * np.uint64(GOLDEN_GAMMA)) >> shift)
         while True:
             j = table[p]
             if j < 0:

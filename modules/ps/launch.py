@@ -1,11 +1,11 @@
 """Run a small parameter-server cluster on localhost: ``n_servers`` servers and ``n_clients`` trainer processes.
 
-Rank layout (what :func:`.server.serve` and :func:`.trainer.connect` assume): servers ``0 .. n_servers-1`` named
-``ps{i}``, trainers ``n_servers + j`` named ``trainer{j}``. Every process is forked from a ``forkserver`` that has
-imported the modules once (:func:`_context`; no fork of a parent that may hold threads or an RPC agent), takes the
-launching process's environment, and rendezvous at ``127.0.0.1`` in a TCPStore that the launching process hosts
-before any of them starts (:func:`hosted_store`, torchrun's agent-store convention). Every socket of the job listens
-on loopback only: the store, the RPC agents (TensorPipe) and the trainers' gloo pairs.
+Rank layout (what :func:`.server.serve` and :func:`persia_planner.modules.ps.connection.connect` assume): servers ``0 ..
+n_servers-1`` named ``ps{i}``, trainers ``n_servers + j`` named ``trainer{j}``. Every process is forked from a
+``forkserver`` that has imported the modules once (:func:`_context`; no fork of a parent that may hold threads or an RPC
+agent), takes the launching process's environment, and rendezvous at ``127.0.0.1`` in a TCPStore that the launching
+process hosts before any of them starts (:func:`hosted_store`, torchrun's agent-store convention). Every socket of the
+job listens on loopback only: the store, the RPC agents (TensorPipe) and the trainers' gloo pairs.
 
 Each trainer runs ``fn(trainer_index, client, *args)`` and sends its return value (or its traceback) back through a
 queue; the trainers may synchronise with each other through :func:`barrier`. After all trainers reported, the
@@ -28,16 +28,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import multiprocessing.connection as mp_connection
 import multiprocessing.forkserver as mp_forkserver
 import os
-import pickle
-import queue
-import re
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -45,20 +40,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from persia_planner.errors import Interrupted, PlannerError
-
-from ..rpcenv import listen_on_loopback_if_asked, master_address
-from ..stopping import request_stop
-from .allocator import allocator_env
-from .group import DEFAULT_PEER_TIMEOUT_S, host_store
-from .lifecycle import Stop, StopOnSignals, quiet_cpp_logs, stop_processes
-from .progress import NOT_STARTED, ProgressWatch
-from .protocol import check_wire_dtype, server_name
-from .workers import barrier, describe_exit, server_main, trainer_main, use_hosted_store
+from persia_planner.errors import Interrupted
+from persia_planner.modules.ps.allocator import allocator_env
+from persia_planner.modules.ps.group import DEFAULT_PEER_TIMEOUT_S, host_store
+from persia_planner.modules.ps.lifecycle import Stop, StopOnSignals, quiet_cpp_logs, stop_processes
+from persia_planner.modules.ps.local_job import LocalJob, Waits
+from persia_planner.modules.ps.protocol import check_wire_dtype
+from persia_planner.modules.ps.workers import barrier, use_hosted_store
+from persia_planner.modules.rpc_environment import listen_on_loopback_if_asked, master_address
 
 __all__ = [
-    "POLL_S",
-    "TrainerError",
     "barrier",
     "hosted_store",
     "local_cluster",
@@ -69,24 +60,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-POLL_S = 1.0
-"""How often the launcher looks at its workers (exits, progress) while it waits for the trainers' results."""
-
-
-class TrainerError(PlannerError):
-    """A trainer's ``fn`` raised (or the run failed). The message is one line, the trainer's exception;
-    ``detail`` holds its traceback (also appended to the message when ``PERSIA_DEBUG`` is set).
-
-    Attributes:
-        detail: The trainer's traceback, if any.
-        internal: True when the trainer's exception was not a ``PlannerError`` (a bug, not bad input).
-    """
-
-    def __init__(self, message: str, detail: str = "", internal: bool = False, fixes: tuple[str, ...] = ()) -> None:
-        self.detail, self.internal = detail, internal
-        shown = f"{message}\n{detail}" if detail and os.environ.get("PERSIA_DEBUG") else message
-        super().__init__(shown, fixes=fixes)
 
 
 @contextlib.contextmanager
@@ -146,46 +119,6 @@ def trainers_prefix(environ: Mapping[str, str]) -> str:
     """The trainers' namespace in the job's store (:func:`trainers_store`) for a process with ``environ``."""
     run, restart = environ.get("TORCHELASTIC_RUN_ID", ""), environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"persia-trainers-{run}-{restart}"
-
-
-def _lost(servers: list[Any], trainers: list[Any], reported: set[int]) -> str:
-    """The workers that ended while the trainers were still running (``""``: none): a trainer that ended before it
-    reported, or any server (servers end only after the trainers are done)."""
-    ended = [p for p in servers if p.exitcode is not None]
-    ended += [p for j, p in enumerate(trainers) if p.exitcode is not None and j not in reported]
-    return ", ".join(describe_exit(p.name, p.exitcode) for p in ended)
-
-
-def _killed(procs: list[Any]) -> dict[str, str]:
-    """The workers a signal killed: name -> how (``ps0 was killed (SIGKILL)``)."""
-    return {p.name: describe_exit(p.name, p.exitcode) for p in procs if p.exitcode is not None and p.exitcode < 0}
-
-
-# What a trainer reports when a peer of its process group went away: the consequence of that peer's failure.
-_PEER_LOST = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|\[gloo\].*(closed|reset)", re.IGNORECASE
-)
-
-
-def _first_cause(failed: list[tuple[int, Any, float]]) -> tuple[int, Any, float]:
-    """Of the trainers that failed (index, (message, traceback, internal), when reported), the one whose failure
-    caused the others': the first to report that did not only lose a peer (a trainer that stops on bad data makes
-    the others' collectives fail), else the first to report."""
-    causes = [f for f in failed if not _PEER_LOST.search(str(f[1][0]))]
-    return min(causes or failed, key=lambda f: (f[2], f[0]))
-
-
-def _killed_within(procs: list[Any], timeout_s: float) -> dict[str, str]:
-    """:func:`_killed` of ``procs``, waiting up to ``timeout_s`` for one to end (the fork server reports a child's
-    end a moment after the others saw its connections reset)."""
-    deadline = time.monotonic() + timeout_s
-    while not (killed := _killed(procs)):
-        running = [p.sentinel for p in procs if p.exitcode is None]
-        left = deadline - time.monotonic()
-        if not running or left <= 0:
-            break
-        mp_connection.wait(running, timeout=left)  # wakes when one of them ends
-    return killed
 
 
 def _context(fn: Callable[..., Any]) -> Any:
@@ -313,14 +246,15 @@ def local_cluster(
         end_on_lost_server: A server that ends while the trainers run ends the job, naming it (a server lost while
             the group forms would otherwise keep the others in the rendezvous for ``rpc_timeout_s``). False: leave
             it to the trainers' requests (for trainers that kill a server on purpose).
-        log_dir: Each worker writes its output and logging to ``log_dir/<name>.log`` (:mod:`..proclogs`); what
-            reaches the terminal stays as without it.
+        log_dir: Each worker writes its output and logging to ``log_dir/<name>.log``
+            (:mod:`persia_planner.modules.process_logs`); what reaches the terminal stays as without it.
 
     Returns:
         The trainers' return values, in trainer order.
 
     Raises:
-        TrainerError: A trainer raised (first in trainer order), hung, or the run timed out.
+        TrainerError: A trainer raised (first in trainer order), hung, or the run timed out
+            (:class:`persia_planner.modules.ps.local_job.TrainerError`).
         Interrupted: SIGINT or SIGTERM reached this process; the workers were stopped first. After a drain in
             which every trainer reported, its ``results`` are the trainers' return values.
     """
@@ -328,146 +262,32 @@ def local_cluster(
         raise ValueError(f"need servers >= 0 and at least one client, got {n_servers} and {n_clients}")
     check_wire_dtype(wire_dtype)
     ctx = _context(fn)
-    world_size = n_servers + n_clients
     tuning = allocator_env() | quiet_cpp_logs()
     environ = dict(os.environ) | tuning
     _restart_forkserver_unless(tuple(environ.get(name) for name in sorted(tuning)))
     _tracker_in_own_session()  # before the job's semaphores: a SIGKILL of the job must not leave them behind
+    waits = Waits(run_timeout_s, shutdown_timeout_s, failure_grace_s, drain_s, end_on_lost_server)
     stopped: list[int] = []  # how many workers were running when a signal stopped the job
     try:
         with (
             StopOnSignals(defer_first=drain_s > 0).installed() as signals,
             hosted_store(max(timeout_s, run_timeout_s)) as port,
         ):
-            results = ctx.Queue()
-            trainer_barrier = ctx.Barrier(n_clients)
-            progress = ctx.RawArray("q", [NOT_STARTED] * n_clients)
-            watch = ProgressWatch(progress, hang_timeout_s)
-            servers = [
-                ctx.Process(
-                    target=server_main,
-                    args=(i, world_size, port, rpc_timeout_s, (log_level, log_dir), environ, results),
-                    name=server_name(i),
-                    daemon=True,
-                )
-                for i in range(n_servers)
-            ]
-            trainers = [
-                ctx.Process(
-                    target=trainer_main,
-                    args=(
-                        j,
-                        n_servers,
-                        world_size,
-                        port,
-                        (timeout_s, rpc_timeout_s, (log_level, log_dir), delay_ms, wire_dtype),
-                        results,
-                        (trainer_barrier, progress),
-                        fn,
-                        args,
-                        environ,
-                    ),
-                    name=f"trainer{j}",
-                    daemon=True,
-                )
-                for j in range(n_clients)
-            ]
-            procs = servers + trainers
-            # The children inherit the environment at start: give them the allocator setting that keeps request buffers
-            # warm (see allocator.allocator_env) and the C++ log level (lifecycle.quiet_cpp_logs), without changing
-            # this process's environment for longer than the start. Only these settings change, and only then.
-            before = {name: os.environ.get(name) for name in tuning}
-            outcome: dict[int, tuple[bool, Any, float]] = {}  # trainer -> (ok, value, when reported)
-            draining: int | None = None  # the signal that asked the trainers to stop together
+            client = (timeout_s, rpc_timeout_s, (log_level, log_dir), delay_ms, wire_dtype)
+            job = LocalJob.of(
+                ctx, n_servers, n_clients, (fn, args), (port, trainers_prefix(environ)), environ, client, hang_timeout_s
+            )
             try:
-                try:
-                    os.environ.update(tuning)
-                    with signals.held():
-                        for p in procs:
-                            p.start()  # may raise (e.g. fn or args do not pickle): the ones started are killed below
-                finally:
-                    for name, value in before.items():
-                        if value is None:
-                            os.environ.pop(name, None)
-                        else:
-                            os.environ[name] = value
-                if on_start is not None:
-                    on_start({p.name: p.pid for p in procs})
-                deadline = time.monotonic() + run_timeout_s
-                given_up = False
-                killed: dict[str, str] = {}  # name -> how, of the workers killed when the first failure came
-                while len(outcome) < n_clients:
-                    if draining is None and signals.received is not None and drain_s > 0:
-                        # Asked to stop: the trainers stop together at a step they agree on, and report as usual.
-                        draining = signals.received
-                        deadline = time.monotonic() + drain_s
-                        request_stop("127.0.0.1", port, trainers_prefix(environ), signal.Signals(draining).name)
-                    failed_at = [t for ok, _value, t in outcome.values() if not ok]
-                    if failed_at and time.monotonic() > min(failed_at) + failure_grace_s:
-                        given_up = True  # the rest are killed below; the failure is raised after
-                        break
-                    try:
-                        who, ok, value = results.get(timeout=min(POLL_S, failure_grace_s) if failed_at else POLL_S)
-                    except queue.Empty:
-                        # A worker that ends before the trainers reported (killed, or failed to join the group) would
-                        # otherwise leave us waiting for the trainers' timeouts, or the whole run_timeout_s.
-                        # (After a trainer's failure, what ends is its consequence: that failure is reported.)
-                        lost = "" if failed_at else _lost(servers if end_on_lost_server else [], trainers, set(outcome))
-                        if failed_at and all(
-                            p.exitcode is not None for j, p in enumerate(trainers) if j not in outcome
-                        ):
-                            given_up = True  # the grace is for trainers that may still report: none is left
-                            break
-                        if draining is not None and not lost and time.monotonic() > deadline:
-                            raise signals.stop(draining) from None  # the trainers did not stop in time
-                        if lost or time.monotonic() > deadline:
-                            why = lost or f"the trainers did not finish within {run_timeout_s:g} s"
-                            raise TrainerError(f"local cluster failed: {why}") from None
-                        stall = watch.check(
-                            [(p.name, p.pid) for p in trainers], [(p.name, p.pid) for p in servers], set(outcome)
-                        )
-                        if stall is not None:
-                            raise TrainerError(stall.message, fixes=stall.fixes) from None
-                        continue
-                    if isinstance(who, str):  # a server failed (a trainer's failure follows from it)
-                        if failed_at:
-                            continue  # it failed after a trainer did, and because of it: the trainer's is reported
-                        message, tb, internal = value
-                        # A worker killed meanwhile is what it failed of (the rendezvous or a request reports only
-                        # a reset connection): name that one.
-                        killed = _killed_within([p for p in procs if p.name != who], POLL_S)
-                        if killed:
-                            raise TrainerError(
-                                f"local cluster failed: {', '.join(killed.values())}", detail=tb
-                            ) from None
-                        raise TrainerError(f"{who} failed: {message}", detail=tb, internal=internal) from None
-                    if not ok and not failed_at:
-                        killed = _killed_within([p for j, p in enumerate(trainers) if j != who] + servers, POLL_S)
-                    outcome[who] = (ok, value, time.monotonic())
-                # Graceful shutdown needs every worker; once a server died it cannot complete, so do not wait for it.
-                server_died = any(p.exitcode not in (None, 0) for p in servers)
-                grace = time.monotonic() + (0.0 if server_died or given_up else shutdown_timeout_s)
-                for p in procs:
-                    p.join(max(0.0, grace - time.monotonic()))
+                job.start(tuning, signals, on_start)
+                job.await_trainers(signals, waits)
+                job.shut_down(waits)
             except Stop:
-                stopped.append(stop_processes([p for p in procs if p.pid is not None], stop_grace_s))
+                stopped.append(stop_processes(job.started(), stop_grace_s))
                 raise
             finally:
-                stop_processes([p for p in procs if p.pid is not None], 0.0)  # those still running: at once
-                results.close()
-            failed = [(j, value, t) for j, (ok, value, t) in sorted(outcome.items()) if not ok]
-            if failed:
-                j, (message, tb, internal), _t = _first_cause(failed)
-                if killed and not any(re.search(rf"\b{name}\b", message) for name in killed):
-                    # The trainer reports losing a peer by its address (gloo): name the lost one instead.
-                    raise TrainerError(f"local cluster failed: {', '.join(killed.values())}", detail=tb)
-                raise TrainerError(f"trainer{j} failed: {message}", detail=tb, internal=internal)
-            values = [pickle.loads(outcome[j][1]) for j in range(n_clients)]
-            if draining is not None:
-                raise Interrupted(
-                    draining, f"interrupted ({signal.Signals(draining).name}); the trainers stopped together", values
-                )
-            return values
+                stop_processes(job.started(), 0.0)  # those still running: at once
+                job.results.close()
+            return job.values()
     except Stop as stop:
         n = stopped[0] if stopped else 0
         raise Interrupted(

@@ -13,6 +13,8 @@ from enum import StrEnum
 
 import torch
 
+from persia_planner.modules.hashing import GOLDEN_GAMMA, MIX1, MIX2, as_int64, mix64_tensor
+
 __all__ = ["Eviction", "Normal", "Uniform", "id_uniforms"]
 
 
@@ -23,13 +25,8 @@ class Eviction(StrEnum):
     LFU = "lfu"  # least frequently looked up; ties broken by least recent
 
 
-_MIX1, _MIX2, _GOLD = -4658895280553007687, -7723592293110705685, -7046029254386353131  # splitmix64 constants
+_MIX1, _MIX2, _GOLD = as_int64(MIX1), as_int64(MIX2), as_int64(GOLDEN_GAMMA)
 _BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
-
-
-def _srl(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
 def id_uniforms(ids: torch.Tensor, dim: int, seed: int, stream: int = 0) -> torch.Tensor:
@@ -43,12 +40,10 @@ def id_uniforms(ids: torch.Tensor, dim: int, seed: int, stream: int = 0) -> torc
     salt = (seed * _MIX1) & 0xFFFFFFFFFFFFFFFF
     salt -= (salt >> 63) << 64  # as a signed int64
     x = ids.to(torch.int64).unsqueeze(1) * _MIX2 + cols.unsqueeze(0) * _GOLD + salt
-    for shift, mul in ((30, _MIX1), (27, _MIX2)):
-        x = (x ^ _srl(x, shift)) * mul
-    x = x ^ _srl(x, 31)
+    x = mix64_tensor(x)
     # The top 24 bits, centred in their bins: (k + 0.5) / 2**24. For the top bin that is 1 - 2**-25, which float32
     # rounds to 1.0, outside (0, 1): it is held at the largest float32 below 1 (one value in 2**24 moves by 2**-25).
-    return ((_srl(x, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))).clamp_(max=_BELOW_ONE)
+    return ((((x >> 40) & 0xFFFFFF).to(torch.float32) + 0.5) * (1.0 / (1 << 24))).clamp_(max=_BELOW_ONE)
 
 
 @dataclass(frozen=True)

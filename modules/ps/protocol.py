@@ -30,10 +30,9 @@ from typing import Any, TypeVar
 import torch
 
 from persia_planner.errors import ErrorKind, PlannerError
-
-from ..config import WireDtype
-from .optim import SGD, RowOptimizer
-from .policies import Eviction, Normal, Uniform
+from persia_planner.modules.ps.optim import SGD, RowOptimizer
+from persia_planner.modules.ps.policies import Eviction, Normal, Uniform
+from persia_planner.modules.wire_dtypes import WireDtype
 
 __all__ = [
     "WIRE_DTYPES",
@@ -62,7 +61,7 @@ __all__ = [
 ]
 
 # Dtypes rows and gradients may travel in (``PsClient(wire_dtype=...)``, ``persia train --ps-wire``: the names are
-# config.WireDtype's); the stores always hold float32.
+# wire_dtypes.WireDtype's); the stores always hold float32.
 WIRE_DTYPES = tuple(wire.torch_dtype for wire in WireDtype)
 _DEFAULT_OPTIMIZER = SGD()  # frozen dataclasses: safe to share as defaults
 _DEFAULT_INIT = Uniform()

@@ -35,14 +35,12 @@ import torch
 import torch.distributed.rpc as rpc
 
 from persia_planner.errors import PlannerError
-
-from . import protocol
-from . import server_report as report
-from .allocator import allocator_env, tune_allocator
-from .checkpoint import load_rows, read_latest, save_shard
-from .deltas import dump_incremental
-from .group import DEFAULT_PEER_TIMEOUT_S, DEFAULT_RPC_TIMEOUT_S, join_rpc_group, leave_group
-from .protocol import (
+from persia_planner.modules.ps import protocol
+from persia_planner.modules.ps import server_metrics as report
+from persia_planner.modules.ps.allocator import allocator_env, tune_allocator
+from persia_planner.modules.ps.deltas import dump_incremental
+from persia_planner.modules.ps.group import DEFAULT_PEER_TIMEOUT_S, DEFAULT_RPC_TIMEOUT_S, join_rpc_group, leave_group
+from persia_planner.modules.ps.protocol import (
     WIRE_DTYPES,
     PeerLostError,
     PsServerError,
@@ -52,7 +50,8 @@ from .protocol import (
     server_index,
     server_name,
 )
-from .store import EmbeddingStore
+from persia_planner.modules.ps.store import EmbeddingStore
+from persia_planner.modules.ps.table_checkpoints import load_rows, read_latest, save_shard
 
 __all__ = [
     "ServerState",
@@ -375,12 +374,13 @@ def log_metrics_every(interval_s: float, stop: threading.Event) -> threading.Thr
 
 
 def server_metrics() -> dict[str, Any]:
-    """Metrics of this process's server (:func:`.server_report.metrics_of`)."""
+    """Metrics of this process's server (:func:`persia_planner.modules.ps.server_metrics.metrics_of`)."""
     return report.metrics_of(state())
 
 
 def server_memory() -> dict[str, Any]:
-    """This process's resident memory and its stores' own account of theirs (:func:`.server_report.memory_of`)."""
+    """This process's resident memory and its stores' own account of theirs
+    (:func:`persia_planner.modules.ps.server_metrics.memory_of`)."""
     return report.memory_of(state())
 
 

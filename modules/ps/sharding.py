@@ -9,20 +9,14 @@ import hashlib
 
 import torch
 
-__all__ = ["server_of", "table_salt"]
+from persia_planner.modules.hashing import MASK63, mix64_tensor
 
-_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64 constants as int64 bit patterns
-_MIX2 = 0x94D049BB133111EB - (1 << 64)
+__all__ = ["server_of", "table_salt"]
 
 
 def table_salt(table: str) -> int:
     """A 63-bit salt from the table name, stable across processes and Python versions (not ``hash()``)."""
     return int.from_bytes(hashlib.blake2b(table.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
-
-
-def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
-    # >> on int64 is arithmetic; mask off the sign extension to shift the uint64 bit pattern.
-    return (x >> s) & ((1 << (64 - s)) - 1)
 
 
 def server_of(table: str, ids: torch.Tensor, n_servers: int) -> torch.Tensor:
@@ -32,8 +26,4 @@ def server_of(table: str, ids: torch.Tensor, n_servers: int) -> torch.Tensor:
     """
     if n_servers <= 0:
         raise ValueError(f"n_servers must be positive, got {n_servers}")
-    x = ids.to(torch.int64) ^ table_salt(table)
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    x = (x ^ _shr(x, 31)) & (2**63 - 1)
-    return x % n_servers
+    return (mix64_tensor(ids.to(torch.int64) ^ table_salt(table)) & MASK63) % n_servers

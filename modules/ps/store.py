@@ -10,10 +10,10 @@ open-addressing hash index (:class:`.index.HashIndex`, no collisions). Per row: 
 4 + count 4: confirming the id and recording the access touch one cache line) + index 16 + dirty flag 1 B on top of
 the weights and the optimizer state: dim 64 + row-wise Adagrad = 293 B against 260 B raw.
 
-The planner restates this layout (``persia_planner.memory``: ``ps_store_bytes``, the index load factor, the capacity
-limit, the capacity ``persia train`` gives each server) to charge each server what its stores take; the store takes
-its default load factor and the limit from there, and ``tests/test_memory.py`` checks :meth:`EmbeddingStore.arrays`
-and a filled store's resident memory against it.
+The planner restates this layout (``persia_planner.placement.memory``: ``ps_store_bytes``, the index load factor, the
+capacity limit, the capacity ``persia train`` gives each server) to charge each server what its stores take; the store
+takes its default load factor and the limit from there, and ``tests/test_memory.py`` checks
+:meth:`EmbeddingStore.arrays` and a filled store's resident memory against it.
 
 LRU/LFU victims are chosen exactly (:func:`.eviction.choose_victims`: ``kthvalue`` over the occupied slots), which reads
 every row: on a full table the store therefore evicts a chunk of ``eviction_chunk * capacity`` rows (default 1/64) at
@@ -33,13 +33,12 @@ from typing import Any
 
 import torch
 
-from persia_planner.memory import PS_INDEX_LOAD_FACTOR, PS_MAX_CAPACITY
-
-from . import kernels
-from .eviction import EvictionLog, choose_victims
-from .index import HashIndex, as_ids, table_empty
-from .optim import RowOptimizer
-from .policies import Eviction, Normal, Uniform
+from persia_planner.modules.ps import kernels
+from persia_planner.modules.ps.eviction import EvictionLog, choose_victims
+from persia_planner.modules.ps.index import HashIndex, as_ids, table_empty
+from persia_planner.modules.ps.optim import RowOptimizer
+from persia_planner.modules.ps.policies import Eviction, Normal, Uniform
+from persia_planner.placement.memory import PS_INDEX_LOAD_FACTOR, PS_MAX_CAPACITY
 
 __all__ = ["EmbeddingStore"]
 
@@ -73,8 +72,8 @@ class EmbeddingStore:
 
     Args:
         dim: Embedding width.
-        capacity: Maximum number of rows, at most ``persia_planner.memory.PS_MAX_CAPACITY`` (2**31 - 2: slot numbers
-            are int32), which caps the rows of one table on one server.
+        capacity: Maximum number of rows, at most ``persia_planner.placement.memory.PS_MAX_CAPACITY`` (2**31 - 2: slot
+            numbers are int32), which caps the rows of one table on one server.
         optimizer: The sparse optimizer applied by :meth:`update`.
         init: Initialiser of new rows.
         eviction: ``"lru"`` or ``"lfu"``.
@@ -85,7 +84,7 @@ class EmbeddingStore:
             every server, arrival order and resumed run initialises an id alike; if None, rows are drawn from the
             seeded generator in insertion order.
         index_load_factor: Live rows per hash bucket at full capacity (index costs ``8 / load_factor`` B/row); the
-            default is the planner's (``persia_planner.memory.PS_INDEX_LOAD_FACTOR``), whose bytes it charges.
+            default is the planner's (``persia_planner.placement.memory.PS_INDEX_LOAD_FACTOR``), whose bytes it charges.
         eviction_chunk: When a full table must make room, it evicts at least this fraction of its capacity at
             once (the policy's lowest-ranked rows, never the batch's own ids), so the O(rows) choice of victims
             runs once per that many inserts instead of once per batch. A full table then holds between
@@ -166,8 +165,8 @@ class EmbeddingStore:
         """Every array the store allocates, by role: the per-slot ``records``, ``weights``, ``state`` and ``dirty``
         (``capacity`` rows each, resident as rows are inserted) and the hash ``index`` (written whole at creation).
 
-        The planner charges a server these bytes (``persia_planner.memory.ps_store_bytes``); ``tests/test_memory.py``
-        holds the two together.
+        The planner charges a server these bytes (``persia_planner.placement.memory.ps_store_bytes``);
+        ``tests/test_memory.py`` holds the two together.
         """
         return {
             "records": self._records,
@@ -182,7 +181,8 @@ class EmbeddingStore:
         always the prefix ``[0, len)``), the dirty mask and the hash index whole (both written at creation).
 
         Untouched capacity costs no resident memory (see ``_table_empty``), so this is the store's own account of
-        what a server's resident memory grows by (``persia_planner.modules.allocated`` sets the two side by side).
+        what a server's resident memory grows by (``persia_planner.modules.tools.memory_audit`` sets the two side by
+        side).
         """
         held = 0
         for role, array in self.arrays().items():

@@ -20,16 +20,15 @@ from typing import Any
 import torch
 import torch.distributed.rpc as rpc
 
-from persia_planner.errors import PlannerError
-
-from ..proclogs import log_to_file
-from ..rpcenv import listen_on_loopback_if_asked
-from .client import PsClient
-from .lifecycle import adopt_environment, die_with_the_launcher, exit_now, name_process
-from .progress import use_progress_slot
-from .protocol import server_name
-from .server import serve
-from .trainer import connect
+from persia_planner.errors import PlannerError, first_line
+from persia_planner.modules.process_logs import log_to_file
+from persia_planner.modules.ps.client import PsClient
+from persia_planner.modules.ps.connection import connect
+from persia_planner.modules.ps.lifecycle import adopt_environment, die_with_the_launcher, exit_now, name_process
+from persia_planner.modules.ps.progress import use_progress_slot
+from persia_planner.modules.ps.protocol import server_name
+from persia_planner.modules.ps.server import serve
+from persia_planner.modules.rpc_environment import listen_on_loopback_if_asked
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +54,7 @@ def use_hosted_store(port: int) -> None:
 
 def failure_of(err: BaseException) -> tuple[str, str, bool]:
     """What a worker reports for ``err``: its first line, the traceback, and whether it is a bug (not bad input)."""
-    message = f"{type(err).__name__}: {err}".strip().splitlines()[0]
-    return message, traceback.format_exc(), not isinstance(err, PlannerError)
+    return first_line(err, with_type=True), traceback.format_exc(), not isinstance(err, PlannerError)
 
 
 def describe_exit(name: str, code: int) -> str:
@@ -88,7 +86,7 @@ def server_main(
     results: Any,
 ) -> None:
     """Server ``ps{rank}`` of the local cluster; a failure (even at start-up) is reported as ``(name, False, ...)``.
-    ``logs`` is the log level and the log directory (:func:`..proclogs.log_to_file`)."""
+    ``logs`` is the log level and the log directory (:func:`persia_planner.modules.process_logs.log_to_file`)."""
     die_with_the_launcher()
     name_process(server_name(rank))
     adopt_environment(environ)

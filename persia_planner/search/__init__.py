@@ -4,7 +4,8 @@ A search is four stages over one shared state (:mod:`.state`: the tables placed 
 vectors of the cost model, and their score):
 
 * :mod:`.options`, enumeration: the options of a table worth scoring now;
-* :mod:`.devices`, the best devices of each option, scored as rows of one matrix (:mod:`.steps`, :mod:`.shards`);
+* :mod:`persia_planner.search.device_choice`, the best devices of each option, scored as rows of one matrix
+(:mod:`.steps`, :mod:`.shards`);
 * :mod:`.construct`, construction: every table placed once, greedily, from a few starts;
 * :mod:`.improve`, improvement: local moves around the bottleneck while the score drops;
 * :mod:`.explain`, explanation: what the largest tables would cost elsewhere, and why a table fits nowhere.

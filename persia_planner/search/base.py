@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from persia_planner.errors import PlannerError
-from persia_planner.placement import Sharding, TablePlacement, Tier
+from persia_planner.kinds import Sharding, Tier
+from persia_planner.placement.shards import TablePlacement
 
 if TYPE_CHECKING:
     from persia_planner.bound import LowerBound, TierChoice
-    from persia_planner.cost import CostModel
+    from persia_planner.cost.analytic import CostModel
+    from persia_planner.model.specs import TableSpec
     from persia_planner.search.state import State
-    from persia_planner.specs import TableSpec
 
 __all__ = [
     "Alternative",
@@ -115,7 +116,7 @@ class Choice:
         mem: Its memory vector.
         score: The score of the state it was chosen in with it added (saves scoring it again), if known.
         stamp: That state's loads and its step time per GPU with this choice added: the step time after
-            :meth:`.State.add` while the state is still the same (a scoring computed it already).
+            :meth:`.state.State.add` while the state is still the same (a scoring computed it already).
     """
 
     option: Option

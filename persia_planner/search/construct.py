@@ -15,14 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from persia_planner.bound import LowerBound, TierChoice
-from persia_planner.cost import CostModel
+from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import CapacityError
-from persia_planner.placement import Tier
+from persia_planner.kinds import Tier
+from persia_planner.model.specs import TableSpec
 from persia_planner.search.base import Choice, OptionSource, SearchConfig
 from persia_planner.search.explain import capacity_error
 from persia_planner.search.shards import ShardTerms
 from persia_planner.search.state import State
-from persia_planner.specs import TableSpec
 
 __all__ = ["GreedyConstruction", "Start", "place_all"]
 

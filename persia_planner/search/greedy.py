@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from persia_planner.bound import LowerBound
-from persia_planner.cost import CostModel
+from persia_planner.cost.analytic import CostModel
 from persia_planner.search.base import Constructor, Explainer, Improver, OptionSource, SearchConfig, SearchResult
 from persia_planner.search.construct import GreedyConstruction
 from persia_planner.search.explain import NextBestAlternatives

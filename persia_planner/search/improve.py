@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from persia_planner.placement import Sharding, Tier
-from persia_planner.specs import TableSpec
+from persia_planner.kinds import Sharding, Tier
+from persia_planner.model.specs import TableSpec
 
 if TYPE_CHECKING:
     from persia_planner.search.state import State

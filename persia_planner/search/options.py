@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from persia_planner.access import cache_fraction_candidates
 from persia_planner.bound import TierChoice
-from persia_planner.kinds import LOCAL_TIERS
-from persia_planner.memory import largest_cache_fraction
-from persia_planner.placement import Sharding, Tier, row_splittable
+from persia_planner.kinds import LOCAL_TIERS, Sharding, Tier
+from persia_planner.model.access_pattern import cache_fraction_candidates
+from persia_planner.model.specs import TableSpec
+from persia_planner.placement.memory import largest_cache_fraction
+from persia_planner.placement.shards import row_splittable
 from persia_planner.search.base import Option
-from persia_planner.specs import TableSpec
 
 if TYPE_CHECKING:
     from persia_planner.search.state import FreeRoom, State
@@ -94,9 +94,10 @@ class TieredOptions:
     @staticmethod
     def cache_fractions(state: State, table: TableSpec, free: FreeRoom) -> tuple[float, ...]:
         """The cache sizes to try for ``table`` on ``hbm_cache`` in ``state``: the one its constraints fix, else
-        :func:`.access.cache_fraction_candidates` (the hit-rate targets, the largest cache the freest GPU holds
-        whole and the largest every GPU holds a row block of, given ``free``) and the constants' fixed sizes, but
-        those larger than a row block on every GPU holds (no split holds more: each is scored on every GPU first)."""
+        :func:`persia_planner.model.access_pattern.cache_fraction_candidates` (the hit-rate targets, the largest cache
+        the freest GPU holds whole and the largest every GPU holds a row block of, given ``free``) and the constants'
+        fixed sizes, but those larger than a row block on every GPU holds (no split holds more: each is scored on every
+        GPU first)."""
         fixed = table.constraints.cache_fraction
         if fixed is not None:
             return (fixed,)

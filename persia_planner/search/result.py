@@ -7,10 +7,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from persia_planner.cost import CostModel
-from persia_planner.placement import Shard, Sharding, TablePlacement, Tier, even_split, row_blocks
+from persia_planner.cost.analytic import CostModel
+from persia_planner.kinds import Sharding, Tier
+from persia_planner.model.specs import TableSpec
+from persia_planner.placement.shards import Shard, TablePlacement, even_split, row_blocks
 from persia_planner.search.base import Option
-from persia_planner.specs import TableSpec
 
 __all__ = ["build_placement"]
 

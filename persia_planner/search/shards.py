@@ -1,12 +1,12 @@
 """What the search keeps of each table's shards between scorings: the parts of their load and memory vectors that do
 not depend on the rest of the plan.
 
-A shard's vectors are fixed (:mod:`persia_planner.cost`): a table is scored again and again (two constructions, then
-every re-insertion of the local search), and most of each scoring was recomputing them. :class:`ShardTerms` computes the
-terms of a range shard once per table, tier, cache fraction and column count (for every GPU), and the whole vectors of
-the placements that do not depend on the state at all (row-wise over every GPU, table-row-wise per host, a replica on
-every GPU, hashed over the servers); the search builds the rows of its candidate GPUs from them. The vectors are the
-cost model's, bit for bit.
+A shard's vectors are fixed (:mod:`persia_planner.cost.analytic`): a table is scored again and again (two constructions,
+then every re-insertion of the local search), and most of each scoring was recomputing them. :class:`ShardTerms`
+computes the terms of a range shard once per table, tier, cache fraction and column count (for every GPU), and the whole
+vectors of the placements that do not depend on the state at all (row-wise over every GPU, table-row-wise per host, a
+replica on every GPU, hashed over the servers); the search builds the rows of its candidate GPUs from them. The vectors
+are the cost model's, bit for bit.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from persia_planner.cost import CostModel
-from persia_planner.placement import Sharding, Tier, tier_bytes
-from persia_planner.specs import TableSpec
+from persia_planner.cost.analytic import CostModel
+from persia_planner.kinds import Sharding, Tier
+from persia_planner.model.specs import TableSpec
+from persia_planner.placement.shards import tier_bytes
 
 __all__ = ["RangeTerms", "ShardTerms"]
 

@@ -3,7 +3,8 @@
 The state is the cost model's load and memory vectors summed over the placed tables' choices; a choice is added
 and removed as vectors, so a move costs one scoring, not a re-evaluation of the plan. What is derived from the sums
 (step time per GPU, free memory, the candidate GPUs) is cached until the next change. The state asks its
-:class:`.base.OptionSource` for a table's options and :class:`.devices.DeviceChoice` for their best devices.
+:class:`.base.OptionSource` for a table's options and :class:`persia_planner.search.device_choice.DeviceChoice` for
+their best devices.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from persia_planner.bound import TierChoice
-from persia_planner.cost import CostModel
-from persia_planner.memory import ps_holds
-from persia_planner.placement import TablePlacement, Tier, even_split, tier_bytes
+from persia_planner.cost.analytic import CostModel
+from persia_planner.kinds import Tier
+from persia_planner.model.specs import TableSpec
+from persia_planner.placement.memory import ps_holds
+from persia_planner.placement.shards import TablePlacement, even_split, tier_bytes
 from persia_planner.search.base import Choice, Option, OptionSource, SearchConfig
-from persia_planner.search.devices import DeviceChoice
+from persia_planner.search.device_choice import DeviceChoice
 from persia_planner.search.result import build_placement
 from persia_planner.search.shards import ShardTerms
 from persia_planner.search.steps import Tie
-from persia_planner.specs import TableSpec
 
 __all__ = ["FreeRoom", "State"]
 

@@ -1,0 +1,324 @@
+"""Where a run's data comes from (``--data``) and the checks of a Parquet / CSV click log against the model's schema,
+without importing torch.
+
+``persia train`` runs these checks before any process starts: the files exist, the schema's columns are in them
+(read from the Parquet footers and the CSV header, not the data), their types fit, every table of the model is fed
+by exactly one sparse feature, and each trainer gets a share of the files. pyarrow is imported only for these two
+formats.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from persia_planner.errors import PlannerError, SpecError, first_line
+from persia_planner.fields import require_file_or_directory
+from persia_planner.model.specs import DataSchema, ModelSpec
+
+__all__ = [
+    "DataKind",
+    "DataSource",
+    "check_gzip_shards",
+    "check_tabular",
+    "csv_columns",
+    "parquet_footer",
+    "parquet_row_groups",
+]
+
+
+class DataKind(enum.StrEnum):
+    """The kinds of ``--data``: generated, or files of one format."""
+
+    SYNTHETIC = "synthetic"
+    CRITEO = "criteo"
+    PARQUET = "parquet"
+    CSV = "csv"
+
+
+_EXAMPLES = "e.g. --data synthetic, criteo:/data/day_0.tsv, parquet:/data/clicks/ or csv:/data/clicks.csv"
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """``--data`` parsed: ``synthetic`` or ``KIND:PATH`` (a file, or a directory of files).
+
+    Attributes:
+        kind: The format.
+        path: The file or directory (None for synthetic data).
+    """
+
+    kind: DataKind
+    path: Path | None = None
+
+    @classmethod
+    def parse(cls, data: str) -> DataSource:
+        """``--data``'s value as a source.
+
+        Raises:
+            PlannerError: Not ``synthetic`` nor ``KIND:PATH`` with a known kind and a path.
+        """
+        if data == DataKind.SYNTHETIC.value:
+            return cls(DataKind.SYNTHETIC)
+        kind, sep, path = data.partition(":")
+        if not sep or not path or kind not in {k.value for k in DataKind} or kind == DataKind.SYNTHETIC:
+            raise PlannerError(
+                f"--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH', got {data!r}",
+                fixes=(_EXAMPLES,),
+            )
+        return cls(DataKind(kind), Path(path))
+
+    @property
+    def tabular(self) -> bool:
+        """Parquet or CSV: read through pyarrow, mapped by a :class:`~persia_planner.model.specs.DataSchema`."""
+        return self.kind in (DataKind.PARQUET, DataKind.CSV)
+
+    def files(self) -> list[str]:
+        """The files read, in order: the file itself, or the directory's files by name (for Parquet and CSV, not
+        those starting with ``.`` or ``_``, as Spark's ``_SUCCESS`` and checksum files)."""
+        assert self.path is not None
+        if not self.path.is_dir():
+            return [str(self.path)]
+        hidden = (".", "_") if self.tabular else ()
+        return sorted(str(p) for p in self.path.iterdir() if p.is_file() and not p.name.startswith(hidden))
+
+    @property
+    def identity(self) -> str:
+        """As a checkpoint records it: the path resolved, so that another spelling of it is the same data."""
+        if self.path is None:
+            return self.kind.value
+        return f"{self.kind.value}:{self.path.resolve()}"
+
+    def check_files(self) -> list[str]:
+        """:meth:`files`, which must exist.
+
+        Raises:
+            SpecError: The path does not exist or the directory holds no data file.
+        """
+        assert self.path is not None
+        if not self.path.exists():
+            raise SpecError(str(self.path), "", "file or directory not found", fixes=(f"pass --data {self.kind}:PATH",))
+        require_file_or_directory(self.path, str(self.path))  # a FIFO would hang the readers
+        files = self.files()
+        if not files:
+            raise SpecError(
+                str(self.path), "", "the directory holds no files", fixes=(f"point --data {self.kind}: at its files",)
+            )
+        return files
+
+
+# ---- Parquet / CSV metadata --------------------------------------------------------------------------------------
+
+
+def parquet_row_groups(path: str) -> int:
+    """The row groups of a Parquet file, from its footer."""
+    return parquet_footer(path)[0]
+
+
+def parquet_footer(path: str) -> tuple[int, int]:
+    """A Parquet file's row groups and rows, from its footer."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.ParquetFile(path).metadata
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise SpecError(path, "", f"not a readable Parquet file ({first_line(err)})") from None
+    return int(metadata.num_row_groups), int(metadata.num_rows)
+
+
+def csv_columns(path: str) -> dict[str, Any]:
+    """A CSV file's columns and the pyarrow types inferred from its first block (its header and first rows)."""
+    import pyarrow.csv as pcsv
+
+    try:
+        with pcsv.open_csv(path) as reader:
+            fields = list(reader.schema)
+    except (OSError, ValueError) as err:
+        raise SpecError(path, "", f"not a readable CSV file ({first_line(err)})") from None
+    return _named_once(path, fields)
+
+
+def _named_once(path: str, fields: list[Any]) -> dict[str, Any]:
+    """The columns by name, where each name is one column: a name given twice would feed whichever the reader
+    takes (pyarrow the first), the other silently unused."""
+    columns: dict[str, Any] = {}
+    for i, f in enumerate(fields):
+        if f.name in columns:
+            raise SpecError(
+                path,
+                "",
+                f"the header names column {f.name!r} twice (columns {list(columns).index(f.name) + 1} and {i + 1})",
+                fixes=("give each column its own name",),
+            )
+        columns[f.name] = f.type
+    return columns
+
+
+def _parquet_columns(path: str) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    try:
+        fields = list(pq.read_schema(path))
+    except (OSError, ValueError) as err:
+        raise SpecError(path, "", f"not a readable Parquet file ({first_line(err)})") from None
+    return _named_once(path, fields)
+
+
+def _value_type(t: Any) -> Any:
+    import pyarrow as pa
+
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def _is_numeric(t: Any) -> bool:
+    import pyarrow as pa
+
+    t = _value_type(t)
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t)
+
+
+def _is_id(t: Any) -> bool:
+    import pyarrow as pa
+
+    t = _value_type(t)
+    return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
+
+
+def _is_id_list(t: Any) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_id(t.value_type)
+
+
+def check_tabular(
+    source: DataSource, schema: DataSchema | None, spec: ModelSpec, trainers: int, batch_rows: int = 1
+) -> None:
+    """A Parquet / CSV source against the model: one line naming the file, column or field, and the fix.
+
+    Checks that a schema is given, that it feeds every table of ``spec`` exactly once and no other, that every file
+    has the schema's columns with fitting types (label and dense numeric; sparse ids strings or integers, or lists of
+    them; a ``separator`` on a string column), and that the Parquet row groups are at least ``trainers`` (each trainer
+    reads whole row groups) and their rows at least a batch of ``batch_rows`` for each trainer (the footers count
+    them; a CSV's rows are known only by reading it).
+
+    Raises:
+        SpecError: The first problem found.
+    """
+    if schema is None:
+        raise SpecError(
+            spec.name,
+            "data",
+            f"--data {source.kind}: needs the columns' roles (label, dense, sparse)",
+            fixes=("add a data: section to model.yaml", "pass --schema FILE (see docs/formats.md)"),
+        )
+    fed = set(schema.tables)
+    missing = [t.name for t in spec.tables if t.name not in fed]
+    if missing:
+        raise SpecError(
+            schema.source,
+            "data.sparse",
+            f"no feature feeds table {missing[0]!r} of model {spec.name}",
+            fixes=(f"add '{missing[0]}: COLUMN' under data.sparse",),
+        )
+    tables = {t.name for t in spec.tables}
+    for s in schema.sparse:
+        if s.table not in tables:
+            raise SpecError(
+                schema.source,
+                f"data.sparse.{s.feature}",
+                f"feeds table {s.table!r}, which model {spec.name} does not have",
+                fixes=("name a table of the model (table: NAME)", "remove the feature"),
+            )
+    files = source.check_files()
+    row_groups = rows = 0
+    for path in files:
+        if source.kind is DataKind.PARQUET:
+            _check_columns(path, _parquet_columns(path), schema)
+            groups, held = parquet_footer(path)
+            row_groups, rows = row_groups + groups, rows + held
+        else:
+            _check_columns(path, csv_columns(path), schema, ids_as_text=True)
+    if source.kind is DataKind.CSV:
+        check_gzip_shards(source, files, trainers)
+    if source.kind is DataKind.PARQUET and rows == 0:
+        # Empty part files are common (a Spark partition with no rows); all of them empty is no data at all.
+        where = "the Parquet file holds" if len(files) == 1 else f"the {len(files)} Parquet files hold"
+        raise SpecError(str(source.path), "", f"{where} no rows", fixes=("point --data at the files with the data",))
+    if source.kind is DataKind.PARQUET and row_groups < trainers:
+        raise SpecError(
+            str(source.path),
+            "",
+            f"{row_groups} row group(s) in {len(files)} file(s) for {trainers} trainers: "
+            "each trainer reads whole row groups",
+            fixes=("write smaller row groups (row_group_size) or more files", "train with fewer trainers"),
+        )
+    if source.kind is DataKind.PARQUET and rows < trainers * batch_rows:
+        # Some trainer would get no full batch, and every trainer stops when one runs out: no step at all.
+        raise SpecError(
+            str(source.path),
+            "",
+            f"{rows:,} rows hold no full batch of {batch_rows:,} samples for each of {trainers} trainers",
+            fixes=("use a smaller --batch-size, fewer --trainers or more data",),
+        )
+
+
+def check_gzip_shards(source: DataSource, files: list[str], trainers: int) -> None:
+    """Text files read whole (all ``.gz``: a gzip stream cannot be split) must be at least one per trainer.
+
+    Raises:
+        SpecError: Fewer gzip files than trainers.
+    """
+    if files and all(f.endswith(".gz") for f in files) and len(files) < trainers:
+        raise SpecError(
+            str(source.path),
+            "",
+            f"{len(files)} gzip file(s) for {trainers} trainers: a gzip file cannot be split, each trainer reads "
+            "whole ones",
+            fixes=("decompress the files", "split them into one per trainer or more"),
+        )
+
+
+def _check_columns(path: str, columns: dict[str, Any], schema: DataSchema, *, ids_as_text: bool = False) -> None:
+    """The schema's columns are in the file with fitting types. ``ids_as_text``: a CSV, whose ids the reader reads
+    as strings whatever type pyarrow infers from the first block (``0012``, ``1e5``): only their presence counts."""
+
+    def need(column: str, field: str) -> Any:
+        if column not in columns:
+            known = ", ".join(list(columns)[:12])
+            raise SpecError(
+                path,
+                column,
+                f"no such column (the schema's {field}); the file has {known}",
+                fixes=(f"fix {schema.source}'s data.{field}",),
+            )
+        return columns[column]
+
+    label = need(schema.label, "label")
+    if not _is_numeric(label):
+        raise SpecError(
+            path, schema.label, f"the label column is {label}, not numeric 0/1", fixes=("write 0/1 labels",)
+        )
+    for column in schema.dense:
+        t = need(column, "dense")
+        if not _is_numeric(t):
+            raise SpecError(
+                path, column, f"a dense column is {t}, not numeric", fixes=("move it to data.sparse or cast it",)
+            )
+    for s in schema.sparse:
+        t = need(s.column, f"sparse.{s.feature}")
+        if ids_as_text:
+            continue
+        if s.separator is not None:
+            if not _is_id(t) or "string" not in str(_value_type(t)):
+                raise SpecError(
+                    path, s.column, f"has a separator but the column is {t}, not strings", fixes=("drop separator:",)
+                )
+        elif not (_is_id(t) or _is_id_list(t)):
+            raise SpecError(
+                path,
+                s.column,
+                f"sparse feature {s.feature!r}'s column is {t}: ids must be strings or integers, or lists of them",
+                fixes=("map a column of ids",),
+            )

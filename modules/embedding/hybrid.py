@@ -1,0 +1,369 @@
+"""``HybridEmbeddingBagCollection``: a drop-in ``EmbeddingBagCollection`` that executes a plan (Persia's hybrid).
+
+It composes two parts, each in its own module:
+
+- :class:`~.local.LocalEmbeddingBags`: the tables the plan keeps local (``hbm``, ``ddr``, ``hbm_cache``) in a TorchRec
+  ``EmbeddingBagCollection``, which :func:`persia_planner.modules.embedding.model_parallel.distribute` hands to
+  ``DistributedModelParallel`` with the plan's exported ``ShardingPlan``: every sharding type of the plan, fbgemm's
+  fused kernels and optimizers, TorchRec's all-to-alls. They train **synchronously**.
+- :class:`~.remote.RemoteEmbeddingBags`: the ``ps`` tables, on the embedding parameter servers, trained
+  **asynchronously** with bounded staleness ``K`` (Persia's ``embedding_staleness``).
+
+The dense network around it trains under DDP (as DMP wraps it). With ``K = 0`` a step equals a single-process
+``EmbeddingBagCollection`` + DDP reference: local gradients are averaged over the trainers as DDP averages dense
+ones, and the PS tables get one gathered update per step (see :mod:`.remote`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from persia_planner.errors import PlannerError
+from persia_planner.kinds import Mode
+from persia_planner.model.specs import Optimizer
+from persia_planner.modules.embedding.local import LocalEmbeddingBags
+from persia_planner.modules.embedding.remote import RemoteEmbeddingBags, StalenessError
+from persia_planner.modules.ps import optim as ps_optim
+from persia_planner.placement.shards import TablePlacement
+from persia_planner.plan.plan import Plan
+from persia_planner.plan.validation import require_same_tables
+
+if TYPE_CHECKING:  # pragma: no cover
+    from persia_planner.modules.ps.client import PsClient
+
+__all__ = ["HybridEmbeddingBagCollection", "SparseOptimizer", "StalenessError"]
+
+
+@dataclass(frozen=True)
+class SparseOptimizer:
+    """The sparse optimizer of every embedding table, local (fbgemm fused) and remote (PS) alike.
+
+    Attributes:
+        kind: ``sgd``, ``adagrad``, ``rowwise_adagrad`` or ``adam`` (adam: PS tables only; fbgemm has no CPU adam).
+        learning_rate: Step size.
+        eps: Adagrad / Adam epsilon.
+        beta1: Adam first-moment decay.
+        beta2: Adam second-moment decay.
+    """
+
+    kind: Optimizer = Optimizer.ROWWISE_ADAGRAD
+    learning_rate: float = 0.05
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Optimizer(self.kind))
+        if not self.learning_rate > 0:
+            raise PlannerError(f"sparse optimizer: learning_rate must be > 0, got {self.learning_rate}")
+
+    def fbgemm(self, on_cuda: bool) -> dict[str, Any]:
+        """Keyword arguments of ``SplitTableBatchedEmbeddingBagsCodegen`` for this optimizer."""
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+        if self.kind is Optimizer.ADAM and not on_cuda:
+            raise PlannerError(
+                "sparse optimizer adam: fbgemm has no CPU adam for local tables",
+                fixes=("use rowwise_adagrad, adagrad or sgd", "place the tables on the ps tier"),
+            )
+        return {
+            "optimizer": EmbOptimType[_RUNTIME[self.kind][0]],
+            "learning_rate": self.learning_rate,
+            "eps": self.eps,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+        }
+
+    def ps(self) -> ps_optim.RowOptimizer:
+        """The same optimizer as the parameter servers apply it."""
+        return _RUNTIME[self.kind][1](self)
+
+
+# The runtime's half of the optimizer table (the planner's, the state per row, is specs.Optimizer's): fbgemm's fused
+# type (an EmbOptimType member's name) for local tables, the parameter servers' row optimizer for PS tables.
+# Data-parallel replicas train with its torch.optim class, persia_planner.plan.torchrec_export.torch_optimizer (the
+# planner needs that column too, for TorchRec's storage estimator).
+_RUNTIME: Mapping[Optimizer, tuple[str, Callable[[SparseOptimizer], ps_optim.RowOptimizer]]] = {
+    Optimizer.SGD: ("EXACT_SGD", lambda o: ps_optim.SGD(lr=o.learning_rate)),
+    Optimizer.ADAGRAD: ("EXACT_ADAGRAD", lambda o: ps_optim.Adagrad(lr=o.learning_rate, eps=o.eps)),
+    Optimizer.ROWWISE_ADAGRAD: (
+        "EXACT_ROWWISE_ADAGRAD",
+        lambda o: ps_optim.RowWiseAdagrad(lr=o.learning_rate, eps=o.eps),
+    ),
+    Optimizer.ADAM: ("ADAM", lambda o: ps_optim.Adam(lr=o.learning_rate, betas=(o.beta1, o.beta2), eps=o.eps)),
+}
+
+
+class HybridEmbeddingBagCollection(nn.Module):
+    """``EmbeddingBagCollection`` whose tables train where a plan put them: locally (sync) or on the PS (async).
+
+    Same inputs and outputs as TorchRec's ``EmbeddingBagCollection``: a ``KeyedJaggedTensor`` (keys may come in any
+    order; unknown keys are ignored) in, a ``KeyedTensor`` with one ``[B, dim]`` value per feature (in table order,
+    then each table's ``feature_names``) out. Swap it into a TorchRec DLRM with
+    ``DLRM(embedding_bag_collection=HybridEmbeddingBagCollection(tables, plan, ps=client), ...)``, then shard the model
+    with :func:`~persia_planner.modules.embedding.model_parallel.distribute` (``DistributedModelParallel`` with the
+    plan's ``ShardingPlan``).
+
+    Args:
+        tables: The tables, as for ``EmbeddingBagCollection`` (sum or mean pooling).
+        plan: A :class:`~persia_planner.plan.plan.Plan` (or its ``tables`` mapping) placing every table; ``None`` keeps
+            every table local.
+        ps: Client of the parameter servers; required when the plan puts any table on the ``ps`` tier.
+        optimizer: Sparse optimizer of every table (local: fbgemm fused once sharded; PS: applied by the servers).
+        staleness: Bounded staleness ``K`` of the PS tables (0 = synchronous).
+        process_group: Group of the trainers for the PS tables' synchronous updates (default: a gloo group of the
+            default group's ranks when initialised, else one trainer).
+        device: Where PS outputs are returned (default: CUDA if available, else CPU).
+        local_device: Where the unsharded local collection is built (``meta``: only DMP's shards are allocated).
+        ps_capacity: Rows per server and PS table (default: the table's ``num_embeddings``, all ids fit).
+        ps_init: Initialiser of new PS rows (default: uniform in ``+-sqrt(1 / num_embeddings)``, like TorchRec).
+        seed: Seed of the local tables' initialisation and of the PS tables' row initialisers.
+        is_weighted: Pool ``weight * row`` with the batch's per-id weights (TorchRec's ``is_weighted``; sum pooling
+            only, as in TorchRec). Unweighted collections ignore weights a batch carries, as TorchRec's do.
+        keep_order: Return the keys in config order (the drop-in default). ``False`` returns them as the engines
+            give them (the local tables grouped as TorchRec's sharded collection gives them, then the PS tables),
+            which saves one copy of the pooled output forward and backward; for models that read the output by key,
+            as TorchRec's ``DLRM`` does.
+
+    Raises:
+        PlannerError: The plan misses a table or names an unknown one, PS tables without a client, an optimizer
+            fbgemm's kernels lack for local tables, or weights with mean pooling.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        plan: Plan | Mapping[str, TablePlacement] | None = None,
+        *,
+        ps: PsClient | None = None,
+        optimizer: SparseOptimizer | None = None,
+        staleness: int = 0,
+        process_group: Any = None,
+        device: torch.device | None = None,
+        local_device: torch.device | str | None = None,
+        ps_capacity: int | Mapping[str, int] | None = None,
+        ps_init: Any = None,
+        seed: int = 0,
+        is_weighted: bool = False,
+        keep_order: bool = True,
+    ) -> None:
+        super().__init__()
+        if not tables:
+            raise PlannerError("HybridEmbeddingBagCollection needs at least one table")
+        mean = [c.name for c in tables if c.pooling == PoolingType.MEAN]
+        if is_weighted and mean:
+            # torch's EmbeddingBag (what TorchRec's weighted EBC runs) defines per-sample weights for sum alone.
+            raise PlannerError(
+                f"tables {mean[:3]} use mean pooling, but weighted features are defined for sum pooling only",
+                fixes=("use PoolingType.SUM for weighted features", "is_weighted=False"),
+            )
+        if staleness < 0:
+            raise PlannerError(f"staleness must be >= 0, got {staleness}", fixes=("use 0 for synchronous training",))
+        self._is_weighted = bool(is_weighted)
+        self.keep_order = bool(keep_order)
+        self._configs = list(tables)
+        self.optimizer = optimizer or SparseOptimizer()
+        self.max_staleness = int(staleness)
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        placements = _placements_of(plan, self._configs)
+        self.ps_tables = [
+            c for c in self._configs if placements.get(c.name) is not None and placements[c.name].mode is Mode.ASYNC
+        ]
+        ps_names = {c.name for c in self.ps_tables}
+        self.local_tables = [c for c in self._configs if c.name not in ps_names]
+        if self.ps_tables and ps is None:
+            raise PlannerError(
+                f"tables {[c.name for c in self.ps_tables]} are on the ps tier but no parameter-server client "
+                "was given",
+                fixes=("pass ps=connect(...) (persia_planner.modules.ps.client)", "plan without a ps tier"),
+            )
+        self.ps = ps if self.ps_tables else None
+        self._features = [f for c in self._configs for f in c.feature_names]
+        if len(set(self._features)) != len(self._features):
+            raise PlannerError("HybridEmbeddingBagCollection: a feature name is used by two tables")
+        self._dims = [c.embedding_dim for c in self._configs for _ in c.feature_names]
+        self.local: LocalEmbeddingBags | None = None
+        if self.local_tables:
+            self.optimizer.fbgemm(self.device.type == "cuda")  # refuses what fbgemm's fused kernels lack, now
+            self.local = LocalEmbeddingBags(
+                self.local_tables, is_weighted=is_weighted, device=torch.device(local_device or "cpu"), seed=seed
+            )
+        self.remote: RemoteEmbeddingBags | None = None
+        if self.ps is not None:
+            group = process_group
+            if group is None and dist.is_available() and dist.is_initialized():
+                group = dist.new_group(backend="gloo")  # ids and gradients of the K = 0 update live on CPU
+            self.remote = RemoteEmbeddingBags(
+                self.ps_tables,
+                self.ps,
+                optimizer=self.optimizer.ps(),
+                staleness=staleness,
+                process_group=group,
+                device=self.device,
+                capacity=ps_capacity,
+                init=ps_init,
+                seed=seed,
+                is_weighted=is_weighted,
+                check=self._check_batch,
+            )
+
+    # ---- TorchRec's interface ------------------------------------------------------------------------------------
+
+    def is_weighted(self) -> bool:
+        """Whether rows are pooled with the batch's per-id weights (``EmbeddingBagCollection.is_weighted()``)."""
+        return self._is_weighted
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        """The table configs, as ``EmbeddingBagCollection.embedding_bag_configs()`` (TorchRec models read them)."""
+        return list(self._configs)
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Pooled embeddings of ``features``: a ``KeyedTensor`` with one ``[B, dim]`` value per feature."""
+        self._check_batch(features)
+        local = self.local(features) if self.local is not None else None
+        pooled = self.remote(features) if self.remote is not None else {}
+        if not self.keep_order:  # one concatenation at most: the keys as the engines give them
+            if not pooled:
+                return local
+            keys, dims, values = (
+                ([], [], []) if local is None else (local.keys(), local.length_per_key(), [local.values()])
+            )
+            return KeyedTensor(
+                keys=keys + list(pooled),
+                length_per_key=dims + [v.shape[1] for v in pooled.values()],
+                values=torch.cat(values + list(pooled.values()), dim=1),
+                key_dim=1,
+            )
+        parts = [local] if local is not None else []
+        if pooled:
+            dims = [v.shape[1] for v in pooled.values()]
+            parts.append(KeyedTensor(list(pooled), dims, torch.cat(list(pooled.values()), dim=1), key_dim=1))
+        if len(parts) == 1 and parts[0].keys() == self._features:
+            values = parts[0].values()
+        else:  # TorchRec's output is grouped by rank: one regroup (fbgemm's permute) puts every key in config order
+            values = KeyedTensor.regroup(parts, [self._features])[0]
+        return KeyedTensor(keys=list(self._features), length_per_key=list(self._dims), values=values, key_dim=1)
+
+    # ---- the PS step protocol --------------------------------------------------------------------------------------
+
+    def prefetch(self, features: KeyedJaggedTensor, *, block: bool = True) -> bool:
+        """Request the PS rows of a coming batch now (see :meth:`.remote.RemoteEmbeddingBags.prefetch`).
+
+        Returns:
+            True if the request was sent (or there are no PS tables), False if ``block=False`` and it would wait.
+        """
+        return True if self.remote is None else self.remote.prefetch(features, block=block)
+
+    def ps_time_ms(self) -> dict[str, float]:
+        """Milliseconds spent so far waiting on the parameter servers and sending pushes, by label
+        (:data:`persia_planner.modules.step_breakdown.PS_WAIT`, :data:`persia_planner.modules.step_breakdown.PS_PUSH`);
+        empty without PS tables."""
+        return self.remote.stopwatch.snapshot() if self.remote is not None else {}
+
+    def flush(self) -> None:
+        """Wait until every PS gradient push was acknowledged (with K = 0 and several trainers: a collective)."""
+        if self.remote is not None:
+            self.remote.flush()
+
+    @property
+    def staleness(self) -> int:
+        """How many earlier batches had unacknowledged pushes when the current batch's PS rows were requested."""
+        return self.remote.staleness if self.remote is not None else 0
+
+    @property
+    def staleness_max_seen(self) -> int:
+        return self.remote.staleness_max_seen if self.remote is not None else 0
+
+    @property
+    def pending_pushes(self) -> int:
+        """Batches whose gradient pushes are not acknowledged yet."""
+        return self.remote.pending_pushes if self.remote is not None else 0
+
+    # ---- local tables' state ------------------------------------------------------------------------------------
+
+    def local_weights(self, dst: int | None = None) -> dict[str, torch.Tensor]:
+        """The local tables' full weights, by table name (a collective once sharded; ``dst``: only that trainer
+        gets them, the others ``{}``)."""
+        if self.local is None:
+            return {}
+        return {k.split(".")[-2]: v for k, v in self.local.torchrec_state_dict(dst).items()}
+
+    def load_local_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy ``weights`` (table name -> ``[rows, dim]``) into the local tables (e.g. from a checkpoint)."""
+        names = {c.name for c in self.local_tables}
+        unknown = sorted(set(weights) - names)
+        if unknown:
+            raise PlannerError(f"load_local_weights: {unknown[0]!r} is not a local table; local: {sorted(names)}")
+        if self.local is not None:
+            state = {f"embedding_bags.{k}.weight": v for k, v in weights.items()}
+            self.local.load_torchrec_state_dict(state, strict=False)
+
+    def _check_batch(self, features: KeyedJaggedTensor) -> None:
+        """One-line errors for a batch that lacks a feature of the tables or whose parts disagree."""
+        present = set(features.keys())
+        missing = [f for f in self._features if f not in present]
+        if missing:
+            raise PlannerError(
+                f"features {missing[:3]} of the embedding tables are not keys of the KeyedJaggedTensor "
+                f"(it has {list(features.keys())[:5]}...)",
+                fixes=("build the batch with every feature of the tables",),
+            )
+        _check_kjt(features, weighted=self._is_weighted)
+
+
+def _check_kjt(features: KeyedJaggedTensor, *, weighted: bool = False) -> None:
+    """One-line errors for a KeyedJaggedTensor whose parts disagree (fbgemm and the PS would read past its ids), or
+    that lacks the per-id weights a weighted collection pools with."""
+    values, lengths = features.values(), features.lengths()
+    if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+        raise PlannerError(
+            f"KeyedJaggedTensor values must be integer ids, got {values.dtype}",
+            fixes=("pass int64 feature ids (hash strings to int64 first)",),
+        )
+    expected = len(features.keys()) * features.stride()
+    if lengths.dim() != 1 or lengths.numel() != expected:
+        raise PlannerError(
+            f"KeyedJaggedTensor lengths has shape {tuple(lengths.shape)}, expected [{expected}] "
+            f"({len(features.keys())} keys x batch {features.stride()})",
+            fixes=("give one length per key and sample, key-major",),
+        )
+    if lengths.numel() and int(lengths.min()) < 0:
+        raise PlannerError("KeyedJaggedTensor lengths must be >= 0", fixes=("check how the batch's lengths are built",))
+    total = int(lengths.sum())
+    if total != values.numel():
+        raise PlannerError(
+            f"KeyedJaggedTensor lengths sum to {total} but it holds {values.numel()} values",
+            fixes=("make sum(lengths) equal len(values)",),
+        )
+    if not weighted:
+        return
+    weights = features.weights_or_none()
+    if weights is None:
+        raise PlannerError(
+            "the collection is weighted (is_weighted=True) but the KeyedJaggedTensor has no weights",
+            fixes=("build it with weights= (one float per id)", "construct the collection with is_weighted=False"),
+        )
+    if not weights.is_floating_point() or tuple(weights.shape) != (values.numel(),):
+        raise PlannerError(
+            f"KeyedJaggedTensor weights are {weights.dtype} {tuple(weights.shape)}, expected floating point "
+            f"[{values.numel()}] (one per id)",
+            fixes=("give one float weight per value",),
+        )
+
+
+def _placements_of(
+    plan: Plan | Mapping[str, TablePlacement] | None, configs: Sequence[EmbeddingBagConfig]
+) -> dict[str, TablePlacement | None]:
+    if plan is None:
+        return {c.name: None for c in configs}
+    tables = plan.tables if isinstance(plan, Plan) else plan
+    require_same_tables(tables, (c.name for c in configs), holder="the collection")
+    return {c.name: tables[c.name] for c in configs}

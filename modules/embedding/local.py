@@ -1,0 +1,355 @@
+"""The plan's local tables: a TorchRec ``EmbeddingBagCollection`` that ``DistributedModelParallel`` shards.
+
+:class:`LocalEmbeddingBags` is the synchronous half of :class:`~.hybrid.HybridEmbeddingBagCollection`. It holds the
+local tables in a plain TorchRec ``EmbeddingBagCollection`` (attribute ``ebc``);
+:func:`persia_planner.modules.embedding.model_parallel.distribute` hands the model to ``DistributedModelParallel`` with
+the plan's exported ``ShardingPlan``, which replaces ``ebc`` by TorchRec's ``ShardedEmbeddingBagCollection``: its input
+and output all-to-alls and fbgemm's fused kernels do the sparse work, each trainer computing only its shards for the
+whole batch. Unsharded (one process, no DMP) it is that plain ``EmbeddingBagCollection``.
+
+A step equals an ``EmbeddingBagCollection`` + DDP reference: TorchRec divides the pooled gradients by the number of
+trainers in its output all-to-all's backward (``comm_ops`` gradient division, on by default), so model-parallel
+tables see the trainers' average as DDP's dense gradients do, and its own DDP averages the data-parallel replicas.
+One thing differs from TorchRec's module: ids are mapped into the table with ``id mod num_embeddings`` (a no-op for
+ids in range), so raw 64-bit feature ids work and the plan may move a table between tiers without touching the data.
+
+The weights and optimizer state are read and written as *pieces*: ``(table, offsets) -> tensor`` for this trainer's
+shards. Full TorchRec keys (``embedding_bags.<table>.weight``) come out of :meth:`torchrec_state_dict` and go in
+through :meth:`load_torchrec_state_dict`, sharded or not, so a TorchRec ``EmbeddingBagCollection`` checkpoint loads
+into it and back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from persia_planner.errors import PlannerError
+
+__all__ = ["ExecutedTable", "LocalEmbeddingBags", "int64_ids"]
+
+
+@dataclass(frozen=True)
+class ExecutedTable:
+    """How TorchRec runs one local table, read from the built module.
+
+    Attributes:
+        sharding: TorchRec ``ShardingType`` value.
+        kernel: TorchRec ``EmbeddingComputeKernel`` value of the kernel that computes it.
+        ranks: Trainer ranks holding its shards, in shard order (data-parallel: every replica's rank).
+        dtype: The torch dtype of its weights (``float16``).
+    """
+
+    sharding: str
+    kernel: str
+    ranks: tuple[int, ...]
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sharding": self.sharding, "kernel": self.kernel, "ranks": list(self.ranks), "dtype": self.dtype}
+
+
+def _dtype_name(weight: Any) -> str:
+    """``float16`` for a weight in float16: a tensor's, or a ``ShardedTensor``'s (its metadata's)."""
+    dtype = weight.metadata().tensor_properties.dtype if hasattr(weight, "metadata") else weight.dtype
+    return str(dtype).removeprefix("torch.")
+
+
+def int64_ids(values: torch.Tensor) -> torch.Tensor:
+    """Feature ids as int64: uint64 as the same bit patterns (what the servers hash), narrower integers widened."""
+    if values.dtype == torch.int64:
+        return values
+    if values.dtype == torch.uint64:
+        return values.view(torch.int64)
+    return values.to(torch.int64)
+
+
+class LocalEmbeddingBags(nn.Module):
+    """The local tables of a plan, in a TorchRec ``EmbeddingBagCollection`` (``ebc``) that DMP shards.
+
+    Args:
+        tables: The local tables' configs (sum or mean pooling; dims multiples of 4 for fbgemm).
+        is_weighted: Pool with the batch's per-id weights (TorchRec's ``is_weighted``).
+        device: Where the unsharded collection is built; ``meta`` defers the allocation to DMP's shards.
+        seed: Seed of the initial weights, uniform in ``+-sqrt(1 / num_embeddings)`` as TorchRec's default.
+
+    Raises:
+        PlannerError: A dim fbgemm's kernels cannot run.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        *,
+        is_weighted: bool = False,
+        device: torch.device | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        odd = [c.name for c in tables if c.embedding_dim % 4]
+        if odd:
+            raise PlannerError(
+                f"local tables {odd[:3]} have an embedding_dim that is not a multiple of 4, which fbgemm's "
+                "table-batched embedding kernels require",
+                fixes=("round embedding_dim up to a multiple of 4", "place these tables on the ps tier"),
+            )
+        self.configs = list(tables)
+        self.features = [f for c in self.configs for f in c.feature_names]
+        self._rows = torch.tensor([c.num_embeddings for c in self.configs for _ in c.feature_names])
+        self._is_weighted = bool(is_weighted)
+        self.seed = int(seed)
+        device = device or torch.device("cpu")
+        self.ebc = EmbeddingBagCollection(tables=self.configs, is_weighted=is_weighted, device=device)
+        self.group: Any = None  # the trainers' group DMP shards over (None: the default group)
+        if device.type != "meta":
+            self.reset_parameters()
+
+    # ---- forward ----------------------------------------------------------------------------------------------
+
+    @property
+    def sharded(self) -> bool:
+        """Whether DMP replaced ``ebc`` by TorchRec's sharded module."""
+        return not isinstance(self.ebc, EmbeddingBagCollection)
+
+    @property
+    def world_size(self) -> int:
+        """Trainers the tables are sharded over (1 unsharded)."""
+        return dist.get_world_size(self.group) if self.sharded and dist.is_initialized() else 1
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Pooled embeddings of the local features of ``features`` (a KJT holding at least those keys).
+
+        Returns:
+            TorchRec's ``KeyedTensor`` (sharded: its keys grouped by rank; read it by key).
+        """
+        kjt = self._in_range(features)
+        out = self.ebc(kjt)
+        if hasattr(out, "wait"):  # the sharded module answers with an awaitable of the output all-to-all
+            out = out.wait()
+        return out
+
+    def _in_range(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        keys = features.keys()
+        # fbgemm's kernels (its permute too) take int64 ids and float32 weights; unweighted collections ignore
+        # weights, as TorchRec's do (bfloat16 ones included, which fbgemm's permute has no kernel for).
+        weights = features.weights_or_none()
+        weights = weights.to(torch.float32) if self._is_weighted and weights is not None else None
+        values = int64_ids(features.values())
+        if weights is not None and weights.requires_grad and self.world_size > 1:
+            raise PlannerError(
+                "learnable per-id weights (weights that require grad) cannot train sharded local tables across "
+                "trainers: TorchRec's input all-to-all of the weights has no backward",
+                fixes=("place the weighted tables on the ps tier", "pass the weights detached"),
+            )
+        if keys == self.features:  # the batch holds exactly the local features, in order: nothing to permute
+            kjt = KeyedJaggedTensor(keys=keys, values=values, lengths=features.lengths(), weights=weights)
+        else:
+            if values is not features.values() or weights is not features.weights_or_none():
+                features = KeyedJaggedTensor(keys=keys, values=values, lengths=features.lengths(), weights=weights)
+            kjt = features.permute([keys.index(f) for f in self.features])
+            values, weights = kjt.values(), kjt.weights_or_none()
+        per_key = torch.tensor(kjt.length_per_key(), device=values.device)
+        values = torch.remainder(values, self._rows.to(values.device).repeat_interleave(per_key))
+        return KeyedJaggedTensor(keys=self.features, values=values, lengths=kjt.lengths(), weights=weights)
+
+    # ---- what runs --------------------------------------------------------------------------------------------
+
+    def executed(self) -> dict[str, ExecutedTable]:
+        """Each table's sharding type, kernel and ranks as the built module runs them (a collective when sharded:
+        each trainer knows the kernels of its own shards only)."""
+        if not self.sharded:
+            state = self.ebc.state_dict()
+            return {
+                c.name: ExecutedTable("unsharded", "dense", (0,), _dtype_name(state[f"embedding_bags.{c.name}.weight"]))
+                for c in self.configs
+            }
+        kernels = {}
+        for lookup in self.ebc._lookups:  # TorchRec keeps the built kernels here; no public accessor exists
+            for emb in getattr(lookup, "module", lookup)._emb_modules:
+                for table in emb.config.embedding_tables:
+                    kernels[table.name] = emb.config.compute_kernel.value
+        everyone: list[dict[str, str]] = [{} for _ in range(self.world_size)]
+        dist.all_gather_object(everyone, kernels, group=self.group)
+        merged: dict[str, set[str]] = {}
+        for part in everyone:
+            for name, kernel in part.items():
+                merged.setdefault(name, set()).add(kernel)
+        plan = self.ebc.module_sharding_plan
+        state = self.ebc.state_dict()
+        out = {}
+        for c in self.configs:
+            value = state[f"embedding_bags.{c.name}.weight"]
+            if hasattr(value, "metadata"):
+                ranks = tuple(m.placement.rank() for m in value.metadata().shards_metadata)
+            else:
+                ranks = tuple(range(self.world_size))
+            kernel = "/".join(sorted(merged.get(c.name, {"none"})))
+            out[c.name] = ExecutedTable(plan[c.name].sharding_type, kernel, ranks, _dtype_name(value))
+        return out
+
+    # ---- weights and optimizer state ---------------------------------------------------------------------------
+
+    def pieces(self) -> Iterator[tuple[str, tuple[int, ...], torch.Tensor, bool]]:
+        """This trainer's weights: ``(table, (row, col) offset, tensor view, replicated)`` per shard or replica."""
+        for key, value in self.ebc.state_dict(keep_vars=True).items():
+            table = key.split(".")[-2]
+            if hasattr(value, "local_shards"):
+                for shard in value.local_shards():
+                    yield table, tuple(shard.metadata.shard_offsets), shard.tensor, False
+            else:
+                yield table, (0, 0), value, True
+
+    def reset_parameters(self) -> None:
+        """TorchRec's default initialisation, seeded: the same full tables on every trainer, whatever the sharding."""
+        gen = torch.Generator().manual_seed(self.seed)
+        for c in self.configs:  # one full table at a time: the largest bounds the memory
+            bound = (1.0 / c.num_embeddings) ** 0.5
+            full = torch.empty(c.num_embeddings, c.embedding_dim).uniform_(-bound, bound, generator=gen)
+            self.load_torchrec_state_dict({f"embedding_bags.{c.name}.weight": full}, strict=False)
+
+    def load_torchrec_state_dict(self, state: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
+        """Copy full tables (a TorchRec ``EmbeddingBagCollection`` state dict) into this trainer's shards.
+
+        Args:
+            state: ``embedding_bags.<table>.weight -> [rows, dim]``; keys of other tables are ignored.
+            strict: Every local table must be in ``state``.
+
+        Raises:
+            PlannerError: A table is missing (strict) or has another shape.
+        """
+        by_table = {c.name: c for c in self.configs}
+        missing = [n for n in by_table if f"embedding_bags.{n}.weight" not in state]
+        if strict and missing:
+            raise PlannerError(f"the state dict has no weights for local tables {missing[:3]}")
+        for name, c in by_table.items():
+            value = state.get(f"embedding_bags.{name}.weight")
+            if value is not None and tuple(value.shape) != (c.num_embeddings, c.embedding_dim):
+                raise PlannerError(
+                    f"local table {name!r} has shape {(c.num_embeddings, c.embedding_dim)}, the state dict's is "
+                    f"{tuple(value.shape)} (saved with another model?)"
+                )
+        with torch.no_grad():
+            for table, (row, col), piece, _ in self.pieces():
+                value = state.get(f"embedding_bags.{table}.weight")
+                if value is not None:
+                    rows, cols = piece.shape
+                    piece.copy_(value[row : row + rows, col : col + cols])
+        self._reset_caches()
+
+    def torchrec_state_dict(self, dst: int | None = None) -> dict[str, torch.Tensor]:
+        """Full tables under TorchRec's keys (a collective when sharded).
+
+        Args:
+            dst: Only this trainer gets the tables (the others get ``{}``); None: every trainer does.
+        """
+        self._flush_caches()
+        mine = []
+        replicas = {}
+        for table, (row, col), piece, replicated in self.pieces():
+            if replicated:
+                replicas[table] = piece.detach().float().cpu().clone()
+            else:
+                mine.append((table, row, col, piece.detach().float().cpu()))
+        if self.world_size > 1:
+            mine = self._collect(mine, dst)
+            if mine is None:
+                return {}
+        full = {c.name: replicas.get(c.name, torch.zeros(c.num_embeddings, c.embedding_dim)) for c in self.configs}
+        for table, row, col, piece in mine:
+            full[table][row : row + piece.shape[0], col : col + piece.shape[1]] = piece
+        return {f"embedding_bags.{name}.weight": weight for name, weight in full.items()}
+
+    def _collect(self, mine: list[Any], dst: int | None) -> list[Any] | None:
+        """Every trainer's ``mine``, concatenated in rank order, on ``dst`` (None: on all); None elsewhere."""
+        everyone: list[Any] = [None] * self.world_size
+        if dst is None:
+            dist.all_gather_object(everyone, mine, group=self.group)
+        else:
+            rank = dist.get_rank(self.group)
+            dist.gather_object(mine, everyone if rank == dst else None, dst=dst, group=self.group)
+            if rank != dst:
+                return None
+        return [p for part in everyone for p in part]
+
+    def optimizer_pieces(self, dst: int | None = None) -> dict[tuple[str, str, tuple[int, ...]], torch.Tensor]:
+        """Every trainer's fused-optimizer state, by (parameter, state, shard offset) (a collective when sharded).
+
+        Keyed by shard offsets: row-wise states of column-wise shards are per shard, not one per table row.
+
+        Args:
+            dst: Only this trainer gets them (the others get ``{}``); None: every trainer does.
+        """
+        if not self.sharded:
+            return {}
+        self._flush_caches()
+        mine = []
+        for param, states in self.ebc.fused_optimizer.state_dict()["state"].items():
+            for name, value in states.items():
+                for shard in value.local_shards() if hasattr(value, "local_shards") else ():
+                    mine.append(
+                        ((param, name, tuple(shard.metadata.shard_offsets)), shard.tensor.detach().clone().cpu())
+                    )
+        if self.world_size > 1:
+            mine = self._collect(mine, dst)
+            if mine is None:
+                return {}
+        return dict(mine)
+
+    def load_optimizer_pieces(self, saved: Mapping[tuple[str, str, tuple[int, ...]], torch.Tensor]) -> None:
+        """Restore :meth:`optimizer_pieces` (saved under the same sharding plan).
+
+        Raises:
+            PlannerError: A shard's state is missing or has another shape (another plan or optimizer), checked
+                before anything is copied.
+        """
+        if not self.sharded:
+            return
+        targets = []
+        for param, states in self.ebc.fused_optimizer.state_dict()["state"].items():
+            for name, value in states.items():
+                for shard in value.local_shards() if hasattr(value, "local_shards") else ():
+                    key = (param, name, tuple(shard.metadata.shard_offsets))
+                    source = saved.get(key)
+                    if source is None or tuple(source.shape) != tuple(shard.tensor.shape):
+                        raise PlannerError(
+                            f"the checkpoint has no optimizer state {name!r} of shape {tuple(shard.tensor.shape)} "
+                            f"at offset {list(key[2])} of local table {param.split('.')[-2]!r} (saved under another "
+                            "plan or sparse optimizer?)",
+                            fixes=("resume with the plan and sparse optimizer of the checkpointed run",),
+                        )
+                    targets.append((shard.tensor, source))
+        with torch.no_grad():
+            for dst, src in targets:
+                dst.copy_(src)
+        self._reset_caches()
+
+    def tbes(self) -> Iterator[nn.Module]:
+        """This trainer's fbgemm table-batched embedding modules (fused kernels and data-parallel replicas alike),
+        which hold its shards' weights, optimizer state and caches. TorchRec keeps them outside the module tree (and
+        its fused modules list only their weights as parameters), so :meth:`parameters` does not reach them. None
+        before DMP has sharded the collection."""
+        if not self.sharded:
+            return
+        for lookup in self.ebc._lookups:
+            for emb in getattr(lookup, "module", lookup)._emb_modules:
+                yield emb._emb_module
+
+    def _flush_caches(self) -> None:
+        # An HBM cache (fused_uvm_caching) holds updated rows that its backing store has not seen yet.
+        for tbe in self.tbes():
+            if hasattr(tbe, "flush"):
+                tbe.flush()
+
+    def _reset_caches(self) -> None:
+        # Cached rows would shadow what was just written to the backing store.
+        for tbe in self.tbes():
+            if hasattr(tbe, "reset_cache_states"):
+                tbe.reset_cache_states()

@@ -1,0 +1,192 @@
+"""Shard a model holding a :class:`~.hybrid.HybridEmbeddingBagCollection` as its plan says, and report what runs.
+
+:func:`distribute` hands the model to TorchRec's ``DistributedModelParallel`` with the plan's exported
+``ShardingPlan`` (:func:`persia_planner.plan.torchrec_export.to_sharding_plan`) for the collection's local tables,
+TorchRec's ``EmbeddingBagCollectionSharder`` with the sparse optimizer fused into fbgemm, and DMP's DDP around the dense
+part. :func:`executed_plan` reads back, from the built modules, how every table runs, in the terms of
+:func:`persia_planner.plan.executability.planned_execution`, so a run can show that it executed its plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from persia_planner.errors import PlannerError
+from persia_planner.model.specs import ModelSpec, Optimizer
+from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+from persia_planner.placement.shards import TablePlacement
+from persia_planner.plan.executability import check_executable
+from persia_planner.plan.torchrec_export import to_sharding_plan, torch_optimizer
+from persia_planner.topology.graph import Topology
+
+__all__ = [
+    "check_trainers",
+    "data_parallel_tables",
+    "dense_parameters",
+    "distribute",
+    "executed_plan",
+    "hybrid_of",
+    "quiet_trainer",
+    "sparse_torch_optimizer",
+]
+
+
+def hybrid_of(model: nn.Module) -> tuple[str, HybridEmbeddingBagCollection]:
+    """The model's one :class:`HybridEmbeddingBagCollection` and its path (DMP or DDP wrappers looked through).
+
+    Raises:
+        PlannerError: None or several.
+    """
+    found = [(p, m) for p, m in model.named_modules() if isinstance(m, HybridEmbeddingBagCollection)]
+    if len(found) != 1:
+        raise PlannerError(f"the model must hold exactly one HybridEmbeddingBagCollection, it holds {len(found)}")
+    return found[0]
+
+
+def quiet_trainer() -> None:
+    """Silence what torch, TorchRec and fbgemm print in every trainer at every run and that says nothing to a user:
+    gloo-group deprecations, fx-tracing notes, TorchRec's DDP arguments and its per data-parallel table "caching
+    params will be ignored", fbgemm's dense kernel's autograd registration."""
+    import logging
+    import warnings
+
+    for message in ("You are using a Backend", ".*broadcast_buffers", ".*autograd kernel was not registered"):
+        warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+
+
+def check_trainers(trainers: int, topology: Topology) -> None:
+    """The trainers must be the topology's trainer devices: rank ``r`` runs what the plan put on ``gpus[r]``
+    (under torchrun, :func:`persia_planner.topology.torchrun_nodes.process_role` checks the world instead).
+
+    Args:
+        trainers: The trainer count.
+        topology: The plan's topology.
+
+    Raises:
+        PlannerError: Another count, naming both and the fix.
+    """
+    devices = len(topology.gpus)
+    if trainers == devices:
+        return
+    raise PlannerError(
+        f"--trainers is {trainers} but topology {topology.name!r} has {devices} trainer devices (the plan's ranks)",
+        fixes=(f"use --trainers {devices}", "plan for a topology with one device per trainer"),
+    )
+
+
+def distribute(
+    model: nn.Module,
+    tables: Mapping[str, TablePlacement],
+    topology: Topology,
+    *,
+    device: torch.device | None = None,
+    process_group: Any = None,
+) -> nn.Module:
+    """``DistributedModelParallel`` over ``model``: local tables sharded by the plan, dense part under DDP.
+
+    Rank ``r`` of the trainers' group is ``topology.gpus[r]``, as in the plan. After sharding, the local tables are
+    initialised as the unsharded collection would be (the same full tables on every trainer, sliced to its shards).
+
+    Args:
+        model: The model (any ``nn.Module`` holding one :class:`HybridEmbeddingBagCollection`).
+        tables: The plan's placements of the collection's tables.
+        topology: The topology the plan was made for.
+        device: This trainer's device (default CPU).
+        process_group: The trainers' group (default: the default group).
+
+    Returns:
+        The ``DistributedModelParallel`` module (call it as the model).
+
+    Raises:
+        PlannerError: The group's size is not the topology's trainer count, a placement TorchRec cannot express,
+            or one it would not run as written on ``device`` (see
+            :func:`persia_planner.plan.executability.check_executable`).
+    """
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    device = device or torch.device("cpu")
+    group = process_group or dist.GroupMember.WORLD
+    check_trainers(dist.get_world_size(group), topology)
+    path, hybrid = hybrid_of(model)
+    # Table shapes and dtype come from the collection itself: the plan must be the one made for it.
+    spec = ModelSpec.from_torchrec(hybrid.embedding_bag_configs(), batch_size=1)
+    check_executable(tables, device.type, dtype=spec.table_dtypes, optimizer=hybrid.optimizer.kind)
+    local = hybrid.local
+    sharding_plan = None
+    if local is not None:
+        module_path = f"{path}.local.ebc" if path else "local.ebc"
+        sharding_plan = to_sharding_plan(tables, spec, topology, module_path=module_path, device_type=device.type)
+    # Without local tables nothing is fused: an optimizer fbgemm lacks on this device (CPU adam) is no obstacle.
+    fused = hybrid.optimizer.fbgemm(device.type == "cuda") if local is not None else None
+    sharder = EmbeddingBagCollectionSharder(fused_params=fused)
+    dmp = DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(group),
+        device=device,
+        plan=sharding_plan,
+        sharders=[sharder],
+    )
+    if local is not None:
+        local.group = group
+        local.reset_parameters()
+    return dmp
+
+
+def data_parallel_tables(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Weights of local tables outside fbgemm's fused optimizers (data-parallel replicas; every table before
+    sharding), by parameter name: TorchRec leaves their optimizer to the caller."""
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    _, hybrid = hybrid_of(model)
+    if hybrid.local is None:
+        return {}
+    return dict(in_backward_optimizer_filter(hybrid.local.named_parameters()))
+
+
+def dense_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Every trainable parameter outside the model's embedding collection (for the dense optimizer)."""
+    _, hybrid = hybrid_of(model)
+    sparse = {id(p) for p in hybrid.parameters()}
+    return {n: p for n, p in model.named_parameters() if id(p) not in sparse and p.requires_grad}
+
+
+def sparse_torch_optimizer(kind: Optimizer, params: list[nn.Parameter], *, lr: float, eps: float) -> Any:
+    """The sparse optimizer as a ``torch.optim`` optimizer
+    (:func:`persia_planner.plan.torchrec_export.torch_optimizer`), for tables outside fbgemm's fused kernels
+    (data-parallel replicas)."""
+    extra = {} if kind is Optimizer.SGD else {"eps": eps}
+    return torch_optimizer(kind)(params, lr=lr, **extra)
+
+
+def executed_plan(model: nn.Module, topology: Topology | None = None) -> dict[str, dict[str, Any]]:
+    """How every table of the model's collection runs, read from the built modules (a collective when sharded).
+
+    Args:
+        model: The model (DMP-wrapped or not).
+        topology: The plan's topology: server ``i`` of the client is reported as its ``i``-th parameter-server
+            host (plan.json's name); without it, or with another server count, as the RPC name ``ps{i}``.
+
+    Returns:
+        ``{table: {"sharding", "kernel", "ranks"}}`` for local tables and ``{table: {"servers": [...]}}`` for the
+        parameter-server ones (the servers the client spreads the table over).
+    """
+    _, hybrid = hybrid_of(model)
+    out: dict[str, dict[str, Any]] = {}
+    if hybrid.local is not None:
+        out.update({name: table.to_dict() for name, table in hybrid.local.executed().items()})
+    if hybrid.ps is not None:
+        servers = list(hybrid.ps.servers)
+        if topology is not None and len(topology.servers) == len(servers):
+            servers = [host.name for host in topology.servers]
+        servers = sorted(servers)
+        out.update({c.name: {"servers": servers} for c in hybrid.ps_tables})
+    return {c.name: out[c.name] for c in hybrid.embedding_bag_configs()}

@@ -1,0 +1,206 @@
+"""The last phase of ``persia calibrate``: whole training steps, set against the cost model's prediction of them.
+
+The other benchmarks time the engines one by one (fbgemm's kernels, the dense network, gloo, one RPC); a step also
+spends time none of them sees: TorchRec's input distribution, each sharding type's own collectives and reshuffles,
+Python and autograd, the client's work for each PS table, and the waits of trainers that share the machine in their
+collectives. Small ``persia train`` jobs (TorchRec's DMP, and the servers), predicted from the figures just measured,
+fit what the model lacks:
+
+- ``table_wise`` (every table whole, at a batch, table count and width plans run at) gives a fixed time per step
+  (``overhead_ms``, the cost model's ``step_overhead_ms``: its residual, measured - predicted);
+- one job per other TorchRec sharding type, every table placed by it, gives the factor on its tables' modelled
+  exchange (a replica's work) that makes DMP's run of that type take what it measured with that fixed time
+  (``sharding_scale``: that type's input and output distribution, row-wise bucketize and reduce-scatter,
+  column-wise concat, the replica's all-reduce);
+- ``ps`` (half its tables on two servers, K = 4), predicted with all of those, gives what one PS request costs
+  the trainer in a step (``ps_client_ms``), in place of the bare RPC round trip;
+- ``large`` (4 narrow tables at twice the batch) is predicted with all of these and kept as a check of the fit
+  (``check_error``: predicted / measured - 1), not fitted to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["STEP_JOBS", "StepJob", "calibrate_step"]
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """One small training job: ``tables`` tables of ``rows`` rows and ``dim`` columns on two trainers of this
+    machine (Zipf ids over every row), the first ``ps_tables`` of them on ``servers`` parameter servers.
+
+    Attributes:
+        sharding: Every local table placed by this TorchRec sharding type (None: as the planner chooses).
+    """
+
+    batch: int
+    tables: int = 4
+    dim: int = 16
+    rows: int = 2000
+    ps_tables: int = 0
+    servers: int = 0
+    staleness: int = 0
+    sharding: str | None = None
+
+
+# The sharding jobs' shape: a batch, table count and width the benchmarks' cases run at, so that a type's
+# collectives (row-wise's reduce-scatter is not linear in its bytes on gloo) are measured where plans run.
+_SHAPE = {"batch": 2048, "tables": 12, "dim": 32}
+# Each TorchRec sharding type a CPU cluster runs, beside the reference.
+SHARDING_JOBS = ("row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel")
+STEP_JOBS: dict[str, StepJob] = {
+    "table_wise": StepJob(**_SHAPE, sharding="table_wise"),
+    **{name: StepJob(**_SHAPE, sharding=name) for name in SHARDING_JOBS},
+    # Tables go to the servers because they are large: their requests carry many distinct rows, whose store work
+    # on servers that share the trainers' cores is part of what a request costs a trainer here.
+    "ps": StepJob(**_SHAPE, rows=20_000, ps_tables=6, servers=2, staleness=4),
+    "large": StepJob(batch=4096, tables=4, dim=16),
+}
+_TRAINERS = 2
+_SHAPE_STEPS_FACTOR = 4  # each job's steps, in calibration's steps per job (Sizes.step_steps)
+# The factors a fit may reach: a job's noise must not price a type as free, and the modelled exchange a factor
+# multiplies is small beside what DMP adds to it on CPU (row-wise: about 15x).
+_SCALE_RANGE = (0.05, 100.0)
+
+
+def calibrate_step(measured: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Run :data:`STEP_JOBS` and fit the step's terms the other benchmarks cannot see.
+
+    Args:
+        measured: The profile so far (every other benchmark's results).
+        steps: Calibration's steps per job (``Sizes.step_steps``); each job runs 4x as many and its median step
+            after warm-up is measured.
+
+    Returns:
+        The profile's ``step`` section: ``overhead_ms``, ``ps_client_ms``, ``sharding_scale`` (per type),
+        ``check_error`` and each job's ``measured_ms`` and ``predicted_ms`` (with the fit as far as it had come
+        when the job ran).
+    """
+    # The jobs run longer than a step's few ms of difference between sharding types needs on a quiet machine, so
+    # that their medians hold still on a busy one (a step costs far less than a job's start); the reference runs
+    # before and after the others, and what they share is the mean of its two residuals.
+    steps = _SHAPE_STEPS_FACTOR * steps
+    bare = {**measured, "step": {"overhead_ms": 0.0}}
+    before = _run("table_wise", bare, steps)
+    runs = {name: _run(name, bare, steps) for name in SHARDING_JOBS}
+    after = _run("table_wise", bare, steps)
+    shared_ms = (before["residual_ms"] + after["residual_ms"]) / 2
+    jobs = {"table_wise": {**after, "measured_ms": (before["measured_ms"] + after["measured_ms"]) / 2}} | runs
+    fitted: dict[str, Any] = {
+        "overhead_ms": max(0.0, shared_ms),
+        "sharding_scale": {name: _fit_scale(job, job["measured_ms"] - shared_ms) for name, job in runs.items()},
+    }
+    # The PS job, predicted with all of these: what is left is the trainer's cost of its PS requests.
+    jobs["ps"] = ps = _run("ps", {**measured, "step": fitted}, steps)
+    fitted["ps_client_ms"] = max(0.0, ps["ps_client_ms"] + ps["residual_ms"] / ps["requests"])
+    jobs["large"] = _run("large", {**measured, "step": fitted}, steps)
+    return {
+        **fitted,
+        "check_error": jobs["large"]["predicted_ms"] / jobs["large"]["measured_ms"] - 1,
+        "jobs": {
+            name: {
+                **{k: v for k, v in dataclasses.asdict(STEP_JOBS[name]).items() if v is not None},
+                **{k: job[k] for k in ("measured_ms", "predicted_ms")},
+            }
+            for name, job in jobs.items()
+        },
+    }
+
+
+def _fit_scale(job: dict[str, Any], target_ms: float) -> float:
+    """The factor on the job's sharding type at which its predicted step is ``target_ms`` (bisection: the step
+    grows with the factor), within :data:`_SCALE_RANGE`."""
+    predict = job["predict_with_scale"]
+    lo, hi = _SCALE_RANGE
+    if predict(lo) >= target_ms:
+        return lo
+    if predict(hi) <= target_ms:
+        return hi
+    for _ in range(40):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if predict(mid) < target_ms else (lo, mid)
+    return (lo * hi) ** 0.5
+
+
+def _topology(name: str, job: StepJob, profile: dict[str, Any], folder: str) -> Any:
+    """A topology of this machine described by ``profile``: one host of two trainers (and the job's servers)."""
+    import yaml
+
+    from persia_planner import Topology
+
+    Path(folder, "profile.yaml").write_text(yaml.safe_dump(profile))
+    hosts: list[dict[str, Any]] = [
+        {"name": "trainer", "ddr": "8GiB", "profile": "profile.yaml", "cpus": {"count": _TRAINERS, "memory": "256MiB"}}
+    ]
+    if job.servers:
+        hosts.append(
+            {"name": "ps", "count": job.servers, "role": "parameter_server", "ddr": "2GiB", "profile": "profile.yaml"}
+        )
+    return Topology.from_dict({"name": f"calibrate-{name}", "hosts": hosts}, base_dir=folder)
+
+
+def _run(name: str, profile: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Plan, predict and train one job on a topology of this machine described by ``profile``."""
+    from persia_planner import CostModel, ModelSpec, SearchConfig, Sharding, Tier
+    from persia_planner.model.constraints import NO_CONSTRAINTS, TableConstraints
+    from persia_planner.model.specs import DenseSpec, TableSpec
+    from persia_planner.modules.data.criteo_format import NUM_INTEGER
+    from persia_planner.modules.data.synthetic import ZIPF_ALPHA
+    from persia_planner.modules.train.config import TrainConfig
+    from persia_planner.modules.train.engine import train_local
+    from persia_planner.planner import Planner
+    from persia_planner.search import GreedyLocalSearch
+
+    job = STEP_JOBS[name]
+    # A sharding job's tables are constrained to its type (the bound and the search both honour a constraint).
+    allowed = NO_CONSTRAINTS if job.sharding is None else TableConstraints(frozenset({Sharding(job.sharding)}))
+    tables = tuple(
+        TableSpec(f"c{i + 1}", job.rows, job.dim, zipf_alpha=ZIPF_ALPHA, constraints=allowed) for i in range(job.tables)
+    )
+    dense = DenseSpec.dlrm(NUM_INTEGER, job.dim, job.tables)
+    model = ModelSpec(f"calibrate-{name}", job.batch, tables, dense=dense, staleness=job.staleness)
+    with tempfile.TemporaryDirectory() as tmp:
+        topology = _topology(name, job, profile, tmp)
+
+        def plan_on(tiers: frozenset[Tier]) -> dict[str, Any]:
+            config = SearchConfig(seed=0, improve_time_s=1.0, tiers=tiers)
+            return dict(Planner(GreedyLocalSearch(config)).plan(model, topology).tables)
+
+        placements = plan_on(frozenset({Tier.HBM}))
+        if job.ps_tables:
+            remote = plan_on(frozenset({Tier.PS}))
+            placements |= {t.name: remote[t.name] for t in tables[: job.ps_tables]}
+        cost = CostModel(model, topology)
+        estimate, _ = cost.evaluate(placements)
+        mode = "sync" if job.staleness == 0 else "hybrid"
+        cfg = TrainConfig(
+            steps=steps,
+            mode=mode,
+            staleness=job.staleness,
+            trainers=_TRAINERS,
+            eval_batches=1,
+            progress=False,
+            teacher_rows_scale=1.0,
+        )
+        result = train_local(cfg, model, placements, servers=len(topology.servers), topology=topology)
+
+    def predict_with_scale(scale: float) -> float:
+        """The job's predicted step (ms) with its sharding type's factor at ``scale``."""
+        step = {**profile.get("step", {}), "sharding_scale": {job.sharding: scale}}
+        with tempfile.TemporaryDirectory() as tmp:
+            scaled = CostModel(model, _topology(name, job, {**profile, "step": step}, tmp))
+            return scaled.evaluate(placements)[0].step_ms
+
+    return {
+        "measured_ms": result["step_ms"],
+        "predicted_ms": estimate.step_ms,
+        "residual_ms": result["step_ms"] - estimate.step_ms,
+        "ps_client_ms": cost.constants.ps_client_ms,
+        "requests": 2 * job.ps_tables * max(1, len(topology.servers)),  # a lookup and a push per table and server
+        "predict_with_scale": predict_with_scale,
+    }

@@ -1,0 +1,454 @@
+"""What a run is asked to do (options, environment) and the checks of its inputs, without importing torch.
+
+``persia train`` builds a :class:`TrainConfig` and runs :func:`check_before_start` before it imports the engine
+(:mod:`.train`: torch ~2 s, torchrec ~4.5 s), so a mistyped option, a missing data file or a checkpoint directory
+that cannot be one is answered in a fraction of a second, as ``persia plan`` answers. :mod:`.train` re-exports
+:class:`TrainConfig` and runs the same checks for callers of its Python API. The RPC group's environment is read by
+:mod:`persia_planner.modules.rpc_environment`, torch-free as well.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from persia_planner.errors import PlannerError, SpecError
+from persia_planner.model.dense import DenseArch
+from persia_planner.model.specs import DEFAULT_STALENESS, DataSchema, ModelSpec, Optimizer
+from persia_planner.modules.data.criteo_format import FEATURE_NAMES, NUM_INTEGER
+from persia_planner.modules.data.source import DataKind, DataSource, check_gzip_shards, check_tabular
+from persia_planner.modules.rpc_environment import rpc_transports
+from persia_planner.modules.train.run_directories import check_checkpoint_dir, check_log_dir, check_resume_exists
+from persia_planner.modules.wire_dtypes import WireDtype
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "MAX_EVAL_BATCHES",
+    "MAX_ID_SPACE",
+    "MAX_LOCAL_TRAINERS",
+    "MAX_PS_DELAY_MS",
+    "MAX_SEED",
+    "MAX_STEPS",
+    "MAX_SYNTHETIC_IDS",
+    "DenseOptimizer",
+    "PsCapacity",
+    "TrainConfig",
+    "TrainMode",
+    "check_before_start",
+    "check_data_matches",
+    "check_dense_inputs",
+    "check_id_space",
+    "data_identity",
+    "data_schema",
+    "dense_arch",
+    "describe_hyper_parameters",
+    "dlrm_embedding_dim",
+    "hyper_parameters",
+    "id_universe",
+    "num_dense",
+    "sparse_optimizer_of",
+    "trainer_batch_size",
+]
+
+MAX_ID_SPACE = 1000.0
+"""The largest ``--id-space``: ids drawn from a thousand times a table's rows already overflow any store."""
+MAX_SYNTHETIC_IDS = 2**26
+"""The most distinct ids of one synthetic feature: the generator keeps an 8-byte CDF entry per id (512 MiB)."""
+MAX_DATA_WORKERS = 64
+
+
+# ---- --data: "synthetic" or "KIND:PATH" (:mod:`persia_planner.modules.data.source`)
+# --------------------------------------------------
+
+
+def data_identity(data: str) -> str:
+    """``--data`` as a checkpoint records it: a path resolved, so that the same files under another spelling of their
+    path are the same data."""
+    return DataSource.parse(data).identity
+
+
+class TrainMode(enum.StrEnum):
+    """How the PS tables train: ``hybrid`` (asynchronously, staleness up to K) or ``sync`` (K = 0)."""
+
+    HYBRID = "hybrid"
+    SYNC = "sync"
+
+
+class PsCapacity(enum.StrEnum):
+    """The rows each server's store of a PS table holds: ``planned`` (what the plan charged it for, so a run that
+    draws more distinct ids evicts) or ``unbounded`` (every id the synthetic data can draw: nothing is evicted, the
+    reference a bounded run is compared with)."""
+
+    PLANNED = "planned"
+    UNBOUNDED = "unbounded"
+
+
+class DenseOptimizer(enum.StrEnum):
+    """The ``torch.optim`` optimizer of the dense network."""
+
+    ADAGRAD = "adagrad"
+    SGD = "sgd"
+    ADAM = "adam"
+
+
+def _choice(kind: type[enum.StrEnum], value: Any, option: str) -> Any:
+    """``kind(value)``, or a one-line error naming the option and its choices."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = [member.value for member in kind]
+        listed = " or ".join(choices) if len(choices) == 2 else "one of " + ", ".join(choices)
+        raise PlannerError(f"{option} must be {listed}, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs (the options of ``persia train``).
+
+    The enum fields accept their values as strings too (``mode="sync"``) and hold the enum afterwards.
+
+    Attributes:
+        steps: Training steps (each trainer runs this many batches).
+        batch_size: Samples per trainer and step (default: the model's global batch size / trainers).
+        staleness: Bounded staleness K of the PS tables (``mode=sync`` forces 0).
+        mode: ``hybrid`` (PS tables async with staleness K) or ``sync`` (K = 0: one gathered update per step,
+            every step sees every update, reproducible).
+        trainers: Trainer processes.
+        data: ``"synthetic"``, or ``"criteo:PATH"``, ``"parquet:PATH"`` or ``"csv:PATH"`` (one file or a directory
+            of files; :class:`persia_planner.modules.data.source.DataSource`).
+        schema: How a Parquet / CSV file's columns feed the model (``--schema``); None: the model's ``data:``.
+        data_workers: DataLoader worker processes per trainer reading Parquet, CSV or Criteo files (0: the trainer
+            reads them itself); each reads its own part of the trainer's share.
+        eval_batches: Batches per trainer for the final AUC (held out: a different seed, or the batches after the
+            training ones in a Criteo file).
+        eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
+        sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
+        sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (local tables: CUDA only, fbgemm has
+            no CPU adam), for every table; None: the one the model's tables name (``optimizer:`` in model.yaml, which
+            the plan sized their state for).
+        dense_lr: Learning rate of the dense optimizer.
+        dense_optimizer: ``adagrad``, ``sgd`` or ``adam``.
+        ps_delay_ms: Added to every PS call (a stand-in for a slow network).
+        ps_wire: The dtype PS rows and gradients travel in: ``float32`` (exact), ``float16`` or ``bfloat16`` (half
+            the bytes, as Persia sends them; the servers keep float32 weights and optimizer state).
+        checkpoint: Directory of the job's checkpoints (:mod:`persia_planner.modules.train.job_checkpoints`): one at the
+            end, one every ``checkpoint_every`` steps, and one when a signal stops the job.
+        checkpoint_every: Also checkpoint after every this many global steps (0: only at the end).
+        keep: How many checkpoints of this run ``checkpoint`` keeps (the newest ones).
+        resume: Start from the newest whole checkpoint in ``checkpoint``.
+        overwrite: Train into a ``checkpoint`` directory that is not empty, replacing what it holds, without
+            ``resume``.
+        seed: Seed of the model, the data and the servers' row initialisers.
+        progress: Show a progress bar (trainer 0).
+        teacher_rows_scale: Synthetic data (``--id-space``): each feature's ids are drawn from this many times its
+            table's rows. The default 0.02 keeps every id in the tables (their hot 2%); 1 draws from every row; above
+            1 the data brings more distinct ids than the table has rows, as hashed ids from a larger space do, so a
+            server's store fills and evicts while training.
+        ps_capacity: ``planned`` (each server's store holds the rows the plan charged it for) or ``unbounded``
+            (it holds every id the synthetic data can draw; needs ``data="synthetic"``).
+        log_dir: Directory of the run's logs (:mod:`.metrics_log`, :mod:`persia_planner.modules.process_logs`): per-step
+            metrics as JSON lines and TensorBoard events, the summary, one log file per process. ``resume`` appends to
+            it; a run from scratch into one that holds metrics needs ``overwrite``.
+
+    Raises:
+        PlannerError: An option is out of range or not one of its choices (one line, naming the option).
+    """
+
+    steps: int = 400
+    batch_size: int | None = None
+    staleness: int = DEFAULT_STALENESS
+    mode: TrainMode = TrainMode.HYBRID
+    trainers: int = 2
+    data: str = "synthetic"
+    schema: DataSchema | None = None
+    data_workers: int = 0
+    eval_batches: int = 8
+    eval_every: int = 0
+    sparse_lr: float = 0.1
+    sparse_optimizer: Optimizer | None = None
+    dense_lr: float = 0.05
+    dense_optimizer: DenseOptimizer = DenseOptimizer.ADAGRAD
+    ps_delay_ms: float = 0.0
+    ps_wire: WireDtype = WireDtype.FLOAT32
+    checkpoint: str | None = None
+    checkpoint_every: int = 0
+    keep: int = 2
+    resume: bool = False
+    overwrite: bool = False
+    seed: int = 0
+    progress: bool = True
+    teacher_rows_scale: float = 0.02
+    ps_capacity: PsCapacity = PsCapacity.PLANNED
+    log_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        # frozen: the string-to-enum conversions go through object.__setattr__, once, here.
+        object.__setattr__(self, "mode", _choice(TrainMode, self.mode, "--mode"))
+        object.__setattr__(self, "ps_wire", _choice(WireDtype, self.ps_wire, "--ps-wire"))
+        object.__setattr__(self, "ps_capacity", _choice(PsCapacity, self.ps_capacity, "--ps-capacity"))
+        object.__setattr__(self, "dense_optimizer", _choice(DenseOptimizer, self.dense_optimizer, "--dense-optimizer"))
+        if self.sparse_optimizer is not None:
+            object.__setattr__(
+                self, "sparse_optimizer", _choice(Optimizer, self.sparse_optimizer, "--sparse-optimizer")
+            )
+        if self.steps < 1 or self.trainers < 1 or self.eval_batches < 1:
+            raise PlannerError("--steps, trainers and eval batches must be >= 1")
+        for option, value, ceiling in (
+            ("--steps", self.steps, MAX_STEPS),
+            ("--eval-every", self.eval_every, MAX_STEPS),
+            ("--checkpoint-every", self.checkpoint_every, MAX_STEPS),
+            ("--trainers", self.trainers, MAX_LOCAL_TRAINERS),
+            ("--eval-batches", self.eval_batches, MAX_EVAL_BATCHES),
+            ("--seed", self.seed, MAX_SEED),
+        ):
+            if value > ceiling:
+                raise PlannerError(f"{option} must be at most {ceiling:,}, got {value:,}", fixes=(f"lower {option}",))
+        if self.batch_size is not None and self.batch_size < 1:
+            raise PlannerError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.staleness < 0:
+            raise PlannerError(f"--staleness must be >= 0, got {self.staleness}")
+        if not 0 <= self.ps_delay_ms <= MAX_PS_DELAY_MS:  # nan and inf fail this too
+            raise PlannerError(
+                f"--ps-delay-ms must be a number in [0, {MAX_PS_DELAY_MS:g}] (ms per PS call), got {self.ps_delay_ms}"
+            )
+        if self.eval_every < 0:
+            raise PlannerError(f"--eval-every must be >= 0 (0: only at the end), got {self.eval_every}")
+        for name, value in (("--sparse-lr", self.sparse_lr), ("--dense-lr", self.dense_lr)):
+            if not 0 < value < math.inf:  # nan fails this too
+                raise PlannerError(f"{name} must be a finite number > 0, got {value}", fixes=(f"e.g. {name} 0.05",))
+        if not 0 < self.teacher_rows_scale <= MAX_ID_SPACE:  # nan fails this too
+            raise PlannerError(
+                f"--id-space must be a number in (0, {MAX_ID_SPACE:g}] (ids per table row), "
+                f"got {self.teacher_rows_scale}",
+                fixes=("e.g. --id-space 0.02 (the default: the tables' hot ids) or 4 (more ids than rows)",),
+            )
+        if self.checkpoint_every < 0:
+            raise PlannerError(
+                f"--checkpoint-every must be >= 0 steps (0: only at the end), got {self.checkpoint_every}"
+            )
+        if not 1 <= self.keep <= MAX_KEEP:
+            raise PlannerError(f"--keep must be in [1, {MAX_KEEP}] checkpoints, got {self.keep}")
+        if self.checkpoint_every and not self.checkpoint:
+            raise PlannerError(
+                "--checkpoint-every needs --checkpoint DIR", fixes=("pass the directory to keep the checkpoints in",)
+            )
+        if self.resume and not self.checkpoint:
+            raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
+        if self.resume and self.overwrite:
+            raise PlannerError(
+                "--resume continues the checkpoint that --overwrite would replace: pass one of them",
+                fixes=("--resume to continue it", "--overwrite to train from scratch into it"),
+            )
+        if self.schema is not None and not DataSource.parse(self.data).tabular:
+            raise PlannerError(
+                f"--schema maps the columns of Parquet or CSV files, not --data {self.data}",
+                fixes=("drop --schema", "pass --data parquet:PATH or csv:PATH"),
+            )
+        DataSource.parse(self.data)
+        if not 0 <= self.data_workers <= MAX_DATA_WORKERS:
+            raise PlannerError(f"--data-workers must be in [0, {MAX_DATA_WORKERS}], got {self.data_workers}")
+        if self.ps_capacity is PsCapacity.UNBOUNDED and self.data != "synthetic":
+            raise PlannerError(
+                "--ps-capacity unbounded needs --data synthetic: the ids of data files are not known before reading",
+                fixes=("--ps-capacity planned",),
+            )
+
+    @property
+    def effective_staleness(self) -> int:
+        return 0 if self.mode is TrainMode.SYNC else self.staleness
+
+    @property
+    def ps_wire_dtype(self) -> torch.dtype:
+        return self.ps_wire.torch_dtype
+
+
+# ---- checks of the run's inputs, before any process starts ----------------------------------------------------
+
+
+def data_schema(spec: ModelSpec, cfg: TrainConfig) -> DataSchema | None:
+    """The columns' roles of a Parquet / CSV source: ``--schema``'s, else the model's ``data:``."""
+    return cfg.schema if cfg.schema is not None else spec.data
+
+
+def num_dense(spec: ModelSpec, cfg: TrainConfig) -> int:
+    """The dense features of a batch: the schema's dense columns for Parquet / CSV, Criteo's 13 otherwise."""
+    schema = data_schema(spec, cfg)
+    if DataSource.parse(cfg.data).tabular and schema is not None:
+        return len(schema.dense)
+    return NUM_INTEGER
+
+
+def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
+    """The data must exist and feed the model: ``--data criteo:PATH`` provides features c1..c26, so the model's
+    tables must be named after them (and gzip files, read whole, are at least one per trainer); a Parquet / CSV
+    source is checked against its schema by :func:`persia_planner.modules.data.source.check_tabular`."""
+    source = DataSource.parse(cfg.data)
+    if source.tabular:
+        batch_rows = trainer_batch_size(cfg, spec, cfg.trainers)
+        check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers, batch_rows=batch_rows)
+        return
+    if source.kind is not DataKind.CRITEO:
+        return
+    files = source.check_files()
+    unknown = [t.name for t in spec.tables if t.name not in FEATURE_NAMES]
+    if unknown:
+        raise SpecError(
+            spec.name,
+            f"tables.{unknown[0]}",
+            "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
+            fixes=("name the tables c1..c26",),
+        )
+    check_gzip_shards(source, files, cfg.trainers)
+
+
+def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
+    """The sparse optimizer a run applies to every table: ``cfg``'s if given, else the one the model's tables name
+    (the plan sized their optimizer state for it)."""
+    if cfg.sparse_optimizer is not None:
+        return cfg.sparse_optimizer
+    kinds = sorted({t.optimizer for t in spec.tables})
+    if len(kinds) > 1:
+        raise PlannerError(
+            f"model {spec.name}: tables name different sparse optimizers ({', '.join(k.value for k in kinds)}); "
+            "training applies one optimizer to every table",
+            fixes=("give every table the same optimizer: in model.yaml",),
+        )
+    return kinds[0]
+
+
+MAX_KEEP = 1000
+"""The most checkpoints a run keeps (each is a full copy of the model)."""
+MAX_STEPS = 10**9
+"""The most steps a run asks for (``--steps``, ``--eval-every``, ``--checkpoint-every``): a billion steps is years."""
+MAX_SEED = 2**32 - 1
+"""The largest ``--seed``: numpy's and the data loaders' seeds are 32-bit."""
+MAX_PS_DELAY_MS = 60_000.0
+"""The largest ``--ps-delay-ms`` (a minute per call): beyond, the delay stands for no network, and the delay thread's
+timestamps overflow."""
+MAX_LOCAL_TRAINERS = 1024
+"""The most trainer processes on one machine (``--trainers``)."""
+MAX_EVAL_BATCHES = 10**6
+"""The most held-out batches per trainer (``--eval-batches``)."""
+
+
+def dlrm_embedding_dim(spec: ModelSpec) -> int:
+    """The one embedding dim of ``spec``'s tables, which DLRM's feature interaction needs.
+
+    Raises:
+        PlannerError: The tables do not share one dim.
+    """
+    dims = {t.dim for t in spec.tables}
+    if len(dims) != 1:
+        raise PlannerError(
+            f"model {spec.name!r}: a DLRM needs one embedding dim for all tables, got {sorted(dims)}",
+            fixes=("give every table the same dim",),
+        )
+    return dims.pop()
+
+
+def dense_arch(spec: ModelSpec, cfg: TrainConfig) -> DenseArch:
+    """The dense arch a run builds: the model's (``dense: arch:``), or TorchRec's default ``DLRM``, reading the data's
+    dense features (:func:`num_dense`) unless model.yaml wrote ``num_dense``."""
+    arch = spec.dense.built_arch
+    if spec.dense.arch is None or arch.inputs_from_data:
+        return replace(arch, num_dense=num_dense(spec, cfg))
+    return arch
+
+
+def check_dense_inputs(spec: ModelSpec, cfg: TrainConfig) -> None:
+    """The data has dense features (the bottom MLP reads at least one), as many as a ``num_dense`` model.yaml wrote."""
+    inputs, source = num_dense(spec, cfg), DataSource.parse(cfg.data)
+    if inputs == 0:
+        raise SpecError(
+            spec.name,
+            "data.dense",
+            "is empty: the dense arch's bottom MLP reads at least one dense column",
+            fixes=("list at least one numeric column under data.dense (a constant one will do)",),
+        )
+    arch = spec.dense.arch
+    if arch is not None and not arch.inputs_from_data and arch.num_dense != inputs:
+        kind = f"{source.kind.value} columns" if source.tabular else "synthetic or Criteo"
+        raise SpecError(
+            spec.name,
+            "dense.num_dense",
+            f"is {arch.num_dense}, but the data ({kind}) has {inputs} dense features",
+            fixes=(f"num_dense: {inputs}", "leave num_dense out (it follows the data)"),
+        )
+
+
+def trainer_batch_size(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> int:
+    """Samples per step of each trainer: ``--batch-size``, else the model's ``batch_size`` shared by the trainers."""
+    return cfg.batch_size or max(1, spec.batch_size // trainers)
+
+
+def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
+    """What a run trains with, as ``--json`` and checkpoints record it: optimizers, learning rates, the global batch,
+    the evaluation interval, the staleness bound and the dense arch."""
+    return {
+        "dense_optimizer": cfg.dense_optimizer.value,
+        "dense_lr": cfg.dense_lr,
+        "sparse_optimizer": sparse_optimizer_of(cfg, spec).value,
+        "sparse_lr": cfg.sparse_lr,
+        "batch_size": trainer_batch_size(cfg, spec, trainers) * trainers,
+        "eval_every": cfg.eval_every,
+        "staleness": cfg.effective_staleness,
+        "dense_arch": dense_arch(spec, cfg).to_dict(),
+    }
+
+
+def describe_hyper_parameters(hyper: Mapping[str, Any] | None) -> str:
+    """:func:`hyper_parameters` in one line of the summary table."""
+    if not hyper:
+        return "-"
+    return (
+        f"{hyper['dense_arch']['arch']}; dense {hyper['dense_optimizer']} ({hyper['dense_lr']:g}), "
+        f"sparse {hyper['sparse_optimizer']} ({hyper['sparse_lr']:g})"
+    )
+
+
+def id_universe(spec: ModelSpec, cfg: TrainConfig) -> dict[str, int]:
+    """Distinct ids the synthetic data draws per table: ``--id-space`` times the table's rows (at least 1)."""
+    return {t.name: max(1, int(t.rows * cfg.teacher_rows_scale)) for t in spec.tables}
+
+
+def check_id_space(spec: ModelSpec, cfg: TrainConfig) -> None:
+    """Synthetic data: every table's id universe (:func:`id_universe`) within :data:`MAX_SYNTHETIC_IDS`."""
+    if cfg.data != "synthetic":
+        return
+    table = max(spec.tables, key=lambda t: t.rows)
+    ids = id_universe(spec, cfg)[table.name]
+    if ids > MAX_SYNTHETIC_IDS:
+        raise PlannerError(
+            f"--id-space {cfg.teacher_rows_scale:g}: table {table.name!r} would draw from {ids:,} ids, over the "
+            f"{MAX_SYNTHETIC_IDS:,} of one synthetic feature",
+            fixes=(f"--id-space {math.floor(MAX_SYNTHETIC_IDS / table.rows * 100) / 100:g} or less",),
+        )
+
+
+def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> None:
+    """The run's inputs that every process would trip over: one line here, before any process starts.
+
+    Checks the data (:func:`check_data_matches`), the checkpoint and log directories and, with ``--resume``, that the
+    checkpoint holds a trainer state; that the model's tables agree on one sparse optimizer and one dim, and its
+    dense arch on the data's dense features; and, when the plan has PS tables (``with_ps``),
+    ``PERSIA_RPC_TRANSPORTS``.
+
+    Raises:
+        PlannerError: The first problem found (``SpecError`` for the data).
+    """
+    check_data_matches(spec, cfg)
+    check_id_space(spec, cfg)
+    if cfg.resume and cfg.checkpoint:  # first: a refused resume creates nothing
+        check_resume_exists(cfg.checkpoint)
+    check_checkpoint_dir(cfg)
+    check_log_dir(cfg)
+    sparse_optimizer_of(cfg, spec)
+    dlrm_embedding_dim(spec)
+    check_dense_inputs(spec, cfg)
+    if with_ps:
+        rpc_transports()

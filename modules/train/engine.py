@@ -1,0 +1,233 @@
+"""Hybrid training of a TorchRec DLRM from a plan: the engine behind ``persia train``.
+
+Roles: parameter-server processes hold the plan's ``ps`` tables; trainer processes run a TorchRec ``DLRM`` whose
+``EmbeddingBagCollection`` is a :class:`~persia_planner.modules.embedding.hybrid.HybridEmbeddingBagCollection` and whose
+dense part is wrapped in ``DistributedDataParallel`` (gloo on CPU, nccl on CUDA). Sparse and dense optimizers are
+separate: the sparse one is fused into fbgemm (local tables) or applied by the servers (PS tables); the dense one is a
+``torch.optim`` optimizer over the dense parameters only.
+
+:func:`train_local` spawns the servers and trainers on this machine (:func:`.ps.launch.local_cluster`);
+:func:`train_torchrun` is the same job under ``torchrun`` on several machines: each node is one or more topology
+hosts, and runs their servers and trainers (:func:`persia_planner.topology.torchrun_nodes.process_role`). Each trainer
+reads its own share of the data: batch ``b`` of the stream goes to trainer ``b mod trainers``.
+
+The rooms of a run: :mod:`persia_planner.modules.train.config` (the options, checked without torch),
+:mod:`persia_planner.modules.train.job` (what every trainer gets and its start-up),
+:mod:`persia_planner.modules.train.trainer` (one trainer from start to summary),
+:mod:`persia_planner.modules.train.loop` (the model, its optimizers and the step loop),
+:mod:`persia_planner.modules.train.batch_stream` (a trainer's batches and the evaluation),
+:mod:`persia_planner.modules.train.trainer_state` (``trainer.pt``); this module launches the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from persia_planner.errors import ErrorKind, Interrupted, PlannerError
+from persia_planner.kinds import Mode
+from persia_planner.model.specs import ModelSpec
+from persia_planner.modules.embedding.model_parallel import check_trainers
+from persia_planner.modules.process_logs import launcher_log, log_failure, process_log
+from persia_planner.modules.train.config import (
+    TrainConfig,
+    check_before_start,
+    sparse_optimizer_of,
+)
+from persia_planner.modules.train.job import Job
+from persia_planner.modules.train.metrics_log import write_summary
+from persia_planner.modules.train.torchrun_start import torchrun_start
+from persia_planner.modules.train.trainer import run_trainer
+from persia_planner.modules.train.trainer_state import (
+    TRAINER_STATE,
+    check_layout,
+    check_resume,
+    data_layout,
+)
+from persia_planner.placement.shards import TablePlacement
+from persia_planner.plan.executability import check_executable
+from persia_planner.topology.graph import Topology
+from persia_planner.topology.torchrun_nodes import ProcessKind, node_hosts, node_roles
+
+__all__ = ["FINAL_CHECKPOINT_WAIT_S", "PS_REQUEST_TIMEOUT_S", "train_local", "train_torchrun"]
+
+
+log = logging.getLogger(__name__)
+
+# How long the trainers have, after SIGINT or SIGTERM, to reach the step they agree to stop at and save the final
+# checkpoint (a second signal stops them at once).
+FINAL_CHECKPOINT_WAIT_S = 120.0
+
+# A trainer's PS request timeout, on one machine and under torchrun alike: checkpoint saves and loads of large
+# tables are requests too, and take far longer than the client's 10 s default for lookups.
+PS_REQUEST_TIMEOUT_S = 60.0
+
+
+# ---- launchers -----------------------------------------------------------------------------------------------
+
+
+def _check_plan_runs(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], topology: Topology) -> None:
+    """Before any process starts: the trainers are the plan's ranks, and TorchRec runs every table as planned."""
+    check_trainers(cfg.trainers, topology)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_executable(tables, device, dtype=spec.table_dtypes, optimizer=sparse_optimizer_of(cfg, spec))
+
+
+def train_local(
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement],
+    *,
+    servers: int,
+    topology: Topology,
+    run_timeout_s: float = 3600,
+    on_start: Callable[[dict[str, int]], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``servers`` PS processes and ``cfg.trainers`` trainers on this machine; returns trainer 0's summary.
+
+    ``topology`` is the one the plan was made for: trainer ``r`` runs what the plan put on ``topology.gpus[r]``.
+    ``on_start`` gets the pid of every process of the job by name once they started (``local_cluster``'s).
+    """
+    from persia_planner.modules.ps.launch import local_cluster
+
+    has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
+    check_before_start(cfg, spec, with_ps=has_ps)
+    _check_plan_runs(cfg, spec, tables, topology)
+    chosen = None
+    if cfg.resume and cfg.checkpoint:  # here, before any process starts
+        ckpt, state = check_resume(Path(cfg.checkpoint), has_ps, log.warning)
+        check_layout(ckpt.path / TRAINER_STATE, state, data_layout(cfg, spec, cfg.trainers))
+        chosen = str(ckpt.path)
+    job = Job(cfg, spec, dict(tables), topology, servers if has_ps else 0, cfg.trainers, resume_from=chosen)
+    logged = launcher_log(cfg.log_dir, f"{cfg!r}, {job.servers} servers") if cfg.log_dir else None
+    try:
+        results = local_cluster(
+            job.servers,
+            cfg.trainers,
+            run_trainer,
+            job,
+            delay_ms=cfg.ps_delay_ms,
+            wire_dtype=cfg.ps_wire_dtype,
+            timeout_s=PS_REQUEST_TIMEOUT_S,
+            run_timeout_s=run_timeout_s,
+            drain_s=FINAL_CHECKPOINT_WAIT_S if cfg.checkpoint else 0.0,
+            on_start=on_start,
+            log_dir=cfg.log_dir,
+        )
+    except Interrupted as stop:
+        if not stop.results:
+            raise
+        done = stop.results[0]
+        if cfg.log_dir:
+            write_summary(cfg.log_dir, done)
+        raise Interrupted(
+            stop.signum,
+            f"interrupted ({signal.Signals(stop.signum).name}) after step {done['last_step']}; "
+            f"checkpoint in {done['checkpoint']} (--resume goes on from there)",
+            stop.results,
+        ) from None
+    except Exception as err:
+        if logged is not None:  # the terminal gets the one line from the caller
+            log_failure(logged, err)
+        raise
+    finally:
+        if logged is not None:
+            logging.getLogger().removeHandler(logged)
+            logged.close()
+    if cfg.log_dir:
+        write_summary(cfg.log_dir, results[0])
+    return results[0]
+
+
+def train_torchrun(
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement],
+    *,
+    topology: Topology,
+    node_host: str | None = None,
+) -> Any:
+    """The same job under ``torchrun``, on one node or several: each node is one or more topology hosts, whose
+    parameter servers serve the PS tables and whose trainer devices train
+    (:func:`persia_planner.topology.torchrun_nodes.process_role`).
+
+    RPC and the trainers' gloo group both rendezvous in torchrun's store at ``MASTER_ADDR:MASTER_PORT``.
+
+    Args:
+        cfg: The run's options, as for :func:`train_local` (``cfg.trainers`` becomes the topology's trainer devices).
+        spec: The model.
+        tables: The plan's placement of every table.
+        topology: The plan's topology.
+        node_host: This node's host names, comma-separated (``--node-host`` / ``PERSIA_HOST``); None: by rank.
+
+    Returns:
+        The summary on the first trainer, None elsewhere.
+
+    Raises:
+        PlannerError: The world does not match the topology (checked before anything starts).
+    """
+    from persia_planner.modules.ps import server as ps_server
+    from persia_planner.modules.ps.connection import joined
+    from persia_planner.modules.train.roles import claim_role
+
+    start = torchrun_start(
+        cfg, spec, topology, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()), node_host=node_host
+    )
+    cfg, process, role, restarted = start.cfg, start.process, start.role, start.restarted
+    servers, rank, world = len(topology.servers), process.rank, process.world_size
+    claim_role(role, process)
+    if role.kind is ProcessKind.SERVER:
+        with process_log(cfg.log_dir, role.name):
+            ps_server.serve(rank, world, name=role.name)
+        return None
+    index = role.index
+    _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
+    node = node_roles(topology, node_hosts(topology, process, node_host))
+    local = process.local_rank - sum(r.kind is ProcessKind.SERVER for r in node)  # servers come first on a node
+    job = Job(cfg, spec, dict(tables), topology, servers, cfg.trainers, restarted=restarted, local_trainer=local)
+    if not servers:  # no parameter_server host: no RPC group, as on one machine
+        with process_log(cfg.log_dir, f"trainer{index}"):
+            return _finished(run_trainer(index, None, job), world, cfg)
+    # joined: a failed step leaves at once; a server lost at the end is named within the peer timeout, not awaited.
+    with (
+        process_log(cfg.log_dir, f"trainer{index}"),
+        joined(
+            f"trainer{index}",
+            rank,
+            world,
+            timeout_s=PS_REQUEST_TIMEOUT_S,
+            delay_ms=cfg.ps_delay_ms,
+            wire_dtype=cfg.ps_wire_dtype,
+        ) as client,
+    ):
+        try:
+            return _finished(run_trainer(index, client, job), world, cfg)
+        except RuntimeError as err:
+            cause = next((c for c in _PEER_GONE if c in str(err)), None)
+            if cause is None:
+                raise
+            # gloo names the peer by its socket address only; torchrun's own summary names the rank that failed.
+            raise PlannerError(
+                f"trainer{index} (rank {rank}): another process of the trainers' group is gone (gloo: {cause})",
+                fixes=("see torchrun's summary for the rank that failed first",),
+                kind=ErrorKind.UNAVAILABLE,
+            ) from None
+
+
+def _finished(result: dict[str, Any] | None, world: int, cfg: TrainConfig) -> dict[str, Any] | None:
+    """The first trainer's summary with where every process ran, also in ``--log-dir``'s summary.json."""
+    from persia_planner.modules.train.roles import with_processes
+
+    result = with_processes(result, world)
+    if result is not None and cfg.log_dir:
+        write_summary(cfg.log_dir, result)
+    return result
+
+
+# What gloo says when the other end of a collective died.
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer")

@@ -1,0 +1,238 @@
+"""A training job's checkpoints: one directory per step, published whole, the newest complete one resumed.
+
+Layout of ``--checkpoint DIR``::
+
+    DIR/
+      step-000000400/           everything the job needs to go on after step 400
+        MANIFEST.json           written last: format, step, world, lineage, every other file with its size and sha256
+        trainer.pt              dense model and optimizer, local tables and their optimizer state, RNG states, step
+        plan.json               the placement every table ran with
+        ps/                     the parameter servers' tables (:mod:`persia_planner.modules.ps.table_checkpoints`'s
+        layout, one committed version)
+      .step-000000600.tmp-1a2b  a checkpoint being written: renamed to step-000000600 once its manifest is in it
+
+A ``step-*`` directory exists only once it is complete (the rename is atomic), so a crash at any point leaves the
+older checkpoints as they were. A file damaged later (a truncated copy, a disk error) is found by the manifest's
+sizes and checksums; :func:`newest_complete` then falls back to the next older checkpoint and says why.
+
+Lineage: a run from scratch starts a new lineage, a resumed run continues the lineage it resumed. :func:`prune`
+keeps the ``keep`` newest checkpoints of the current lineage and deletes the rest: those of a run this directory held
+before (``--overwrite``) and those newer than the run's own newest, left by the timeline a resume abandoned.
+
+Torch-free: the launcher checks a checkpoint before any process starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from persia_planner.errors import PlannerError
+from persia_planner.modules.atomic import atomic_json, fsync_dir
+from persia_planner.modules.manifests import file_problem, file_record, remove_directories
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "Checkpoint",
+    "complete_checkpoints",
+    "new_lineage",
+    "newest_complete",
+    "prune",
+    "publish",
+    "staging_dir",
+    "verify",
+    "written_by_run",
+]
+
+FORMAT = "persia-checkpoint/1"
+MANIFEST = "MANIFEST.json"
+_STEP_RE = re.compile(r"^step-(\d{9,})$")
+_STAGING_RE = re.compile(r"^\.step-(\d{9,})\.tmp-[0-9a-f]+$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One published checkpoint directory and what its manifest says.
+
+    Attributes:
+        path: The ``step-*`` directory.
+        step: Global steps trained when it was taken.
+        lineage: The run (and the runs resumed from it) that wrote it.
+        world: ``{"trainers": T, "servers": S}`` of the job that wrote it.
+        run_id: The torchrun run (``TORCHELASTIC_RUN_ID``) that wrote it; None outside torchrun.
+    """
+
+    path: Path
+    step: int
+    lineage: str
+    world: dict[str, int]
+    run_id: str | None = None
+
+
+def new_lineage() -> str:
+    """A fresh lineage id, for a run from scratch."""
+    return uuid.uuid4().hex[:16]
+
+
+def staging_dir(root: str | os.PathLike[str], step: int) -> Path:
+    """A new, empty directory in ``root`` to write the checkpoint of ``step`` into before :func:`publish`."""
+    path = Path(root) / f".step-{step:09d}.tmp-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def publish(staging: Path, *, step: int, lineage: str, world: dict[str, int], run_id: str | None = None) -> Checkpoint:
+    """Write the manifest of ``staging`` (every file with its size and sha256), then rename it to ``step-NNNNNNNNN``.
+
+    A checkpoint of the same step already there (a run that went back to an older checkpoint) is replaced: moved
+    aside first, deleted once the new one is in place.
+    """
+    files = {p.relative_to(staging).as_posix(): file_record(p) for p in _files(staging)}
+    manifest = {"format": FORMAT, "step": step, "lineage": lineage, "world": dict(world), "files": files}
+    if run_id is not None:
+        manifest["run_id"] = run_id
+    atomic_json(manifest, staging / MANIFEST)
+    root = staging.parent
+    final = root / f"step-{step:09d}"
+    old = None
+    if final.exists():
+        old = root / f".step-{step:09d}.tmp-{uuid.uuid4().hex[:8]}"
+        os.replace(final, old)
+    os.replace(staging, final)
+    fsync_dir(root)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return Checkpoint(final, step, lineage, dict(world), run_id)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    file = path / MANIFEST
+    try:
+        manifest = json.loads(file.read_bytes())
+    except FileNotFoundError:
+        raise PlannerError(f"{file} is missing: the checkpoint is incomplete") from None
+    except (OSError, ValueError) as err:
+        raise PlannerError(f"{file} is not readable ({type(err).__name__}: {str(err)[:200]})") from None
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or not isinstance(manifest.get("files"), dict)
+    ):
+        raise PlannerError(f"{file} is not a manifest of {FORMAT}")
+    step = manifest.get("step")
+    if not isinstance(step, int) or _STEP_RE.match(path.name) is None or int(path.name[5:]) != step:
+        raise PlannerError(f"{file} names step {step!r}, its directory is {path.name}")
+    return manifest
+
+
+def verify(path: str | os.PathLike[str], *, checksums: bool = True) -> Checkpoint:
+    """The checkpoint at ``path`` after checking that every file its manifest names is there, whole and unchanged.
+
+    Raises:
+        PlannerError: One line naming the file that is missing, truncated or changed, or the manifest's problem.
+    """
+    path = Path(path)
+    manifest = _read_manifest(path)
+    for name, entry in sorted(manifest["files"].items()):
+        problem = file_problem(path / name, entry if isinstance(entry, dict) else {}, checksums=checksums)
+        if problem is not None:
+            raise PlannerError(f"{path / name}: {problem}")
+    world = manifest.get("world") if isinstance(manifest.get("world"), dict) else {}
+    run_id = manifest.get("run_id")
+    return Checkpoint(
+        path, int(manifest["step"]), str(manifest.get("lineage", "")), dict(world), str(run_id) if run_id else None
+    )
+
+
+def complete_checkpoints(root: str | os.PathLike[str]) -> list[Path]:
+    """The ``step-*`` directories of ``root``, newest first (not verified)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_RE.match(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
+
+
+def newest_complete(
+    root: str | os.PathLike[str], *, on_skip: Callable[[str], None] | None = None, checksums: bool = True
+) -> Checkpoint:
+    """The newest checkpoint of ``root`` that :func:`verify` accepts; each newer one that it refuses is reported to
+    ``on_skip`` as one line, and skipped.
+
+    Raises:
+        PlannerError: No checkpoint in ``root``, or none that is whole (the newest one's problem is named).
+    """
+    root = Path(root)
+    candidates = complete_checkpoints(root)
+    if not candidates:
+        legacy = root / "trainer.pt"
+        if legacy.is_file():
+            raise PlannerError(
+                f"--resume: {root} holds a checkpoint of an earlier version of persia train (trainer.pt at the top)",
+                fixes=("train from scratch into another directory",),
+            )
+        raise PlannerError(
+            f"--resume: no checkpoint in {root} (no step-* directory)",
+            fixes=("train once with --checkpoint DIR first",),
+        )
+    first: PlannerError | None = None
+    for path in candidates:
+        try:
+            return verify(path, checksums=checksums)
+        except PlannerError as err:
+            first = first or err
+            if on_skip is not None:
+                on_skip(f"skipping checkpoint {path.name}: {err.message}")
+    assert first is not None
+    raise PlannerError(
+        f"--resume: no whole checkpoint in {root}; the newest: {first.message}",
+        fixes=("train from scratch without --resume",),
+    )
+
+
+def written_by_run(root: str | os.PathLike[str], run_id: str) -> bool:
+    """Whether the newest checkpoint of ``root`` was written by the torchrun run ``run_id`` (not checked whole)."""
+    found = complete_checkpoints(root)
+    try:
+        return bool(found) and json.loads((found[0] / MANIFEST).read_bytes()).get("run_id") == run_id
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def prune(root: str | os.PathLike[str], newest: Checkpoint, keep: int) -> list[Path]:
+    """After ``newest`` was published: keep it and the ``keep - 1`` next older checkpoints of its lineage, delete
+    the others and any staging directory left by a crash. Returns what was deleted.
+
+    Raises:
+        ValueError: ``keep < 1``.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = Path(root)
+    kept: list[Path] = []
+    dropped: list[Path] = []
+    for path in complete_checkpoints(root):
+        step = int(path.name[5:])
+        try:
+            lineage = json.loads((path / MANIFEST).read_bytes()).get("lineage")
+        except (OSError, ValueError, AttributeError):
+            lineage = None
+        if lineage == newest.lineage and step <= newest.step and len(kept) < keep:
+            kept.append(path)
+        else:
+            dropped.append(path)
+    # Only trainer 0 writes checkpoints, and it is done with its own staging directory.
+    dropped += [path for path in root.iterdir() if _STAGING_RE.match(path.name)]
+    return remove_directories(root, dropped)

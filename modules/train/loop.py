@@ -1,0 +1,272 @@
+"""What a trainer runs: the model's DLRM or DLRM_DCN over a
+:class:`~persia_planner.modules.embedding.hybrid.HybridEmbeddingBagCollection`, its optimizers, and the step loop that
+reads up to ``K`` batches ahead and asks the hybrid module to prefetch their PS rows whenever the staleness bound allows
+it without waiting, so lookups travel while earlier batches compute and gradient pushes never block the step.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from persia_planner.kinds import Mode
+from persia_planner.model.dense import ArchKind, DenseArch
+from persia_planner.model.specs import ModelSpec
+from persia_planner.modules.data.batch import Batch, as_batches
+from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
+from persia_planner.modules.embedding.model_parallel import (
+    data_parallel_tables,
+    dense_parameters,
+    hybrid_of,
+    sparse_torch_optimizer,
+)
+from persia_planner.modules.step_breakdown import PS_PUSH, PS_WAIT, StepProfiler
+from persia_planner.modules.train.config import DenseOptimizer, TrainConfig, dense_arch, dlrm_embedding_dim
+from persia_planner.placement.memory import ps_server_capacity
+from persia_planner.placement.shards import TablePlacement
+
+if TYPE_CHECKING:
+    from persia_planner.modules.train.job import Job
+
+__all__ = [
+    "StepStats",
+    "TrainLoop",
+    "build_job_model",
+    "build_model",
+    "dense_state_dict",
+    "make_optimizer",
+    "torchrec_model",
+]
+
+
+# ---- the model -----------------------------------------------------------------------------------------------
+
+
+def build_model(
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement] | None,
+    *,
+    ps: Any = None,
+    optimizer: SparseOptimizer | None = None,
+    staleness: int = 0,
+    seed: int = 0,
+    ps_servers: int = 1,
+    arch: DenseArch | None = None,
+    device: torch.device | None = None,
+    local_device: torch.device | None = None,
+    capacity: Mapping[str, int] | None = None,
+) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
+    """TorchRec's ``DLRM`` or ``DLRM_DCN`` (``arch``, default the model's ``dense:``, :attr:`DenseSpec.built_arch`)
+    over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs from plain TorchRec).
+    Returns ``(model, hybrid)``; shard it with :func:`persia_planner.modules.embedding.model_parallel.distribute`.
+
+    Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_server_capacity``:
+    the rows of its largest bucket plus the hash's allowance), or ``capacity[table]`` where given (``--ps-capacity
+    unbounded``).
+
+    Raises:
+        PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
+    """
+    from persia_planner.plan.torchrec_export import to_embedding_bag_configs
+
+    dim = dlrm_embedding_dim(spec)
+    # Each server's store: the capacity the planner charged it for (room for the hash's imbalance).
+    given = capacity or {}
+    capacity = {
+        t.name: given.get(t.name, ps_server_capacity(t.rows, ps_servers))
+        for t in spec.tables
+        if tables is not None and tables[t.name].mode is Mode.ASYNC
+    }
+    torch.manual_seed(seed)
+    hybrid = HybridEmbeddingBagCollection(
+        to_embedding_bag_configs(spec),
+        tables,
+        ps=ps,
+        optimizer=optimizer,
+        staleness=staleness,
+        ps_capacity=capacity,
+        seed=seed,
+        device=device,
+        local_device=local_device,
+        keep_order=False,  # DLRM reads the pooled embeddings by key
+    )
+    return torchrec_model(hybrid, arch or spec.dense.built_arch, dim), hybrid
+
+
+def build_job_model(
+    job: Job,
+    client: Any,
+    optimizer: SparseOptimizer,
+    *,
+    device: torch.device | None = None,
+    capacity: Mapping[str, int] | None = None,
+) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
+    """:func:`build_model` as every trainer of ``job`` builds it: the run's staleness (0 in sync mode), seed, server
+    count and dense arch, its PS tables through ``client``, and its local tables on the meta device, for
+    ``DistributedModelParallel`` to allocate the shards this trainer holds."""
+    cfg = job.cfg
+    return build_model(
+        job.spec,
+        job.tables,
+        ps=client,
+        optimizer=optimizer,
+        staleness=cfg.effective_staleness,
+        seed=cfg.seed,
+        ps_servers=job.servers,
+        arch=dense_arch(job.spec, cfg),
+        device=device,
+        local_device=torch.device("meta"),
+        capacity=capacity,
+    )
+
+
+def torchrec_model(embeddings: nn.Module, arch: DenseArch, dim: int) -> nn.Module:
+    """TorchRec's ``DLRM`` or ``DLRM_DCN`` as ``arch`` describes it, over ``embeddings`` (an
+    ``EmbeddingBagCollection`` or a :class:`HybridEmbeddingBagCollection`) whose tables all have ``dim`` columns."""
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
+
+    sizes: dict[str, Any] = {
+        "embedding_bag_collection": embeddings,
+        "dense_in_features": arch.num_dense,
+        "dense_arch_layer_sizes": [*arch.bottom, dim],
+        "over_arch_layer_sizes": list(arch.over),
+    }
+    if arch.kind is ArchKind.DCN:
+        return DLRM_DCN(**sizes, dcn_num_layers=arch.dcn_layers, dcn_low_rank_dim=arch.dcn_low_rank)
+    return DLRM(**sizes)
+
+
+def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state without its :class:`HybridEmbeddingBagCollection` (detached, not copied)."""
+    path, _ = hybrid_of(model)
+    prefix = f"{path}." if path else ""
+    return {k: v.detach() for k, v in model.state_dict().items() if not (prefix and k.startswith(prefix))}
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, sparse: SparseOptimizer) -> Any:
+    """The optimizer a step calls: the dense one over the dense parameters, the sparse one over local tables that
+    fbgemm does not update in its fused backward (data-parallel replicas). Fused tables need none."""
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+
+    def dense_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        kind = {
+            DenseOptimizer.SGD: torch.optim.SGD,
+            DenseOptimizer.ADAGRAD: torch.optim.Adagrad,
+            DenseOptimizer.ADAM: torch.optim.Adam,
+        }[cfg.dense_optimizer]
+        return kind(params, lr=cfg.dense_lr)
+
+    def sparse_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return sparse_torch_optimizer(sparse.kind, params, lr=sparse.learning_rate, eps=sparse.eps)
+
+    parts = [(dense_parameters(model), dense_opt), (data_parallel_tables(model), sparse_opt)]
+    return CombinedOptimizer([KeyedOptimizerWrapper(p, make) for p, make in parts if p])
+
+
+# ---- the step loop -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepStats:
+    """What one step measured."""
+
+    loss: float
+    step_ms: float
+    staleness: int
+    samples: int
+    data_ms: float = 0.0
+    ps_wait_ms: float = 0.0
+    push_ms: float = 0.0
+
+
+class TrainLoop:
+    """Runs training steps with PS rows prefetched up to ``K`` batches ahead.
+
+    Args:
+        model: The model to call (e.g. DDP-wrapped); ``model(dense, sparse)`` returns logits ``[B, 1]``.
+        hybrid: Its hybrid embedding collection (for prefetch and the staleness gauge).
+        optimizer: The dense optimizer.
+        device: Where the model computes (batches are moved there); default CPU.
+        profiler: Profiles a window of steps for the step-time breakdown (see
+            :mod:`persia_planner.modules.step_breakdown`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        hybrid: HybridEmbeddingBagCollection,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device | None = None,
+        profiler: StepProfiler | None = None,
+    ):
+        self.model, self.hybrid, self.optimizer = model, hybrid, optimizer
+        self.device = device or torch.device("cpu")
+        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.profiler = profiler
+
+    def _to_device(self, batch: Batch) -> Batch:
+        # Moved once, when read: the module matches a forward to its prefetch by the KJT's identity.
+        if self.device.type == "cpu":
+            return batch
+        return Batch(batch.dense.to(self.device), batch.sparse.to(self.device), batch.labels.to(self.device))
+
+    def run(self, batches: Iterable[Any]) -> Iterator[StepStats]:
+        """Train on every batch of ``batches`` (ours, or TorchRec's ``Batch`` es: :func:`.data.batch.as_batch`);
+        yields one :class:`StepStats` per step."""
+        batches = as_batches(batches)
+        ahead: collections.deque[tuple[Batch, bool]] = collections.deque()
+        window = self.hybrid.max_staleness + 1
+        exhausted = False
+        self.model.train()
+        index = 0
+        while True:
+            fetch = time.perf_counter()
+            while not exhausted and len(ahead) < window:
+                nxt = next(batches, None)
+                if nxt is None:
+                    exhausted = True
+                else:
+                    ahead.append((self._to_device(nxt), False))
+            if not ahead:
+                return
+            start = time.perf_counter()
+            ps_before = self.hybrid.ps_time_ms()
+            with self.profiler.step(index) if self.profiler else contextlib.nullcontext():
+                # Prefetch what the bound allows without waiting; the current batch (first) may wait: that wait is
+                # part of the step (K = 0 waits for every trainer's update here).
+                for k, (b, sent) in enumerate(ahead):
+                    if sent:
+                        continue
+                    if not self.hybrid.prefetch(b.sparse, block=(k == 0)):
+                        break
+                    ahead[k] = (b, True)
+                batch, _ = ahead.popleft()
+                logits = self.model(batch.dense, batch.sparse).squeeze(-1)
+                loss = self.loss_fn(logits, batch.labels)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                loss_value = float(loss.detach())
+            index += 1
+            end = time.perf_counter()
+            ps_after = self.hybrid.ps_time_ms()
+
+            def spent(label: str, after: dict[str, float] = ps_after, before: dict[str, float] = ps_before) -> float:
+                return after.get(label, 0.0) - before.get(label, 0.0)
+
+            yield StepStats(
+                loss_value,
+                (end - start) * 1e3,
+                self.hybrid.staleness,
+                batch.size,
+                (start - fetch) * 1e3,
+                spent(PS_WAIT),
+                spent(PS_PUSH),
+            )

@@ -1,0 +1,115 @@
+"""The run's directories (``--checkpoint``, ``--log-dir``) checked before any process starts; torch-free, like
+:mod:`persia_planner.modules.train.config`, which runs these checks."""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from persia_planner.errors import PlannerError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from persia_planner.modules.train.config import TrainConfig
+
+__all__ = ["METRICS_FILE", "check_checkpoint_dir", "check_log_dir", "check_resume_exists"]
+
+
+def check_checkpoint_dir(cfg: TrainConfig) -> None:
+    """``--checkpoint`` must be a writable directory or a path one can become (it is created here): found out before
+    training, not at its end."""
+    if not cfg.checkpoint:
+        return
+    path = Path(cfg.checkpoint)
+    _check_not_under_a_file("--checkpoint", path)
+    # A run from scratch replaces what the directory holds at its first save: never silently.
+    if not (cfg.resume or cfg.overwrite) and path.is_dir() and any(path.iterdir()):
+        raise PlannerError(
+            f"--checkpoint {path} is not empty; training from scratch would replace what it holds",
+            fixes=("add --resume to continue its checkpoint", "add --overwrite to replace it", "pass another dir"),
+        )
+    _check_writable("--checkpoint", path)
+
+
+METRICS_FILE = "metrics.jsonl"
+"""The per-step metrics in ``--log-dir`` (:mod:`.metrics_log` writes them)."""
+
+
+def check_log_dir(cfg: TrainConfig) -> None:
+    """``--log-dir`` must be a writable directory or a path one can become (it is created here); a run from scratch
+    does not mix its metrics into an earlier run's (``--resume`` appends, ``--overwrite`` replaces them); and the
+    TensorBoard writer must be installed (found, not imported: it imports torch)."""
+    if not cfg.log_dir:
+        return
+    if importlib.util.find_spec("tensorboard") is None:
+        raise PlannerError(
+            "--log-dir writes TensorBoard event files: the tensorboard package is not installed",
+            fixes=("pip install tensorboard", "leave out --log-dir"),
+        )
+    path = Path(cfg.log_dir)
+    _check_not_under_a_file("--log-dir", path)
+    metrics = path / METRICS_FILE
+    if not (cfg.resume or cfg.overwrite) and metrics.is_file() and metrics.stat().st_size > 0:
+        raise PlannerError(
+            f"--log-dir {path} holds the metrics of an earlier run ({METRICS_FILE})",
+            fixes=("add --resume to continue them", "add --overwrite to replace them", "pass another dir"),
+        )
+    _check_writable("--log-dir", path)
+
+
+def _check_not_under_a_file(option: str, path: Path) -> None:
+    for p in (path, *path.parents):
+        # A symbolic link that leads back to itself (directly or through others) neither exists nor can be made: say
+        # so, rather than mkdir's "File exists".
+        if p.is_symlink() and not p.exists() and _loops(p):
+            raise PlannerError(
+                f"{option} {path}: {p} is a symbolic link that loops back to itself",
+                fixes=("point the link at a directory, or pass another path",),
+            )
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise PlannerError(
+            f"{option} {path}: {blocker} is a file, not a directory",
+            fixes=("pass a directory (it is created if missing)",),
+        )
+
+
+def _loops(link: Path) -> bool:
+    """Whether following ``link`` comes back to a link on the way (Python says "Symlink loop", the OS ELOOP)."""
+    try:
+        link.resolve(strict=True)
+    except RuntimeError:
+        return True
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    return False
+
+
+def _check_writable(option: str, path: Path) -> None:
+    # Whether it can be written is only known by writing (permissions, read-only mounts, /proc): create it now and
+    # write a probe, rather than train for hours and fail at the save.
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise PlannerError(
+            f"{option} {path}: cannot write there ({err.strerror or err})",
+            fixes=("pass a writable directory",),
+        ) from None
+
+
+def check_resume_exists(directory: str | os.PathLike[str]) -> Path:
+    """The newest checkpoint directory of ``directory`` (``--resume``), which must hold one whose files are all there
+    (sizes, not checksums). :func:`persia_planner.modules.train.trainer_state.check_resume` checks it whole, falling
+    back to an older one: it reads the trainer state with torch.
+
+    Raises:
+        PlannerError: No checkpoint in ``directory``, or none whose files are all there.
+    """
+    from persia_planner.modules.train.job_checkpoints import newest_complete
+
+    return newest_complete(directory, checksums=False).path

@@ -1,0 +1,70 @@
+"""What a training run shows on the terminal: trainer 0's progress bar and the summary table's rows.
+
+The bar draws on the process's terminal even when its output goes to a log file
+(:func:`persia_planner.modules.process_logs.terminal`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from persia_planner.modules.process_logs import terminal
+from persia_planner.modules.train.config import TrainConfig, describe_hyper_parameters
+
+__all__ = ["ema", "progress_bar", "summary_rows"]
+
+
+def ema(xs: list[float], window: int = 20) -> float:
+    """The mean of the last ``window`` values (the bar's smoothed loss)."""
+    tail = xs[-window:]
+    return sum(tail) / len(tail)
+
+
+def progress_bar(cfg: TrainConfig) -> Any:
+    """A ``rich`` progress bar of ``cfg.steps`` steps: loss, samples/s and staleness."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    out = terminal()
+    width = None  # rich measures fds 0-2, which a log file may have taken: measure the terminal itself
+    with contextlib.suppress(OSError, ValueError):
+        width = os.get_terminal_size(out.fileno()).columns or None
+    return Progress(
+        TextColumn("[bold]train[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}"),
+        TextColumn("{task.fields[rate]:,.0f} samples/s"),
+        TextColumn("staleness {task.fields[stale]}" + f"/{cfg.effective_staleness}"),
+        TimeRemainingColumn(),
+        console=Console(file=out, width=width),
+        transient=False,
+    )
+
+
+def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary table's rows (metric, value)."""
+    rows = [
+        ("AUC", f"{result['auc']:.4f}"),
+        ("teacher AUC (best possible)", f"{result['teacher_auc']:.4f}" if result.get("teacher_auc") else "-"),
+        ("train loss (last 10%)", f"{result['loss']:.4f}"),
+        ("eval log loss", f"{result['eval_loss']:.4f}"),
+        ("samples/s", f"{result['samples_per_s']:,.0f}"),
+        ("step ms (median, after warm-up)", f"{result['step_ms']:.1f}"),
+        (
+            "  of which (ms)",
+            ", ".join(f"{k} {v:.1f}" for k, v in result.get("step_breakdown_ms", {}).items() if k != "data") or "-",
+        ),
+        ("data ms per step (not in the step)", f"{result.get('step_breakdown_ms', {}).get('data', 0.0):.1f}"),
+        ("global batch x steps", f"{result['batch_size']} x {result['steps']}"),
+        ("dense arch; optimizers (lr)", describe_hyper_parameters(result.get("hyper_parameters"))),
+        ("staleness K (max seen)", f"{result['staleness']} ({result['staleness_max_seen']})"),
+        ("trainers / PS servers", f"{result['trainers']} / {result['servers']}"),
+        ("PS wire dtype", result["ps_wire"]),
+        ("PS tables (async)", ", ".join(result["ps_tables"]) or "-"),
+        ("local tables (sync)", f"{len(result['local_tables'])}"),
+        ("executed as planned", "yes" if result.get("executed_matches_plan") else "no"),
+    ]
+    return rows

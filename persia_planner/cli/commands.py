@@ -1,0 +1,358 @@
+"""The ``persia`` command: a thin shell over the Python API (parse arguments, call, print).
+
+Exit codes: 0 success; 1 ``persia validate`` found an invalid plan; 2 bad input (a missing or malformed file, an
+unknown key or unit, a model that cannot fit, a bad argument): one line ``error: <message>`` on stderr, never a
+traceback; 3 an internal error (a bug: please report it; ``PERSIA_DEBUG=1`` shows the traceback); 130 / 143
+interrupted by SIGINT (Ctrl-C) / SIGTERM (``128 + signum``, as a shell reports a signal; ``persia train`` stops its
+workers first and says so in its ``error:`` line).
+
+Nothing here imports torch, and matplotlib is imported only by ``--png`` (``persia plan``, ``persia topology``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from persia_planner.cli.app import (
+    EXIT_BAD_INPUT,
+    EXIT_INVALID_PLAN,
+    Exit,
+    app,
+    edge,
+    main,
+    make_console,
+    note,
+    print_error,
+    refuse_overwriting,
+    write_file,
+)
+from persia_planner.cli.train import train_command
+from persia_planner.errors import PlannerError
+from persia_planner.limits import MAX_STALENESS
+
+if TYPE_CHECKING:
+    from persia_planner.model.specs import ModelSpec
+    from persia_planner.plan.plan import Plan
+    from persia_planner.topology.graph import Topology
+
+__all__ = ["app", "main"]
+
+
+@app.command("plan")
+def plan_command(
+    model: Annotated[
+        Path | None, typer.Argument(metavar="MODEL", help="model.yaml (default: the bundled DLRM example)")
+    ] = None,
+    topology: Annotated[
+        Path | None, typer.Argument(metavar="TOPOLOGY", help="topology.yaml (default: the bundled 2x4 cluster)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="write plan.json here (atomically)")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="say why the largest tables went where they did")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print only the plan.json content on stdout")] = False,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the search's tie-breaking")] = 0,
+    png: Annotated[
+        Path | None, typer.Option("--png", help="draw the placement into this PNG file (each table on its devices)")
+    ] = None,
+    staleness: Annotated[
+        int | None,
+        typer.Option(
+            "--staleness",
+            min=0,
+            max=MAX_STALENESS,
+            help="plan for this staleness K of the PS tables, as 'persia train' will run it (default: model's; "
+            "0 for 'persia train --mode sync')",
+        ),
+    ] = None,
+    ps_wire: Annotated[
+        str | None,
+        typer.Option("--ps-wire", help="plan for PS traffic in this dtype: fp32, fp16 or bf16 (default: model's)"),
+    ] = None,
+    tune: Annotated[
+        bool,
+        typer.Option(
+            "--tune",
+            help="run the plan, its best alternatives and TorchRec's planner's plan on this machine (synthetic "
+            "data, the topology's trainers and servers), and keep the fastest measured",
+        ),
+    ] = False,
+    tune_budget: Annotated[
+        float, typer.Option("--tune-budget", min=1.0, help="seconds --tune may run candidates for (at least a round)")
+    ] = 120.0,
+    tune_steps: Annotated[int, typer.Option("--tune-steps", min=5, help="training steps of each timed run")] = 40,
+    tune_candidates: Annotated[
+        int, typer.Option("--tune-candidates", min=1, help="plans of our search --tune runs (TorchRec's on top)")
+    ] = 3,
+) -> None:
+    """Place every table of MODEL on TOPOLOGY; print the per-device and per-table reports and the estimate."""
+    from persia_planner import load_model, load_topology
+    from persia_planner import plan as make_plan
+    from persia_planner.model.specs import with_run_options
+    from persia_planner.paths import EXAMPLE_MODEL, EXAMPLE_TOPOLOGY
+    from persia_planner.plan.validation import require_valid
+
+    with edge():
+        if (model is None) != (topology is None):
+            raise Exit(
+                print_error(
+                    "give both MODEL and TOPOLOGY, or neither to plan the bundled example; "
+                    "fix: persia plan model.yaml topology.yaml",
+                    EXIT_BAD_INPUT,
+                )
+            )
+        if model is None or topology is None:
+            model, topology = EXAMPLE_MODEL, EXAMPLE_TOPOLOGY
+            note(
+                f"no files given: planning the bundled example {EXAMPLE_MODEL.name} on {EXAMPLE_TOPOLOGY.name}",
+                to_stderr=as_json,
+            )
+        refuse_overwriting({"--out": out, "--png": png}, {"MODEL": model, "TOPOLOGY": topology})
+        model_spec = with_run_options(load_model(model), staleness=staleness, ps_wire=ps_wire)
+        topo = load_topology(topology)
+        # Only --explain prints the alternatives: without it, the search need not score them.
+        result = make_plan(model_spec, topo, seed=seed, **({} if explain else {"explain_top": 0}))
+        require_valid(result, model_spec, topo)
+        if tune:
+            result = _tuned(result, model_spec, topo, seed, tune_budget, tune_steps, tune_candidates)
+            require_valid(result, model_spec, topo)
+        if out is not None:
+            write_file(out, "the plan", result.save)
+        if png is not None:
+            _write_picture(png, topo, result)
+        if as_json:
+            typer.echo(result.to_json())
+            for written in (out, png):
+                if written is not None:
+                    note(f"wrote {written}", to_stderr=True)
+            return
+        from persia_planner import report
+
+        console = make_console()
+        report.print_plan(result, model_spec, topo, console, explain=explain)
+        for written in (out, png):
+            if written is not None:
+                note(f"wrote {written}", to_stderr=False)
+
+
+def _tuned(
+    searched: Plan, model: ModelSpec, topo: Topology, seed: int, budget_s: float, steps: int, candidates: int
+) -> Plan:
+    """``persia plan --tune``: the candidates run here under a progress bar on stderr; the fastest measured."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from persia_planner.modules.train_extra import require_training_stack
+
+    require_training_stack("persia plan --tune")
+    from persia_planner.modules.tools.tune import require_this_machine, tune
+
+    require_this_machine(topo)
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=make_console(stderr=True)
+    ) as progress:
+        task = progress.add_task("tuning: planning the candidates", total=budget_s)
+        started = [0.0]
+
+        def runs(found) -> None:
+            started[0] = time.monotonic()
+            names = ", ".join(r.name for r in found)
+            progress.update(task, description=f"tuning {len(found)} candidates ({names})")
+
+        def ran(name: str, rate: float | None) -> None:
+            done = f"{rate:,.0f} samples/s" if rate is not None else "failed"
+            progress.update(task, completed=time.monotonic() - started[0], description=f"tuning: {name} {done}")
+
+        tuned = tune(searched, model, topo, budget_s=budget_s, steps=steps, limit=candidates, seed=seed,
+                     on_runs=runs, on_run=ran)  # fmt: skip
+        progress.update(task, completed=budget_s)
+    return tuned
+
+
+def _write_picture(png: Path, topo: Topology, placed: Plan | None = None) -> None:
+    """Draw ``topo`` (with ``placed``'s tables on their devices) into the PNG file ``png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from persia_planner.report import draw_topology
+
+    figure = draw_topology(topo, placed)
+    try:
+        write_file(png, "the picture", lambda path: figure.savefig(path, dpi=120, bbox_inches="tight", format="png"))
+    finally:
+        figure.clear()
+
+
+@app.command("validate")
+def validate_command(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="model.yaml")],
+    topology: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="topology.yaml")],
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan.json")],
+) -> None:
+    """Re-check PLAN against MODEL and TOPOLOGY: every table placed exactly once, each table's constraints kept,
+    nothing over capacity.
+
+    Exits 0 when valid, 1 when the plan breaks a rule (each problem is printed), 2 on bad input (also constraints
+    that no plan on TOPOLOGY can keep, as ``persia plan`` refuses them).
+    """
+    from persia_planner import CostModel, load_model, load_plan, load_topology, validate
+    from persia_planner.placement.feasibility import check_constraints
+    from persia_planner.report import summary
+
+    with edge():
+        model_spec = load_model(model)
+        topo = load_topology(topology)
+        check_constraints(model_spec, topo)
+        loaded = load_plan(plan_file)
+        problems = validate(loaded, model_spec, topo)
+        if problems:
+            typer.echo(f"{plan_file} is INVALID for {model_spec.name} on {topo.name}: {len(problems)} problem(s)")
+            for problem in problems:
+                typer.echo(f"  - {problem}")
+            raise Exit(
+                print_error(
+                    f"invalid plan: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+                    EXIT_INVALID_PLAN,
+                )
+            )
+        for field, ours in (("model", model_spec.name), ("topology", topo.name)):
+            theirs = getattr(loaded, field)
+            if theirs and theirs != ours:
+                note(f"note: {plan_file} was made for {field} {theirs!r}, checked against {ours!r}", to_stderr=True)
+        estimate, _ = CostModel(model_spec, topo).evaluate(loaded.tables)
+        typer.echo(
+            f"OK: {plan_file} places all {len(model_spec.tables)} tables of {model_spec.name} on {topo.name} "
+            f"within capacity; re-estimated step {estimate.step_ms:.2f} ms"
+        )
+        typer.echo(summary(loaded))
+
+
+@app.command("topology")
+def topology_command(
+    topology: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="topology.yaml")],
+    png: Annotated[Path | None, typer.Option("--png", help="draw the cluster into this PNG file")] = None,
+) -> None:
+    """Summarise TOPOLOGY: hosts, GPUs, parameter servers, memory totals, links, switch bandwidth, latency."""
+    from persia_planner import load_topology
+    from persia_planner.report import topology_lines
+
+    with edge():
+        refuse_overwriting({"--png": png}, {"TOPOLOGY": topology})
+        topo = load_topology(topology)
+        for line in topology_lines(topo):
+            typer.echo(line)
+        if png is not None:
+            _write_picture(png, topo)
+            typer.echo(f"wrote {png}")
+
+
+@app.command("nodes")
+def nodes_command(
+    topology: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="topology.yaml")],
+    node: Annotated[
+        int | None, typer.Option("--node", min=0, help="print only node N's line: its host and --nproc-per-node")
+    ] = None,
+) -> None:
+    """The torchrun layout of TOPOLOGY, one node per host in topology order: node, host, --nproc-per-node.
+
+    A parameter_server host runs one server, a trainer host one trainer per device; launch node N with
+    ``PERSIA_HOST=HOST torchrun --nproc-per-node NPROC ...`` (scripts/slurm_train.sbatch does).
+    """
+    from persia_planner import load_topology
+    from persia_planner.topology.torchrun_nodes import node_layout
+
+    with edge():
+        layout = node_layout(load_topology(topology))
+        if node is not None and node >= len(layout):
+            raise PlannerError(
+                f"--node {node} is past the {len(layout)} nodes of {topology}",
+                fixes=(f"give --node 0 to {len(layout) - 1}", "launch one node per host of the topology"),
+            )
+        for i, (host, procs) in enumerate(layout):
+            if node is None or node == i:
+                typer.echo(f"{i} {host} {procs}")
+
+
+@app.command("ps")
+def ps_command(
+    rank: Annotated[int, typer.Option("--rank", min=0, help="this server's rank; servers take 0..n-1")],
+    world_size: Annotated[int, typer.Option("--world-size", min=1, help="parameter servers + trainers")],
+    name: Annotated[str | None, typer.Option("--name", help="RPC worker name (default ps{rank})")] = None,
+    rpc_timeout: Annotated[float, typer.Option("--rpc-timeout", min=1.0, help="seconds, for rendezvous")] = 60.0,
+    peer_timeout: Annotated[
+        float,
+        typer.Option("--peer-timeout", min=0.0, help="give up on a worker that stopped answering after N s (0: never)"),
+    ] = 60.0,
+) -> None:
+    """Run one embedding parameter server until the job ends (torch.distributed.rpc; MASTER_ADDR/MASTER_PORT from
+    the environment, as torchrun sets them)."""
+    import logging
+
+    with edge():
+        if rank >= world_size:
+            raise PlannerError(f"--rank {rank} must be below --world-size {world_size}")
+        from persia_planner.modules.rpc_environment import master_address, rpc_transports
+        from persia_planner.modules.train_extra import PS_STACK, require_training_stack
+
+        # The environment is checked before torch is imported (and before the network is touched): a mistake
+        # is answered at once.
+        master_address("the parameter-server RPC group")
+        rpc_transports()
+        require_training_stack("persia ps", PS_STACK)
+        from persia_planner.modules.ps.server import serve
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        serve(rank, world_size, name=name, rpc_timeout_s=rpc_timeout, peer_timeout_s=peer_timeout)
+
+
+app.command("train")(train_command)
+
+
+@app.command("calibrate")
+def calibrate_command(
+    quick: Annotated[bool, typer.Option("--quick", help="fewer, smaller measurements (about a minute)")] = False,
+    out: Annotated[Path, typer.Option("--out", help="the profile to write (topology.yaml names it as profile:)")] = (
+        Path("profile.yaml")
+    ),
+) -> None:
+    """Measure this machine as the runtime uses it (memory, fbgemm TBE, gloo collectives, PS rpc and store, dense
+    MLP) and write a hardware profile; prints the figures fitted from it."""
+    import yaml
+
+    from persia_planner.topology.profile import HardwareProfile
+
+    with edge():
+        if out.exists() and not out.is_file():
+            raise PlannerError(f"--out {out} is not a regular file", fixes=("give a file path, e.g. profile.yaml",))
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from persia_planner.modules.train_extra import require_training_stack
+
+        require_training_stack("persia calibrate")
+        from persia_planner.modules.tools.calibrate import PHASES, calibrate
+
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=make_console(stderr=True)
+        ) as progress:
+            task = progress.add_task("calibrating", total=len(PHASES))
+
+            def done(name: str, seconds: float) -> None:
+                progress.update(task, advance=1, description=f"{name} done ({seconds:.1f} s)")
+
+            raw = calibrate(quick=quick, on_done=done)
+        fitted = HardwareProfile.from_dict(raw, str(out))
+        text = "# persia calibrate: raw measurements; the planner fits its figures from them (persia_planner.cost)\n"
+        text += yaml.safe_dump(raw, sort_keys=False)
+        write_file(out, "the profile", lambda path: path.write_text(text, encoding="utf-8"))
+        from rich.table import Table
+
+        table = Table(title=f"persia calibrate ({'quick' if quick else 'full'}): fitted figures")
+        for column in ("figure", "fitted", "worst fit error"):
+            table.add_column(column, justify="left" if column == "figure" else "right")
+        for row in fitted.summary():
+            table.add_row(*row)
+        make_console().print(table)
+        note(f"wrote {out}", to_stderr=False)

@@ -1,0 +1,389 @@
+"""``persia train``: plan (or read) a placement and train with it, on this machine or under torchrun.
+
+Options, plan and inputs are checked before torch is imported; the engine is :mod:`persia_planner.modules.train.engine`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from persia_planner.cli.app import edge, make_console, note
+from persia_planner.errors import PlannerError
+from persia_planner.limits import MAX_BATCH_SIZE, MAX_STALENESS
+
+if TYPE_CHECKING:
+    from persia_planner.model.specs import ModelSpec
+    from persia_planner.modules.train.config import TrainConfig
+    from persia_planner.plan.plan import Plan
+    from persia_planner.topology.graph import Topology
+
+__all__ = ["train_command"]
+
+
+# The command's options, one alias each: typer reads them from the annotations.
+ModelOption = Annotated[
+    Path | None, typer.Option("--model", help="model.yaml (default: the bundled small DLRM, dlrm_small.yaml)")
+]
+
+TopologyOption = Annotated[
+    Path | None, typer.Option("--topology", help="topology.yaml (default: this machine, local_2x1.yaml)")
+]
+
+PlanPathOption = Annotated[
+    Path | None, typer.Option("--plan", help="plan.json to execute (default: plan MODEL on TOPOLOGY now)")
+]
+
+DataOption = Annotated[
+    str,
+    typer.Option(
+        "--data",
+        help="'synthetic', or 'criteo:PATH', 'parquet:PATH' or 'csv:PATH' (a file or a directory of files; "
+        "Parquet and CSV columns mapped by model.yaml's data: or --schema)",
+    ),
+]
+
+SchemaOption = Annotated[
+    Path | None,
+    typer.Option("--schema", help="YAML mapping a Parquet / CSV file's columns (label, dense, sparse), as data:"),
+]
+
+DataWorkersOption = Annotated[
+    int,
+    typer.Option(
+        "--data-workers",
+        min=0,
+        help="DataLoader worker processes per trainer reading --data files (0: the trainer reads them itself)",
+    ),
+]
+
+StalenessOption = Annotated[
+    int | None,
+    typer.Option(
+        "--staleness",
+        min=0,
+        max=MAX_STALENESS,
+        help="bounded staleness K of the PS tables (default: --plan's, else model's)",
+    ),
+]
+
+ModeOption = Annotated[str, typer.Option("--mode", help="hybrid (PS tables async, staleness K) or sync (K = 0)")]
+
+StepsOption = Annotated[
+    int,
+    typer.Option(
+        "--steps",
+        min=1,
+        help="the job's training steps per trainer; with --resume the total too: a job resumed at step 50 with "
+        "--steps 400 trains 350 more",
+    ),
+]
+
+BatchSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        min=1,
+        max=MAX_BATCH_SIZE,
+        help="samples per trainer and step (default: model's / trainers)",
+    ),
+]
+
+DenseLrOption = Annotated[
+    float | None, typer.Option("--dense-lr", help="learning rate of the dense optimizer (default 0.05)")
+]
+
+DenseOptimizerOption = Annotated[
+    str | None, typer.Option("--dense-optimizer", help="adagrad (default), sgd or adam (torch.optim)")
+]
+
+SparseLrOption = Annotated[
+    float | None, typer.Option("--sparse-lr", help="learning rate of the embedding tables (default 0.1)")
+]
+
+SparseOptimizerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sparse-optimizer",
+        help="rowwise_adagrad, adagrad, sgd or adam (CUDA or PS tables), for every table (default: model.yaml's)",
+    ),
+]
+
+EvalEveryOption = Annotated[
+    int, typer.Option("--eval-every", min=0, help="also evaluate AUC every N steps (0: only at the end)")
+]
+
+TrainersOption = Annotated[int, typer.Option("--trainers", min=1, help="trainer processes on this machine")]
+
+EvalBatchesOption = Annotated[int, typer.Option("--eval-batches", min=1, help="held-out batches per trainer")]
+
+CheckpointOption = Annotated[
+    Path | None,
+    typer.Option("--checkpoint", help="save the job's checkpoints here (at the end, every N steps, on a signal)"),
+]
+
+CheckpointEveryOption = Annotated[
+    int, typer.Option("--checkpoint-every", min=0, help="also checkpoint every N global steps (0: at the end)")
+]
+
+KeepOption = Annotated[int, typer.Option("--keep", min=1, help="keep the newest N checkpoints of this run")]
+
+ResumeOption = Annotated[
+    bool, typer.Option("--resume", help="continue from the newest whole checkpoint in --checkpoint")
+]
+
+OverwriteOption = Annotated[
+    bool, typer.Option("--overwrite", help="train from scratch into a --checkpoint directory that is not empty")
+]
+
+PsDelayMsOption = Annotated[
+    float, typer.Option("--ps-delay-ms", min=0.0, help="add this many ms to every PS call (a slow network)")
+]
+
+PsWireOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ps-wire",
+        help="dtype of PS rows and gradients on the wire: float32 (exact), float16 (|values| <= 65504) or "
+        "bfloat16 (default: --plan's, else model's)",
+    ),
+]
+
+IdSpaceOption = Annotated[
+    float,
+    typer.Option(
+        "--id-space",
+        help="synthetic data: draw each table's ids from this many times its rows (0.02: its hot ids; above "
+        "1 they can bring more distinct ids than the servers hold, so these evict while training)",
+    ),
+]
+
+PsCapacityOption = Annotated[
+    str,
+    typer.Option(
+        "--ps-capacity",
+        help="rows each server's store holds: planned (what the plan charged) or unbounded (every id the "
+        "synthetic data can draw, nothing evicted)",
+    ),
+]
+
+SeedOption = Annotated[int, typer.Option("--seed", min=0, help="seed of the model, data and PS initialisers")]
+
+NodeHostOption = Annotated[
+    str | None,
+    typer.Option(
+        "--node-host",
+        envvar="PERSIA_HOST",
+        help="under torchrun: the topology host(s) this node is, comma-separated (default: by node rank, in "
+        "topology order)",
+    ),
+]
+
+LogDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--log-dir",
+        help="write per-step metrics (metrics.jsonl, TensorBoard events), summary.json and one log file per "
+        "process here (--resume appends)",
+    ),
+]
+
+AsJsonOption = Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")]
+
+
+def train_command(
+    model: ModelOption = None,
+    topology: TopologyOption = None,
+    plan_path: PlanPathOption = None,
+    data: DataOption = "synthetic",
+    schema: SchemaOption = None,
+    data_workers: DataWorkersOption = 0,
+    staleness: StalenessOption = None,
+    mode: ModeOption = "hybrid",
+    steps: StepsOption = 400,
+    batch_size: BatchSizeOption = None,
+    dense_lr: DenseLrOption = None,
+    dense_optimizer: DenseOptimizerOption = None,
+    sparse_lr: SparseLrOption = None,
+    sparse_optimizer: SparseOptimizerOption = None,
+    eval_every: EvalEveryOption = 0,
+    trainers: TrainersOption = 2,
+    eval_batches: EvalBatchesOption = 8,
+    checkpoint: CheckpointOption = None,
+    checkpoint_every: CheckpointEveryOption = 0,
+    keep: KeepOption = 2,
+    resume: ResumeOption = False,
+    overwrite: OverwriteOption = False,
+    ps_delay_ms: PsDelayMsOption = 0.0,
+    ps_wire: PsWireOption = None,
+    id_space: IdSpaceOption = 0.02,
+    ps_capacity: PsCapacityOption = "planned",
+    seed: SeedOption = 0,
+    node_host: NodeHostOption = None,
+    log_dir: LogDirOption = None,
+    as_json: AsJsonOption = False,
+) -> None:
+    """Train the model's DLRM or DCN-v2 with the plan: local tables sync (fbgemm), PS tables async (bounded
+    staleness), dense DDP.
+
+    With no options: the bundled small DLRM on synthetic click data with a known best AUC, 2 parameter servers and
+    2 trainers on this machine. Under torchrun, each node is one or more topology hosts (--node-host, else by node
+    rank): it runs their parameter servers and their trainer devices' trainers.
+    """
+    import json
+
+    from persia_planner import load_model, load_topology
+    from persia_planner import plan as make_plan
+    from persia_planner.model.specs import DType, load_data_schema, with_run_options
+    from persia_planner.modules.train.config import TrainConfig
+    from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+    from persia_planner.plan.plan import load_plan
+    from persia_planner.plan.validation import require_plan_agrees
+
+    with edge():
+        model_path = model or DEFAULT_MODEL
+        topology_path = topology or DEFAULT_TOPOLOGY
+        model_spec = load_model(model_path)
+        topo = load_topology(topology_path)
+        the_plan = load_plan(plan_path) if plan_path is not None else None
+        # K and the wire default to what the plan was priced for, so that a plan runs as planned unless told not to.
+        planned = with_run_options(
+            model_spec,
+            staleness=the_plan.staleness if the_plan is not None else None,
+            ps_wire=the_plan.ps_wire_dtype.value if the_plan is not None and the_plan.ps_wire_dtype else None,
+        )
+        wire = planned.ps_wire_dtype if ps_wire is None else DType.parse(ps_wire, "--ps-wire")
+        # Options, plan and inputs are all checked before torch is imported (~7 s with torchrec): a mistake is
+        # answered at once, as `persia plan` answers.
+        cfg = TrainConfig(
+            steps=steps,
+            batch_size=batch_size,
+            staleness=planned.staleness if staleness is None else staleness,
+            mode=mode,
+            trainers=trainers,
+            data=data,
+            schema=load_data_schema(schema) if schema is not None else None,
+            data_workers=data_workers,
+            eval_batches=eval_batches,
+            eval_every=eval_every,
+            **{
+                name: value
+                for name, value in (
+                    ("dense_lr", dense_lr),
+                    ("dense_optimizer", dense_optimizer),
+                    ("sparse_lr", sparse_lr),
+                    ("sparse_optimizer", sparse_optimizer),
+                )
+                if value is not None  # TrainConfig's defaults otherwise
+            },
+            ps_delay_ms=ps_delay_ms,
+            ps_wire=wire.torch_name,
+            checkpoint=str(checkpoint) if checkpoint is not None else None,
+            checkpoint_every=checkpoint_every,
+            keep=keep,
+            resume=resume,
+            overwrite=overwrite,
+            seed=seed,
+            progress=not as_json,
+            teacher_rows_scale=id_space,
+            ps_capacity=ps_capacity,
+            log_dir=str(log_dir) if log_dir is not None else None,
+        )
+        # The run's model: priced and planned (below, without --plan) for the K and wire it trains with.
+        model_spec = with_run_options(model_spec, staleness=cfg.effective_staleness, ps_wire=wire.value)
+        if the_plan is None:
+            the_plan = make_plan(model_spec, topo, seed=seed)
+        else:
+            require_plan_agrees(the_plan, model_spec, str(plan_path))
+        cfg = _checked_start(cfg, model_spec, the_plan, topo, node_host)
+        result = _run(cfg, model_spec, the_plan, topo, node_host)
+        if result is None:  # a torchrun process other than the first trainer
+            return
+        result.pop("history", None)
+        result["plan_staleness"] = the_plan.staleness
+        result["plan_ps_wire_dtype"] = None if the_plan.ps_wire_dtype is None else the_plan.ps_wire_dtype.value
+        result["plan_step_ms"] = the_plan.step_ms
+        if cfg.log_dir:  # summary.json is what --json prints, what the plan was priced for included
+            from persia_planner.modules.train.metrics_log import write_summary
+
+            write_summary(cfg.log_dir, result)
+        if as_json:
+            typer.echo(json.dumps(result))
+        else:
+            _print_result(result)
+
+
+def _checked_start(
+    cfg: TrainConfig, model: ModelSpec, plan: Plan, topology: Topology, node_host: str | None
+) -> TrainConfig:
+    """``cfg`` for this process after every check that can run before torch is imported: the plan against the
+    topology, the training stack, and under torchrun this process's role, a restart's resume and the inputs."""
+    from persia_planner.modules.train.config import check_before_start
+    from persia_planner.modules.train.torchrun_start import torchrun_start
+    from persia_planner.modules.train_extra import require_training_stack
+    from persia_planner.plan.validation import require_valid
+
+    require_valid(plan, model, topology)
+    with_ps = bool(plan.remote_tables())
+    require_training_stack("persia train")  # first: the data's checks read Parquet with pyarrow
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # the world against the plan's hosts, a restart's resume, the inputs
+        return torchrun_start(cfg, model, topology, with_ps=with_ps, node_host=node_host).cfg
+    if node_host is not None:
+        raise PlannerError(
+            "--node-host (or PERSIA_HOST) is set but this is not a torchrun process",
+            fixes=("launch with torchrun", "unset PERSIA_HOST to train on this machine"),
+        )
+    check_before_start(cfg, model, with_ps=with_ps)
+    return cfg
+
+
+def _run(
+    cfg: TrainConfig, model: ModelSpec, plan: Plan, topology: Topology, node_host: str | None
+) -> dict[str, Any] | None:
+    """Train: under torchrun this process's part of the job, else the whole job on this machine (announced on the
+    terminal unless the run prints JSON)."""
+    import logging
+
+    from persia_planner.modules.train.engine import train_local, train_torchrun
+
+    logging.basicConfig(level=logging.WARNING)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return train_torchrun(cfg, model, dict(plan.tables), topology=topology, node_host=node_host)
+    remote = plan.remote_tables()
+    servers = max(1, len(topology.servers))
+    if cfg.progress:
+        note(
+            f"training {model.name} ({len(model.tables)} tables, {len(remote)} on the parameter servers: "
+            f"{', '.join(remote) or 'none'}) with {cfg.trainers} trainers and {servers if remote else 0} servers, "
+            f"{cfg.mode} mode, staleness {cfg.effective_staleness}",
+            to_stderr=False,
+        )
+    return train_local(cfg, model, dict(plan.tables), servers=servers, topology=topology)
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    """The run's summary table, the parameter servers' table and where the checkpoint went."""
+    from rich.table import Table
+
+    from persia_planner.modules.train.ps_usage import usage_table
+    from persia_planner.modules.train.terminal import summary_rows
+
+    table = Table(title="persia train")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in summary_rows(result):
+        table.add_row(name, value)
+    make_console().print(table)
+    if result.get("ps_servers"):
+        header, server_rows = usage_table(result["ps_servers"])
+        servers_table = Table(title="parameter servers")
+        for i, column in enumerate(header):
+            servers_table.add_column(column, justify="left" if i == 0 else "right")
+        for row in server_rows:
+            servers_table.add_row(*row)
+        make_console().print(servers_table)
+    if result.get("checkpoint"):
+        note(f"checkpoint of step {result['last_step']} in {result['checkpoint']}", to_stderr=False)

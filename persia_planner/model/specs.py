@@ -1,0 +1,538 @@
+"""What is being placed: embedding tables and the dense network (model.yaml, or TorchRec configs)."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from persia_planner.errors import ErrorKind, PlannerError, SpecError, abbreviate
+from persia_planner.fields import Fields, load_document, load_yaml
+from persia_planner.limits import (
+    MAX_BATCH_SIZE,
+    MAX_DIM,
+    MAX_POOLING_FACTOR,
+    MAX_ROWS,
+    MAX_STALENESS,
+    MAX_TABLE_COUNT,
+    MAX_TABLES,
+    MAX_ZIPF_ALPHA,
+)
+from persia_planner.model.constraints import (
+    NO_CONSTRAINTS,
+    TORCHREC_SOURCE,
+    TableConstraints,
+    from_parameter_constraints,
+    read_constraints,
+)
+from persia_planner.model.dense import DLRM_BOTTOM, DLRM_NUM_DENSE, DLRM_TOP, DenseArch, DenseSpec, read_dense
+from persia_planner.units import Quantity
+
+if TYPE_CHECKING:
+    from persia_planner.topology.graph import Topology
+
+__all__ = [
+    "DEFAULT_STALENESS",
+    "DLRM_BOTTOM",
+    "DLRM_TOP",
+    "DType",
+    "DataSchema",
+    "DenseArch",
+    "DenseSpec",
+    "ModelSpec",
+    "Optimizer",
+    "SparseColumn",
+    "TableConstraints",
+    "TableSpec",
+    "load_data_schema",
+    "load_model",
+    "read_data_schema",
+    "with_run_options",
+]
+
+DEFAULT_STALENESS = 4
+OPTIMIZER_STATE_VALUE_BYTES = 4  # float32: fbgemm's momentum tensors and the parameter-server store's state
+
+
+class DType(enum.StrEnum):
+    """Embedding weight dtype."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @property
+    def n_bytes(self) -> int:
+        return 4 if self is DType.FP32 else 2
+
+    @property
+    def torch_name(self) -> str:
+        """The name torch gives the dtype (``float16``), which ``persia train --ps-wire`` takes too."""
+        return _TORCH_NAMES[self]
+
+    @classmethod
+    def parse(cls, text: str, option: str) -> DType:
+        """``text`` as our name (``fp16``) or torch's (``float16``).
+
+        Raises:
+            PlannerError: Neither; the message names ``option`` and the choices.
+        """
+        for dtype in cls:
+            if text in (dtype.value, dtype.torch_name):
+                return dtype
+        choices = ", ".join(f"{d.value} ({d.torch_name})" for d in cls)
+        raise PlannerError(f"{option} must be one of {choices}, got {abbreviate(text, 30)}", kind=ErrorKind.INPUT)
+
+
+_TORCH_NAMES = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
+
+
+class Optimizer(enum.StrEnum):
+    """Sparse optimizer of a table; decides the optimizer state held per row.
+
+    The planner's half of the optimizer table (:data:`_STATE_VALUES`: the state each engine keeps per row); the
+    runtime's half, keyed by the same enum, maps it to fbgemm's fused type and the parameter servers' row optimizer
+    (``modules/embedding/hybrid.py``) and to a ``torch.optim`` class
+    (:func:`persia_planner.plan.torchrec_export.torch_optimizer`).
+    """
+
+    SGD = "sgd"
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAGRAD = "adagrad"
+    ADAM = "adam"
+
+    @property
+    def rowwise(self) -> bool:
+        """Whether the state is one value per row (fbgemm then keeps it in HBM even for UVM tables)."""
+        return self is Optimizer.ROWWISE_ADAGRAD
+
+    def state_values(self, dim: int) -> int:
+        """float32 optimizer state values fbgemm keeps per row of ``dim`` columns (a TorchRec local table)."""
+        per_column, per_row = _STATE_VALUES[self][0]
+        return per_column * dim + per_row
+
+    def state_bytes_per_row(self, dim: int) -> int:
+        """Optimizer state bytes per row of ``dim`` columns (formats.md): sgd 0, rowwise_adagrad 1, adagrad ``dim``,
+        adam ``2 * dim`` values, each float32 whatever the weights' dtype (fbgemm's ``momentum1`` / ``momentum2``
+        are float32 unless ``optimizer_state_dtypes`` says otherwise, which TorchRec does not set)."""
+        return self.state_values(dim) * OPTIMIZER_STATE_VALUE_BYTES
+
+    def ps_state_values(self, dim: int) -> int:
+        """float32 optimizer values the parameter-server store keeps per row (``modules/ps/optim.py``'s
+        ``state_width``): sgd 0, rowwise_adagrad 1, adagrad ``dim``, adam ``2 * dim + 1`` (both moments and the
+        row's step count)."""
+        per_column, per_row = _STATE_VALUES[self][1]
+        return per_column * dim + per_row
+
+
+_STATE_VALUES: Mapping[Optimizer, tuple[tuple[int, int], tuple[int, int]]] = {
+    # optimizer: ((per column, per row) in fbgemm's TBE, (per column, per row) in the parameter-server store)
+    Optimizer.SGD: ((0, 0), (0, 0)),
+    Optimizer.ROWWISE_ADAGRAD: ((0, 1), (0, 1)),
+    Optimizer.ADAGRAD: ((1, 0), (1, 0)),
+    Optimizer.ADAM: ((2, 0), (2, 1)),
+}
+"""The optimizer table's torch-free columns: float32 state values per row of ``dim`` columns, as
+``per_column * dim + per_row``."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table.
+
+    Attributes:
+        name: Table name (unique in the model).
+        rows: Number of embeddings (``num_embeddings``).
+        dim: Embedding dimension.
+        pooling_factor: Mean ids per sample looked up in this table.
+        optimizer: Sparse optimizer.
+        zipf_alpha: Access skew of ids; 0 means uniform.
+        embedding_dtype: The table's own weight dtype; None: the model's (:meth:`ModelSpec.dtype_of`).
+        constraints: What the planner may do with it (model.yaml's ``constraints:``; default: anything).
+    """
+
+    name: str
+    rows: int
+    dim: int
+    pooling_factor: float = 1.0
+    optimizer: Optimizer = Optimizer.ROWWISE_ADAGRAD
+    zipf_alpha: float = 0.0
+    embedding_dtype: DType | None = None
+    constraints: TableConstraints = NO_CONSTRAINTS
+
+    def __post_init__(self) -> None:
+        if self.rows <= 0 or self.dim <= 0:
+            raise ValueError(f"table {self.name!r}: rows and dim must be > 0")
+
+    def row_bytes(self, dtype: DType, cols: int | None = None) -> int:
+        """Bytes per row (weights in ``dtype`` + float32 optimizer state) for ``cols`` of the table's columns
+        (default: all).
+
+        Row-wise state (one float32 per row) is kept whole by every column shard, as fbgemm does.
+        """
+        cols = self.dim if cols is None else cols
+        return cols * dtype.n_bytes + self.optimizer.state_bytes_per_row(cols)
+
+    def bytes(self, dtype: DType) -> int:
+        """Bytes of the whole table: rows x (dim x dtype bytes + state bytes)."""
+        return self.rows * self.row_bytes(dtype)
+
+    @property
+    def parameters(self) -> int:
+        return self.rows * self.dim
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A whole model: tables, dense part, batch.
+
+    Attributes:
+        name: Model name, copied into plan.json.
+        batch_size: Global samples per training step.
+        tables: The embedding tables, in file order.
+        dense: The dense network.
+        embedding_dtype: Weight dtype of the tables that do not name their own.
+        staleness: Persia's embedding staleness K: how many steps async (PS) work may lag; 0 = synchronous.
+        data: How the columns of a Parquet / CSV click log feed the model (model.yaml's ``data:``), if given.
+        ps_wire_dtype: The dtype parameter-server rows and gradients travel in (``persia train --ps-wire``); the
+            plan prices PS traffic in it.
+    """
+
+    name: str
+    batch_size: int
+    tables: tuple[TableSpec, ...]
+    dense: DenseSpec = field(default_factory=DenseSpec)
+    embedding_dtype: DType = DType.FP32
+    staleness: int = DEFAULT_STALENESS
+    data: DataSchema | None = None
+    ps_wire_dtype: DType = DType.FP32
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"table name {dup!r} appears twice")
+
+    def dtype_of(self, table: TableSpec) -> DType:
+        """``table``'s weight dtype: its own, else the model's ``embedding_dtype``."""
+        return table.embedding_dtype or self.embedding_dtype
+
+    @property
+    def table_dtypes(self) -> dict[str, DType]:
+        """Each table's weight dtype, by table name."""
+        return {t.name: self.dtype_of(t) for t in self.tables}
+
+    @property
+    def dtypes(self) -> frozenset[DType]:
+        """The weight dtypes of the tables."""
+        return frozenset(self.dtype_of(t) for t in self.tables)
+
+    def table(self, name: str) -> TableSpec:
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise KeyError(name)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.bytes(self.dtype_of(t)) for t in self.tables)
+
+    @property
+    def embedding_parameters(self) -> int:
+        return sum(t.parameters for t in self.tables)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "model.yaml") -> ModelSpec:
+        """Build from parsed model.yaml content; errors name ``source`` and the key path."""
+        top = Fields(data, source, "")
+        name = top.take_str("name", default="model")
+        batch_size = top.take_positive("batch_size", Quantity.COUNT, maximum=MAX_BATCH_SIZE)
+        dtype = top.take_enum("embedding_dtype", DType, default=DType.FP32)
+        staleness = top.take("staleness", Quantity.COUNT, default=DEFAULT_STALENESS, maximum=MAX_STALENESS)
+        wire = top.take_enum("ps_wire_dtype", DType, default=DType.FP32)
+        tables: list[TableSpec] = []
+        seen: dict[str, str] = {}
+        for _, item in top.take_list("tables", max_items=MAX_TABLES):
+            for table in _read_tables(item):
+                if table.name in seen:
+                    raise item.error(
+                        "name", f"table name {table.name!r} is already used by {seen[table.name]}", ("rename it",)
+                    )
+                seen[table.name] = item.path
+                tables.append(table)
+            if len(tables) > MAX_TABLES:  # every table is held, and searched over, in memory
+                raise top.error(
+                    "tables",
+                    f"the model has over {MAX_TABLES:,} tables (by {item.path})",
+                    fixes=("check the tables' counts",),
+                )
+        if not tables:
+            raise top.error("tables", "the model has no tables", fixes=("add at least one table",))
+        data = read_data_schema(top.sub("data", default=None))
+        # A tabular model's dense inputs are its data's dense columns: the arch (and its price) reads them.
+        inputs = len(data.dense) if data is not None and data.dense else DLRM_NUM_DENSE
+        dense = read_dense(top.sub("dense", default=None), {t.dim for t in tables}, len(tables), inputs)
+        top.finish()
+        return cls(name, batch_size, tuple(tables), dense, dtype, staleness, data=data, ps_wire_dtype=wire)
+
+    @classmethod
+    def from_torchrec(
+        cls,
+        tables: Any,
+        batch_size: int,
+        *,
+        name: str = "torchrec-model",
+        dense: DenseSpec | None = None,
+        pooling_factors: Mapping[str, float] | None = None,
+        optimizer: Optimizer = Optimizer.ROWWISE_ADAGRAD,
+        constraints: Mapping[str, Any] | None = None,
+        topology: Topology | None = None,
+    ) -> ModelSpec:
+        """Build from a TorchRec ``EmbeddingBagCollection`` or a list of ``EmbeddingBagConfig``.
+
+        Works with modules on the meta device: only the configs are read, never the weights.
+
+        Args:
+            tables: An ``EmbeddingBagCollection`` (anything with ``embedding_bag_configs()``) or configs.
+            batch_size: Global batch size.
+            name: Model name for the plan.
+            dense: The dense part, if known.
+            pooling_factors: Mean ids per sample per table name (default: the constraints' ``pooling_factors``,
+                else 1.0).
+            optimizer: Sparse optimizer of every table.
+            constraints: TorchRec's ``ParameterConstraints`` per table name, as its planner takes them: their
+                sharding types, compute kernels, cache load factor, ranks and pooling factors become each table's
+                :class:`~persia_planner.model.constraints.TableConstraints` (see
+                :func:`~persia_planner.model.constraints.from_parameter_constraints`).
+            topology: The topology the ranks of ``constraints`` number (rank ``r`` is ``topology.gpus[r]``);
+                needed only where a constraint gives ``ranks``.
+
+        Raises:
+            SpecError: ``constraints`` names a table the collection lacks, or one that cannot be read as ours.
+        """
+        configs = tables.embedding_bag_configs() if hasattr(tables, "embedding_bag_configs") else list(tables)
+        pooling_factors = dict(pooling_factors or {})
+        constraints = dict(constraints or {})
+        unknown = sorted(set(constraints) - {c.name for c in configs})
+        if unknown:
+            raise SpecError(
+                TORCHREC_SOURCE,
+                str(unknown[0]),
+                f"constrains table {unknown[0]!r}, which the collection lacks",
+                fixes=("key the constraints by table name",),
+            )
+        gpu_names = None if topology is None else [g.name for g in topology.gpus]
+        specs = []
+        for config in configs:
+            allowed, pooling = NO_CONSTRAINTS, None
+            if config.name in constraints:
+                allowed, pooling = from_parameter_constraints(config.name, constraints[config.name], gpu_names)
+            specs.append(
+                TableSpec(
+                    name=config.name,
+                    rows=int(config.num_embeddings),
+                    dim=int(config.embedding_dim),
+                    pooling_factor=float(pooling_factors.get(config.name, pooling or 1.0)),
+                    optimizer=optimizer,
+                    embedding_dtype=_torchrec_dtype(config),
+                    constraints=allowed,
+                )
+            )
+        # The model's default is the most common dtype; every table keeps its own.
+        dtypes = [t.embedding_dtype for t in specs if t.embedding_dtype is not None]
+        dtype = max(DType, key=dtypes.count) if dtypes else DType.FP32
+        return cls(name, int(batch_size), tuple(specs), dense or DenseSpec(), dtype)
+
+
+def _torchrec_dtype(config: Any) -> DType:
+    """An ``EmbeddingBagConfig``'s ``data_type`` (TorchRec's ``DataType``, e.g. ``DataType.FP16``) as a :class:`DType`.
+
+    Raises:
+        SpecError: A dtype the planner cannot price or the runtime cannot train (e.g. INT8 weights): a silent float32
+            would price and allocate the table at the wrong size.
+    """
+    value = getattr(config, "data_type", None)
+    if value is None:
+        return DType.FP32
+    name = str(getattr(value, "name", value)).rsplit(".", 1)[-1].lower()
+    try:
+        return DType(name)
+    except ValueError:
+        raise SpecError(
+            "EmbeddingBagConfig",
+            f"{config.name}.data_type",
+            f"{abbreviate(name, 20)} is not a trainable embedding dtype ({', '.join(d.value for d in DType)})",
+            fixes=("train the table in fp32, fp16 or bf16 and quantize it for inference",),
+        ) from None
+
+
+TABLE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}"
+"""What a table name may be: it becomes a file name in checkpoints (``persia train --checkpoint``), so letters,
+digits, ``_``, ``-`` and ``.``, not starting with ``.`` (a hidden file, or ``..``), at most 200 characters (file
+systems allow 255 bytes, and the checkpoint adds a suffix)."""
+_TABLE_NAME = re.compile(TABLE_NAME_PATTERN)
+_TABLE_NAME_FIX = (
+    f"name it to match {TABLE_NAME_PATTERN} (letters, digits, '_', '-', '.'; no leading '.'; at most 200 characters)"
+)
+
+
+def _read_tables(item: Fields) -> Iterable[TableSpec]:
+    name = item.take_str("name")
+    rows = item.take_positive("rows", Quantity.COUNT, maximum=MAX_ROWS)
+    dim = item.take_positive("dim", Quantity.COUNT, maximum=MAX_DIM)
+    pooling = item.take("pooling_factor", Quantity.NUMBER, default=1.0, maximum=MAX_POOLING_FACTOR)
+    optimizer = item.take_enum("optimizer", Optimizer, default=Optimizer.ROWWISE_ADAGRAD)
+    alpha = item.take("zipf_alpha", Quantity.NUMBER, default=0.0, maximum=MAX_ZIPF_ALPHA)
+    count = item.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_TABLE_COUNT)
+    dtype = item.take_enum("embedding_dtype", DType, default=None)
+    constraints = read_constraints(item.sub("constraints", default=None), name if isinstance(name, str) else "")
+    item.finish()
+    if not name:
+        raise item.error("name", "table name is empty", fixes=(_TABLE_NAME_FIX,))
+    if not _TABLE_NAME.fullmatch(name):
+        raise item.error(
+            "name", f"table name {abbreviate(name, 60)} cannot be a checkpoint file name", fixes=(_TABLE_NAME_FIX,)
+        )
+    names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
+    return [
+        TableSpec(n, rows, dim, pooling, optimizer, alpha, embedding_dtype=dtype, constraints=constraints)
+        for n in names
+    ]
+
+
+def with_run_options(model: ModelSpec, *, staleness: int | None = None, ps_wire: str | None = None) -> ModelSpec:
+    """``model`` with the staleness K and the PS wire dtype a run will use (``--staleness``, ``--ps-wire``; None
+    keeps the model's): the plan is priced for them and records them.
+
+    Raises:
+        PlannerError: ``ps_wire`` names no dtype.
+    """
+    wire = model.ps_wire_dtype if ps_wire is None else DType.parse(ps_wire, "--ps-wire")
+    return replace(model, staleness=model.staleness if staleness is None else int(staleness), ps_wire_dtype=wire)
+
+
+def load_model(path: str | Path) -> ModelSpec:
+    """Load and validate a model.yaml.
+
+    Raises:
+        SpecError: Malformed YAML, unknown key, bad unit or value; the message names the file and key path.
+    """
+    data, source = load_document(path, "see formats.md for the model.yaml keys")
+    return ModelSpec.from_dict(data, Path(source).name)
+
+
+# ---- data: which columns of a click log feed the model ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SparseColumn:
+    """One sparse feature of a click log.
+
+    Attributes:
+        feature: The feature's name in the schema.
+        column: The file's column holding its ids: strings or integers, or lists of them (multi-hot).
+        table: The table it feeds (the feature's name unless given); the batches' KJT key.
+        separator: CSV multi-hot: the ids of a cell are separated by this string (None: one id per cell).
+    """
+
+    feature: str
+    column: str
+    table: str
+    separator: str | None = None
+
+
+@dataclass(frozen=True)
+class DataSchema:
+    """How the columns of a Parquet or CSV click log map to a training batch (model.yaml's ``data:``, or
+    ``persia train --schema FILE``).
+
+    Attributes:
+        label: The 0/1 click column.
+        dense: The float columns of the dense features, in order (a missing value reads as 0).
+        sparse: The sparse features, each feeding one table.
+        source: The file the schema was read from (named by errors).
+    """
+
+    label: str
+    dense: tuple[str, ...]
+    sparse: tuple[SparseColumn, ...]
+    source: str = "model.yaml"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column the schema reads, each once, label first."""
+        return tuple(dict.fromkeys((self.label, *self.dense, *(s.column for s in self.sparse))))
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The tables fed, in the schema's order (the batches' KJT keys)."""
+        return tuple(s.table for s in self.sparse)
+
+
+def read_data_schema(fields: Fields | None) -> DataSchema | None:
+    """The ``data:`` mapping as a :class:`DataSchema` (None when absent); errors name the file and key path."""
+    if fields is None:
+        return None
+    label = fields.take_str("label")
+    dense_value = fields.take("dense", default=[])
+    if not isinstance(dense_value, list) or not all(isinstance(c, str) and c for c in dense_value):
+        raise fields.error("dense", f"expected a list of column names, got {abbreviate(dense_value)}")
+    for i, column in enumerate(dense_value):
+        fields.refuse_unprintable(f"dense[{i}]", column)
+    sparse_fields = fields.sub("sparse")
+    assert sparse_fields is not None
+    sparse: list[SparseColumn] = []
+    for feature in list(sparse_fields.data):
+        if not isinstance(feature, str) or not feature:
+            raise sparse_fields.error(str(feature), "a feature name must be a non-empty string")
+        sparse_fields.refuse_unprintable(feature, feature)
+        value = sparse_fields.take(feature)
+        if isinstance(value, str):
+            sparse.append(SparseColumn(feature, value, feature))
+            continue
+        item = sparse_fields.sub(feature)
+        assert item is not None
+        column = item.take_str("column")
+        table = item.take_str("table", default=feature)
+        separator = item.take_str("separator", default=None)
+        item.finish()
+        if separator == "":
+            raise item.error("separator", "is empty", fixes=("give the string between ids, e.g. '|'",))
+        sparse.append(SparseColumn(feature, column, table, separator))
+    sparse_fields.finish()
+    fields.finish()
+    if not sparse:
+        raise fields.error("sparse", "no sparse feature", fixes=("map each table to the column of its ids",))
+    seen: dict[str, str] = {}
+    for s in sparse:
+        if s.table in seen:
+            raise sparse_fields.error(
+                s.feature, f"feeds table {s.table!r}, which {seen[s.table]} feeds already", ("one feature per table",)
+            )
+        seen[s.table] = s.feature
+    for name, column in (("label", label), *((f"dense {c!r}", c) for c in dense_value)):
+        if column in {s.column for s in sparse}:
+            raise fields.error("sparse", f"column {column!r} is the {name} column too", ("map it once",))
+    if label in dense_value:
+        raise fields.error("dense", f"column {label!r} is the label", fixes=("remove it from dense",))
+    return DataSchema(label, tuple(dense_value), tuple(sparse), fields.source)
+
+
+def load_data_schema(path: str | Path) -> DataSchema:
+    """A schema file (``persia train --schema FILE``): the ``data:`` mapping of model.yaml, at the top level or
+    under ``data:``.
+
+    Raises:
+        SpecError: Malformed YAML, a missing or unknown key; the message names the file and key path.
+    """
+    data, source = load_yaml(path)
+    name = Path(source).name
+    if isinstance(data, Mapping) and set(data) == {"data"}:
+        schema = read_data_schema(Fields(data, name, "").sub("data"))
+    else:
+        schema = read_data_schema(Fields(data if data is not None else {}, name, ""))
+    assert schema is not None
+    return schema

@@ -1,0 +1,113 @@
+"""How a run must execute a plan, and what TorchRec or fbgemm would run differently (refused before training).
+
+:func:`planned_execution` is the map a run compares with what it built (``modules/distributed.executed_plan``);
+:func:`check_executable` refuses, before any process starts, a plan that TorchRec or fbgemm would silently run
+differently on the trainers' devices. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from persia_planner.errors import ErrorKind, PlannerError
+from persia_planner.kinds import Sharding, Tier
+from persia_planner.model.specs import DType, ModelSpec, Optimizer
+from persia_planner.plan.torchrec_export import KERNEL_OF_TIER, PlanLike, tables_of, torchrec_shardings
+from persia_planner.topology.graph import Topology
+
+__all__ = ["check_executable", "planned_execution"]
+
+
+def planned_execution(plan: PlanLike, model: ModelSpec, topology: Topology) -> dict[str, dict[str, Any]]:
+    """How a run must execute ``plan``, table by table, in the terms a run reports what it executed.
+
+    Returns:
+        ``{table: {"sharding", "kernel", "ranks", "dtype"}}`` (TorchRec's sharding type, compute kernel, ranks in
+        shard order and the weights' torch dtype) for local tables, ``{table: {"servers": [...]}}`` for
+        parameter-server tables, in model order.
+    """
+    dtypes = model.table_dtypes
+    local = {
+        e.table: {
+            "sharding": e.sharding_type,
+            "kernel": e.compute_kernel,
+            "ranks": e.ranks,
+            "dtype": dtypes[e.table].torch_name,
+        }
+        for e in torchrec_shardings(plan, model, topology)
+    }
+    tables = tables_of(plan)
+    out = {}
+    for t in model.tables:
+        if t.name in local:
+            out[t.name] = local[t.name]
+        else:
+            out[t.name] = {"servers": sorted({s.device for s in tables[t.name].shards})}
+    return out
+
+
+def check_executable(
+    plan: PlanLike,
+    device_type: str,
+    *,
+    dtype: DType | Mapping[str, DType] = DType.FP32,
+    optimizer: Optimizer = Optimizer.SGD,
+) -> None:
+    """Refuse a plan that TorchRec and fbgemm would not run as written on trainers of ``device_type``.
+
+    - On CPU TorchRec runs the ``fused_uvm`` and ``fused_uvm_caching`` kernels (tiers ``ddr``, ``hbm_cache``) as
+      plain host memory with the ``fused`` kernel: the plan would be silently changed.
+    - fbgemm's CPU kernels have no bfloat16 tables, and no fused Adam.
+    - Data-parallel tables are not fused: TorchRec leaves them to a ``torch.optim`` optimizer, whose state has the
+      weights' dtype; an Adagrad-type or Adam state in fp16/bf16 underflows and the run diverges.
+
+    Args:
+        plan: The plan (or its ``tables``).
+        device_type: ``cpu`` or ``cuda``.
+        dtype: The tables' weight dtype: one for all, or one per table name (:attr:`.ModelSpec.table_dtypes`).
+        optimizer: The sparse optimizer of the local tables.
+
+    Raises:
+        PlannerError: Kind ``unsupported``, naming the first such table and the fix.
+    """
+    local = {name: p for name, p in tables_of(plan).items() if p.sharding is not Sharding.PS_HASH}
+    for name, p in local.items():
+        table_dtype = dtype.get(name, DType.FP32) if isinstance(dtype, Mapping) else dtype
+        tiers = {s.tier for s in p.shards}
+        bad = tiers & {Tier.DDR, Tier.HBM_CACHE}
+        if device_type != "cuda" and bad:
+            tier = sorted(bad)[0]
+            raise PlannerError(
+                f"table {name!r} is planned on tier {tier.value} (TorchRec kernel {KERNEL_OF_TIER[tier]}), which "
+                "needs CUDA unified memory; these trainers have no GPU",
+                kind=ErrorKind.UNSUPPORTED,
+                fixes=(
+                    "plan for CPU trainers without ddr/hbm_cache tiers (a topology whose devices hold the local "
+                    "tables in hbm)",
+                    "train on GPUs",
+                ),
+            )
+        if device_type != "cuda" and table_dtype is DType.BF16:
+            raise PlannerError(
+                f"table {name!r}: fbgemm's CPU kernels have no bfloat16 tables (embedding_dtype: bf16)",
+                kind=ErrorKind.UNSUPPORTED,
+                fixes=("use embedding_dtype: fp16 or fp32", "train on GPUs"),
+            )
+        if device_type != "cuda" and optimizer is Optimizer.ADAM:  # HybridEmbeddingBagCollection refuses it too
+            raise PlannerError(
+                f"table {name!r} is a local table, and fbgemm's CPU kernels have no fused adam",
+                kind=ErrorKind.UNSUPPORTED,
+                fixes=("use the rowwise_adagrad, adagrad or sgd sparse optimizer", "train on GPUs"),
+            )
+        if p.sharding is Sharding.DATA_PARALLEL and table_dtype is not DType.FP32 and optimizer is not Optimizer.SGD:
+            raise PlannerError(
+                f"table {name!r} is data_parallel in {table_dtype.value}: TorchRec updates replicas with a torch.optim "
+                f"{optimizer.value} whose state would be {table_dtype.value} too, and it underflows",
+                kind=ErrorKind.UNSUPPORTED,
+                fixes=(
+                    "use embedding_dtype: fp32",
+                    "plan the table with a fused sharding (table_wise, row_wise, ...)",
+                    "use the sgd sparse optimizer",
+                ),
+            )

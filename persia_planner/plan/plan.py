@@ -1,0 +1,346 @@
+"""The plan: value object and plan.json (formats.md, ``persia-plan/1``); its checks are in
+:mod:`persia_planner.plan.validation`."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from persia_planner.cost.analytic import CostModel, Estimate
+from persia_planner.errors import PlannerError, SpecError, abbreviate
+from persia_planner.fields import Fields, load_json
+from persia_planner.kinds import Mode, Sharding, Tier
+from persia_planner.limits import MAX_OF_KIND, MAX_SHARDS_PER_TABLE, MAX_STALENESS
+from persia_planner.model.specs import DType
+from persia_planner.placement.shards import Shard, TablePlacement
+from persia_planner.plan.tuning import Tuning
+from persia_planner.units import Quantity
+
+__all__ = [
+    "FORMAT",
+    "DeviceUsage",
+    "Plan",
+    "load_plan",
+    "placement_to_dict",
+    "usage_of",
+]
+
+FORMAT = "persia-plan/1"
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """What a plan puts on one device (GPU, trainer host or parameter server)."""
+
+    hbm_bytes: int
+    ddr_bytes: int
+    cost_ms: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement of every table, with its estimate.
+
+    Attributes:
+        model: Model name.
+        topology: Topology name.
+        tables: Placement per table name, in model order.
+        devices: Usage per device name.
+        step_ms: Estimated step time under the cost model.
+        lower_bound_ms: A bound no plan can beat under the same cost model (see ``bound.py``), as computed.
+        samples_per_s: Global batch / step time.
+        alternatives: For the largest tables, the step time under other options (explanations; not in JSON).
+        staleness: The staleness bound K the plan was priced for (None: not recorded, a plan of an older writer or
+            of another planner). Only a plan with parameter-server tables depends on it.
+        ps_wire_dtype: The dtype its parameter-server traffic was priced in (None: not recorded).
+        tuning: What ``persia plan --tune`` measured of the candidates, and which it kept (None: not tuned).
+        bound_parts: What the bound is made of: the step-time functionals of the combination that gave it, each
+            with its weight (``bound.BoundPart``; empty where not recorded).
+        bound_binding: The memory capacities whose room limits the bound (priced above zero in it).
+    """
+
+    model: str
+    topology: str
+    tables: Mapping[str, TablePlacement]
+    devices: Mapping[str, DeviceUsage]
+    step_ms: float
+    lower_bound_ms: float
+    samples_per_s: float
+    alternatives: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    staleness: int | None = None
+    ps_wire_dtype: DType | None = None
+    tuning: Tuning | None = None
+    bound_parts: Mapping[str, float] = field(default_factory=dict, compare=False)
+    bound_binding: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def quality(self) -> float:
+        """Estimated step time / lower bound: at least 1, as no plan beats the bound (see :attr:`proven_optimal`)."""
+        return self.step_ms / self.lower_bound_ms if self.lower_bound_ms > 0 else float("inf")
+
+    @property
+    def proven_optimal(self) -> bool:
+        """Whether the step time meets the lower bound (to 1e-9): no plan of the search's options is faster under the
+        cost model (see ``bound.py``)."""
+        return self.lower_bound_ms > 0 and self.step_ms <= self.lower_bound_ms * (1 + 1e-9)
+
+    def remote_tables(self) -> list[str]:
+        """Names of the tables sent to the parameter servers."""
+        return [name for name, p in self.tables.items() if p.mode is Mode.ASYNC]
+
+    # ---- JSON -----------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "topology": self.topology,
+            **({"staleness": self.staleness} if self.staleness is not None else {}),
+            **({"ps_wire_dtype": self.ps_wire_dtype.value} if self.ps_wire_dtype is not None else {}),
+            "tables": {name: placement_to_dict(p) for name, p in self.tables.items()},
+            "devices": {
+                name: {"hbm_bytes": u.hbm_bytes, "ddr_bytes": u.ddr_bytes, "cost_ms": round(u.cost_ms, 4)}
+                for name, u in self.devices.items()
+            },
+            "estimate": {
+                "step_ms": round(self.step_ms, 4),
+                "lower_bound_ms": round(self.lower_bound_ms, 4),
+                "samples_per_s": round(self.samples_per_s, 1),
+                **(
+                    {
+                        "lower_bound": {
+                            "parts": {name: round(w, 4) for name, w in self.bound_parts.items()},
+                            **({"memory_priced": list(self.bound_binding)} if self.bound_binding else {}),
+                        }
+                    }
+                    if self.bound_parts
+                    else {}
+                ),
+            },
+            **({"tuning": self.tuning.to_dict()} if self.tuning is not None else {}),
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        """plan.json text: with ``indent``, one shard or device per line (as formats.md shows); else compact."""
+        if indent is None:
+            return json.dumps(self.to_dict())
+        return _dumps(self.to_dict(), indent)
+
+    def save(self, path: str | Path) -> None:
+        """Write plan.json atomically (a crash never leaves a half-written plan).
+
+        A symbolic link is written through: the new plan replaces the file it points to (renamed into place next to
+        that file), not the link itself.
+
+        Raises:
+            PlannerError: ``path`` exists and is not a regular file (a directory, a device, a FIFO, a socket):
+                renaming over it would replace it, and as root that could be a device node.
+            OSError: The file cannot be written.
+        """
+        path = Path(os.path.realpath(path))
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise PlannerError(
+                f"cannot write the plan to '{path}': it exists and is not a regular file",
+                fixes=("give the path of a new or regular file, e.g. plan.json",),
+            )
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            tmp.write_text(self.to_json() + "\n")
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # e.g. the target is a directory: leave nothing behind
+            raise
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "plan.json") -> Plan:
+        """Read plan.json content; structural errors name the key path."""
+        if not isinstance(data, Mapping):
+            raise SpecError(source, "", "expected a JSON object")
+        if data.get("format") != FORMAT:
+            raise SpecError(
+                source,
+                "format",
+                f"expected {FORMAT!r}, got {data.get('format')!r}",
+                fixes=("re-run 'persia plan' to write a current plan",),
+            )
+        top = Fields(data, source, "")
+        top.take("format")
+        model = top.take_str("model", default="")
+        topology = top.take_str("topology", default="")
+        staleness = top.take("staleness", Quantity.COUNT, default=None, maximum=MAX_STALENESS)
+        wire = top.take_enum("ps_wire_dtype", DType, default=None)
+        tables_data = top.sub("tables")
+        assert tables_data is not None
+        tables = {}
+        for name in tables_data.names():
+            table = tables_data.sub(str(name))
+            assert table is not None
+            tables[str(name)] = _placement_from_fields(table)
+        tables_data.finish()
+        devices: dict[str, DeviceUsage] = {}
+        device_data = top.sub("devices", default=None)
+        if device_data is not None:
+            for name in device_data.names():
+                usage = device_data.sub(str(name))
+                assert usage is not None
+                devices[str(name)] = DeviceUsage(
+                    usage.take("hbm_bytes", Quantity.SIZE, default=0),
+                    usage.take("ddr_bytes", Quantity.SIZE, default=0),
+                    usage.take("cost_ms", Quantity.NUMBER, default=0.0),
+                )
+                usage.finish()
+            device_data.finish()
+        estimate = top.sub("estimate", default=None)
+        numbers = {"step_ms": 0.0, "lower_bound_ms": 0.0, "samples_per_s": 0.0}
+        parts: dict[str, float] = {}
+        binding: tuple[str, ...] = ()
+        if estimate is not None:
+            numbers = {k: estimate.take(k, Quantity.NUMBER, default=0.0) for k in numbers}
+            bound = estimate.sub("lower_bound", default=None)
+            if bound is not None:
+                part_fields = bound.sub("parts", default=None)
+                if part_fields is not None:
+                    parts = {str(n): part_fields.take(str(n), Quantity.NUMBER) for n in part_fields.names()}
+                    part_fields.finish()
+                binding = tuple(bound.take_str_list("memory_priced", default=[]))
+                bound.finish()
+            estimate.finish()
+        tuning_fields = top.sub("tuning", default=None)
+        tuning = Tuning.from_fields(tuning_fields) if tuning_fields is not None else None
+        top.finish()
+        return cls(
+            model,
+            topology,
+            tables,
+            devices,
+            numbers["step_ms"],
+            numbers["lower_bound_ms"],
+            numbers["samples_per_s"],
+            staleness=staleness,
+            ps_wire_dtype=wire,
+            tuning=tuning,
+            bound_parts=parts,
+            bound_binding=binding,
+        )
+
+
+def _dumps(value: Any, indent: int, depth: int = 0) -> str:
+    """JSON with ``indent``, but a mapping or list of scalars and lists of scalars on one line.
+
+    A shard, a device's usage and the estimate each fit on one line; ``json.dumps(indent=...)`` would give every
+    number its own line (228k lines for 1,000 tables) through its pure-Python encoder, a quarter second.
+    """
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+    if children is None or all(_scalars(v) for v in children):
+        return json.dumps(value)
+    inner, outer = " " * (indent * (depth + 1)), " " * (indent * depth)
+    if isinstance(value, dict):
+        items = [f"{inner}{json.dumps(str(k))}: {_dumps(v, indent, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{outer}}}"
+    items = [inner + _dumps(v, indent, depth + 1) for v in value]
+    return "[\n" + ",\n".join(items) + f"\n{outer}]"
+
+
+def _scalars(value: Any) -> bool:
+    """Whether ``value`` is a scalar or a list of scalars."""
+    if isinstance(value, dict):
+        return False
+    return not isinstance(value, list) or not any(isinstance(v, dict | list) for v in value)
+
+
+def placement_to_dict(p: TablePlacement) -> dict[str, Any]:
+    """A table's placement as plan.json writes it (also recorded in a training checkpoint)."""
+    shards = []
+    for s in p.shards:
+        item: dict[str, Any] = {}
+        if s.rows is not None:
+            item["rows"] = list(s.rows)
+        if s.hash is not None:
+            item["hash"] = list(s.hash)
+        item.update({"cols": list(s.cols), "tier": s.tier.value, "device": s.device, "bytes": s.bytes})
+        if s.cache_fraction is not None:
+            item["cache_fraction"] = s.cache_fraction
+        if s.replica:
+            item["replica"] = True
+        shards.append(item)
+    return {"sharding": p.sharding.value, "mode": p.mode.value, "shards": shards}
+
+
+def _placement_from_fields(table: Fields) -> TablePlacement:
+    sharding = table.take_enum("sharding", Sharding)
+    mode = table.take_enum("mode", Mode, default=None)
+    shards = []
+    for _, item in table.take_list("shards", max_items=MAX_SHARDS_PER_TABLE):
+        shards.append(
+            Shard(
+                device=item.take_str("device"),
+                tier=item.take_enum("tier", Tier),
+                cols=_pair(item, "cols"),
+                bytes=item.take("bytes", Quantity.SIZE),
+                rows=_pair(item, "rows") if item.has("rows") else None,
+                hash=_pair(item, "hash") if item.has("hash") else None,
+                cache_fraction=item.take("cache_fraction", Quantity.NUMBER, default=None),
+                replica=item.take_bool("replica", default=False),
+            )
+        )
+        item.finish()
+    table.finish()
+    placement = TablePlacement(sharding, tuple(shards))
+    if mode is not None and mode is not placement.mode:
+        raise table.error(
+            "mode",
+            f"{mode.value!r} does not match sharding {sharding.value!r}",
+            fixes=(f"use mode: {placement.mode.value}",),
+        )
+    return placement
+
+
+def _pair(item: Fields, key: str) -> tuple[int, int]:
+    value = item.take(key)
+    top = MAX_OF_KIND[Quantity.COUNT]  # the runtime keeps row and bucket numbers in int64
+    if not (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= top for v in value)
+    ):
+        raise item.error(key, f"expected [start, end] of two integers in [0, 2**63), got {abbreviate(value)}")
+    return int(value[0]), int(value[1])
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan.json file."""
+    source = Path(path).name
+    return Plan.from_dict(load_json(path, source), source)
+
+
+def usage_of(
+    cost: CostModel, estimate: Estimate, mem: np.ndarray, placements: Mapping[str, TablePlacement]
+) -> dict[str, DeviceUsage]:
+    """Per-device usage: each GPU (its HBM, the DDR its ddr/hbm_cache shards hold, its step ms), each trainer host
+    (DDR summed over its GPUs, NIC ms) and each parameter server (DDR, busiest resource ms)."""
+    lay, topo = cost.layout, cost.topology
+    gpu_ddr: dict[str, int] = {}
+    for table in cost.model.tables:
+        for shard in placements[table.name].shards:
+            if shard.tier in (Tier.DDR, Tier.HBM_CACHE):
+                gpu_ddr[shard.device] = gpu_ddr.get(shard.device, 0) + shard.bytes
+    usage: dict[str, DeviceUsage] = {}
+    for g, gpu in enumerate(topo.gpus):
+        usage[gpu.name] = DeviceUsage(
+            int(mem[lay.hbm.start + g]), gpu_ddr.get(gpu.name, 0), float(estimate.per_gpu["step"][g])
+        )
+    for h, host in enumerate(topo.trainers):
+        usage[host.name] = DeviceUsage(0, int(mem[lay.ddr.start + h]), float(estimate.host_nic_ms[h]))
+    for p, server in enumerate(topo.servers):
+        usage[server.name] = DeviceUsage(0, int(mem[lay.ps_mem.start + p]), float(estimate.server_ms[p]))
+    return usage

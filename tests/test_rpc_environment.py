@@ -1,0 +1,46 @@
+"""The RPC group's environment, read without torch: the rendezvous address and the TensorPipe transports."""
+
+from __future__ import annotations
+
+import pytest
+
+from persia_planner.errors import PlannerError
+from persia_planner.modules.rpc_environment import (
+    is_loopback,
+    listen_on_loopback_if_asked,
+    master_address,
+    rpc_transports,
+)
+
+
+def test_rpc_transports_default_to_uv_and_follow_the_variable():
+    assert rpc_transports({}) == ["uv"]
+    assert rpc_transports({"PERSIA_RPC_TRANSPORTS": " shm, uv "}) == ["shm", "uv"]
+    with pytest.raises(PlannerError, match="PERSIA_RPC_TRANSPORTS='ipc': unknown TensorPipe transport"):
+        rpc_transports({"PERSIA_RPC_TRANSPORTS": "ipc"})
+
+
+@pytest.mark.parametrize("port", ["abc", "99999", "0", "-1"])
+def test_master_address_rejects_a_bad_port(monkeypatch, port):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", port)
+    with pytest.raises(PlannerError, match=r"^MASTER_PORT must be a port number in 1\.\.65535 for the servers") as info:
+        master_address("the servers")
+    message = str(info.value)
+    assert f"MASTER_PORT={port!r}" in message and "export MASTER_PORT=<free port>" in message and "\n" not in message
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert master_address("the servers") == ("127.0.0.1", 29500)
+
+
+def test_a_loopback_rendezvous_keeps_tensorpipe_and_gloo_on_loopback():
+    assert all(map(is_loopback, ["127.0.0.1", "127.0.1.1", "::1", "localhost"]))
+    assert not any(map(is_loopback, ["10.0.0.1", "0.0.0.0", "::", "host0", ""]))
+    environ = {"MASTER_ADDR": "127.0.0.1"}
+    listen_on_loopback_if_asked(environ)
+    assert environ == {"MASTER_ADDR": "127.0.0.1", "TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+    chosen = {"MASTER_ADDR": "::1", "TP_SOCKET_IFNAME": "eth1"}  # the user's choice stays
+    listen_on_loopback_if_asked(chosen)
+    assert chosen == {"MASTER_ADDR": "::1", "TP_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "lo"}
+    remote = {"MASTER_ADDR": "10.0.0.1"}  # several machines: the interface is the user's to choose
+    listen_on_loopback_if_asked(remote)
+    assert remote == {"MASTER_ADDR": "10.0.0.1"}

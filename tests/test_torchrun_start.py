@@ -1,0 +1,94 @@
+"""Under torchrun ``--max-restarts``, a killed worker is restarted and the job resumes its own newest checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from processes import descendants_of
+
+from persia_planner.modules.train.config import TrainConfig
+from persia_planner.modules.train.torchrun_start import elastic_resume
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def _manifest(root: Path, step: int, run_id: str | None) -> None:
+    path = root / f"step-{step:09d}"
+    path.mkdir(parents=True)
+    extra = {"run_id": run_id} if run_id else {}
+    (path / "MANIFEST.json").write_text(
+        json.dumps({"format": "persia-checkpoint/1", "step": step, "files": {}} | extra)
+    )
+
+
+def test_a_restarted_attempt_resumes_only_its_own_runs_checkpoint(tmp_path):
+    cfg = TrainConfig(checkpoint=str(tmp_path), progress=False)
+    first = {"TORCHELASTIC_RUN_ID": "r1", "TORCHELASTIC_RESTART_COUNT": "0"}
+    again = first | {"TORCHELASTIC_RESTART_COUNT": "1"}
+    assert elastic_resume(cfg, first) == cfg
+    # Restarted before its first checkpoint: it starts over into the directory the first attempt was given.
+    assert elastic_resume(cfg, again) == TrainConfig(checkpoint=str(tmp_path), progress=False, overwrite=True)
+    _manifest(tmp_path, 4, "r0")  # another run's checkpoint (the first attempt ran with --overwrite)
+    assert elastic_resume(cfg, again).resume is False
+    _manifest(tmp_path, 6, "r1")
+    assert elastic_resume(cfg, again) == TrainConfig(checkpoint=str(tmp_path), progress=False, resume=True)
+    assert elastic_resume(TrainConfig(progress=False), again) == TrainConfig(progress=False)  # nothing to resume
+    # Without a checkpoint it starts over: its metrics replace the first attempt's in the log dir.
+    logged = TrainConfig(progress=False, log_dir=str(tmp_path))
+    assert elastic_resume(logged, first) == logged
+    assert elastic_resume(logged, again) == TrainConfig(progress=False, log_dir=str(tmp_path), overwrite=True)
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    ranks = [int(v[5:]) for v in env if v.startswith(b"RANK=")]
+    return ranks[0] if ranks else None
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(900)
+def test_torchrun_restarts_a_killed_trainer_and_the_job_resumes_by_itself(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    job = ["--steps", "24", "--batch-size", "64", "--eval-batches", "1", "--checkpoint", str(ckpt),
+           "--checkpoint-every", "3", "--json"]  # fmt: skip
+    proc = subprocess.Popen(
+        [str(TORCHRUN), "--standalone", "--nproc-per-node", "4", "--max-restarts", "1",
+         "-m", "persia_planner.cli", "train", *job],
+        stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), start_new_session=True, text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 400
+        while not (ckpt / "step-000000003").is_dir():
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint of step 3 within 400 s"
+            time.sleep(0.05)  # the poll interval, not a synchronisation
+        # Ranks 0 and 1 serve, 2 and 3 train: kill the second trainer.
+        (victim,) = [pid for pid in descendants_of(proc.pid) if _rank_of(pid) == 3]
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, (tmp_path / "stderr").read_text()[-3000:]
+    # The surviving trainer of the killed attempt says in one line that a peer is gone: not an "internal error".
+    errors = [x for x in (tmp_path / "stderr").read_text().splitlines() if x.startswith("error:")]
+    assert errors and all("internal error" not in x for x in errors), errors
+    (line,) = [x for x in out.splitlines() if x.startswith("{")]
+    result = json.loads(line)
+    resumed = result["resumed_from_step"]
+    assert resumed is not None and resumed >= 3 and resumed % 3 == 0
+    assert result["last_step"] == 24 and result["steps"] == 24 - resumed
+    assert (ckpt / "step-000000024").is_dir()
