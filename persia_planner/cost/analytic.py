@@ -41,12 +41,12 @@ class CostModel:
     def __init__(self, model: ModelSpec, topology: Topology):
         self.model = model
         self.topology = topology
-        self.constants = c = topology.constants
+        self.constants = topology.constants
         self.dtype_of = model.dtype_of
         # PS rows and gradients travel in the wire dtype, whatever the table's (the client converts both ways).
         self.wire_dtype: DType = model.ps_wire_dtype
         self.layout = lay = Layout(len(topology.gpus), len(topology.trainers), len(topology.servers))
-        gpus, hosts, servers = topology.gpus, topology.trainers, topology.servers
+        gpus, hosts = topology.gpus, topology.trainers
         host_index = {h.name: i for i, h in enumerate(hosts)}
         self.gpu_host = np.array([host_index[g.host] for g in gpus])
         self.gpus_per_host = np.array([len(h.gpus) for h in hosts])
@@ -55,20 +55,7 @@ class CostModel:
         self.batch = model.batch_size
         self.local_batch = model.batch_size / G
 
-        # Effective bandwidths (bytes/ms).
-        self.hbm_bw = np.array([g.hbm_bandwidth for g in gpus]) * c.hbm_efficiency / MS
-        self.pcie_bw = np.array([g.pcie_bandwidth for g in gpus]) * c.nic_efficiency / MS
-        self.uvm_bw = (
-            np.array([min(g.pcie_bandwidth, hosts[host_index[g.host]].ddr_bandwidth) for g in gpus])
-            * c.uvm_efficiency
-            / MS
-        )
-        self.nvlink_bw = np.array([g.nvlink_bandwidth for g in gpus]) * c.nvlink_efficiency / MS
-        self.host_ddr_bw = np.array([h.ddr_bandwidth for h in hosts]) * c.ddr_efficiency / MS
-        self.nic_bw = np.array([h.nic_bandwidth for h in hosts]) * c.nic_efficiency / MS
-        self.ps_nic_bw = np.array([s.nic_bandwidth for s in servers]) * c.nic_efficiency / MS
-        self.ps_ddr_bw = np.array([s.ddr_bandwidth for s in servers]) * c.ps_efficiency / MS
-        self.switch_bw = topology.switch_bandwidth * c.nic_efficiency / MS
+        self._set_bandwidths(topology)
 
         # Distinct rows per step of every table, for the global batch (a shard's) and a trainer's (its PS requests).
         tables = model.tables
@@ -88,6 +75,37 @@ class CostModel:
         }
         self.sharding_scaled = {s: bool((scale != 1.0).any()) for s, scale in self.sharding_scale.items()}
 
+        self._set_step(n_g)
+
+        # All-to-all pattern per owner GPU: ms on every resource per byte of pooled output (forward + backward),
+        # built per row asked for (a dense GPUs x resources matrix is quadratic in the cluster).
+        self.a2a = A2APattern(lay, self.gpu_host, self.gpus_per_host, self.nvlink_bw, self.nic_bw)
+        # Sum over GPUs of the sync time a byte of output adds (each GPU's a2a includes its host's NIC time).
+        self.a2a_gpu_sum = self.a2a.gpu_sum()
+
+    def _set_bandwidths(self, topology: Topology) -> None:
+        """The devices' and links' effective bandwidths, in bytes/ms."""
+        c, gpus, hosts, servers = self.constants, topology.gpus, topology.trainers, topology.servers
+        host_index = {h.name: i for i, h in enumerate(hosts)}
+        self.hbm_bw = np.array([g.hbm_bandwidth for g in gpus]) * c.hbm_efficiency / MS
+        self.pcie_bw = np.array([g.pcie_bandwidth for g in gpus]) * c.nic_efficiency / MS
+        self.uvm_bw = (
+            np.array([min(g.pcie_bandwidth, hosts[host_index[g.host]].ddr_bandwidth) for g in gpus])
+            * c.uvm_efficiency
+            / MS
+        )
+        self.nvlink_bw = np.array([g.nvlink_bandwidth for g in gpus]) * c.nvlink_efficiency / MS
+        self.host_ddr_bw = np.array([h.ddr_bandwidth for h in hosts]) * c.ddr_efficiency / MS
+        self.nic_bw = np.array([h.nic_bandwidth for h in hosts]) * c.nic_efficiency / MS
+        self.ps_nic_bw = np.array([s.nic_bandwidth for s in servers]) * c.nic_efficiency / MS
+        self.ps_ddr_bw = np.array([s.ddr_bandwidth for s in servers]) * c.ps_efficiency / MS
+        self.switch_bw = topology.switch_bandwidth * c.nic_efficiency / MS
+
+    def _set_step(self, n_g: np.ndarray) -> None:
+        """The step's fixed parts (``n_g``: the GPUs of each GPU's host): the dense time, the all-reduce's rate and
+        latency, the collectives' fixed costs and the PS round trip, and the step model that adds them up."""
+        model, topology, c, lay = self.model, self.topology, self.constants, self.layout
+        gpus, servers, G = topology.gpus, topology.servers, lay.n_gpus
         # Dense part: forward + 2x backward FLOPs on the local batch; hierarchical ring all-reduce of fp32 grads.
         tflops = np.array([g.tflops for g in gpus]) * c.tflops_efficiency / MS
         self.dense_ms = 3.0 * model.dense.flops_per_sample * self.local_batch / tflops
@@ -120,12 +138,6 @@ class CostModel:
             rtt_ms=self.rtt_ms,
         )
         self.fixed_sync_ms = self.step_model.fixed_sync_ms
-
-        # All-to-all pattern per owner GPU: ms on every resource per byte of pooled output (forward + backward),
-        # built per row asked for (a dense GPUs x resources matrix is quadratic in the cluster).
-        self.a2a = A2APattern(lay, self.gpu_host, self.gpus_per_host, self.nvlink_bw, self.nic_bw)
-        # Sum over GPUs of the sync time a byte of output adds (each GPU's a2a includes its host's NIC time).
-        self.a2a_gpu_sum = self.a2a.gpu_sum()
 
     # The last model's distinct-row counts: `persia plan` builds a cost model for the search, for validation and for
     # the report, and the counts are most of building one (the same model, the same figures).

@@ -392,29 +392,8 @@ class HardwareProfile:
         stream = mem.take_positive("stream_bytes_per_s", Quantity.NUMBER)
         gather = _fit_points(mem, "gather", "row_bytes", lambda p: p["row_bytes"] / p["bytes_per_s"])
         mem.finish()
-        forward: dict[str, EmbeddingFit] = {}
-        backward: dict[str, EmbeddingFit] = {}
-        points = _points(
-            top,
-            "embedding",
-            ("optimizer", "dim", "pooling", "forward_rows_per_s", "backward_rows_per_s"),
-            optional=("unique_share", "rows"),
-        )
-        for name in dict.fromkeys(p["optimizer"] for p in points):
-            mine = [p for p in points if p["optimizer"] == name]
-            forward[name] = _fitted(top, "embedding", lambda mine=mine: fit_embedding(mine, "forward_rows_per_s"))
-            backward[name] = _fitted(top, "embedding", lambda mine=mine: fit_embedding(mine, "backward_rows_per_s"))
-        dense = top.sub("dense")
-        flops = dense.take_positive("flops_per_s", Quantity.NUMBER)
-        dlrm = dense.take("dlrm", default=None)
-        if dlrm is None:  # profiles of the first format revision: the wide MLP's rate for the whole network
-            dense_step = DenseFit(0.0, 0.0, flops / 3)
-        else:
-            measured = _points(dense, "dlrm", ("features", "dim", "batch", "flops_per_sample", "seconds"))
-            dense_step = _fitted(dense, "dlrm", lambda: fit_dense(measured))
-        for key in ("width", "batch"):  # what was measured: kept in the file, not needed by the fit
-            dense.take(key, default=None)
-        dense.finish()
+        forward, backward = _embedding_fits(top)
+        flops, dense_step = _dense_fits(top)
         coll = top.sub("collectives")
         for key in ("backend", "processes"):
             coll.take(key, default=None)
@@ -435,19 +414,7 @@ class HardwareProfile:
             for k in ("lookup_rows_per_s", "admit_rows_per_s", "update_rows_per_s", "unique_ids_per_s")
         }
         store.finish()
-        overhead = request = None
-        scales: dict[str, float] = {}
-        if top.has("step"):
-            step = top.sub("step")
-            overhead = step.take("overhead_ms", Quantity.NUMBER)
-            request = step.take("ps_client_ms", Quantity.NUMBER, default=None)
-            for key, value in (("overhead_ms", overhead), ("ps_client_ms", request)):
-                if value is not None and value < 0:
-                    raise step.error(key, f"must be >= 0, got {value}", fixes=("run persia calibrate again",))
-            scales = _sharding_scales(step)
-            for key in ("check_error", "jobs"):  # what was measured: kept in the file, not needed by the fit
-                step.take(key, default=None)
-            step.finish()
+        overhead, request, scales = _step_figures(top) if top.has("step") else (None, None, {})
         top.finish()
         return cls(
             source=source,
@@ -470,6 +437,54 @@ class HardwareProfile:
             step_ps_client_ms=request,
             sharding_scale=scales,
         )
+
+
+def _embedding_fits(top: Fields) -> tuple[dict[str, EmbeddingFit], dict[str, EmbeddingFit]]:
+    """The ``embedding`` section: the forward and backward fits of each optimizer's fbgemm kernels."""
+    forward: dict[str, EmbeddingFit] = {}
+    backward: dict[str, EmbeddingFit] = {}
+    points = _points(
+        top,
+        "embedding",
+        ("optimizer", "dim", "pooling", "forward_rows_per_s", "backward_rows_per_s"),
+        optional=("unique_share", "rows"),
+    )
+    for name in dict.fromkeys(p["optimizer"] for p in points):
+        mine = [p for p in points if p["optimizer"] == name]
+        forward[name] = _fitted(top, "embedding", lambda mine=mine: fit_embedding(mine, "forward_rows_per_s"))
+        backward[name] = _fitted(top, "embedding", lambda mine=mine: fit_embedding(mine, "backward_rows_per_s"))
+    return forward, backward
+
+
+def _dense_fits(top: Fields) -> tuple[float, DenseFit]:
+    """The ``dense`` section: the wide MLP's flop rate and the DLRM dense step's fit."""
+    dense = top.sub("dense")
+    flops = dense.take_positive("flops_per_s", Quantity.NUMBER)
+    dlrm = dense.take("dlrm", default=None)
+    if dlrm is None:  # profiles of the first format revision: the wide MLP's rate for the whole network
+        dense_step = DenseFit(0.0, 0.0, flops / 3)
+    else:
+        measured = _points(dense, "dlrm", ("features", "dim", "batch", "flops_per_sample", "seconds"))
+        dense_step = _fitted(dense, "dlrm", lambda: fit_dense(measured))
+    for key in ("width", "batch"):  # what was measured: kept in the file, not needed by the fit
+        dense.take(key, default=None)
+    dense.finish()
+    return flops, dense_step
+
+
+def _step_figures(top: Fields) -> tuple[float, float | None, dict[str, float]]:
+    """The ``step`` section: the step overhead, a PS request's cost to the trainer and the sharding scales."""
+    step = top.sub("step")
+    overhead = step.take("overhead_ms", Quantity.NUMBER)
+    request = step.take("ps_client_ms", Quantity.NUMBER, default=None)
+    for key, value in (("overhead_ms", overhead), ("ps_client_ms", request)):
+        if value is not None and value < 0:
+            raise step.error(key, f"must be >= 0, got {value}", fixes=("run persia calibrate again",))
+    scales = _sharding_scales(step)
+    for key in ("check_error", "jobs"):  # what was measured: kept in the file, not needed by the fit
+        step.take(key, default=None)
+    step.finish()
+    return overhead, request, scales
 
 
 # The sharding types a DMP job can be calibrated for: TorchRec's (the servers' hash sharding is priced by its requests).
