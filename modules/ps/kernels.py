@@ -42,7 +42,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from persia_planner.modules.hashing import GOLDEN_GAMMA, mix64_scalar
+from persia_planner.modules.hashing import GOLDEN_GAMMA, MASK63, mix64_scalar
 
 __all__ = [
     "EMPTY",
@@ -58,7 +58,7 @@ __all__ = [
 
 EMPTY = -1  # a bucket never used since the last rebuild: ends a probe sequence (the index fills with it)
 _INT32_MAX = 2**31 - 1
-_MASK63 = np.uint64(0x7FFFFFFFFFFFFFFF)
+_MASK63 = np.uint64(MASK63)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

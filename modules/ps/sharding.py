@@ -16,7 +16,7 @@ __all__ = ["server_of", "table_salt"]
 
 def table_salt(table: str) -> int:
     """A 63-bit salt from the table name, stable across processes and Python versions (not ``hash()``)."""
-    return int.from_bytes(hashlib.blake2b(table.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
+    return int.from_bytes(hashlib.blake2b(table.encode(), digest_size=8).digest(), "little") & MASK63
 
 
 def server_of(table: str, ids: torch.Tensor, n_servers: int) -> torch.Tensor:
