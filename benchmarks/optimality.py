@@ -40,11 +40,12 @@ from rich.table import Table
 from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Topology, validate
 from persia_planner.bound import lower_bound
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.placement.shards import TablePlacement, row_splittable
 from persia_planner.plan.plan import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, Option, build_placement
 from persia_planner.synthetic import random_model
+from persia_planner.tiers import Tier
 
 console = Console(width=150)
 GIB = 1024**3

@@ -11,7 +11,7 @@ Nothing here imports torch; the TorchRec export and the training modules import 
 
 from persia_planner.cost.analytic import Cost, CostModel
 from persia_planner.errors import CapacityError, ErrorKind, PlannerError, SpecError
-from persia_planner.kinds import Mode, Sharding, Tier
+from persia_planner.kinds import Mode, Sharding
 from persia_planner.model.dense import ArchKind, DenseArch
 from persia_planner.model.specs import DenseSpec, DType, ModelSpec, Optimizer, TableSpec, load_model
 from persia_planner.placement.shards import Shard, Storage, TablePlacement
@@ -19,6 +19,7 @@ from persia_planner.plan.plan import Plan, load_plan
 from persia_planner.plan.validation import validate
 from persia_planner.planner import Planner, plan
 from persia_planner.search import GreedyLocalSearch, SearchConfig
+from persia_planner.tiers import Tier
 from persia_planner.topology.cost_constants import CostConstants
 from persia_planner.topology.graph import Topology, load_topology
 from persia_planner.units import Quantity, parse

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from persia_planner.kinds import Tier
 from persia_planner.model.specs import DEFAULT_STALENESS, DenseSpec, DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.placement.shards import even_split, tier_bytes
+from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 
 __all__ = ["heterogeneous_topology", "model_dict", "random_model", "random_topology"]

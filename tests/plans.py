@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from persia_planner import CostModel, GreedyLocalSearch, ModelSpec, Plan, Planner, SearchConfig, Topology, validate
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.plan.plan import usage_of
+from persia_planner.tiers import Tier
 
 
 def gpu_host(name: str, count: int, gpus: int) -> dict:

@@ -20,13 +20,14 @@ from test_profile import raw_profile
 from persia_planner import CapacityError, ModelSpec, Planner, PlannerError, SearchConfig, Topology, validate
 from persia_planner.bound import lower_bound
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import MAX_CACHE_FRACTION, MIN_CACHE_FRACTION
 from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.plan.plan import Plan, usage_of
 from persia_planner.report import summary
 from persia_planner.search import GreedyLocalSearch
 from persia_planner.synthetic import model_dict, random_model
+from persia_planner.tiers import Tier
 from persia_planner.topology.profile import SCALED_SHARDINGS
 
 MIB, GIB = 2**20, 2**30

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from persia_planner import ModelSpec, SpecError, Topology
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.constraints import NO_CONSTRAINTS, TableConstraints, from_parameter_constraints
+from persia_planner.tiers import Tier
 
 
 def model_with(constraints, **table) -> ModelSpec:
@@ -170,7 +171,7 @@ def test_torchrec_names_without_ours_are_refused():
         from_parameter_constraints("user", nothing)
     assert str(err.value) == (
         "ParameterConstraints: user.compute_kernels: table 'user': none of ['key_value'] has a persia tier; "
-        "fix: use fused, dense, fused_uvm, fused_uvm_caching"
+        "fix: use fused, fused_uvm, fused_uvm_caching, dense"
     )
 
 

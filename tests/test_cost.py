@@ -7,9 +7,10 @@ import pytest
 
 from persia_planner import ModelSpec, Topology
 from persia_planner.cost.analytic import CostModel, zipf_hit_rate
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.search import Option, build_placement
+from persia_planner.tiers import Tier
 
 ONE = {
     k: 1.0

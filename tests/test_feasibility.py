@@ -7,10 +7,11 @@ import pytest
 
 from persia_planner import CapacityError, ModelSpec, Planner, PlannerError, SearchConfig, Topology, validate
 from persia_planner.errors import ConstraintError
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.placement.feasibility import check_constraints, constraint_problems, placeable
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.search import GreedyLocalSearch
+from persia_planner.tiers import Tier
 
 GIB = 2**30
 WITH_SERVERS = Topology.simple(trainers=2, gpus_per_trainer=2, servers=2, hbm_bytes=16 * GIB, ddr_bytes=64 * GIB)

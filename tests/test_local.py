@@ -12,11 +12,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import PlannerError
-from persia_planner.kinds import Tier
 from persia_planner.model.specs import Optimizer
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 from persia_planner.modules.embedding.local import LocalEmbeddingBags
 from persia_planner.modules.embedding.model_parallel import distribute, sparse_torch_optimizer
+from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 
 CONFIGS = [

@@ -30,7 +30,7 @@ from fbgemm_gpu.tbe.cache.cache_config import CacheState
 
 from persia_planner import CapacityError, ModelSpec, Topology, validate
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import DType, Optimizer, TableSpec
 from persia_planner.modules.ps import optim as ps_optim
 from persia_planner.modules.ps.store import EmbeddingStore
@@ -52,6 +52,7 @@ from persia_planner.placement.shards import tier_bytes
 from persia_planner.plan.plan import Plan, usage_of
 from persia_planner.planner import Planner, plan
 from persia_planner.search import GreedyLocalSearch, Option, SearchConfig, build_placement
+from persia_planner.tiers import Tier
 
 ROOT = Path(__file__).resolve().parents[1]
 FBGEMM_OPTIMIZER = {

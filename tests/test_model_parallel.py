@@ -9,10 +9,11 @@ import pytest
 import torch
 from plans import TOPO_1X2, forced_plan, local_placement, ps_placement
 
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import ModelSpec, TableSpec
 from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.plan.executability import planned_execution
+from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 
 pytestmark = pytest.mark.processes  # every test here starts processes

@@ -6,12 +6,13 @@ import pytest
 from persia_planner import CostModel, ModelSpec, SpecError, Topology, load_plan, plan, validate
 from persia_planner.bound import lower_bound
 from persia_planner.errors import PlannerError
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import DType
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan
 from persia_planner.plan.validation import require_plan_agrees
 from persia_planner.report import bound_line
+from persia_planner.tiers import Tier
 
 MODEL = ModelSpec.from_dict(
     {

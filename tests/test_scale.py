@@ -8,10 +8,11 @@ import pytest
 
 from persia_planner.cost import all_to_all as cost_a2a
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.search import GreedyLocalSearch, SearchConfig
 from persia_planner.search.state import CANDIDATE_HOSTS
 from persia_planner.synthetic import random_model, random_topology
+from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 
 

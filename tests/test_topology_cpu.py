@@ -7,8 +7,8 @@ import yaml
 from test_profile import raw_profile
 
 from persia_planner import SpecError, load_model, load_topology, plan
-from persia_planner.kinds import Tier
 from persia_planner.paths import DEFAULT_MODEL
+from persia_planner.tiers import Tier
 from persia_planner.topology.cost_constants import CostConstants
 from persia_planner.topology.graph import DeviceKind
 from persia_planner.topology.profile import HardwareProfile

@@ -30,11 +30,12 @@ import torch.distributed as dist
 from torch import nn
 
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Mode, Sharding, Tier
+from persia_planner.kinds import Mode, Sharding
 from persia_planner.model.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.placement.memory import ps_server_capacity
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.search import Option, build_placement
+from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -46,7 +46,6 @@ import numpy as np
 
 from persia_planner.bound.terms import ASYNC_NAMES, N_ASYNC, TierChoice, option_columns, table_terms
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Tier
 
 __all__ = ["MAX_WEIGHTINGS", "BoundPart", "LowerBound", "lower_bound", "lower_bound_ms"]
 
@@ -247,7 +246,7 @@ class _Relaxation:
         # mix the cache fractions, so those options go together, where even the smallest cache does not fit. (Where
         # a table fits nowhere no plan exists: its options stay, so that the bound stays finite.)
         fits = np.all(mem <= capacity[:, None, None], axis=0)
-        cached = np.array([c.tier is Tier.HBM_CACHE for c in columns])
+        cached = np.array([c.tier.spec.cached for c in columns])
         fits[:, cached] = fits[:, cached].any(axis=1, keepdims=True)
         feasible = feasible & (fits | ~np.any(feasible & fits, axis=1, keepdims=True))
         # A capacity that even the most memory-hungry option of every table cannot exceed never binds: price 0.

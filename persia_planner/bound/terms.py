@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import MAX_CACHE_FRACTION, MIN_CACHE_FRACTION, hit_rate_envelope, zipf_hit_rate
 from persia_planner.model.specs import DType, TableSpec
 from persia_planner.placement.feasibility import placeable
@@ -23,6 +23,7 @@ from persia_planner.placement.memory import (
     ps_holds,
 )
 from persia_planner.placement.shards import even_split, tier_bytes
+from persia_planner.tiers import Lookups, Tier
 
 __all__ = ["ASYNC_NAMES", "N_ASYNC", "TierChoice", "option_columns", "table_terms"]
 
@@ -44,13 +45,21 @@ class TierChoice:
 
 
 def option_columns(cost: CostModel) -> list[TierChoice]:
-    """The option columns of :func:`table_terms`, in order (each ``hbm_cache`` column's size is per table)."""
+    """The option columns of :func:`table_terms`, in order: each local tier without a cache, each cached tier at
+    :func:`_cache_columns` sizes (per table), a data-parallel replica, the parameter servers' tier.
+
+    Raises:
+        ValueError: More than one tier keeps its rows on the parameter servers (the bound prices one).
+    """
+    local = [t for t in Tier if t.spec.local]
+    servers = [t for t in Tier if not t.spec.local]
+    if len(servers) != 1:
+        raise ValueError(f"the lower bound prices one parameter-server tier, not {[t.value for t in servers]}")
     return [
-        TierChoice(Tier.HBM),
-        TierChoice(Tier.DDR),
-        *(TierChoice(Tier.HBM_CACHE) for _ in range(_cache_columns())),
+        *(TierChoice(t) for t in local if not t.spec.cached),
+        *(TierChoice(t) for t in local if t.spec.cached for _ in range(_cache_columns())),
         TierChoice(Tier.HBM, replicated=True),
-        TierChoice(Tier.PS),
+        TierChoice(servers[0]),
     ]
 
 
@@ -126,26 +135,32 @@ def table_terms(
     time counting its host's shared DDR instead; async terms (R x T x O); NIC terms, one per weighting of the hosts
     (W x T x O); memory (3 x T x O); the cache fraction of each option (T x O, 0 but for hbm_cache).
 
-    Option columns: hbm, ddr, hbm_cache at each of :func:`_cache_points`, data_parallel, ps. An option a table's
-    constraints rule out costs inf (unless they rule out every option that fits: then none is ruled out, and no plan
-    exists anyway).
+    Option columns (:func:`option_columns`): hbm, ddr, hbm_cache at each of :func:`_cache_points`, data_parallel,
+    ps. An option a table's constraints rule out costs inf (unless they rule out every option that fits: then none
+    is ruled out, and no plan exists anyway).
     """
-    n_cache = _cache_columns()
-    n_opt = 3 + n_cache + 1
-    dp, ps = 2 + n_cache, 3 + n_cache
+    columns = option_columns(cost)
+    n_opt = len(columns)
+    dp = next(i for i, c in enumerate(columns) if c.replicated)
+    ps = n_opt - 1
     T = len(cost.model.tables)
     terms = _Terms(
         np.full((T, n_opt), np.inf), np.zeros((T, n_opt)), np.zeros((N_ASYNC, T, n_opt)), np.zeros((3, T, n_opt)),
         np.zeros((T, n_opt)),
     )  # fmt: skip
     tabs = _Tables.of(cost)
-    _local_columns(cost, tabs, terms, dp)
-    _cache_columns_terms(cost, tabs, terms, slice(2, 2 + n_cache))
+    terms.sync_ddr[:, :dp] = tabs.exchange[:, None]  # the overhead is GPU time, not host-DDR time
+    for i, c in enumerate(columns[:dp]):
+        if not c.tier.spec.cached:
+            _local_column(cost, tabs, terms, i, c.tier)
+    for tier in dict.fromkeys(c.tier for c in columns[:dp] if c.tier.spec.cached):
+        at = [i for i, c in enumerate(columns[:dp]) if c.tier is tier]
+        _cache_columns_terms(cost, tabs, terms, slice(at[0], at[-1] + 1), tier)
     _replica_column(cost, tabs, terms, dp)
     traffic = _ps_column(cost, tabs, terms, ps) if cost.layout.n_servers else None
     nic, host = _host_terms(cost, tabs, (n_opt, dp, ps), traffic)
     sync = terms.sync
-    ruled_out = _ruled_out(cost, n_opt)
+    ruled_out = _ruled_out(cost, columns)
     ruled_out &= (np.isfinite(sync) & ~ruled_out).any(axis=1, keepdims=True)
     sync[ruled_out] = np.inf
     return sync, terms.sync_ddr, terms.asyn, nic, host, terms.mem, terms.fractions
@@ -157,17 +172,19 @@ def _charge(tabs: _Tables, mem: np.ndarray, column: int, tier: Tier, fraction: f
         mem[:2, i, column] = tier_bytes(t, tier, t.rows, t.dim, tabs.dtypes[i], fraction)
 
 
-def _local_columns(cost: CostModel, tabs: _Tables, terms: _Terms, dp: int) -> None:
-    """hbm and ddr: a range shard's kernel time is at least its share of the whole table's on the fastest device (a
-    split adds bags and fixed costs, never removes ids or distinct rows)."""
-    all_gpus = np.arange(cost.layout.n_gpus)
-    hbm_ms = np.array([float(cost.hbm_emb_ms(t, 1.0, t.dim, all_gpus).min()) for t in tabs.tables])
-    terms.sync[:, 0] = hbm_ms + tabs.out
-    _charge(tabs, terms.mem, 0, Tier.HBM)
-    terms.sync[:, 1] = tabs.moved / float(cost.uvm_bw.max()) + tabs.out
-    terms.sync_ddr[:, :dp] = tabs.exchange[:, None]  # the overhead is GPU time, not host-DDR time
-    terms.sync_ddr[:, 1] += tabs.moved * _host_ddr(cost)
-    _charge(tabs, terms.mem, 1, Tier.DDR)
+def _local_column(cost: CostModel, tabs: _Tables, terms: _Terms, column: int, tier: Tier) -> None:
+    """A local tier without a cache (hbm, ddr): a range shard's kernel time is at least its share of the whole
+    table's on the fastest device (a split adds bags and fixed costs, never removes ids or distinct rows), at the
+    tier's share of its lookup path's bandwidth."""
+    spec = tier.spec
+    if spec.lookups is Lookups.HBM:
+        all_gpus = np.arange(cost.layout.n_gpus)
+        hbm_ms = np.array([float(cost.hbm_emb_ms(t, 1.0, t.dim, all_gpus).min()) for t in tabs.tables])
+        terms.sync[:, column] = hbm_ms / spec.bandwidth_share + tabs.out
+    else:
+        terms.sync[:, column] = tabs.moved / (float(cost.uvm_bw.max()) * spec.bandwidth_share) + tabs.out
+        terms.sync_ddr[:, column] += tabs.moved * _host_ddr(cost)
+    _charge(tabs, terms.mem, column, tier)
 
 
 def _host_ddr(cost: CostModel) -> float:
@@ -175,10 +192,11 @@ def _host_ddr(cost: CostModel) -> float:
     return float(np.min(cost.gpus_per_host / cost.host_ddr_bw))
 
 
-def _cache_columns_terms(cost: CostModel, tabs: _Tables, terms: _Terms, cache: slice) -> None:
-    """hbm_cache at each of :func:`_cache_points`: the hits at HBM's bandwidth, the misses at UVM's."""
+def _cache_columns_terms(cost: CostModel, tabs: _Tables, terms: _Terms, cache: slice, tier: Tier) -> None:
+    """A cached tier (hbm_cache) at each of :func:`_cache_points`: the hits at HBM's bandwidth, the misses at UVM's
+    (at the tier's share of it)."""
     G = cost.layout.n_gpus
-    hbm_bw, uvm_bw = float(cost.hbm_bw.max()), float(cost.uvm_bw.max())
+    hbm_bw, uvm_bw = float(cost.hbm_bw.max()), float(cost.uvm_bw.max()) * tier.spec.bandwidth_share
     points = [_cache_points(cost, t) for t in tabs.tables]
     terms.fractions[:, cache] = np.array([f for f, _ in points])
     hit = np.array([h for _, h in points])
@@ -289,12 +307,11 @@ def _host_terms(
     return nic, (host, host_fixed)
 
 
-def _ruled_out(cost: CostModel, n_opt: int) -> np.ndarray:
+def _ruled_out(cost: CostModel, columns: list[TierChoice]) -> np.ndarray:
     """T x O: the options each table's constraints rule out (the pairs
     :func:`persia_planner.placement.feasibility.placeable` leaves
     out: their sharding types, tiers, devices)."""
-    columns = option_columns(cost)
-    out = np.zeros((len(cost.model.tables), n_opt), dtype=bool)
+    out = np.zeros((len(cost.model.tables), len(columns)), dtype=bool)
     for i, table in enumerate(cost.model.tables):
         if not table.constraints.constrained:
             continue

@@ -5,6 +5,7 @@ Options, plan and inputs are checked before torch is imported; the engine is :mo
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -233,8 +234,6 @@ def train_command(
     2 trainers on this machine. Under torchrun, each node is one or more topology hosts (--node-host, else by node
     rank): it runs their parameter servers and their trainer devices' trainers.
     """
-    import json
-
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
     from persia_planner.model.specs import DType, load_data_schema, with_run_options
@@ -300,20 +299,30 @@ def train_command(
             require_plan_agrees(the_plan, model_spec, str(plan_path))
         cfg = _checked_start(cfg, model_spec, the_plan, topo, node_host)
         result = _run(cfg, model_spec, the_plan, topo, node_host)
-        if result is None:  # a torchrun process other than the first trainer
-            return
-        result.pop("history", None)
-        result["plan_staleness"] = the_plan.staleness
-        result["plan_ps_wire_dtype"] = None if the_plan.ps_wire_dtype is None else the_plan.ps_wire_dtype.value
-        result["plan_step_ms"] = the_plan.step_ms
-        if cfg.log_dir:  # summary.json is what --json prints, what the plan was priced for included
-            from persia_planner.modules.train.metrics_log import write_summary
+        if result is not None:  # None: a torchrun process other than the first trainer
+            _report(result, the_plan, cfg, as_json=as_json)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # A torchrun worker ends right after the trainers' last gloo collective: finalizing the interpreter then can
+        # abort it (SIGABRT, see exit_now), which torchrun reports as a failed job.
+        from persia_planner.modules.ps.lifecycle import exit_now
 
-            write_summary(cfg.log_dir, result)
-        if as_json:
-            typer.echo(json.dumps(result))
-        else:
-            _print_result(result)
+        exit_now(0)
+
+
+def _report(result: dict[str, Any], the_plan: Plan, cfg: TrainConfig, *, as_json: bool) -> None:
+    """Print the run's summary (and write it to ``--log-dir``) with what the plan was priced for."""
+    result.pop("history", None)
+    result["plan_staleness"] = the_plan.staleness
+    result["plan_ps_wire_dtype"] = None if the_plan.ps_wire_dtype is None else the_plan.ps_wire_dtype.value
+    result["plan_step_ms"] = the_plan.step_ms
+    if cfg.log_dir:  # summary.json is what --json prints, what the plan was priced for included
+        from persia_planner.modules.train.metrics_log import write_summary
+
+        write_summary(cfg.log_dir, result)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        _print_result(result)
 
 
 def _checked_start(

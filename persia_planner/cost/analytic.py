@@ -20,10 +20,11 @@ import numpy as np
 from persia_planner.cost.all_to_all import DENSE_MAX_GPUS, A2APattern
 from persia_planner.cost.step_time import MS, StepModel
 from persia_planner.cost.terms import Cost, Estimate, Layout
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import expected_unique, expected_unique_many, zipf_hit_rate
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.shards import Shard, Storage, TablePlacement
+from persia_planner.tiers import Lookups, Tier
 from persia_planner.topology.graph import Topology
 from persia_planner.topology.hardware import DeviceKind
 
@@ -237,11 +238,14 @@ class CostModel:
         ids_bytes = np.asarray(lookups * self.constants.id_bytes, dtype=float)
         ids_half = ids_bytes / 2 if ids_bytes.ndim else float(ids_bytes / 2)
         overhead = self.constants.shard_overhead_ms
-        if tier is Tier.HBM:
-            return out_bytes, ids_half, overhead + self.hbm_emb_ms(table, rows_fraction, cols, gpus), None
+        spec = tier.spec  # its lookups' path, the share of that path's bandwidth it reaches, an HBM cache
+        if spec.lookups is Lookups.HBM:
+            hbm_ms = self.hbm_emb_ms(table, rows_fraction, cols, gpus) / spec.bandwidth_share
+            return out_bytes, ids_half, overhead + hbm_ms, None
         moved = self.moved_bytes(table, lookups, cols, self.unique_rows(table, self.batch) * rows_fraction)
-        hit = zipf_hit_rate(table.zipf_alpha, table.rows, cache_fraction) if tier is Tier.HBM_CACHE else 0.0
-        emb = overhead + (hit * moved / self.hbm_bw[gpus] + (1 - hit) * moved / self.uvm_bw[gpus])
+        hit = zipf_hit_rate(table.zipf_alpha, table.rows, cache_fraction) if spec.cached else 0.0
+        uvm_bw = self.uvm_bw[gpus] * spec.bandwidth_share
+        emb = overhead + (hit * moved / self.hbm_bw[gpus] + (1 - hit) * moved / uvm_bw)
         hosts = self.gpu_host[gpus]
         return out_bytes, ids_half, emb, (1 - hit) * moved / self.host_ddr_bw[hosts]
 

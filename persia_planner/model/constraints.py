@@ -15,7 +15,8 @@ from typing import Any
 
 from persia_planner.errors import SpecError, abbreviate
 from persia_planner.fields import Fields
-from persia_planner.kinds import TIER_OF_KERNEL, TIERS_OF_SHARDING, Sharding, Tier
+from persia_planner.kinds import Sharding
+from persia_planner.tiers import Tier, tier_of_kernel, tiers_of
 from persia_planner.units import Quantity
 
 __all__ = ["NO_CONSTRAINTS", "TORCHREC_SOURCE", "TableConstraints", "from_parameter_constraints", "read_constraints"]
@@ -54,9 +55,9 @@ class TableConstraints:
 
     def allows(self, sharding: Sharding, tier: Tier) -> bool:
         """Whether a placement of ``sharding`` on ``tier`` keeps the sharding-type and tier constraints (and is a pair
-        that runs at all: :data:`.kinds.TIERS_OF_SHARDING`)."""
+        that runs at all: :func:`.tiers.tiers_of`)."""
         return (
-            tier in TIERS_OF_SHARDING[sharding]
+            tier in tiers_of(sharding)
             and (self.sharding_types is None or sharding in self.sharding_types)
             and (self.tiers is None or tier in self.tiers)
         )
@@ -147,7 +148,7 @@ def _check_consistent(constraints: TableConstraints, table: str, error: Any) -> 
     """Raise ``error(key, problem, fixes)`` where the constraints contradict themselves."""
     if not constraints.combinations():
         runs = "; ".join(
-            f"{s.value} runs on {' or '.join(t.value for t in Tier if t in TIERS_OF_SHARDING[s])}"
+            f"{s.value} runs on {' or '.join(t.value for t in Tier if t in tiers_of(s))}"
             for s in Sharding
             if constraints.sharding_types is None or s in constraints.sharding_types
         )
@@ -156,7 +157,7 @@ def _check_consistent(constraints: TableConstraints, table: str, error: Any) -> 
             f"table {table!r}: {constraints.describe('sharding_types', 'tiers')} have no pair in common ({runs})",
             ("allow a tier that one of its sharding types runs on",),
         )
-    if constraints.cache_fraction is not None and not constraints.allows_tier(Tier.HBM_CACHE):
+    if constraints.cache_fraction is not None and not any(constraints.allows_tier(t) for t in Tier if t.spec.cached):
         raise error(
             "cache_fraction",
             f"table {table!r}: cache_fraction sizes the hbm_cache tier, which its "
@@ -198,17 +199,17 @@ def from_parameter_constraints(
     )
     tiers = _mapped(
         getattr(constraints, "compute_kernels", None),
-        TIER_OF_KERNEL,
+        tier_of_kernel(),
         lambda names: error(
             "compute_kernels",
             f"table {table!r}: none of {names} has a persia tier",
-            (f"use {', '.join(TIER_OF_KERNEL)}",),
+            (f"use {', '.join(tier_of_kernel())}",),
         ),
     )
     fraction = None
     cache = getattr(constraints, "cache_params", None)
     factor = getattr(cache, "load_factor", None) if cache is not None else None
-    if factor is not None and (tiers is None or Tier.HBM_CACHE in tiers):
+    if factor is not None and (tiers is None or any(t.spec.cached for t in tiers)):
         if not 0 < float(factor) <= 1:
             raise error("cache_params.load_factor", f"table {table!r}: must be in (0, 1], got {abbreviate(factor)}")
         fraction = float(factor)

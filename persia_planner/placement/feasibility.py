@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from persia_planner.errors import CapacityError, ConstraintError
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import MIN_CACHE_FRACTION
 from persia_planner.model.constraints import TableConstraints
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.memory import PS_MAX_ROWS, ps_holds
 from persia_planner.placement.shards import TablePlacement, even_split, tier_bytes
+from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 from persia_planner.units import format_bytes
 
@@ -200,7 +201,7 @@ def _short_of(table: TableSpec, pair: tuple[Sharding, Tier], topology: Topology,
         have = float(min(topology.hbm_capacity(g) for g in gpus))
         text = "needs {need} of HBM on every device, and the smallest has {have} usable"
         return None if need <= have + 0.5 else _short(pair, "GPU HBM", need, have, text)
-    fraction = _least_cache(allowed) if tier is Tier.HBM_CACHE else 0.0
+    fraction = _least_cache(allowed) if tier.spec.cached else 0.0
     hbm, ddr = (float(x) for x in tier_bytes(table, tier, table.rows, table.dim, dtype, fraction))
     if sharding is Sharding.TABLE_WISE:
         for g in gpus:
@@ -251,7 +252,7 @@ def constraint_problems(table: TableSpec, placement: TablePlacement) -> list[str
                 f"the plan puts shard {off[0][0]} on {off[0][1]}{more}, but its constraints allow "
                 f"{allowed.describe('devices')}"
             )
-    if allowed.cache_fraction is not None and tier is Tier.HBM_CACHE:
+    if allowed.cache_fraction is not None and tier.spec.cached:
         fixed = allowed.cache_fraction
         for i, shard in enumerate(placement.shards):
             if shard.cache_fraction is None or not math.isclose(shard.cache_fraction, fixed, rel_tol=_EVERY_CACHE):

@@ -11,9 +11,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from persia_planner.kinds import Mode, Sharding, Tier
+from persia_planner.kinds import Mode, Sharding
 from persia_planner.model.specs import DType, TableSpec
 from persia_planner.placement import memory
+from persia_planner.tiers import Memory, Tier
 
 __all__ = [
     "Mode",
@@ -149,18 +150,20 @@ def tier_bytes(
     """``(hbm, ddr)`` bytes of a shard of ``rows`` rows (an int or a numpy array of row counts) and ``cols`` columns
     on ``tier``, as the runtime that executes the tier allocates them.
 
-    ``hbm``, ``ddr`` and ``hbm_cache`` run as fbgemm's TBE with its table in ``DEVICE``, ``MANAGED`` (UVM) and
-    ``MANAGED_CACHING`` memory (TorchRec's ``fused``, ``fused_uvm`` and ``fused_uvm_caching`` kernels), see
-    :func:`.memory.fbgemm_bytes`; a data-parallel ``replica`` (``hbm``) also keeps its DDP gradient, see
-    :func:`.memory.replica_bytes`; ``ps`` rows live in a parameter server's store, see :func:`.memory.ps_bytes`
-    (DDR of the server). The search, the lower bound, validation and the report all charge these.
+    The tier's :attr:`.TierSpec.rows_in` decides: rows in device memory run as fbgemm's TBE with its table in
+    ``DEVICE`` memory, rows in host memory in ``MANAGED`` (UVM) or, for a cached tier, ``MANAGED_CACHING`` memory
+    (TorchRec's ``fused``, ``fused_uvm`` and ``fused_uvm_caching`` kernels), see :func:`.memory.fbgemm_bytes`; a
+    data-parallel ``replica`` (``hbm``) also keeps its DDP gradient, see :func:`.memory.replica_bytes`; rows in
+    server memory live in a parameter server's store, see :func:`.memory.ps_bytes` (DDR of the server). The search,
+    the lower bound, validation and the report all charge these.
     """
     if replica:
         return memory.replica_bytes(table, rows, cols, dtype), 0
-    if tier is Tier.PS:
+    spec = tier.spec
+    if spec.rows_in is Memory.SERVER:
         return 0, memory.ps_bytes(rows, cols, table.optimizer)
-    managed = tier is not Tier.HBM
-    fraction = cache_fraction if tier is Tier.HBM_CACHE else 0.0
+    managed = spec.rows_in is Memory.HOST
+    fraction = cache_fraction if spec.cached else 0.0
     return memory.fbgemm_bytes(table, rows, cols, dtype, managed=managed, cache_fraction=fraction)
 
 

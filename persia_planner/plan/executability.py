@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from persia_planner.errors import ErrorKind, PlannerError
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import DType, ModelSpec, Optimizer
-from persia_planner.plan.torchrec_export import KERNEL_OF_TIER, PlanLike, tables_of, torchrec_shardings
+from persia_planner.plan.torchrec_export import PlanLike, tables_of, torchrec_shardings
 from persia_planner.topology.graph import Topology
 
 __all__ = ["check_executable", "planned_execution"]
@@ -75,11 +75,11 @@ def check_executable(
     for name, p in local.items():
         table_dtype = dtype.get(name, DType.FP32) if isinstance(dtype, Mapping) else dtype
         tiers = {s.tier for s in p.shards}
-        bad = tiers & {Tier.DDR, Tier.HBM_CACHE}
+        bad = {t for t in tiers if t.spec.unified_memory}
         if device_type != "cuda" and bad:
             tier = sorted(bad)[0]
             raise PlannerError(
-                f"table {name!r} is planned on tier {tier.value} (TorchRec kernel {KERNEL_OF_TIER[tier]}), which "
+                f"table {name!r} is planned on tier {tier.value} (TorchRec kernel {tier.spec.torchrec_kernel}), which "
                 "needs CUDA unified memory; these trainers have no GPU",
                 kind=ErrorKind.UNSUPPORTED,
                 fixes=(

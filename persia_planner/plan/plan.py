@@ -16,11 +16,12 @@ import numpy as np
 from persia_planner.cost.analytic import CostModel, Estimate
 from persia_planner.errors import PlannerError, SpecError, abbreviate
 from persia_planner.fields import Fields, load_json
-from persia_planner.kinds import Mode, Sharding, Tier
+from persia_planner.kinds import Mode, Sharding
 from persia_planner.limits import MAX_OF_KIND, MAX_SHARDS_PER_TABLE, MAX_STALENESS
 from persia_planner.model.specs import DType
 from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.plan.tuning import Tuning
+from persia_planner.tiers import Memory, Tier
 from persia_planner.units import Quantity
 
 __all__ = [
@@ -332,7 +333,7 @@ def usage_of(
     gpu_ddr: dict[str, int] = {}
     for table in cost.model.tables:
         for shard in placements[table.name].shards:
-            if shard.tier in (Tier.DDR, Tier.HBM_CACHE):
+            if shard.tier.spec.rows_in is Memory.HOST:
                 gpu_ddr[shard.device] = gpu_ddr.get(shard.device, 0) + shard.bytes
     usage: dict[str, DeviceUsage] = {}
     for g, gpu in enumerate(topo.gpus):

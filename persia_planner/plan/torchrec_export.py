@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import ErrorKind, PlannerError
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.placement.shards import Shard, TablePlacement, row_blocks
 from persia_planner.plan.plan import Plan
 from persia_planner.plan.validation import require_same_tables
+from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -41,7 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = [
     "DATA_PARALLEL_KERNEL",
     "DEFAULT_CACHE_LOAD_FACTOR",
-    "KERNEL_OF_TIER",
     "PlanLike",
     "ShardBox",
     "TorchRecSharding",
@@ -51,9 +51,6 @@ __all__ = [
     "torch_optimizer",
     "torchrec_shardings",
 ]
-
-KERNEL_OF_TIER: Mapping[Tier, str] = {Tier.HBM: "fused", Tier.DDR: "fused_uvm", Tier.HBM_CACHE: "fused_uvm_caching"}
-"""TorchRec compute kernel of each GPU-side tier (data-parallel tables use ``"dense"``)."""
 
 DATA_PARALLEL_KERNEL = "dense"
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
@@ -215,8 +212,11 @@ def _table_sharding(table: TableSpec, placement: TablePlacement, topology: Topol
     if not placement.shards:
         raise PlannerError(f"table {name!r} has no shards", kind=ErrorKind.INVALID_PLAN)
     tiers = {shard.tier for shard in placement.shards}
-    if Tier.PS in tiers:
-        raise _unsupported(name, f"{s.value} shards on the ps tier (only ps_hash tables live on parameter servers)")
+    off = sorted(t for t in tiers if t.spec.torchrec_kernel is None)
+    if off:
+        raise _unsupported(
+            name, f"{s.value} shards on the {off[0]} tier (only ps_hash tables live on parameter servers)"
+        )
     if len(tiers) > 1:
         raise _unsupported(
             name,
@@ -243,12 +243,12 @@ def _table_sharding(table: TableSpec, placement: TablePlacement, topology: Topol
         return TorchRecSharding(name, s.value, DATA_PARALLEL_KERNEL, boxes)
 
     factor = None
-    if tier is Tier.HBM_CACHE:
+    if tier.spec.cached:
         fractions = {shard.cache_fraction for shard in placement.shards}
         if len(fractions) > 1:
             raise _unsupported(name, f"its shards use different cache fractions {sorted(fractions, key=str)}")
         factor = fractions.pop() or DEFAULT_CACHE_LOAD_FACTOR
-    kernel = KERNEL_OF_TIER[tier]
+    kernel = tier.spec.torchrec_kernel
 
     if any(shard.rows is None for shard in placement.shards):
         raise _unsupported(name, f"{s.value} shards need row ranges")

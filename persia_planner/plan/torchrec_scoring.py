@@ -14,14 +14,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import ErrorKind, PlannerError, first_line
-from persia_planner.kinds import TIER_OF_KERNEL, Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import ModelSpec, TableSpec
 from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.plan.plan import Plan
 from persia_planner.plan.torchrec_export import (
     DATA_PARALLEL_KERNEL,
     DEFAULT_CACHE_LOAD_FACTOR,
-    KERNEL_OF_TIER,
     PlanLike,
     ShardBox,
     TorchRecSharding,
@@ -32,6 +31,7 @@ from persia_planner.plan.torchrec_export import (
     torchrec_shardings,
     uniform_hosts,
 )
+from persia_planner.tiers import Tier, tier_of_kernel
 from persia_planner.topology.graph import DeviceKind, Topology
 
 _TORCHREC_TYPES = frozenset(Sharding) - {Sharding.PS_HASH}
@@ -162,7 +162,8 @@ def _torchrec_fields(table: TableSpec, topology: Topology | None) -> dict[str, A
     if allowed.sharding_types is not None:
         fields["sharding_types"] = [s.value for s in Sharding if s in allowed.sharding_types and s in _TORCHREC_TYPES]
     if allowed.tiers is not None:
-        kernels = [KERNEL_OF_TIER[t] for t in KERNEL_OF_TIER if t in allowed.tiers]
+        allowed_kernels = (t.spec.torchrec_kernel for t in Tier if t in allowed.tiers and t.spec.torchrec_kernel)
+        kernels = list(dict.fromkeys(allowed_kernels))
         if allowed.allows(Sharding.DATA_PARALLEL, Tier.HBM):
             kernels.append(DATA_PARALLEL_KERNEL)
         fields["compute_kernels"] = kernels
@@ -437,7 +438,7 @@ def _placement_of(table: TableSpec, entry: TorchRecSharding, model: ModelSpec, t
                 "table_column_wise/data_parallel",
             ),
         )
-    tier = TIER_OF_KERNEL.get(entry.compute_kernel)
+    tier = tier_of_kernel().get(entry.compute_kernel)
     if tier is None or (entry.compute_kernel == DATA_PARALLEL_KERNEL) != (sharding is Sharding.DATA_PARALLEL):
         if tier is None:
             problem = f"TorchRec compute kernel {entry.compute_kernel!r} has no persia tier"
@@ -467,7 +468,7 @@ def _placement_of(table: TableSpec, entry: TorchRecSharding, model: ModelSpec, t
         )
         return TablePlacement(sharding, shards)
     fraction = None
-    if tier is Tier.HBM_CACHE:
+    if tier.spec.cached:
         fraction = entry.cache_load_factor if entry.cache_load_factor is not None else DEFAULT_CACHE_LOAD_FACTOR
     shards = []
     for b in entry.shards:

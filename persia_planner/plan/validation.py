@@ -9,12 +9,13 @@ import numpy as np
 
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import ErrorKind, PlannerError, abbreviate
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import ModelSpec
 from persia_planner.placement.feasibility import constraint_problems
 from persia_planner.placement.memory import PS_LIMIT_REASON, PS_MAX_ROWS, ps_servers_needed
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan
+from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 from persia_planner.units import format_bytes
 
@@ -120,22 +121,23 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
     gpu_names = {g.name for g in topology.gpus}
     server_names = {p.name for p in topology.servers}
     for i, shard in enumerate(placement.shards):
-        if shard.tier is Tier.PS:
-            if shard.device not in server_names:
-                problems.append(f"shard {i} is on tier ps but {shard.device!r} is not a parameter server")
-            if s is not Sharding.PS_HASH:
-                problems.append(f"shard {i} is on tier ps but the sharding is {s.value}")
-        else:
-            if shard.device not in gpu_names:
-                problems.append(f"shard {i} is on tier {shard.tier.value} but {shard.device!r} is not a GPU")
+        spec = shard.tier.spec
+        if not spec.local and shard.device not in server_names:
+            problems.append(f"shard {i} is on tier {spec.name} but {shard.device!r} is not a parameter server")
+        elif spec.local and shard.device not in gpu_names:
+            problems.append(f"shard {i} is on tier {spec.name} but {shard.device!r} is not a GPU")
+        # A replica on a tier other than hbm is named below, with the replicas' other rules.
+        if s not in spec.shardings and not (spec.local and s is Sharding.DATA_PARALLEL):
             if s is Sharding.PS_HASH:
-                problems.append(f"shard {i} is on tier {shard.tier.value} but ps_hash shards must be on tier ps")
+                problems.append(f"shard {i} is on tier {spec.name} but ps_hash shards must be on tier ps")
+            else:
+                problems.append(f"shard {i} is on tier {spec.name} but the sharding is {s.value}")
         if shard.replica and s is not Sharding.DATA_PARALLEL:
             # A replica is charged its whole table once per GPU and nothing else; the flag must not turn a shard of
             # another sharding into what it is not (a ps_hash bucket would then cost the servers nothing).
             problems.append(f"shard {i} has replica: true but only data_parallel shards are replicas")
-        if shard.tier is Tier.HBM_CACHE and not (shard.cache_fraction and 0 < shard.cache_fraction <= 1):
-            problems.append(f"shard {i} is hbm_cache without a cache_fraction in (0, 1]")
+        if spec.cached and not (shard.cache_fraction and 0 < shard.cache_fraction <= 1):
+            problems.append(f"shard {i} is {spec.name} without a cache_fraction in (0, 1]")
         if not (0 <= shard.cols[0] < shard.cols[1] <= table.dim):
             problems.append(f"shard {i} cols {list(shard.cols)} are outside [0, {table.dim})")
         if shard.rows is not None and not (0 <= shard.rows[0] < shard.rows[1] <= table.rows):

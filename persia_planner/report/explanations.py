@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from persia_planner.kinds import Tier
 from persia_planner.model.specs import ModelSpec
 from persia_planner.report.rows import describe
+from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 from persia_planner.units import format_bytes
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.report.rows import device_rows
+from persia_planner.tiers import Memory
 from persia_planner.topology.graph import NodeKind, Topology
 
 if TYPE_CHECKING:
@@ -215,11 +216,12 @@ def _tables_by_node(plan: Plan, topology: Topology, limit: int = 3) -> dict[str,
                 replicas[shard.device] = replicas.get(shard.device, 0) + 1
             continue
         for shard in placement.shards:
-            if shard.tier in (Tier.PS, Tier.HBM):
+            spec = shard.tier.spec
+            if spec.rows_in is not Memory.HOST:  # on the GPU or the server itself
                 targets = [(shard.device, name)]
-            elif shard.tier is Tier.HBM_CACHE:
+            elif spec.cached:
                 targets = [(shard.device, name + "*"), (gpu_host.get(shard.device, shard.device), name)]
-            else:  # ddr: rows in the host's memory
+            else:  # rows in the host's memory
                 targets = [(gpu_host.get(shard.device, shard.device), name)]
             for node, label in targets:
                 bucket = held.setdefault(node, {})

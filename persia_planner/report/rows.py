@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import printable
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import ModelSpec
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.topology.graph import Topology
@@ -227,6 +227,6 @@ def describe(placement: TablePlacement) -> str:
     if placement.sharding in (Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE):
         splits = len({s.cols for s in placement.shards})
     tier = placement.tier.value
-    if placement.tier is Tier.HBM_CACHE:
+    if placement.tier.spec.cached:
         tier = f"{tier}({placement.shards[0].cache_fraction or 0.0:g})"
     return f"{placement.sharding.value}{f' x{splits}' if splits > 1 else ''} on {tier}"

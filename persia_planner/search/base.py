@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from persia_planner.errors import PlannerError
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.placement.shards import TablePlacement
+from persia_planner.tiers import Tier
 
 if TYPE_CHECKING:
     from persia_planner.bound import LowerBound, TierChoice
@@ -53,7 +54,7 @@ class Option:
     splits: int = 1
 
     def describe(self) -> str:
-        tier = f"{self.tier.value}({self.cache_fraction:g})" if self.tier is Tier.HBM_CACHE else self.tier.value
+        tier = f"{self.tier.value}({self.cache_fraction:g})" if self.tier.spec.cached else self.tier.value
         splits = f" x{self.splits}" if self.splits > 1 else ""
         return f"{self.sharding.value}{splits} on {tier}"
 
@@ -75,7 +76,7 @@ class SearchConfig:
     improve_time_s: float = 5.0
     improve_rounds: int = 2000
     shardings: frozenset[Sharding] = frozenset(Sharding)
-    tiers: frozenset[Tier] = frozenset(Tier)
+    tiers: frozenset[Tier] = field(default_factory=lambda: frozenset(Tier))  # the tiers registered now
     explain_top: int = 10
 
     def __post_init__(self) -> None:

@@ -17,12 +17,12 @@ import numpy as np
 from persia_planner.bound import LowerBound, TierChoice
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import CapacityError
-from persia_planner.kinds import Tier
 from persia_planner.model.specs import TableSpec
 from persia_planner.search.base import Choice, OptionSource, SearchConfig
 from persia_planner.search.explain import capacity_error
 from persia_planner.search.shards import ShardTerms
 from persia_planner.search.state import State
+from persia_planner.tiers import Memory, Tier, local_tiers
 
 __all__ = ["GreedyConstruction", "Start", "place_all"]
 
@@ -100,7 +100,7 @@ class GreedyConstruction:
             # calling the model infeasible, pack: the bound's tiers even when its loads were unbalanced, and
             # largest tables first (first-fit decreasing).
             fallbacks = [Start(largest_first=True), Start(None, guided.prices, largest_first=True)]
-            if self.config.tiers & {Tier.HBM, Tier.DDR, Tier.HBM_CACHE} and Tier.PS in self.config.tiers:
+            if any(t.spec.local for t in self.config.tiers) and Tier.PS in self.config.tiers:
                 fallbacks.append(Start(keep_local=True))
             if untrusted is not None and untrusted not in starts:
                 fallbacks.insert(0, untrusted)
@@ -191,11 +191,13 @@ def _order(state: State, tables: Sequence[TableSpec], start: Start) -> np.ndarra
 
 
 def _packed_locally(state: State, table: TableSpec) -> Choice | None:
-    """The best choice of ``table`` in trainer DDR (the least HBM a local table takes: its row-wise state), else
-    in HBM or the HBM cache; None where no local option fits."""
-    options = [o for o in state.options(table, hint=TierChoice(Tier.DDR)) if o.tier is Tier.DDR]
-    choice, _ = state.best_choice_of(table, options)
-    if choice is None:
-        local = [o for o in state.options(table) if o.tier is not Tier.PS]
-        choice, _ = state.best_choice_of(table, local)
-    return choice
+    """The best choice of ``table`` in trainer DDR without a cache (the least HBM a local table takes: its row-wise
+    state), else on any local tier; None where no local option fits."""
+    for tier in local_tiers():
+        if tier.spec.rows_in is Memory.HOST and not tier.spec.cached:
+            options = [o for o in state.options(table, hint=TierChoice(tier)) if o.tier is tier]
+            choice, _ = state.best_choice_of(table, options)
+            if choice is not None:
+                return choice
+    local = [o for o in state.options(table) if o.tier.spec.local]
+    return state.best_choice_of(table, local)[0]

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.shards import row_blocks, tier_bytes
 from persia_planner.search.base import Choice, Option
 from persia_planner.search.shards import RangeTerms
 from persia_planner.search.steps import Finish, Pick, Step, Tie, finish_in_order, finish_together, given
+from persia_planner.tiers import Tier
 
 if TYPE_CHECKING:
     from persia_planner.search.state import State

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from persia_planner.errors import CapacityError
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import ps_rows_error
 from persia_planner.search.base import Alternative
+from persia_planner.tiers import Tier
 from persia_planner.units import format_bytes
 
 if TYPE_CHECKING:

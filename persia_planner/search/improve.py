@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
+from persia_planner.tiers import Memory, Tier
 
 if TYPE_CHECKING:
     from persia_planner.search.state import State
@@ -99,11 +100,12 @@ class BottleneckLocalSearch:
     def _swap_in(self, state: State, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
         table = tables[name]
         tier = state.choices[name].option.tier
-        target = {Tier.PS: Tier.DDR, Tier.DDR: Tier.HBM, Tier.HBM_CACHE: Tier.HBM}.get(tier)
-        if target is None or (target is Tier.DDR and Tier.DDR not in state.config.tiers):
+        promote_to = tier.spec.promote_to
+        target = Tier(promote_to) if promote_to is not None else None
+        if target is None or target not in state.config.tiers:
             return False
         evict = self._coldest_room(state, table, target)
-        if tier is Tier.PS and Tier.HBM in state.config.tiers:
+        if not tier.spec.local and Tier.HBM in state.config.tiers:
             # From the parameter servers, HBM is better still when one GPU can make room.
             in_hbm = self._coldest_room(state, table, Tier.HBM)
             if in_hbm is not None:
@@ -137,6 +139,7 @@ class BottleneckLocalSearch:
         room there, fit ``table``: the set with the least traffic per step ([] when there is room already), or None
         when no GPU / host can make room."""
         cost = state.cost
+        in_hbm = tier.spec.rows_in is Memory.DEVICE  # else the rows are in the host's DDR
         size = table.bytes(state.dtype_of(table))
         heat = table.pooling_factor / table.rows
         by_slot: dict[int, list[tuple[float, int, str]]] = {}
@@ -149,9 +152,9 @@ class BottleneckLocalSearch:
             if other_heat >= heat:
                 continue
             g = choice.gpus[0]
-            slot = g if tier is Tier.HBM else int(cost.gpu_host[g])
+            slot = g if in_hbm else int(cost.gpu_host[g])
             by_slot.setdefault(slot, []).append((other_heat * spec.rows, spec.bytes(state.dtype_of(spec)), other))
-        of = cost.hbm_of if tier is Tier.HBM else cost.ddr_of
+        of = cost.hbm_of if in_hbm else cost.ddr_of
         free = of(state.cap) - of(state.mem)
         if free.max() >= size:
             return []

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from persia_planner.bound import TierChoice
-from persia_planner.kinds import LOCAL_TIERS, Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import cache_fraction_candidates
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import largest_cache_fraction
 from persia_planner.placement.shards import row_splittable
 from persia_planner.search.base import Option
+from persia_planner.tiers import Lookups, Memory, Tier, local_tiers
 
 if TYPE_CHECKING:
     from persia_planner.search.state import FreeRoom, State
@@ -56,16 +57,17 @@ class TieredOptions:
         opts: list[Option] = []
         size = state.shards.size(table)
         free = state.free_room(gpus)
-        tiers = [t for t in LOCAL_TIERS if t in tiers_allowed] if free.hbm_sorted else []
+        tiers = [t for t in local_tiers() if t in tiers_allowed] if free.hbm_sorted else []
         if hint is not None:
             tiers = [t for t in tiers if t is hint.tier and not hint.replicated]
         fits_one_hbm = bool(free.hbm_sorted) and size <= free.hbm_sorted[0]
+        in_hbm = any(t.spec.rows_in is Memory.DEVICE for t in tiers)
         for tier in tiers:
             # Slower local tiers only matter once the table no longer fits in one GPU's free HBM.
-            if tier is not Tier.HBM and fits_one_hbm and Tier.HBM in tiers and hint is None:
+            if tier.spec.rows_in is not Memory.DEVICE and fits_one_hbm and in_hbm and hint is None:
                 continue
             fractions: tuple[float, ...] = (0.0,)
-            if tier is Tier.HBM_CACHE:
+            if tier.spec.cached:
                 fractions = self.cache_fractions(state, table, free)
                 if hint is not None and allowed.cache_fraction is None:
                     # The relaxation's size, to three digits: the bound covers every size, and plans read better.
@@ -180,12 +182,13 @@ class TieredOptions:
 
     def _is_hot(self, state: State, table: TableSpec, tier: Tier) -> bool:
         """Whether one GPU's work for the table is above a share of the mean GPU step."""
-        work = state.shards.whole(("work", table.name, tier is Tier.HBM), lambda: self._work_ms(state, table, tier))
+        path = (tier.spec.lookups, tier.spec.bandwidth_share)
+        work = state.shards.whole(("work", table.name, path), lambda: self._work_ms(state, table, tier))
         return work > _HOT_SHARE * max(state.mean_step, 1e-9)
 
     @staticmethod
     def _work_ms(state: State, table: TableSpec, tier: Tier) -> float:
         cost = state.cost
         work = cost.moved_bytes(table, cost.batch * table.pooling_factor, table.dim)
-        bw = cost.hbm_bw.min() if tier is Tier.HBM else cost.uvm_bw.min()
-        return work / bw
+        bw = cost.hbm_bw.min() if tier.spec.lookups is Lookups.HBM else cost.uvm_bw.min()
+        return work / (bw * tier.spec.bandwidth_share)

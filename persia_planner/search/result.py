@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.shards import Shard, TablePlacement, even_split, row_blocks
 from persia_planner.search.base import Option
+from persia_planner.tiers import Tier
 
 __all__ = ["build_placement"]
 
@@ -25,7 +26,7 @@ def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Seq
     """Turn an option and its devices into shards with row/column ranges and byte counts."""
     topo, dtype = cost.topology, cost.dtype_of(table)
     names = [topo.gpus[g].name for g in gpus]
-    fraction = option.cache_fraction if option.tier is Tier.HBM_CACHE else None
+    fraction = option.cache_fraction if option.tier.spec.cached else None
     s = option.sharding
 
     row_bytes: dict[int, int] = {}  # per column count: a replica on every GPU, equal splits

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Sharding, Tier
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.shards import tier_bytes
+from persia_planner.tiers import Tier
 
 __all__ = ["RangeTerms", "ShardTerms"]
 

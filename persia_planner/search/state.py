@@ -17,7 +17,6 @@ import numpy as np
 
 from persia_planner.bound import TierChoice
 from persia_planner.cost.analytic import CostModel
-from persia_planner.kinds import Tier
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import ps_holds
 from persia_planner.placement.shards import TablePlacement, even_split, tier_bytes
@@ -26,6 +25,7 @@ from persia_planner.search.device_choice import DeviceChoice
 from persia_planner.search.result import build_placement
 from persia_planner.search.shards import ShardTerms
 from persia_planner.search.steps import Tie
+from persia_planner.tiers import Tier
 
 __all__ = ["FreeRoom", "State"]
 

@@ -1,0 +1,56 @@
+"""The tiers a shard's rows can live on: one module per tier, each registering its :class:`TierSpec`.
+
+Importing this package registers the built-in tiers in their plan.json order (``hbm``, ``ddr``, ``hbm_cache``,
+``ps``). The helpers below answer the questions several layers ask of the registry as it is when asked, so a tier a
+test registers takes part like a built-in one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from persia_planner.kinds import Sharding
+
+# isort: off
+# Registration, in plan.json's order: Tier iterates in it.
+from persia_planner.tiers import hbm  # noqa: F401
+from persia_planner.tiers import ddr  # noqa: F401
+from persia_planner.tiers import hbm_cache  # noqa: F401
+from persia_planner.tiers import ps  # noqa: F401
+
+# isort: on
+from persia_planner.tiers.tier import Lookups, Memory, Runtime, Tier, TierSpec, register, registered, unregister
+
+__all__ = [
+    "Lookups",
+    "Memory",
+    "Runtime",
+    "Tier",
+    "TierSpec",
+    "local_tiers",
+    "register",
+    "registered",
+    "tier_of_kernel",
+    "tiers_of",
+    "unregister",
+]
+
+
+def local_tiers() -> tuple[Tier, ...]:
+    """The tiers of a trainer's own memory (fbgemm's kernels), fastest first."""
+    return tuple(sorted((t for t in Tier if t.spec.local), key=lambda t: t.spec.speed_rank))
+
+
+def tiers_of(sharding: Sharding) -> frozenset[Tier]:
+    """The tiers ``sharding`` runs on (validation refuses any other pair)."""
+    return frozenset(t for t in Tier if sharding in t.spec.shardings)
+
+
+def tier_of_kernel() -> Mapping[str, Tier]:
+    """TorchRec's compute kernels and the tier whose memory each keeps the rows in (``dense``: a data-parallel
+    replica's, in HBM)."""
+    kernels: dict[str, Tier] = {}
+    for t in Tier:  # a kernel two tiers share reads back as the first registered (a built-in tier)
+        if t.spec.torchrec_kernel is not None:
+            kernels.setdefault(t.spec.torchrec_kernel, t)
+    return {**kernels, "dense": Tier.HBM}

@@ -1,0 +1,18 @@
+"""The ``ps`` tier: a table's rows hashed over the embedding parameter servers' DDR and trained asynchronously with
+bounded staleness (the Persia hybrid algorithm); TorchRec's plan leaves such tables out."""
+
+from persia_planner.kinds import Sharding
+from persia_planner.tiers.tier import Lookups, Memory, Runtime, TierSpec, register
+
+PS = register(
+    TierSpec(
+        name="ps",
+        summary="a parameter server's DDR, trained asynchronously",
+        rows_in=Memory.SERVER,
+        lookups=Lookups.SERVER,
+        shardings=frozenset({Sharding.PS_HASH}),
+        speed_rank=3,
+        runtime=Runtime.PARAMETER_SERVER,
+        promote_to="ddr",
+    )
+)

@@ -1,0 +1,117 @@
+"""The tier registry: built-in tiers behave as the enum they replace, and a tier registered by a test (host memory
+at half the UVM bandwidth) is read, planned, priced, bounded, validated, exported and written like a built-in one."""
+
+import copy
+import dataclasses
+import pickle
+
+import pytest
+from plans import TOPO_1X1
+
+from persia_planner import CostModel, ModelSpec, Plan, SpecError, Topology, plan, validate
+from persia_planner.bound import lower_bound
+from persia_planner.kinds import Sharding
+from persia_planner.placement.shards import Shard, TablePlacement, tier_bytes
+from persia_planner.plan.torchrec_export import torchrec_shardings
+from persia_planner.tiers import Lookups, Memory, Tier, TierSpec, local_tiers, register, registered, tier_of_kernel
+
+SLOW_DDR = TierSpec(
+    name="slow_ddr",
+    summary="host memory behind a slower link: half of UVM's bandwidth",
+    rows_in=Memory.HOST,
+    lookups=Lookups.UVM,
+    shardings=frozenset(Sharding) - {Sharding.PS_HASH, Sharding.DATA_PARALLEL},
+    speed_rank=5,
+    torchrec_kernel="fused_uvm",
+    bandwidth_share=0.5,
+    promote_to="hbm",
+)
+
+
+def model_on(tiers: list[str]) -> ModelSpec:
+    return ModelSpec.from_dict(
+        {
+            "batch_size": 4096,
+            "tables": [
+                {"name": "big", "rows": 2_000_000, "dim": 64, "pooling_factor": 8, "constraints": {"tiers": tiers}},
+                {"name": "small", "rows": 10_000, "dim": 32, "pooling_factor": 2},
+            ],
+        }
+    )
+
+
+def test_the_built_in_tiers_keep_the_enum_behaviour():
+    assert list(Tier) == [Tier.HBM, Tier.DDR, Tier.HBM_CACHE, Tier.PS]
+    assert [t.value for t in Tier] == ["hbm", "ddr", "hbm_cache", "ps"]
+    assert Tier("hbm_cache") is Tier.HBM_CACHE and Tier(Tier.DDR) is Tier.DDR
+    assert Tier.HBM == "hbm" and f"{Tier.PS}" == "ps" and Tier.HBM_CACHE.name == "HBM_CACHE"
+    assert pickle.loads(pickle.dumps(Tier.DDR)) is Tier.DDR and copy.deepcopy(Tier.PS) is Tier.PS
+    assert local_tiers() == (Tier.HBM, Tier.HBM_CACHE, Tier.DDR)
+    assert tier_of_kernel() == {"fused": Tier.HBM, "fused_uvm": Tier.DDR, "fused_uvm_caching": Tier.HBM_CACHE,
+                                "dense": Tier.HBM}  # fmt: skip
+    with pytest.raises(ValueError, match="'nvme' is not a valid Tier"):
+        Tier("nvme")
+
+
+def test_a_descriptor_refuses_what_no_runtime_could_execute():
+    with pytest.raises(ValueError, match="registered already"):
+        register(dataclasses.replace(SLOW_DDR, name="ddr"))
+    with pytest.raises(ValueError, match="bandwidth_share"):
+        dataclasses.replace(SLOW_DDR, bandwidth_share=0.0)
+    with pytest.raises(ValueError, match="names its compute kernel"):
+        dataclasses.replace(SLOW_DDR, torchrec_kernel=None)
+
+
+def test_a_registered_tier_is_planned_priced_validated_and_exported_like_a_built_in_one():
+    topology = Topology.from_dict(TOPO_1X1)
+    with registered(SLOW_DDR) as slow:
+        assert Tier.SLOW_DDR is slow and list(Tier)[-1] is slow and local_tiers()[-1] is slow
+        model = model_on(["slow_ddr"])
+        assert model.tables[0].constraints.tiers == frozenset({slow})
+
+        the_plan = plan(model, topology, improve_time_s=0.2)
+        big = the_plan.tables["big"]
+        assert {s.tier for s in big.shards} == {slow} and validate(the_plan, model, topology) == []
+        # Its memory rule is host memory's: the rows in the trainer's DDR, only the row-wise state in HBM.
+        hbm, ddr = tier_bytes(model.tables[0], slow, 2_000_000, 64, model.dtype_of(model.tables[0]))
+        assert (hbm, ddr) == tier_bytes(model.tables[0], Tier.DDR, 2_000_000, 64, model.dtype_of(model.tables[0]))
+
+        # Priced at half of UVM's bandwidth: slower than the same shards on ddr, and the bound stays below it.
+        cost = CostModel(model, topology)
+        on_ddr = {**the_plan.tables, "big": _on(big, Tier.DDR)}
+        slow_ms, ddr_ms = cost.evaluate(the_plan.tables)[0].step_ms, cost.evaluate(on_ddr)[0].step_ms
+        assert slow_ms > ddr_ms * 1.05
+        assert lower_bound(cost).value_ms <= slow_ms * (1 + 1e-9)
+
+        (exported,) = [s for s in torchrec_shardings(the_plan, model, topology) if s.table == "big"]
+        assert exported.compute_kernel == "fused_uvm"
+        # fused_uvm still reads back as the built-in tier that registered it first.
+        assert tier_of_kernel()["fused_uvm"] is Tier.DDR
+
+        # plan.json names it, and reads it back.
+        again = Plan.from_dict(the_plan.to_dict())
+        assert again.tables["big"].tier is slow
+
+        # Validation holds it to its own rules: a GPU device, its sharding types.
+        off = TablePlacement(Sharding.TABLE_WISE, (dataclasses.replace(big.shards[0], device="ps0"),))
+        assert any("is on tier slow_ddr but 'ps0' is not a GPU" in p for p in validate(_with(the_plan, off), model,
+                                                                                          topology))  # fmt: skip
+    with pytest.raises(ValueError):
+        Tier("slow_ddr")
+    assert not hasattr(Tier, "SLOW_DDR") and list(Tier) == [Tier.HBM, Tier.DDR, Tier.HBM_CACHE, Tier.PS]
+    with pytest.raises(SpecError, match=r"tiers\[0\]: unknown value 'slow_ddr'.*hbm \| ddr \| hbm_cache \| ps"):
+        model_on(["slow_ddr"])
+
+
+def _on(placement: TablePlacement, tier: Tier) -> TablePlacement:
+    return TablePlacement(placement.sharding, tuple(dataclasses.replace(s, tier=tier) for s in placement.shards))
+
+
+def _with(the_plan: Plan, big: TablePlacement) -> Plan:
+    return dataclasses.replace(the_plan, tables={**the_plan.tables, "big": big})
+
+
+def test_shards_of_a_registered_tier_are_shards():
+    with registered(SLOW_DDR) as slow:
+        shard = Shard("trainer0/gpu0", slow, (0, 8), 800, rows=(0, 100))
+        assert shard.tier.spec.bandwidth_share == 0.5
