@@ -222,7 +222,7 @@ def target_schema(changes: list[Mutation]) -> str:
     """A mutated data schema through its loader (``persia train --schema`` reads it so): it loads, or raises a
     PlannerError of one line."""
     from persia_planner.errors import PlannerError
-    from persia_planner.model.specs import load_data_schema
+    from persia_planner.model.data_schema import load_data_schema
 
     schema = {"label": "clicked", "dense": ["age", "price"], "sparse": {"t0": "user", "t1": {"column": "items"}}}
     with tempfile.TemporaryDirectory() as tmp:

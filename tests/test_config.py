@@ -104,9 +104,13 @@ def test_training_applies_the_optimizer_the_model_names():
 def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
     monkeypatch.delenv("PERSIA_RPC_TRANSPORTS", raising=False)
     day = tmp_path / "day_0"
-    day.write_text("")
+    day.write_text("".join(f"{i % 2}\t{i}" + "\t" * 38 + "\n" for i in range(40)))
     criteo_model = model("sgd", "sgd", names=FEATURE_NAMES[:2])
-    check_before_start(TrainConfig(data=f"criteo:{day}"), criteo_model, with_ps=True)  # all well: no error
+    well = TrainConfig(data=f"criteo:{day}", batch_size=4, eval_split=0.5)
+    assert 10 <= check_before_start(well, criteo_model, with_ps=True).data_rows <= 30  # all well, the rows counted
+    day.write_text("")
+    with pytest.raises(SpecError, match=r"day_0: 0 rows, 0 of them for training, hold no full batch of 4 samples"):
+        check_before_start(TrainConfig(data=f"criteo:{day}", batch_size=4), criteo_model, with_ps=False)
     with pytest.raises(SpecError, match="day_1: file or directory not found"):
         check_before_start(TrainConfig(data=f"criteo:{tmp_path / 'day_1'}"), criteo_model, with_ps=False)
     (tmp_path / "empty").mkdir()
@@ -233,3 +237,27 @@ def test_hyper_parameters_record_what_the_run_trains_with():
     assert json.loads(json.dumps(hyper)) == hyper
     assert describe_hyper_parameters(hyper) == "dlrm; dense adam (0.001), sparse rowwise_adagrad (0.2)"
     assert describe_hyper_parameters(None) == "-"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"epochs": 2}, r"^--epochs reads data files; synthetic data is drawn fresh every step"),
+        ({"eval_split": 0.1}, r"^--eval-split reads data files"),
+        ({"data": "csv:/x.csv", "eval_split": 0.7}, r"^--eval-split must be in \[0, 0.5\]"),
+        ({"data": "csv:/x.csv", "epochs": 0}, r"^--epochs must be >= 1, got 0"),
+        ({"data": "csv:/x.csv", "eval_split": 0.1, "eval_data": "csv:/y.csv"}, r"^--eval-data and --eval-split both"),
+        ({"data": "csv:/x.csv", "eval_data": "parquet:/y"}, r"^--eval-data parquet:/y is parquet but --data is csv"),
+        ({"data": "csv:/x.csv", "shuffle_buffer": -1}, r"^--shuffle-buffer must be >= 0 rows"),
+    ],
+)
+def test_epoch_and_validation_options_are_checked(options, message):
+    with pytest.raises(PlannerError, match=message):
+        TrainConfig(**options)
+
+
+def test_steps_default_to_400_on_synthetic_data_and_to_the_epochs_on_files():
+    assert TrainConfig().steps == 400 and TrainConfig(steps=7).steps == 7
+    files = TrainConfig(data="csv:/x.csv")
+    assert files.steps is None and files.passes == 1 and files.held_out_share == 0.05
+    assert TrainConfig(data="csv:/x.csv", eval_data="csv:/y.csv").held_out_share == 0.0

@@ -18,10 +18,11 @@ import torch
 from processes import cli_in_fresh_interpreter
 
 from persia_planner.errors import PlannerError, SpecError
-from persia_planner.model.specs import DataSchema, ModelSpec, SparseColumn, TableSpec, load_data_schema, load_model
+from persia_planner.model.data_schema import DataSchema, SparseColumn, load_data_schema
+from persia_planner.model.specs import ModelSpec, TableSpec, load_model
 from persia_planner.modules.data import Batch, CriteoReader, TabularReader, as_batch, hash_ids
 from persia_planner.modules.data.shards import Shard, assign
-from persia_planner.modules.train.batch_stream import trainer_batches
+from persia_planner.modules.train.batch_stream import Epochs, file_reader, held_out_batches, training_batches
 from persia_planner.modules.train.config import TrainConfig, check_before_start
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def test_gzip_csv_files_of_a_directory_are_read_whole_in_name_order(tmp_path):
     schema = DataSchema("y", ("a",), (SparseColumn("u", "u", "u"),))
     cfg = TrainConfig(data=f"csv:{tmp_path}", steps=2, trainers=1)
     spec = ModelSpec("m", 8, (), data=schema)
-    got = [b.dense[:, 0].tolist() for b in trainer_batches(spec, cfg, 4, eval_=False)]
+    got = [b.dense[:, 0].tolist() for b in file_reader(spec, cfg, 4)]
     assert got == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
 
 
@@ -223,16 +224,65 @@ def test_two_trainers_with_two_workers_read_every_row_once(tmp_path):
     assert rows == list(range(45)) and got[0] and got[1]
 
 
-def test_resume_skips_the_trainers_own_consumed_batches_and_evaluates_after_them(tmp_path):
+def _prices(batches) -> list[list[float]]:
+    return [b.dense[:, 1].tolist() for b in batches]
+
+
+def test_epochs_read_every_training_row_once_each_in_its_own_order_and_resume_where_they_were(tmp_path):
     spec = _model(tmp_path)
-    data = _write_parquet(tmp_path / "pq", files=1, groups=4, rows=10)
-    cfg = TrainConfig(data=f"parquet:{data}", steps=5, eval_batches=2, trainers=1)
-    full = [b.dense[:, 1].tolist() for b in trainer_batches(spec, cfg, 4, eval_=False)]
-    resumed = [b.dense[:, 1].tolist() for b in trainer_batches(spec, cfg, 4, eval_=False, skip=3)]
-    assert full == [[i * 0.5 for i in range(4 * k, 4 * k + 4)] for k in range(5)]
-    assert resumed == [[i * 0.5 for i in range(4 * k, 4 * k + 4)] for k in range(3, 8)]
-    held_out = [b.dense[:, 1].tolist() for b in trainer_batches(spec, cfg, 4, eval_=True)]
-    assert held_out == [[i * 0.5 for i in range(20, 24)], [i * 0.5 for i in range(24, 28)]]
+    data = _write_parquet(tmp_path / "pq", files=2, groups=4, rows=25)  # 200 rows, 8 row groups
+    cfg = TrainConfig(data=f"parquet:{data}", epochs=3, eval_split=0.2, shuffle_buffer=24, eval_batches=100, trainers=1)
+    epochs = Epochs()
+    full = _prices(training_batches(spec, cfg, 8, epochs=epochs))
+    held = sorted(x for b in _prices(held_out_batches(spec, cfg, 8)) for x in b)
+    every = [i * 0.5 for i in range(200)]
+    trained = sorted(set(every) - set(held))
+    # About a fifth held out (a hash of each row's content), none of it ever in a training batch.
+    assert 25 <= len(held) <= 55 and not set(held) & {x for b in full for x in b}
+    n = len(trained) // 8
+    assert epochs.lengths == [n, n, n] and len(full) == 3 * n
+    for e in range(3):
+        rows = [x for b in full[e * n : (e + 1) * n] for x in b]
+        # Each epoch: distinct training rows, all but the last partial batch's.
+        assert len(set(rows)) == len(rows) == 8 * n and set(rows) <= set(trained)
+    assert full[:n] != full[n : 2 * n]  # another order each epoch
+    # A resumed run reads on from where it was: in the first epoch, and in a later one.
+    for skip, known in ((5, []), (n + 3, [n])):
+        resumed = _prices(training_batches(spec, cfg, 8, epochs=Epochs(list(known)), skip=skip))
+        assert resumed == full[skip:]
+    # --steps caps the stream.
+    capped = dataclasses.replace(cfg, steps=n + 2)
+    assert _prices(training_batches(spec, capped, 8)) == full[: n + 2]
+
+
+def test_the_held_out_rows_are_the_same_whatever_the_seed_trainers_and_copies(tmp_path):
+    spec = _model(tmp_path)
+    one = _write_parquet(tmp_path / "one", files=1, groups=2, rows=50)
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    for k in range(2):  # the same rows in two files: a copy of the log
+        (twice / f"part-{k}.parquet").write_bytes((one / "part-0.parquet").read_bytes())
+
+    def held(data: Path, seed: int, world: int) -> list[float]:
+        cfg = TrainConfig(data=f"parquet:{data}", eval_split=0.3, eval_batches=100, seed=seed, trainers=world)
+        return sorted(
+            x
+            for rank in range(world)
+            for b in _prices(file_reader(spec, cfg, 1, rank, world, reading=_held_out_pass(0.3)))
+            for x in b
+        )
+
+    first = held(one, 0, 1)
+    assert 5 <= len(first) <= 25
+    assert held(one, 7, 2) == first
+    assert held(twice, 0, 2) == sorted(first + first)  # every copy of a held-out row is held out
+
+
+def _held_out_pass(share: float):
+    from persia_planner.modules.data.shards import DataPass
+    from persia_planner.modules.data.split import RowSplit
+
+    return DataPass(split=RowSplit(share, held_out=True))
 
 
 # ---- checks before any process starts ------------------------------------------------------------------------------
@@ -269,15 +319,17 @@ def test_a_bad_data_section_is_one_line_naming_the_key(tmp_path, data, message):
 
 def test_the_data_is_checked_against_the_model_before_any_process_starts(tmp_path):
     spec = _model(tmp_path)
-    data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=4)
+    data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=40)
     part = data / "part-0.parquet"
 
-    def check(schema: DataSchema | None = spec.data, source: str = f"parquet:{data}", model: ModelSpec = spec):
-        # 8 rows: a batch of 4 for each of the 2 trainers (fewer rows than that is refused too)
-        cfg = TrainConfig(data=source, trainers=2, batch_size=4)
-        check_before_start(cfg, dataclasses.replace(model, data=schema), with_ps=False)
+    def check(
+        schema: DataSchema | None = spec.data, source: str = f"parquet:{data}", model: ModelSpec = spec, **options
+    ) -> TrainConfig:
+        # 80 rows, half of them held out: a batch of 4 for each of the 2 trainers, and an evaluation batch
+        cfg = TrainConfig(data=source, trainers=2, **({"batch_size": 4, "eval_split": 0.5} | options))
+        return check_before_start(cfg, dataclasses.replace(model, data=schema), with_ps=False)
 
-    check()  # all well
+    assert 32 <= check().data_rows <= 48  # all well, and the training rows counted
     bad = {
         "no schema": (dict(schema=None), "needs the columns' roles (label, dense, sparse)"),
         "missing column": (
@@ -326,6 +378,16 @@ def test_the_data_is_checked_against_the_model_before_any_process_starts(tmp_pat
             "1 row group(s) in 1 file(s) for 2 trainers",
         ),
         "csv column": (dict(source=f"csv:{_csv(tmp_path)}"), "c.csv: items: no such column"),
+        "too few rows": (
+            dict(batch_size=32),
+            f"parquet:{data}: 80 rows, {check().data_rows} of them for training, hold no full batch of 32 samples "
+            "for each of 2 trainers (64 rows a step)",
+        ),
+        "too few held out": (
+            dict(eval_split=0.05),
+            "the 5% held out for validation (--eval-split): about 4 rows, no evaluation batch of 4 samples for each "
+            "of 2 trainers (8 rows)",
+        ),
     }
     for name, (options, message) in bad.items():
         with pytest.raises(SpecError) as info:
@@ -418,12 +480,17 @@ def test_persia_train_on_parquet_with_a_data_section(tmp_path):
     _model(tmp_path)
     data = _write_parquet(tmp_path / "pq", files=2, groups=4, rows=100)
     args = ["--model", str(tmp_path / "model.yaml"), "--data", f"parquet:{data}", "--steps", "6"]
-    args += ["--batch-size", "32", "--eval-batches", "2", "--data-workers", "2", "--json"]
+    args += ["--batch-size", "32", "--eval-batches", "2", "--eval-split", "0.2", "--data-workers", "2", "--json"]
     result = _train_json(args)
     assert sorted(result["ps_tables"]) == ["item_ids", "user_id"] and result["local_tables"] == ["country"]
     assert result["servers"] == 2 and result["trainers"] == 2 and result["steps"] == 6
     assert result["eval_samples"] == 2 * 2 * 32 and 0.0 <= result["auc"] <= 1.0
     assert result["data"] == f"parquet:{data}" and np.isfinite(result["loss"])
+    # The click metrics, and the plan's prediction beside the measured step.
+    assert result["normalized_entropy"] > 0 and result["calibration"] > 0 and 0 < result["eval_ctr"] < 1
+    assert result["epochs"] == 1 and result["epoch_steps"] == []  # --steps 6 ends inside the first epoch
+    assert set(result["plan_step_terms_ms"]) == {"embedding", "all_to_all", "dense", "all_reduce", "ps"}
+    assert result["plan_step_ms"] > 0 and result["step_ms"] > 0
 
 
 @pytest.mark.processes
@@ -443,7 +510,10 @@ def test_a_resumed_run_on_parquet_goes_on_with_each_trainers_next_batches(tmp_pa
     data = _write_parquet(tmp_path / "pq", files=2, groups=2, rows=150)
 
     def run(**options) -> dict:
-        cfg = TrainConfig(data=f"parquet:{data}", batch_size=32, mode="sync", eval_batches=1, progress=False, **options)
+        cfg = TrainConfig(
+            data=f"parquet:{data}", batch_size=32, mode="sync", eval_batches=1, eval_split=0.25, progress=False,
+            **options,
+        )  # fmt: skip
         return train_local(cfg, spec, tables, servers=len(topology.servers), topology=topology)
 
     whole = run(steps=6, checkpoint=str(tmp_path / "whole"), checkpoint_every=3)
@@ -458,9 +528,9 @@ def test_fewer_criteo_gzip_files_than_trainers_are_refused(tmp_path):
     import gzip
 
     with gzip.open(tmp_path / "day_0.gz", "wt") as f:
-        f.write("0" + "\t" * 39 + "\n")
+        f.write("".join(f"{i % 2}\t{i}" + "\t" * 38 + "\n" for i in range(100)))
     spec = ModelSpec("m", 8, (TableSpec("c1", 10, 4),))
-    check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=1), spec, with_ps=False)
+    check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=1, eval_split=0.3), spec, with_ps=False)
     with pytest.raises(SpecError, match=r"1 gzip file\(s\) for 2 trainers: a gzip file cannot be split"):
         check_before_start(TrainConfig(data=f"criteo:{tmp_path}", trainers=2), spec, with_ps=False)
 
@@ -478,31 +548,36 @@ def test_persia_train_on_csv_with_a_schema_file(tmp_path):
     (tmp_path / "clicks.csv").write_text("clicked,age,user,items,country\n" + rows)
     args = ["--model", str(tmp_path / "model.yaml"), "--data", f"csv:{tmp_path / 'clicks.csv'}"]
     args += ["--schema", str(tmp_path / "schema.yaml"), "--steps", "3", "--batch-size", "32", "--eval-batches", "1"]
+    args += ["--eval-split", "0.2"]
     result = _train_json([*args, "--json"])
     assert result["steps"] == 3 and result["eval_samples"] == 2 * 32 and np.isfinite(result["loss"])
 
 
 def test_the_dense_inputs_follow_the_data_unless_model_yaml_writes_them(tmp_path):
     """An arch without num_dense reads the run's dense columns (--schema may bring others than model.yaml's data:);
-    a written num_dense must match them; a schema without dense columns is refused (the bottom MLP reads one)."""
+    a written num_dense must match them; a schema without dense columns gives one constant input (sparse-only)."""
     from persia_planner.modules.train.config import dense_arch, hyper_parameters
 
-    data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=4)
+    data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=40)
     arch = "dense: {arch: dcn, bottom: [8], over: [8, 1]}\n"
     spec = _model(tmp_path, MODEL_YAML + arch)
     assert spec.dense.arch.num_dense == 2 and spec.dense.arch.inputs_from_data  # priced with data:'s two columns
     wider = dataclasses.replace(spec.data, dense=("age", "price", "country"))
-    cfg = TrainConfig(data=f"parquet:{data}", trainers=2, batch_size=4, schema=wider)  # 8 rows: a batch each
+    cfg = TrainConfig(data=f"parquet:{data}", trainers=2, batch_size=4, schema=wider, eval_split=0.5)
     check_before_start(cfg, spec, with_ps=False)
     assert dense_arch(spec, cfg).num_dense == 3 and hyper_parameters(cfg, spec, 2)["dense_arch"]["num_dense"] == 3
     written = _model(tmp_path, MODEL_YAML + "dense: {arch: dcn, num_dense: 2, bottom: [8], over: [8, 1]}\n")
     with pytest.raises(SpecError, match=r"dense.num_dense: is 2, but the data \(parquet columns\) has 3 dense"):
         check_before_start(cfg, written, with_ps=False)
     no_dense = TrainConfig(
-        data=f"parquet:{data}", trainers=2, batch_size=4, schema=dataclasses.replace(spec.data, dense=())
+        data=f"parquet:{data}",
+        trainers=2,
+        batch_size=4,
+        schema=dataclasses.replace(spec.data, dense=()),
+        eval_split=0.5,
     )
-    with pytest.raises(SpecError, match=r"data.dense: is empty: the dense arch's bottom MLP reads at least one"):
-        check_before_start(no_dense, spec, with_ps=False)
+    check_before_start(no_dense, spec, with_ps=False)
+    assert dense_arch(spec, no_dense).num_dense == 1
 
 
 def test_csv_ids_are_checked_as_text_and_gzip_files_against_the_trainers(tmp_path):
@@ -510,13 +585,14 @@ def test_csv_ids_are_checked_as_text_and_gzip_files_against_the_trainers(tmp_pat
     import gzip
 
     # pyarrow infers int64 for "items" (no row has two ids yet) and for "user" ("0007")
-    text = "clicked,age,price,user,items,country\n" + "".join(f"1,3,4.5,{i:04d},{i},{i}\n" for i in range(8))
+    text = "clicked,age,price,user,items,country\n" + "".join(f"1,3,4.5,{i:04d},{i},{i}\n" for i in range(40))
     (tmp_path / "clicks.csv").write_text(text)
     tags = SparseColumn("item_ids", "items", "item_ids", "|")
     sparse = (SparseColumn("user_id", "user", "user_id"), tags, SparseColumn("country", "country", "country"))
     schema = dataclasses.replace(_model(tmp_path).data, sparse=sparse)
     spec = dataclasses.replace(_model(tmp_path), data=schema)
-    check_before_start(TrainConfig(data=f"csv:{tmp_path / 'clicks.csv'}", trainers=2), spec, with_ps=False)
+    cfg = TrainConfig(data=f"csv:{tmp_path / 'clicks.csv'}", trainers=2, batch_size=4, eval_split=0.5)
+    check_before_start(cfg, spec, with_ps=False)
     (tmp_path / "gz").mkdir()
     with gzip.open(tmp_path / "gz" / "clicks.csv.gz", "wt") as f:
         f.write(text)
@@ -556,3 +632,109 @@ def test_a_bad_csv_row_90_percent_into_the_file_stops_the_job_naming_it(tmp_path
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert str(data) in errors[0] and "bytes from" in errors[0], errors[0]
     assert "Expected 5 columns, got 6" in errors[0] and "Connection closed" not in errors[0], errors[0]
+
+
+SPARSE_ONLY_YAML = """
+name: clicks-sparse
+batch_size: 64
+tables:
+  - {name: user_id, rows: 200_000, dim: 16}
+  - {name: item_ids, rows: 150_000, dim: 16}
+  - {name: country, rows: 50, dim: 16}
+data:
+  label: clicked
+  sparse:
+    user_id: user
+    item_ids: {column: items, separator: "|"}
+    country: country
+"""
+
+
+def _sparse_only_csv(path: Path, rows: int) -> None:
+    """String ids, no numeric column: a click when the user's and the item's parity agree (learnable)."""
+    lines = ["clicked,user,items,country"]
+    for i in range(rows):
+        user, item = f"u{i}", f"i{i % 37}|j{i % 11}"
+        lines.append(f"{int((i % 2) == (i % 37) % 2)},{user},{item},c{i % 9}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_sparse_only_csv_log_keeps_its_validation_rows_out_of_every_epoch(tmp_path):
+    spec = _model(tmp_path, SPARSE_ONLY_YAML)
+    _sparse_only_csv(tmp_path / "clicks.csv", 600)
+    cfg = TrainConfig(data=f"csv:{tmp_path / 'clicks.csv'}", epochs=3, eval_split=0.2, eval_batches=100, trainers=1)
+    from persia_planner.modules.train.config import dense_arch
+
+    assert dense_arch(spec, cfg).num_dense == 1  # the one constant input
+
+    def users(batches) -> list[int]:
+        out = []
+        for b in batches:
+            assert b.dense.shape[1] == 1 and not b.dense.any()
+            out += b.sparse.to_dict()["user_id"].values().tolist()
+        return out
+
+    epochs = Epochs()
+    trained = users(training_batches(spec, cfg, 16, epochs=epochs))
+    held = users(held_out_batches(spec, cfg, 16))
+    assert 80 <= len(held) <= 160 and not set(held) & set(trained)  # every user id is one row
+    n = epochs.lengths[0] * 16
+    assert epochs.lengths == [n // 16] * 3 and 600 - len(held) - 16 < n <= 600 - len(held)
+    for e in range(3):  # each training row at most once per epoch; only the last partial batch is left out
+        assert len(set(trained[e * n : (e + 1) * n])) == n
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(900)
+def test_a_resumed_epoch_of_a_sparse_only_csv_log_equals_the_uninterrupted_one(tmp_path):
+    """Three epochs of a CSV log with string ids and no dense column, K = 0: a run resumed in the second epoch has
+    the uninterrupted run's losses bit for bit, and the same epochs."""
+    import shutil
+
+    from persia_planner import load_topology, plan
+    from persia_planner.modules.train import train_local
+    from persia_planner.paths import DEFAULT_TOPOLOGY
+
+    spec = _model(tmp_path, SPARSE_ONLY_YAML)
+    topology = load_topology(DEFAULT_TOPOLOGY)
+    tables = dict(plan(spec, topology).tables)
+    _sparse_only_csv(tmp_path / "clicks.csv", 1_200)
+
+    def run(**options) -> dict:
+        cfg = TrainConfig(
+            data=f"csv:{tmp_path / 'clicks.csv'}", epochs=3, eval_split=0.2, batch_size=32, mode="sync",
+            eval_batches=1, shuffle_buffer=128, keep=10, progress=False, **options,
+        )  # fmt: skip
+        return train_local(cfg, spec, tables, servers=len(topology.servers), topology=topology)
+
+    whole = run(checkpoint=str(tmp_path / "whole"), checkpoint_every=20)
+    per_epoch = whole["epoch_steps"]
+    assert len(per_epoch) == 3 and per_epoch[0] < 20 < sum(per_epoch[:2]), per_epoch
+    shutil.copytree(tmp_path / "whole" / "step-000000020", tmp_path / "ckpt" / "step-000000020")
+    rest = run(checkpoint=str(tmp_path / "ckpt"), resume=True)
+    assert rest["first_step"] == 20 and rest["last_step"] == whole["last_step"] == sum(per_epoch)
+    assert rest["epoch_steps"] == per_epoch
+    assert [h["loss"] for h in rest["history"]] == [h["loss"] for h in whole["history"][20:]]
+    assert rest["auc"] == whole["auc"] and rest["normalized_entropy"] == whole["normalized_entropy"]
+
+
+def test_declared_transforms_apply_alike_in_training_and_evaluation(tmp_path):
+    from persia_planner.modules.train.batch_stream import with_data_statistics
+    from persia_planner.modules.train.config import hyper_parameters
+
+    text = MODEL_YAML.replace(
+        "dense: [age, price]", "dense: [age, {column: price, clip: [0, 30], log1p: true, standardize: true}]"
+    )
+    spec = _model(tmp_path, text)
+    data = _write_parquet(tmp_path / "pq", files=1, groups=4, rows=50)
+    cfg = with_data_statistics(spec, TrainConfig(data=f"parquet:{data}", eval_split=0.2, trainers=1))
+    price = cfg.schema.transforms["price"]
+    raw = np.array([i * 0.5 for i in range(200)])
+    assert price.mean == pytest.approx(np.log1p(np.clip(raw, 0, 30)).mean(), rel=0.05)  # the training rows' mean
+    trained = np.concatenate([b.dense[:, 1].numpy() for b in training_batches(spec, cfg, 8)])
+    held = np.concatenate([b.dense[:, 1].numpy() for b in held_out_batches(spec, cfg, 8)])
+    assert abs(trained.mean()) < 0.1 and abs(trained.std() - 1) < 0.1
+    # Both sides are the same function of the raw prices (the data has each price once).
+    expected = price.apply(raw.astype(np.float32))
+    assert np.isin(np.round(np.concatenate([trained, held]), 4), np.round(expected, 4)).all()
+    assert hyper_parameters(cfg, spec, 1)["data_transforms"]["price"]["mean"] == price.mean

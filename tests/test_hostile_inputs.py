@@ -438,7 +438,7 @@ def test_a_checkpoint_path_through_a_symlink_loop_is_named(tmp_path):
 )
 def test_a_data_schema_name_a_terminal_would_act_on_is_refused(tmp_path, schema, key, value):
     from persia_planner.errors import SpecError, unprintable
-    from persia_planner.model.specs import load_data_schema
+    from persia_planner.model.data_schema import load_data_schema
 
     path = write_yaml(tmp_path / "schema.yaml", schema)
     with pytest.raises(SpecError) as info:

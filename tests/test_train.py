@@ -209,9 +209,10 @@ def test_cli_refuses_before_training_and_reports_trainer_errors_in_one_line(tmp_
     # An error inside a trainer process (a malformed Criteo line): the parent's line, no child traceback before it.
     model = tmp_path / "m.yaml"
     model.write_text("name: m\nbatch_size: 64\ntables:\n  - {name: c1, rows: 100, dim: 8}\n")
-    (tmp_path / "day_0").write_text("not a criteo line\n" * 200)
+    (tmp_path / "day_0").write_text("not a criteo line\n" * 800)
     logs = tmp_path / "logs"
     bad_data = ["--model", str(model), "--data", f"criteo:{tmp_path / 'day_0'}", "--log-dir", str(logs)]
+    bad_data += ["--eval-split", "0.2"]
     line = one_line_error([*quick, *bad_data])
     # Both trainers read bad lines: the launcher names the first to report (the cause, whichever rank it is).
     found = re.search(r"(trainer[01]) failed: SpecError: .*day_0:\d+: expected 40 tab-separated columns", line)
@@ -221,7 +222,7 @@ def test_cli_refuses_before_training_and_reports_trainer_errors_in_one_line(tmp_
     assert line.removeprefix("error: ").split(";")[0] in (logs / "launcher.log").read_text()
 
 
-OPTS = ["--eval-batches", "2", "--json", "--staleness", "2", "--batch-size", "256"]
+OPTS = ["--eval-batches", "2", "--eval-split", "0.2", "--json", "--staleness", "2", "--batch-size", "256"]
 FP16 = ["--ps-wire", "float16"]  # the half-size wire of a multi-machine run, exercised end to end
 
 
@@ -310,22 +311,33 @@ def _run_torchrun(torchrun: list[str], extra: list[str]) -> subprocess.Completed
 @pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
-    """Criteo data that ends before --steps: the trainers train to its end, then find no held-out batches; the
-    training done is saved all the same."""
+    """Data whose held-out rows turn out fewer than counted (one row copied over and over, which the split keeps on
+    the training side in every copy): the final evaluation finds no batch, and the training done is saved all the
+    same."""
     import torch
 
     from persia_planner.modules.data import SyntheticClicks, Teacher, to_criteo
+    from persia_planner.modules.data.criteo_format import parse_chunk
+    from persia_planner.modules.data.split import RowSplit
 
     teacher = Teacher(rows={t.name: max(1, t.rows // 50) for t in SPEC.tables}, seed=3)
-    to_criteo(SyntheticClicks(teacher, batch_size=64, num_batches=6, seed=3), tmp_path / "day_0")
-    with pytest.raises(PlannerError, match="no evaluation samples"):
-        run(steps=100, batch_size=64, data=f"criteo:{tmp_path / 'day_0'}", checkpoint=str(tmp_path / "ckpt"))
+    to_criteo(SyntheticClicks(teacher, batch_size=64, num_batches=1, seed=3), tmp_path / "sample")
+    lines = (tmp_path / "sample").read_bytes().splitlines(keepends=True)
+    trained = RowSplit(0.01, held_out=False)
+    line = next(x for x in lines if trained.mask(parse_chunk(x).row_keys())[0])
+    (tmp_path / "day_0").write_bytes(line * 12_800)  # 128 held out by the count: an evaluation batch per trainer
+    with pytest.raises(PlannerError, match="no evaluation samples: no trainer read a full batch of held-out rows"):
+        run(
+            steps=3,
+            batch_size=64,
+            eval_split=0.01,
+            data=f"criteo:{tmp_path / 'day_0'}",
+            checkpoint=str(tmp_path / "ckpt"),
+        )
     (saved,) = (tmp_path / "ckpt").glob("step-*")
     state = torch.load(saved / "trainer.pt", weights_only=True)
-    # 6 batches of 64 in one file: each trainer reads about half of its bytes (whole lines), so the shorter share
-    # holds 2 or 3 full batches, and the trainers stop together after it.
-    assert state["step"] == int(saved.name.removeprefix("step-")) in (2, 3) and state["seed"] == 0
-    assert state["data"] == f"criteo:{(tmp_path / 'day_0').resolve()}"
+    assert state["step"] == int(saved.name.removeprefix("step-")) == 3 and state["seed"] == 0
+    assert state["data"] == f"criteo:{(tmp_path / 'day_0').resolve()}" and state["epoch_lengths"] == []
 
 
 def _edited_plan(tmp_path: Path, edit: dict[str, dict], topology: Path = DEFAULT_TOPOLOGY) -> Path:

@@ -23,10 +23,9 @@ from persia_planner.errors import SpecError
 from persia_planner.modules.data.batch import Batch
 from persia_planner.modules.data.criteo_format import FEATURE_NAMES, BadField, Block, parse_chunk
 from persia_planner.modules.data.shards import (
+    DataPass,
     Failure,
     Shard,
-    ShardStream,
-    assign,
     line_number,
     merged_batches,
     text_chunks,
@@ -89,6 +88,8 @@ class CriteoReader:
         chunk_bytes: Bytes read and parsed at a time per worker.
         rank: This trainer's rank: it reads only its shards (:func:`.shards.assign`), not every file.
         world: The trainers reading the files together.
+        reading: The pass: an epoch's shard order and row shuffle, and a side of the validation split (default:
+            every row, in file order).
 
     Raises:
         SpecError: On construction for a missing file or a bad argument; during iteration for a malformed line
@@ -108,6 +109,7 @@ class CriteoReader:
         chunk_bytes: int = 1 << 22,
         rank: int = 0,
         world: int = 1,
+        reading: DataPass | None = None,
     ):
         path_list = [str(paths)] if isinstance(paths, str | os.PathLike) else [str(p) for p in paths]
         if not path_list:
@@ -131,8 +133,10 @@ class CriteoReader:
         if not 0 <= rank < world:
             raise SpecError("CriteoReader", "rank", f"must be in [0, {world}), got {rank}")
         # Plain files are cut into a range per worker of every trainer: each reads only its own.
-        shards = assign(text_shards(path_list, world * max(num_workers, 1)), rank, world)
-        self._dataset = ShardStream(shards, _ReadCriteo(self.hash_buckets, chunk_bytes), batch_size)
+        shards = text_shards(path_list, world * max(num_workers, 1))
+        self._dataset = (reading or DataPass()).stream(
+            shards, _ReadCriteo(self.hash_buckets, chunk_bytes), batch_size, rank, world
+        )
 
     @property
     def feature_names(self) -> tuple[str, ...]:

@@ -77,6 +77,20 @@ class Block:
         """Rows ``start:stop``."""
         return Block(self.labels[start:stop], self.dense[start:stop], self.ids[start:stop], self.present[start:stop])
 
+    def take(self, rows: np.ndarray) -> Block:
+        """The rows at the indices ``rows``, in that order."""
+        return Block(self.labels[rows], self.dense[rows], self.ids[rows], self.present[rows])
+
+    def row_keys(self) -> np.ndarray:
+        """A 64-bit hash of each row's label, integer columns and categorical ids (a missing id counts as -1)."""
+        from persia_planner.modules.data.split import ROW_SALT, combine  # numba: not at the checks' import
+
+        h = np.full(len(self), ROW_SALT, dtype=np.uint64)
+        h = combine(h, self.labels.view(np.uint32))
+        for column in (*self.dense.view(np.uint32).T, *np.where(self.present, self.ids, -1).T):
+            h = combine(h, column)
+        return h
+
     @staticmethod
     def concat(blocks: Sequence[Block]) -> Block:
         """The rows of ``blocks``, in order."""

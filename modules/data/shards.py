@@ -6,11 +6,15 @@ A *shard* is a unit of reading: a Parquet row group, a byte range of a plain tex
 trainer ``rank`` of ``world`` the shards ``rank, rank + world, ...`` and splits those among its DataLoader workers
 the same way, so every shard is read by exactly one worker of one trainer and nobody parses what it does not keep.
 
-Each worker batches its own rows (:class:`ShardStream`); the trainer's process passes full batches through in the
+An epoch reads every shard once, in an order drawn from the seed and the epoch (:func:`epoch_order`) before the
+shards are dealt, so each epoch gives each trainer other shards. Each worker keeps the rows of its side of the
+validation split (:mod:`.split`), shuffles them within a buffer of rows (seeded by the seed, the epoch, the trainer
+and the worker) and batches them (:class:`ShardStream`); the trainer's process passes full batches through in the
 DataLoader's (deterministic, round-robin) worker order and merges the workers' final partial batches
 (:func:`merged_batches`), so every batch but the last has exactly ``batch_size`` rows and the order depends only on
-the files, the trainer count and the worker count. Workers hand back plain numpy blocks, and a bad row travels as a
-:class:`Failure` value, because DataLoader would re-raise a worker's ``SpecError`` as a multi-line ``RuntimeError``.
+the files, the seed, the epoch, the trainer count and the worker count: a resumed epoch reads what it read before.
+Workers hand back plain numpy blocks, and a bad row travels as a :class:`Failure` value, because DataLoader would
+re-raise a worker's ``SpecError`` as a multi-line ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -21,16 +25,21 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol, Self
 
+import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from persia_planner.errors import SpecError
+from persia_planner.modules.data.split import RowSplit
 
 __all__ = [
     "Block",
+    "DataPass",
     "Failure",
     "Shard",
     "ShardStream",
+    "Shuffle",
     "assign",
+    "epoch_order",
     "line_number",
     "merged_batches",
     "open_text",
@@ -46,6 +55,14 @@ class Block(Protocol):
     def __len__(self) -> int: ...
 
     def slice(self, start: int, stop: int) -> Self: ...
+
+    def take(self, rows: np.ndarray) -> Self:
+        """The rows at the indices ``rows``, in that order."""
+        ...
+
+    def row_keys(self) -> np.ndarray:
+        """A 64-bit hash of each row's content (uint64): equal rows, equal keys (the split reads them)."""
+        ...
 
     @classmethod
     def concat(cls, blocks: Sequence[Self]) -> Self: ...
@@ -95,6 +112,13 @@ def parquet_shards(paths: Sequence[str]) -> list[Shard]:
     import pyarrow.parquet as pq
 
     return [Shard(path, row_group=g) for path in paths for g in range(pq.ParquetFile(path).metadata.num_row_groups)]
+
+
+def epoch_order(shards: Sequence[Shard], seed: int, epoch: int) -> list[Shard]:
+    """``shards`` in epoch ``epoch``'s order: a permutation drawn from ``seed`` and ``epoch``, the same on every
+    trainer (each then takes its share with :func:`assign`)."""
+    order = np.random.default_rng([seed, epoch, 0x5A4D]).permutation(len(shards))
+    return [shards[i] for i in order]
 
 
 def assign(shards: Sequence[Shard], rank: int, world: int, worker: int = 0, workers: int = 1) -> list[Shard]:
@@ -170,6 +194,15 @@ def line_number(path: str, offset: int) -> int:
 # ---- the trainer's stream ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Shuffle:
+    """How a worker shuffles its rows: within a buffer of ``rows`` rows, with a generator seeded by ``seed`` (the
+    run's seed, the epoch and the trainer; the worker adds its own index)."""
+
+    rows: int
+    seed: tuple[int, ...]
+
+
 class ShardStream(IterableDataset):
     """A trainer's shards, split among its DataLoader workers, read into ``batch_size`` blocks.
 
@@ -177,17 +210,33 @@ class ShardStream(IterableDataset):
         shards: This trainer's shards (:func:`assign` with its rank; the workers split them further).
         read: Reads one shard as blocks, or a :class:`Failure` (which ends the stream).
         batch_size: Rows per block handed back (a worker's last block may be smaller).
+        split: Keep only the rows of this side of the validation split (None: every row).
+        shuffle: Shuffle the rows within a buffer (None: in file order).
     """
 
-    def __init__(self, shards: Sequence[Shard], read: Callable[[Shard], Iterator[Any]], batch_size: int) -> None:
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        read: Callable[[Shard], Iterator[Any]],
+        batch_size: int,
+        *,
+        split: RowSplit | None = None,
+        shuffle: Shuffle | None = None,
+    ) -> None:
         super().__init__()
         self.shards = list(shards)
         self.read = read
         self.batch_size = batch_size
+        self.split = split
+        self.shuffle = shuffle
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        shuffle = self.shuffle
+        rng = np.random.default_rng([*shuffle.seed, worker]) if shuffle is not None else None
+        # Rows are cut into batches once the buffer holds this many (a shuffle mixes the whole buffer first).
+        window = max(self.batch_size, shuffle.rows if shuffle is not None else 0)
         pending: list[Any] = []
         pending_rows = 0
         for shard in assign(self.shards, 0, 1, worker, workers):
@@ -195,18 +244,59 @@ class ShardStream(IterableDataset):
                 if isinstance(item, Failure):
                     yield item
                     return
+                if self.split is not None:
+                    item = item.take(np.flatnonzero(self.split.mask(item.row_keys())))
                 pending.append(item)
                 pending_rows += len(item)
-                if pending_rows < self.batch_size:
+                if pending_rows < window:
                     continue
                 rows = type(item).concat(pending)
-                full = len(rows) // self.batch_size * self.batch_size
+                if rng is not None:
+                    rows = rows.take(rng.permutation(len(rows)))
+                # Without a shuffle every full batch leaves; with one, the buffer keeps all but a window's worth.
+                out = len(rows) - (window - self.batch_size if rng is not None else 0)
+                full = max(0, out) // self.batch_size * self.batch_size
                 for start in range(0, full, self.batch_size):
                     yield rows.slice(start, start + self.batch_size)
                 rest = rows.slice(full, len(rows))
                 pending, pending_rows = ([rest] if len(rest) else []), len(rest)
         if pending_rows:
-            yield type(pending[0]).concat(pending)  # this worker's partial batch; the main process merges them
+            rows = type(pending[0]).concat(pending)
+            if rng is not None:
+                rows = rows.take(rng.permutation(len(rows)))
+            full = len(rows) // self.batch_size * self.batch_size
+            for start in range(0, full, self.batch_size):
+                yield rows.slice(start, start + self.batch_size)
+            if full < len(rows):
+                yield rows.slice(full, len(rows))  # this worker's partial batch; the main process merges them
+
+
+@dataclass(frozen=True)
+class DataPass:
+    """One pass of a trainer over the files: an epoch (its shard order and shuffle) or a plain read, and which rows.
+
+    Attributes:
+        epoch: The epoch: the shards in :func:`epoch_order` and the rows shuffled; None: the shards in file order,
+            the rows unshuffled (an evaluation).
+        seed: The run's seed.
+        shuffle_rows: The rows of each worker's shuffle buffer (0: no shuffle).
+        split: Keep only this side of the validation split (None: every row).
+    """
+
+    epoch: int | None = None
+    seed: int = 0
+    shuffle_rows: int = 0
+    split: RowSplit | None = None
+
+    def stream(
+        self, shards: Sequence[Shard], read: Callable[[Shard], Iterator[Any]], batch_size: int, rank: int, world: int
+    ) -> ShardStream:
+        """Trainer ``rank`` of ``world``'s stream over ``shards`` (every shard of the files) in this pass."""
+        if self.epoch is None:
+            return ShardStream(assign(shards, rank, world), read, batch_size, split=self.split)
+        mine = assign(epoch_order(shards, self.seed, self.epoch), rank, world)
+        shuffle = Shuffle(self.shuffle_rows, (self.seed, self.epoch, rank)) if self.shuffle_rows else None
+        return ShardStream(mine, read, batch_size, split=self.split, shuffle=shuffle)
 
 
 def merged_batches(

@@ -10,19 +10,23 @@ formats.
 from __future__ import annotations
 
 import enum
+import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from persia_planner.errors import PlannerError, SpecError, first_line
 from persia_planner.fields import require_file_or_directory
-from persia_planner.model.specs import DataSchema, ModelSpec
+from persia_planner.model.data_schema import DataSchema
+from persia_planner.model.specs import ModelSpec
 
 __all__ = [
     "DataKind",
     "DataSource",
     "check_gzip_shards",
     "check_tabular",
+    "count_rows",
     "csv_columns",
     "parquet_footer",
     "parquet_row_groups",
@@ -109,6 +113,45 @@ class DataSource:
         return files
 
 
+def count_rows(source: DataSource, files: list[str]) -> int:
+    """The data rows of ``files``: from the Parquet footers, else by counting lines (a pass over the bytes, through
+    gzip for ``.gz``; a CSV's header is no row).
+
+    Raises:
+        SpecError: A file cannot be read.
+    """
+    if source.kind is DataKind.PARQUET:
+        return sum(parquet_footer(path)[1] for path in files)
+    header = 1 if source.kind is DataKind.CSV else 0
+    return sum(max(0, _lines_of(path) - header) for path in files)
+
+
+def _lines_of(path: str) -> int:
+    """:func:`_count_lines`, once per file version in this process (the CLI and the launcher both check the data)."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise SpecError(path, "", f"cannot read it ({err.strerror or err})") from None
+    return _count_lines(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.cache
+def _count_lines(path: str, size: int, mtime_ns: int) -> int:
+    """Lines of a text file (a last line without its newline counts), plain or gzip; ``size`` and ``mtime_ns`` key
+    the cache."""
+    import gzip
+
+    lines, last = 0, b"\n"
+    try:
+        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+    except (OSError, EOFError) as err:
+        raise SpecError(path, "", f"cannot read it ({first_line(err)})") from None
+    return lines + (last != b"\n")
+
+
 # ---- Parquet / CSV metadata --------------------------------------------------------------------------------------
 
 
@@ -192,16 +235,13 @@ def _is_id_list(t: Any) -> bool:
     return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_id(t.value_type)
 
 
-def check_tabular(
-    source: DataSource, schema: DataSchema | None, spec: ModelSpec, trainers: int, batch_rows: int = 1
-) -> None:
+def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec, trainers: int) -> None:
     """A Parquet / CSV source against the model: one line naming the file, column or field, and the fix.
 
     Checks that a schema is given, that it feeds every table of ``spec`` exactly once and no other, that every file
     has the schema's columns with fitting types (label and dense numeric; sparse ids strings or integers, or lists of
     them; a ``separator`` on a string column), and that the Parquet row groups are at least ``trainers`` (each trainer
-    reads whole row groups) and their rows at least a batch of ``batch_rows`` for each trainer (the footers count
-    them; a CSV's rows are known only by reading it).
+    reads whole row groups). The amount of data is the caller's to check (:func:`count_rows`).
 
     Raises:
         SpecError: The first problem found.
@@ -253,14 +293,6 @@ def check_tabular(
             f"{row_groups} row group(s) in {len(files)} file(s) for {trainers} trainers: "
             "each trainer reads whole row groups",
             fixes=("write smaller row groups (row_group_size) or more files", "train with fewer trainers"),
-        )
-    if source.kind is DataKind.PARQUET and rows < trainers * batch_rows:
-        # Some trainer would get no full batch, and every trainer stops when one runs out: no step at all.
-        raise SpecError(
-            str(source.path),
-            "",
-            f"{rows:,} rows hold no full batch of {batch_rows:,} samples for each of {trainers} trainers",
-            fixes=("use a smaller --batch-size, fewer --trainers or more data",),
         )
 
 

@@ -5,7 +5,8 @@ Parquet files are read a row group at a time (``ParquetFile.iter_batches``, only
 byte range at a time (the header's names, every chunk parsed by ``pyarrow.csv``; a row must not hold a newline
 inside quotes); both are sharded across trainers and DataLoader workers by :mod:`.shards`.
 
-Values: the label and the dense columns as float32 (a missing dense value is 0); a sparse column's ids, strings or
+Values: the label and the dense columns as float32 (a missing dense value is 0), each dense column transformed as the
+schema declares (:class:`~persia_planner.model.data_schema.DenseTransform`); a sparse column's ids, strings or
 integers, hashed to int64 by :func:`hash_ids`: the same id gives the same int64 on every trainer, run and machine.
 A list column (or a string column with a ``separator``) is multi-hot: one bag of all its ids per row; a missing
 value is an empty bag. The tables map the hashed ids into their rows (``id mod rows``).
@@ -24,19 +25,19 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import SpecError, first_line
-from persia_planner.model.specs import DataSchema, SparseColumn
+from persia_planner.model.data_schema import DataSchema, SparseColumn
 from persia_planner.modules.data.batch import Batch
 from persia_planner.modules.data.shards import (
+    DataPass,
     Failure,
     Shard,
-    ShardStream,
-    assign,
     merged_batches,
     parquet_shards,
     text_chunks,
     text_shards,
 )
-from persia_planner.modules.hashing import splitmix64
+from persia_planner.modules.data.split import ROW_SALT, combine
+from persia_planner.modules.hashing import mix64, splitmix64
 
 __all__ = ["TabularReader", "hash_ids"]
 
@@ -114,6 +115,30 @@ class TabularBlock:
             self.labels[start:stop], self.dense[start:stop], tuple(x[start:stop] for x in self.lengths), tuple(values)
         )
 
+    def take(self, rows: np.ndarray) -> TabularBlock:
+        """The rows at the indices ``rows``, in that order."""
+        values = []
+        for lengths, vals in zip(self.lengths, self.values, strict=True):
+            starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])[rows]
+            picked = lengths[rows].astype(np.int64)
+            # Each picked row's ids: its start, repeated over its length, plus 0..length-1.
+            within = np.arange(int(picked.sum())) - np.repeat(np.cumsum(picked) - picked, picked)
+            values.append(vals[np.repeat(starts, picked) + within])
+        return TabularBlock(self.labels[rows], self.dense[rows], tuple(x[rows] for x in self.lengths), tuple(values))
+
+    def row_keys(self) -> np.ndarray:
+        """A 64-bit hash of each row's label, dense values and ids (a bag's ids in any order hash alike)."""
+        h = np.full(len(self), ROW_SALT, dtype=np.uint64)
+        h = combine(h, self.labels.view(np.uint32))
+        for column in self.dense.view(np.uint32).T:
+            h = combine(h, column)
+        for lengths, vals in zip(self.lengths, self.values, strict=True):
+            # A bag's ids summed after mixing (uint64 wraps): the ends of its run in the cumulative sum.
+            ends = np.concatenate([[0], np.cumsum(mix64(vals.view(np.uint64)), dtype=np.uint64)])
+            bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+            h = combine(h, ends[bounds[1:]] - ends[bounds[:-1]] + lengths.astype(np.uint64))
+        return h
+
     @classmethod
     def concat(cls, blocks: Sequence[TabularBlock]) -> TabularBlock:
         """The rows of ``blocks``, in order."""
@@ -189,9 +214,12 @@ def to_block(table: Any, schema: DataSchema) -> TabularBlock:
     bad = labels[(labels != 0) & (labels != 1)]
     if bad.size:
         raise _BadValue(schema.label, f"label {bad[0]:g}: labels are 0 or 1")
-    dense = np.zeros((len(labels), len(schema.dense)), dtype=np.float32)
+    # No dense column: one constant 0, which the dense arch reads as a sparse-only model's input.
+    dense = np.zeros((len(labels), schema.num_inputs), dtype=np.float32)
     for j, name in enumerate(schema.dense):
-        dense[:, j] = _floats(column(name))
+        values = _floats(column(name))
+        transform = schema.transforms.get(name)
+        dense[:, j] = values if transform is None else transform.apply(values)
     bags = [_bags(column(s.column), s) for s in schema.sparse]
     return TabularBlock(labels, dense, tuple(b[0] for b in bags), tuple(b[1] for b in bags))
 
@@ -271,6 +299,8 @@ class TabularReader:
         world: The trainers reading the files together.
         drop_last: Drop the final partial batch.
         chunk_bytes: CSV: bytes parsed at a time per worker.
+        reading: The pass: an epoch's shard order and row shuffle, and a side of the validation split (default:
+            every row, in file order).
 
     Raises:
         SpecError: On construction for a missing file or a bad argument; during iteration for a bad value (the
@@ -289,6 +319,7 @@ class TabularReader:
         world: int = 1,
         drop_last: bool = False,
         chunk_bytes: int = 1 << 22,
+        reading: DataPass | None = None,
     ):
         path_list = [str(paths)] if isinstance(paths, str | os.PathLike) else [str(p) for p in paths]
         if not path_list:
@@ -313,8 +344,8 @@ class TabularReader:
         else:
             shards = text_shards(path_list, world * max(num_workers, 1))
             read = _ReadCsv(schema, chunk_bytes)
-        self.shards = assign(shards, rank, world)
-        self._dataset = ShardStream(self.shards, read, batch_size)
+        self._dataset = (reading or DataPass()).stream(shards, read, batch_size, rank, world)
+        self.shards = self._dataset.shards
 
     @property
     def feature_names(self) -> tuple[str, ...]:

@@ -1,12 +1,14 @@
 """A trainer's data: its share of the batch stream (synthetic batch ``b`` goes to trainer ``b mod trainers``; a file
-source's shards are split among the trainers, :mod:`.data.shards`), the lockstep that stops every trainer at the same
-step, and the evaluation over every trainer's held-out batches."""
+source's shards are dealt to the trainers anew each epoch, :mod:`.data.shards`), the lockstep that ends an epoch for
+every trainer at the same step, and the evaluation over every trainer's held-out batches."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -17,12 +19,25 @@ from persia_planner.errors import PlannerError
 from persia_planner.model.specs import ModelSpec
 from persia_planner.modules.data.batch import Batch, as_batches
 from persia_planner.modules.data.criteo import CriteoReader
+from persia_planner.modules.data.shards import DataPass
 from persia_planner.modules.data.source import DataKind, DataSource
+from persia_planner.modules.data.split import RowSplit
+from persia_planner.modules.data.statistics import measured
 from persia_planner.modules.data.synthetic import SyntheticClicks, Teacher
 from persia_planner.modules.data.tabular import TabularReader
 from persia_planner.modules.train.config import TrainConfig, data_schema, id_universe
 
-__all__ = ["evaluate", "file_reader", "lockstep", "teacher_for", "trainer_batches"]
+__all__ = [
+    "Epochs",
+    "click_metrics",
+    "evaluate",
+    "file_reader",
+    "held_out_batches",
+    "lockstep",
+    "teacher_for",
+    "training_batches",
+    "with_data_statistics",
+]
 
 _EVAL_SEED_OFFSET = 1_000_003
 
@@ -36,37 +51,128 @@ def teacher_for(spec: ModelSpec, cfg: TrainConfig) -> Teacher:
     return Teacher(features=tuple(t.name for t in spec.tables), rows=id_universe(spec, cfg), seed=cfg.seed)
 
 
-def trainer_batches(
-    spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, eval_: bool, skip: int = 0
+@dataclass
+class Epochs:
+    """Where a trainer's stream of data files is: how many batches each finished epoch gave (every trainer the same:
+    an epoch ends for all at once). A checkpoint keeps them, so that a resumed run finds its epoch and the batches
+    into it from the step alone.
+
+    Attributes:
+        lengths: Batches of each finished epoch, from the first.
+    """
+
+    lengths: list[int] = field(default_factory=list)
+
+    def position(self, step: int) -> tuple[int, int]:
+        """The epoch of global step ``step`` (steps done) and the batches of it already trained."""
+        done = 0
+        for epoch, n in enumerate(self.lengths):
+            if step < done + n:
+                return epoch, step - done
+            done += n
+        return len(self.lengths), step - done
+
+
+def training_batches(
+    spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, epochs: Epochs | None = None, skip: int = 0
 ) -> Iterator[Batch]:
-    """This trainer's batches after the ``skip`` it trained on before (a resumed run): synthetic global batch ``b``
-    goes to trainer ``b mod trainers``; a file source's trainer reads its own shards (:func:`file_reader`)."""
+    """This trainer's training batches after the ``skip`` steps the job trained before (a resumed run).
+
+    Synthetic global batch ``b`` goes to trainer ``b mod trainers``, ``cfg.steps`` of them. Data files: epoch after
+    epoch (``cfg.passes``), each in its own seeded order (:class:`.data.shards.DataPass`), the held-out rows left out;
+    an epoch ends for every trainer when one has read all of its share (:func:`lockstep`), and ``epochs`` records
+    its length. At most ``cfg.steps`` batches when given.
+    """
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    count = cfg.eval_batches if eval_ else cfg.steps
     if cfg.data == "synthetic":
-        seed = cfg.seed + (_EVAL_SEED_OFFSET if eval_ else 0)
-        # The synthetic held-out set is fixed (its own seed): a resumed run evaluates on the same samples.
-        start = 0 if eval_ else skip
-        data = SyntheticClicks(
-            teacher_for(spec, cfg),
-            batch_size=batch_size,
-            num_batches=(start + count) * world,
-            seed=seed,
-            pooling={t.name: t.pooling_factor for t in spec.tables},  # the ids per sample the plan was priced for
-        )
-        for step in range(start, start + count):
-            yield data.batch(step * world + rank)
+        yield from _synthetic(spec, cfg, batch_size, rank, world, first=skip, count=cfg.steps or 0)
         return
-    # A trainer's own stream of its shards: training takes its batches [skip, skip + steps), evaluation the
-    # eval_batches right after this run's training ones.
-    first = skip + cfg.steps if eval_ else skip
-    yield from itertools.islice(file_reader(spec, cfg, batch_size, rank, world), first, first + count)
+    epochs = epochs if epochs is not None else Epochs()
+    first_epoch, within = epochs.position(skip)
+    split = RowSplit(cfg.held_out_share, held_out=False) if cfg.held_out_share else None
+    stream = _epochs(spec, cfg, batch_size, rank, world, epochs, first_epoch, within, split)
+    yield from stream if cfg.steps is None else itertools.islice(stream, cfg.steps)
 
 
-def file_reader(spec: ModelSpec, cfg: TrainConfig, batch_size: int, rank: int = 0, world: int = 1) -> Iterable[Batch]:
-    """The batches trainer ``rank`` of ``world`` reads from ``cfg.data``'s files (its shards only), full ones."""
+def _epochs(
+    spec: ModelSpec,
+    cfg: TrainConfig,
+    batch_size: int,
+    rank: int,
+    world: int,
+    epochs: Epochs,
+    first_epoch: int,
+    within: int,
+    split: RowSplit | None,
+) -> Iterator[Batch]:
+    for epoch in range(first_epoch, cfg.passes):
+        reading = DataPass(epoch=epoch, seed=cfg.seed, shuffle_rows=cfg.shuffle_buffer, split=split)
+        batches = iter(file_reader(spec, cfg, batch_size, rank, world, reading=reading))
+        skipped = within if epoch == first_epoch else 0
+        # Every trainer trained on these together (in lockstep) before: skipped without a collective.
+        n = sum(1 for _ in itertools.islice(batches, skipped))
+        for batch in lockstep(batches):
+            n += 1
+            yield batch
+        epochs.lengths.append(n)
+
+
+def held_out_batches(spec: ModelSpec, cfg: TrainConfig, batch_size: int) -> Iterator[Batch]:
+    """This trainer's evaluation batches (``cfg.eval_batches``, the same at every evaluation): synthetic data drawn
+    with another seed; data files: ``--eval-data``'s rows, or the training files' held-out rows, in file order."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if cfg.data == "synthetic":
+        yield from _synthetic(spec, cfg, batch_size, rank, world, first=0, count=cfg.eval_batches, eval_=True)
+        return
+    if cfg.eval_data is not None:
+        reader = file_reader(spec, cfg, batch_size, rank, world, data=cfg.eval_data)
+    else:
+        split = RowSplit(cfg.held_out_share, held_out=True)
+        reader = file_reader(spec, cfg, batch_size, rank, world, reading=DataPass(split=split))
+    yield from itertools.islice(reader, cfg.eval_batches)
+
+
+def _synthetic(
+    spec: ModelSpec, cfg: TrainConfig, batch_size: int, rank: int, world: int, *, first: int, count: int,
+    eval_: bool = False,
+) -> Iterator[Batch]:  # fmt: skip
+    seed = cfg.seed + (_EVAL_SEED_OFFSET if eval_ else 0)
+    data = SyntheticClicks(
+        teacher_for(spec, cfg),
+        batch_size=batch_size,
+        num_batches=(first + count) * world,
+        seed=seed,
+        pooling={t.name: t.pooling_factor for t in spec.tables},  # the ids per sample the plan was priced for
+    )
+    for step in range(first, first + count):
+        yield data.batch(step * world + rank)
+
+
+def with_data_statistics(spec: ModelSpec, cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its schema's ``standardize`` statistics measured (:func:`.data.statistics.measured`), for a
+    Parquet / CSV source whose schema asks for them; ``cfg`` itself otherwise."""
     source = DataSource.parse(cfg.data)
+    schema = data_schema(spec, cfg)
+    if not source.tabular or schema is None or not schema.to_standardize:
+        return cfg
+    return replace(cfg, schema=measured(schema, source.files(), source.kind.value, cfg.held_out_share))
+
+
+def file_reader(
+    spec: ModelSpec,
+    cfg: TrainConfig,
+    batch_size: int,
+    rank: int = 0,
+    world: int = 1,
+    *,
+    data: str | None = None,
+    reading: DataPass | None = None,
+) -> Iterable[Batch]:
+    """The full batches trainer ``rank`` of ``world`` reads from ``data``'s files (default ``cfg.data``; its shards
+    only) in the pass ``reading`` (default: every row, in file order)."""
+    source = DataSource.parse(data or cfg.data)
     files = source.files()
     if cfg.data_workers and multiprocessing.current_process().daemon:
         # The local launcher starts trainers as daemonic processes, which multiprocessing forbids to have children.
@@ -74,7 +180,13 @@ def file_reader(spec: ModelSpec, cfg: TrainConfig, batch_size: int, rank: int = 
         multiprocessing.current_process().daemon = False
     if source.kind is DataKind.CRITEO:
         return CriteoReader(
-            files, batch_size=batch_size, num_workers=cfg.data_workers, drop_last=True, rank=rank, world=world
+            files,
+            batch_size=batch_size,
+            num_workers=cfg.data_workers,
+            drop_last=True,
+            rank=rank,
+            world=world,
+            reading=reading,
         )
     schema = data_schema(spec, cfg)
     assert schema is not None  # config.check_data_matches
@@ -87,6 +199,7 @@ def file_reader(spec: ModelSpec, cfg: TrainConfig, batch_size: int, rank: int = 
         rank=rank,
         world=world,
         drop_last=True,
+        reading=reading,
     )
 
 
@@ -108,8 +221,8 @@ def lockstep(batches: Iterable[Batch]) -> Iterator[Batch]:
 
 
 def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device | None = None) -> dict[str, float]:
-    """AUC (torchmetrics), log loss and teacher AUC over every trainer's eval batches (ours, or TorchRec's
-    ``Batch`` es: :func:`.data.batch.as_batch`)."""
+    """AUC (torchmetrics), log loss, normalized entropy, calibration and teacher AUC over every trainer's eval batches
+    (ours, or TorchRec's ``Batch`` es: :func:`.data.batch.as_batch`); see :func:`click_metrics`."""
     from torchmetrics.functional.classification import binary_auroc
 
     model.eval()
@@ -133,17 +246,33 @@ def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device | No
         p, y, t = (_gather_1d(x) for x in (p, y, t))
     if y.numel() == 0:
         raise PlannerError(
-            "no evaluation samples: the data ends before the held-out batches",
-            fixes=("use more data, or fewer --steps / --eval-batches",),
+            "no evaluation samples: no trainer read a full batch of held-out rows",
+            fixes=("hold out more rows with --eval-split", "pass --eval-data PATH", "use a smaller --batch-size"),
         )
-    out = {
-        "auc": float(binary_auroc(p, y.long())),
-        "eval_loss": float(nn.functional.binary_cross_entropy(p.clamp(1e-7, 1 - 1e-7), y)),
-        "eval_samples": int(y.numel()),
-    }
+    out = {"auc": float(binary_auroc(p, y.long())), **click_metrics(p, y)}
     if t.numel():
         out["teacher_auc"] = float(binary_auroc(t, y.long()))  # the same AUC as data.teacher_auc, on these samples
     return out
+
+
+def click_metrics(p: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """Log loss, normalized entropy and calibration of predicted click probabilities ``p`` against labels ``y``.
+
+    Normalized entropy (He et al., "Practical lessons from predicting clicks on ads at Facebook") is the log loss
+    divided by the entropy of the observed click rate: below 1 the model beats predicting that rate for every
+    sample. Calibration is the predicted click rate over the observed one (1: calibrated). Both are None when every
+    label is the same (no entropy, or no click).
+    """
+    loss = float(nn.functional.binary_cross_entropy(p.clamp(1e-7, 1 - 1e-7), y))
+    ctr = float(y.double().mean())
+    base = -(ctr * math.log(ctr) + (1 - ctr) * math.log(1 - ctr)) if 0 < ctr < 1 else 0.0
+    return {
+        "eval_loss": loss,
+        "normalized_entropy": loss / base if base > 0 else None,
+        "calibration": float(p.double().mean()) / ctr if ctr > 0 else None,
+        "eval_ctr": ctr,
+        "eval_samples": int(y.numel()),
+    }
 
 
 def _gather_1d(x: torch.Tensor) -> torch.Tensor:

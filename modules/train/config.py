@@ -16,10 +16,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import PlannerError, SpecError
+from persia_planner.model.data_schema import DataSchema
 from persia_planner.model.dense import DenseArch
-from persia_planner.model.specs import DEFAULT_STALENESS, DataSchema, ModelSpec, Optimizer
+from persia_planner.model.specs import DEFAULT_STALENESS, ModelSpec, Optimizer
 from persia_planner.modules.data.criteo_format import FEATURE_NAMES, NUM_INTEGER
-from persia_planner.modules.data.source import DataKind, DataSource, check_gzip_shards, check_tabular
+from persia_planner.modules.data.source import DataKind, DataSource, check_gzip_shards, check_tabular, count_rows
+from persia_planner.modules.data.split import DEFAULT_EVAL_SPLIT
 from persia_planner.modules.rpc_environment import rpc_transports
 from persia_planner.modules.train.run_directories import check_checkpoint_dir, check_log_dir, check_resume_exists
 from persia_planner.modules.wire_dtypes import WireDtype
@@ -60,6 +62,13 @@ MAX_ID_SPACE = 1000.0
 MAX_SYNTHETIC_IDS = 2**26
 """The most distinct ids of one synthetic feature: the generator keeps an 8-byte CDF entry per id (512 MiB)."""
 MAX_DATA_WORKERS = 64
+DEFAULT_SYNTHETIC_STEPS = 400
+"""Synthetic data's steps when ``--steps`` is not given (data files train whole epochs)."""
+MAX_EPOCHS = 100_000
+MAX_SHUFFLE_ROWS = 1 << 26
+"""The largest ``--shuffle-buffer``: 64 Mi rows of a reader's buffer already take gigabytes."""
+MAX_EVAL_SPLIT = 0.5
+_FILE_OPTIONS = {"--epochs": "epochs", "--eval-split": "eval_split", "--eval-data": "eval_data"}
 
 
 # ---- --data: "synthetic" or "KIND:PATH" (:mod:`persia_planner.modules.data.source`)
@@ -113,7 +122,15 @@ class TrainConfig:
     The enum fields accept their values as strings too (``mode="sync"``) and hold the enum afterwards.
 
     Attributes:
-        steps: Training steps (each trainer runs this many batches).
+        steps: Training steps (each trainer runs this many batches); synthetic data: default 400; data files: at most
+            this many, default None (every step of ``epochs`` epochs).
+        epochs: Data files: passes over the training rows (default 1), each in its own seeded order (the shards
+            dealt anew to the trainers, the rows shuffled within ``shuffle_buffer``); every trainer stops an epoch at
+            the same step, when one has read all of its share.
+        eval_split: Data files without ``eval_data``: the share of rows held out for validation, by a hash of each
+            row's content (:mod:`persia_planner.modules.data.split`); None: 0.05, or 0 with ``eval_data``.
+        eval_data: Validation files of the same kind and schema as ``data`` (``"csv:PATH"``...), never trained on.
+        shuffle_buffer: Data files: rows each data reader shuffles together (0: read in file order).
         batch_size: Samples per trainer and step (default: the model's global batch size / trainers).
         staleness: Bounded staleness K of the PS tables (``mode=sync`` forces 0).
         mode: ``hybrid`` (PS tables async with staleness K) or ``sync`` (K = 0: one gathered update per step,
@@ -124,8 +141,8 @@ class TrainConfig:
         schema: How a Parquet / CSV file's columns feed the model (``--schema``); None: the model's ``data:``.
         data_workers: DataLoader worker processes per trainer reading Parquet, CSV or Criteo files (0: the trainer
             reads them itself); each reads its own part of the trainer's share.
-        eval_batches: Batches per trainer for the final AUC (held out: a different seed, or the batches after the
-            training ones in a Criteo file).
+        eval_batches: Batches per trainer of each evaluation (synthetic data: drawn with another seed; data files:
+            the first of the held-out rows, :attr:`eval_split` or ``eval_data``).
         eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
         sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
         sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (local tables: CUDA only, fbgemm has
@@ -159,7 +176,11 @@ class TrainConfig:
         PlannerError: An option is out of range or not one of its choices (one line, naming the option).
     """
 
-    steps: int = 400
+    steps: int | None = None
+    epochs: int | None = None
+    eval_split: float | None = None
+    eval_data: str | None = None
+    shuffle_buffer: int = 65_536
     batch_size: int | None = None
     staleness: int = DEFAULT_STALENESS
     mode: TrainMode = TrainMode.HYBRID
@@ -185,6 +206,8 @@ class TrainConfig:
     teacher_rows_scale: float = 0.02
     ps_capacity: PsCapacity = PsCapacity.PLANNED
     log_dir: str | None = None
+    data_rows: int | None = None
+    """The data's training rows as :func:`check_before_start` counted them (None: not counted); sizes the progress."""
 
     def __post_init__(self) -> None:
         # frozen: the string-to-enum conversions go through object.__setattr__, once, here.
@@ -196,10 +219,13 @@ class TrainConfig:
             object.__setattr__(
                 self, "sparse_optimizer", _choice(Optimizer, self.sparse_optimizer, "--sparse-optimizer")
             )
-        if self.steps < 1 or self.trainers < 1 or self.eval_batches < 1:
+        self._check_passes()
+        if (self.steps is not None and self.steps < 1) or self.trainers < 1 or self.eval_batches < 1:
             raise PlannerError("--steps, trainers and eval batches must be >= 1")
         for option, value, ceiling in (
-            ("--steps", self.steps, MAX_STEPS),
+            ("--steps", self.steps or 0, MAX_STEPS),
+            ("--epochs", self.epochs or 0, MAX_EPOCHS),
+            ("--shuffle-buffer", self.shuffle_buffer, MAX_SHUFFLE_ROWS),
             ("--eval-every", self.eval_every, MAX_STEPS),
             ("--checkpoint-every", self.checkpoint_every, MAX_STEPS),
             ("--trainers", self.trainers, MAX_LOCAL_TRAINERS),
@@ -258,6 +284,53 @@ class TrainConfig:
                 fixes=("--ps-capacity planned",),
             )
 
+    def _check_passes(self) -> None:
+        """Steps, epochs and the validation data fit the kind of data; synthetic data's steps default to 400."""
+        synthetic = self.data == DataKind.SYNTHETIC.value
+        if synthetic:
+            given = next((o for o, v in _FILE_OPTIONS.items() if getattr(self, v) is not None), None)
+            if given is not None:
+                raise PlannerError(
+                    f"{given} reads data files; synthetic data is drawn fresh every step",
+                    fixes=(f"drop {given}", "pass --data KIND:PATH"),
+                )
+            if self.steps is None:
+                object.__setattr__(self, "steps", DEFAULT_SYNTHETIC_STEPS)
+        if self.epochs is not None and self.epochs < 1:
+            raise PlannerError(f"--epochs must be >= 1, got {self.epochs}")
+        if self.shuffle_buffer < 0:
+            raise PlannerError(f"--shuffle-buffer must be >= 0 rows (0: no shuffle), got {self.shuffle_buffer}")
+        if self.eval_split is not None and not 0 <= self.eval_split <= MAX_EVAL_SPLIT:  # nan fails this too
+            raise PlannerError(
+                f"--eval-split must be in [0, {MAX_EVAL_SPLIT:g}] (the share of rows held out), got {self.eval_split}",
+                fixes=(f"e.g. --eval-split {DEFAULT_EVAL_SPLIT:g}",),
+            )
+        if self.eval_data is not None:
+            if self.eval_split:
+                raise PlannerError(
+                    "--eval-data and --eval-split both say what to validate on: pass one",
+                    fixes=("--eval-data PATH to validate on other files", "--eval-split F to hold out rows"),
+                )
+            kind = DataSource.parse(self.eval_data).kind
+            if kind is not DataSource.parse(self.data).kind:
+                raise PlannerError(
+                    f"--eval-data {self.eval_data} is {kind.value} but --data is {self.data}: the same reader and "
+                    "schema read both",
+                    fixes=(f"pass --eval-data {DataSource.parse(self.data).kind.value}:PATH",),
+                )
+
+    @property
+    def held_out_share(self) -> float:
+        """The share of the training files' rows held out for validation (0 with ``eval_data`` or synthetic)."""
+        if self.data == DataKind.SYNTHETIC.value or self.eval_data is not None:
+            return 0.0
+        return DEFAULT_EVAL_SPLIT if self.eval_split is None else self.eval_split
+
+    @property
+    def passes(self) -> int:
+        """Data files: the epochs the run trains (1 unless ``epochs`` says)."""
+        return self.epochs or 1
+
     @property
     def effective_staleness(self) -> int:
         return 0 if self.mode is TrainMode.SYNC else self.staleness
@@ -276,24 +349,62 @@ def data_schema(spec: ModelSpec, cfg: TrainConfig) -> DataSchema | None:
 
 
 def num_dense(spec: ModelSpec, cfg: TrainConfig) -> int:
-    """The dense features of a batch: the schema's dense columns for Parquet / CSV, Criteo's 13 otherwise."""
+    """The dense features of a batch: the schema's dense columns for Parquet / CSV (one constant 0 without any),
+    Criteo's 13 otherwise."""
     schema = data_schema(spec, cfg)
     if DataSource.parse(cfg.data).tabular and schema is not None:
-        return len(schema.dense)
+        return schema.num_inputs
     return NUM_INTEGER
 
 
-def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """The data must exist and feed the model: ``--data criteo:PATH`` provides features c1..c26, so the model's
-    tables must be named after them (and gzip files, read whole, are at least one per trainer); a Parquet / CSV
-    source is checked against its schema by :func:`persia_planner.modules.data.source.check_tabular`."""
+def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> int | None:
+    """The data must exist, feed the model and hold a step and an evaluation; returns its training rows (None for
+    synthetic data).
+
+    ``--data criteo:PATH`` provides features c1..c26, so the model's tables must be named after them (and gzip files,
+    read whole, are at least one per trainer); a Parquet / CSV source is checked against its schema by
+    :func:`persia_planner.modules.data.source.check_tabular`; ``--eval-data`` alike. Then the rows are counted
+    (:func:`persia_planner.modules.data.source.count_rows`): the training rows must hold a batch for every trainer,
+    and the validation rows (held out, or ``--eval-data``'s) an evaluation batch for every trainer.
+    """
     source = DataSource.parse(cfg.data)
+    if source.kind is DataKind.SYNTHETIC:
+        return None
+    rows = _check_files(spec, cfg, source)
+    held_out = round(rows * cfg.held_out_share)
+    train_rows = rows - held_out
+    if cfg.eval_data is not None:
+        eval_source = DataSource.parse(cfg.eval_data)
+        eval_rows, eval_what = _check_files(spec, cfg, eval_source), f"--eval-data {cfg.eval_data}"
+    else:
+        eval_rows = held_out
+        eval_what = f"the {cfg.held_out_share:.0%} held out for validation (--eval-split)"
+    batch = trainer_batch_size(cfg, spec, cfg.trainers)
+    step_rows = batch * cfg.trainers
+    if train_rows < step_rows:
+        raise SpecError(
+            cfg.data,
+            "",
+            f"{rows:,} rows, {train_rows:,} of them for training, hold no full batch of {batch:,} samples for each of "
+            f"{cfg.trainers} trainers ({step_rows:,} rows a step)",
+            fixes=("use a smaller --batch-size, fewer --trainers or more data",),
+        )
+    if eval_rows < step_rows:
+        raise SpecError(
+            cfg.eval_data or cfg.data,
+            "",
+            f"{eval_what}: about {eval_rows:,} rows, no evaluation batch of {batch:,} samples for each of "
+            f"{cfg.trainers} trainers ({step_rows:,} rows)",
+            fixes=("hold out more with --eval-split", "pass --eval-data PATH", "use a smaller --batch-size"),
+        )
+    return train_rows
+
+
+def _check_files(spec: ModelSpec, cfg: TrainConfig, source: DataSource) -> int:
+    """One file source against the model (its schema, or Criteo's features); returns its rows."""
     if source.tabular:
-        batch_rows = trainer_batch_size(cfg, spec, cfg.trainers)
-        check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers, batch_rows=batch_rows)
-        return
-    if source.kind is not DataKind.CRITEO:
-        return
+        check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers)
+        return count_rows(source, source.files())
     files = source.check_files()
     unknown = [t.name for t in spec.tables if t.name not in FEATURE_NAMES]
     if unknown:
@@ -304,6 +415,7 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> None:
             fixes=("name the tables c1..c26",),
         )
     check_gzip_shards(source, files, cfg.trainers)
+    return count_rows(source, files)
 
 
 def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
@@ -361,15 +473,9 @@ def dense_arch(spec: ModelSpec, cfg: TrainConfig) -> DenseArch:
 
 
 def check_dense_inputs(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """The data has dense features (the bottom MLP reads at least one), as many as a ``num_dense`` model.yaml wrote."""
+    """The data has as many dense features as a ``num_dense`` model.yaml wrote (a schema without dense columns
+    gives one constant input)."""
     inputs, source = num_dense(spec, cfg), DataSource.parse(cfg.data)
-    if inputs == 0:
-        raise SpecError(
-            spec.name,
-            "data.dense",
-            "is empty: the dense arch's bottom MLP reads at least one dense column",
-            fixes=("list at least one numeric column under data.dense (a constant one will do)",),
-        )
     arch = spec.dense.arch
     if arch is not None and not arch.inputs_from_data and arch.num_dense != inputs:
         kind = f"{source.kind.value} columns" if source.tabular else "synthetic or Criteo"
@@ -389,6 +495,8 @@ def trainer_batch_size(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> int:
 def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
     """What a run trains with, as ``--json`` and checkpoints record it: optimizers, learning rates, the global batch,
     the evaluation interval, the staleness bound and the dense arch."""
+    schema = data_schema(spec, cfg) if DataSource.parse(cfg.data).tabular else None
+    transforms = {c: t.to_dict() for c, t in schema.transforms.items()} if schema is not None else {}
     return {
         "dense_optimizer": cfg.dense_optimizer.value,
         "dense_lr": cfg.dense_lr,
@@ -398,6 +506,7 @@ def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[s
         "eval_every": cfg.eval_every,
         "staleness": cfg.effective_staleness,
         "dense_arch": dense_arch(spec, cfg).to_dict(),
+        **({"data_transforms": transforms} if transforms else {}),  # what prediction must apply alike
     }
 
 
@@ -430,8 +539,9 @@ def check_id_space(spec: ModelSpec, cfg: TrainConfig) -> None:
         )
 
 
-def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> None:
-    """The run's inputs that every process would trip over: one line here, before any process starts.
+def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> TrainConfig:
+    """The run's inputs that every process would trip over: one line here, before any process starts; returns
+    ``cfg`` with the training rows it counted (:attr:`TrainConfig.data_rows`).
 
     Checks the data (:func:`check_data_matches`), the checkpoint and log directories and, with ``--resume``, that the
     checkpoint holds a trainer state; that the model's tables agree on one sparse optimizer and one dim, and its
@@ -441,7 +551,7 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
     Raises:
         PlannerError: The first problem found (``SpecError`` for the data).
     """
-    check_data_matches(spec, cfg)
+    rows = check_data_matches(spec, cfg)
     check_id_space(spec, cfg)
     if cfg.resume and cfg.checkpoint:  # first: a refused resume creates nothing
         check_resume_exists(cfg.checkpoint)
@@ -452,3 +562,4 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> N
     check_dense_inputs(spec, cfg)
     if with_ps:
         rpc_transports()
+    return replace(cfg, data_rows=rows)

@@ -96,7 +96,7 @@ def train_local(
     from persia_planner.modules.ps.launch import local_cluster
 
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
-    check_before_start(cfg, spec, with_ps=has_ps)
+    cfg = check_before_start(cfg, spec, with_ps=has_ps)
     _check_plan_runs(cfg, spec, tables, topology)
     chosen = None
     if cfg.resume and cfg.checkpoint:  # here, before any process starts

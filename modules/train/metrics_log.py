@@ -41,7 +41,7 @@ __all__ = [
 
 SUMMARY_FILE = "summary.json"
 TENSORBOARD_DIR = "tensorboard"
-EVAL_KEYS = ("auc", "eval_loss", "teacher_auc")
+EVAL_KEYS = ("auc", "eval_loss", "normalized_entropy", "calibration", "teacher_auc")
 """The scalars of an evaluation that the sinks keep (the rest of its result are counts)."""
 
 
@@ -104,7 +104,7 @@ def _json_value(x: float) -> float | None:
 
 class JsonLinesSink:
     """``metrics.jsonl``: one JSON object per step (:class:`StepRecord`'s fields), with the evaluation of that step
-    (``auc``, ``eval_loss``, ``teacher_auc``) on the same line.
+    (``auc``, ``eval_loss``, ``normalized_entropy``, ``calibration``, ``teacher_auc``) on the same line.
 
     A step's line is written when the next step, its evaluation or :meth:`close` comes (so its evaluation joins
     it), and flushed at once: a run that crashes keeps every line but the last step's.

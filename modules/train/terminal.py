@@ -44,6 +44,17 @@ def progress_bar(cfg: TrainConfig) -> Any:
     )
 
 
+def _maybe(value: float | None, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _epochs(result: dict[str, Any]) -> str:
+    if not result.get("epochs"):
+        return "-"
+    done = result.get("epoch_steps") or []
+    return f"{result['epochs']} ({', '.join(str(n) for n in done) or 'none finished'})"
+
+
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary table's rows (metric, value)."""
     rows = [
@@ -51,14 +62,24 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ("teacher AUC (best possible)", f"{result['teacher_auc']:.4f}" if result.get("teacher_auc") else "-"),
         ("train loss (last 10%)", f"{result['loss']:.4f}"),
         ("eval log loss", f"{result['eval_loss']:.4f}"),
+        (
+            "normalized entropy; calibration",
+            f"{_maybe(result.get('normalized_entropy'))}; {_maybe(result.get('calibration'))}",
+        ),
         ("samples/s", f"{result['samples_per_s']:,.0f}"),
         ("step ms (median, after warm-up)", f"{result['step_ms']:.1f}"),
         (
             "  of which (ms)",
             ", ".join(f"{k} {v:.1f}" for k, v in result.get("step_breakdown_ms", {}).items() if k != "data") or "-",
         ),
+        ("step ms the plan predicted", _maybe(result.get("plan_step_ms"), ".1f")),
+        (
+            "  of which (ms), slowest GPU",
+            ", ".join(f"{k} {v:.1f}" for k, v in result.get("plan_step_terms_ms", {}).items() if v) or "-",
+        ),
         ("data ms per step (not in the step)", f"{result.get('step_breakdown_ms', {}).get('data', 0.0):.1f}"),
         ("global batch x steps", f"{result['batch_size']} x {result['steps']}"),
+        ("epochs (steps of each)", _epochs(result)),
         ("dense arch; optimizers (lr)", describe_hyper_parameters(result.get("hyper_parameters"))),
         ("staleness K (max seen)", f"{result['staleness']} ({result['staleness_max_seen']})"),
         ("trainers / PS servers", f"{result['trainers']} / {result['servers']}"),

@@ -49,7 +49,7 @@ def torchrun_start(
     # A restarted attempt that resumes this run's own checkpoint trains on to the step the first attempt was to reach.
     restarted = cfg.resume and written_by_run(cfg.checkpoint or "", os.environ.get("TORCHELASTIC_RUN_ID", ""))
     cfg = replace(cfg, trainers=len(topology.gpus))  # before the checks: the data's shards are for them
-    check_before_start(cfg, spec, with_ps=with_ps)
+    cfg = check_before_start(cfg, spec, with_ps=with_ps)
     return TorchrunStart(cfg, process, role, bool(restarted))
 
 

@@ -23,7 +23,13 @@ from persia_planner.modules.ps.launch import trainers_store
 from persia_planner.modules.ps.progress import publish_progress
 from persia_planner.modules.step_breakdown import StepProfiler
 from persia_planner.modules.stopping import GracefulStop
-from persia_planner.modules.train.batch_stream import evaluate, lockstep, trainer_batches
+from persia_planner.modules.train.batch_stream import (
+    Epochs,
+    evaluate,
+    held_out_batches,
+    training_batches,
+    with_data_statistics,
+)
 from persia_planner.modules.train.config import (
     PsCapacity,
     TrainConfig,
@@ -31,6 +37,7 @@ from persia_planner.modules.train.config import (
     hyper_parameters,
     id_universe,
     sparse_optimizer_of,
+    trainer_batch_size,
 )
 from persia_planner.modules.train.job import Job, trainer_group
 from persia_planner.modules.train.job_checkpoints import new_lineage
@@ -55,6 +62,7 @@ def run_trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     """Trainer ``j`` of ``job`` (``client``: its parameter-server client, None without PS tables); returns the
     summary on trainer 0, None on the others."""
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    job = replace(job, cfg=with_data_statistics(job.spec, job.cfg))  # before the model: every trainer alike
     with trainer_group(j, job, backend=backend), contextlib.ExitStack() as cleanup:
         run = _TrainerRun.start(j, client, job, cleanup)
         run.train()
@@ -138,6 +146,7 @@ class _TrainerRun:
     loop: TrainLoop
     timeline: _Timeline
     memory_before: dict[str, Any] | None
+    epochs: Epochs
     start_step: int = 0
     resumed_from: int | None = None
     step: int = 0
@@ -166,17 +175,19 @@ class _TrainerRun:
         executed = executed_plan(model, job.topology)
         opt = make_optimizer(model, cfg, sparse_opt)
         root = Path(cfg.checkpoint) if cfg.checkpoint else None
-        lineage, start_step, resumed_from = new_lineage(), 0, None
+        lineage, start_step, resumed_from, epochs = new_lineage(), 0, None, Epochs()
         if cfg.resume and root is not None:
             chosen = Path(job.resume_from) if job.resume_from else None
             ckpt, state = check_resume(root, hybrid.ps is not None, log.warning if j == 0 else None, chosen=chosen)
             start_step = resumed_from = load_trainer_state(ckpt, state, model, hybrid, opt, layout)
             lineage = ckpt.lineage or lineage
-            cfg = replace(cfg, steps=_steps_left(cfg, job, state, start_step))
+            epochs = Epochs([int(n) for n in state.get("epoch_lengths", [])])
+            cfg = replace(cfg, steps=_steps_left(cfg, job, state, start_step, epochs))
             if j == 0 and hybrid.ps is not None:
                 client.load(ckpt.path / "ps")
             dist.barrier()
-        saver = Saver(root, job, model, hybrid, opt, client, layout, lineage, target_step=start_step + cfg.steps)
+        target = None if cfg.steps is None else start_step + cfg.steps
+        saver = Saver(root, job, model, hybrid, opt, client, layout, lineage, target_step=target, epochs=epochs)
         # Only the local launcher asks for the agreed stop (a store round trip per step); torchrun signals every
         # worker.
         stoppable = root is not None and "TORCHELASTIC_RUN_ID" not in os.environ
@@ -185,8 +196,9 @@ class _TrainerRun:
         # collectives). Not with PS tables: a trainer crashed (SIGSEGV) under torch.profiler with RPCs in flight
         # (decision 0014).
         profiler = None
-        if cfg.steps >= 4 and hybrid.ps is None:
-            profiler = StepProfiler(min(10, cfg.steps // 4), min(10, max(1, cfg.steps // 4)))
+        planned = _planned_steps(cfg, job, epochs, start_step)
+        if planned is not None and planned >= 4 and hybrid.ps is None:
+            profiler = StepProfiler(min(10, planned // 4), min(10, max(1, planned // 4)))
         # Trainer 0 logs the job's steps: its samples/s counts every trainer's, and the others run the same steps.
         # Closed however the run ends: a failed run keeps the steps it logged.
         sink: MetricsSink = cleanup.enter_context(
@@ -196,7 +208,7 @@ class _TrainerRun:
         timeline = _Timeline(profiler, job.trainers)
         return cls(
             j, client, job, cfg, layout["batch_size"], device, dmp, hybrid, executed, saver, stopper, sink, loop,
-            timeline, memory_before, start_step, resumed_from, start_step,
+            timeline, memory_before, epochs, start_step, resumed_from, start_step,
         )  # fmt: skip
 
     def train(self) -> None:
@@ -204,16 +216,15 @@ class _TrainerRun:
         stop is agreed."""
         cfg, timeline = self.cfg, self.timeline
         progress = progress_bar(cfg) if (self.j == 0 and cfg.progress) else None
-        task = progress.add_task("train", total=cfg.steps, loss=float("nan"), rate=0.0, stale=0) if progress else None
+        total = _planned_steps(cfg, self.job, self.epochs, self.start_step)
+        task = progress.add_task("train", total=total, loss=float("nan"), rate=0.0, stale=0) if progress else None
         timeline.started_s = time.perf_counter()
         # The loop's start on the machine-wide monotonic clock: places each step's t_s beside other processes' samples.
         self.started_monotonic_s = time.monotonic()
         try:
             if progress:
                 progress.start()
-            batches = trainer_batches(self.job.spec, cfg, self.batch_size, eval_=False, skip=self.start_step)
-            if cfg.data != "synthetic":  # every trainer gets exactly cfg.steps synthetic batches: no count to agree on
-                batches = lockstep(batches)
+            batches = training_batches(self.job.spec, cfg, self.batch_size, epochs=self.epochs, skip=self.start_step)
             for stats in self.loop.run(batches):
                 self.step += 1
                 publish_progress(self.step)  # the launcher names a trainer that stops advancing
@@ -234,12 +245,14 @@ class _TrainerRun:
 
     def _after_step(self) -> bool:
         """The evaluation and checkpoint due after this step (not training time); whether a stop was agreed."""
-        cfg, step, within = self.cfg, self.step, self.step < self.start_step + self.cfg.steps
+        cfg, step = self.cfg, self.step
+        # Not after the last step: the final evaluation and checkpoint follow it (an epoch's end is not known early).
+        within = cfg.steps is None or step < self.start_step + cfg.steps
         if cfg.eval_every and step % cfg.eval_every == 0 and within:
             eval_started = time.perf_counter()
             self.hybrid.flush()
             dist.barrier()  # every trainer's pushes are applied before anyone evaluates
-            held_out = trainer_batches(self.job.spec, cfg, self.batch_size, eval_=True, skip=self.start_step)
+            held_out = held_out_batches(self.job.spec, cfg, self.batch_size)
             self.timeline.history[-1].update(evaluate(self.dmp, held_out, self.device))
             self.sink.log_eval(step, self.timeline.history[-1])
             self.timeline.excluded_s += time.perf_counter() - eval_started
@@ -270,7 +283,7 @@ class _TrainerRun:
         # Before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing.
         if self.saver.last_step != step:
             self.saver.save(step)
-        held_out = trainer_batches(job.spec, cfg, self.batch_size, eval_=True, skip=self.start_step)
+        held_out = held_out_batches(job.spec, cfg, self.batch_size)
         result = evaluate(self.dmp, held_out, self.device)
         self.sink.log_eval(step, result)
         if self.timeline.history:
@@ -292,6 +305,8 @@ class _TrainerRun:
             "wall_step_ms": elapsed * 1e3 / max(1, steps_done - timeline.excluded_steps),
             "batch_size": self.batch_size * job.trainers,
             "steps": steps_done,
+            "epochs": None if cfg.data == "synthetic" else cfg.passes,
+            "epoch_steps": list(self.epochs.lengths),
             "first_step": self.start_step,
             "resumed_from_step": self.resumed_from,
             "last_step": self.step,
@@ -331,11 +346,32 @@ def _device(j: int, job: Job) -> torch.device:
     return device
 
 
-def _steps_left(cfg: TrainConfig, job: Job, state: dict[str, Any], start_step: int) -> int:
+def _planned_steps(cfg: TrainConfig, job: Job, epochs: Epochs, start_step: int) -> int | None:
+    """The steps this run will train: ``--steps``, else (data files) the epochs left at the counted rows' steps per
+    epoch, an estimate: an epoch ends when the first trainer runs out (None when the rows were not counted)."""
+    if cfg.steps is not None:
+        return cfg.steps
+    if not cfg.data_rows:
+        return None
+    per_epoch = cfg.data_rows // (job.trainers * trainer_batch_size(cfg, job.spec, job.trainers))
+    epoch, within = epochs.position(start_step)
+    return max(0, (cfg.passes - epoch) * per_epoch - within)
+
+
+def _steps_left(cfg: TrainConfig, job: Job, state: dict[str, Any], start_step: int, epochs: Epochs) -> int | None:
     """The steps a resumed run trains: ``--steps`` is the job's total, so that the same command, run again after a
     crash, trains what was asked; after a torchrun restart, the run goes on to the step its first attempt was to
-    reach (the same total)."""
-    target = int(state.get("target_step", cfg.steps)) if job.restarted else cfg.steps
+    reach (the same total). Without ``--steps`` (data files), it trains to the end of ``--epochs``."""
+    if cfg.steps is None and not (job.restarted and state.get("target_step") is not None):
+        epoch, _ = epochs.position(start_step)
+        if epoch >= cfg.passes:
+            raise PlannerError(
+                f"--resume: the newest checkpoint (step {start_step:,}) ends epoch {epoch}, which the job's "
+                f"--epochs {cfg.passes} already reaches",
+                fixes=(f"pass --epochs above {epoch} to train on",),
+            )
+        return None
+    target = int(state.get("target_step") or cfg.steps or 0) if job.restarted else int(cfg.steps or 0)
     if target <= start_step:
         raise PlannerError(
             f"--resume: the newest checkpoint is at step {start_step:,}, which the job's --steps {target:,} "

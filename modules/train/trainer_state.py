@@ -31,6 +31,7 @@ from persia_planner.modules.train.loop import dense_state_dict
 from persia_planner.plan.plan import placement_to_dict
 
 if TYPE_CHECKING:
+    from persia_planner.modules.train.batch_stream import Epochs
     from persia_planner.modules.train.job import Job
 
 __all__ = [
@@ -177,7 +178,11 @@ def data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, A
         "seed": cfg.seed,
     }
     if cfg.data != "synthetic":  # a file source's batch order depends on how many workers read each trainer's shards
-        layout["data_workers"] = cfg.data_workers
+        layout |= {
+            "data_workers": cfg.data_workers,
+            "shuffle_buffer": cfg.shuffle_buffer,  # and on the shuffle, and on which rows are held out
+            "eval_split": cfg.held_out_share,
+        }
     return layout
 
 
@@ -251,7 +256,9 @@ class Saver:
         model, hybrid, opt, client: What the checkpoint holds (and the PS client of trainer 0).
         layout: The data layout (:func:`data_layout`).
         lineage: The lineage the checkpoints continue (:mod:`persia_planner.modules.train.job_checkpoints`).
-        target_step: The global step the run is to reach (a restarted torchrun attempt trains on to it).
+        target_step: The global step the run is to reach (a restarted torchrun attempt trains on to it); None: the
+            end of its epochs.
+        epochs: The data stream's epochs so far: each checkpoint records their lengths, where a resume finds its place.
     """
 
     def __init__(
@@ -265,13 +272,15 @@ class Saver:
         layout: dict[str, Any],
         lineage: str,
         *,
-        target_step: int,
+        target_step: int | None,
+        epochs: Epochs | None = None,
     ) -> None:
         self.root, self.job, self.model, self.hybrid, self.opt, self.client = root, job, model, hybrid, opt, client
         # The hyper-parameters ride along for whoever reads the checkpoint; resuming does not compare them.
         hyper = hyper_parameters(job.cfg, job.spec, job.trainers)
         self.layout = layout | {"target_step": target_step, "hyper_parameters": hyper}
         self.lineage = lineage
+        self.epochs = epochs
         self.plan = {name: placement_to_dict(p) for name, p in job.tables.items()}
         self.last: Checkpoint | None = None
         self.last_step: int | None = None
@@ -291,7 +300,7 @@ class Saver:
                 hybrid=self.hybrid,
                 opt=self.opt,
                 client=self.client,
-                layout=self.layout,
+                layout=self.layout | {"epoch_lengths": list(self.epochs.lengths) if self.epochs else []},
                 lineage=self.lineage,
                 plan=self.plan,
                 world={"trainers": self.job.trainers, "servers": self.job.servers},

@@ -74,13 +74,42 @@ StalenessOption = Annotated[
 ModeOption = Annotated[str, typer.Option("--mode", help="hybrid (PS tables async, staleness K) or sync (K = 0)")]
 
 StepsOption = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--steps",
         min=1,
-        help="the job's training steps per trainer; with --resume the total too: a job resumed at step 50 with "
-        "--steps 400 trains 350 more",
+        help="the job's training steps per trainer (synthetic data: default 400; data files: at most this many, "
+        "default every step of --epochs); with --resume the total too: a job resumed at step 50 with --steps 400 "
+        "trains 350 more",
     ),
+]
+
+EpochsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--epochs",
+        min=1,
+        help="data files: passes over the training rows (default 1), each in its own seeded order: the files' "
+        "blocks dealt anew to the trainers, the rows shuffled within --shuffle-buffer",
+    ),
+]
+
+EvalSplitOption = Annotated[
+    float | None,
+    typer.Option(
+        "--eval-split",
+        help="data files: the share of rows held out for validation, by a hash of each row (never trained on; "
+        "default 0.05 without --eval-data)",
+    ),
+]
+
+EvalDataOption = Annotated[
+    str | None,
+    typer.Option("--eval-data", help="validation files, as --data names them (KIND:PATH, the same kind and schema)"),
+]
+
+ShuffleBufferOption = Annotated[
+    int, typer.Option("--shuffle-buffer", min=0, help="data files: rows each reader shuffles together (0: none)")
 ]
 
 BatchSizeOption = Annotated[
@@ -204,7 +233,11 @@ def train_command(
     data_workers: DataWorkersOption = 0,
     staleness: StalenessOption = None,
     mode: ModeOption = "hybrid",
-    steps: StepsOption = 400,
+    steps: StepsOption = None,
+    epochs: EpochsOption = None,
+    eval_split: EvalSplitOption = None,
+    eval_data: EvalDataOption = None,
+    shuffle_buffer: ShuffleBufferOption = 65_536,
     batch_size: BatchSizeOption = None,
     dense_lr: DenseLrOption = None,
     dense_optimizer: DenseOptimizerOption = None,
@@ -236,7 +269,8 @@ def train_command(
     """
     from persia_planner import load_model, load_topology
     from persia_planner import plan as make_plan
-    from persia_planner.model.specs import DType, load_data_schema, with_run_options
+    from persia_planner.model.data_schema import load_data_schema
+    from persia_planner.model.specs import DType, with_run_options
     from persia_planner.modules.train.config import TrainConfig
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
     from persia_planner.plan.plan import load_plan
@@ -259,6 +293,10 @@ def train_command(
         # answered at once, as `persia plan` answers.
         cfg = TrainConfig(
             steps=steps,
+            epochs=epochs,
+            eval_split=eval_split,
+            eval_data=eval_data,
+            shuffle_buffer=shuffle_buffer,
             batch_size=batch_size,
             staleness=planned.staleness if staleness is None else staleness,
             mode=mode,
@@ -300,7 +338,7 @@ def train_command(
         cfg = _checked_start(cfg, model_spec, the_plan, topo, node_host)
         result = _run(cfg, model_spec, the_plan, topo, node_host)
         if result is not None:  # None: a torchrun process other than the first trainer
-            _report(result, the_plan, cfg, as_json=as_json)
+            _report(result, the_plan, _predicted_terms(model_spec, topo, the_plan), cfg, as_json=as_json)
     if "TORCHELASTIC_RUN_ID" in os.environ:
         # A torchrun worker ends right after the trainers' last gloo collective: finalizing the interpreter then can
         # abort it (SIGABRT, see exit_now), which torchrun reports as a failed job.
@@ -309,12 +347,22 @@ def train_command(
         exit_now(0)
 
 
-def _report(result: dict[str, Any], the_plan: Plan, cfg: TrainConfig, *, as_json: bool) -> None:
-    """Print the run's summary (and write it to ``--log-dir``) with what the plan was priced for."""
+def _predicted_terms(model: ModelSpec, topology: Topology, the_plan: Plan) -> dict[str, float]:
+    """The cost model's parts of the plan's step on its slowest GPU (ms), beside which a run shows its measured ones."""
+    from persia_planner.cost.analytic import CostModel
+
+    return CostModel(model, topology).evaluate(the_plan.tables)[0].slowest_gpu_terms()
+
+
+def _report(
+    result: dict[str, Any], the_plan: Plan, predicted: dict[str, float], cfg: TrainConfig, *, as_json: bool
+) -> None:
+    """Print the run's summary (and write it to ``--log-dir``) with what the plan was priced for and predicted."""
     result.pop("history", None)
     result["plan_staleness"] = the_plan.staleness
     result["plan_ps_wire_dtype"] = None if the_plan.ps_wire_dtype is None else the_plan.ps_wire_dtype.value
     result["plan_step_ms"] = the_plan.step_ms
+    result["plan_step_terms_ms"] = predicted
     if cfg.log_dir:  # summary.json is what --json prints, what the plan was priced for included
         from persia_planner.modules.train.metrics_log import write_summary
 
@@ -345,8 +393,7 @@ def _checked_start(
             "--node-host (or PERSIA_HOST) is set but this is not a torchrun process",
             fixes=("launch with torchrun", "unset PERSIA_HOST to train on this machine"),
         )
-    check_before_start(cfg, model, with_ps=with_ps)
-    return cfg
+    return check_before_start(cfg, model, with_ps=with_ps)
 
 
 def _run(

@@ -134,3 +134,10 @@ class Estimate:
     host_nic_ms: np.ndarray
     server_ms: np.ndarray
     samples_per_s: float
+
+    def slowest_gpu_terms(self) -> dict[str, float]:
+        """The parts of the slowest GPU's step (ms), named as a run's measured step breakdown names them:
+        ``embedding``, ``all_to_all``, ``dense``, ``all_reduce`` and ``ps`` (the parameter servers' share)."""
+        g = int(np.argmax(self.per_gpu["step"]))
+        names = {"emb": "embedding", "a2a": "all_to_all", "dense": "dense", "allreduce": "all_reduce", "async": "ps"}
+        return {name: float(self.per_gpu[key][g]) for key, name in names.items() if key in self.per_gpu}

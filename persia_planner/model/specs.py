@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import ErrorKind, PlannerError, SpecError, abbreviate
-from persia_planner.fields import Fields, load_document, load_yaml
+from persia_planner.fields import Fields, load_document
 from persia_planner.limits import (
     MAX_BATCH_SIZE,
     MAX_DIM,
@@ -28,6 +28,7 @@ from persia_planner.model.constraints import (
     from_parameter_constraints,
     read_constraints,
 )
+from persia_planner.model.data_schema import DataSchema, read_data_schema
 from persia_planner.model.dense import DLRM_BOTTOM, DLRM_NUM_DENSE, DLRM_TOP, DenseArch, DenseSpec, read_dense
 from persia_planner.units import Quantity
 
@@ -39,17 +40,13 @@ __all__ = [
     "DLRM_BOTTOM",
     "DLRM_TOP",
     "DType",
-    "DataSchema",
     "DenseArch",
     "DenseSpec",
     "ModelSpec",
     "Optimizer",
-    "SparseColumn",
     "TableConstraints",
     "TableSpec",
-    "load_data_schema",
     "load_model",
-    "read_data_schema",
     "with_run_options",
 ]
 
@@ -273,7 +270,7 @@ class ModelSpec:
             raise top.error("tables", "the model has no tables", fixes=("add at least one table",))
         data = read_data_schema(top.sub("data", default=None))
         # A tabular model's dense inputs are its data's dense columns: the arch (and its price) reads them.
-        inputs = len(data.dense) if data is not None and data.dense else DLRM_NUM_DENSE
+        inputs = data.num_inputs if data is not None else DLRM_NUM_DENSE
         dense = read_dense(top.sub("dense", default=None), {t.dim for t in tables}, len(tables), inputs)
         top.finish()
         return cls(name, batch_size, tuple(tables), dense, dtype, staleness, data=data, ps_wire_dtype=wire)
@@ -422,117 +419,3 @@ def load_model(path: str | Path) -> ModelSpec:
     """
     data, source = load_document(path, "see formats.md for the model.yaml keys")
     return ModelSpec.from_dict(data, Path(source).name)
-
-
-# ---- data: which columns of a click log feed the model ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SparseColumn:
-    """One sparse feature of a click log.
-
-    Attributes:
-        feature: The feature's name in the schema.
-        column: The file's column holding its ids: strings or integers, or lists of them (multi-hot).
-        table: The table it feeds (the feature's name unless given); the batches' KJT key.
-        separator: CSV multi-hot: the ids of a cell are separated by this string (None: one id per cell).
-    """
-
-    feature: str
-    column: str
-    table: str
-    separator: str | None = None
-
-
-@dataclass(frozen=True)
-class DataSchema:
-    """How the columns of a Parquet or CSV click log map to a training batch (model.yaml's ``data:``, or
-    ``persia train --schema FILE``).
-
-    Attributes:
-        label: The 0/1 click column.
-        dense: The float columns of the dense features, in order (a missing value reads as 0).
-        sparse: The sparse features, each feeding one table.
-        source: The file the schema was read from (named by errors).
-    """
-
-    label: str
-    dense: tuple[str, ...]
-    sparse: tuple[SparseColumn, ...]
-    source: str = "model.yaml"
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """Every column the schema reads, each once, label first."""
-        return tuple(dict.fromkeys((self.label, *self.dense, *(s.column for s in self.sparse))))
-
-    @property
-    def tables(self) -> tuple[str, ...]:
-        """The tables fed, in the schema's order (the batches' KJT keys)."""
-        return tuple(s.table for s in self.sparse)
-
-
-def read_data_schema(fields: Fields | None) -> DataSchema | None:
-    """The ``data:`` mapping as a :class:`DataSchema` (None when absent); errors name the file and key path."""
-    if fields is None:
-        return None
-    label = fields.take_str("label")
-    dense_value = fields.take("dense", default=[])
-    if not isinstance(dense_value, list) or not all(isinstance(c, str) and c for c in dense_value):
-        raise fields.error("dense", f"expected a list of column names, got {abbreviate(dense_value)}")
-    for i, column in enumerate(dense_value):
-        fields.refuse_unprintable(f"dense[{i}]", column)
-    sparse_fields = fields.sub("sparse")
-    assert sparse_fields is not None
-    sparse: list[SparseColumn] = []
-    for feature in list(sparse_fields.data):
-        if not isinstance(feature, str) or not feature:
-            raise sparse_fields.error(str(feature), "a feature name must be a non-empty string")
-        sparse_fields.refuse_unprintable(feature, feature)
-        value = sparse_fields.take(feature)
-        if isinstance(value, str):
-            sparse.append(SparseColumn(feature, value, feature))
-            continue
-        item = sparse_fields.sub(feature)
-        assert item is not None
-        column = item.take_str("column")
-        table = item.take_str("table", default=feature)
-        separator = item.take_str("separator", default=None)
-        item.finish()
-        if separator == "":
-            raise item.error("separator", "is empty", fixes=("give the string between ids, e.g. '|'",))
-        sparse.append(SparseColumn(feature, column, table, separator))
-    sparse_fields.finish()
-    fields.finish()
-    if not sparse:
-        raise fields.error("sparse", "no sparse feature", fixes=("map each table to the column of its ids",))
-    seen: dict[str, str] = {}
-    for s in sparse:
-        if s.table in seen:
-            raise sparse_fields.error(
-                s.feature, f"feeds table {s.table!r}, which {seen[s.table]} feeds already", ("one feature per table",)
-            )
-        seen[s.table] = s.feature
-    for name, column in (("label", label), *((f"dense {c!r}", c) for c in dense_value)):
-        if column in {s.column for s in sparse}:
-            raise fields.error("sparse", f"column {column!r} is the {name} column too", ("map it once",))
-    if label in dense_value:
-        raise fields.error("dense", f"column {label!r} is the label", fixes=("remove it from dense",))
-    return DataSchema(label, tuple(dense_value), tuple(sparse), fields.source)
-
-
-def load_data_schema(path: str | Path) -> DataSchema:
-    """A schema file (``persia train --schema FILE``): the ``data:`` mapping of model.yaml, at the top level or
-    under ``data:``.
-
-    Raises:
-        SpecError: Malformed YAML, a missing or unknown key; the message names the file and key path.
-    """
-    data, source = load_yaml(path)
-    name = Path(source).name
-    if isinstance(data, Mapping) and set(data) == {"data"}:
-        schema = read_data_schema(Fields(data, name, "").sub("data"))
-    else:
-        schema = read_data_schema(Fields(data if data is not None else {}, name, ""))
-    assert schema is not None
-    return schema
