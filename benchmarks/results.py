@@ -54,6 +54,14 @@ HEADLINES = {
     ),
     "optimality": ("within_2pct_share", "worst_gap", "median_bound_over_optimum"),
     "fuzz": ("examples", "failed"),
+    "vs_logistic": (
+        "lr_auc",
+        "sync_auc",
+        "hybrid_auc",
+        "sync_minus_lr",
+        "hybrid_minus_lr",
+        "pass",
+    ),
     "vs_torchrec": (
         "min_ratio",
         "median_ratio",
