@@ -18,6 +18,7 @@ from persia_planner.errors import PlannerError
 
 __all__ = [
     "INSTALL_FIXES",
+    "PROFILE_STACK",
     "PS_STACK",
     "TRAINING_STACK",
     "StackPackage",
@@ -53,6 +54,12 @@ TRAINING_STACK: tuple[StackPackage, ...] = (
     StackPackage("pyarrow", "pyarrow"),
 )
 """What ``persia train`` and ``persia calibrate`` import (pyproject.toml's ``train`` extra)."""
+
+PROFILE_STACK: tuple[StackPackage, ...] = (
+    StackPackage("pyarrow", "pyarrow"),
+    StackPackage("datasketches", "datasketches"),
+)
+"""What ``persia data profile`` imports: pyarrow reads the log, DataSketches counts its distinct ids."""
 
 PS_STACK: tuple[StackPackage, ...] = (StackPackage("torch", "torch"),)
 """What ``persia ps`` imports: a parameter server runs on torch.distributed.rpc alone."""

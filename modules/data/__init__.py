@@ -35,7 +35,7 @@ _HOMES = {
     "Teacher": "persia_planner.modules.data.synthetic",
     "as_batch": "persia_planner.modules.data.batch",
     "as_batches": "persia_planner.modules.data.batch",
-    "hash_ids": "persia_planner.modules.data.tabular",
+    "hash_ids": "persia_planner.modules.data.ids",
     "teacher_auc": "persia_planner.modules.data.synthetic",
     "to_criteo": "persia_planner.modules.data.synthetic",
     "write_criteo": "persia_planner.modules.data.criteo_format",

@@ -29,6 +29,7 @@ from persia_planner.cli.app import (
     refuse_overwriting,
     write_file,
 )
+from persia_planner.cli.data import data_app
 from persia_planner.cli.train import train_command
 from persia_planner.errors import PlannerError
 from persia_planner.limits import MAX_STALENESS
@@ -309,6 +310,7 @@ def ps_command(
 
 
 app.command("train")(train_command)
+app.add_typer(data_app, name="data")
 
 
 @app.command("calibrate")
