@@ -6,7 +6,8 @@ dense part is wrapped in ``DistributedDataParallel`` (gloo on CPU, nccl on CUDA)
 separate: the sparse one is fused into fbgemm (local tables) or applied by the servers (PS tables); the dense one is a
 ``torch.optim`` optimizer over the dense parameters only.
 
-:func:`train_local` spawns the servers and trainers on this machine (:func:`.ps.launch.local_cluster`);
+:func:`train_local` spawns the servers and trainers on this machine (:func:`.ps.launch.local_cluster`), and
+:func:`run_trainers` does the same for a training function of one's own;
 :func:`train_torchrun` is the same job under ``torchrun`` on several machines: each node is one or more topology
 hosts, and runs their servers and trainers (:func:`persia_planner.topology.torchrun_nodes.process_role`). Each trainer
 reads its own share of the data: batch ``b`` of the stream goes to trainer ``b mod trainers``.
@@ -39,7 +40,7 @@ from persia_planner.modules.train.config import (
     check_before_start,
     sparse_optimizer_of,
 )
-from persia_planner.modules.train.job import Job
+from persia_planner.modules.train.job import Job, trainers_group
 from persia_planner.modules.train.metrics_log import write_summary
 from persia_planner.modules.train.torchrun_start import torchrun_start
 from persia_planner.modules.train.trainer import run_trainer
@@ -54,7 +55,7 @@ from persia_planner.plan.executability import check_executable
 from persia_planner.topology.graph import Topology
 from persia_planner.topology.torchrun_nodes import ProcessKind, node_hosts, node_roles
 
-__all__ = ["FINAL_CHECKPOINT_WAIT_S", "PS_REQUEST_TIMEOUT_S", "train_local", "train_torchrun"]
+__all__ = ["FINAL_CHECKPOINT_WAIT_S", "PS_REQUEST_TIMEOUT_S", "run_trainers", "train_local", "train_torchrun"]
 
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,67 @@ def train_torchrun(
                 fixes=("see torchrun's summary for the rank that failed first",),
                 kind=ErrorKind.UNAVAILABLE,
             ) from None
+
+
+def run_trainers(
+    fn: Callable[..., Any],
+    *args: Any,
+    trainers: int = 2,
+    servers: int = 0,
+    per_host: int | None = None,
+    ps_delay_ms: float = 0.0,
+    ps_wire_dtype: torch.dtype = torch.float32,
+    run_timeout_s: float = 3600.0,
+    log_dir: str | None = None,
+) -> list[Any]:
+    """Run your own training function in ``trainers`` processes on this machine, with ``servers`` parameter
+    servers: ``fn(rank, client, *args)`` runs in each trainer as rank ``rank`` of the trainers' process group
+    (gloo, rendezvous hosted by this process), with ``client`` its
+    :class:`~persia_planner.modules.ps.client.PsClient` (None without servers); returns each trainer's return value,
+    by rank. In ``fn``, build a :class:`~persia_planner.modules.embedding.hybrid.HybridEmbeddingBagCollection` on
+    ``client`` and shard it with :func:`~persia_planner.modules.embedding.model_parallel.distribute`, as
+    ``persia train`` does for its DLRM.
+
+    ``fn`` and ``args`` travel to the trainers by pickle: ``fn`` is a module-level function of an importable module
+    (a script's functions count when the script guards its top level with ``if __name__ == "__main__":``).
+
+    Args:
+        fn: The trainer's body; its return value must be picklable.
+        *args: Passed on to ``fn`` after ``rank`` and ``client``.
+        trainers: Trainer processes.
+        servers: Parameter-server processes (0: none).
+        per_host: Trainers per host, for TorchRec's grid shardings (``LOCAL_WORLD_SIZE``); None: the environment's.
+        ps_delay_ms: Added to every PS call (a stand-in for a slow network).
+        ps_wire_dtype: The dtype rows and gradients travel in to and from the servers.
+        run_timeout_s: Give up, and stop every process, when the trainers have not all returned by then.
+        log_dir: Also write one log file per process there.
+
+    Raises:
+        TrainerError: A trainer failed (the first failure, named), or the run timed out.
+    """
+    from persia_planner.modules.ps.launch import local_cluster
+
+    return local_cluster(
+        servers,
+        trainers,
+        _in_trainers_group,
+        fn,
+        trainers,
+        per_host,
+        args,
+        delay_ms=ps_delay_ms,
+        wire_dtype=ps_wire_dtype,
+        timeout_s=PS_REQUEST_TIMEOUT_S,
+        run_timeout_s=run_timeout_s,
+        log_dir=log_dir,
+    )
+
+
+def _in_trainers_group(
+    j: int, client: Any, fn: Callable[..., Any], trainers: int, per_host: int | None, args: tuple[Any, ...]
+) -> Any:
+    with trainers_group(j, trainers, per_host=per_host):
+        return fn(j, client, *args)
 
 
 def _finished(result: dict[str, Any] | None, world: int, cfg: TrainConfig) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from persia_planner.modules.train.config import TrainConfig
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.topology.graph import Topology
 
-__all__ = ["TRAINER_GROUP_TIMEOUT", "Job", "trainer_group"]
+__all__ = ["TRAINER_GROUP_TIMEOUT", "Job", "trainer_group", "trainers_group"]
 
 TRAINER_GROUP_TIMEOUT = datetime.timedelta(seconds=300)
 """How long the trainers' collectives (and their rendezvous) wait for each other."""
@@ -74,14 +74,29 @@ def trainer_group(j: int, job: Job, *, nodes_from_topology: bool = True, backend
         backend: The group's backend: gloo carries the CPU collectives (ids, lockstep, metrics); ``"cpu:gloo,
             cuda:nccl"`` lets nccl carry TorchRec's all-to-alls and DDP's on CUDA.
     """
+    per_host = len(job.topology.trainers[0].gpus) if nodes_from_topology else None
+    with trainers_group(j, job.trainers, per_host=per_host, backend=backend):
+        yield
+
+
+@contextlib.contextmanager
+def trainers_group(j: int, trainers: int, *, per_host: int | None = None, backend: str = "gloo") -> Iterator[None]:
+    """In the block, this process is rank ``j`` of the ``trainers`` trainers' process group, which rendezvous in the
+    job's store (:func:`persia_planner.modules.ps.launch.trainers_store`: a :func:`.engine.run_trainers` or
+    ``persia train`` process, or torchrun's).
+
+    Args:
+        j: The trainer's rank.
+        trainers: The trainers in the group.
+        per_host: Trainers per host, which TorchRec reads as ``LOCAL_WORLD_SIZE`` (table-row-wise and grid shardings
+            group ranks by host); None: what the environment says.
+        backend: The group's backend (see :func:`trainer_group`).
+    """
     quiet_trainer()
     torch.set_num_threads(1)
-    if nodes_from_topology:
-        per_host = len(job.topology.trainers[0].gpus)
+    if per_host is not None:
         os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(per_host), str(j % per_host)
-    dist.init_process_group(
-        backend, store=trainers_store(), rank=j, world_size=job.trainers, timeout=TRAINER_GROUP_TIMEOUT
-    )
+    dist.init_process_group(backend, store=trainers_store(), rank=j, world_size=trainers, timeout=TRAINER_GROUP_TIMEOUT)
     try:
         yield
     finally:
