@@ -178,29 +178,20 @@ def file_reader(
         # The local launcher starts trainers as daemonic processes, which multiprocessing forbids to have children.
         # A DataLoader's workers watch their trainer and end with it, so the trainer may start them.
         multiprocessing.current_process().daemon = False
+    # Full batches only: a trainer's last partial batch would be a step of another size than the others'.
+    common: dict[str, Any] = {
+        "batch_size": batch_size,
+        "num_workers": cfg.data_workers,
+        "drop_last": True,
+        "rank": rank,
+        "world": world,
+        "reading": reading,
+    }
     if source.kind is DataKind.CRITEO:
-        return CriteoReader(
-            files,
-            batch_size=batch_size,
-            num_workers=cfg.data_workers,
-            drop_last=True,
-            rank=rank,
-            world=world,
-            reading=reading,
-        )
+        return CriteoReader(files, **common)
     schema = data_schema(spec, cfg)
     assert schema is not None  # config.check_data_matches
-    return TabularReader(
-        files,
-        schema,
-        fmt=source.kind.value,
-        batch_size=batch_size,
-        num_workers=cfg.data_workers,
-        rank=rank,
-        world=world,
-        drop_last=True,
-        reading=reading,
-    )
+    return TabularReader(files, schema, fmt=source.kind.value, **common)
 
 
 def lockstep(batches: Iterable[Batch]) -> Iterator[Batch]:
