@@ -480,6 +480,6 @@ def test_parquet_rows_fewer_than_a_batch_per_trainer_are_refused_before_the_star
     result = persia("train", "--data", f"parquet:{data}", "--schema", schema, "--batch-size", 1000, timeout=60)
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
-        f"error: {data}: 20 rows hold no full batch of 1,000 samples for each of 2 trainers; fix: use a smaller "
-        "--batch-size, fewer --trainers or more data\n"
+        f"error: parquet:{data}: 20 rows, 19 of them for training, hold no full batch of 1,000 samples for each of "
+        "2 trainers (2,000 rows a step); fix: use a smaller --batch-size, fewer --trainers or more data\n"
     )

@@ -222,7 +222,7 @@ def test_cli_refuses_before_training_and_reports_trainer_errors_in_one_line(tmp_
     assert line.removeprefix("error: ").split(";")[0] in (logs / "launcher.log").read_text()
 
 
-OPTS = ["--eval-batches", "2", "--eval-split", "0.2", "--json", "--staleness", "2", "--batch-size", "256"]
+OPTS = ["--eval-batches", "2", "--json", "--staleness", "2", "--batch-size", "256"]
 FP16 = ["--ps-wire", "float16"]  # the half-size wire of a multi-machine run, exercised end to end
 
 
@@ -235,7 +235,18 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
     to_criteo(SyntheticClicks(teacher, batch_size=256, num_batches=24, seed=3), tmp_path / "day_0")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
-        [*PERSIA, "train", "--data", f"criteo:{tmp_path / 'day_0'}", "--steps", "8", *FP16, *OPTS],
+        [
+            *PERSIA,
+            "train",
+            "--data",
+            f"criteo:{tmp_path / 'day_0'}",
+            "--eval-split",
+            "0.2",
+            "--steps",
+            "8",
+            *FP16,
+            *OPTS,
+        ],
         capture_output=True,
         text=True,
         timeout=600,
