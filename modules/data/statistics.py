@@ -2,8 +2,8 @@
 mean and standard deviation (after its clip and log1p), measured the same way on every trainer.
 
 Every trainer reads the same first rows of the training side of the split, in file order, so that each arrives at
-the same statistics without exchanging a message, before its first step; evaluation and prediction reuse them (the
-run's summary and checkpoints record them with the hyper-parameters).
+the same statistics without exchanging a message, before its first step; evaluation reuses them, and the run's
+summary and checkpoints record them with the hyper-parameters.
 """
 
 from __future__ import annotations

@@ -506,7 +506,7 @@ def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[s
         "eval_every": cfg.eval_every,
         "staleness": cfg.effective_staleness,
         "dense_arch": dense_arch(spec, cfg).to_dict(),
-        **({"data_transforms": transforms} if transforms else {}),  # what prediction must apply alike
+        **({"data_transforms": transforms} if transforms else {}),  # what scoring other rows must apply alike
     }
 
 

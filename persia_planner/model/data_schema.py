@@ -1,11 +1,10 @@
 """Which columns of a click log feed the model (model.yaml's ``data:``, or ``persia train --schema FILE``): the label,
 the dense columns with the transforms declared for them, and the sparse features, each feeding one table.
 
-A dense column's transforms apply in a fixed order, the same in training, evaluation and prediction: ``clip: [LO,
-HI]``, then ``log1p`` (signed: ``sign(x) * log(1 + |x|)``, so negative values stay finite), then ``standardize``
-(minus the mean, over the standard deviation, both from a first pass over the training rows: see
-:meth:`DenseTransform.with_statistics`). Without dense columns, the model reads one constant 0: the bottom MLP learns
-a bias vector, a sparse-only DLRM or DCN.
+A dense column's transforms apply in a fixed order, the same in training and evaluation: ``clip: [LO, HI]``, then
+``log1p`` (signed: ``sign(x) * log(1 + |x|)``, so negative values stay finite), then ``standardize`` (minus the mean,
+over the standard deviation, both from a first pass over the training rows: see :meth:`DenseTransform.with_statistics`).
+Without dense columns, the model reads one constant 0: the bottom MLP learns a bias vector, a sparse-only DLRM or DCN.
 """
 
 from __future__ import annotations
