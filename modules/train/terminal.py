@@ -23,7 +23,8 @@ def ema(xs: list[float], window: int = 20) -> float:
 
 
 def progress_bar(cfg: TrainConfig) -> Any:
-    """A ``rich`` progress bar of ``cfg.steps`` steps: loss, samples/s and staleness."""
+    """A ``rich`` progress bar of the run's steps (the planned count, an estimate on data files: the task's total):
+    loss, samples/s and staleness."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
