@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol, Self
 
@@ -235,8 +235,10 @@ class ShardStream(IterableDataset):
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         shuffle = self.shuffle
         rng = np.random.default_rng([*shuffle.seed, worker]) if shuffle is not None else None
-        # Rows are cut into batches once the buffer holds this many (a shuffle mixes the whole buffer first).
+        # Rows are cut into batches once the buffer holds this many. A shuffle mixes the whole buffer, then keeps half
+        # of it to mix with the rows that come next: each shuffle sends out at least half a buffer of rows.
         window = max(self.batch_size, shuffle.rows if shuffle is not None else 0)
+        keep = window // 2 if rng is not None else 0
         pending: list[Any] = []
         pending_rows = 0
         for shard in assign(self.shards, 0, 1, worker, workers):
@@ -250,25 +252,22 @@ class ShardStream(IterableDataset):
                 pending_rows += len(item)
                 if pending_rows < window:
                     continue
-                rows = type(item).concat(pending)
-                if rng is not None:
-                    rows = rows.take(rng.permutation(len(rows)))
-                # Without a shuffle every full batch leaves; with one, the buffer keeps all but a window's worth.
-                out = len(rows) - (window - self.batch_size if rng is not None else 0)
-                full = max(0, out) // self.batch_size * self.batch_size
-                for start in range(0, full, self.batch_size):
-                    yield rows.slice(start, start + self.batch_size)
-                rest = rows.slice(full, len(rows))
+                rest = yield from self._batches(type(item).concat(pending), rng, keep)
                 pending, pending_rows = ([rest] if len(rest) else []), len(rest)
         if pending_rows:
-            rows = type(pending[0]).concat(pending)
-            if rng is not None:
-                rows = rows.take(rng.permutation(len(rows)))
-            full = len(rows) // self.batch_size * self.batch_size
-            for start in range(0, full, self.batch_size):
-                yield rows.slice(start, start + self.batch_size)
-            if full < len(rows):
-                yield rows.slice(full, len(rows))  # this worker's partial batch; the main process merges them
+            rest = yield from self._batches(type(pending[0]).concat(pending), rng, 0)
+            if len(rest):
+                yield rest  # this worker's partial batch; the main process merges them
+
+    def _batches(self, rows: Any, rng: np.random.Generator | None, keep: int) -> Generator[Any, None, Any]:
+        """Yield ``rows`` (shuffled with ``rng``) as full batches, all but at least ``keep`` of them; return the
+        rest."""
+        if rng is not None:
+            rows = rows.take(rng.permutation(len(rows)))
+        full = max(0, len(rows) - keep) // self.batch_size * self.batch_size
+        for start in range(0, full, self.batch_size):
+            yield rows.slice(start, start + self.batch_size)
+        return rows.slice(full, len(rows))
 
 
 @dataclass(frozen=True)

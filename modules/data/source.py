@@ -12,9 +12,10 @@ from __future__ import annotations
 import enum
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from persia_planner.errors import PlannerError, SpecError, first_line
 from persia_planner.fields import require_file_or_directory
@@ -31,6 +32,9 @@ __all__ = [
     "parquet_footer",
     "parquet_row_groups",
 ]
+
+
+_T = TypeVar("_T")
 
 
 class DataKind(enum.StrEnum):
@@ -126,19 +130,28 @@ def count_rows(source: DataSource, files: list[str]) -> int:
     return sum(max(0, _lines_of(path) - header) for path in files)
 
 
+def _once_per_file_version(read: Callable[[str], _T]) -> Callable[[str], _T]:
+    """``read(path)``, computed once per version of the file (its size and modification time) in this process: the
+    CLI and the launcher both check the data, and the schema checks and the row count both read Parquet footers."""
+
+    @functools.cache
+    def cached(path: str, size: int, mtime_ns: int) -> _T:
+        return read(path)
+
+    @functools.wraps(read)
+    def versioned(path: str) -> _T:
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            raise SpecError(path, "", f"cannot read it ({err.strerror or err})") from None
+        return cached(path, st.st_size, st.st_mtime_ns)
+
+    return versioned
+
+
+@_once_per_file_version
 def _lines_of(path: str) -> int:
-    """:func:`_count_lines`, once per file version in this process (the CLI and the launcher both check the data)."""
-    try:
-        st = os.stat(path)
-    except OSError as err:
-        raise SpecError(path, "", f"cannot read it ({err.strerror or err})") from None
-    return _count_lines(path, st.st_size, st.st_mtime_ns)
-
-
-@functools.cache
-def _count_lines(path: str, size: int, mtime_ns: int) -> int:
-    """Lines of a text file (a last line without its newline counts), plain or gzip; ``size`` and ``mtime_ns`` key
-    the cache."""
+    """Lines of a text file (a last line without its newline counts), plain or gzip."""
     import gzip
 
     lines, last = 0, b"\n"
@@ -160,6 +173,7 @@ def parquet_row_groups(path: str) -> int:
     return parquet_footer(path)[0]
 
 
+@_once_per_file_version
 def parquet_footer(path: str) -> tuple[int, int]:
     """A Parquet file's row groups and rows, from its footer."""
     import pyarrow.parquet as pq

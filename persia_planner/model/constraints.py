@@ -55,9 +55,9 @@ class TableConstraints:
 
     def allows(self, sharding: Sharding, tier: Tier) -> bool:
         """Whether a placement of ``sharding`` on ``tier`` keeps the sharding-type and tier constraints (and is a pair
-        that runs at all: :func:`.tiers.tiers_of`)."""
+        that runs at all: the tier's :attr:`.TierSpec.shardings`)."""
         return (
-            tier in tiers_of(sharding)
+            sharding in tier.spec.shardings
             and (self.sharding_types is None or sharding in self.sharding_types)
             and (self.tiers is None or tier in self.tiers)
         )

@@ -106,7 +106,7 @@ class _Registry(type):
     """Iteration, length and membership of :class:`Tier` over the registered tiers."""
 
     def __iter__(cls) -> Iterator[Tier]:
-        return iter([Tier(name) for name in _SPECS])
+        return iter(list(Tier._members.values()))  # a copy: a tier registered meanwhile is not iterated
 
     def __len__(cls) -> int:
         return len(_SPECS)
