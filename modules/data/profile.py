@@ -60,8 +60,9 @@ class ColumnProfile:
     mean: float | None = None
     integral: bool = True
     separator: str | None = None
-    _sum: float = 0.0
+    _sum: float = 0.0  # of a numeric column's values
     _count: int = 0
+    _ids: int = 0  # of a multi-hot column's ids
     _sketch: Any = field(default=None, repr=False)
 
     @property
@@ -114,7 +115,7 @@ class DataProfile:
 
     def _pooling(self, column: str) -> float:
         col = self.column(column)
-        return col._sum / max(1, col.rows - col.missing)
+        return col._ids / max(1, col.rows - col.missing)
 
 
 def suggested_rows(distinct: float) -> int:
@@ -214,7 +215,7 @@ def _update(col: ColumnProfile, values: Any, *, text_ids: bool) -> None:
         if col.separator is not None:
             flat = pc.list_flatten(pc.split_pattern(present, col.separator))
             flat = flat.filter(pc.greater(pc.utf8_length(flat), 0))
-            col._sum += len(flat)
+            col._ids += len(flat)
             _sketch(col, hash_ids(flat))
             return
         _sketch(col, hash_ids(present))
@@ -222,7 +223,7 @@ def _update(col: ColumnProfile, values: Any, *, text_ids: bool) -> None:
     if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
         col.kind = "list"
         flat = pc.list_flatten(values)
-        col._sum += len(flat)
+        col._ids += len(flat)
         _sketch(col, hash_ids(flat.filter(flat.is_valid())))
         return
     present = values.filter(values.is_valid())
