@@ -40,6 +40,7 @@ from rich.table import Table
 from persia_planner import CapacityError, ModelSpec, Planner, SearchConfig, Topology, validate
 from persia_planner.bound import lower_bound
 from persia_planner.cost.analytic import CostModel
+from persia_planner.cost.terms import Layout
 from persia_planner.kinds import Sharding
 from persia_planner.placement.shards import TablePlacement, row_splittable
 from persia_planner.plan.plan import Plan, usage_of
@@ -151,7 +152,9 @@ def solve(
     step, has_ps = n_x + 2 * G, n_x + 2 * G + 1
     n = has_ps + 1
     L = np.array([cands[i][j].loads for i, j in index]).T  # resources x candidates
-    M = np.array([cands[i][j].mem for i, j in index]).T
+    # Memory in GiB: rows in bytes beside rows in ms leave HiGHS a badly scaled matrix, whose "optimum" it has
+    # returned above a feasible plan's step.
+    M = np.array([cands[i][j].mem for i, j in index]).T / GIB
     rows: list[np.ndarray] = []
     lo: list[float] = []
 
@@ -202,11 +205,11 @@ def solve(
     # non-increasing order of the HBM they hold (such hosts, of their GPUs' HBM and their DDR): only those are
     # searched, which leaves HiGHS one of the twins to prove optimal instead of all of them.
     hbm_rows = M[lay.hbm.start : lay.hbm.stop]
-    for a, b in _alike_pairs(cost):
+    for a, b in _alike_pairs(cost, cands):
         row = np.zeros(n)
         row[:n_x] = hbm_rows[a] - hbm_rows[b]
         at_least(row, 0.0)
-    for a, b in _alike_hosts(cost):
+    for a, b in _alike_hosts(cost, cands):
         row = np.zeros(n)
         row[:n_x] = M[lay.ddr.start + a] - M[lay.ddr.start + b]
         row[:n_x] += hbm_rows[cost.gpu_host == a].sum(axis=0) - hbm_rows[cost.gpu_host == b].sum(axis=0)
@@ -218,7 +221,7 @@ def solve(
     used = M[(M != 0).any(axis=1)]
     memory = np.zeros((len(used), n))
     memory[:, :n_x] = used
-    capacity = cost.capacities()[(M != 0).any(axis=1)] + 0.5
+    capacity = (cost.capacities()[(M != 0).any(axis=1)] + 0.5) / GIB
     constraints = [
         LinearConstraint(np.array(rows), np.array(lo), np.inf),
         LinearConstraint(one, 1.0, 1.0),
@@ -279,24 +282,64 @@ def _gpu_figures(cost: CostModel, g: int) -> tuple[float, ...]:
     )
 
 
-def _alike_pairs(cost: CostModel) -> list[tuple[int, int]]:
-    """Consecutive pairs (a, b) of interchangeable GPUs of one host."""
+def _alike_pairs(cost: CostModel, cands: list[list[Candidate]]) -> list[tuple[int, int]]:
+    """Consecutive pairs (a, b) of interchangeable GPUs of one host, whose swap maps every candidate to a
+    candidate."""
+    lay = cost.layout
     pairs = []
-    for h in range(cost.layout.n_hosts):
+    for h in range(lay.n_hosts):
         gpus = [int(g) for g in np.flatnonzero(cost.gpu_host == h)]
-        pairs += [(a, b) for a, b in itertools.pairwise(gpus) if _gpu_figures(cost, a) == _gpu_figures(cost, b)]
+        for a, b in itertools.pairwise(gpus):
+            if _gpu_figures(cost, a) == _gpu_figures(cost, b) and _closed(cands, *_swap(lay, [(a, b)], [])):
+                pairs.append((a, b))
     return pairs
 
 
-def _alike_hosts(cost: CostModel) -> list[tuple[int, int]]:
-    """Consecutive pairs (a, b) of interchangeable hosts: the same bandwidths, DDR and GPUs alike one for one."""
+def _alike_hosts(cost: CostModel, cands: list[list[Candidate]]) -> list[tuple[int, int]]:
+    """Consecutive pairs (a, b) of interchangeable hosts: the same bandwidths, DDR and GPUs alike one for one, and
+    their swap maps every candidate to a candidate."""
 
     def figures(h: int) -> tuple:
         gpus = np.flatnonzero(cost.gpu_host == h)
         ddr = float(cost.capacities()[cost.layout.ddr.start + h])
         return (float(cost.nic_bw[h]), float(cost.host_ddr_bw[h]), ddr, tuple(_gpu_figures(cost, g) for g in gpus))
 
-    return [(a, a + 1) for a in range(cost.layout.n_hosts - 1) if figures(a) == figures(a + 1)]
+    alike = []
+    for a in range(cost.layout.n_hosts - 1):
+        if figures(a) != figures(a + 1):
+            continue
+        gpus = zip(np.flatnonzero(cost.gpu_host == a), np.flatnonzero(cost.gpu_host == a + 1), strict=True)
+        if _closed(cands, *_swap(cost.layout, list(gpus), [(a, a + 1)])):
+            alike.append((a, a + 1))
+    return alike
+
+
+def _swap(lay: Layout, gpus: list[tuple[int, int]], hosts: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The index permutations of the load and the memory vector that swap those GPUs and hosts."""
+    load, mem = np.arange(lay.size), np.arange(lay.mem_size)
+    for pairs, load_slices, mem_slices in (
+        (gpus, (lay.emb, lay.nvlink, lay.pcie), (lay.hbm,)),
+        (hosts, (lay.host_ddr, lay.nic_sync, lay.nic_async), (lay.ddr,)),
+    ):
+        for a, b in pairs:
+            for perm, slices in ((load, load_slices), (mem, mem_slices)):
+                for s in slices:
+                    perm[[s.start + a, s.start + b]] = perm[[s.start + b, s.start + a]]
+    return load, mem
+
+
+def _closed(cands: list[list[Candidate]], load: np.ndarray, mem: np.ndarray) -> bool:
+    """Whether the swap maps each table's every candidate to one of its candidates. A row split that is not even
+    gives its first devices a row more, so its twin with those devices swapped is no candidate; a symmetry cut
+    there would drop plans that have no twin left (HiGHS then reports an "optimum" above the search's plan)."""
+    for cs in cands:
+        vectors = np.array([np.concatenate([c.loads, c.mem]) for c in cs])
+        twins = np.array([np.concatenate([c.loads[load], c.mem[mem]]) for c in cs])
+        scale = np.maximum(np.abs(vectors).max(axis=0), 1e-12)
+        close = np.abs(twins[:, None, :] - vectors[None, :, :]) <= 1e-9 * scale
+        if not close.all(axis=2).any(axis=1).all():
+            return False
+    return True
 
 
 @dataclass(frozen=True)
