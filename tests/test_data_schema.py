@@ -53,9 +53,21 @@ def test_no_dense_column_is_one_constant_input():
         ([{"column": "b", "log": True}], r"data.dense\[0\].log: unknown key"),
         ([{"clip": [0, 1]}], r"data.dense\[0\].column"),
         (["a", {"column": "a"}], r"data.dense: column 'a' is listed twice"),
+        ([{"column": "b", "mean": 1.0, "std": 2.0}], r"data.dense\[0\].mean: is a statistic of 'standardize: true'"),
+        ([{"column": "b", "standardize": True, "mean": 1.0}], r"data.dense\[0\].std: is missing beside 'mean'"),
+        ([{"column": "b", "standardize": True, "mean": 1, "std": 0}], r"data.dense\[0\].std: must be > 0"),
         ([3], r"data.dense\[0\]: expected a column name or a mapping with 'column:', got 3"),
     ],
 )
 def test_a_bad_dense_entry_names_its_key(dense, message):
     with pytest.raises(SpecError, match=message):
         schema_of(dense)
+
+
+def test_given_statistics_skip_the_first_pass_and_the_schema_writes_itself_back():
+    given = {"column": "c", "log1p": True, "standardize": True, "mean": 2.5, "std": 0.5}
+    schema = schema_of(["a", given])
+    assert schema.to_standardize == () and schema.transforms["c"] == DenseTransform(None, True, True, 2.5, 0.5)
+    written = schema.to_dict()
+    assert written["dense"] == ["a", given] and written["sparse"] == {"u": "user"}
+    assert schema_of(written["dense"]) == schema

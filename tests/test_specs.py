@@ -1,7 +1,9 @@
 import pytest
+import yaml
 
 from persia_planner import DType, ModelSpec, Optimizer, SpecError, load_model
 from persia_planner.model.specs import TableSpec
+from persia_planner.paths import EXAMPLE_MODEL
 
 BASE = {
     "name": "m",
@@ -160,3 +162,29 @@ def test_from_torchrec_keeps_each_tables_dtype_and_refuses_one_it_cannot_train()
         "EmbeddingBagConfig: q.data_type: 'int8' is not a trainable embedding dtype (fp32, fp16, bf16); "
         "fix: train the table in fp32, fp16 or bf16 and quantize it for inference"
     )
+
+
+def test_to_dict_is_read_back_as_an_equal_spec():
+    text = {
+        "name": "m",
+        "batch_size": 64,
+        "embedding_dtype": "fp16",
+        "staleness": 2,
+        "tables": [
+            {"name": "u", "rows": 1000, "dim": 16, "pooling_factor": 2.5, "zipf_alpha": 1.1},
+            {"name": "i", "rows": 50, "dim": 16, "embedding_dtype": "fp32", "optimizer": "sgd",
+             "constraints": {"sharding_types": ["table_wise"], "tiers": ["hbm", "ps"]}},
+        ],
+        "dense": {"arch": "dcn", "bottom": [32], "over": [16, 1], "dcn_layers": 2, "dcn_low_rank": 4},
+        "data": {
+            "label": "y",
+            "dense": [{"column": "age", "clip": [0, 99], "standardize": True, "mean": 30.0, "std": 9.0}],
+            "sparse": {"u": "user", "item": {"column": "items", "table": "i", "separator": "|"}},
+        },
+    }  # fmt: skip
+    for spec in (ModelSpec.from_dict(text), load_model(EXAMPLE_MODEL)):
+        written = yaml.safe_load(yaml.safe_dump(spec.to_dict(), sort_keys=False))  # the features keep their order
+        assert ModelSpec.from_dict(written) == spec
+    counts = ModelSpec.from_dict({"batch_size": 8, "tables": [{"name": "t", "rows": 9, "dim": 4}],
+                                  "dense": {"parameters": 1000, "flops_per_sample": 2e3}})  # fmt: skip
+    assert ModelSpec.from_dict(counts.to_dict()) == counts

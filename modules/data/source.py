@@ -29,6 +29,7 @@ __all__ = [
     "check_tabular",
     "count_rows",
     "csv_columns",
+    "file_columns",
     "parquet_footer",
     "parquet_row_groups",
 ]
@@ -213,6 +214,11 @@ def _named_once(path: str, fields: list[Any]) -> dict[str, Any]:
     return columns
 
 
+def file_columns(kind: DataKind, path: str) -> dict[str, Any]:
+    """A Parquet or CSV file's columns and their pyarrow types (a CSV's inferred from its first block)."""
+    return _parquet_columns(path) if kind is DataKind.PARQUET else csv_columns(path)
+
+
 def _parquet_columns(path: str) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
@@ -341,10 +347,10 @@ def _check_columns(path: str, columns: dict[str, Any], schema: DataSchema, *, id
             )
         return columns[column]
 
-    label = need(schema.label, "label")
-    if not _is_numeric(label):
+    label = need(schema.label, "label") if schema.label is not None else None
+    if label is not None and not _is_numeric(label):
         raise SpecError(
-            path, schema.label, f"the label column is {label}, not numeric 0/1", fixes=("write 0/1 labels",)
+            path, str(schema.label), f"the label column is {label}, not numeric 0/1", fixes=("write 0/1 labels",)
         )
     for column in schema.dense:
         t = need(column, "dense")

@@ -156,7 +156,7 @@ def to_block(table: Any, schema: DataSchema) -> TabularBlock:
     """A pyarrow RecordBatch or Table holding the schema's columns as a :class:`TabularBlock`.
 
     Raises:
-        _BadValue: A missing label, or one other than 0 and 1.
+        _BadValue: A missing label, or one other than 0 and 1 (a schema without a label reads NaN labels).
     """
     import pyarrow as pa
 
@@ -164,13 +164,16 @@ def to_block(table: Any, schema: DataSchema) -> TabularBlock:
         col = table.column(name)
         return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
-    label = column(schema.label)
-    if label.null_count:
-        raise _BadValue(schema.label, "a missing label")
-    labels = _floats(label)
-    bad = labels[(labels != 0) & (labels != 1)]
-    if bad.size:
-        raise _BadValue(schema.label, f"label {bad[0]:g}: labels are 0 or 1")
+    if schema.label is None:  # rows to score
+        labels = np.full(table.num_rows, np.nan, dtype=np.float32)
+    else:
+        label = column(schema.label)
+        if label.null_count:
+            raise _BadValue(schema.label, "a missing label")
+        labels = _floats(label)
+        bad = labels[(labels != 0) & (labels != 1)]
+        if bad.size:
+            raise _BadValue(schema.label, f"label {bad[0]:g}: labels are 0 or 1")
     # No dense column: one constant 0, which the dense arch reads as a sparse-only model's input.
     dense = np.zeros((len(labels), schema.num_inputs), dtype=np.float32)
     for j, name in enumerate(schema.dense):
@@ -224,7 +227,8 @@ class _ReadCsv:
             names = head.schema.names
         # Ids as strings whatever they look like: a chunk of "123"s and one with "abc" read alike.
         types = {s.column: pa.string() for s in self.schema.sparse}
-        types |= {c: pa.float32() for c in (self.schema.label, *self.schema.dense)}
+        label = () if self.schema.label is None else (self.schema.label,)
+        types |= {c: pa.float32() for c in (*label, *self.schema.dense)}
         convert = pcsv.ConvertOptions(
             column_types=types, include_columns=list(self.schema.columns), strings_can_be_null=True
         )

@@ -169,20 +169,22 @@ def file_reader(
     *,
     data: str | None = None,
     reading: DataPass | None = None,
+    drop_last: bool = True,
 ) -> Iterable[Batch]:
     """The full batches trainer ``rank`` of ``world`` reads from ``data``'s files (default ``cfg.data``; its shards
-    only) in the pass ``reading`` (default: every row, in file order)."""
+    only) in the pass ``reading`` (default: every row, in file order); the last partial one too without
+    ``drop_last``."""
     source = DataSource.parse(data or cfg.data)
     files = source.files()
     if cfg.data_workers and multiprocessing.current_process().daemon:
         # The local launcher starts trainers as daemonic processes, which multiprocessing forbids to have children.
         # A DataLoader's workers watch their trainer and end with it, so the trainer may start them.
         multiprocessing.current_process().daemon = False
-    # Full batches only: a trainer's last partial batch would be a step of another size than the others'.
+    # Full batches to train on: a trainer's last partial batch would be a step of another size than the others'.
     common: dict[str, Any] = {
         "batch_size": batch_size,
         "num_workers": cfg.data_workers,
-        "drop_last": True,
+        "drop_last": drop_last,
         "rank": rank,
         "world": world,
         "reading": reading,

@@ -7,6 +7,8 @@ Layout of ``--checkpoint DIR``::
         MANIFEST.json           written last: format, step, world, lineage, every other file with its size and sha256
         trainer.pt              dense model and optimizer, local tables and their optimizer state, RNG states, step
         plan.json               the placement every table ran with
+        model.yaml              the model as the run read its data (the columns, their measured statistics): what
+                                persia predict scores new rows with
         ps/                     the parameter servers' tables (:mod:`persia_planner.modules.ps.table_checkpoints`'s
         layout, one committed version)
       .step-000000600.tmp-1a2b  a checkpoint being written: renamed to step-000000600 once its manifest is in it
@@ -41,6 +43,7 @@ from persia_planner.modules.manifests import file_problem, file_record, remove_d
 __all__ = [
     "FORMAT",
     "MANIFEST",
+    "MODEL_FILE",
     "Checkpoint",
     "complete_checkpoints",
     "new_lineage",
@@ -54,6 +57,7 @@ __all__ = [
 
 FORMAT = "persia-checkpoint/1"
 MANIFEST = "MANIFEST.json"
+MODEL_FILE = "model.yaml"
 _STEP_RE = re.compile(r"^step-(\d{9,})$")
 _STAGING_RE = re.compile(r"^\.step-(\d{9,})\.tmp-[0-9a-f]+$")
 
@@ -166,10 +170,14 @@ def complete_checkpoints(root: str | os.PathLike[str]) -> list[Path]:
 
 
 def newest_complete(
-    root: str | os.PathLike[str], *, on_skip: Callable[[str], None] | None = None, checksums: bool = True
+    root: str | os.PathLike[str],
+    *,
+    on_skip: Callable[[str], None] | None = None,
+    checksums: bool = True,
+    option: str = "--resume",
 ) -> Checkpoint:
     """The newest checkpoint of ``root`` that :func:`verify` accepts; each newer one that it refuses is reported to
-    ``on_skip`` as one line, and skipped.
+    ``on_skip`` as one line, and skipped. ``option``: the command-line option the errors name.
 
     Raises:
         PlannerError: No checkpoint in ``root``, or none that is whole (the newest one's problem is named).
@@ -180,11 +188,11 @@ def newest_complete(
         legacy = root / "trainer.pt"
         if legacy.is_file():
             raise PlannerError(
-                f"--resume: {root} holds a checkpoint of an earlier version of persia train (trainer.pt at the top)",
+                f"{option}: {root} holds a checkpoint of an earlier version of persia train (trainer.pt at the top)",
                 fixes=("train from scratch into another directory",),
             )
         raise PlannerError(
-            f"--resume: no checkpoint in {root} (no step-* directory)",
+            f"{option}: no checkpoint in {root} (no step-* directory)",
             fixes=("train once with --checkpoint DIR first",),
         )
     first: PlannerError | None = None
@@ -197,8 +205,8 @@ def newest_complete(
                 on_skip(f"skipping checkpoint {path.name}: {err.message}")
     assert first is not None
     raise PlannerError(
-        f"--resume: no whole checkpoint in {root}; the newest: {first.message}",
-        fixes=("train from scratch without --resume",),
+        f"{option}: no whole checkpoint in {root}; the newest: {first.message}",
+        fixes=("train from scratch without --resume" if option == "--resume" else "point it at another checkpoint",),
     )
 
 

@@ -7,19 +7,28 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+import yaml
 from torch import nn
 
 from persia_planner.errors import PlannerError, first_line
 from persia_planner.model.specs import ModelSpec
-from persia_planner.modules.atomic import atomic_json, atomic_torch_save
+from persia_planner.modules.atomic import atomic_json, atomic_torch_save, atomic_write
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
-from persia_planner.modules.train.config import TrainConfig, data_identity, hyper_parameters, trainer_batch_size
+from persia_planner.modules.train.config import (
+    TrainConfig,
+    data_identity,
+    data_schema,
+    hyper_parameters,
+    trainer_batch_size,
+)
 from persia_planner.modules.train.job_checkpoints import (
+    MODEL_FILE,
     Checkpoint,
     newest_complete,
     prune,
@@ -84,10 +93,13 @@ def save_checkpoint(
     world: dict[str, int],
     keep: int,
     run_id: str | None = None,
+    spec: ModelSpec | None = None,
 ) -> Checkpoint | None:
     """Save the job's checkpoint of global step ``step`` into ``root`` (a collective: every trainer calls it, after
     the pushes of every step up to ``step`` are applied). Trainer 0 writes it into a staging directory (PS tables,
-    ``trainer.pt``, ``plan.json``), publishes it whole and prunes older ones; returns it there, None elsewhere."""
+    ``trainer.pt``, ``plan.json`` and, given ``spec``, the ``model.yaml`` that scores new rows as the run did:
+    :mod:`persia_planner.modules.train.prediction`), publishes it whole and prunes older ones; returns it there, None
+    elsewhere."""
     local = local_state(hybrid)  # gathers every trainer's shards
     rng = rng_states()
     published = None
@@ -96,6 +108,9 @@ def save_checkpoint(
         version = client.save(staging / "ps") if hybrid.ps is not None else None
         save_trainer_state(staging / TRAINER_STATE, step, model, local, opt, version, layout | {"rng": rng})
         atomic_json(plan, staging / "plan.json")
+        if spec is not None:
+            text = yaml.safe_dump(spec.to_dict(), sort_keys=False, width=120).encode()  # the features keep their order
+            atomic_write(staging / MODEL_FILE, lambda f: f.write(text))
         published = publish(staging, step=step, lineage=lineage, world=world, run_id=run_id)
         prune(root, published, keep)
     dist.barrier()  # nobody trains on (or ends) before the checkpoint is whole
@@ -282,6 +297,8 @@ class Saver:
         self.lineage = lineage
         self.epochs = epochs
         self.plan = {name: placement_to_dict(p) for name, p in job.tables.items()}
+        # The columns as this run read them (--schema's, else the model's), with the statistics it measured.
+        self.spec = replace(job.spec, data=data_schema(job.spec, job.cfg))
         self.last: Checkpoint | None = None
         self.last_step: int | None = None
 
@@ -306,6 +323,7 @@ class Saver:
                 world={"trainers": self.job.trainers, "servers": self.job.servers},
                 keep=self.job.cfg.keep,
                 run_id=os.environ.get("TORCHELASTIC_RUN_ID"),
+                spec=self.spec,
             )
             or self.last
         )

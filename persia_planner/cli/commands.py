@@ -30,6 +30,7 @@ from persia_planner.cli.app import (
     write_file,
 )
 from persia_planner.cli.data import data_app
+from persia_planner.cli.predict import predict_command
 from persia_planner.cli.train import train_command
 from persia_planner.errors import PlannerError
 from persia_planner.limits import MAX_STALENESS
@@ -310,6 +311,7 @@ def ps_command(
 
 
 app.command("train")(train_command)
+app.command("predict")(predict_command)
 app.add_typer(data_app, name="data")
 
 

@@ -1,9 +1,11 @@
 """Which columns of a click log feed the model (model.yaml's ``data:``, or ``persia train --schema FILE``): the label,
 the dense columns with the transforms declared for them, and the sparse features, each feeding one table.
 
-A dense column's transforms apply in a fixed order, the same in training and evaluation: ``clip: [LO, HI]``, then
-``log1p`` (signed: ``sign(x) * log(1 + |x|)``, so negative values stay finite), then ``standardize`` (minus the mean,
-over the standard deviation, both from a first pass over the training rows: see :meth:`DenseTransform.with_statistics`).
+A dense column's transforms apply in a fixed order, the same in training, evaluation and prediction: ``clip: [LO,
+HI]``, then ``log1p`` (signed: ``sign(x) * log(1 + |x|)``, so negative values stay finite), then ``standardize`` (minus
+the mean, over the standard deviation, both from a first pass over the training rows: see
+:meth:`DenseTransform.with_statistics`; or as given by ``mean:`` and ``std:``, as a checkpoint's model.yaml records
+the run's).
 Without dense columns, the model reads one constant 0: the bottom MLP learns a bias vector, a sparse-only DLRM or DCN.
 """
 
@@ -106,14 +108,14 @@ class DataSchema:
     ``persia train --schema FILE``).
 
     Attributes:
-        label: The 0/1 click column.
+        label: The 0/1 click column; None for rows without one, to score (:meth:`unlabeled`).
         dense: The float columns of the dense features, in order (a missing value reads as 0); may be empty.
         sparse: The sparse features, each feeding one table.
         source: The file the schema was read from (named by errors).
         transforms: The declared transforms of dense columns, by column (a column without any is read as it is).
     """
 
-    label: str
+    label: str | None
     dense: tuple[str, ...]
     sparse: tuple[SparseColumn, ...]
     source: str = "model.yaml"
@@ -137,12 +139,31 @@ class DataSchema:
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the schema reads, each once, label first."""
-        return tuple(dict.fromkeys((self.label, *self.dense, *(s.column for s in self.sparse))))
+        label = () if self.label is None else (self.label,)
+        return tuple(dict.fromkeys((*label, *self.dense, *(s.column for s in self.sparse))))
+
+    def unlabeled(self) -> DataSchema:
+        """This schema for rows that have no label column (rows to score): their batches' labels read NaN."""
+        return replace(self, label=None)
 
     @property
     def tables(self) -> tuple[str, ...]:
         """The tables fed, in the schema's order (the batches' KJT keys)."""
         return tuple(s.table for s in self.sparse)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As model.yaml's ``data:`` writes it (:func:`read_data_schema` reads it back), with the measured statistics
+        of each standardized column: a checkpoint's model.yaml scores new rows as the run transformed its own."""
+        dense = [{"column": c, **self.transforms[c].to_dict()} if c in self.transforms else c for c in self.dense]
+        sparse: dict[str, Any] = {}
+        for s in self.sparse:
+            if s.table == s.feature and s.separator is None:
+                sparse[s.feature] = s.column
+            else:
+                sparse[s.feature] = {"column": s.column, "table": s.table}
+                if s.separator is not None:
+                    sparse[s.feature]["separator"] = s.separator
+        return {"label": self.label, "dense": dense, "sparse": sparse}
 
 
 def read_data_schema(fields: Fields | None) -> DataSchema | None:
@@ -218,15 +239,35 @@ def _read_dense(fields: Fields) -> tuple[list[str], dict[str, DenseTransform]]:
             raise entry.error("clip", f"expected [LOW, HIGH] with LOW < HIGH, got {abbreviate(clip)}")
         log1p = entry.take_bool("log1p", default=False)
         standardize = entry.take_bool("standardize", default=False)
+        mean, std = _read_statistics(entry, standardize)
         entry.finish()
         names.append(column)
-        transform = DenseTransform(tuple(float(x) for x in clip) if clip else None, log1p, standardize)
+        transform = DenseTransform(tuple(float(x) for x in clip) if clip else None, log1p, standardize, mean, std)
         if transform != DenseTransform():
             transforms[column] = transform
     duplicate = next((c for c in names if names.count(c) > 1), None)
     if duplicate is not None:
         raise fields.error("dense", f"column {duplicate!r} is listed twice", fixes=("list each column once",))
     return names, transforms
+
+
+def _read_statistics(entry: Fields, standardize: bool) -> tuple[float | None, float | None]:
+    """``mean:`` and ``std:`` of a standardized column, given together (no first pass then: a checkpoint's
+    model.yaml carries the run's), or neither."""
+    given = [k for k in ("mean", "std") if entry.has(k)]
+    if not given:
+        return None, None
+    if not standardize:
+        raise entry.error(given[0], "is a statistic of 'standardize: true'", fixes=(f"remove '{given[0]}'",))
+    if len(given) == 1:
+        other = "std" if given[0] == "mean" else "mean"
+        raise entry.error(other, f"is missing beside '{given[0]}'", fixes=("give both, or neither for a first pass",))
+    values = [entry.take(k) for k in ("mean", "std")]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise entry.error("mean", f"mean and std must be finite numbers, got {abbreviate(values)}")
+    if values[1] <= 0:
+        raise entry.error("std", f"must be > 0, got {values[1]!r}", fixes=("leave mean and std out for a first pass",))
+    return float(values[0]), float(values[1])
 
 
 def load_data_schema(path: str | Path) -> DataSchema:

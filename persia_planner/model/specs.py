@@ -241,6 +241,38 @@ class ModelSpec:
     def embedding_parameters(self) -> int:
         return sum(t.parameters for t in self.tables)
 
+    def to_dict(self) -> dict[str, Any]:
+        """As model.yaml writes it: :meth:`from_dict` reads back an equal spec."""
+        tables = []
+        for t in self.tables:
+            table: dict[str, Any] = {"name": t.name, "rows": t.rows, "dim": t.dim}
+            table |= {"pooling_factor": t.pooling_factor, "optimizer": t.optimizer.value}
+            if t.zipf_alpha:
+                table["zipf_alpha"] = t.zipf_alpha
+            if t.embedding_dtype is not None:
+                table["embedding_dtype"] = t.embedding_dtype.value
+            if t.constraints.to_dict():
+                table["constraints"] = t.constraints.to_dict()
+            tables.append(table)
+        out: dict[str, Any] = {
+            "name": self.name,
+            "batch_size": self.batch_size,
+            "embedding_dtype": self.embedding_dtype.value,
+            "staleness": self.staleness,
+            "ps_wire_dtype": self.ps_wire_dtype.value,
+            "tables": tables,
+        }
+        arch = self.dense.arch
+        if arch is not None:
+            out["dense"] = arch.to_dict()
+            if arch.inputs_from_data:  # the data's dense columns, as when model.yaml left it out
+                del out["dense"]["num_dense"]
+        elif self.dense != DenseSpec():
+            out["dense"] = {"parameters": self.dense.parameters, "flops_per_sample": self.dense.flops_per_sample}
+        if self.data is not None:
+            out["data"] = self.data.to_dict()
+        return out
+
     @classmethod
     def from_dict(cls, data: Any, source: str = "model.yaml") -> ModelSpec:
         """Build from parsed model.yaml content; errors name ``source`` and the key path."""

@@ -29,6 +29,7 @@ __all__ = [
     "DeviceUsage",
     "Plan",
     "load_plan",
+    "placement_from_dict",
     "placement_to_dict",
     "usage_of",
 ]
@@ -275,6 +276,11 @@ def placement_to_dict(p: TablePlacement) -> dict[str, Any]:
             item["replica"] = True
         shards.append(item)
     return {"sharding": p.sharding.value, "mode": p.mode.value, "shards": shards}
+
+
+def placement_from_dict(data: Any, source: str, path: str = "") -> TablePlacement:
+    """A table's placement as :func:`placement_to_dict` writes it; errors name ``source`` and the key ``path``."""
+    return _placement_from_fields(Fields(data, source, path))
 
 
 def _placement_from_fields(table: Fields) -> TablePlacement:
