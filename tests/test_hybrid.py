@@ -121,9 +121,6 @@ def test_malformed_batches_and_dims_are_refused_with_one_line():
     negative = KeyedJaggedTensor(keys=keys, values=torch.arange(2), lengths=torch.tensor([2, -1, 1, 0, 0, 0, 0, 0]))
     with pytest.raises(PlannerError, match="lengths must be >= 0"):
         hybrid(negative)
-    odd = [EmbeddingBagConfig(name="t", feature_names=["a"], num_embeddings=10, embedding_dim=6)]
-    with pytest.raises(PlannerError, match=r"local tables \['t'\] have an embedding_dim that is not a multiple of 4"):
-        HybridEmbeddingBagCollection(odd)
 
 
 def weighted_kjt(gen: torch.Generator, keys: list[str], batch: int, high: int) -> KeyedJaggedTensor:

@@ -224,10 +224,14 @@ def test_unweighted_tables_ignore_the_weights_a_batch_carries(one_trainer):
     torch.testing.assert_close(net(narrow).values(), net(unweighted).values(), rtol=0, atol=0)
 
 
-def test_dims_fbgemm_cannot_run_are_refused():
+def test_dims_fbgemm_cannot_run_are_refused_before_sharding():
+    """Unsharded, the collection is TorchRec's (torch's EmbeddingBag takes any dim); DMP's fbgemm kernels do not."""
     odd = [EmbeddingBagConfig(name="t", feature_names=["a"], num_embeddings=10, embedding_dim=6)]
+    local = LocalEmbeddingBags(odd)
+    kjt = KeyedJaggedTensor(keys=["a"], values=torch.tensor([3, 12]), lengths=torch.tensor([1, 1]))
+    assert local(kjt).values().shape == (2, 6)
     with pytest.raises(PlannerError, match=r"local tables \['t'\] have an embedding_dim that is not a multiple of 4"):
-        LocalEmbeddingBags(odd)
+        local.check_shardable()
 
 
 def test_unexecutable_tiers_are_refused_before_sharding(one_trainer):

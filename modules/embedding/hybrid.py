@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollectionInterface, get_embedding_names_by_table
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from persia_planner.errors import PlannerError
@@ -102,7 +104,7 @@ _RUNTIME: Mapping[Optimizer, tuple[str, Callable[[SparseOptimizer], ps_optim.Row
 }
 
 
-class HybridEmbeddingBagCollection(nn.Module):
+class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     """``EmbeddingBagCollection`` whose tables train where a plan put them: locally (sync) or on the PS (async).
 
     Same inputs and outputs as TorchRec's ``EmbeddingBagCollection``: a ``KeyedJaggedTensor`` (keys may come in any
@@ -121,8 +123,11 @@ class HybridEmbeddingBagCollection(nn.Module):
         staleness: Bounded staleness ``K`` of the PS tables (0 = synchronous).
         process_group: Group of the trainers for the PS tables' synchronous updates (default: a gloo group of the
             default group's ranks when initialised, else one trainer).
-        device: Where PS outputs are returned (default: CUDA if available, else CPU).
-        local_device: Where the unsharded local collection is built (``meta``: only DMP's shards are allocated).
+        device: The collection's device, as TorchRec's: where the unsharded local tables are built and PS outputs
+            are returned (default: torch's default device, CPU unless a ``with torch.device(...)`` block says
+            otherwise).
+        local_device: Where the unsharded local collection is built, when not ``device`` (``meta``: only DMP's
+            shards are allocated).
         ps_capacity: Rows per server and PS table (default: the table's ``num_embeddings``, all ids fit).
         ps_init: Initialiser of new PS rows (default: uniform in ``+-sqrt(1 / num_embeddings)``, like TorchRec).
         seed: Seed of the local tables' initialisation and of the PS tables' row initialisers.
@@ -167,12 +172,16 @@ class HybridEmbeddingBagCollection(nn.Module):
             )
         if staleness < 0:
             raise PlannerError(f"staleness must be >= 0, got {staleness}", fixes=("use 0 for synchronous training",))
+        names = [c.name for c in tables]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate is not None:  # a ValueError, as TorchRec's collection raises
+            raise ValueError(f"HybridEmbeddingBagCollection: table name {duplicate!r} is used twice")
         self._is_weighted = bool(is_weighted)
         self.keep_order = bool(keep_order)
         self._configs = list(tables)
         self.optimizer = optimizer or SparseOptimizer()
         self.max_staleness = int(staleness)
-        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device) if device is not None else torch.get_default_device()
         placements = _placements_of(plan, self._configs)
         self.ps_tables = [
             c for c in self._configs if placements.get(c.name) is not None and placements[c.name].mode is Mode.ASYNC
@@ -186,16 +195,24 @@ class HybridEmbeddingBagCollection(nn.Module):
                 fixes=("pass ps=connect(...) (persia_planner.modules.ps.client)", "plan without a ps tier"),
             )
         self.ps = ps if self.ps_tables else None
-        self._features = [f for c in self._configs for f in c.feature_names]
-        if len(set(self._features)) != len(self._features):
-            raise PlannerError("HybridEmbeddingBagCollection: a feature name is used by two tables")
+        # TorchRec's output keys: a feature's name, or "feature@table" where the feature feeds several tables.
+        names_by_table = dict(zip(names, get_embedding_names_by_table(self._configs), strict=True))
+        self._features = [n for c in self._configs for n in names_by_table[c.name]]
         self._dims = [c.embedding_dim for c in self._configs for _ in c.feature_names]
+        self._inputs = list(dict.fromkeys(f for c in self._configs for f in c.feature_names))
+        # The local collection names its keys among its own tables: a feature it shares with a PS table is "f" there.
+        own = get_embedding_names_by_table(self.local_tables) if self.local_tables else []
+        self._local_keys = {
+            mine: names_by_table[c.name][k]
+            for c, theirs in zip(self.local_tables, own, strict=True)
+            for k, mine in enumerate(theirs)
+        }
+        self._rename_local = any(k != v for k, v in self._local_keys.items())
         self.local: LocalEmbeddingBags | None = None
         if self.local_tables:
             self.optimizer.fbgemm(self.device.type == "cuda")  # refuses what fbgemm's fused kernels lack, now
-            self.local = LocalEmbeddingBags(
-                self.local_tables, is_weighted=is_weighted, device=torch.device(local_device or "cpu"), seed=seed
-            )
+            built_on = torch.device(local_device) if local_device is not None else self.device
+            self.local = LocalEmbeddingBags(self.local_tables, is_weighted=is_weighted, device=built_on, seed=seed)
         self.remote: RemoteEmbeddingBags | None = None
         if self.ps is not None:
             group = process_group
@@ -213,9 +230,16 @@ class HybridEmbeddingBagCollection(nn.Module):
                 seed=seed,
                 is_weighted=is_weighted,
                 check=self._check_batch,
+                output_names={c.name: names_by_table[c.name] for c in self.ps_tables},
             )
+        # TorchRec's state_dict keys, embedding_bags.<table>.weight, for the local tables wherever they are held.
+        self.register_state_dict_post_hook(_torchrec_keys)
+        self.register_load_state_dict_pre_hook(_own_keys)
 
     # ---- TorchRec's interface ------------------------------------------------------------------------------------
+
+    # Properties TorchScript must not compile (they read the servers' client or the sharded module).
+    __jit_unused_properties__ = ("embedding_bags", "staleness", "staleness_max_seen", "pending_pushes")
 
     def is_weighted(self) -> bool:
         """Whether rows are pooled with the batch's per-id weights (``EmbeddingBagCollection.is_weighted()``)."""
@@ -225,11 +249,43 @@ class HybridEmbeddingBagCollection(nn.Module):
         """The table configs, as ``EmbeddingBagCollection.embedding_bag_configs()`` (TorchRec models read them)."""
         return list(self._configs)
 
+    @property
+    def embedding_bags(self) -> nn.ModuleDict:
+        """The local tables by name, as ``EmbeddingBagCollection.embedding_bags`` (each with its ``weight``;
+        TorchRec's sharded holders once DMP sharded them). The parameter-server tables are not modules here: their
+        rows live on the servers."""
+        if self.local is None:
+            return nn.ModuleDict()
+        return self.local.ebc.embedding_bags
+
+    def reset_parameters(self) -> None:
+        """The local tables' initialisation again (TorchRec's default, seeded); the servers initialise a PS row when
+        its id is first seen."""
+        if self.local is not None:
+            self.local.reset_parameters()
+
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        """Pooled embeddings of ``features``: a ``KeyedTensor`` with one ``[B, dim]`` value per feature."""
+        """Pooled embeddings of ``features``: a ``KeyedTensor`` with one ``[B, dim]`` value per feature (per
+        ``feature@table`` where a feature feeds several tables)."""
+        # Traced or scripted: the local tables alone (the servers' tables answer over RPC, in Python).
+        if torch.jit.is_scripting():
+            return self._local_only(features)
+        if is_fx_symbolic_tracing():
+            return self._local_only(features)
+        return self._forward_eager(features)
+
+    @torch.jit.unused
+    def _forward_eager(self, features: KeyedJaggedTensor) -> KeyedTensor:
         self._check_batch(features)
         local = self.local(features) if self.local is not None else None
         pooled = self.remote(features) if self.remote is not None else {}
+        if local is not None and self._rename_local:
+            local = KeyedTensor(
+                keys=[self._local_keys[k] for k in local.keys()],  # noqa: SIM118  (a KeyedTensor is no dict)
+                length_per_key=local.length_per_key(),
+                values=local.values(),
+                key_dim=1,
+            )
         if not self.keep_order:  # one concatenation at most: the keys as the engines give them
             if not pooled:
                 return local
@@ -251,6 +307,12 @@ class HybridEmbeddingBagCollection(nn.Module):
         else:  # TorchRec's output is grouped by rank: one regroup (fbgemm's permute) puts every key in config order
             values = KeyedTensor.regroup(parts, [self._features])[0]
         return KeyedTensor(keys=list(self._features), length_per_key=list(self._dims), values=values, key_dim=1)
+
+    def _local_only(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        if self.remote is not None or self.local is None:
+            _refuse_tracing()
+        assert self.local is not None  # TorchScript refines the Optional here
+        return self.local(features)
 
     # ---- the PS step protocol --------------------------------------------------------------------------------------
 
@@ -306,10 +368,11 @@ class HybridEmbeddingBagCollection(nn.Module):
             state = {f"embedding_bags.{k}.weight": v for k, v in weights.items()}
             self.local.load_torchrec_state_dict(state, strict=False)
 
+    @torch.jit.unused
     def _check_batch(self, features: KeyedJaggedTensor) -> None:
         """One-line errors for a batch that lacks a feature of the tables or whose parts disagree."""
         present = set(features.keys())
-        missing = [f for f in self._features if f not in present]
+        missing = [f for f in self._inputs if f not in present]
         if missing:
             raise PlannerError(
                 f"features {missing[:3]} of the embedding tables are not keys of the KeyedJaggedTensor "
@@ -323,6 +386,8 @@ def _check_kjt(features: KeyedJaggedTensor, *, weighted: bool = False) -> None:
     """One-line errors for a KeyedJaggedTensor whose parts disagree (fbgemm and the PS would read past its ids), or
     that lacks the per-id weights a weighted collection pools with."""
     values, lengths = features.values(), features.lengths()
+    if values.device.type == "meta":  # shapes only: nothing to read
+        return
     if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
         raise PlannerError(
             f"KeyedJaggedTensor values must be integer ids, got {values.dtype}",
@@ -359,6 +424,38 @@ def _check_kjt(features: KeyedJaggedTensor, *, weighted: bool = False) -> None:
         )
 
 
+@torch.jit.unused
+def _refuse_tracing() -> None:
+    raise PlannerError(
+        "HybridEmbeddingBagCollection with parameter-server tables cannot be fx-traced or scripted: their rows "
+        "come over RPC",
+        fixes=("trace with torchrec.fx.Tracer(leaf_modules=['HybridEmbeddingBagCollection'])",),
+    )
+
+
+_LOCAL_PREFIX = "local.ebc.embedding_bags."
+_TORCHREC_PREFIX = "embedding_bags."
+
+
+def _torchrec_keys(module: nn.Module, state: dict[str, Any], prefix: str, _metadata: Any) -> None:
+    """``local.ebc.embedding_bags.<t>.weight`` -> ``embedding_bags.<t>.weight`` in ``state``, in place and in
+    order."""
+    own = prefix + _LOCAL_PREFIX
+    if not any(k.startswith(own) for k in state):
+        return
+    items = list(state.items())
+    state.clear()
+    for key, value in items:
+        state[prefix + _TORCHREC_PREFIX + key[len(own) :] if key.startswith(own) else key] = value
+
+
+def _own_keys(module: nn.Module, state: dict[str, Any], prefix: str, _metadata: Any, *_args: Any) -> None:
+    """The inverse of :func:`_torchrec_keys`, before ``load_state_dict`` matches keys (TorchRec's checkpoints)."""
+    theirs = prefix + _TORCHREC_PREFIX
+    for key in [k for k in state if k.startswith(theirs)]:
+        state[prefix + _LOCAL_PREFIX + key[len(theirs) :]] = state.pop(key)
+
+
 def _placements_of(
     plan: Plan | Mapping[str, TablePlacement] | None, configs: Sequence[EmbeddingBagConfig]
 ) -> dict[str, TablePlacement | None]:
@@ -367,3 +464,8 @@ def _placements_of(
     tables = plan.tables if isinstance(plan, Plan) else plan
     require_same_tables(tables, (c.name for c in configs), holder="the collection")
     return {c.name: tables[c.name] for c in configs}
+
+
+# fx writes a traced graph's signature from forward's annotations, which `from __future__ import annotations` leaves
+# as strings that TorchScript cannot resolve in the generated code: the classes themselves.
+HybridEmbeddingBagCollection.forward.__annotations__.update(features=KeyedJaggedTensor, **{"return": KeyedTensor})

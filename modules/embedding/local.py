@@ -28,13 +28,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from persia_planner.errors import PlannerError
 
-__all__ = ["ExecutedTable", "LocalEmbeddingBags", "int64_ids"]
+__all__ = ["ExecutedTable", "LocalEmbeddingBags", "ids_in_range", "int64_ids"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,30 @@ def int64_ids(values: torch.Tensor) -> torch.Tensor:
     return values.to(torch.int64)
 
 
+@torch.fx.wrap
+def ids_in_range(
+    features: KeyedJaggedTensor, order: list[str], rows: torch.Tensor, weighted: bool
+) -> KeyedJaggedTensor:
+    """The KJT of ``order``'s features (each once), their ids as int64 mapped into the tables (``id mod rows``,
+    ``rows`` per feature) and their weights as float32 (None unless ``weighted``: unweighted collections ignore
+    weights, as TorchRec's do). One call in a traced graph (``fx.wrap``), scriptable, shape-only on the meta device.
+    """
+    weights = features.weights_or_none()
+    weights = weights.to(torch.float32) if weighted and weights is not None else None
+    kjt = KeyedJaggedTensor(
+        keys=features.keys(), values=int64_ids(features.values()), lengths=features.lengths(), weights=weights
+    )
+    keys = kjt.keys()
+    if keys != order:
+        kjt = kjt.permute([keys.index(f) for f in order])
+    ids = kjt.values()
+    per_key = kjt.lengths().view(len(order), kjt.stride()).sum(dim=1)
+    bound = torch.repeat_interleave(rows.to(ids.device), per_key, output_size=ids.numel())
+    return KeyedJaggedTensor(
+        keys=order, values=torch.remainder(ids, bound), lengths=kjt.lengths(), weights=kjt.weights_or_none()
+    )
+
+
 class LocalEmbeddingBags(nn.Module):
     """The local tables of a plan, in a TorchRec ``EmbeddingBagCollection`` (``ebc``) that DMP shards.
 
@@ -94,25 +119,27 @@ class LocalEmbeddingBags(nn.Module):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        odd = [c.name for c in tables if c.embedding_dim % 4]
-        if odd:
-            raise PlannerError(
-                f"local tables {odd[:3]} have an embedding_dim that is not a multiple of 4, which fbgemm's "
-                "table-batched embedding kernels require",
-                fixes=("round embedding_dim up to a multiple of 4", "place these tables on the ps tier"),
-            )
         self.configs = list(tables)
-        self.features = [f for c in self.configs for f in c.feature_names]
-        self._rows = torch.tensor([c.num_embeddings for c in self.configs for _ in c.feature_names])
+        # Each feature once (TorchRec's collection reads a feature that feeds several tables once); its ids are
+        # brought into the smallest of those tables, in range for each.
+        rows: dict[str, int] = {}
+        for c in self.configs:
+            for f in c.feature_names:
+                rows[f] = min(rows.get(f, c.num_embeddings), c.num_embeddings)
+        self.features: list[str] = list(rows)
+        self.register_buffer("_rows", torch.tensor(list(rows.values()), dtype=torch.int64), persistent=False)
         self._is_weighted = bool(is_weighted)
         self.seed = int(seed)
-        device = device or torch.device("cpu")
+        device = device or torch.get_default_device()
         self.ebc = EmbeddingBagCollection(tables=self.configs, is_weighted=is_weighted, device=device)
         self.group: Any = None  # the trainers' group DMP shards over (None: the default group)
         if device.type != "meta":
             self.reset_parameters()
 
     # ---- forward ----------------------------------------------------------------------------------------------
+
+    # Properties TorchScript must not compile (they ask torch.distributed): the unsharded module scripts without them.
+    __jit_unused_properties__ = ("sharded", "world_size")
 
     @property
     def sharded(self) -> bool:
@@ -124,41 +151,48 @@ class LocalEmbeddingBags(nn.Module):
         """Trainers the tables are sharded over (1 unsharded)."""
         return dist.get_world_size(self.group) if self.sharded and dist.is_initialized() else 1
 
+    def check_shardable(self) -> None:
+        """What fbgemm's kernels need of the tables before DMP shards them (the unsharded collection runs torch's
+        ``EmbeddingBag``, which takes any dim).
+
+        Raises:
+            PlannerError: A dim that is not a multiple of 4.
+        """
+        odd = [c.name for c in self.configs if c.embedding_dim % 4]
+        if odd:
+            raise PlannerError(
+                f"local tables {odd[:3]} have an embedding_dim that is not a multiple of 4, which fbgemm's "
+                "table-batched embedding kernels require",
+                fixes=("round embedding_dim up to a multiple of 4", "place these tables on the ps tier"),
+            )
+
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of the local features of ``features`` (a KJT holding at least those keys).
 
         Returns:
             TorchRec's ``KeyedTensor`` (sharded: its keys grouped by rank; read it by key).
         """
-        kjt = self._in_range(features)
-        out = self.ebc(kjt)
-        if hasattr(out, "wait"):  # the sharded module answers with an awaitable of the output all-to-all
-            out = out.wait()
-        return out
+        if torch.jit.is_scripting():  # unsharded: TorchRec's collection, checks and all
+            return self.ebc(ids_in_range(features, self.features, self._rows, self._is_weighted))
+        if is_fx_symbolic_tracing():  # the sharded module's awaitable is the tracer's to resolve
+            return self.ebc(ids_in_range(features, self.features, self._rows, self._is_weighted))
+        return self._forward_eager(features)
 
-    def _in_range(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        keys = features.keys()
-        # fbgemm's kernels (its permute too) take int64 ids and float32 weights; unweighted collections ignore
-        # weights, as TorchRec's do (bfloat16 ones included, which fbgemm's permute has no kernel for).
+    @torch.jit.unused
+    def _forward_eager(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        self._check_weights(features)
+        out = self.ebc(ids_in_range(features, self.features, self._rows, self._is_weighted))
+        return out.wait() if hasattr(out, "wait") else out  # the sharded module answers with an awaitable
+
+    @torch.jit.unused
+    def _check_weights(self, features: KeyedJaggedTensor) -> None:
         weights = features.weights_or_none()
-        weights = weights.to(torch.float32) if self._is_weighted and weights is not None else None
-        values = int64_ids(features.values())
-        if weights is not None and weights.requires_grad and self.world_size > 1:
+        if self._is_weighted and weights is not None and weights.requires_grad and self.world_size > 1:
             raise PlannerError(
                 "learnable per-id weights (weights that require grad) cannot train sharded local tables across "
                 "trainers: TorchRec's input all-to-all of the weights has no backward",
                 fixes=("place the weighted tables on the ps tier", "pass the weights detached"),
             )
-        if keys == self.features:  # the batch holds exactly the local features, in order: nothing to permute
-            kjt = KeyedJaggedTensor(keys=keys, values=values, lengths=features.lengths(), weights=weights)
-        else:
-            if values is not features.values() or weights is not features.weights_or_none():
-                features = KeyedJaggedTensor(keys=keys, values=values, lengths=features.lengths(), weights=weights)
-            kjt = features.permute([keys.index(f) for f in self.features])
-            values, weights = kjt.values(), kjt.weights_or_none()
-        per_key = torch.tensor(kjt.length_per_key(), device=values.device)
-        values = torch.remainder(values, self._rows.to(values.device).repeat_interleave(per_key))
-        return KeyedJaggedTensor(keys=self.features, values=values, lengths=kjt.lengths(), weights=weights)
 
     # ---- what runs --------------------------------------------------------------------------------------------
 
@@ -353,3 +387,8 @@ class LocalEmbeddingBags(nn.Module):
         for tbe in self.tbes():
             if hasattr(tbe, "reset_cache_states"):
                 tbe.reset_cache_states()
+
+
+# fx writes a traced graph's signature from forward's annotations, which `from __future__ import annotations` leaves
+# as strings that TorchScript cannot resolve in the generated code: the classes themselves.
+LocalEmbeddingBags.forward.__annotations__.update(features=KeyedJaggedTensor, **{"return": KeyedTensor})

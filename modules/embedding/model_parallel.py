@@ -123,6 +123,7 @@ def distribute(
     local = hybrid.local
     sharding_plan = None
     if local is not None:
+        local.check_shardable()
         module_path = f"{path}.local.ebc" if path else "local.ebc"
         sharding_plan = to_sharding_plan(tables, spec, topology, module_path=module_path, device_type=device.type)
     # Without local tables nothing is fused: an optimizer fbgemm lacks on this device (CPU adam) is no obstacle.

@@ -81,6 +81,8 @@ class RemoteEmbeddingBags(nn.Module):
         seed: Seed of the servers' row initialisers.
         is_weighted: Pool ``weight * row`` with the batch's per-id weights.
         check: Called with a batch before any of its rows is requested (the collection's input checks).
+        output_names: Per table, the output key of each of its features (TorchRec's ``feature@table`` where a
+            feature feeds several tables); default: the feature names.
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class RemoteEmbeddingBags(nn.Module):
         seed: int = 0,
         is_weighted: bool = False,
         check: Callable[[KeyedJaggedTensor], None] | None = None,
+        output_names: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -110,6 +113,8 @@ class RemoteEmbeddingBags(nn.Module):
         self._check_batch = check or (lambda _features: None)
         # PS state: batches whose rows were requested, and pushes not yet acknowledged, per batch index.
         self._ps_features = {c.name: list(c.feature_names) for c in self.tables}
+        names = output_names or {}
+        self._output_names = {c.name: list(names.get(c.name, c.feature_names)) for c in self.tables}
         self._ps_dims = {c.name: c.embedding_dim for c in self.tables}
         self._queue: collections.deque[_PsBatch] = collections.deque()
         self._pushes: dict[int, list[Future]] = {}
@@ -217,7 +222,7 @@ class RemoteEmbeddingBags(nn.Module):
         }
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
-        """Pooled ``[B, dim]`` embeddings of the PS features, by feature name."""
+        """Pooled ``[B, dim]`` embeddings of the PS features, by output key (``output_names``)."""
         batch = features.stride()
         if not self.training:
             self._wait_for_eval()
@@ -281,7 +286,7 @@ class RemoteEmbeddingBags(nn.Module):
             sums = torch.zeros(len(names) * batch, c.embedding_dim).index_add(0, bag, per_id)
             if c.pooling == PoolingType.MEAN:
                 sums = sums / lengths.reshape(-1, 1).clamp(min=1)
-            for k, name in enumerate(names):
+            for k, name in enumerate(self._output_names[c.name]):
                 pooled[name] = sums[k * batch : (k + 1) * batch].to(self.device)
         return pooled
 
