@@ -314,6 +314,40 @@ def test_sharding_plan_objects(struct_case):
     assert to_embedding_bag_configs(fp16)[0].data_type.value == "FP16"
 
 
+def test_a_model_module_names_its_collection_s_path(struct_case):
+    """Given the torch model rather than its spec, the plan's entry sits where DMP will look for it: the one
+    collection's path (the outermost, so not a HybridEmbeddingBagCollection's own inner one)."""
+    pytest.importorskip("torchrec")
+    from torch import nn
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+    from persia_planner.plan.torchrec_export import to_embedding_bag_configs, to_sharding_plan
+
+    model, topology, plan = struct_case
+    configs = to_embedding_bag_configs(model, gpu_tables(plan))
+    local = {name: p for name, p in plan.tables.items() if name != "remote"}
+
+    class TwoTower(nn.Module):
+        def __init__(self, collection: nn.Module) -> None:
+            super().__init__()
+            self.towers = nn.ModuleDict({"user": nn.Linear(4, 4)})
+            self.ebc = collection
+
+    found = to_sharding_plan(local, TwoTower(EmbeddingBagCollection(configs, device="meta")), topology)
+    assert list(found.plan) == ["ebc"] and list(found.plan["ebc"]) == gpu_tables(plan)
+    hybrid = HybridEmbeddingBagCollection(configs, local, device="meta")
+    assert list(to_sharding_plan(local, TwoTower(hybrid), topology).plan) == ["ebc"]
+    two = nn.ModuleDict({"a": EmbeddingBagCollection(configs, device="meta"), "b": hybrid})
+    with pytest.raises(PlannerError, match=r"holds 2 embedding collections \(a, b\); fix: pass module_path="):
+        to_sharding_plan(local, two, topology)
+    assert list(to_sharding_plan(local, two, topology, module_path="b").plan) == ["b"]
+    with pytest.raises(PlannerError, match=r"module_path='c' is no embedding collection of the model; it holds"):
+        to_sharding_plan(local, two, topology, module_path="c")
+    with pytest.raises(PlannerError, match="holds no embedding collection"):
+        to_sharding_plan(local, nn.Linear(2, 2), topology)
+
+
 # ---- the key test: a 2-rank CPU DistributedModelParallel trains with the exported plan ----------------------------
 DMP_MODEL = ModelSpec(
     "dmp-tiny",

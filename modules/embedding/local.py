@@ -127,7 +127,8 @@ class LocalEmbeddingBags(nn.Module):
             for f in c.feature_names:
                 rows[f] = min(rows.get(f, c.num_embeddings), c.num_embeddings)
         self.features: list[str] = list(rows)
-        self.register_buffer("_rows", torch.tensor(list(rows.values()), dtype=torch.int64), persistent=False)
+        # A plain tensor, not a buffer: nothing to save or synchronise (ids_in_range moves it to the ids' device).
+        self._rows = torch.tensor(list(rows.values()), dtype=torch.int64)
         self._is_weighted = bool(is_weighted)
         self.seed = int(seed)
         device = device or torch.get_default_device()

@@ -2,9 +2,11 @@
 
 :func:`distribute` hands the model to TorchRec's ``DistributedModelParallel`` with the plan's exported
 ``ShardingPlan`` (:func:`persia_planner.plan.torchrec_export.to_sharding_plan`) for the collection's local tables,
-TorchRec's ``EmbeddingBagCollectionSharder`` with the sparse optimizer fused into fbgemm, and DMP's DDP around the dense
-part. :func:`executed_plan` reads back, from the built modules, how every table runs, in the terms of
-:func:`persia_planner.plan.executability.planned_execution`, so a run can show that it executed its plan.
+the collection's sharder (:class:`~.sharder.HybridEmbeddingBagCollectionSharder`: TorchRec's
+``EmbeddingBagCollectionSharder`` with the sparse optimizer fused into fbgemm), and DMP's DDP around the dense
+part, as a TorchRec user would write it. :func:`executed_plan` reads back, from the built modules, how every table
+runs, in the terms of :func:`persia_planner.plan.executability.planned_execution`, so a run can show that it executed
+its plan.
 """
 
 from __future__ import annotations
@@ -109,9 +111,10 @@ def distribute(
             or one it would not run as written on ``device`` (see
             :func:`persia_planner.plan.executability.check_executable`).
     """
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
+
+    from persia_planner.modules.embedding.sharder import HybridEmbeddingBagCollectionSharder
 
     device = device or torch.device("cpu")
     group = process_group or dist.GroupMember.WORLD
@@ -120,26 +123,15 @@ def distribute(
     # Table shapes and dtype come from the collection itself: the plan must be the one made for it.
     spec = ModelSpec.from_torchrec(hybrid.embedding_bag_configs(), batch_size=1)
     check_executable(tables, device.type, dtype=spec.table_dtypes, optimizer=hybrid.optimizer.kind)
-    local = hybrid.local
-    sharding_plan = None
-    if local is not None:
-        local.check_shardable()
-        module_path = f"{path}.local.ebc" if path else "local.ebc"
-        sharding_plan = to_sharding_plan(tables, spec, topology, module_path=module_path, device_type=device.type)
-    # Without local tables nothing is fused: an optimizer fbgemm lacks on this device (CPU adam) is no obstacle.
-    fused = hybrid.optimizer.fbgemm(device.type == "cuda") if local is not None else None
-    sharder = EmbeddingBagCollectionSharder(fused_params=fused)
-    dmp = DistributedModelParallel(
+    sharding_plan = to_sharding_plan(tables, spec, topology, module_path=path, device_type=device.type)
+    # As a TorchRec user shards their own model: the collection's sharder takes its entry of the plan.
+    return DistributedModelParallel(
         model,
         env=ShardingEnv.from_process_group(group),
         device=device,
         plan=sharding_plan,
-        sharders=[sharder],
+        sharders=[HybridEmbeddingBagCollectionSharder()],
     )
-    if local is not None:
-        local.group = group
-        local.reset_parameters()
-    return dmp
 
 
 def data_parallel_tables(model: nn.Module) -> dict[str, nn.Parameter]:

@@ -389,6 +389,33 @@ def to_embedding_bag_configs(model: ModelSpec, tables: Iterable[str] | None = No
     ]
 
 
+def _collection_of(module: Any, module_path: str | None) -> tuple[str, ModelSpec]:
+    """The path of ``module``'s one embedding collection (the outermost module with ``embedding_bag_configs()``:
+    TorchRec's ``EmbeddingBagCollection`` or persia's ``HybridEmbeddingBagCollection``) and its tables' spec."""
+    found: list[tuple[str, Any]] = []
+    for path, m in module.named_modules():
+        if callable(getattr(m, "embedding_bag_configs", None)) and not any(path.startswith(f"{p}.") for p, _ in found):
+            found.append((path, m))
+    paths = [p or "(the module itself)" for p, _ in found]
+    if module_path is not None:
+        chosen = [(p, m) for p, m in found if p == module_path]
+        if not chosen:
+            raise PlannerError(
+                f"to_sharding_plan: module_path={module_path!r} is no embedding collection of the model; "
+                f"it holds {paths or 'none'}",
+                fixes=("pass the path of the model's EmbeddingBagCollection",),
+            )
+        found = chosen
+    if len(found) != 1:
+        where = f"{len(found)} embedding collections ({', '.join(paths)})" if found else "no embedding collection"
+        raise PlannerError(
+            f"to_sharding_plan: the model holds {where}",
+            fixes=("pass module_path= the one the plan is for",) if found else ("pass the model spec instead",),
+        )
+    path, collection = found[0]
+    return path, ModelSpec.from_torchrec(collection, batch_size=1)
+
+
 def _placement_string(rank: int, device_type: str, topology: Topology) -> str:
     if device_type == "cpu":
         return f"rank:{rank}/cpu"
@@ -405,27 +432,31 @@ def cache_params(factor: float | None) -> Any:
 
 def to_sharding_plan(
     plan: PlanLike,
-    model: ModelSpec,
+    model: ModelSpec | Any,
     topology: Topology,
     *,
-    module_path: str = "",
+    module_path: str | None = None,
     device_type: str | None = None,
 ) -> ShardingPlan:
     """The GPU-resident part of ``plan`` as a TorchRec ``ShardingPlan`` (one ``ParameterSharding`` per table).
 
     Tables on the ``ps`` tier are left out (see :func:`gpu_tables`); build the ``EmbeddingBagCollection`` from
-    ``to_embedding_bag_configs(model, gpu_tables(plan))``.
+    ``to_embedding_bag_configs(model, gpu_tables(plan))``, or hold a ``HybridEmbeddingBagCollection`` of every table
+    and shard it with ``HybridEmbeddingBagCollectionSharder``.
 
     Args:
         plan: A plan (or its ``tables`` mapping) for ``model`` on ``topology``.
-        model: The model the plan places.
+        model: The model the plan places: its spec, or the ``nn.Module`` to be given to ``DistributedModelParallel``,
+            whose one embedding collection (a module with ``embedding_bag_configs()``) is found with its path.
         topology: The topology; rank ``r`` is ``topology.gpus[r]``.
-        module_path: Fully qualified name of the ``EmbeddingBagCollection`` inside the module given to
-            ``DistributedModelParallel`` (``"ebc"`` for ``model.ebc``; ``""`` when the collection is the module).
+        module_path: Fully qualified name of the collection inside the module given to ``DistributedModelParallel``
+            (``"ebc"`` for ``model.ebc``; ``""`` when the collection is the module); default: the path found in
+            ``model``, or ``""`` for a spec.
         device_type: ``"cuda"`` or ``"cpu"`` shard placements; default ``"cuda"`` when CUDA is available.
 
     Raises:
-        PlannerError: A placement TorchRec cannot express (see :func:`torchrec_shardings`).
+        PlannerError: A placement TorchRec cannot express (see :func:`torchrec_shardings`); a module holding no
+            collection, several (naming their paths), or none at ``module_path``.
     """
     import torch
     from torchrec.distributed.types import (
@@ -438,6 +469,9 @@ def to_sharding_plan(
 
     if device_type is None:
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(model, ModelSpec):
+        module_path, model = _collection_of(model, module_path)
+    module_path = module_path or ""
     module_plan = EmbeddingModuleShardingPlan()
     for entry in torchrec_shardings(plan, model, topology):
         spec = None

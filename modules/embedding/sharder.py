@@ -1,0 +1,75 @@
+"""TorchRec's sharder protocol for :class:`~.hybrid.HybridEmbeddingBagCollection`.
+
+``DistributedModelParallel(model, plan=to_sharding_plan(plan, model, topology),
+sharders=[HybridEmbeddingBagCollectionSharder()])`` shards a user's own model as TorchRec users write it: the plan's
+entry for the collection's path (:func:`persia_planner.plan.torchrec_export.to_sharding_plan` finds it) reaches
+:meth:`HybridEmbeddingBagCollectionSharder.shard`, which shards the collection's local tables with TorchRec's own
+``EmbeddingBagCollectionSharder`` (fbgemm's kernels with the collection's sparse optimizer fused in), gives them the
+collection's seeded initialisation, and leaves the parameter-server tables where they are: on the servers, which
+every trainer reaches through its client. DMP's DDP wraps the rest of the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torchrec.distributed.embedding_types import BaseEmbeddingSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.types import ParameterSharding, ShardingEnv
+
+from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+
+__all__ = ["HybridEmbeddingBagCollectionSharder"]
+
+
+class HybridEmbeddingBagCollectionSharder(BaseEmbeddingSharder[HybridEmbeddingBagCollection]):
+    """Shards a :class:`~.hybrid.HybridEmbeddingBagCollection` in ``DistributedModelParallel``.
+
+    Args:
+        fused_params: fbgemm's keyword arguments for the local tables (TorchRec's ``fused_params``); None: the
+            collection's own sparse optimizer (:meth:`~.hybrid.SparseOptimizer.fbgemm`), the one its PS tables train
+            with.
+        qcomm_codecs_registry: TorchRec's quantized-communication codecs for the local tables' all-to-alls.
+    """
+
+    def __init__(self, fused_params: dict[str, Any] | None = None, qcomm_codecs_registry: Any = None) -> None:
+        super().__init__(fused_params=fused_params, qcomm_codecs_registry=qcomm_codecs_registry)
+
+    def shard(
+        self,
+        module: HybridEmbeddingBagCollection,
+        params: dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+    ) -> HybridEmbeddingBagCollection:
+        """Shard ``module``'s local tables as ``params`` says (in place); returns ``module``.
+
+        Raises:
+            PlannerError: A local table fbgemm's kernels cannot run, or an optimizer they lack on ``device``.
+        """
+        local = module.local
+        if local is None:  # every table is on the servers: nothing for DMP
+            return module
+        local.check_shardable()
+        device = device or torch.device("cpu")
+        fused = self.fused_params if self.fused_params is not None else module.optimizer.fbgemm(device.type == "cuda")
+        inner = EmbeddingBagCollectionSharder(fused_params=fused, qcomm_codecs_registry=self.qcomm_codecs_registry)
+        path = f"{module_fqn}.local.ebc" if module_fqn else "local.ebc"
+        local.ebc = inner.shard(local.ebc, params, env, device, path)
+        local.group = env.process_group
+        # The same full tables on every trainer, sliced to its shards: as the unsharded collection starts.
+        local.reset_parameters()
+        return module
+
+    def shardable_parameters(self, module: HybridEmbeddingBagCollection) -> dict[str, nn.Parameter]:
+        """The local tables' weights, by table name (what TorchRec's planner may shard)."""
+        if module.local is None:
+            return {}
+        return EmbeddingBagCollectionSharder().shardable_parameters(module.local.ebc)
+
+    @property
+    def module_type(self) -> type[HybridEmbeddingBagCollection]:
+        return HybridEmbeddingBagCollection
