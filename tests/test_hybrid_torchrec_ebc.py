@@ -165,3 +165,56 @@ def test_state_dict_keys_are_torchrec_s_and_a_torchrec_checkpoint_loads_both_way
     hybrid.reset_parameters()
     after = hybrid.embedding_bags["t1"].weight
     assert not torch.equal(before, after) and float(after.abs().max()) <= (1 / 10) ** 0.5
+
+
+def _ps_round_trip(rank: int, client) -> dict:
+    """One trainer, two servers: a TorchRec collection's state loads into the drop-in, PS table included, and the
+    drop-in's trained state loads back into TorchRec's."""
+    from plans import TOPO_1X2, local_placement, ps_placement
+
+    from persia_planner.model.specs import Optimizer
+    from persia_planner.modules.embedding.hybrid import SparseOptimizer
+    from persia_planner.topology.graph import Topology
+
+    configs = [
+        EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=10, feature_names=["f1"]),
+        EmbeddingBagConfig(name="t2", embedding_dim=8, num_embeddings=8, feature_names=["f2"]),
+    ]
+    assert Topology.from_dict(TOPO_1X2)
+    plan = {"t1": ps_placement(4, servers=2), "t2": local_placement(8, 8)}
+    sgd = SparseOptimizer(Optimizer.SGD, learning_rate=0.5)
+    hybrid = HybridEmbeddingBagCollection(configs, plan, ps=client, optimizer=sgd)
+    ebc = EmbeddingBagCollection(tables=configs)
+    out: dict = {"keys": list(hybrid.state_dict())}
+    fresh = hybrid.state_dict()["embedding_bags.t1.weight"]
+    out["fresh_in_range"] = bool(fresh.abs().max() <= (1 / 10) ** 0.5) and bool(fresh.abs().sum() > 0)
+    hybrid.load_state_dict(ebc.state_dict())
+    hybrid.eval()  # a training forward would wait for its backward before the next one
+    out["loaded_equal"] = torch.equal(hybrid(_two_by_three()).values(), ebc(_two_by_three()).values())
+    hybrid.train()
+    hybrid(_two_by_three()).values().sum().backward()
+    hybrid.flush()
+    with torch.no_grad():
+        hybrid.embedding_bags["t2"].weight.add_(1.0)  # the local table moves too
+    trained = hybrid.state_dict()
+    out["moved"] = float(
+        (trained["embedding_bags.t1.weight"] - ebc.state_dict()["embedding_bags.t1.weight"]).abs().max()
+    )
+    ebc.load_state_dict(trained)
+    hybrid.eval()
+    out["back_equal"] = torch.equal(hybrid(_two_by_three()).values(), ebc(_two_by_three()).values())
+    with hybrid.ps_rows_left_out():
+        out["left_out"] = list(hybrid.state_dict())
+    return out
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(300)
+def test_a_torchrec_checkpoint_loads_into_the_servers_tables_and_back():
+    from persia_planner.modules.train import run_trainers
+
+    (result,) = run_trainers(_ps_round_trip, trainers=1, servers=2)
+    assert result["keys"] == ["embedding_bags.t1.weight", "embedding_bags.t2.weight"]  # TorchRec's, in config order
+    assert result["fresh_in_range"]  # rows never trained read as their initial values
+    assert result["loaded_equal"] and result["back_equal"] and result["moved"] > 1e-3
+    assert result["left_out"] == ["embedding_bags.t2.weight"]

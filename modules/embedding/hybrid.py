@@ -16,7 +16,8 @@ ones, and the PS tables get one gathered update per step (see :mod:`.remote`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -232,7 +233,9 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                 check=self._check_batch,
                 output_names={c.name: names_by_table[c.name] for c in self.ps_tables},
             )
-        # TorchRec's state_dict keys, embedding_bags.<table>.weight, for the local tables wherever they are held.
+        # TorchRec's state_dict keys, embedding_bags.<table>.weight, for every table: local ones wherever they are
+        # held, PS ones read from (and loaded into) the servers.
+        self.ps_rows_in_state_dict = True
         self.register_state_dict_post_hook(_torchrec_keys)
         self.register_load_state_dict_pre_hook(_own_keys)
 
@@ -257,6 +260,16 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         if self.local is None:
             return nn.ModuleDict()
         return self.local.ebc.embedding_bags
+
+    @contextlib.contextmanager
+    def ps_rows_left_out(self) -> Iterator[None]:
+        """In the block, ``state_dict()`` leaves the PS tables out (it reads every row of them from the servers
+        otherwise, as TorchRec's full tables): for the dense state, or checkpoints that save the servers' own way."""
+        before, self.ps_rows_in_state_dict = self.ps_rows_in_state_dict, False
+        try:
+            yield
+        finally:
+            self.ps_rows_in_state_dict = before
 
     def reset_parameters(self) -> None:
         """The local tables' initialisation again (TorchRec's default, seeded); the servers initialise a PS row when
@@ -438,22 +451,63 @@ _TORCHREC_PREFIX = "embedding_bags."
 
 
 def _torchrec_keys(module: nn.Module, state: dict[str, Any], prefix: str, _metadata: Any) -> None:
-    """``local.ebc.embedding_bags.<t>.weight`` -> ``embedding_bags.<t>.weight`` in ``state``, in place and in
-    order."""
+    """TorchRec's keys in ``state``, in place: ``local.ebc.embedding_bags.<t>.weight`` ->
+    ``embedding_bags.<t>.weight``, and each PS table's rows ``[0, num_embeddings)`` read from the servers under its
+    key, every table in config order where the first one was."""
+    assert isinstance(module, HybridEmbeddingBagCollection)
     own = prefix + _LOCAL_PREFIX
-    if not any(k.startswith(own) for k in state):
+    tables: dict[str, Any] = {}
+    if module.remote is not None and module.ps_rows_in_state_dict:
+        for c in module.ps_tables:
+            ids = torch.arange(c.num_embeddings, dtype=torch.int64)
+            tables[f"{prefix}{_TORCHREC_PREFIX}{c.name}.weight"] = module.remote.ps.read_rows(c.name, ids)
+    if not tables and not any(k.startswith(own) for k in state):
         return
+    for key, value in state.items():
+        if key.startswith(own):
+            tables[prefix + _TORCHREC_PREFIX + key[len(own) :]] = value
+    names = (f"{prefix}{_TORCHREC_PREFIX}{c.name}.weight" for c in module._configs)
+    ordered = {k: tables[k] for k in names if k in tables}
     items = list(state.items())
     state.clear()
     for key, value in items:
-        state[prefix + _TORCHREC_PREFIX + key[len(own) :] if key.startswith(own) else key] = value
+        if not key.startswith(own):
+            state[key] = value
+        elif ordered:  # every table at the first local one's place, in the collection's config order
+            state.update(ordered)
+            ordered = {}
+    state.update(ordered)  # no local table: the PS ones at the end
 
 
 def _own_keys(module: nn.Module, state: dict[str, Any], prefix: str, _metadata: Any, *_args: Any) -> None:
-    """The inverse of :func:`_torchrec_keys`, before ``load_state_dict`` matches keys (TorchRec's checkpoints)."""
+    """The inverse of :func:`_torchrec_keys`, before ``load_state_dict`` matches keys (TorchRec's checkpoints): the
+    local tables' keys renamed, the PS tables' rows written to the servers (and their keys taken out)."""
+    assert isinstance(module, HybridEmbeddingBagCollection)
     theirs = prefix + _TORCHREC_PREFIX
+    ps = {c.name: c for c in module.ps_tables}
     for key in [k for k in state if k.startswith(theirs)]:
-        state[prefix + _LOCAL_PREFIX + key[len(theirs) :]] = state.pop(key)
+        table = key[len(theirs) :].removesuffix(".weight")
+        if table not in ps or module.remote is None:
+            state[prefix + _LOCAL_PREFIX + key[len(theirs) :]] = state.pop(key)
+            continue
+        value, config = state.pop(key), ps[table]
+        if not isinstance(value, torch.Tensor) or (type(value) is not torch.Tensor and hasattr(value, "local_shards")):
+            raise PlannerError(
+                f"load_state_dict: {key} is {type(value).__name__}; a PS table loads from a full tensor",
+                fixes=("save the TorchRec collection unsharded (or gather its ShardedTensor) first",),
+            )
+        if tuple(value.shape) != (config.num_embeddings, config.embedding_dim):
+            raise PlannerError(
+                f"load_state_dict: {key} has shape {tuple(value.shape)}, PS table {table!r} is "
+                f"{(config.num_embeddings, config.embedding_dim)}"
+            )
+        written = module.remote.ps.assign_rows(table, torch.arange(config.num_embeddings), value.detach())
+        if written != config.num_embeddings:
+            raise PlannerError(
+                f"load_state_dict: the servers hold {written:,} of PS table {table!r}'s {config.num_embeddings:,} "
+                "rows (their stores' capacity)",
+                fixes=("give the servers' stores room for every row (ps_capacity)",),
+            )
 
 
 def _placements_of(

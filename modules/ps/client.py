@@ -306,6 +306,57 @@ class PsClient:
         # thread, which would then have to wake it (never slower in alternating runs, and faster under load).
         return expand(self._all(futs, list).wait())
 
+    def read_rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of ``ids`` as the servers hold them, float32 ``[*ids.shape, dim]``, changing nothing: an id never
+        trained reads as its initial value (what a training lookup would insert). TorchRec's state dict of a PS
+        table reads ``arange(num_embeddings)`` so.
+
+        Raises:
+            PsUnavailableError: A server owning some of the ids did not answer within ``timeout_s``.
+        """
+        dim = self._config(table).dim
+        flat = ids.reshape(-1)
+        if flat.dtype == torch.uint64:
+            flat = flat.view(torch.int64)
+        if flat.numel() == 0:
+            return torch.zeros(*ids.shape, dim)
+        uniq, inverse = distinct_ids(flat)
+        order, pieces = self._split(table, uniq)
+        sorted_ids = uniq if order is None else uniq[order]
+        futs = [self._call(i, protocol.read, (table, sorted_ids[a:b].clone()), "read", table) for i, a, b in pieces]
+        rows = torch.cat(self._all(futs, list).wait())
+        if order is not None:  # back from server order to uniq's
+            rows = torch.empty_like(rows).index_copy_(0, order, rows)
+        return rows.index_select(0, inverse).reshape(*ids.shape, dim)
+
+    def assign_rows(self, table: str, ids: torch.Tensor, weights: torch.Tensor) -> int:
+        """Set the rows of ``ids`` to ``weights`` ``[*ids.shape, dim]`` on their servers, each with a new row's
+        optimizer state (a TorchRec state dict loaded into a PS table); returns the rows written. Pushes made
+        before are applied first.
+
+        Raises:
+            ValueError: ``weights`` do not match ``ids`` x ``dim``, or an id repeats.
+        """
+        dim = self._config(table).dim
+        flat = ids.reshape(-1)
+        if flat.dtype == torch.uint64:
+            flat = flat.view(torch.int64)
+        if weights.numel() != flat.numel() * dim or weights.dim() == 0 or weights.shape[-1] != dim:
+            raise ValueError(f"weights of shape {tuple(weights.shape)} do not match ids {tuple(ids.shape)} x dim {dim}")
+        uniq, _ = distinct_ids(flat)
+        if uniq.numel() != flat.numel():
+            raise ValueError(f"assign_rows: the {flat.numel()} ids of table {table!r} repeat")
+        self.flush()
+        rows = weights.reshape(-1, dim).to(torch.float32)
+        order, pieces = self._split(table, flat)
+        if order is not None:
+            flat, rows = flat[order], rows[order]
+        futs = [
+            self._call(i, protocol.assign, (table, flat[a:b].clone(), rows[a:b].clone()), "assign", table)
+            for i, a, b in pieces
+        ]
+        return self._all(futs, sum).wait()
+
     def push_gradients_async(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> Future:
         """Send ``grads`` ``[*ids.shape, dim]`` of ``ids``; the future holds the number of rows the servers updated.
 

@@ -43,6 +43,7 @@ __all__ = [
     "RemoteFailure",
     "TableConfig",
     "WireOverflowError",
+    "assign",
     "check_wire_dtype",
     "create",
     "drop",
@@ -53,6 +54,7 @@ __all__ = [
     "lookup",
     "memory",
     "metrics",
+    "read",
     "save",
     "server_index",
     "server_name",
@@ -309,6 +311,18 @@ def lookup(
     the ids do not repeat (the client de-duplicates). ``wire_dtype``: the dtype the rows travel back in (None: the
     store's float32)."""
     return _serve("lookup", table, ids, train, distinct, wire_dtype)
+
+
+def read(table: str, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``[len(ids), dim]`` of the distinct ``ids`` as the table holds them, without side effects: an id it does
+    not hold reads as its initial value (a TorchRec state dict of the table)."""
+    return _serve("read", table, ids)
+
+
+def assign(table: str, ids: torch.Tensor, weights: torch.Tensor) -> int:
+    """Set the rows of the distinct ``ids`` to ``weights``, their optimizer state as new (a TorchRec state dict
+    loaded into the table); returns the rows written."""
+    return _serve("assign", table, ids, weights)
 
 
 def update(table: str, ids: torch.Tensor, grads: torch.Tensor, distinct: bool = False) -> int:

@@ -243,6 +243,24 @@ def lookup(
     return wired
 
 
+@handles(protocol.read)
+@_server_errors
+def read(table: str, ids: torch.Tensor) -> torch.Tensor:
+    """Rows of ``ids`` as held, unheld ones as their initial value; nothing changes (:meth:`EmbeddingStore.read`)."""
+    t = state().table(table)
+    with t.lock:
+        return t.store.read(ids)
+
+
+@handles(protocol.assign)
+@_server_errors
+def assign(table: str, ids: torch.Tensor, weights: torch.Tensor) -> int:
+    """Set the rows of ``ids`` to ``weights`` (:meth:`EmbeddingStore.assign`); returns the rows written."""
+    t = state().table(table)
+    with t.lock:
+        return t.store.assign(ids, weights.to(torch.float32))
+
+
 @handles(protocol.update)
 @_server_errors
 def update(table: str, ids: torch.Tensor, grads: torch.Tensor, distinct: bool = False) -> int:

@@ -245,11 +245,50 @@ class EmbeddingStore:
                 rows = kernels.gather_rows(rows, inverse)  # the expansion to the caller's order, as the client's
         return rows.reshape(*ids.shape, self.dim)
 
-    def _admit(self, uniq: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor, hit: torch.Tensor) -> None:
-        """Insert the admitted missing ids of a batch, evicting if needed; writes their slots into ``slots`` (and
-        re-points the batch's hits whose rows the eviction moved)."""
+    @torch.no_grad()
+    def read(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of ``ids`` ``[*ids.shape, dim]`` without any side effect: a held id's row as it is, any other id's
+        as its initial value (``init.rows_for``, which a training lookup would insert; zeros without ``init_seed``)."""
+        flat = as_ids(ids)
+        slots, _ = self._index.find(flat)
+        rows = kernels.take_rows(self._weights, slots)
+        missing = slots < 0
+        if self.init_seed is not None and bool(missing.any()):
+            rows[missing] = self.init.rows_for(flat[missing], self.dim, self.init_seed)
+        return rows.reshape(*ids.shape, self.dim)
+
+    @torch.no_grad()
+    def assign(self, ids: torch.Tensor, weights: torch.Tensor) -> int:
+        """Set the rows of the distinct ``ids`` to ``weights`` ``[len(ids), dim]``, inserting the ids not held (all of
+        them, evicting by the policy when full) with a new row's optimizer state; returns the rows written (fewer
+        only when the ids outnumber the capacity)."""
+        flat = as_ids(ids)
+        weights = weights.reshape(flat.numel(), self.dim).to(torch.float32)
+        slots, _ = self._index.find(flat)
+        hit = slots >= 0
+        if not bool(hit.all()):
+            self._admit(flat, torch.ones_like(flat), slots, hit, everyone=True)
+        written = slots >= 0
+        slots, weights = slots[written], weights[written]
+        self._weights.index_copy_(0, slots, weights)
+        self._state.index_copy_(0, slots, self.optimizer.init_state(slots.numel(), self.dim))
+        self._dirty[slots] = True
+        return slots.numel()
+
+    def _admit(
+        self,
+        uniq: torch.Tensor,
+        counts: torch.Tensor,
+        slots: torch.Tensor,
+        hit: torch.Tensor,
+        *,
+        everyone: bool = False,
+    ) -> None:
+        """Insert the admitted missing ids of a batch (``everyone``: all of them, whatever the admission
+        probability), evicting if needed; writes their slots into ``slots`` (and re-points the batch's hits whose rows
+        the eviction moved)."""
         miss = (~hit).nonzero().squeeze(1)
-        if self.admission_probability < 1.0:
+        if self.admission_probability < 1.0 and not everyone:
             draw = torch.rand(miss.numel(), generator=self._generator)
             miss = miss[draw < self.admission_probability]
         room = self.capacity - int(hit.sum())  # the batch's own hits stay

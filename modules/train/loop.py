@@ -145,9 +145,11 @@ def torchrec_model(embeddings: nn.Module, arch: DenseArch, dim: int) -> nn.Modul
 
 def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """``model``'s state without its :class:`HybridEmbeddingBagCollection` (detached, not copied)."""
-    path, _ = hybrid_of(model)
+    path, hybrid = hybrid_of(model)
     prefix = f"{path}." if path else ""
-    return {k: v.detach() for k, v in model.state_dict().items() if not (prefix and k.startswith(prefix))}
+    with hybrid.ps_rows_left_out():  # the servers' rows are not read for nothing
+        state = model.state_dict()
+    return {k: v.detach() for k, v in state.items() if not (prefix and k.startswith(prefix))}
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, sparse: SparseOptimizer) -> Any:

@@ -232,7 +232,7 @@ def load_trainer_state(
     and this trainer's random state; returns the step to continue from."""
     path = ckpt.path / TRAINER_STATE
     check_layout(path, state, layout)  # again: under torchrun no launcher checked it before the processes started
-    own = model.state_dict()
+    own = dense_state_dict(model)
     reshaped = [k for k, v in state["dense"].items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
     if reshaped:
         k = reshaped[0]
