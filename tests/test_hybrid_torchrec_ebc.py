@@ -205,6 +205,14 @@ def _ps_round_trip(rank: int, client) -> dict:
     out["back_equal"] = torch.equal(hybrid(_two_by_three()).values(), ebc(_two_by_three()).values())
     with hybrid.ps_rows_left_out():
         out["left_out"] = list(hybrid.state_dict())
+    # Traced as TorchRec's train pipeline traces it: the PS tables one call of their (leaf) module.
+    from torchrec.fx import Tracer
+
+    graph = Tracer(leaf_modules=["RemoteEmbeddingBags"]).trace(hybrid)
+    traced = torch.fx.GraphModule(hybrid, graph)
+    calls = [n.target for n in graph.nodes if n.op == "call_module"]
+    out["traced_equal"] = torch.equal(traced(_two_by_three()).values(), hybrid(_two_by_three()).values())
+    out["traced_calls"] = [c for c in calls if "remote" in c]
     return out
 
 
@@ -218,3 +226,4 @@ def test_a_torchrec_checkpoint_loads_into_the_servers_tables_and_back():
     assert result["fresh_in_range"]  # rows never trained read as their initial values
     assert result["loaded_equal"] and result["back_equal"] and result["moved"] > 1e-3
     assert result["left_out"] == ["embedding_bags.t2.weight"]
+    assert result["traced_equal"] and result["traced_calls"] == ["remote"]

@@ -208,7 +208,7 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             for c, theirs in zip(self.local_tables, own, strict=True)
             for k, mine in enumerate(theirs)
         }
-        self._rename_local = any(k != v for k, v in self._local_keys.items())
+        self._renames = list(self._local_keys.items())
         self.local: LocalEmbeddingBags | None = None
         if self.local_tables:
             self.optimizer.fbgemm(self.device.type == "cuda")  # refuses what fbgemm's fused kernels lack, now
@@ -280,50 +280,23 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``features``: a ``KeyedTensor`` with one ``[B, dim]`` value per feature (per
         ``feature@table`` where a feature feeds several tables)."""
-        # Traced or scripted: the local tables alone (the servers' tables answer over RPC, in Python).
-        if torch.jit.is_scripting():
+        if torch.jit.is_scripting():  # the local tables alone: the servers' tables answer over RPC, in Python
             return self._local_only(features)
-        if is_fx_symbolic_tracing():
-            return self._local_only(features)
-        return self._forward_eager(features)
+        return self._forward_python(features)
 
     @torch.jit.unused
-    def _forward_eager(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        self._check_batch(features)
+    def _forward_python(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        if not is_fx_symbolic_tracing():
+            self._check_batch(features)
+        # Traced, the PS tables are one call of their module (a leaf of TorchRec's pipeline tracer, which leaves every
+        # module without a sharded one inside untraced) and the join one call of a wrapped function.
         local = self.local(features) if self.local is not None else None
-        pooled = self.remote(features) if self.remote is not None else {}
-        if local is not None and self._rename_local:
-            local = KeyedTensor(
-                keys=[self._local_keys[k] for k in local.keys()],  # noqa: SIM118  (a KeyedTensor is no dict)
-                length_per_key=local.length_per_key(),
-                values=local.values(),
-                key_dim=1,
-            )
-        if not self.keep_order:  # one concatenation at most: the keys as the engines give them
-            if not pooled:
-                return local
-            keys, dims, values = (
-                ([], [], []) if local is None else (local.keys(), local.length_per_key(), [local.values()])
-            )
-            return KeyedTensor(
-                keys=keys + list(pooled),
-                length_per_key=dims + [v.shape[1] for v in pooled.values()],
-                values=torch.cat(values + list(pooled.values()), dim=1),
-                key_dim=1,
-            )
-        parts = [local] if local is not None else []
-        if pooled:
-            dims = [v.shape[1] for v in pooled.values()]
-            parts.append(KeyedTensor(list(pooled), dims, torch.cat(list(pooled.values()), dim=1), key_dim=1))
-        if len(parts) == 1 and parts[0].keys() == self._features:
-            values = parts[0].values()
-        else:  # TorchRec's output is grouped by rank: one regroup (fbgemm's permute) puts every key in config order
-            values = KeyedTensor.regroup(parts, [self._features])[0]
-        return KeyedTensor(keys=list(self._features), length_per_key=list(self._dims), values=values, key_dim=1)
+        pooled = self.remote(features) if self.remote is not None else None
+        return join_pooled(local, pooled, self._features, self._dims, self._renames, self.keep_order)
 
     def _local_only(self, features: KeyedJaggedTensor) -> KeyedTensor:
         if self.remote is not None or self.local is None:
-            _refuse_tracing()
+            _refuse_scripting()
         assert self.local is not None  # TorchScript refines the Optional here
         return self.local(features)
 
@@ -438,12 +411,71 @@ def _check_kjt(features: KeyedJaggedTensor, *, weighted: bool = False) -> None:
 
 
 @torch.jit.unused
-def _refuse_tracing() -> None:
+def _refuse_scripting() -> None:
     raise PlannerError(
-        "HybridEmbeddingBagCollection with parameter-server tables cannot be fx-traced or scripted: their rows "
-        "come over RPC",
-        fixes=("trace with torchrec.fx.Tracer(leaf_modules=['HybridEmbeddingBagCollection'])",),
+        "HybridEmbeddingBagCollection with parameter-server tables cannot be scripted: their rows come over RPC",
+        fixes=("script a collection of local tables", "fx-trace it instead (the PS tables stay one module call)"),
     )
+
+
+@torch.fx.wrap
+def join_pooled(
+    local: KeyedTensor | None,
+    pooled: dict[str, torch.Tensor] | None,
+    keys: list[str],
+    dims: list[int],
+    local_keys: list[tuple[str, str]],
+    keep_order: bool,
+) -> KeyedTensor:
+    """The collection's ``KeyedTensor`` from the local tables' (TorchRec's, grouped by rank once sharded) and the PS
+    tables' pooled embeddings (by key), with TorchRec's ``keys`` and ``dims`` (config order) and the local
+    collection's own key names mapped to them (``local_keys``); without ``keep_order`` one concatenation at most, the
+    keys as the engines give them. One call in a traced graph, scriptable."""
+    if local is not None:
+        renames: dict[str, str] = {}
+        renamed = False
+        for mine, theirs in local_keys:
+            renames[mine] = theirs
+            renamed = renamed or mine != theirs
+        if renamed:
+            local = KeyedTensor(
+                keys=[renames[k] for k in local.keys()],  # noqa: SIM118  (a KeyedTensor is no dict)
+                length_per_key=local.length_per_key(),
+                values=local.values(),
+                key_dim=1,
+            )
+    pooled_keys: list[str] = []
+    pooled_values: list[torch.Tensor] = []
+    if pooled is not None:
+        for key, value in pooled.items():
+            pooled_keys.append(key)
+            pooled_values.append(value)
+    if not keep_order:
+        if len(pooled_keys) == 0:
+            assert local is not None
+            return local
+        local_keys_out: list[str] = []
+        local_dims: list[int] = []
+        values: list[torch.Tensor] = []
+        if local is not None:
+            local_keys_out, local_dims, values = local.keys(), local.length_per_key(), [local.values()]
+        return KeyedTensor(
+            keys=local_keys_out + pooled_keys,
+            length_per_key=local_dims + [v.shape[1] for v in pooled_values],
+            values=torch.cat(values + pooled_values, dim=1),
+            key_dim=1,
+        )
+    parts: list[KeyedTensor] = []
+    if local is not None:
+        parts.append(local)
+    if len(pooled_keys) > 0:
+        widths = [v.shape[1] for v in pooled_values]
+        parts.append(KeyedTensor(keys=pooled_keys, length_per_key=widths, values=torch.cat(pooled_values, dim=1)))
+    if len(parts) == 1 and parts[0].keys() == keys:
+        joined = parts[0].values()
+    else:  # TorchRec's output is grouped by rank: one regroup (fbgemm's permute) puts every key in config order
+        joined = KeyedTensor.regroup(parts, [keys])[0]
+    return KeyedTensor(keys=list(keys), length_per_key=list(dims), values=joined, key_dim=1)
 
 
 _LOCAL_PREFIX = "local.ebc.embedding_bags."
