@@ -35,7 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from persia_planner.errors import PlannerError
 
-__all__ = ["ExecutedTable", "LocalEmbeddingBags", "ids_in_range", "int64_ids"]
+__all__ = ["ExecutedTable", "IdsInRange", "LocalEmbeddingBags", "ids_in_range", "int64_ids"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,27 @@ def ids_in_range(
     )
 
 
+class IdsInRange(nn.Module):
+    """:func:`ids_in_range` as a module without parameters: TorchRec's train pipeline runs it ahead of the step, with
+    the sharded collection's input all-to-all (a "postproc" module of its tracer).
+
+    Args:
+        order: The features, each once, in the collection's order.
+        rows: Each feature's table rows (the smallest of its tables).
+        weighted: Keep the per-id weights (float32).
+    """
+
+    def __init__(self, order: list[str], rows: list[int], weighted: bool) -> None:
+        super().__init__()
+        self.order = list(order)
+        # A plain tensor, not a buffer: nothing to save or synchronise (ids_in_range moves it to the ids' device).
+        self.rows = torch.tensor(rows, dtype=torch.int64)
+        self.weighted = bool(weighted)
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        return ids_in_range(features, self.order, self.rows, self.weighted)
+
+
 class LocalEmbeddingBags(nn.Module):
     """The local tables of a plan, in a TorchRec ``EmbeddingBagCollection`` (``ebc``) that DMP shards.
 
@@ -127,9 +148,8 @@ class LocalEmbeddingBags(nn.Module):
             for f in c.feature_names:
                 rows[f] = min(rows.get(f, c.num_embeddings), c.num_embeddings)
         self.features: list[str] = list(rows)
-        # A plain tensor, not a buffer: nothing to save or synchronise (ids_in_range moves it to the ids' device).
-        self._rows = torch.tensor(list(rows.values()), dtype=torch.int64)
         self._is_weighted = bool(is_weighted)
+        self.to_range = IdsInRange(self.features, list(rows.values()), self._is_weighted)
         self.seed = int(seed)
         device = device or torch.get_default_device()
         self.ebc = EmbeddingBagCollection(tables=self.configs, is_weighted=is_weighted, device=device)
@@ -174,15 +194,15 @@ class LocalEmbeddingBags(nn.Module):
             TorchRec's ``KeyedTensor`` (sharded: its keys grouped by rank; read it by key).
         """
         if torch.jit.is_scripting():  # unsharded: TorchRec's collection, checks and all
-            return self.ebc(ids_in_range(features, self.features, self._rows, self._is_weighted))
+            return self.ebc(self.to_range(features))
         if is_fx_symbolic_tracing():  # the sharded module's awaitable is the tracer's to resolve
-            return self.ebc(ids_in_range(features, self.features, self._rows, self._is_weighted))
+            return self.ebc(self.to_range(features))
         return self._forward_eager(features)
 
     @torch.jit.unused
     def _forward_eager(self, features: KeyedJaggedTensor) -> KeyedTensor:
         self._check_weights(features)
-        out = self.ebc(ids_in_range(features, self.features, self._rows, self._is_weighted))
+        out = self.ebc(self.to_range(features))
         return out.wait() if hasattr(out, "wait") else out  # the sharded module answers with an awaitable
 
     @torch.jit.unused
@@ -393,3 +413,4 @@ class LocalEmbeddingBags(nn.Module):
 # fx writes a traced graph's signature from forward's annotations, which `from __future__ import annotations` leaves
 # as strings that TorchScript cannot resolve in the generated code: the classes themselves.
 LocalEmbeddingBags.forward.__annotations__.update(features=KeyedJaggedTensor, **{"return": KeyedTensor})
+IdsInRange.forward.__annotations__.update(features=KeyedJaggedTensor, **{"return": KeyedJaggedTensor})
