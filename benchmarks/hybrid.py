@@ -9,6 +9,8 @@
    exported to TorchRec ``DistributedModelParallel`` alone (``dmp_samples_per_s``) vs ``persia train --mode sync``
    executing it (``local_samples_per_s``); ``hybrid_vs_dmp`` = local / dmp. ``executed_matches_plan``: every run's
    ``executed_plan`` equals its plan.
+5. TorchRec's train pipeline: ``persia train --pipeline`` vs the plain loop, K = 0 and K = 4, alternated
+   (``pipelined_samples_per_s`` and ``pipelined_over_plain``, by ``k0`` / ``k4``).
 
 Every ratio compares runs of this same invocation. Prints a table and writes JSON (``--json OUT``).
 
@@ -289,6 +291,26 @@ def main(argv: list[str] | None = None) -> int:
     results["executed_matches_plan"] = all(executed)
     results["dmp"] = {"rounds": {"dmp": dmp_rates, "local": local_rates}}
 
+    # 5. TorchRec's train pipeline (persia train --pipeline) against the plain loop, K = 0 and K = 4, alternated.
+    pipe_rounds = 1 if args.quick else 3
+    console.print(
+        f"[bold]5. train pipeline[/]: persia train --pipeline vs the plain loop, K = 0 and K = 4, {speed_steps} "
+        f"steps, {pipe_rounds} round(s)"
+    )
+    pipe: dict[str, dict[str, list[float]]] = {k: {"plain": [], "pipelined": []} for k in ("k0", "k4")}
+    for _ in range(pipe_rounds):
+        for k, options in (("k0", {"mode": "sync"}), ("k4", {"staleness": 4})):
+            for form in ("plain", "pipelined"):
+                run = train(spec, the_plan, topo, servers, steps=speed_steps, pipeline=form == "pipelined", **options)
+                pipe[k][form].append(run["samples_per_s"])
+                executed.append(run["executed_plan"] == planned_execution(the_plan, spec, topo))
+    results["executed_matches_plan"] = all(executed)
+    results["pipelined_samples_per_s"] = {k: statistics.median(v["pipelined"]) for k, v in pipe.items()}
+    results["pipelined_over_plain"] = {
+        k: statistics.median(v["pipelined"]) / statistics.median(v["plain"]) for k, v in pipe.items()
+    }
+    results["pipeline"] = {"rounds": pipe}
+
     table = Table(
         title=f"hybrid training ({'quick' if args.quick else 'full'}), {spec.name}, 2 trainers + {servers} PS"
     )
@@ -334,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("persia train --mode sync samples/s (same plan)", f"{results['local_samples_per_s']:,.0f}", "", "")
     vs = results["hybrid_vs_dmp"]
     table.add_row("persia sync / DMP (hybrid_vs_dmp)", f"{vs:.2f}x", ">= 0.95x", mark(vs >= 0.95))
+    for k, ratio in results["pipelined_over_plain"].items():
+        label = f"pipelined samples/s, K={k[1:]} (/ plain loop)"
+        shown = f"{results['pipelined_samples_per_s'][k]:,.0f} ({ratio:.2f}x)"
+        table.add_row(label, shown, ">= 0.98x", mark(ratio >= 0.98))
     table.add_row("executed plan = plan.json, every run", str(results["executed_matches_plan"]), "True",
                   mark(results["executed_matches_plan"]))  # fmt: skip
     console.print(table)

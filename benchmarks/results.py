@@ -22,6 +22,10 @@ HEADLINES = {
         "hybrid_vs_dmp",
         "sync_vs_torchrec_max_abs_diff",
         "executed_matches_plan",
+        "pipelined_samples_per_s.k0",
+        "pipelined_samples_per_s.k4",
+        "pipelined_over_plain.k0",
+        "pipelined_over_plain.k4",
     ),
     "cost_model": (
         "median_abs_error",

@@ -90,3 +90,30 @@ def test_the_pipeline_trains_as_the_plain_loop_at_k0_and_stages_ps_rows_ahead_at
     for rank in (0, 1):
         seen = ahead[rank]["staleness"]
         assert len(seen) == 8 and max(seen) >= 1 and max(seen) <= 2  # rows requested ahead, within the bound
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(600)
+def test_persia_train_pipelined_evaluates_between_steps_and_equals_the_plain_run_at_k0(tmp_path):
+    """The default job (2 PS + 2 trainers) in sync mode with an evaluation and a checkpoint after step 3: the pipeline
+    is detached for them and attached again; every loss and the AUC are the plain loop's."""
+    from persia_planner import load_model, load_topology, plan
+    from persia_planner.modules.train import TrainConfig, train_local
+    from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+
+    spec, topology = load_model(DEFAULT_MODEL), load_topology(DEFAULT_TOPOLOGY)
+    tables = dict(plan(spec, topology).tables)
+
+    def run(pipeline: bool) -> dict:
+        cfg = TrainConfig(
+            steps=6, mode="sync", eval_every=3, eval_batches=2, checkpoint_every=3, progress=False,
+            checkpoint=str(tmp_path / f"ckpt-{pipeline}"), pipeline=pipeline,
+        )  # fmt: skip
+        return train_local(cfg, spec, tables, servers=len(topology.servers), topology=topology)
+
+    plain, piped = run(False), run(True)
+    assert piped["pipelined"] and not plain["pipelined"] and piped["steps"] == 6
+    assert [h["loss"] for h in piped["history"]] == pytest.approx([h["loss"] for h in plain["history"]], abs=1e-6)
+    assert piped["history"][2]["auc"] == pytest.approx(plain["history"][2]["auc"], abs=1e-6)
+    assert piped["auc"] == pytest.approx(plain["auc"], abs=1e-6)
+    assert (tmp_path / "ckpt-True" / "step-000000006").is_dir() and piped["executed_matches_plan"]

@@ -144,6 +144,8 @@ class TrainConfig:
         eval_batches: Batches per trainer of each evaluation (synthetic data: drawn with another seed; data files:
             the first of the held-out rows, :attr:`eval_split` or ``eval_data``).
         eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
+        pipeline: Train through TorchRec's ``TrainPipelineSparseDist`` (:mod:`.pipeline`): the local tables' input
+            all-to-all of the next batch and the PS rows of the staged batches overlap the current step.
         sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
         sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (local tables: CUDA only, fbgemm has
             no CPU adam), for every table; None: the one the model's tables name (``optimizer:`` in model.yaml, which
@@ -190,6 +192,7 @@ class TrainConfig:
     data_workers: int = 0
     eval_batches: int = 8
     eval_every: int = 0
+    pipeline: bool = False
     sparse_lr: float = 0.1
     sparse_optimizer: Optimizer | None = None
     dense_lr: float = 0.05

@@ -213,6 +213,10 @@ class TrainLoop:
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.profiler = profiler
 
+    def scoring_model(self) -> nn.Module:
+        """The model to evaluate with between steps: the one it trains."""
+        return self.model
+
     def _to_device(self, batch: Batch) -> Batch:
         # Moved once, when read: the module matches a forward to its prefetch by the KJT's identity.
         if self.device.type == "cpu":

@@ -119,6 +119,13 @@ class PipelinedTrainLoop:
         self.device = device or torch.device("cpu")
         self.pipeline: HybridTrainPipeline | None = None  # the last run's
 
+    def scoring_model(self) -> nn.Module:
+        """The model to evaluate with between steps, ``model(dense, sparse) -> logits``: the pipeline is detached
+        (TorchRec's pipelined forwards restored), and attaches again at its next step."""
+        if self.pipeline is not None:
+            self.pipeline.detach()
+        return self.model.module.model  # DistributedModelParallel -> PipelineStep -> the model, sharded in place
+
     def run(self, batches: Iterable[Any]) -> Iterator[StepStats]:
         """Train on every batch of ``batches`` (ours or TorchRec's ``Batch`` es)."""
         stream = (TorchRecBatch(b.dense, b.sparse, b.labels) for b in as_batches(batches))

@@ -43,6 +43,7 @@ from persia_planner.modules.train.job import Job, trainer_group
 from persia_planner.modules.train.job_checkpoints import new_lineage
 from persia_planner.modules.train.loop import StepStats, TrainLoop, build_job_model, make_optimizer
 from persia_planner.modules.train.metrics_log import MetricsSink, Sinks, StepRecord, open_sinks
+from persia_planner.modules.train.pipeline import PipelinedTrainLoop, PipelineStep
 from persia_planner.modules.train.ps_usage import planned_server_bytes, server_usage, warm_up
 from persia_planner.modules.train.terminal import ema, progress_bar
 from persia_planner.modules.train.trainer_state import Saver, check_resume, data_layout, load_trainer_state
@@ -143,7 +144,7 @@ class _TrainerRun:
     saver: Saver
     stopper: GracefulStop | None
     sink: MetricsSink
-    loop: TrainLoop
+    loop: TrainLoop | PipelinedTrainLoop
     timeline: _Timeline
     memory_before: dict[str, Any] | None
     epochs: Epochs
@@ -171,7 +172,9 @@ class _TrainerRun:
         if cfg.ps_capacity is PsCapacity.UNBOUNDED:  # every id the data can draw, on every server: nothing is evicted
             capacity = {name: min(ids, PS_MAX_CAPACITY) for name, ids in id_universe(spec, cfg).items()}
         model, hybrid = build_job_model(job, client, sparse_opt, device=device, capacity=capacity)
-        dmp = distribute(model, job.tables, job.topology, device=device)
+        # Pipelined, DMP shards the step module around the model (TorchRec's pipeline calls it with the batch); the
+        # model itself is sharded in place, and the checkpoints and evaluations read it as unpipelined runs do.
+        dmp = distribute(PipelineStep(model) if cfg.pipeline else model, job.tables, job.topology, device=device)
         executed = executed_plan(model, job.topology)
         opt = make_optimizer(model, cfg, sparse_opt)
         root = Path(cfg.checkpoint) if cfg.checkpoint else None
@@ -197,14 +200,16 @@ class _TrainerRun:
         # (decision 0014).
         profiler = None
         planned = _planned_steps(cfg, job, epochs, start_step)
-        if planned is not None and planned >= 4 and hybrid.ps is None:
+        if planned is not None and planned >= 4 and hybrid.ps is None and not cfg.pipeline:
             profiler = StepProfiler(min(10, planned // 4), min(10, max(1, planned // 4)))
         # Trainer 0 logs the job's steps: its samples/s counts every trainer's, and the others run the same steps.
         # Closed however the run ends: a failed run keeps the steps it logged.
         sink: MetricsSink = cleanup.enter_context(
             contextlib.closing(open_sinks(cfg.log_dir, first_step=start_step) if j == 0 else Sinks())
         )
-        loop = TrainLoop(dmp, hybrid, opt, device, profiler)
+        loop: TrainLoop | PipelinedTrainLoop = TrainLoop(dmp, hybrid, opt, device, profiler)
+        if cfg.pipeline:
+            loop = PipelinedTrainLoop(dmp, hybrid, opt, device)
         timeline = _Timeline(profiler, job.trainers)
         return cls(
             j, client, job, cfg, layout["batch_size"], device, dmp, hybrid, executed, saver, stopper, sink, loop,
@@ -253,7 +258,7 @@ class _TrainerRun:
             self.hybrid.flush()
             dist.barrier()  # every trainer's pushes are applied before anyone evaluates
             held_out = held_out_batches(self.job.spec, cfg, self.batch_size)
-            self.timeline.history[-1].update(evaluate(self.dmp, held_out, self.device))
+            self.timeline.history[-1].update(evaluate(self.loop.scoring_model(), held_out, self.device))
             self.sink.log_eval(step, self.timeline.history[-1])
             self.timeline.excluded_s += time.perf_counter() - eval_started
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and within:
@@ -284,7 +289,7 @@ class _TrainerRun:
         if self.saver.last_step != step:
             self.saver.save(step)
         held_out = held_out_batches(job.spec, cfg, self.batch_size)
-        result = evaluate(self.dmp, held_out, self.device)
+        result = evaluate(self.loop.scoring_model(), held_out, self.device)
         self.sink.log_eval(step, result)
         if self.timeline.history:
             self.timeline.history[-1].update(result)
@@ -315,6 +320,7 @@ class _TrainerRun:
             "staleness": cfg.effective_staleness,
             "staleness_max_seen": hybrid.staleness_max_seen,
             "mode": cfg.mode.value,
+            "pipelined": cfg.pipeline,
             "hyper_parameters": hyper_parameters(cfg, job.spec, job.trainers),
             "trainers": job.trainers,
             "servers": job.servers if hybrid.ps is not None else 0,

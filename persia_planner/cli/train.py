@@ -130,6 +130,15 @@ DenseOptimizerOption = Annotated[
     str | None, typer.Option("--dense-optimizer", help="adagrad (default), sgd or adam (torch.optim)")
 ]
 
+PipelineOption = Annotated[
+    bool,
+    typer.Option(
+        "--pipeline",
+        help="train through TorchRec's TrainPipelineSparseDist: the next batch's input all-to-all and the PS rows of "
+        "the staged batches overlap the current step (pays on CUDA)",
+    ),
+]
+
 SparseLrOption = Annotated[
     float | None, typer.Option("--sparse-lr", help="learning rate of the embedding tables (default 0.1)")
 ]
@@ -241,6 +250,7 @@ def train_command(
     batch_size: BatchSizeOption = None,
     dense_lr: DenseLrOption = None,
     dense_optimizer: DenseOptimizerOption = None,
+    pipeline: PipelineOption = False,
     sparse_lr: SparseLrOption = None,
     sparse_optimizer: SparseOptimizerOption = None,
     eval_every: EvalEveryOption = 0,
@@ -306,6 +316,7 @@ def train_command(
             data_workers=data_workers,
             eval_batches=eval_batches,
             eval_every=eval_every,
+            pipeline=pipeline,
             **{
                 name: value
                 for name, value in (
