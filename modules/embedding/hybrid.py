@@ -203,12 +203,11 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._inputs = list(dict.fromkeys(f for c in self._configs for f in c.feature_names))
         # The local collection names its keys among its own tables: a feature it shares with a PS table is "f" there.
         own = get_embedding_names_by_table(self.local_tables) if self.local_tables else []
-        self._local_keys = {
-            mine: names_by_table[c.name][k]
+        self._renames = [
+            (mine, names_by_table[c.name][k])
             for c, theirs in zip(self.local_tables, own, strict=True)
             for k, mine in enumerate(theirs)
-        }
-        self._renames = list(self._local_keys.items())
+        ]
         self.local: LocalEmbeddingBags | None = None
         if self.local_tables:
             self.optimizer.fbgemm(self.device.type == "cuda")  # refuses what fbgemm's fused kernels lack, now
