@@ -1,0 +1,65 @@
+"""benchmarks/netcluster.py: hosts as network namespaces on a bridge of their own, shaped egress, always torn down,
+nothing added to the machine's own namespace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+from benchmark_modules import load
+
+netcluster = load("netcluster")
+
+try:
+    netcluster.check_available()
+    REASON = ""
+except netcluster.Unavailable as err:
+    REASON = str(err)
+needs_namespaces = pytest.mark.skipif(bool(REASON), reason=REASON)
+
+
+def _ours() -> list[str]:
+    return [ns for ns in netcluster.namespaces() if ns.startswith(f"pp{os.getpid()}-")]
+
+
+@needs_namespaces
+@pytest.mark.processes
+@pytest.mark.timeout(120)
+def test_hosts_reach_each_other_on_their_addresses_with_shaped_egress_and_leave_nothing_behind():
+    before = netcluster.root_links()
+    with netcluster.NetCluster(["a", "b", "c"], {"a": 50.0}) as cluster:
+        assert [h.address for h in cluster.hosts.values()] == ["198.18.0.1", "198.18.0.2", "198.18.0.3"]
+        assert "tbf" in cluster.qdisc("a") and "rate 50Mbit" in cluster.qdisc("a")
+        assert "tbf" not in cluster.qdisc("b")
+        assert netcluster.root_links() == before  # every link is inside the cluster's namespaces
+        # A receiver on b's address, a bounded transfer from a (through a's shaped egress).
+        assert netcluster.transfer_mbit(cluster, "a", "b", 20_000) > 0
+        sleeper = cluster.popen("c", [sys.executable, "-c", "import time; time.sleep(60)"])
+        assert len(_ours()) == 4  # the bridge's namespace and the three hosts'
+    assert _ours() == [] and netcluster.root_links() == before
+    assert sleeper.poll() == -signal.SIGKILL  # what ran in the cluster ended with it
+
+
+@needs_namespaces
+@pytest.mark.processes
+@pytest.mark.timeout(60)
+def test_a_failure_while_building_tears_down_what_was_built(monkeypatch):
+    def refuse(*args: str) -> None:
+        raise RuntimeError(f"tc {' '.join(args)}: refused")
+
+    monkeypatch.setattr(netcluster, "_tc", refuse)  # the second host's shaping fails, after two namespaces exist
+    with pytest.raises(RuntimeError, match=r"tc -n pp\d+-h1 qdisc add"), netcluster.NetCluster(["a", "b"], {"b": 5.0}):
+        pass
+    assert _ours() == []
+
+
+def test_without_root_it_says_why_in_one_line(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(netcluster.Unavailable, match=r"^the namespace cluster needs root \(ip netns add\)"):
+        netcluster.check_available()
+    with pytest.raises(ValueError, match="rates for hosts"):
+        netcluster.NetCluster(["a"], {"z": 1.0})
+    with pytest.raises(ValueError, match="NIC rates must be positive"):
+        netcluster.NetCluster(["a"], {"a": -5.0})
