@@ -131,7 +131,7 @@ class NetCluster(contextlib.AbstractContextManager):
         tag = f"pp{os.getpid()}"
         self.bridge = f"{tag}-br"
         self.hosts = {
-            name: NetHost(name, f"{tag}-h{i}", f"{NETWORK}.{i + 1}", f"eth{i}", rates.get(name))
+            name: NetHost(name, f"{tag}-h{i}", f"{NETWORK}.{i + 1}", "eth0", rates.get(name))
             for i, name in enumerate(hosts)
         }
         self._processes: list[subprocess.Popen] = []
