@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from collections.abc import Mapping, MutableMapping
 
 from persia_planner.errors import PlannerError
@@ -16,9 +17,11 @@ from persia_planner.errors import PlannerError
 __all__ = [
     "DEFAULT_RPC_TRANSPORTS",
     "RPC_TRANSPORTS_ENV",
+    "interface_with",
     "is_loopback",
-    "listen_on_loopback_if_asked",
+    "listen_where_the_rendezvous_is",
     "master_address",
+    "rendezvous_interface",
     "rpc_transports",
 ]
 
@@ -97,16 +100,50 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
-def listen_on_loopback_if_asked(environ: MutableMapping[str, str] | None = None) -> None:
-    """Where ``MASTER_ADDR`` is a loopback address, make TensorPipe and gloo listen on loopback too.
+def listen_where_the_rendezvous_is(environ: MutableMapping[str, str] | None = None) -> None:
+    """Make TensorPipe and gloo listen on the interface this host reaches ``MASTER_ADDR`` through: loopback for a
+    job on this machine, the cluster network's interface for one on several (:func:`rendezvous_interface`).
 
     Call it before the RPC agent or a gloo group starts: they read ``TP_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME``
-    then. Unset, both listen on the address the host's name resolves to, usually the machine's network address,
-    although a job whose rendezvous is on loopback runs on this machine only. A value the user set is kept, and
-    with any other ``MASTER_ADDR`` (a job on several machines) the choice stays the user's: see the README, "Running
-    on several machines".
+    then. Unset, both listen on the address the host's name resolves to, which on a machine with several networks
+    (or in a network namespace) need not be the one the other hosts reach. A value the user set is kept, and where
+    no interface is found (an address that does not resolve) both stay unset.
     """
     environ = os.environ if environ is None else environ
-    if is_loopback(environ.get("MASTER_ADDR", "")):
-        environ.setdefault("TP_SOCKET_IFNAME", _LOOPBACK_INTERFACE)
-        environ.setdefault("GLOO_SOCKET_IFNAME", _LOOPBACK_INTERFACE)
+    interface = rendezvous_interface(environ.get("MASTER_ADDR", ""))
+    if interface is not None:
+        environ.setdefault("TP_SOCKET_IFNAME", interface)
+        environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+
+
+def rendezvous_interface(addr: str) -> str | None:
+    """The name of the interface this host sends to ``addr`` through (the kernel's route, looked up with a UDP socket
+    that sends nothing), ``lo`` for a loopback address; None where ``addr`` does not resolve or no interface holds
+    the local address of that route."""
+    if not addr:
+        return None
+    if is_loopback(addr):
+        return _LOOPBACK_INTERFACE
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, None, proto=socket.IPPROTO_UDP)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((sockaddr[0], 9))  # connect() on UDP only picks the route: no datagram leaves
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    return interface_with(local)
+
+
+def interface_with(address: str) -> str | None:
+    """The interface that holds ``address`` (IPv4 or IPv6), from ``ip -o addr`` of this network namespace."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        fields = line.split()  # "2: eth0    inet 198.18.0.1/24 ..."
+        if len(fields) > 3 and fields[2] in ("inet", "inet6") and fields[3].split("/")[0] == address:
+            return fields[1].split("@")[0]
+    return None

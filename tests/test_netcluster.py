@@ -36,6 +36,10 @@ def test_hosts_reach_each_other_on_their_addresses_with_shaped_egress_and_leave_
         assert netcluster.root_links() == before  # every link is inside the cluster's namespaces
         # A receiver on b's address, a bounded transfer from a (through a's shaped egress).
         assert netcluster.transfer_mbit(cluster, "a", "b", 20_000) > 0
+        # Each host finds its own interface on the route to the rendezvous (TensorPipe's and gloo's, unset).
+        probe = "from persia_planner.modules.rpc_environment import rendezvous_interface as r; print(r('198.18.0.1'))"
+        for host in ("a", "b"):
+            assert cluster.run(host, [sys.executable, "-c", probe]).stdout.strip() == "eth0"
         sleeper = cluster.popen("c", [sys.executable, "-c", "import time; time.sleep(60)"])
         assert len(_ours()) == 4  # the bridge's namespace and the three hosts'
     assert _ours() == [] and netcluster.root_links() == before

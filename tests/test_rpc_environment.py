@@ -7,8 +7,9 @@ import pytest
 from persia_planner.errors import PlannerError
 from persia_planner.modules.rpc_environment import (
     is_loopback,
-    listen_on_loopback_if_asked,
+    listen_where_the_rendezvous_is,
     master_address,
+    rendezvous_interface,
     rpc_transports,
 )
 
@@ -32,15 +33,18 @@ def test_master_address_rejects_a_bad_port(monkeypatch, port):
     assert master_address("the servers") == ("127.0.0.1", 29500)
 
 
-def test_a_loopback_rendezvous_keeps_tensorpipe_and_gloo_on_loopback():
+def test_tensorpipe_and_gloo_listen_where_the_rendezvous_is():
+    """Loopback for a job on this machine; the interface of the route to MASTER_ADDR for one on several (the
+    namespace cluster's test checks a cluster address, tests/test_netcluster.py); nothing where it does not
+    resolve."""
     assert all(map(is_loopback, ["127.0.0.1", "127.0.1.1", "::1", "localhost"]))
     assert not any(map(is_loopback, ["10.0.0.1", "0.0.0.0", "::", "host0", ""]))
     environ = {"MASTER_ADDR": "127.0.0.1"}
-    listen_on_loopback_if_asked(environ)
+    listen_where_the_rendezvous_is(environ)
     assert environ == {"MASTER_ADDR": "127.0.0.1", "TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
     chosen = {"MASTER_ADDR": "::1", "TP_SOCKET_IFNAME": "eth1"}  # the user's choice stays
-    listen_on_loopback_if_asked(chosen)
+    listen_where_the_rendezvous_is(chosen)
     assert chosen == {"MASTER_ADDR": "::1", "TP_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "lo"}
-    remote = {"MASTER_ADDR": "10.0.0.1"}  # several machines: the interface is the user's to choose
-    listen_on_loopback_if_asked(remote)
-    assert remote == {"MASTER_ADDR": "10.0.0.1"}
+    unknown = {"MASTER_ADDR": "no-such-host.invalid"}
+    listen_where_the_rendezvous_is(unknown)
+    assert unknown == {"MASTER_ADDR": "no-such-host.invalid"} and rendezvous_interface("") is None

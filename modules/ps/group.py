@@ -6,7 +6,7 @@ Servers and trainers alike are ``torch.distributed.rpc`` workers (TensorPipe bac
   the store connection bounded by the RPC timeout (torch's own waits 30 minutes and takes no timeout), after
   waiting for rank 0 to listen; a group that does not come together fails in one line naming the address. Rank 0
   hosts the store on ``MASTER_ADDR`` only (:func:`host_store`), and TensorPipe listens on loopback when that
-  address is a loopback one (:func:`~persia_planner.modules.rpc_environment.listen_on_loopback_if_asked`).
+  address is a loopback one (:func:`~persia_planner.modules.rpc_environment.listen_where_the_rendezvous_is`).
 * Leaving (:func:`leave_group`): the graceful ``rpc.shutdown()`` returns once every worker reached its own; a worker
   that died or hangs would keep it waiting forever, so meanwhile every other worker is pinged, and a lost one ends
   the wait with :class:`~.protocol.PeerLostError` naming it.
@@ -33,7 +33,7 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.modules.ps.protocol import PeerLostError
-from persia_planner.modules.rpc_environment import listen_on_loopback_if_asked, master_address, rpc_transports
+from persia_planner.modules.rpc_environment import listen_where_the_rendezvous_is, master_address, rpc_transports
 
 __all__ = [
     "DEFAULT_PEER_TIMEOUT_S",
@@ -60,7 +60,7 @@ def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.Ten
     # init_rpc's own all_gather trips torch's deprecation notice about gloo groups: noise for our users.
     warnings.filterwarnings("ignore", message="You are using a Backend <class 'torch.distributed")
     addr, port = master_address("the parameter-server RPC group")
-    listen_on_loopback_if_asked()
+    listen_where_the_rendezvous_is()
     # Channels stay TensorPipe's defaults (cma for tensors between processes of one host, then mpt_uv, basic).
     return rpc.TensorPipeRpcBackendOptions(
         init_method=f"{_RENDEZVOUS_SCHEME}://{addr}:{port}?timeout_s={rpc_timeout_s:g}",
@@ -178,6 +178,8 @@ def join_rpc_group(name: str, rank: int, world_size: int, rpc_timeout_s: float =
             f"{rpc_timeout_s:g} s: {cause}",
             fixes=(
                 "start rank 0 (the first parameter server) and every other rank with the same MASTER_ADDR/MASTER_PORT",
+                "on several machines under torchrun, give the head node's torchrun --local-addr <its address>: its "
+                "agent otherwise hands out its host name, which may resolve to loopback elsewhere",
                 "raise --rpc-timeout if the ranks start far apart",
             ),
             kind=ErrorKind.UNAVAILABLE,

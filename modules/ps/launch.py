@@ -47,7 +47,7 @@ from persia_planner.modules.ps.lifecycle import Stop, StopOnSignals, quiet_cpp_l
 from persia_planner.modules.ps.local_job import LocalJob, Waits
 from persia_planner.modules.ps.protocol import check_wire_dtype
 from persia_planner.modules.ps.workers import barrier, use_hosted_store
-from persia_planner.modules.rpc_environment import listen_on_loopback_if_asked, master_address
+from persia_planner.modules.rpc_environment import listen_where_the_rendezvous_is, master_address
 
 __all__ = [
     "barrier",
@@ -110,7 +110,7 @@ def trainers_store(timeout_s: float = 300.0) -> dist.Store:
         PlannerError: ``MASTER_ADDR`` or ``MASTER_PORT`` is not set.
     """
     addr, port = master_address("the trainers' group")
-    listen_on_loopback_if_asked()  # gloo reads GLOO_SOCKET_IFNAME when the group is made with this store
+    listen_where_the_rendezvous_is()  # gloo reads GLOO_SOCKET_IFNAME when the group is made with this store
     agent = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
     return dist.PrefixStore(trainers_prefix(os.environ), agent)
 

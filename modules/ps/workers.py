@@ -28,7 +28,7 @@ from persia_planner.modules.ps.lifecycle import adopt_environment, die_with_the_
 from persia_planner.modules.ps.progress import use_progress_slot
 from persia_planner.modules.ps.protocol import server_name
 from persia_planner.modules.ps.server import serve
-from persia_planner.modules.rpc_environment import listen_on_loopback_if_asked
+from persia_planner.modules.rpc_environment import listen_where_the_rendezvous_is
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def use_hosted_store(port: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-    listen_on_loopback_if_asked()
+    listen_where_the_rendezvous_is()
 
 
 def failure_of(err: BaseException) -> tuple[str, str, bool]:
