@@ -12,10 +12,17 @@ SIGINT and SIGTERM (``main`` turns them into exceptions) and interpreter exit. N
 (``pp<pid>-...``): a later run deletes those of launchers that are gone. Where the cluster cannot be built (not root,
 no ``ip`` or ``tc``), one line says why (:class:`Unavailable`).
 
-    python benchmarks/netcluster.py --json out.json     # 4 hosts: link checks and each shaped link's throughput
+The benchmark (:func:`main`) runs the multi-node guide (docs/multinode.md) as written, one ``torchrun`` per host:
+trainers on two hosts, parameter servers on two others behind NICs shaped to ``--ps-mbit``; the same K = 0 job on
+this machine's own launcher; and K = 4 against K = 0 on the shaped link.
 
-JSON keys: ``hosts``, ``addresses``, ``shaped_mbit`` (declared) and ``measured_mbit`` (a bounded transfer through
-each shaped link), ``root_links_unchanged``, ``torn_down``.
+    python benchmarks/netcluster.py --json out.json     # 60 steps per run
+    python benchmarks/netcluster.py --quick             # 20 steps per run (CI, where root is available)
+
+JSON keys: ``hosts``, ``trained``, ``sync_equals_single_host``, ``sockets_outside_cluster`` (listening sockets bound
+neither to their host's cluster address nor to loopback, listed in ``sockets_outside``), ``k4_over_k0``,
+``auc_gap``, ``predicted_ms`` (the plan's step for the declared NICs), ``measured_ms``, ``step_error``,
+``measured_mbit`` (a bounded transfer through each shaped NIC), ``root_links_unchanged``, ``torn_down``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,6 +286,118 @@ def transfer_mbit(cluster: NetCluster, src: str, dst: str, nbytes: int, timeout_
     return nbytes * 8 / 1e6 / max(float(seconds), 1e-9)
 
 
+REPO = Path(__file__).resolve().parents[1]
+MODEL = REPO / "persia_planner" / "examples" / "dlrm_small.yaml"
+PROFILE = REPO / "persia_planner" / "examples" / "profiles" / "cpu-2core.yaml"
+RDZV_PORT = 29500
+
+
+def topology_yaml(ps_mbit: float, trainer_mbit: float = 10_000.0) -> str:
+    """Two trainer hosts of one CPU trainer each and two parameter-server hosts, with the NICs declared as shaped."""
+    return f"""name: netns-2x1-2ps
+hosts:
+  - name: trainer
+    count: 2
+    ddr: 8GiB
+    nic_bandwidth: {trainer_mbit / 8000:g}GB/s
+    profile: {PROFILE}
+    cpus: {{count: 1, memory: 4MiB}}
+  - name: ps
+    count: 2
+    role: parameter_server
+    ddr: 2GiB
+    nic_bandwidth: {ps_mbit / 8000:g}GB/s
+    profile: {PROFILE}
+network:
+  latency: 50us
+"""
+
+
+def plan_for(work: Path, name: str, topology: Path, staleness: int) -> Path:
+    """``persia plan`` of the bundled model on ``topology`` for staleness ``staleness``, into ``work/name``."""
+    out = work / name
+    done = subprocess.run(
+        [sys.executable, "-m", "persia_planner.cli", "plan", str(MODEL), str(topology), "--staleness", str(staleness),
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"persia plan: {done.stderr.strip()[-500:]}")
+    return out
+
+
+def run_on_cluster(
+    cluster: NetCluster, work: Path, topology: Path, plan: Path, train_args: Sequence[str], timeout_s: float = 600.0
+) -> tuple[dict[str, Any], list[tuple[str, str, int]]]:
+    """The job as docs/multinode.md runs it: one torchrun per host, c10d on the first host's cluster address (its
+    torchrun with ``--local-addr``), no interface variables. Returns the first trainer's ``--json`` result and every
+    listening socket seen while it ran: ``(host, address, port)``."""
+    head = cluster.hosts[next(iter(cluster.hosts))].address
+    args = ["-m", "persia_planner.cli", "train", "--model", str(MODEL), "--topology", str(topology),
+            "--plan", str(plan), *train_args, "--json"]  # fmt: skip
+    rdzv = ["--nnodes", str(len(cluster.hosts)), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{RDZV_PORT}",
+            "--rdzv-id", plan.stem]  # fmt: skip
+    nodes = {}
+    for i, name in enumerate(cluster.hosts):
+        host_args = (
+            ["--local-addr", head, "--rdzv-conf", "is_host=true"] if i == 0 else ["--rdzv-conf", "is_host=false"]
+        )
+        env = {k: v for k, v in os.environ.items() if not k.endswith("_SOCKET_IFNAME")} | {"PERSIA_HOST": name}
+        with open(work / f"{plan.stem}-{name}.out", "w") as out, open(work / f"{plan.stem}-{name}.err", "w") as err:
+            nodes[name] = cluster.popen(
+                name,
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    *rdzv,
+                    *host_args,
+                    "--nproc-per-node",
+                    "1",
+                    *args,
+                ],
+                env=env,
+                stdout=out,
+                stderr=err,
+                cwd=work,
+            )
+    sockets: set[tuple[str, str, int]] = set()
+    deadline = time.monotonic() + timeout_s
+    while any(p.poll() is None for p in nodes.values()) and time.monotonic() < deadline:  # bounded in time
+        for name in cluster.hosts:
+            sockets |= {(name, a, port) for a, port in cluster.listening(name)}
+        time.sleep(1.0)
+    for p in nodes.values():
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    codes = {name: p.wait() for name, p in nodes.items()}
+    if any(codes.values()):
+        name = next(n for n, c in codes.items() if c)
+        tail = (work / f"{plan.stem}-{name}.err").read_text()[-800:]
+        raise RuntimeError(f"the job failed on {name} (exit {codes[name]}): {tail}")
+    lines = [x for n in cluster.hosts for x in (work / f"{plan.stem}-{n}.out").read_text().splitlines()]
+    result = json.loads(next(x for x in lines if x.startswith("{")))
+    return result, sorted(sockets)
+
+
+def run_single_host(topology: Path, plan: Path, train_args: Sequence[str]) -> dict[str, Any]:
+    """The same job with ``persia train``'s own launcher on this machine's loopback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "persia_planner.cli", "train", "--model", str(MODEL), "--topology", str(topology),
+         "--plan", str(plan), *train_args, "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"persia train on one host: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def outside_cluster(cluster: NetCluster, sockets: Sequence[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """The listening sockets bound neither to their host's cluster address nor to loopback."""
+    own = {name: {h.address, "127.0.0.1", "::1"} for name, h in cluster.hosts.items()}
+    return [s for s in sockets if s[1] not in own[s[0]]]
+
+
 @contextlib.contextmanager
 def _signals_as_exceptions() -> Iterator[None]:
     """SIGINT and SIGTERM raise here, so that the ``with`` blocks above tear the cluster down."""
@@ -294,36 +414,61 @@ def _signals_as_exceptions() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--rate-mbit", type=float, default=200.0, help="the shaped hosts' NIC rate (default 200)")
-    parser.add_argument("--quick", action="store_true", help="smaller transfers (CI)")
+    parser.add_argument("--ps-mbit", type=float, default=200.0, help="the PS hosts' NIC rate (default 200)")
+    parser.add_argument("--quick", action="store_true", help="fewer steps (CI)")
     args = parser.parse_args(argv)
     try:
         check_available()
     except Unavailable as err:
         print(f"skipped: {err}")
         return 0
+    steps = 20 if args.quick else 60
+    job = ["--steps", str(steps), "--batch-size", "1024", "--eval-batches", "4"]
     hosts = ["trainer0", "trainer1", "ps0", "ps1"]
-    shaped = {"ps0": args.rate_mbit, "ps1": args.rate_mbit}
+    shaped = {"ps0": args.ps_mbit, "ps1": args.ps_mbit}
     before = root_links()
-    nbytes = int(args.rate_mbit * 1e6 / 8 * (0.5 if args.quick else 2.0))  # half a second (two) at the shaped rate
-    with _signals_as_exceptions(), NetCluster(hosts, shaped) as cluster:
-        measured = {f"{src}->trainer0": transfer_mbit(cluster, src, "trainer0", nbytes) for src in shaped}
-        addresses = {name: h.address for name, h in cluster.hosts.items()}
-        tags = [cluster.bridge, *(h.namespace for h in cluster.hosts.values())]
-    results = {
-        "hosts": len(hosts),
-        "addresses": addresses,
-        "shaped_mbit": shaped,
-        "measured_mbit": measured,
+    results: dict[str, Any] = {"hosts": len(hosts), "ps_mbit": args.ps_mbit, "steps": steps}
+    with tempfile.TemporaryDirectory(prefix="persia-netcluster-") as tmp, _signals_as_exceptions():
+        work = Path(tmp)
+        topology = work / "topology.yaml"
+        topology.write_text(topology_yaml(args.ps_mbit))
+        k0_plan, k4_plan = plan_for(work, "k0.json", topology, 0), plan_for(work, "k4.json", topology, 4)
+        with NetCluster(hosts, shaped) as cluster:
+            nbytes = int(args.ps_mbit * 1e6 / 8 * 0.5)
+            results["measured_mbit"] = {s: transfer_mbit(cluster, s, "trainer0", nbytes) for s in shaped}
+            k0, sockets = run_on_cluster(cluster, work, topology, k0_plan, [*job, "--mode", "sync"])
+            k4, more = run_on_cluster(cluster, work, topology, k4_plan, [*job, "--staleness", "4"])
+            outside = outside_cluster(cluster, sorted({*sockets, *more}))
+            tags = [cluster.bridge, *(h.namespace for h in cluster.hosts.values())]
+        single = run_single_host(topology, k0_plan, [*job, "--mode", "sync"])
+    plan_ms = (
+        json.loads(k4_plan.read_text() if k4_plan.exists() else "{}").get("step_ms") if False else k4["plan_step_ms"]
+    )
+    results |= {
+        "trained": k0["steps"] == steps and k4["steps"] == steps,
+        "sync_equals_single_host": all(abs(k0[k] - single[k]) <= 1e-6 for k in ("loss", "auc", "eval_loss")),
+        "sockets_outside_cluster": len(outside),
+        "sockets_outside": [list(s) for s in outside],
+        "k0_samples_per_s": k0["samples_per_s"],
+        "k4_samples_per_s": k4["samples_per_s"],
+        "k4_over_k0": k4["samples_per_s"] / k0["samples_per_s"],
+        "auc_k0": k0["auc"],
+        "auc_k4": k4["auc"],
+        "auc_gap": abs(k4["auc"] - k0["auc"]),
+        "predicted_ms": plan_ms,
+        "measured_ms": k4["step_ms"],
+        "step_error": abs(plan_ms - k4["step_ms"]) / k4["step_ms"],
         "root_links_unchanged": root_links() == before,
         "torn_down": not set(tags) & set(namespaces()),
     }
     print(json.dumps(results, indent=1))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    return 0 if results["root_links_unchanged"] and results["torn_down"] else 1
+    return 0 if results["root_links_unchanged"] and results["torn_down"] and results["trained"] else 1
 
 
 if __name__ == "__main__":
