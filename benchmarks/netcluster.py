@@ -32,6 +32,7 @@ import atexit
 import contextlib
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -431,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     hosts = ["trainer0", "trainer1", "ps0", "ps1"]
     shaped = {"ps0": args.ps_mbit, "ps1": args.ps_mbit}
     before = root_links()
-    results: dict[str, Any] = {"hosts": len(hosts), "ps_mbit": args.ps_mbit, "steps": steps}
+    machine = {"platform": platform.platform(), "cpus": os.cpu_count()}
+    results: dict[str, Any] = {"machine": machine, "hosts": len(hosts), "ps_mbit": args.ps_mbit, "steps": steps}
     with tempfile.TemporaryDirectory(prefix="persia-netcluster-") as tmp, _signals_as_exceptions():
         work = Path(tmp)
         topology = work / "topology.yaml"

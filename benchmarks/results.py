@@ -15,6 +15,17 @@ from pathlib import Path
 from typing import Any
 
 HEADLINES = {
+    "netcluster": (
+        "hosts",
+        "trained",
+        "sync_equals_single_host",
+        "sockets_outside_cluster",
+        "k4_over_k0",
+        "auc_gap",
+        "predicted_ms",
+        "measured_ms",
+        "step_error",
+    ),
     "hybrid": (
         "dmp_samples_per_s",
         "local_samples_per_s",
