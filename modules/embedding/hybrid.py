@@ -203,11 +203,13 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._inputs = list(dict.fromkeys(f for c in self._configs for f in c.feature_names))
         # The local collection names its keys among its own tables: a feature it shares with a PS table is "f" there.
         own = get_embedding_names_by_table(self.local_tables) if self.local_tables else []
-        self._renames = [
+        renames = [
             (mine, names_by_table[c.name][k])
             for c, theirs in zip(self.local_tables, own, strict=True)
             for k, mine in enumerate(theirs)
         ]
+        # None to rename, usually: the join then skips the renaming (it runs every step).
+        self._renames = renames if any(mine != theirs for mine, theirs in renames) else []
         self.local: LocalEmbeddingBags | None = None
         if self.local_tables:
             self.optimizer.fbgemm(self.device.type == "cuda")  # refuses what fbgemm's fused kernels lack, now
@@ -428,21 +430,19 @@ def join_pooled(
 ) -> KeyedTensor:
     """The collection's ``KeyedTensor`` from the local tables' (TorchRec's, grouped by rank once sharded) and the PS
     tables' pooled embeddings (by key), with TorchRec's ``keys`` and ``dims`` (config order) and the local
-    collection's own key names mapped to them (``local_keys``); without ``keep_order`` one concatenation at most, the
-    keys as the engines give them. One call in a traced graph, scriptable."""
-    if local is not None:
+    collection's own key names mapped to them (``local_keys``: the renames, empty where there are none); without
+    ``keep_order`` one concatenation at most, the keys as the engines give them. One call in a traced graph,
+    scriptable."""
+    if local is not None and len(local_keys) > 0:
         renames: dict[str, str] = {}
-        renamed = False
         for mine, theirs in local_keys:
             renames[mine] = theirs
-            renamed = renamed or mine != theirs
-        if renamed:
-            local = KeyedTensor(
-                keys=[renames[k] for k in local.keys()],  # noqa: SIM118  (a KeyedTensor is no dict)
-                length_per_key=local.length_per_key(),
-                values=local.values(),
-                key_dim=1,
-            )
+        local = KeyedTensor(
+            keys=[renames[k] for k in local.keys()],  # noqa: SIM118  (a KeyedTensor is no dict)
+            length_per_key=local.length_per_key(),
+            values=local.values(),
+            key_dim=1,
+        )
     pooled_keys: list[str] = []
     pooled_values: list[torch.Tensor] = []
     if pooled is not None:

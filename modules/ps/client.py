@@ -46,6 +46,7 @@ from torch.futures import Future
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import kernels, protocol
 from persia_planner.modules.ps.delay import DelayScheduler
+from persia_planner.modules.ps.index import as_ids
 from persia_planner.modules.ps.protocol import (
     PsServerError,
     PsUnavailableError,
@@ -315,9 +316,7 @@ class PsClient:
             PsUnavailableError: A server owning some of the ids did not answer within ``timeout_s``.
         """
         dim = self._config(table).dim
-        flat = ids.reshape(-1)
-        if flat.dtype == torch.uint64:
-            flat = flat.view(torch.int64)
+        flat = as_ids(ids)
         if flat.numel() == 0:
             return torch.zeros(*ids.shape, dim)
         uniq, inverse = distinct_ids(flat)
@@ -338,9 +337,7 @@ class PsClient:
             ValueError: ``weights`` do not match ``ids`` x ``dim``, or an id repeats.
         """
         dim = self._config(table).dim
-        flat = ids.reshape(-1)
-        if flat.dtype == torch.uint64:
-            flat = flat.view(torch.int64)
+        flat = as_ids(ids)
         if weights.numel() != flat.numel() * dim or weights.dim() == 0 or weights.shape[-1] != dim:
             raise ValueError(f"weights of shape {tuple(weights.shape)} do not match ids {tuple(ids.shape)} x dim {dim}")
         uniq, _ = distinct_ids(flat)

@@ -13,6 +13,7 @@ alike; with it, the summary also gives AUC, log loss, normalized entropy and cal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -23,7 +24,7 @@ from typing import Any
 
 from persia_planner.errors import PlannerError, SpecError
 from persia_planner.kinds import Mode
-from persia_planner.model.specs import ModelSpec
+from persia_planner.model.specs import ModelSpec, load_model
 from persia_planner.modules.data.source import DataKind, DataSource, check_tabular, file_columns
 from persia_planner.modules.train.config import TrainConfig, dense_arch
 from persia_planner.modules.train.job_checkpoints import MANIFEST, MODEL_FILE, Checkpoint, newest_complete, verify
@@ -74,14 +75,7 @@ class Prediction:
     metrics: dict[str, Any] | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "out": self.out,
-            "rows": self.rows,
-            "checkpoint": self.checkpoint,
-            "step": self.step,
-            "seconds": self.seconds,
-            "metrics": self.metrics,
-        }
+        return dataclasses.asdict(self)
 
 
 def open_trained(path: str | os.PathLike[str]) -> TrainedModel:
@@ -102,8 +96,6 @@ def open_trained(path: str | os.PathLike[str]) -> TrainedModel:
             f"--checkpoint: {ckpt.path} has no {MODEL_FILE} (written by an earlier version of persia train)",
             fixes=("train again with --checkpoint DIR, or --resume it for a step",),
         )
-    from persia_planner.model.specs import load_model
-
     spec = load_model(model_file)
     source = str(ckpt.path / "plan.json")
     plan = json.loads((ckpt.path / "plan.json").read_text())
