@@ -112,10 +112,11 @@ def test_ddr_and_cache_tiers(cost):
 def test_parameter_server_terms(cost):
     lay = cost.layout
     loads = cost.ps_table_loads(cost.model.tables[1], np.array([1.0]))
-    # per GPU: the distinct rows of 500 samples x 2 ids (uniform over 1000 rows) x (40 B row + 8 B id), fetched and
-    # pushed; the store reads and updates each GPU's distinct rows (4 passes of 40 B)
+    # per GPU: the distinct rows of 500 samples x 2 ids (uniform over 1000 rows), fetched and pushed; a link's busier
+    # direction carries each one's 40 B gradient and its 8 B id twice; the store reads and updates each GPU's
+    # distinct rows (4 passes of 40 B)
     unique = 1000 * (1 - (1 - 1 / 1000) ** 1000)
-    per_gpu = 2 * unique * 48
+    per_gpu = unique * (40 + 2 * 8)
     assert loads[lay.pcie] == pytest.approx([per_gpu / 1e7] * 2)
     assert loads[lay.nic_async.start] == pytest.approx(2 * per_gpu / 1e7)
     assert loads[lay.ps_nic.start] == pytest.approx(2 * per_gpu / 1e7)
@@ -139,10 +140,11 @@ def test_dense_and_allreduce(cost):
     assert cost.dense_grad_bytes * cost.allreduce_ms_per_byte == pytest.approx([0.04, 0.04])
 
 
-# Table b on the server: each GPU fetches and pushes its distinct rows (40 B + an 8 B id) over PCIe (10 GB/s), its
-# host's NIC (both GPUs, 10 GB/s) and the server's NIC; the store reads and updates them (4 x 40 B, 50 GB/s).
+# Table b on the server: each GPU fetches and pushes its distinct rows over PCIe (10 GB/s), its host's NIC (both
+# GPUs, 10 GB/s) and the server's NIC, the busier direction 40 B + two 8 B ids a row; the store reads and updates
+# them (4 x 40 B, 50 GB/s).
 UNIQUE_PER_GPU = 1000 * (1 - (1 - 1 / 1000) ** 1000)
-PER_GPU = 2 * UNIQUE_PER_GPU * 48
+PER_GPU = UNIQUE_PER_GPU * (40 + 2 * 8)
 PS_TERMS = (PER_GPU / 1e7, 2 * PER_GPU / 1e7, 2 * PER_GPU / 1e7, 2 * UNIQUE_PER_GPU * 160 / 5e7)
 
 

@@ -273,8 +273,8 @@ def test_ps_traffic_is_priced_in_the_wire_dtype():
     exact, halved = CostModel(MODEL, TOPO), CostModel(fp16_wire, TOPO)
     rows = exact.unique_rows(big, exact.local_batch)
     id_bytes = TOPO.constants.id_bytes
-    assert exact.ps_bytes_per_gpu(big) == pytest.approx(2 * rows * (64 * 4 + id_bytes))
-    assert halved.ps_bytes_per_gpu(big) == pytest.approx(2 * rows * (64 * 2 + id_bytes))
+    assert exact.ps_bytes_per_gpu(big) == pytest.approx(rows * (64 * 4 + 2 * id_bytes))
+    assert halved.ps_bytes_per_gpu(big) == pytest.approx(rows * (64 * 2 + 2 * id_bytes))
     # The stores keep what they keep whatever the wire: their bytes moved do not change.
     assert halved.ps_moved_bytes(big) == exact.ps_moved_bytes(big)
     assert plan(fp16_wire, TOPO, improve_time_s=0.5).step_ms <= plan(MODEL, TOPO, improve_time_s=0.5).step_ms

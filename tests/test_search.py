@@ -235,7 +235,9 @@ def test_capacity_error_names_the_short_resource():
 
 
 def test_hot_small_tables_stay_local_and_huge_cold_ones_go_remote():
-    model = make_model([(1000, 64, 30.0, "rowwise_adagrad", 0.0), (1_500_000_000, 64, 1.0, "rowwise_adagrad", 1.1)])
+    # Hot: 30 lookups a sample over 10k rows, so most of them are distinct in a batch and travel to a server each
+    # step (a 1,000-row table would cost the servers' links next to nothing, its rows de-duplicated).
+    model = make_model([(10_000, 64, 30.0, "rowwise_adagrad", 0.0), (1_500_000_000, 64, 1.0, "rowwise_adagrad", 1.1)])
     topo = cluster(1, 2, 2, 16, 64, 1024)
     plan = Planner(GreedyLocalSearch(FAST)).plan(model, topo)
     assert plan.tables["t0"].tier is Tier.HBM
@@ -532,4 +534,5 @@ def test_the_local_search_ends_where_no_candidate_move_helps(n_tables, seed):
     local.improve(state, deadline=float("inf"))
     score = state.current_score()
     assert local.improve(state, deadline=float("inf")) == 0
-    assert state.current_score() == score
+    # Moves tried and taken back leave the score where it was, up to the rounding of its running sums.
+    assert state.current_score() == pytest.approx(score, rel=1e-12)

@@ -42,8 +42,9 @@ def test_cpu_devices_take_their_rates_from_the_host_profile(tmp_path):
     # declared x efficiency = measured
     assert host.ddr_bandwidth * constants.ddr_efficiency == pytest.approx(profile.stream_bytes_per_s)
     server = topo.servers[0]
+    # a server's RPC rate of a row's lookup and push, over the bytes of the busier direction (the row, its id twice)
     assert server.nic_bandwidth * constants.nic_efficiency == pytest.approx(
-        profile.ps_lookup.units_per_s * profile.ps_row_bytes
+        profile.ps_lookup.units_per_s * (profile.ps_row_bytes + constants.id_bytes) / 2
     )
     # a CPU trainer's DDR is its devices' memory: no host-memory tier on top of it
     assert topo.ddr_capacity(host) == 0 and topo.ddr_capacity(server) > 0

@@ -355,11 +355,12 @@ class CostModel:
         return loads
 
     def ps_bytes_per_gpu(self, table: TableSpec) -> float:
-        """Bytes a trainer exchanges with the parameter servers per step for ``table``: the client de-duplicates
-        its batch's ids, then looks up and pushes each distinct row once (ids and rows, both ways), rows and
-        gradients in the wire dtype (``persia train --ps-wire``)."""
+        """Bytes per step for ``table`` on the busier direction of a link between a trainer and the parameter
+        servers: the client de-duplicates its batch's ids, then looks up and pushes each distinct row once, rows and
+        gradients in the wire dtype (``persia train --ps-wire``). Links are full duplex: the ids go one way twice
+        (lookup and push) with the gradients, the rows come back the other way."""
         rows = self.unique_rows(table, self.local_batch)
-        return 2 * rows * (table.dim * self.wire_dtype.n_bytes + self.constants.id_bytes)
+        return rows * (table.dim * self.wire_dtype.n_bytes + 2 * self.constants.id_bytes)
 
     def ps_moved_bytes(self, table: TableSpec) -> float:
         """Bytes the servers' stores move per step for ``table``: every trainer's distinct rows read, then updated."""

@@ -313,7 +313,7 @@ class HardwareProfile:
         declared so that declared x efficiency is what was measured.
 
         A trainer: stream bandwidth, and the collectives' rate. A parameter server: its store's update rate times
-        the bytes the cost model charges per row (its DDR), and the RPC lookup rate in bytes (its NIC).
+        the bytes the cost model charges per row (its DDR), and the RPC rate of a row's lookup and push (its NIC).
         """
         if not parameter_server:
             return {
@@ -323,9 +323,13 @@ class HardwareProfile:
         row = max(self.ps_row_bytes - 8, constants.min_access_bytes)
         moved = row * (1 + constants.update_passes) + 2 * BYTES_PER_FLOAT
         rpc_rows = self.ps_lookup.units_per_s if math.isfinite(self.ps_lookup.units_per_s) else 1e9
+        # Measured on one host, a server's "NIC" is its RPC threads, which serve a row's lookup and its push one
+        # after the other, not a full-duplex wire: the rate is declared per row's bytes on the busier direction
+        # (CostModel.ps_bytes_per_gpu: the row and its id twice), for both requests.
+        busier_row_bytes = self.ps_row_bytes + constants.id_bytes
         return {
             "ddr_bandwidth": self.store_update_rows_per_s * moved / constants.ps_efficiency,
-            "nic_bandwidth": rpc_rows * self.ps_row_bytes / constants.nic_efficiency,
+            "nic_bandwidth": rpc_rows * busier_row_bytes / 2 / constants.nic_efficiency,
         }
 
     def summary(self) -> list[tuple[str, str, str]]:
