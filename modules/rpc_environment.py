@@ -1,5 +1,5 @@
-"""The RPC group's environment, read without torch: the rendezvous address, the TensorPipe transports, and the
-interfaces TensorPipe and gloo listen on.
+"""The RPC group's environment, read without torch: the rendezvous address, the TensorPipe transports and channels,
+and the interfaces TensorPipe and gloo listen on.
 
 ``persia ps`` and ``persia train`` check it before they import torch, so a mistake is answered at once; the group
 itself (:mod:`.ps.group`) reads it when a process joins.
@@ -16,12 +16,14 @@ from persia_planner.errors import PlannerError
 
 __all__ = [
     "DEFAULT_RPC_TRANSPORTS",
+    "RPC_CHANNELS_ENV",
     "RPC_TRANSPORTS_ENV",
     "interface_with",
     "is_loopback",
     "listen_where_the_rendezvous_is",
     "master_address",
     "rendezvous_interface",
+    "rpc_channels",
     "rpc_transports",
 ]
 
@@ -55,6 +57,9 @@ def master_address(purpose: str) -> tuple[str, int]:
 RPC_TRANSPORTS_ENV = "PERSIA_RPC_TRANSPORTS"
 DEFAULT_RPC_TRANSPORTS = ("uv",)
 _KNOWN_TRANSPORTS = ("uv", "shm", "ibv")
+# TensorPipe channels (how tensors travel) the group restricts itself to where PERSIA_RPC_CHANNELS names them.
+RPC_CHANNELS_ENV = "PERSIA_RPC_CHANNELS"
+_KNOWN_CHANNELS = ("basic", "mpt_uv", "cma")
 
 
 def rpc_transports(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -72,16 +77,39 @@ def rpc_transports(environ: Mapping[str, str] | None = None) -> list[str]:
     Raises:
         PlannerError: The variable names a transport TensorPipe does not have (one line, naming the variable).
     """
+    names = _names(environ, RPC_TRANSPORTS_ENV, "transport", _KNOWN_TRANSPORTS, default="uv")
+    return names or list(DEFAULT_RPC_TRANSPORTS)
+
+
+def rpc_channels(environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """The TensorPipe channels of this process: ``PERSIA_RPC_CHANNELS`` (comma-separated, in order of preference),
+    or None for TensorPipe's own choice.
+
+    Why one would restrict them: TensorPipe's ``cma`` channel copies a tensor straight from one process's memory
+    into another's when both run under one kernel, whatever their network. Hosts emulated as network namespaces of
+    one machine (``benchmarks/netcluster.py``) would then move every row around their shaped links; with
+    ``PERSIA_RPC_CHANNELS=basic`` tensors travel on the transport, as between real machines.
+
+    Raises:
+        PlannerError: The variable names a channel TensorPipe does not have here (one line, naming the variable).
+    """
+    return _names(environ, RPC_CHANNELS_ENV, "channel", _KNOWN_CHANNELS, default="TensorPipe's choice")
+
+
+def _names(
+    environ: Mapping[str, str] | None, variable: str, kind: str, known: tuple[str, ...], *, default: str
+) -> list[str] | None:
+    """The comma-separated names of ``variable``, checked against ``known``; None where it is unset or blank."""
     environ = os.environ if environ is None else environ
-    value = environ.get(RPC_TRANSPORTS_ENV, "").strip()
+    value = environ.get(variable, "").strip()
     if not value:
-        return list(DEFAULT_RPC_TRANSPORTS)
+        return None
     names = [name.strip() for name in value.split(",") if name.strip()]
-    unknown = [name for name in names if name not in _KNOWN_TRANSPORTS]
+    unknown = [name for name in names if name not in known]
     if unknown or not names:
         raise PlannerError(
-            f"{RPC_TRANSPORTS_ENV}={value!r}: unknown TensorPipe transport(s) {unknown or [value]}",
-            fixes=(f"use a comma-separated list of {', '.join(_KNOWN_TRANSPORTS)} (default: uv)",),
+            f"{variable}={value!r}: unknown TensorPipe {kind}(s) {unknown or [value]}",
+            fixes=(f"use a comma-separated list of {', '.join(known)} (default: {default})",),
         )
     return names
 

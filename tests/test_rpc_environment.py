@@ -10,6 +10,7 @@ from persia_planner.modules.rpc_environment import (
     listen_where_the_rendezvous_is,
     master_address,
     rendezvous_interface,
+    rpc_channels,
     rpc_transports,
 )
 
@@ -19,6 +20,13 @@ def test_rpc_transports_default_to_uv_and_follow_the_variable():
     assert rpc_transports({"PERSIA_RPC_TRANSPORTS": " shm, uv "}) == ["shm", "uv"]
     with pytest.raises(PlannerError, match="PERSIA_RPC_TRANSPORTS='ipc': unknown TensorPipe transport"):
         rpc_transports({"PERSIA_RPC_TRANSPORTS": "ipc"})
+
+
+def test_rpc_channels_are_tensorpipes_own_unless_the_variable_names_them():
+    assert rpc_channels({}) is None
+    assert rpc_channels({"PERSIA_RPC_CHANNELS": "basic, mpt_uv"}) == ["basic", "mpt_uv"]
+    with pytest.raises(PlannerError, match=r"PERSIA_RPC_CHANNELS='shm': unknown TensorPipe channel\(s\) \['shm'\]"):
+        rpc_channels({"PERSIA_RPC_CHANNELS": "shm"})
 
 
 @pytest.mark.parametrize("port", ["abc", "99999", "0", "-1"])

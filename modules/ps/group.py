@@ -33,7 +33,12 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.modules.ps.protocol import PeerLostError
-from persia_planner.modules.rpc_environment import listen_where_the_rendezvous_is, master_address, rpc_transports
+from persia_planner.modules.rpc_environment import (
+    listen_where_the_rendezvous_is,
+    master_address,
+    rpc_channels,
+    rpc_transports,
+)
 
 __all__ = [
     "DEFAULT_PEER_TIMEOUT_S",
@@ -43,6 +48,7 @@ __all__ = [
     "leave_group",
     "rpc_backend_options",
     "shutdown_error",
+    "unanswered",
 ]
 
 DEFAULT_RPC_TIMEOUT_S = 60.0
@@ -52,20 +58,23 @@ DEFAULT_PEER_TIMEOUT_S = 60.0
 
 def rpc_backend_options(rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> rpc.TensorPipeRpcBackendOptions:
     """TensorPipe options with the rendezvous at ``MASTER_ADDR:MASTER_PORT`` (the torchrun convention) and the
-    transports of :func:`rpc_transports`.
+    transports of :func:`rpc_transports` and channels of :func:`rpc_channels`.
 
     Raises:
-        PlannerError: If either variable is unset, or ``PERSIA_RPC_TRANSPORTS`` names an unknown transport.
+        PlannerError: If either variable is unset, or ``PERSIA_RPC_TRANSPORTS`` / ``PERSIA_RPC_CHANNELS`` name an
+            unknown transport or channel.
     """
     # init_rpc's own all_gather trips torch's deprecation notice about gloo groups: noise for our users.
     warnings.filterwarnings("ignore", message="You are using a Backend <class 'torch.distributed")
     addr, port = master_address("the parameter-server RPC group")
     listen_where_the_rendezvous_is()
-    # Channels stay TensorPipe's defaults (cma for tensors between processes of one host, then mpt_uv, basic).
+    # Channels stay TensorPipe's defaults (cma for tensors between processes of one host, then mpt_uv, basic) unless
+    # PERSIA_RPC_CHANNELS names some.
     return rpc.TensorPipeRpcBackendOptions(
         init_method=f"{_RENDEZVOUS_SCHEME}://{addr}:{port}?timeout_s={rpc_timeout_s:g}",
         rpc_timeout=rpc_timeout_s,
         _transports=rpc_transports(),
+        _channels=rpc_channels(),
     )
 
 
@@ -330,16 +339,16 @@ def _lost_peer(peers: Sequence[str], timeout_s: float, shut_down: threading.Even
     """
     half = timeout_s / 2
     grace = max(half, _MIN_SHUTDOWN_GRACE_S)
-    for peer in _unanswered(peers, half):
+    for peer in unanswered(peers, half):
         if shut_down.wait(grace):
             return None
-        again = _unanswered([peer], half)
+        again = unanswered([peer], half)
         if again and not shut_down.is_set():
             return peer, again[peer], grace
     return None
 
 
-def _unanswered(peers: Sequence[str], timeout_s: float) -> dict[str, str]:
+def unanswered(peers: Sequence[str], timeout_s: float) -> dict[str, str]:
     """The workers among ``peers`` that did not answer a ping within ``timeout_s``, with the RPC layer's error."""
     pings, failed = {}, {}
     for peer in peers:

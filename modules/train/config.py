@@ -22,7 +22,7 @@ from persia_planner.model.specs import DEFAULT_STALENESS, ModelSpec, Optimizer
 from persia_planner.modules.data.criteo_format import FEATURE_NAMES, NUM_INTEGER
 from persia_planner.modules.data.source import DataKind, DataSource, check_gzip_shards, check_tabular, count_rows
 from persia_planner.modules.data.split import DEFAULT_EVAL_SPLIT
-from persia_planner.modules.rpc_environment import rpc_transports
+from persia_planner.modules.rpc_environment import rpc_channels, rpc_transports
 from persia_planner.modules.train.run_directories import check_checkpoint_dir, check_log_dir, check_resume_exists
 from persia_planner.modules.wire_dtypes import WireDtype
 
@@ -549,7 +549,7 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> T
     Checks the data (:func:`check_data_matches`), the checkpoint and log directories and, with ``--resume``, that the
     checkpoint holds a trainer state; that the model's tables agree on one sparse optimizer and one dim, and its
     dense arch on the data's dense features; and, when the plan has PS tables (``with_ps``),
-    ``PERSIA_RPC_TRANSPORTS``.
+    ``PERSIA_RPC_TRANSPORTS`` and ``PERSIA_RPC_CHANNELS``.
 
     Raises:
         PlannerError: The first problem found (``SpecError`` for the data).
@@ -565,4 +565,5 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> T
     check_dense_inputs(spec, cfg)
     if with_ps:
         rpc_transports()
+        rpc_channels()
     return replace(cfg, data_rows=rows)

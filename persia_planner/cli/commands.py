@@ -296,13 +296,14 @@ def ps_command(
     with edge():
         if rank >= world_size:
             raise PlannerError(f"--rank {rank} must be below --world-size {world_size}")
-        from persia_planner.modules.rpc_environment import master_address, rpc_transports
+        from persia_planner.modules.rpc_environment import master_address, rpc_channels, rpc_transports
         from persia_planner.modules.train_extra import PS_STACK, require_training_stack
 
         # The environment is checked before torch is imported (and before the network is touched): a mistake
         # is answered at once.
         master_address("the parameter-server RPC group")
         rpc_transports()
+        rpc_channels()
         require_training_stack("persia ps", PS_STACK)
         from persia_planner.modules.ps.server import serve
 
