@@ -38,8 +38,12 @@ def test_a_restarted_attempt_resumes_only_its_own_runs_checkpoint(tmp_path):
     assert elastic_resume(cfg, again) == TrainConfig(checkpoint=str(tmp_path), progress=False, overwrite=True)
     _manifest(tmp_path, 4, "r0")  # another run's checkpoint (the first attempt ran with --overwrite)
     assert elastic_resume(cfg, again).resume is False
+    assert elastic_resume(cfg, first) == cfg
     _manifest(tmp_path, 6, "r1")
     assert elastic_resume(cfg, again) == TrainConfig(checkpoint=str(tmp_path), progress=False, resume=True)
+    # A node that replaces a lost host joins the run in progress: its agent counts no restart, and it resumes too.
+    assert elastic_resume(cfg, first) == TrainConfig(checkpoint=str(tmp_path), progress=False, resume=True)
+    assert elastic_resume(cfg, {"TORCHELASTIC_RUN_ID": "r2", "TORCHELASTIC_RESTART_COUNT": "0"}) == cfg
     assert elastic_resume(TrainConfig(progress=False), again) == TrainConfig(progress=False)  # nothing to resume
     # Without a checkpoint it starts over: its metrics replace the first attempt's in the log dir.
     logged = TrainConfig(progress=False, log_dir=str(tmp_path))

@@ -212,12 +212,23 @@ def train_torchrun(
             cause = next((c for c in _PEER_GONE if c in str(err)), None)
             if cause is None:
                 raise
-            # gloo names the peer by its socket address only; torchrun's own summary names the rank that failed.
+            # gloo names the peer by its socket address only: the RPC group, which names its workers, is asked which
+            # trainers still answer.
+            gone = _trainers_gone(index, topology) or "another process of the trainers' group"
             raise PlannerError(
-                f"trainer{index} (rank {rank}): another process of the trainers' group is gone (gloo: {cause})",
+                f"trainer{index} (rank {rank}): {gone} is gone (gloo: {cause})",
                 fixes=("see torchrun's summary for the rank that failed first",),
                 kind=ErrorKind.UNAVAILABLE,
             ) from None
+
+
+def _trainers_gone(index: int, topology: Topology) -> str:
+    """The other trainers that do not answer a ping of the RPC group, with their hosts ("" if all answer)."""
+    from persia_planner.modules.ps.group import unanswered
+
+    names = {f"trainer{i}": gpu.host for i, gpu in enumerate(topology.gpus) if i != index}
+    lost = unanswered(list(names), timeout_s=_PING_TIMEOUT_S)
+    return ", ".join(f"{name} (host {names[name]})" for name in names if name in lost)
 
 
 def run_trainers(
@@ -293,3 +304,5 @@ def _finished(result: dict[str, Any] | None, world: int, cfg: TrainConfig) -> di
 
 # What gloo says when the other end of a collective died.
 _PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
+# How long a trainer that lost a gloo peer waits for the other trainers' answers before naming the silent ones.
+_PING_TIMEOUT_S = 5.0

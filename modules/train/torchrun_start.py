@@ -54,14 +54,17 @@ def torchrun_start(
 
 
 def elastic_resume(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> TrainConfig:
-    """``cfg`` for this attempt of a torchrun job: after a restart (``--max-restarts``), the job resumes from the
-    newest checkpoint that its run (``TORCHELASTIC_RUN_ID``) wrote, or, if it wrote none yet, starts over into the
-    directory its first attempt was allowed to use. The first attempt runs ``cfg`` as given."""
+    """``cfg`` for this attempt of a torchrun job: where its run (``TORCHELASTIC_RUN_ID``) already wrote the newest
+    checkpoint of ``--checkpoint``, the job resumes from it: after a restart (``--max-restarts``), and on a node
+    that joins a run in progress (a replacement for a lost host, whose agent counts no restart). A restart before
+    any checkpoint starts over into the directory its first attempt was allowed to use. A first attempt runs ``cfg``
+    as given."""
     env = os.environ if environ is None else environ
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if cfg.checkpoint and run_id and written_by_run(cfg.checkpoint, run_id):
+        return replace(cfg, resume=True, overwrite=False)
     if int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
         return cfg
     if not cfg.checkpoint:  # it starts over: its metrics replace the first attempt's
         return replace(cfg, overwrite=True) if cfg.log_dir else cfg
-    if written_by_run(cfg.checkpoint, env.get("TORCHELASTIC_RUN_ID", "")):
-        return replace(cfg, resume=True, overwrite=False)
     return cfg if cfg.resume else replace(cfg, overwrite=True)
