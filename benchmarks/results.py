@@ -25,6 +25,10 @@ HEADLINES = {
         "predicted_ms",
         "measured_ms",
         "step_error",
+        "fault_stop_s.ps1",
+        "fault_stop_s.trainer1",
+        "resumed",
+        "replan_speedup",
     ),
     "hybrid": (
         "dmp_samples_per_s",

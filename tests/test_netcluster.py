@@ -1,4 +1,4 @@
-"""benchmarks/netcluster.py: hosts as network namespaces on a bridge of their own, shaped egress, always torn down,
+"""benchmarks/netcluster.py: hosts as network namespaces on a bridge of their own, shaped NICs, always torn down,
 nothing added to the machine's own namespace."""
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def test_hosts_reach_each_other_on_their_addresses_with_shaped_egress_and_leave_
     before = netcluster.root_links()
     with netcluster.NetCluster(["a", "b", "c"], {"a": 50.0}) as cluster:
         assert [h.address for h in cluster.hosts.values()] == ["198.18.0.1", "198.18.0.2", "198.18.0.3"]
-        assert "tbf" in cluster.qdisc("a") and "rate 50Mbit" in cluster.qdisc("a")
-        assert "tbf" not in cluster.qdisc("b")
+        for ingress in (False, True):  # a full-duplex NIC: shaped each way
+            assert "tbf" in cluster.qdisc("a", ingress) and "rate 50Mbit" in cluster.qdisc("a", ingress)
+            assert "tbf" not in cluster.qdisc("b", ingress)
         assert netcluster.root_links() == before  # every link is inside the cluster's namespaces
         # A receiver on b's address, a bounded transfer from a (through a's shaped egress).
         assert netcluster.transfer_mbit(cluster, "a", "b", 20_000) > 0
