@@ -41,7 +41,7 @@ def test_a_restarted_attempt_resumes_only_its_own_runs_checkpoint(tmp_path):
     assert elastic_resume(cfg, first) == cfg
     _manifest(tmp_path, 6, "r1")
     assert elastic_resume(cfg, again) == TrainConfig(checkpoint=str(tmp_path), progress=False, resume=True)
-    # A node that replaces a lost host joins the run in progress: its agent counts no restart, and it resumes too.
+    # Launched again with the same rendezvous id after a lost host: no agent counts a restart, and they resume.
     assert elastic_resume(cfg, first) == TrainConfig(checkpoint=str(tmp_path), progress=False, resume=True)
     assert elastic_resume(cfg, {"TORCHELASTIC_RUN_ID": "r2", "TORCHELASTIC_RESTART_COUNT": "0"}) == cfg
     assert elastic_resume(TrainConfig(progress=False), again) == TrainConfig(progress=False)  # nothing to resume

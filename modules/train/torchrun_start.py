@@ -55,10 +55,10 @@ def torchrun_start(
 
 def elastic_resume(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> TrainConfig:
     """``cfg`` for this attempt of a torchrun job: where its run (``TORCHELASTIC_RUN_ID``) already wrote the newest
-    checkpoint of ``--checkpoint``, the job resumes from it: after a restart (``--max-restarts``), and on a node
-    that joins a run in progress (a replacement for a lost host, whose agent counts no restart). A restart before
-    any checkpoint starts over into the directory its first attempt was allowed to use. A first attempt runs ``cfg``
-    as given."""
+    checkpoint of ``--checkpoint``, the job resumes from it: after a restart (``--max-restarts``), and when the job
+    is launched again with the same ``--rdzv-id`` after it lost a host (its agents count no restart; decision 0024).
+    A restart before any checkpoint starts over into the directory its first attempt was allowed to use. A first
+    attempt runs ``cfg`` as given."""
     env = os.environ if environ is None else environ
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if cfg.checkpoint and run_id and written_by_run(cfg.checkpoint, run_id):
