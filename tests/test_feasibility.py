@@ -16,6 +16,8 @@ from persia_planner.tiers import Tier
 GIB = 2**30
 WITH_SERVERS = Topology.simple(trainers=2, gpus_per_trainer=2, servers=2, hbm_bytes=16 * GIB, ddr_bytes=64 * GIB)
 NO_SERVERS = Topology.simple(trainers=2, gpus_per_trainer=2, hbm_bytes=16 * GIB, ddr_bytes=64 * GIB)
+# Hosts of 2 PiB: a table meets a server store's row limit before their memory.
+LARGE_SERVERS = Topology.simple(trainers=2, gpus_per_trainer=2, servers=2, hbm_bytes=16 * GIB, ddr_bytes=2 * 1024**5)
 
 
 def model_with(constraints: dict, rows: int = 1000, dim: int = 16) -> ModelSpec:
@@ -90,13 +92,13 @@ def model_with(constraints: dict, rows: int = 1000, dim: int = 16) -> ModelSpec:
         ),
         (
             {"tiers": ["ps"]},
-            WITH_SERVERS,
-            {"rows": 10_000_000_000, "dim": 4},
+            LARGE_SERVERS,
+            {"rows": 3_000_000_000_000, "dim": 4},
             CapacityError,
-            "table 'user' (186.3 GiB) fits nowhere its constraints allow (tiers [ps]): ps_hash on ps, the nearest to "
-            "fitting, would give each of the 2 parameter servers 5,000,000,000 of its rows, over the 2,147,298,226 "
-            "of one table a server's store holds; fix: allow more tiers, sharding types or devices or give those "
-            "devices more memory or reduce its rows",
+            "table 'user' (54.6 TiB) fits nowhere its constraints allow (tiers [ps]): ps_hash on ps, the nearest to "
+            "fitting, would give each of the 2 parameter servers 1,500,000,000,000 of its rows, over the "
+            "1,099,507,433,414 of one table a server's store holds; fix: allow more tiers, sharding types or devices "
+            "or give those devices more memory or reduce its rows",
         ),
     ],
 )

@@ -270,7 +270,7 @@ def test_a_partly_filled_store_accounts_for_what_is_charged(optimizer):
 
 def test_the_store_takes_its_limits_from_the_planner():
     assert EmbeddingStore(4, 10, ps_optim.SGD()).arrays()["index"].shape[0] == 10 / PS_INDEX_LOAD_FACTOR
-    with pytest.raises(ValueError, match="capacity must be at most 2,147,483,646"):
+    with pytest.raises(ValueError, match=r"capacity must be at most 1,099,511,627,774 \(40-bit slot numbers\)"):
         EmbeddingStore(4, PS_MAX_CAPACITY + 1, ps_optim.SGD())
     assert ps_capacity(PS_MAX_ROWS) <= PS_MAX_CAPACITY < ps_capacity(PS_MAX_ROWS + 1)
 
@@ -361,7 +361,7 @@ def test_validation_refuses_more_rows_per_server_than_the_store_holds():
 def test_the_planner_refuses_a_table_only_too_few_servers_could_hold():
     model = _too_long_for_two()
     with pytest.raises(
-        CapacityError, match=r"each of the 2 parameter servers would hold 2,147,298,227 of its rows"
+        CapacityError, match=rf"each of the 2 parameter servers would hold {PS_MAX_ROWS + 1:,} of its rows"
     ) as err:
         plan(model, _ps_topology(2))
     assert err.value.table == "ids" and "use at least 3 parameter servers" in str(err.value)
@@ -369,22 +369,22 @@ def test_the_planner_refuses_a_table_only_too_few_servers_could_hold():
     assert result.tables["ids"].tier is Tier.PS and validate(result, model, _ps_topology(3)) == []
 
 
-def test_a_table_of_2_to_the_33_rows_per_server_is_refused_in_one_line_with_the_reason():
-    """The store's slots are int32: 2**33 rows of one table on one server cannot be held, and the planner says why
-    (with the servers that would hold it); ids themselves are 64-bit, far above 2**33."""
-    rows = 2 * 2**33
-    assert PS_MAX_ROWS < 2**31 and not ps_holds(rows, 2) and ps_servers_needed(rows) == 9
-    # The capacity arithmetic itself is exact (float64) at this size: 4 sqrt(2**33) = 370,727.6.
-    assert ps_capacity(2**33) == 2**33 + 370_728 + 64
+def test_a_table_of_2_to_the_41_rows_per_server_is_refused_in_one_line_with_the_reason():
+    """The store's slots are 40-bit: 2**41 rows of one table on one server cannot be held, and the planner says why
+    (with the servers that would hold it); ids themselves are 64-bit, far above 2**41."""
+    rows = 2 * 2**41
+    assert 2**31 < PS_MAX_ROWS < 2**40 and not ps_holds(rows, 2) and ps_servers_needed(rows) == 5
+    # The capacity arithmetic itself is exact (float64) at this size: 4 sqrt(2**41) = 5,931,641.6.
+    assert ps_capacity(2**41) == 2**41 + 5_931_642 + 64
     model = ModelSpec.from_dict({"batch_size": 1024, "tables": [{"name": "ids", "rows": rows, "dim": 8}]})
     with pytest.raises(CapacityError) as err:
         plan(model, _ps_topology(2))
     message = str(err.value)
-    assert "each of the 2 parameter servers would hold 8,589,934,592 of its rows" in message
-    assert "(its slot numbers are int32, and its capacity is the rows plus 4 square roots of them plus 64)" in message
-    assert "use at least 9 parameter servers" in message and "\n" not in message
-    result = plan(model, _ps_topology(9), improve_time_s=0.1)
-    assert result.tables["ids"].tier is Tier.PS and validate(result, model, _ps_topology(9)) == []
+    assert "each of the 2 parameter servers would hold 2,199,023,255,552 of its rows" in message
+    assert "(its slot numbers are 40-bit, and its capacity is the rows plus 4 square roots of them plus 64)" in message
+    assert "use at least 5 parameter servers" in message and "\n" not in message
+    result = plan(model, _ps_topology(5), improve_time_s=0.1)
+    assert result.tables["ids"].tier is Tier.PS and validate(result, model, _ps_topology(5)) == []
     # Hashed ids span 64 bits: a store takes ids far above 2**33 (and negative int64s: uint64 bit patterns).
     store = EmbeddingStore(4, 64, ps_optim.SGD())
     ids = torch.tensor([2**33, 2**33 + 1, 2**40 + 7, 2**62, -(2**63), -1], dtype=torch.int64)

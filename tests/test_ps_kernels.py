@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -69,9 +70,27 @@ def test_find_agrees_with_a_dict_after_inserts_and_removals(ids, removed, strang
     assert (index.buckets != EMPTY).sum() == capacity  # removals left tombstones, not empty buckets
 
 
+def test_slots_past_2_to_the_32_are_held_and_found(tmp_path):
+    """40-bit slot numbers: ids whose rows sit past slot 2**31 and 2**32 are inserted and found. The slots' ids live in
+    a sparse file (32 GiB long, a few pages written), as a server's store of more than 2**32 rows would hold them."""
+    slot_ids = torch.from_numpy(np.memmap(tmp_path / "slot_ids", dtype=np.int64, mode="w+", shape=(2**32 + 8,)))
+    slots = torch.tensor([5, 2**31 - 1, 2**31, 2**31 + 3, 2**32 + 7])
+    ids = torch.tensor([11, -3, 2**40 + 1, 77, 2**62])
+    slot_ids[slots] = ids
+    index = HashIndex(16, 0.5, slot_ids)
+    index.insert(ids, slots)
+    found, where = index.find(torch.cat([ids, torch.tensor([12345])]))
+    assert found.tolist() == [*slots.tolist(), -1]
+    assert torch.equal(index.slots_at(where[:5]), slots)
+    # Moving a row keeps its fingerprint: the id is found at its new slot.
+    index.repoint(where[4:5], torch.tensor([2**32 + 1]))
+    slot_ids[2**32 + 1] = ids[4]
+    assert index.find(ids[4:])[0].tolist() == [2**32 + 1]
+
+
 @pytest.mark.parametrize("home", [0, 3, 7])  # 7: the last bucket, so the probe wraps around to bucket 0
 def test_find_confirms_fingerprint_matches_against_the_ids(home):
-    """Two ids whose hashes agree in the fingerprint's 31 bits: the probe's match on the first is refuted by its id,
+    """Two ids whose hashes agree in the fingerprint's 23 bits: the probe's match on the first is refuted by its id,
     the probe goes on to the held id (or finds none), and only the held id's record is touched."""
     n_buckets = 8
     hashed = lambda k: int(hash_ids(torch.tensor([k])))  # noqa: E731
@@ -81,11 +100,12 @@ def test_find_confirms_fingerprint_matches_against_the_ids(home):
     records[:, 0] = torch.tensor([key, -5, -6])  # slot 0 holds key; slots 1 and 2 hold ids the decoys stand for
     index = HashIndex(3, 3 / n_buckets, records[:, 0])
     assert index.n_buckets == n_buckets
-    fingerprint = lambda k: hashed(k) >> 32  # noqa: E731
+    width = kernels.SLOT_WIDTH
+    fingerprint = lambda k: hashed(k) >> width  # noqa: E731
     # The decoys: buckets whose fingerprints say key / absent but whose slots hold other ids.
-    index.buckets[home] = fingerprint(key) << 32 | 1
-    index.buckets[(home + 1) % n_buckets] = fingerprint(key) << 32 | 0
-    index.buckets[(home + 2) % n_buckets] = fingerprint(absent) << 32 | 2
+    index.buckets[home] = fingerprint(key) << width | 1
+    index.buckets[(home + 1) % n_buckets] = fingerprint(key) << width | 0
+    index.buckets[(home + 2) % n_buckets] = fingerprint(absent) << width | 2
     last, count = records.view(torch.int32)[:, 2], records.view(torch.int32)[:, 3]
     slots, where = kernels.find(index.buckets, records[:, 0], torch.tensor([key, absent]), touch=(last, count, 9, None))
     assert slots.tolist() == [0, -1] and where.tolist() == [(home + 1) % n_buckets, -1]

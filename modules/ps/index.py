@@ -1,6 +1,6 @@
 """The id -> slot index of an :class:`~.store.EmbeddingStore`, and the allocation of the store's large arrays.
 
-:class:`HashIndex` is a vectorised open-addressing hash table of int64 words, each a slot number and a 31-bit
+:class:`HashIndex` is a vectorised open-addressing hash table of int64 words, each a 40-bit slot number and a 23-bit
 fingerprint of its id (linear probing, splitmix64 hash, about ``2 * capacity`` buckets = 16 B/row). A batch is
 resolved in one compiled pass that probes the buckets alone and, a few ids behind, confirms each match against the
 slot's id and records a training lookup's accesses (:func:`.kernels.find`): the fingerprint in the bucket spares the
@@ -20,7 +20,7 @@ import torch
 
 from persia_planner.modules.hashing import MASK63, mix64_tensor
 from persia_planner.modules.ps import kernels
-from persia_planner.modules.ps.kernels import EMPTY, SLOT_BITS
+from persia_planner.modules.ps.kernels import EMPTY, SLOT_BITS, SLOT_WIDTH
 
 __all__ = ["HUGE_PAGES_MIN_BYTES", "TOMBSTONE", "HashIndex", "as_ids", "hash_ids", "table_empty"]
 
@@ -69,9 +69,10 @@ def table_empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
 class HashIndex:
     """Open-addressing (linear probing) table from id to slot, every operation vectorised over a batch.
 
-    A bucket is one int64 word: ``fingerprint << 32 | slot`` for a held id (the fingerprint is the top 31 bits of the
-    id's 63-bit hash, so the word is >= 0), :data:`~.kernels.EMPTY` (-1) or :data:`TOMBSTONE` (-2). The id itself is
-    read from the store's slot ids only to confirm a fingerprint match, a few ids after the probe (see
+    A bucket is one int64 word: ``fingerprint << 40 | slot`` for a held id (the fingerprint is the top 23 bits of the
+    id's 63-bit hash, so the word is >= 0; :data:`~.kernels.SLOT_WIDTH`), :data:`~.kernels.EMPTY` (-1) or
+    :data:`TOMBSTONE` (-2). The id itself is read from the store's slot ids only to confirm a fingerprint match, a
+    few ids after the probe (see
     :func:`.kernels.find`), so the probe reads one random cache line per id and never waits for a second that depends
     on it; a bucket costs 8 B. Invariant: ``live + tombstones < buckets`` (there is always an empty bucket), so every
     probe sequence terminates; :meth:`needs_rebuild` keeps the filled fraction <= ``max_fill``.
@@ -98,7 +99,7 @@ class HashIndex:
         """Insert distinct ids known to be absent, pointing at ``slots``."""
         hashed = hash_ids(ids)
         pos = hashed % self.n_buckets
-        words = (hashed >> 32 << 32) | slots.to(torch.int64)  # the hash is >= 0: the shift is logical
+        words = (hashed >> SLOT_WIDTH << SLOT_WIDTH) | slots.to(torch.int64)  # hash >= 0: the shift is logical
         while words.numel():
             b = self.buckets.index_select(0, pos)
             free = b < 0

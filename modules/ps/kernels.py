@@ -48,6 +48,7 @@ __all__ = [
     "EMPTY",
     "F16C",
     "SLOT_BITS",
+    "SLOT_WIDTH",
     "STREAM_MIN_BYTES",
     "dedup",
     "find",
@@ -91,19 +92,23 @@ def _prefetch(typingctx, array, at):  # pragma: no cover - compiled
 
 _AHEAD = 8  # rows between a prefetch and its use in the gathers
 _PROBE_AHEAD = 32  # ids between a home bucket's prefetch and its probe (one stage: no dependent read to wait for)
-SLOT_BITS = np.int64(0xFFFFFFFF)  # a held bucket's low 32 bits: its slot (the probe defines the word)
+# A held bucket's word: the top 23 bits of its id's 63-bit hash (the fingerprint) above its slot's 40 bits. 2**40 slots
+# let one store hold a trillion rows (a 12 TB server holds ~10**11 fp16 dim-64 rows); 23 bits of fingerprint still
+# send all but one in 8 million non-matching probes past without reading the slot's id.
+SLOT_WIDTH = 40
+SLOT_BITS = np.int64((1 << SLOT_WIDTH) - 1)
 
 
 @numba.njit(cache=True, nogil=True)
 def _probe_exact(buckets, slot_ids, key, fingerprint, p):  # pragma: no cover - compiled
     # The linear probe from bucket p on, every fingerprint match confirmed against the slot's id: (slot, bucket),
-    # (-1, -1) if absent. Only after a match that the confirmation refuted (two ids alike in 31 bits of hash).
+    # (-1, -1) if absent. Only after a match that the confirmation refuted (two ids alike in 23 bits of hash).
     n_buckets = buckets.shape[0]
     while True:
         b = buckets[p]
         if b == EMPTY:
             return -1, -1
-        if b >= 0 and (b >> 32) == fingerprint and slot_ids[b & SLOT_BITS] == key:
+        if b >= 0 and (b >> SLOT_WIDTH) == fingerprint and slot_ids[b & SLOT_BITS] == key:
             return b & SLOT_BITS, p
         p += 1
         if p == n_buckets:
@@ -131,7 +136,7 @@ def _find(buckets, slot_ids, ids, slots, where, last, count, step, counts, touch
         if ahead < n:
             _prefetch(buckets, where[ahead])
         if 0 <= i < n:
-            fingerprint = _splitmix63(ids[i]) >> 32
+            fingerprint = _splitmix63(ids[i]) >> SLOT_WIDTH
             p = where[i]
             while True:
                 b = buckets[p]
@@ -139,7 +144,7 @@ def _find(buckets, slot_ids, ids, slots, where, last, count, step, counts, touch
                     slots[i] = -1
                     where[i] = -1
                     break
-                if b >= 0 and (b >> 32) == fingerprint:  # a tombstone (-2) never matches and the probe goes on
+                if b >= 0 and (b >> SLOT_WIDTH) == fingerprint:  # a tombstone (-2) never matches and the probe goes on
                     slots[i] = b & SLOT_BITS
                     where[i] = p
                     break
@@ -156,7 +161,7 @@ def _find(buckets, slot_ids, ids, slots, where, last, count, step, counts, touch
         key = ids[k]
         if slot_ids[s] != key:  # another id with the same fingerprint: probe on past it, confirming every match
             p = where[k] + 1
-            s, p = _probe_exact(buckets, slot_ids, key, _splitmix63(key) >> 32, 0 if p == n_buckets else p)
+            s, p = _probe_exact(buckets, slot_ids, key, _splitmix63(key) >> SLOT_WIDTH, 0 if p == n_buckets else p)
             slots[k] = s
             where[k] = p
             if s < 0:
@@ -181,8 +186,8 @@ def find(
     """Slot and bucket of each id in an open-addressing index (``-1`` for both where absent); ids may repeat.
 
     Args:
-        buckets: int64 ``[n_buckets]``: ``fingerprint << 32 | slot`` where held (the fingerprint is the top 31 bits
-            of the id's 63-bit hash), ``-1`` (empty: ends a probe) or ``-2`` (tombstone).
+        buckets: int64 ``[n_buckets]``: ``fingerprint << SLOT_WIDTH | slot`` where held (the fingerprint is the top
+            23 bits of the id's 63-bit hash), ``-1`` (empty: ends a probe) or ``-2`` (tombstone).
         slot_ids: int64 ``[capacity]``: the id held by each slot (may be a strided column of per-slot records).
         ids: int64 ``[n]`` (uint64 bit patterns), contiguous.
         touch: ``(last, count, step, counts)`` to record a training lookup's accesses in the same pass:

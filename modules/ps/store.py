@@ -72,8 +72,8 @@ class EmbeddingStore:
 
     Args:
         dim: Embedding width.
-        capacity: Maximum number of rows, at most ``persia_planner.placement.memory.PS_MAX_CAPACITY`` (2**31 - 2: slot
-            numbers are int32), which caps the rows of one table on one server.
+        capacity: Maximum number of rows, at most ``persia_planner.placement.memory.PS_MAX_CAPACITY`` (2**40 - 2: the
+            index keeps 40-bit slot numbers), which caps the rows of one table on one server.
         optimizer: The sparse optimizer applied by :meth:`update`.
         init: Initialiser of new rows.
         eviction: ``"lru"`` or ``"lfu"``.
@@ -109,7 +109,7 @@ class EmbeddingStore:
         if dim <= 0 or capacity <= 0:
             raise ValueError(f"dim and capacity must be positive, got dim={dim}, capacity={capacity}")
         if capacity > PS_MAX_CAPACITY:
-            raise ValueError(f"capacity must be at most {PS_MAX_CAPACITY:,} (int32 slot numbers), got {capacity:,}")
+            raise ValueError(f"capacity must be at most {PS_MAX_CAPACITY:,} (40-bit slot numbers), got {capacity:,}")
         if not 0.0 <= admission_probability <= 1.0:
             raise ValueError(f"admission_probability must be in [0, 1], got {admission_probability}")
         if clip is not None and not clip > 0:

@@ -66,8 +66,8 @@ resident as rows are inserted, always as the prefix [0, R). So a server's table 
 charges it filled, R = C, with C what ``persia train`` gives each server (:func:`ps_capacity`: the shard's rows plus
 an allowance for the hash's imbalance), since a server that receives more distinct ids than that fills it. (``persia
 train`` sizes every server's store of a table for the largest bucket, ``ceil(rows / servers)``, so a server of a
-bucket one row smaller holds up to 2 rows more than its charge.) The store refuses a capacity of ``2**31 - 1`` or
-more (its slot numbers are int32), which caps the rows of one table on one server
+bucket one row smaller holds up to 2 rows more than its charge.) The store refuses a capacity of ``2**40 - 1`` or
+more (its hash index keeps 40-bit slot numbers), which caps the rows of one table on one server
 (:data:`PS_MAX_ROWS`). A server's resident memory grows by a few MiB more than its stores' arrays, which no layout
 charges: the last huge page (2 MiB) of each partly filled array of 32 MiB or more, and code and heap that its first
 large requests leave; that is a constant per table and server, inside ``ps_reserve_fraction``.
@@ -195,8 +195,8 @@ PS_BUCKET_BYTES = 8
 """One bucket of the store's hash index (``HashIndex.buckets``, int64)."""
 PS_INDEX_LOAD_FACTOR = 0.5
 """Rows per bucket at full capacity: the store's default ``index_load_factor`` (buckets = capacity / 0.5)."""
-PS_MAX_CAPACITY = 2**31 - 2
-"""The largest capacity the store accepts (it refuses ``2**31 - 1`` and above: int32 slot numbers)."""
+PS_MAX_CAPACITY = 2**40 - 2
+"""The largest capacity the store accepts (it refuses ``2**40 - 1`` and above: its index keeps 40-bit slot numbers)."""
 PS_CAPACITY_SIGMAS = 4
 """Standard deviations of the hash's imbalance that a server's capacity allows for (see :func:`ps_capacity`)."""
 PS_CAPACITY_SLACK_ROWS = 64
@@ -236,11 +236,10 @@ def _max_rows() -> int:
 
 PS_MAX_ROWS = _max_rows()
 """The most rows of one table one server may be planned to hold: the largest with a capacity the store accepts
-(2,147,298,226: 2**31 less the allowance of :func:`ps_capacity`).
-
-Below 2**31, so a table of 2**33 rows per server (or more) is refused, with :data:`PS_LIMIT_REASON`: lifting it
-means int64 slot numbers in the store, its hash index and the eviction log (8 more bytes per row of capacity)."""
-PS_LIMIT_REASON = "its slot numbers are int32, and its capacity is the rows plus 4 square roots of them plus 64"
+(1,099,507,433,414: 2**40 less the allowance of :func:`ps_capacity`), far more than a server's memory holds
+(a trillion dim-64 rows are 128 TB in fp16); a plan that gives one server more is refused with
+:data:`PS_LIMIT_REASON`."""
+PS_LIMIT_REASON = "its slot numbers are 40-bit, and its capacity is the rows plus 4 square roots of them plus 64"
 """Why :data:`PS_MAX_ROWS` is what it is, as the refusals say it."""
 
 
