@@ -119,6 +119,13 @@ def check_available() -> None:
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         raise Unavailable(f"the namespace cluster needs {' and '.join(missing)} (iproute2): install it, or skip it")
+    # Root in a container may still lack the right to create namespaces: one is made and deleted to find out.
+    probe = f"pp{os.getpid()}-probe"
+    made = _ip("netns", "add", probe, check=False)
+    _ip("netns", "del", probe, check=False)
+    if made.returncode != 0:
+        why = made.stderr.strip().splitlines()[-1] if made.stderr.strip() else f"exit {made.returncode}"
+        raise Unavailable(f"cannot create network namespaces here ({why}): run it where root may, or skip it")
 
 
 def sweep_stale() -> list[str]:

@@ -12,22 +12,23 @@ from benchmark_modules import load
 
 netcluster = load("netcluster")
 
-try:
-    netcluster.check_available()
-    REASON = ""
-except netcluster.Unavailable as err:
-    REASON = str(err)
-needs_namespaces = pytest.mark.skipif(bool(REASON), reason=REASON)
+
+@pytest.fixture
+def namespaces_here() -> None:
+    """Skip, saying why, where network namespaces cannot be made (checking makes one: a process)."""
+    try:
+        netcluster.check_available()
+    except netcluster.Unavailable as err:
+        pytest.skip(str(err))
 
 
 def _ours() -> list[str]:
     return [ns for ns in netcluster.namespaces() if ns.startswith(f"pp{os.getpid()}-")]
 
 
-@needs_namespaces
 @pytest.mark.processes
 @pytest.mark.timeout(120)
-def test_hosts_reach_each_other_on_their_addresses_with_shaped_egress_and_leave_nothing_behind():
+def test_hosts_reach_each_other_on_their_addresses_with_shaped_egress_and_leave_nothing_behind(namespaces_here):
     before = netcluster.root_links()
     with netcluster.NetCluster(["a", "b", "c"], {"a": 50.0}) as cluster:
         assert [h.address for h in cluster.hosts.values()] == ["198.18.0.1", "198.18.0.2", "198.18.0.3"]
@@ -47,10 +48,9 @@ def test_hosts_reach_each_other_on_their_addresses_with_shaped_egress_and_leave_
     assert sleeper.poll() == -signal.SIGKILL  # what ran in the cluster ended with it
 
 
-@needs_namespaces
 @pytest.mark.processes
 @pytest.mark.timeout(60)
-def test_a_failure_while_building_tears_down_what_was_built(monkeypatch):
+def test_a_failure_while_building_tears_down_what_was_built(namespaces_here, monkeypatch):
     def refuse(*args: str) -> None:
         raise RuntimeError(f"tc {' '.join(args)}: refused")
 
@@ -58,6 +58,17 @@ def test_a_failure_while_building_tears_down_what_was_built(monkeypatch):
     with pytest.raises(RuntimeError, match=r"tc -n pp\d+-h1 qdisc add"), netcluster.NetCluster(["a", "b"], {"b": 5.0}):
         pass
     assert _ours() == []
+
+
+def test_where_namespaces_cannot_be_made_it_says_why_in_one_line(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netcluster.shutil, "which", lambda tool: f"/sbin/{tool}")
+    refused = netcluster.subprocess.CompletedProcess(
+        [], 1, "", "mount --make-shared /run/netns failed: Operation not permitted\n"
+    )
+    monkeypatch.setattr(netcluster, "_ip", lambda *args, check=True: refused)
+    with pytest.raises(netcluster.Unavailable, match=r"^cannot create network namespaces here \(mount --make-shared"):
+        netcluster.check_available()
 
 
 def test_without_root_it_says_why_in_one_line(monkeypatch):
