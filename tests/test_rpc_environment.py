@@ -43,7 +43,7 @@ def test_master_address_rejects_a_bad_port(monkeypatch, port):
 
 def test_tensorpipe_and_gloo_listen_where_the_rendezvous_is():
     """Loopback for a job on this machine; the interface of the route to MASTER_ADDR for one on several (the
-    namespace cluster's test checks a cluster address, tests/test_netcluster.py); nothing where it does not
+    namespace cluster's test checks a cluster address, tests/test_netns.py); nothing where it does not
     resolve."""
     assert all(map(is_loopback, ["127.0.0.1", "127.0.1.1", "::1", "localhost"]))
     assert not any(map(is_loopback, ["10.0.0.1", "0.0.0.0", "::", "host0", ""]))
