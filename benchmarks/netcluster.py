@@ -67,6 +67,12 @@ network:
 """
 
 
+def train_command(topology: Path, plan: Path, train_args: Sequence[str]) -> list[str]:
+    """``python``'s arguments for ``persia train`` of the bundled model with ``plan``, its result as JSON."""
+    return ["-m", "persia_planner.cli", "train", "--model", str(MODEL), "--topology", str(topology),
+            "--plan", str(plan), *train_args, "--json"]  # fmt: skip
+
+
 def plan_for(work: Path, name: str, topology: Path, staleness: int) -> Path:
     """``persia plan`` of the bundled model on ``topology`` for staleness ``staleness``, into ``work/name``."""
     out = work / name
@@ -105,8 +111,7 @@ def start_job(
     address (its torchrun with ``--local-addr``), no interface variables. Each host's output goes to
     ``work/<name>-<host>.out`` and ``.err`` (appended: a replacement host writes after the host it replaces)."""
     head = cluster.hosts[next(iter(cluster.hosts))].address
-    args = ["-m", "persia_planner.cli", "train", "--model", str(MODEL), "--topology", str(topology),
-            "--plan", str(plan), *train_args, "--json"]  # fmt: skip
+    args = train_command(topology, plan, train_args)
     rdzv = ["--nnodes", str(len(cluster.hosts)), "--rdzv-backend", "persia", "--rdzv-endpoint", f"{head}:{RDZV_PORT}",
             "--rdzv-id", name]  # fmt: skip
     nodes = {}
@@ -249,10 +254,8 @@ def _line_naming(work: Path, name: str, hosts: Sequence[str], host: str) -> str:
 def run_single_host(topology: Path, plan: Path, train_args: Sequence[str]) -> dict[str, Any]:
     """The same job with ``persia train``'s own launcher on this machine's loopback."""
     done = subprocess.run(
-        [sys.executable, "-m", "persia_planner.cli", "train", "--model", str(MODEL), "--topology", str(topology),
-         "--plan", str(plan), *train_args, "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [sys.executable, *train_command(topology, plan, train_args)], capture_output=True, text=True, timeout=600
+    )
     if done.returncode != 0:
         raise RuntimeError(f"persia train on one host: {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -291,31 +294,33 @@ def claim(work: Path, ps_mbit: float, steps: int, eval_batches: int, faults: boo
         nbytes = int(ps_mbit * 1e6 / 8 * 0.5)
         measured = {f"{s}->trainer0": transfer_mbit(cluster, s, "trainer0", nbytes) for s in ("ps0", "ps1")}
         measured["trainer0->ps0"] = transfer_mbit(cluster, "trainer0", "ps0", nbytes)
+        efficiency = min(1.0, statistics.median(measured.values()) / ps_mbit)
+        topology = work / "claim.yaml"
+        topology.write_text(topology_yaml(ps_mbit, nic_efficiency=efficiency))
+        # A plan is priced for its staleness and runs only at it: one plan per K. Where the servers' tables are the
+        # ones that fit nowhere else, both give every table the same sharding and tier (compared: same_shardings),
+        # and may put a table-wise table on the other of the two like trainers.
+        plan0, plan = plan_for(work, "claim-k0.json", topology, 0), plan_for(work, "claim-k4.json", topology, 4)
+        job = ["--steps", str(steps), "--eval-batches", str(eval_batches), *DATA]
+        k0, sockets = run_on_cluster(cluster, work, "k0", topology, plan0, [*job, "--mode", "sync"])
+        k4, more = run_on_cluster(cluster, work, "k4", topology, plan, [*job, "--staleness", "4"])
+        k4_job = [*job, "--staleness", "4"]
+        lost = [fault(cluster, work, host, topology, plan, k4_job, steps) for host in ("ps1", "trainer1") if faults]
+        outside = cluster.outside(sorted(sockets | more))
         tags = [cluster.bridge, *(h.namespace for h in cluster.hosts.values())]
-    efficiency = min(1.0, statistics.median(measured.values()) / ps_mbit)
-    topology = work / "claim.yaml"
-    topology.write_text(topology_yaml(ps_mbit, nic_efficiency=efficiency))
-    # A plan is priced for its staleness and runs only at it: one plan per K. Where the servers' tables are the ones
-    # that fit nowhere else, both give every table the same sharding and tier (compared: same_shardings), and may
-    # put a table-wise table on the other of the two like trainers.
-    plan0, plan = plan_for(work, "claim-k0.json", topology, 0), plan_for(work, "claim-k4.json", topology, 4)
-    job = ["--steps", str(steps), "--eval-batches", str(eval_batches), *DATA]
-    out: dict[str, Any] = {
+    single = run_single_host(topology, plan0, [*job, "--mode", "sync"])
+    return {
         "claim_remote_tables": remote_tables(plan),
         "same_shardings": shardings(plan0) == shardings(plan),
         "measured_mbit": measured,
         "nic_efficiency": efficiency,
+        "outside": outside,
+        "tags": tags,
+        "k0": k0,
+        "k4": k4,
+        "single": single,
+        "faults": lost,
     }
-    with NetCluster(HOSTS, {"ps0": ps_mbit, "ps1": ps_mbit}) as cluster:
-        k0, sockets = run_on_cluster(cluster, work, "k0", topology, plan0, [*job, "--mode", "sync"])
-        k4, more = run_on_cluster(cluster, work, "k4", topology, plan, [*job, "--staleness", "4"])
-        out["sockets"] = sorted(sockets | more)
-        out["outside"] = cluster.outside(out["sockets"])
-        k4_job = [*job, "--staleness", "4"]
-        lost = [fault(cluster, work, host, topology, plan, k4_job, steps) for host in ("ps1", "trainer1") if faults]
-        out["tags"] = [*tags, cluster.bridge, *(h.namespace for h in cluster.hosts.values())]
-    single = run_single_host(topology, plan0, [*job, "--mode", "sync"])
-    return out | {"k0": k0, "k4": k4, "single": single, "faults": lost}
 
 
 def replan(work: Path, steps: int) -> dict[str, Any]:

@@ -72,10 +72,10 @@ class HashIndex:
     A bucket is one int64 word: ``fingerprint << 40 | slot`` for a held id (the fingerprint is the top 23 bits of the
     id's 63-bit hash, so the word is >= 0; :data:`~.kernels.SLOT_WIDTH`), :data:`~.kernels.EMPTY` (-1) or
     :data:`TOMBSTONE` (-2). The id itself is read from the store's slot ids only to confirm a fingerprint match, a
-    few ids after the probe (see
-    :func:`.kernels.find`), so the probe reads one random cache line per id and never waits for a second that depends
-    on it; a bucket costs 8 B. Invariant: ``live + tombstones < buckets`` (there is always an empty bucket), so every
-    probe sequence terminates; :meth:`needs_rebuild` keeps the filled fraction <= ``max_fill``.
+    few ids after the probe (see :func:`.kernels.find`), so the probe reads one random cache line per id and never
+    waits for a second that depends on it; a bucket costs 8 B. Invariant: ``live + tombstones < buckets`` (there is
+    always an empty bucket), so every probe sequence terminates; :meth:`needs_rebuild` keeps the filled fraction <=
+    ``max_fill``.
     """
 
     def __init__(self, capacity: int, load_factor: float, slot_ids: torch.Tensor) -> None:
