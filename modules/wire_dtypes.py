@@ -15,7 +15,7 @@ __all__ = ["WireDtype"]
 
 
 class WireDtype(enum.StrEnum):
-    """The dtype PS rows and gradients travel in (the servers keep float32 weights and optimizer state)."""
+    """The dtype PS rows and gradients travel in (the servers keep the rows in the table's dtype)."""
 
     FLOAT32 = "float32"
     FLOAT16 = "float16"

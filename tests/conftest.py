@@ -13,8 +13,13 @@ import subprocess
 import pytest
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    if "not processes" in (config.option.markexpr or ""):
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> None:
+    # From collection on (test modules' imports too), once pytest has started: under pytest-xdist the controller runs
+    # no test but starts the workers, and a worker's start asks the platform module, which runs `uname`.
+    config = session.config
+    runs_tests = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+    if "not processes" in (config.option.markexpr or "") and runs_tests:
         _refuse_processes()
 
 

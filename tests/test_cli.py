@@ -293,6 +293,32 @@ def test_topology_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plan_fits_one_1_4_trillion_row_fp16_table_in_30_servers(tmp_path):
+    """The Persia paper's scale on a few large-memory servers: one table of 1.4e12 rows, dim 64, fp16 (90T
+    parameters) on 30 servers of 12 TB. It fits only because the stores keep fp16 rows (float32 rows would take
+    373 TiB where the servers have 262 TiB) and hold past 2^31 rows of a table each (46.7 billion here)."""
+    model, topology = tmp_path / "model.yaml", tmp_path / "topology.yaml"
+    model.write_text(
+        "name: persia-100t-one-table\nbatch_size: 65536\n"
+        "tables: [{name: big, rows: 1.4e12, dim: 64, pooling_factor: 1, embedding_dtype: fp16, zipf_alpha: 1.05}]\n"
+    )
+    link = "pcie_bandwidth: 32GB/s, nvlink_bandwidth: 300GB/s"
+    gpus = f"{{count: 8, hbm: 80GiB, hbm_bandwidth: 2TB/s, tflops: 300, {link}}}"
+    topology.write_text(
+        "name: 8x8-30ps\nhosts:\n"
+        f"  - {{name: trainer, count: 8, ddr: 1TB, ddr_bandwidth: 200GB/s, nic_bandwidth: 25GB/s, gpus: {gpus}}}\n"
+        "  - {name: ps, count: 30, role: parameter_server, ddr: 12TB, ddr_bandwidth: 100GB/s, nic_bandwidth: 25GB/s}\n"
+    )
+    out = tmp_path / "plan.json"
+    result = run("plan", model, topology, "--out", out)
+    assert result.exit_code == 0, result.output
+    written, servers = load_plan(out), load_topology(topology).servers
+    assert written.tables["big"].sharding.value == "ps_hash" and len(servers) == 30
+    usable = {s.name: s.ddr_bytes * (1 - load_topology(topology).constants.ps_reserve_fraction) for s in servers}
+    held = {name: d.ddr_bytes for name, d in written.devices.items() if name in usable}
+    assert len(held) == 30 and all(0.75 * usable[n] < b <= usable[n] for n, b in held.items()), held
+
+
 def test_plan_png_draws_the_placement(tmp_path, example):
     _, _, expected = example
     png, out = tmp_path / "plan.png", tmp_path / "plan.json"

@@ -258,6 +258,20 @@ def test_a_full_store_allocates_what_is_charged(optimizer, dim):
     assert allocated == ps_store_bytes(capacity, capacity, dim, optimizer)
 
 
+@pytest.mark.parametrize("dtype", [DType.FP16, DType.BF16])
+def test_a_narrow_store_keeps_its_weights_in_the_dtype_and_is_charged_for_it(dtype):
+    """A fp16 / bf16 table's store: 2-byte weights, float32 optimizer state, and the planner charges exactly that."""
+    capacity, dim, optimizer = 2_000, 64, Optimizer.ROWWISE_ADAGRAD
+    store = EmbeddingStore(dim, capacity, PS_OPTIMIZER[optimizer], weight_dtype=getattr(torch, dtype.torch_name))
+    store.lookup(torch.arange(capacity, dtype=torch.int64) * 31 + 7)
+    arrays = store.arrays()
+    assert (arrays["weights"].element_size(), arrays["state"].element_size()) == (2, PS_VALUE_BYTES)
+    assert sum(_nbytes(a) for a in arrays.values()) == ps_store_bytes(capacity, capacity, dim, optimizer, dtype)
+    # 2 bytes a weight fewer than a float32 store's: 128 B of a dim-64 row
+    wide = ps_store_bytes(capacity, capacity, dim, optimizer)
+    assert wide - ps_store_bytes(capacity, capacity, dim, optimizer, dtype) == capacity * dim * 2
+
+
 @pytest.mark.parametrize("optimizer", [Optimizer.ROWWISE_ADAGRAD, Optimizer.ADAM])
 def test_a_partly_filled_store_accounts_for_what_is_charged(optimizer):
     """The store's own account (what a server reports): the rows it holds of the per-slot arrays, the dirty mask

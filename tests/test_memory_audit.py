@@ -11,7 +11,7 @@ import pytest
 from persia_planner import validate
 from persia_planner.cost.analytic import CostModel
 from persia_planner.kinds import Mode, Sharding
-from persia_planner.model.specs import TableSpec
+from persia_planner.model.specs import DType, TableSpec
 from persia_planner.modules.tools.memory_audit import Case, compare, default_cases, predicted_bytes
 from persia_planner.placement.memory import ps_bytes, ps_store_bytes, replica_bytes
 from persia_planner.placement.shards import bucket_rows
@@ -21,9 +21,10 @@ TOLERANCE = 0.05  # issue 28: within 5% per device
 CASES = default_cases()
 
 
-def _row_bytes(table: TableSpec) -> int:
+def _row_bytes(table: TableSpec, dtype: DType) -> int:
     """Bytes of one more row of a store's capacity, held."""
-    return int(ps_store_bytes(2, 2, table.dim, table.optimizer) - ps_store_bytes(1, 1, table.dim, table.optimizer))
+    dim, optimizer = table.dim, table.optimizer
+    return int(ps_store_bytes(2, 2, dim, optimizer, dtype) - ps_store_bytes(1, 1, dim, optimizer, dtype))
 
 
 def _plan(case: Case) -> Plan:
@@ -52,8 +53,13 @@ def test_predicted_bytes_are_the_plans_device_usage():
     dp = case.spec.table("dp")  # float32 weights and their gradient, one row-wise Adagrad value per row
     assert float(replica_bytes(dp, dp.rows, dp.dim, case.spec.embedding_dtype)) == dp.rows * (2 * dp.dim * 4 + 4)
     servers = len(case.topology.servers)
-    stores = [ps_bytes(bucket_rows(t.rows, 0, servers), t.dim, t.optimizer) for t in case.spec.tables if "ps" in t.name]
+    stores = [
+        ps_bytes(bucket_rows(t.rows, 0, servers), t.dim, t.optimizer, case.spec.dtype_of(t))
+        for t in case.spec.tables
+        if "ps" in t.name
+    ]
     assert len(stores) == 2 and predicted["ps0"] == int(sum(float(b) for b in stores))
+    assert case.spec.dtype_of(case.spec.table("ps_big")) is DType.FP16  # the stores' weights in the table's dtype
 
 
 @pytest.mark.processes
@@ -73,5 +79,6 @@ def test_planned_bytes_are_what_the_built_modules_allocate(case):
         else:
             # Filled to capacity, the stores' own account is the planner's layout, but for a server of a bucket one
             # row smaller, whose store persia train sizes for the larger bucket: 2 rows more per table at most.
-            slack = sum(2 * _row_bytes(t) for t in case.spec.tables if case.tables[t.name].mode is Mode.ASYNC)
+            async_tables = [t for t in case.spec.tables if case.tables[t.name].mode is Mode.ASYNC]
+            slack = sum(2 * _row_bytes(t, case.spec.dtype_of(t)) for t in async_tables)
             assert 0 <= d.accounted - d.predicted <= slack, f"{what}, accounted {d.accounted:,} B"

@@ -430,6 +430,49 @@ def test_float16_lookup_is_the_float32_lookup_rounded_and_refuses_what_float16_c
             assert (bool(got.isnan()) and bool(expected.isnan())) or (got == expected and float(got) == 65504.0)
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.float16, torch.bfloat16])
+def test_a_narrow_store_is_a_float32_store_whose_rows_are_rounded_after_every_write(weight_dtype):
+    """Rows kept in float16 / bfloat16: every lookup gives what a float32 store gives once its rows are rounded to the
+    dtype after each insert and update (the optimizer steps in float32 from the rounded rows, its state stays
+    float32); a float16 lookup of a float16 store is the rows as kept; checkpoints keep the dtype and load across."""
+    opt = RowWiseAdagrad(lr=0.05)
+    narrow = EmbeddingStore(16, 40, opt, init=Uniform(-0.1, 0.1), seed=2, weight_dtype=weight_dtype)
+    wide = EmbeddingStore(16, 40, opt, init=Uniform(-0.1, 0.1), seed=2)
+    universe = _random_ids(60, seed=8)
+
+    def round_wide():  # the reference: the float32 store's rows rounded as the narrow store rounds each write
+        state = wide.state_dict()
+        state["weights"] = state["weights"].to(weight_dtype).float()
+        wide.load_state_dict(state)
+
+    for step in range(8):
+        g = torch.Generator().manual_seed(step)
+        batch = universe[torch.randint(0, 60, (30,), generator=g)]  # repeats, misses, evictions (capacity 40)
+        a = narrow.lookup(batch)
+        wide.lookup(batch)
+        round_wide()  # the rows this batch inserted
+        b = wide.lookup(batch, train=False)
+        assert a.dtype == torch.float32 and torch.equal(a, b), step
+        grads = torch.randn(30, 16, generator=g)
+        assert narrow.update(batch, grads) == wide.update(batch, grads)
+        round_wide()
+    state = narrow.state_dict()
+    assert state["weights"].dtype == weight_dtype and state["state"].dtype == torch.float32
+    assert torch.equal(state["weights"].float(), wide.state_dict()["weights"])
+    assert torch.equal(state["state"], wide.state_dict()["state"])
+    held = state["ids"][:5]
+    if weight_dtype == torch.float16:
+        assert torch.equal(narrow.lookup(held, train=False, dtype=torch.float16), state["weights"][:5])
+    # A float32 checkpoint loads into the narrow store rounded, the narrow one into a float32 store exactly.
+    narrow.load_state_dict(wide.state_dict())
+    assert torch.equal(narrow.state_dict()["weights"], wide.state_dict()["weights"].to(weight_dtype))
+    restored = EmbeddingStore(16, 40, opt)
+    restored.load_state_dict(state)
+    assert torch.equal(restored.lookup(held, train=False), state["weights"][:5].float())
+    with pytest.raises(ValueError, match=r"weight_dtype must be torch\.float32, torch\.float16 or torch\.bfloat16"):
+        EmbeddingStore(16, 40, opt, weight_dtype=torch.int8)
+
+
 def test_per_id_initialisation_ignores_arrival_order_and_server():
     from persia_planner.modules.ps.protocol import TableConfig
     from persia_planner.modules.ps.server import make_store

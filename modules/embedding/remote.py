@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType, data_type_to_dtype
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import ErrorKind, PlannerError
@@ -139,6 +139,8 @@ class RemoteEmbeddingBags(nn.Module):
                     optimizer=optimizer,
                     init=init or Uniform(-bound, bound),
                     seed=seed,
+                    # the servers keep the rows in the table's dtype (fp16 halves their memory)
+                    weight_dtype=data_type_to_dtype(c.data_type),
                 )
             )
 

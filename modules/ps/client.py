@@ -76,11 +76,12 @@ class PsClient:
             is due and chains its answer into the future already returned.
         wire_dtype: The dtype embedding rows and gradients travel in: ``torch.float32`` (default: exact),
             ``torch.float16`` or ``torch.bfloat16`` (half the bytes, as Persia sends them). Only the wire is
-            narrowed: servers keep weights and optimizer state in float32, lookups still return float32 rows
-            (each value rounded once to ``wire_dtype``), and gradients are summed per id in float32 on the client,
-            rounded once for the wire and upcast by the server before its optimizer step. float16 holds magnitudes
-            up to 65504 (larger gradients or weights are refused, not sent as inf) and flushes those below about
-            6e-8 to zero; bfloat16 keeps float32's range with 8 bits of mantissa instead of 11.
+            narrowed: servers keep the rows in their table's dtype and the optimizer state in float32, lookups
+            still return float32 rows (each value rounded once to ``wire_dtype``), and gradients are summed per id in
+            float32 on the client, rounded once for the wire and upcast by the server before its optimizer step.
+            float16 holds magnitudes up to 65504 (larger gradients or weights are refused, not sent as inf) and
+            flushes those below about 6e-8 to zero; bfloat16 keeps float32's range with 8 bits of mantissa instead
+            of 11.
 
     Raises:
         ValueError: If an argument is out of range (``wire_dtype`` not one of the three dtypes above).

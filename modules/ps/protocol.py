@@ -209,6 +209,8 @@ class TableConfig:
         seed: Seed of the initial rows (per id, see ``EmbeddingStore(init_seed=...)``) and of each server's
             admission draws (server ``i`` uses ``seed + i``).
         eviction_chunk: Fraction of the capacity a full table evicts at once (see :class:`EmbeddingStore`).
+        weight_dtype: The dtype the servers keep the rows in (the plan's ``embedding_dtype``; see
+            ``EmbeddingStore(weight_dtype=...)``).
     """
 
     name: str
@@ -221,6 +223,7 @@ class TableConfig:
     clip: float | None = None
     seed: int = 0
     eviction_chunk: float = 1 / 64
+    weight_dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -151,6 +151,7 @@ def make_store(config: TableConfig, index: int) -> EmbeddingStore:
         clip=config.clip,
         seed=config.seed + index,
         eviction_chunk=config.eviction_chunk,
+        weight_dtype=config.weight_dtype,
         # per-id initial rows: the same on whichever server holds the id, in whatever order ids arrive
         init_seed=config.init_seed,
     )
@@ -212,7 +213,7 @@ def lookup(
 ) -> torch.Tensor:
     """Rows ``[len(ids), dim]`` of ``ids``; ``train=False`` never inserts. ``distinct=True``: the caller promises
     the ids do not repeat (the client de-duplicates), so the store skips its own ``unique`` and gather.
-    ``wire_dtype``: the dtype the rows travel back in (None: the store's float32, unchanged)."""
+    ``wire_dtype``: the dtype the rows travel back in (None: float32)."""
     if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
         raise PsServerError(f"parameter server {state().name}: cannot send rows as {wire_dtype}")
     t = state().table(table)

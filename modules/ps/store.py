@@ -10,6 +10,11 @@ open-addressing hash index (:class:`.index.HashIndex`, no collisions). Per row: 
 4 + count 4: confirming the id and recording the access touch one cache line) + index 16 + dirty flag 1 B on top of
 the weights and the optimizer state: dim 64 + row-wise Adagrad = 293 B against 260 B raw.
 
+Weights are kept in the table's dtype (``weight_dtype``: the plan's ``embedding_dtype``), so a float16 table's rows
+take half the bytes; the optimizer state stays float32. An update reads the rows widened to float32, steps, and
+rounds the new rows back to nearest (what ``Tensor.half()`` does); the update then changes a weight only where it
+exceeds half a unit in its last place (about ``|w| / 2048`` in float16).
+
 The planner restates this layout (``persia_planner.placement.memory``: ``ps_store_bytes``, the index load factor, the
 capacity limit, the capacity ``persia train`` gives each server) to charge each server what its stores take; the store
 takes its default load factor and the limit from there, and ``tests/test_memory.py`` checks
@@ -40,7 +45,10 @@ from persia_planner.modules.ps.optim import RowOptimizer
 from persia_planner.modules.ps.policies import Eviction, Normal, Uniform
 from persia_planner.placement.memory import PS_INDEX_LOAD_FACTOR, PS_MAX_CAPACITY
 
-__all__ = ["EmbeddingStore"]
+__all__ = ["WEIGHT_DTYPES", "EmbeddingStore"]
+
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""The dtypes a store keeps its rows in (the plan's ``embedding_dtype``: fp32, fp16, bf16)."""
 
 _INT32_MAX = 2**31 - 1
 # The smallest magnitude that float16 rounds to inf (the midpoint between 65504 and 2**16, rounded to even).
@@ -89,6 +97,8 @@ class EmbeddingStore:
             once (the policy's lowest-ranked rows, never the batch's own ids), so the O(rows) choice of victims
             runs once per that many inserts instead of once per batch. A full table then holds between
             ``capacity * (1 - eviction_chunk)`` and ``capacity`` rows. ``0``: evict exactly what each batch needs.
+        weight_dtype: The dtype the rows are kept in: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``
+            (the optimizer state is float32 whatever it is).
     """
 
     def __init__(
@@ -105,6 +115,7 @@ class EmbeddingStore:
         index_load_factor: float = PS_INDEX_LOAD_FACTOR,
         init_seed: int | None = None,
         eviction_chunk: float = 1 / 64,
+        weight_dtype: torch.dtype = torch.float32,
     ) -> None:
         if dim <= 0 or capacity <= 0:
             raise ValueError(f"dim and capacity must be positive, got dim={dim}, capacity={capacity}")
@@ -118,6 +129,8 @@ class EmbeddingStore:
             raise ValueError(f"index_load_factor must be in (0, 1), got {index_load_factor}")
         if not 0.0 <= eviction_chunk < 1.0:
             raise ValueError(f"eviction_chunk must be in [0, 1), got {eviction_chunk}")
+        if weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"weight_dtype must be torch.float32, torch.float16 or torch.bfloat16, got {weight_dtype}")
         self.dim = dim
         self.capacity = capacity
         self.optimizer = optimizer
@@ -137,7 +150,8 @@ class EmbeddingStore:
         self._ids = self._records[:, 0]
         self._last = self._records.view(torch.int32)[:, 2]
         self._count = self._records.view(torch.int32)[:, 3]
-        self._weights = table_empty(capacity, dim, dtype=torch.float32)
+        self.weight_dtype = weight_dtype
+        self._weights = table_empty(capacity, dim, dtype=weight_dtype)
         self._state = table_empty(capacity, self.state_width, dtype=torch.float32)
         # Rows inserted or updated since the last take_dirty(). Keyed by slot, not id: a slot that is evicted and
         # handed to a new id is dirty for the new id, so an evicted id never shows up in a dump.
@@ -203,10 +217,10 @@ class EmbeddingStore:
     ) -> torch.Tensor:
         """Rows of ``ids`` as float32 ``[*ids.shape, dim]`` (a copy). See the class docstring for the semantics.
 
-        ``dtype=torch.float16`` returns them rounded to float16 (``rows.half()``, what a float16 wire sends),
-        converted right after the gather (:func:`.kernels.take_rows_half`); ``OverflowError`` if a row holds a
-        value that float16 rounds to ``inf`` (``|w| >= 65520``, or ``inf`` itself), raised after the lookup's side
-        effects (NaN passes as NaN).
+        ``dtype=torch.float16`` returns them as float16 (what a float16 wire sends): as kept by a float16 store, else
+        rounded (``rows.half()``) right after the gather (:func:`.kernels.take_rows_half`), with ``OverflowError`` if
+        a row holds a value that float16 rounds to ``inf`` (``|w| >= 65520``, or ``inf`` itself), raised after the
+        lookup's side effects (NaN passes as NaN).
 
         ``distinct=True`` promises that ``ids`` holds no repeats (the client de-duplicates every batch): the store then
         skips its own ``torch.unique`` and the gather back to the caller's order. Given in ascending order the result
@@ -233,16 +247,19 @@ class EmbeddingStore:
         self._metrics["misses"] += uniq.numel() - n_hit
         if train and n_hit < uniq.numel():
             self._admit(uniq, torch.ones_like(uniq) if counts is None else counts, slots, hit)
-        if dtype == torch.float16:
+        if dtype == self.weight_dtype:  # the rows as kept
+            rows = kernels.take_rows(self._weights, slots)  # ids not held (slot -1) read as zero rows
+            if inverse is not None:
+                rows = kernels.gather_rows(rows, inverse) if dtype == torch.float32 else rows.index_select(0, inverse)
+        elif dtype == torch.float16:  # narrowed from wider rows: a value beyond float16's range must not pass as inf
             rows, peak = kernels.take_rows_half(self._weights, slots)
             if peak >= _FLOAT16_OVERFLOW:  # an inf weight too: float16 cannot tell it from an overflow
                 raise OverflowError(f"holds weights up to {peak:.6g}, beyond float16's 65504")
             if inverse is not None:
                 rows = rows.index_select(0, inverse)
-        else:
-            rows = kernels.take_rows(self._weights, slots)  # ids not held (slot -1) read as zero rows
-            if inverse is not None:
-                rows = kernels.gather_rows(rows, inverse)  # the expansion to the caller's order, as the client's
+        else:  # float32 from narrower rows: the gather to the caller's order widens float16 in the same pass
+            rows = kernels.take_rows(self._weights, slots)
+            rows = (kernels.gather_rows(rows, inverse) if inverse is not None else rows).float()
         return rows.reshape(*ids.shape, self.dim)
 
     @torch.no_grad()
@@ -251,7 +268,7 @@ class EmbeddingStore:
         as its initial value (``init.rows_for``, which a training lookup would insert; zeros without ``init_seed``)."""
         flat = as_ids(ids)
         slots, _ = self._index.find(flat)
-        rows = kernels.take_rows(self._weights, slots)
+        rows = kernels.take_rows(self._weights, slots).float()
         missing = slots < 0
         if self.init_seed is not None and bool(missing.any()):
             rows[missing] = self.init.rows_for(flat[missing], self.dim, self.init_seed)
@@ -263,7 +280,7 @@ class EmbeddingStore:
         them, evicting by the policy when full) with a new row's optimizer state; returns the rows written (fewer
         only when the ids outnumber the capacity)."""
         flat = as_ids(ids)
-        weights = weights.reshape(flat.numel(), self.dim).to(torch.float32)
+        weights = weights.reshape(flat.numel(), self.dim).to(self.weight_dtype)
         slots, _ = self._index.find(flat)
         hit = slots >= 0
         if not bool(hit.all()):
@@ -307,7 +324,7 @@ class EmbeddingStore:
             rows = self.init.sample(k, self.dim, self._generator)
         else:
             rows = self.init.rows_for(new_ids, self.dim, self.init_seed)
-        self._weights.index_copy_(0, new_slots, rows)
+        self._weights.index_copy_(0, new_slots, rows.to(self.weight_dtype))
         self._state.index_copy_(0, new_slots, self.optimizer.init_state(k, self.dim))
         self._last[new_slots] = self._step
         self._count[new_slots] = counts[miss].clamp(max=_INT32_MAX).int()
@@ -361,7 +378,7 @@ class EmbeddingStore:
         """Apply the optimizer to the rows of ``ids`` with ``grads`` ``[*ids.shape, dim]``; returns rows updated.
 
         Gradients of any floating dtype are upcast to float32 before duplicates are summed, so the sum, the
-        optimizer step and its state are float32 whatever dtype the gradients travelled in.
+        optimizer step and its state are float32 whatever dtype the gradients travelled in or the rows are kept in.
 
         Args:
             ids: int64 (uint64 bit patterns) or uint64.
@@ -384,11 +401,11 @@ class EmbeddingStore:
         if not bool(held.all()):  # usually every pushed id is still held: skip two copies of the batch then
             slots, summed = slots[held], summed[held]
         new_w, new_state = self.optimizer.step(
-            self._weights.index_select(0, slots), self._state.index_select(0, slots), summed
+            self._weights.index_select(0, slots).float(), self._state.index_select(0, slots), summed
         )
         if self.clip is not None:
             new_w.clamp_(-self.clip, self.clip)
-        self._weights.index_copy_(0, slots, new_w)
+        self._weights.index_copy_(0, slots, new_w.to(self.weight_dtype))
         self._state.index_copy_(0, slots, new_state)
         self._dirty[slots] = True
         self._metrics["updates"] += slots.numel()
@@ -397,7 +414,8 @@ class EmbeddingStore:
     # -------------------------------------------------------------------------------------------- checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        """The occupied rows only (copies): ids, weights, optimizer state, LRU/LFU metadata and the step counter.
+        """The occupied rows only (copies): ids, weights (in :attr:`weight_dtype`), optimizer state, LRU/LFU metadata
+        and the step counter.
 
         Starts the eviction log if it is not running yet: a replica may start from these rows, so the next
         :meth:`take_dirty` must list what is evicted from here on.
@@ -416,7 +434,8 @@ class EmbeddingStore:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the contents by ``state`` (from :meth:`state_dict`; capacity may differ but must hold the rows).
 
-        Hyper-parameters, the generator and the metrics are the constructor's, not the checkpoint's.
+        Hyper-parameters, the generator and the metrics are the constructor's, not the checkpoint's; so is the
+        weight dtype (rows saved in another are converted: a float32 checkpoint loads into a float16 store rounded).
 
         Raises:
             ValueError: See :meth:`check_state_dict`; the store is unchanged then.
@@ -477,8 +496,8 @@ class EmbeddingStore:
             with_state: Also return the optimizer state of the rows (needed to resume training, not to serve).
 
         Returns:
-            ``{"ids": int64 [k], "weights": float32 [k, dim], "removed": int64 [r], "removals_complete": bool []}``
-            plus ``"state": [k, state_width]`` if asked. ``removed`` is sorted and disjoint from ``ids``.
+            ``{"ids": int64 [k], "weights": [k, dim] (the weight dtype), "removed": int64 [r], "removals_complete":
+            bool []}`` plus ``"state": [k, state_width]`` if asked. ``removed`` is sorted and disjoint from ``ids``.
         """
         slots = self._dirty[: self._n].nonzero().squeeze(1)
         out = {"ids": self._ids.index_select(0, slots), "weights": self._weights.index_select(0, slots)}

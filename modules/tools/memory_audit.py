@@ -358,8 +358,9 @@ def default_cases() -> list[Case]:
     """The configurations :func:`memory_error` measures by default (each a few tens of seconds on 2 cores):
 
     * ``hybrid``: two CPU trainers and two servers, row-wise Adagrad, float32: a table of every sharding type
-      TorchRec runs on CPU and two PS tables, one large enough (about 300 MB per server) that a server's
-      resident memory is measured to well within its constant noise (code pages, heap, huge-page rounding);
+      TorchRec runs on CPU and two PS tables, one of them float16 and large enough (about 230 MB per server) that
+      a server's resident memory is measured to well within its constant noise (code pages, heap, huge-page
+      rounding);
     * ``fp16_sgd``: two CPU trainers, float16 tables trained by SGD, a data-parallel one among them (its DDP
       gradient is float16 too).
     """
@@ -375,7 +376,7 @@ def default_cases() -> list[Case]:
             TableSpec("twrw", 30_001, 64),
             TableSpec("tcw", 25_000, 64),
             TableSpec("dp", 20_000, 64),
-            TableSpec("ps_big", 2_000_000, 64),
+            TableSpec("ps_big", 2_000_000, 64, embedding_dtype=DType.FP16),  # the stores keep it in fp16
             TableSpec("ps_small", 200_000, 64),
         ),
     )

@@ -154,7 +154,7 @@ class TrainConfig:
         dense_optimizer: ``adagrad``, ``sgd`` or ``adam``.
         ps_delay_ms: Added to every PS call (a stand-in for a slow network).
         ps_wire: The dtype PS rows and gradients travel in: ``float32`` (exact), ``float16`` or ``bfloat16`` (half
-            the bytes, as Persia sends them; the servers keep float32 weights and optimizer state).
+            the bytes, as Persia sends them; the servers keep each table's rows in its ``embedding_dtype``).
         checkpoint: Directory of the job's checkpoints (:mod:`persia_planner.modules.train.job_checkpoints`): one at the
             end, one every ``checkpoint_every`` steps, and one when a signal stops the job.
         checkpoint_every: Also checkpoint after every this many global steps (0: only at the end).

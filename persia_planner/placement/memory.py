@@ -53,25 +53,24 @@ So a replica costs :func:`fbgemm_bytes` of the table in ``DEVICE`` memory plus i
 **Parameter-server store** (``modules/ps/store.py``, ``EmbeddingStore``), per table and server, for a capacity of C
 rows holding R of them:
 
-* ``_weights`` float32 [C, dim] and ``_state`` float32 [C, state_width]: float32 whatever the plan's dtype (a
-  float16 wire rounds rows on the way out, the store keeps float32);
+* ``_weights`` [C, dim] in the table's ``embedding_dtype`` (fp16 / bf16 halve them; the optimizer steps in
+  float32 and rounds the new rows back) and ``_state`` float32 [C, state_width], which the optimizer needs whole;
 * ``_records`` int64 [C, 2] (the id; last access int32 + access count int32): 16 B;
 * ``_dirty`` bool [C]: 1 B, zeroed (so written) when the store is created;
 * ``HashIndex.buckets`` int64 [max(ceil(C / index_load_factor), C + 1)]: 16 B per row of capacity at the
   default load factor 0.5, all written (-1) when the store is created.
 
-The weights, state and records are allocated untouched (``torch.empty`` or an anonymous mapping) and become
-resident as rows are inserted, always as the prefix [0, R). So a server's table costs
-``R x (16 + 4 x (dim + state_width)) + C x 1 + 8 x buckets(C)`` bytes of DDR (:func:`ps_store_bytes`). The plan
-charges it filled, R = C, with C what ``persia train`` gives each server (:func:`ps_capacity`: the shard's rows plus
-an allowance for the hash's imbalance), since a server that receives more distinct ids than that fills it. (``persia
-train`` sizes every server's store of a table for the largest bucket, ``ceil(rows / servers)``, so a server of a
-bucket one row smaller holds up to 2 rows more than its charge.) The store refuses a capacity of ``2**40 - 1`` or
-more (its hash index keeps 40-bit slot numbers), which caps the rows of one table on one server
-(:data:`PS_MAX_ROWS`). A server's resident memory grows by a few MiB more than its stores' arrays, which no layout
-charges: the last huge page (2 MiB) of each partly filled array of 32 MiB or more, and code and heap that its first
-large requests leave; that is a constant per table and server, inside ``ps_reserve_fraction``.
-"""
+The weights, state and records are allocated untouched (``torch.empty`` or an anonymous mapping) and become resident as
+rows are inserted, always as the prefix [0, R). So a server's table costs ``R x (16 + w x dim + 4 x state_width) + C x 1
++ 8 x buckets(C)`` bytes of DDR, ``w`` the dtype's bytes (:func:`ps_store_bytes`). The plan charges it filled, R = C,
+with C what ``persia train`` gives each server (:func:`ps_capacity`: the shard's rows plus an allowance for the hash's
+imbalance), since a server that receives more distinct ids than that fills it. (``persia train`` sizes every server's
+store of a table for the largest bucket, ``ceil(rows / servers)``, so a server of a bucket one row smaller holds up to 2
+rows more than its charge.) The store refuses a capacity of ``2**40 - 1`` or more (its hash index keeps 40-bit slot
+numbers), which caps the rows of one table on one server (:data:`PS_MAX_ROWS`). A server's resident memory grows by a
+few MiB more than its stores' arrays, which no layout charges: the last huge page (2 MiB) of each partly filled array of
+32 MiB or more, and code and heap that its first large requests leave; that is a constant per table and server, inside
+``ps_reserve_fraction``."""
 
 from __future__ import annotations
 
@@ -186,7 +185,7 @@ def replica_bytes(table: TableSpec, rows: Any, cols: int, dtype: DType) -> Any:
 
 # ---- the parameter-server store ----------------------------------------------------------------------------------
 PS_VALUE_BYTES = OPTIMIZER_STATE_VALUE_BYTES
-"""The store's weights and optimizer state are float32 (``_weights``, ``_state``), whatever the plan's dtype."""
+"""The store's optimizer state is float32 (``_state``) whatever the plan's dtype; its weights are in the dtype."""
 PS_RECORD_BYTES = 16
 """Per row held besides the values: ``_records`` int64 [C, 2] (the id, last access + access count)."""
 PS_DIRTY_BYTES = 1
@@ -243,19 +242,19 @@ PS_LIMIT_REASON = "its slot numbers are 40-bit, and its capacity is the rows plu
 """Why :data:`PS_MAX_ROWS` is what it is, as the refusals say it."""
 
 
-def ps_store_bytes(rows: Any, capacity: Any, dim: int, optimizer: Optimizer) -> Any:
+def ps_store_bytes(rows: Any, capacity: Any, dim: int, optimizer: Optimizer, dtype: DType = DType.FP32) -> Any:
     """Resident DDR bytes of a store of ``capacity`` rows of width ``dim`` that holds ``rows`` of them.
 
-    ``rows`` x (record + float32 weights and state) + the dirty mask and the hash index, which are written whole
-    when the store is created (see the module docstring for the layout). Arrays or ints.
+    ``rows`` x (record + weights in ``dtype`` + float32 optimizer state) + the dirty mask and the hash index, which
+    are written whole when the store is created (see the module docstring for the layout). Arrays or ints.
     """
     rows, capacity = np.asarray(rows, dtype=float), np.asarray(capacity, dtype=float)
-    per_row = PS_RECORD_BYTES + PS_VALUE_BYTES * (dim + optimizer.ps_state_values(dim))
+    per_row = PS_RECORD_BYTES + dtype.n_bytes * dim + PS_VALUE_BYTES * optimizer.ps_state_values(dim)
     buckets = np.maximum(np.ceil(capacity / PS_INDEX_LOAD_FACTOR), capacity + 1)
     return rows * per_row + capacity * PS_DIRTY_BYTES + buckets * PS_BUCKET_BYTES
 
 
-def ps_bytes(rows: Any, dim: int, optimizer: Optimizer) -> Any:
+def ps_bytes(rows: Any, dim: int, optimizer: Optimizer, dtype: DType = DType.FP32) -> Any:
     """DDR bytes one server's store of a table takes when it is planned to hold ``rows`` rows of width ``dim``:
     :func:`ps_store_bytes` of the capacity :func:`ps_capacity` gives those rows, filled.
 
@@ -265,7 +264,7 @@ def ps_bytes(rows: Any, dim: int, optimizer: Optimizer) -> Any:
     numpy array.
     """
     capacity = ps_capacity(rows)
-    return ps_store_bytes(capacity, capacity, dim, optimizer)
+    return ps_store_bytes(capacity, capacity, dim, optimizer, dtype)
 
 
 def ps_holds(rows: Any, n_servers: int) -> Any:

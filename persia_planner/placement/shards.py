@@ -161,7 +161,7 @@ def tier_bytes(
         return memory.replica_bytes(table, rows, cols, dtype), 0
     spec = tier.spec
     if spec.rows_in is Memory.SERVER:
-        return 0, memory.ps_bytes(rows, cols, table.optimizer)
+        return 0, memory.ps_bytes(rows, cols, table.optimizer, dtype)
     managed = spec.rows_in is Memory.HOST
     fraction = cache_fraction if spec.cached else 0.0
     return memory.fbgemm_bytes(table, rows, cols, dtype, managed=managed, cache_fraction=fraction)

@@ -70,7 +70,7 @@ def _capacity_error(state: State, table: TableSpec) -> CapacityError:
         return ps_rows_error(table, n_servers, max(free["GPU HBM"], free["trainer DDR"]))
     resource = "PS DDR" if n_servers else max(free, key=free.get)
     if resource == "PS DDR":
-        # The servers' stores keep float32 rows, a record and an index: more than the table's bytes.
+        # The servers' stores keep a record, an index and float32 optimizer state: more than the table's bytes.
         size = int(state.ps_mem(table).sum())
     short = int(size - free[resource])
     if n_servers and short <= 0:
@@ -87,7 +87,7 @@ def _capacity_error(state: State, table: TableSpec) -> CapacityError:
             f"by {format_bytes(max(gap[worst], 0))} for its share after placing the hotter tables",
             (
                 f"give {server} more DDR (parameter servers of equal DDR hold the most)",
-                "reduce its rows (the stores keep float32 whatever embedding_dtype is)",
+                "reduce its rows, or set embedding_dtype: fp16 (the stores keep the rows in it)",
                 "lower the reserve fractions under 'constants:' in topology.yaml",
             ),
             table=table.name,
