@@ -11,6 +11,9 @@
    ``executed_plan`` equals its plan.
 5. TorchRec's train pipeline: ``persia train --pipeline`` vs the plain loop, K = 0 and K = 4, alternated
    (``pipelined_samples_per_s`` and ``pipelined_over_plain``, by ``k0`` / ``k4``).
+6. Quantized collectives: the same plan with fp16 all-to-alls and dense all-reduce against float32, K = 4: AUC
+   (``qcomms_auc``, ``fp32_comms_auc``, ``qcomms_auc_gap``) and samples/s alternated (``qcomms_samples_per_s``,
+   ``fp32_comms_samples_per_s``, ``qcomms_speedup``).
 
 Every ratio compares runs of this same invocation. Prints a table and writes JSON (``--json OUT``).
 
@@ -21,6 +24,7 @@ Every ratio compares runs of this same invocation. Prints a table and writes JSO
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -37,6 +41,8 @@ from rich.console import Console
 from rich.table import Table
 
 from persia_planner import load_model, load_topology, plan
+from persia_planner.model.qcomms import QComms
+from persia_planner.model.specs import DType
 
 # The training modules (torchrec, fbgemm, torchmetrics: ~7 s of imports) are imported inside the functions: every
 # process a run starts (forks of local_cluster's fork server, mp.spawn workers) runs this file's top level again, and
@@ -311,6 +317,35 @@ def main(argv: list[str] | None = None) -> int:
     }
     results["pipeline"] = {"rounds": pipe}
 
+    # 6. Quantized collectives: the same plan with its all-to-alls and dense all-reduce in fp16 (gloo has no bf16),
+    # against float32; quality at K = 4 (the quality run above is the float32 side), speed alternated.
+    qcomms = QComms(DType.FP16, DType.FP16)
+    narrowed = dataclasses.replace(spec, qcomms=qcomms)
+    console.print(
+        f"[bold]6. quantized collectives[/] ({qcomms}): K = 4, {quality_steps} steps; {speed_steps} steps x {rounds}"
+    )
+    quantized = train(narrowed, the_plan, topo, servers, steps=quality_steps, staleness=4, eval_batches=eval_batches)
+    executed.append(quantized["executed_plan"] == planned_execution(the_plan, narrowed, topo))
+    comms_rates: dict[str, list[float]] = {"fp32": [], "fp16": []}
+    for _ in range(rounds):
+        for name, model in (("fp32", spec), ("fp16", narrowed)):
+            comms_rates[name].append(
+                train(model, the_plan, topo, servers, steps=speed_steps, staleness=4)["samples_per_s"]
+            )
+    results["executed_matches_plan"] = all(executed)
+    results["qcomms"] = {
+        "precisions": qcomms.to_dict(),
+        "executed_comms": sorted({str(e.get("comms")) for e in quantized["executed_plan"].values() if "comms" in e}),
+        "dense_all_reduce": quantized["dense_all_reduce"],
+        "rounds": comms_rates,
+    }
+    results["qcomms_auc"] = quantized["auc"]
+    results["fp32_comms_auc"] = hybrid["auc"]
+    results["qcomms_auc_gap"] = hybrid["auc"] - quantized["auc"]
+    results["qcomms_samples_per_s"] = statistics.median(comms_rates["fp16"])
+    results["fp32_comms_samples_per_s"] = statistics.median(comms_rates["fp32"])
+    results["qcomms_speedup"] = results["qcomms_samples_per_s"] / results["fp32_comms_samples_per_s"]
+
     table = Table(
         title=f"hybrid training ({'quick' if args.quick else 'full'}), {spec.name}, 2 trainers + {servers} PS"
     )
@@ -360,6 +395,16 @@ def main(argv: list[str] | None = None) -> int:
         label = f"pipelined samples/s, K={k[1:]} (/ plain loop)"
         shown = f"{results['pipelined_samples_per_s'][k]:,.0f} ({ratio:.2f}x)"
         table.add_row(label, shown, ">= 0.98x", mark(ratio >= 0.98))
+    gap = results["qcomms_auc_gap"]
+    table.add_row("fp16 collectives AUC (float32's - it)", f"{results['qcomms_auc']:.4f} ({gap:+.4f})", "<= 0.002",
+                  mark(gap <= 0.002))  # fmt: skip
+    table.add_row(
+        "samples/s, fp16 / float32 collectives (K=4)",
+        f"{results['qcomms_samples_per_s']:,.0f} / {results['fp32_comms_samples_per_s']:,.0f} "
+        f"({results['qcomms_speedup']:.2f}x)",
+        "(reported)",
+        "",
+    )
     table.add_row("executed plan = plan.json, every run", str(results["executed_matches_plan"]), "True",
                   mark(results["executed_matches_plan"]))  # fmt: skip
     console.print(table)

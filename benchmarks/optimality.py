@@ -24,6 +24,7 @@ JSON keys: ``instances`` (``{name, ours_ms, optimum_ms, bound_ms, gap, status}``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -42,6 +43,7 @@ from persia_planner.bound import lower_bound
 from persia_planner.cost.analytic import CostModel
 from persia_planner.cost.terms import Layout
 from persia_planner.kinds import Sharding
+from persia_planner.model.qcomms import FP32_COMMS
 from persia_planner.placement.shards import TablePlacement, row_splittable
 from persia_planner.plan.plan import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, Option, build_placement
@@ -355,7 +357,7 @@ class Instance:
     seed: int
 
     def model(self) -> ModelSpec:
-        return random_model(
+        model = random_model(
             self.tables,
             seed=self.seed,
             rows_range=(1e3, 2e6),
@@ -363,6 +365,8 @@ class Instance:
             batch_size=16384,
             staleness=self.staleness,
         )
+        # The oracle places tables for given collectives: float32 ones, which the planner then keeps.
+        return dataclasses.replace(model, qcomms=FP32_COMMS)
 
     def topology(self) -> Topology:
         hosts: list[dict[str, Any]] = [

@@ -41,6 +41,10 @@ HEADLINES = {
         "pipelined_samples_per_s.k4",
         "pipelined_over_plain.k0",
         "pipelined_over_plain.k4",
+        "qcomms_auc_gap",
+        "qcomms_samples_per_s",
+        "fp32_comms_samples_per_s",
+        "qcomms_speedup",
     ),
     "cost_model": (
         "median_abs_error",

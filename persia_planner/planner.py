@@ -6,10 +6,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from persia_planner.bound import lower_bound
+from persia_planner.bound import LowerBound, lower_bound
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import CapacityError, PlannerError
 from persia_planner.kinds import Sharding
+from persia_planner.model.qcomms import qcomms_candidates
 from persia_planner.model.specs import DType, ModelSpec
 from persia_planner.placement.feasibility import check_constraints
 from persia_planner.placement.memory import ps_holds, ps_rows_error
@@ -17,6 +18,7 @@ from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan, usage_of
 from persia_planner.search import GreedyLocalSearch, SearchConfig, Searcher
 from persia_planner.topology.graph import Topology
+from persia_planner.topology.hardware import DeviceKind
 from persia_planner.units import format_bytes
 
 __all__ = ["CANDIDATE_FAMILIES", "Planner", "candidate_plans", "plan", "priced_plan"]
@@ -43,12 +45,39 @@ class Planner:
         """
         check_constraints(model, topology)
         check_capacity(model, topology)
-        cost = CostModel(model, topology)
-        bound = lower_bound(cost)
+        planned = self._search(model, topology)
+        if model.qcomms is not None:
+            return planned
+        # qcomms left to the planner: a quantized candidate is searched unless its lower bound shows that no plan
+        # of it can pay, and kept where it does.
+        cuda = any(g.kind is not DeviceKind.CPU for g in topology.gpus)
+        best = planned
+        for candidate in qcomms_candidates(cuda)[1:]:
+            narrowed = dataclasses.replace(model, qcomms=candidate)
+            cost = CostModel(narrowed, topology)
+            bound = lower_bound(cost)
+            if bound.value_ms > planned.step_ms * (1 - QCOMMS_MIN_GAIN):
+                continue
+            quantized = self._search(narrowed, topology, cost, bound)
+            if quantized.step_ms <= planned.step_ms * (1 - QCOMMS_MIN_GAIN) and quantized.step_ms < best.step_ms:
+                best = quantized
+        return best
+
+    def _search(
+        self, model: ModelSpec, topology: Topology, cost: CostModel | None = None, bound: LowerBound | None = None
+    ) -> Plan:
+        cost = cost or CostModel(model, topology)
+        bound = bound or lower_bound(cost)
         result = self.searcher.search(cost, bound)
         planned = priced_plan(cost, result.placements, lower_bound_ms=bound.value_ms, alternatives=result.alternatives)
         parts = {part.name: part.weight for part in bound.parts}
         return dataclasses.replace(planned, bound_parts=parts, bound_binding=bound.binding)
+
+
+QCOMMS_MIN_GAIN = 0.05
+"""The share of the step a quantized collective must save before the planner narrows it where the model leaves
+``qcomms`` to it: narrowing costs accuracy (measured in ``benchmarks/hybrid.py``), so a gain within the cost
+model's error is not taken."""
 
 
 def plan(
@@ -97,6 +126,7 @@ def priced_plan(
         alternatives=dict(alternatives or {}),
         staleness=model.staleness,
         ps_wire_dtype=model.ps_wire_dtype,
+        qcomms=cost.qcomms,
     )
 
 

@@ -40,6 +40,7 @@ def test_every_benchmark_gives_figures_the_planner_fits():
     hot = [p for p in raw["embedding"] if p["rows"] == 1024]
     assert len(hot) == 8 and all(0 < p["unique_share"] < 1 for p in hot)  # ids repeat in the small table
     assert len(raw["dense"]["dlrm"]) == 2 * 2
+    assert raw["memory"]["codec_values_per_s"] > 1e6  # float32 <-> float16, measured (a few 1e8 a second here)
     profile = HardwareProfile.from_dict(raw)
     figures = [
         profile.stream_bytes_per_s,

@@ -4,6 +4,7 @@ collection's KeyedTensor is read by key after mixed sharding, and the run report
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 import torch
@@ -140,3 +141,40 @@ def test_keyed_tensor_is_read_by_key_after_mixed_sharding_and_the_run_reports_wh
         assert result["loose_keys"] != result["keys"] and result["loose_keys"][-1] == "far"
         assert sorted(result["loose_keys"]) == sorted(result["keys"]) and result["loose_diff"] <= 1e-6, result
         assert result["executed"] == planned
+
+
+@pytest.mark.timeout(600)
+def test_a_plans_quantized_collectives_run_through_torchrecs_codecs_and_a_ddp_hook(tmp_path):
+    """persia train on a plan whose collectives are fp16: every local table's all-to-all runs TorchRec's fp16 codecs
+    (data-parallel replicas move none), the dense all-reduce runs torch's fp16 hook, and synchronous training (K = 0:
+    no arrival order) ends near the float32 plan's losses, not bit for bit (the codecs do round what travels)."""
+    from typer.testing import CliRunner
+
+    from persia_planner.cli import app
+    from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+
+    results = {}
+    for qcomms in ("fp32", "fp16"):
+        out = tmp_path / f"{qcomms}.json"
+        planned = CliRunner().invoke(
+            app,
+            ["plan", str(DEFAULT_MODEL), str(DEFAULT_TOPOLOGY), "--qcomms", qcomms, "--staleness", "0", "-o", str(out)],
+        )
+        assert planned.exit_code == 0, planned.output
+        ran = CliRunner().invoke(
+            app, ["train", "--plan", str(out), "--mode", "sync", "--steps", "12", "--batch-size", "512", "--json"]
+        )
+        assert ran.exit_code == 0, ran.output
+        results[qcomms] = json.loads(ran.stdout)
+    quantized = results["fp16"]
+    assert quantized["plan_qcomms"] == {"forward": "fp16", "backward": "fp16"} and quantized["executed_matches_plan"]
+    comms = [e.get("comms") for e in quantized["executed_plan"].values() if "sharding" in e]
+    travelling = [e for e in quantized["executed_plan"].values() if e.get("sharding") not in (None, "data_parallel")]
+    assert travelling and all(e["comms"] == {"forward": "float16", "backward": "float16"} for e in travelling), comms
+    assert quantized["dense_all_reduce"] == "float16" and results["fp32"]["dense_all_reduce"] == "float32"
+    assert all(
+        "comms" not in e or e["comms"]["forward"] == "float32" for e in results["fp32"]["executed_plan"].values()
+    )
+    for key in ("loss", "eval_loss"):  # the last step's training loss, the evaluation's
+        diff = abs(results["fp32"][key] - quantized[key])
+        assert 0 < diff < 0.01, (key, results["fp32"][key], quantized[key])

@@ -94,7 +94,7 @@ def test_save_and_load_round_trip(the_plan, tmp_path):
 
 
 def test_the_plan_says_what_its_bound_is_made_of(the_plan):
-    bound = lower_bound(CostModel(MODEL, TOPO))
+    bound = lower_bound(CostModel(the_plan.priced_model(MODEL), TOPO))
     assert the_plan.bound_parts == {part.name: part.weight for part in bound.parts}
     assert sum(the_plan.bound_parts.values()) == pytest.approx(1.0)
     assert all(w > 0 for w in the_plan.bound_parts.values())

@@ -174,3 +174,15 @@ def test_a_sharding_type_s_measured_factor_is_read_and_a_bad_one_named():
         with pytest.raises(SpecError) as err:
             HardwareProfile.from_dict({**raw, "step": {**raw["step"], "sharding_scale": scales}})
         assert words in str(err.value), str(err.value)
+
+
+def test_the_codec_rate_is_measured_or_read_from_the_stream_rate():
+    """A quantized collective's conversions: the rate persia calibrate measured, else the stream rate over the 6 bytes
+    a float32 <-> float16 conversion moves (profiles written before it was measured)."""
+    assert HardwareProfile.from_dict(raw_profile()).codec_values_per_s == pytest.approx(8e9 / 6)
+    raw = raw_profile()
+    raw["memory"]["codec_values_per_s"] = 5e8
+    assert HardwareProfile.from_dict(raw).codec_values_per_s == 5e8
+    raw["memory"]["codec_values_per_s"] = 0
+    with pytest.raises(SpecError, match=r"memory\.codec_values_per_s"):
+        HardwareProfile.from_dict(raw)

@@ -106,7 +106,7 @@ def test_every_plan_validates_fits_and_is_bounded(rows_dims, shape, staleness, s
     for host in (*topo.trainers, *topo.servers):
         assert plan.devices[host.name].ddr_bytes <= topo.ddr_capacity(host)
     # the bound is a bound, and the estimate is the cost model's score of the plan
-    cost = CostModel(model, topo)
+    cost = CostModel(plan.priced_model(model), topo)
     assert plan.lower_bound_ms <= plan.step_ms * (1 + 1e-9)
     assert cost.evaluate(plan.tables)[0].step_ms == pytest.approx(plan.step_ms)
     # parameter-server tables are async, the rest sync
@@ -475,8 +475,8 @@ def test_plans_keep_every_constraint_or_refuse_in_one_line(rows_dims, constraint
     topo = cluster(2, 2, 1, 4, 64, 256)
     try:
         plan = Planner(GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=0.2))).plan(model, topo)
-    except PlannerError as err:
-        assert "\n" not in str(err) and "table '" in str(err)
+    except PlannerError as err:  # a table's constraints, or the whole model short of memory by itself
+        assert "\n" not in str(err) and ("table '" in str(err) or str(err).startswith("the tables need"))
         return
     assert validate(plan, model, topo) == []
     assert plan.lower_bound_ms <= plan.step_ms * (1 + 1e-9)

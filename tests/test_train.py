@@ -393,9 +393,10 @@ def test_a_hand_edited_plan_is_run_exactly_as_written(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     executed = result["executed_plan"]
-    assert executed["c3"] == {"sharding": "column_wise", "kernel": "fused", "ranks": [1, 0], "dtype": "float32"}
-    assert executed["c12"] == {"sharding": "row_wise", "kernel": "fused", "ranks": [0, 1], "dtype": "float32"}
-    assert executed["c2"] == {"sharding": "table_wise", "kernel": "fused", "ranks": [1], "dtype": "float32"}
+    fp32 = {"dtype": "float32", "comms": {"forward": "float32", "backward": "float32"}}  # a plan without qcomms
+    assert executed["c3"] == {"sharding": "column_wise", "kernel": "fused", "ranks": [1, 0], **fp32}
+    assert executed["c12"] == {"sharding": "row_wise", "kernel": "fused", "ranks": [0, 1], **fp32}
+    assert executed["c2"] == {"sharding": "table_wise", "kernel": "fused", "ranks": [1], **fp32}
     assert executed["c21"] == {"sharding": "data_parallel", "kernel": "dense", "ranks": [0, 1], "dtype": "float32"}
     assert executed["c1"] == {"servers": ["ps0", "ps1"]}
     assert result["executed_matches_plan"] is True

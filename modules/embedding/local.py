@@ -47,20 +47,31 @@ class ExecutedTable:
         kernel: TorchRec ``EmbeddingComputeKernel`` value of the kernel that computes it.
         ranks: Trainer ranks holding its shards, in shard order (data-parallel: every replica's rank).
         dtype: The torch dtype of its weights (``float16``).
+        comms: The torch dtypes its pooled output and their gradients travel in between trainers (forward,
+            backward: TorchRec's quantized-communication codecs), None where nothing travels (a data-parallel
+            replica, an unsharded table).
     """
 
     sharding: str
     kernel: str
     ranks: tuple[int, ...]
     dtype: str
+    comms: tuple[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sharding": self.sharding, "kernel": self.kernel, "ranks": list(self.ranks), "dtype": self.dtype}
+        out = {"sharding": self.sharding, "kernel": self.kernel, "ranks": list(self.ranks), "dtype": self.dtype}
+        if self.comms is not None:
+            out["comms"] = {"forward": self.comms[0], "backward": self.comms[1]}
+        return out
 
 
 def _dtype_name(weight: Any) -> str:
     """``float16`` for a weight in float16: a tensor's, or a ``ShardedTensor``'s (its metadata's)."""
     dtype = weight.metadata().tensor_properties.dtype if hasattr(weight, "metadata") else weight.dtype
+    return _dtype_name_of(dtype)
+
+
+def _dtype_name_of(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
@@ -239,6 +250,12 @@ class LocalEmbeddingBags(nn.Module):
                 merged.setdefault(name, set()).add(kernel)
         plan = self.ebc.module_sharding_plan
         state = self.ebc.state_dict()
+        comms = {}  # by sharding type: TorchRec keeps each type's codecs on its sharding only, in type order
+        for sharding_type, sharding in zip(self.ebc._sharding_types, self.ebc._embedding_shardings, strict=True):
+            codecs = list((sharding.qcomm_codecs_registry or {}).values())
+            wire = [_dtype_name_of(c.forward.quantized_dtype) for c in codecs] or ["float32"]
+            back = [_dtype_name_of(c.backward.quantized_dtype) for c in codecs] or ["float32"]
+            comms[sharding_type] = ("/".join(sorted(set(wire))), "/".join(sorted(set(back))))
         out = {}
         for c in self.configs:
             value = state[f"embedding_bags.{c.name}.weight"]
@@ -247,7 +264,9 @@ class LocalEmbeddingBags(nn.Module):
             else:
                 ranks = tuple(range(self.world_size))
             kernel = "/".join(sorted(merged.get(c.name, {"none"})))
-            out[c.name] = ExecutedTable(plan[c.name].sharding_type, kernel, ranks, _dtype_name(value))
+            sharding = plan[c.name].sharding_type
+            travels = comms.get(sharding) if sharding != "data_parallel" else None
+            out[c.name] = ExecutedTable(sharding, kernel, ranks, _dtype_name(value), travels)
         return out
 
     # ---- weights and optimizer state ---------------------------------------------------------------------------

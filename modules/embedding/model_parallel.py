@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from persia_planner.errors import PlannerError
-from persia_planner.model.specs import ModelSpec, Optimizer
+from persia_planner.model.qcomms import QComms
+from persia_planner.model.specs import DType, ModelSpec, Optimizer
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.executability import check_executable
@@ -28,11 +29,14 @@ from persia_planner.topology.graph import Topology
 
 __all__ = [
     "check_trainers",
+    "compress_dense_gradients",
     "data_parallel_tables",
+    "dense_all_reduce_dtype",
     "dense_parameters",
     "distribute",
     "executed_plan",
     "hybrid_of",
+    "qcomm_codecs",
     "quiet_trainer",
     "sparse_torch_optimizer",
 ]
@@ -90,6 +94,7 @@ def distribute(
     *,
     device: torch.device | None = None,
     process_group: Any = None,
+    qcomms: QComms | None = None,
 ) -> nn.Module:
     """``DistributedModelParallel`` over ``model``: local tables sharded by the plan, dense part under DDP.
 
@@ -102,6 +107,9 @@ def distribute(
         topology: The topology the plan was made for.
         device: This trainer's device (default CPU).
         process_group: The trainers' group (default: the default group).
+        qcomms: The precisions of the trainers' collectives, as the plan records them (None: float32): the local
+            tables' all-to-alls through TorchRec's quantized-communication codecs, the dense gradients' all-reduce
+            through torch's fp16 / bf16 DDP compression hook.
 
     Returns:
         The ``DistributedModelParallel`` module (call it as the model).
@@ -122,16 +130,50 @@ def distribute(
     path, hybrid = hybrid_of(model)
     # Table shapes and dtype come from the collection itself: the plan must be the one made for it.
     spec = ModelSpec.from_torchrec(hybrid.embedding_bag_configs(), batch_size=1)
-    check_executable(tables, device.type, dtype=spec.table_dtypes, optimizer=hybrid.optimizer.kind)
+    check_executable(tables, device.type, dtype=spec.table_dtypes, optimizer=hybrid.optimizer.kind, qcomms=qcomms)
     sharding_plan = to_sharding_plan(tables, spec, topology, module_path=path, device_type=device.type)
     # As a TorchRec user shards their own model: the collection's sharder takes its entry of the plan.
-    return DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(group),
-        device=device,
-        plan=sharding_plan,
-        sharders=[HybridEmbeddingBagCollectionSharder()],
+    sharder = HybridEmbeddingBagCollectionSharder(qcomm_codecs_registry=qcomm_codecs(qcomms, device))
+    dmp = DistributedModelParallel(
+        model, env=ShardingEnv.from_process_group(group), device=device, plan=sharding_plan, sharders=[sharder]
     )
+    if qcomms is not None and qcomms.backward is not DType.FP32:
+        compress_dense_gradients(dmp, qcomms.backward, group)
+    return dmp
+
+
+def qcomm_codecs(qcomms: QComms | None, device: torch.device) -> dict[str, Any] | None:
+    """TorchRec's codecs of the local tables' all-to-alls and reduce-scatters in ``qcomms`` (None: float32)."""
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+    if qcomms is None or not qcomms.quantized:
+        return None
+    config = QCommsConfig(
+        forward_precision=CommType(qcomms.forward.value), backward_precision=CommType(qcomms.backward.value)
+    )
+    return get_qcomm_codecs_registry(config, device=device)
+
+
+def compress_dense_gradients(dmp: nn.Module, dtype: DType, group: Any) -> None:
+    """Register torch's ``dtype`` compression hook on DMP's DDP around the dense part (the outermost DDP: the
+    data-parallel tables' replicas keep their own), and mark it (:func:`dense_all_reduce_dtype`)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = next((m for m in dmp.modules() if isinstance(m, DistributedDataParallel)), None)
+    if ddp is None:  # no dense parameter: nothing is all-reduced
+        return
+    hook = default_hooks.fp16_compress_hook if dtype is DType.FP16 else default_hooks.bf16_compress_hook
+    ddp.register_comm_hook(group, hook)
+    ddp.persia_all_reduce_dtype = dtype.torch_name
+
+
+def dense_all_reduce_dtype(dmp: nn.Module) -> str | None:
+    """The torch dtype DMP's DDP all-reduces the dense gradients in (None: no DDP, nothing all-reduced)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = next((m for m in dmp.modules() if isinstance(m, DistributedDataParallel)), None)
+    return None if ddp is None else getattr(ddp, "persia_all_reduce_dtype", "float32")
 
 
 def data_parallel_tables(model: nn.Module) -> dict[str, nn.Parameter]:

@@ -120,7 +120,10 @@ def memory(sizes: Sizes) -> dict[str, Any]:
         ids = torch.randint(table.shape[0], (min(table.shape[0], 1 << 18),))
         seconds = _median_s(lambda t=table, i=ids: torch.index_select(t, 0, i), sizes.repeats)
         gather.append({"row_bytes": row_bytes, "bytes_per_s": len(ids) * row_bytes / seconds})
-    return {"stream_bytes_per_s": stream, "gather": gather}
+    # A quantized collective's codec (TorchRec's fp16 encode and decode, a DDP fp16 hook): one conversion each way.
+    narrow = src.half()
+    both = _median_s(lambda: (src.half(), narrow.float()), sizes.repeats)
+    return {"stream_bytes_per_s": stream, "gather": gather, "codec_values_per_s": 2 * n / both}
 
 
 def embedding(sizes: Sizes) -> list[dict[str, Any]]:

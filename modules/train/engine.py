@@ -76,7 +76,9 @@ def _check_plan_runs(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TableP
     """Before any process starts: the trainers are the plan's ranks, and TorchRec runs every table as planned."""
     check_trainers(cfg.trainers, topology)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    check_executable(tables, device, dtype=spec.table_dtypes, optimizer=sparse_optimizer_of(cfg, spec))
+    check_executable(
+        tables, device, dtype=spec.table_dtypes, optimizer=sparse_optimizer_of(cfg, spec), qcomms=spec.qcomms
+    )
 
 
 def train_local(

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
-from persia_planner.modules.embedding.model_parallel import distribute, executed_plan
+from persia_planner.modules.embedding.model_parallel import dense_all_reduce_dtype, distribute, executed_plan
 from persia_planner.modules.ps.launch import trainers_store
 from persia_planner.modules.ps.progress import publish_progress
 from persia_planner.modules.step_breakdown import StepProfiler
@@ -174,7 +174,9 @@ class _TrainerRun:
         model, hybrid = build_job_model(job, client, sparse_opt, device=device, capacity=capacity)
         # Pipelined, DMP shards the step module around the model (TorchRec's pipeline calls it with the batch); the
         # model itself is sharded in place, and the checkpoints and evaluations read it as unpipelined runs do.
-        dmp = distribute(PipelineStep(model) if cfg.pipeline else model, job.tables, job.topology, device=device)
+        # The collectives' precisions are the plan's (the run's spec is the model as the plan was priced).
+        step_module = PipelineStep(model) if cfg.pipeline else model
+        dmp = distribute(step_module, job.tables, job.topology, device=device, qcomms=job.spec.qcomms)
         executed = executed_plan(model, job.topology)
         opt = make_optimizer(model, cfg, sparse_opt)
         root = Path(cfg.checkpoint) if cfg.checkpoint else None
@@ -328,6 +330,8 @@ class _TrainerRun:
             "local_tables": [c.name for c in hybrid.local_tables],
             "executed_plan": self.executed,
             "executed_matches_plan": self.executed == planned_execution(job.tables, job.spec, job.topology),
+            # torch's dtype of the dense gradients' all-reduce (a DDP compression hook narrows it)
+            "dense_all_reduce": dense_all_reduce_dtype(self.dmp),
             "ps_delay_ms": cfg.ps_delay_ms,
             "ps_wire": cfg.ps_wire.value,
             "ps_capacity": cfg.ps_capacity.value,

@@ -101,11 +101,13 @@ class _Tables:
         tables = tuple(cost.model.tables)
         dtypes = [cost.dtype_of(t) for t in tables]
         dims = np.array([t.dim for t in tables], dtype=float)
-        value_bytes = np.array([d.n_bytes for d in dtypes], dtype=float)
         moved = np.array(
             [cost.moved_bytes(t, cost.batch * t.pooling_factor, t.dim, cost.unique_rows(t, cost.batch)) for t in tables]
         )
-        out_bytes = cost.batch * dims * value_bytes
+        # The all-to-all's bytes and the quantized collectives' conversions (CostModel.output_exchange).
+        exchanged = [cost.output_exchange(t, t.dim) for t in tables]
+        out_bytes = np.array([b for b, _ in exchanged], dtype=float)
+        codec = np.array([n for _, n in exchanged], dtype=float) * float(cost.codec_ms_per_value.min())
         # Every local option has at least one shard: its fixed overhead, its pooled output, the ids it receives.
         ids_bytes = cost.batch * np.array([t.pooling_factor for t in tables]) * cost.constants.id_bytes
         # TorchRec's DMP scales a range shard's exchange by its sharding type (CostModel.sharding_scale): at least by
@@ -113,7 +115,7 @@ class _Tables:
         ranged = min(float(scale.min()) for s, scale in cost.sharding_scale.items() if s not in _NOT_RANGED)
         exchange = (out_bytes + ids_bytes / 2) * float(cost.a2a_gpu_sum.min()) * ranged
         rows = np.array([t.rows for t in tables], dtype=float)
-        out = exchange + cost.constants.shard_overhead_ms
+        out = exchange + cost.constants.shard_overhead_ms + codec
         return cls(tables, dtypes, rows, dims, moved, out_bytes, ids_bytes, ranged, exchange, out)
 
 

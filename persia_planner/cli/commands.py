@@ -72,6 +72,14 @@ def plan_command(
         str | None,
         typer.Option("--ps-wire", help="plan for PS traffic in this dtype: fp32, fp16 or bf16 (default: model's)"),
     ] = None,
+    qcomms: Annotated[
+        str | None,
+        typer.Option(
+            "--qcomms",
+            help="the trainers' collectives: auto (narrow them where it pays), fp32, fp16, bf16 or FORWARD,BACKWARD "
+            "(fp16,bf16) (default: model's qcomms, else auto)",
+        ),
+    ] = None,
     tune: Annotated[
         bool,
         typer.Option(
@@ -111,7 +119,7 @@ def plan_command(
                 to_stderr=as_json,
             )
         refuse_overwriting({"--out": out, "--png": png}, {"MODEL": model, "TOPOLOGY": topology})
-        model_spec = with_run_options(load_model(model), staleness=staleness, ps_wire=ps_wire)
+        model_spec = with_run_options(load_model(model), staleness=staleness, ps_wire=ps_wire, qcomms=qcomms)
         topo = load_topology(topology)
         # Only --explain prints the alternatives: without it, the search need not score them.
         result = make_plan(model_spec, topo, seed=seed, **({} if explain else {"explain_top": 0}))
@@ -224,7 +232,7 @@ def validate_command(
             theirs = getattr(loaded, field)
             if theirs and theirs != ours:
                 note(f"note: {plan_file} was made for {field} {theirs!r}, checked against {ours!r}", to_stderr=True)
-        estimate, _ = CostModel(model_spec, topo).evaluate(loaded.tables)
+        estimate, _ = CostModel(loaded.priced_model(model_spec), topo).evaluate(loaded.tables)
         typer.echo(
             f"OK: {plan_file} places all {len(model_spec.tables)} tables of {model_spec.name} on {topo.name} "
             f"within capacity; re-estimated step {estimate.step_ms:.2f} ms"

@@ -346,6 +346,8 @@ def train_command(
             the_plan = make_plan(model_spec, topo, seed=seed)
         else:
             require_plan_agrees(the_plan, model_spec, str(plan_path))
+        # The collectives run in the precisions the plan chose (or the model named): the run's model carries them.
+        model_spec = the_plan.priced_model(model_spec)
         cfg = _checked_start(cfg, model_spec, the_plan, topo, node_host)
         result = _run(cfg, model_spec, the_plan, topo, node_host)
         if result is not None:  # None: a torchrun process other than the first trainer
@@ -362,7 +364,7 @@ def _predicted_terms(model: ModelSpec, topology: Topology, the_plan: Plan) -> di
     """The cost model's parts of the plan's step on its slowest GPU (ms), beside which a run shows its measured ones."""
     from persia_planner.cost.analytic import CostModel
 
-    return CostModel(model, topology).evaluate(the_plan.tables)[0].slowest_gpu_terms()
+    return CostModel(the_plan.priced_model(model), topology).evaluate(the_plan.tables)[0].slowest_gpu_terms()
 
 
 def _report(
@@ -372,6 +374,7 @@ def _report(
     result.pop("history", None)
     result["plan_staleness"] = the_plan.staleness
     result["plan_ps_wire_dtype"] = None if the_plan.ps_wire_dtype is None else the_plan.ps_wire_dtype.value
+    result["plan_qcomms"] = None if the_plan.qcomms is None else the_plan.qcomms.to_dict()
     result["plan_step_ms"] = the_plan.step_ms
     result["plan_step_terms_ms"] = predicted
     if cfg.log_dir:  # summary.json is what --json prints, what the plan was priced for included

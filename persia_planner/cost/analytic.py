@@ -22,6 +22,7 @@ from persia_planner.cost.step_time import MS, StepModel
 from persia_planner.cost.terms import Cost, Estimate, Layout
 from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import expected_unique, expected_unique_many, zipf_hit_rate
+from persia_planner.model.qcomms import FP32_COMMS, QComms
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.shards import Shard, Storage, TablePlacement
 from persia_planner.tiers import Lookups, Tier
@@ -46,6 +47,8 @@ class CostModel:
         self.dtype_of = model.dtype_of
         # PS rows and gradients travel in the wire dtype, whatever the table's (the client converts both ways).
         self.wire_dtype: DType = model.ps_wire_dtype
+        # The trainers' collectives: priced in the model's precisions (the planner weighs them where it chooses).
+        self.qcomms: QComms = model.qcomms or FP32_COMMS
         self.layout = lay = Layout(len(topology.gpus), len(topology.trainers), len(topology.servers))
         gpus, hosts = topology.gpus, topology.trainers
         host_index = {h.name: i for i, h in enumerate(hosts)}
@@ -107,12 +110,21 @@ class CostModel:
         latency, the collectives' fixed costs and the PS round trip, and the step model that adds them up."""
         model, topology, c, lay = self.model, self.topology, self.constants, self.layout
         gpus, servers, G = topology.gpus, topology.servers, lay.n_gpus
-        # Dense part: forward + 2x backward FLOPs on the local batch; hierarchical ring all-reduce of fp32 grads.
+        # A quantized collective converts each value it carries at both ends: a GPU streams float32 in and the
+        # narrow dtype out (or back) through HBM; a profiled CPU converts at its measured rate.
+        self.codec_ms_per_value = (DType.FP32.n_bytes + DType.FP16.n_bytes) / self.hbm_bw
+        for g in np.flatnonzero(self.profiled):
+            self.codec_ms_per_value[g] = MS / self.profiles[g].codec_values_per_s
+        # Dense part: forward + 2x backward FLOPs on the local batch; hierarchical ring all-reduce of the grads, in
+        # the backward precision (a DDP hook converts them before and after).
         tflops = np.array([g.tflops for g in gpus]) * c.tflops_efficiency / MS
         self.dense_ms = 3.0 * model.dense.flops_per_sample * self.local_batch / tflops
         for g in np.flatnonzero(self.profiled):
             self.dense_ms[g] = self.profiles[g].dense_seconds(model.dense.flops_per_sample, self.local_batch) * MS
-        self.dense_grad_bytes = 4.0 * model.dense.parameters
+        backward = self.qcomms.backward
+        self.dense_grad_bytes = float(backward.n_bytes * model.dense.parameters)
+        if backward is not DType.FP32:
+            self.dense_ms = self.dense_ms + 2 * model.dense.parameters * self.codec_ms_per_value
         H = lay.n_hosts
         nic_of_gpu = self.nic_bw[self.gpu_host]
         self.allreduce_ms_per_byte = 2 * (n_g - 1) / n_g / self.nvlink_bw + 2 * (H - 1) / H / nic_of_gpu
@@ -233,11 +245,11 @@ class CostModel:
         The search keeps them per table and option, and builds load vectors of any candidate GPUs from them.
         """
         lookups = self.batch * table.pooling_factor * rows_fraction
-        out_bytes = self.batch * cols * self.dtype_of(table).n_bytes
+        out_bytes, conversions = self.output_exchange(table, cols)
         # Input distribution: the ids of the shard's lookups travel to it, forward only (half an a2a pattern).
         ids_bytes = np.asarray(lookups * self.constants.id_bytes, dtype=float)
         ids_half = ids_bytes / 2 if ids_bytes.ndim else float(ids_bytes / 2)
-        overhead = self.constants.shard_overhead_ms
+        overhead = self.constants.shard_overhead_ms + conversions * self.codec_ms_per_value[gpus]
         spec = tier.spec  # its lookups' path, the share of that path's bandwidth it reaches, an HBM cache
         if spec.lookups is Lookups.HBM:
             hbm_ms = self.hbm_emb_ms(table, rows_fraction, cols, gpus) / spec.bandwidth_share
@@ -248,6 +260,20 @@ class CostModel:
         emb = overhead + (hit * moved / self.hbm_bw[gpus] + (1 - hit) * moved / uvm_bw)
         hosts = self.gpu_host[gpus]
         return out_bytes, ids_half, emb, (1 - hit) * moved / self.host_ddr_bw[hosts]
+
+    def output_exchange(self, table: TableSpec, cols: int) -> tuple[float, float]:
+        """The bytes of a shard's pooled output that the all-to-all pattern carries (forward and backward averaged,
+        as :class:`~persia_planner.cost.all_to_all.A2APattern` prices a byte of output both ways) and the values its
+        quantized collectives convert (each narrowed direction: an encode and a decode of ``batch x cols`` values).
+
+        The conversions are charged to the shard's owner, though the receivers make half of them: in a plan whose
+        shards are spread, each GPU receives about as much as it owns.
+        """
+        own = self.dtype_of(table).n_bytes
+        values = self.batch * cols
+        wire = [own if d is DType.FP32 else d.n_bytes for d in (self.qcomms.forward, self.qcomms.backward)]
+        narrowed = sum(d is not DType.FP32 for d in (self.qcomms.forward, self.qcomms.backward))
+        return values * sum(wire) / 2, 2.0 * narrowed * values
 
     def range_shard_loads(
         self,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from persia_planner.errors import ErrorKind, PlannerError, SpecError, abbreviate
+from persia_planner.errors import PlannerError, SpecError, abbreviate
 from persia_planner.fields import Fields, load_document
 from persia_planner.limits import (
     MAX_BATCH_SIZE,
@@ -30,6 +30,8 @@ from persia_planner.model.constraints import (
 )
 from persia_planner.model.data_schema import DataSchema, read_data_schema
 from persia_planner.model.dense import DLRM_BOTTOM, DLRM_NUM_DENSE, DLRM_TOP, DenseArch, DenseSpec, read_dense
+from persia_planner.model.dtypes import DType
+from persia_planner.model.qcomms import AUTO, QComms
 from persia_planner.units import Quantity
 
 if TYPE_CHECKING:
@@ -52,39 +54,6 @@ __all__ = [
 
 DEFAULT_STALENESS = 4
 OPTIMIZER_STATE_VALUE_BYTES = 4  # float32: fbgemm's momentum tensors and the parameter-server store's state
-
-
-class DType(enum.StrEnum):
-    """Embedding weight dtype."""
-
-    FP32 = "fp32"
-    FP16 = "fp16"
-    BF16 = "bf16"
-
-    @property
-    def n_bytes(self) -> int:
-        return 4 if self is DType.FP32 else 2
-
-    @property
-    def torch_name(self) -> str:
-        """The name torch gives the dtype (``float16``), which ``persia train --ps-wire`` takes too."""
-        return _TORCH_NAMES[self]
-
-    @classmethod
-    def parse(cls, text: str, option: str) -> DType:
-        """``text`` as our name (``fp16``) or torch's (``float16``).
-
-        Raises:
-            PlannerError: Neither; the message names ``option`` and the choices.
-        """
-        for dtype in cls:
-            if text in (dtype.value, dtype.torch_name):
-                return dtype
-        choices = ", ".join(f"{d.value} ({d.torch_name})" for d in cls)
-        raise PlannerError(f"{option} must be one of {choices}, got {abbreviate(text, 30)}", kind=ErrorKind.INPUT)
-
-
-_TORCH_NAMES = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
 
 
 class Optimizer(enum.StrEnum):
@@ -196,6 +165,8 @@ class ModelSpec:
         data: How the columns of a Parquet / CSV click log feed the model (model.yaml's ``data:``), if given.
         ps_wire_dtype: The dtype parameter-server rows and gradients travel in (``persia train --ps-wire``); the
             plan prices PS traffic in it.
+        qcomms: The precisions of the trainers' collectives (:class:`~persia_planner.model.qcomms.QComms`); None
+            (model.yaml's ``auto``): the planner chooses.
     """
 
     name: str
@@ -206,6 +177,7 @@ class ModelSpec:
     staleness: int = DEFAULT_STALENESS
     data: DataSchema | None = None
     ps_wire_dtype: DType = DType.FP32
+    qcomms: QComms | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tables]
@@ -260,6 +232,7 @@ class ModelSpec:
             "embedding_dtype": self.embedding_dtype.value,
             "staleness": self.staleness,
             "ps_wire_dtype": self.ps_wire_dtype.value,
+            "qcomms": AUTO if self.qcomms is None else self.qcomms.to_dict(),
             "tables": tables,
         }
         arch = self.dense.arch
@@ -282,6 +255,7 @@ class ModelSpec:
         dtype = top.take_enum("embedding_dtype", DType, default=DType.FP32)
         staleness = top.take("staleness", Quantity.COUNT, default=DEFAULT_STALENESS, maximum=MAX_STALENESS)
         wire = top.take_enum("ps_wire_dtype", DType, default=DType.FP32)
+        qcomms = _read_qcomms(top)
         tables: list[TableSpec] = []
         seen: dict[str, str] = {}
         for _, item in top.take_list("tables", max_items=MAX_TABLES):
@@ -305,7 +279,9 @@ class ModelSpec:
         inputs = data.num_inputs if data is not None else DLRM_NUM_DENSE
         dense = read_dense(top.sub("dense", default=None), {t.dim for t in tables}, len(tables), inputs)
         top.finish()
-        return cls(name, batch_size, tuple(tables), dense, dtype, staleness, data=data, ps_wire_dtype=wire)
+        return cls(
+            name, batch_size, tuple(tables), dense, dtype, staleness, data=data, ps_wire_dtype=wire, qcomms=qcomms
+        )
 
     @classmethod
     def from_torchrec(
@@ -432,15 +408,29 @@ def _read_tables(item: Fields) -> Iterable[TableSpec]:
     ]
 
 
-def with_run_options(model: ModelSpec, *, staleness: int | None = None, ps_wire: str | None = None) -> ModelSpec:
-    """``model`` with the staleness K and the PS wire dtype a run will use (``--staleness``, ``--ps-wire``; None
-    keeps the model's): the plan is priced for them and records them.
+def with_run_options(
+    model: ModelSpec, *, staleness: int | None = None, ps_wire: str | None = None, qcomms: str | None = None
+) -> ModelSpec:
+    """``model`` with the staleness K, the PS wire dtype and the collectives' precisions a run will use
+    (``--staleness``, ``--ps-wire``, ``--qcomms``; None keeps the model's): the plan is priced for them and records
+    them.
 
     Raises:
-        PlannerError: ``ps_wire`` names no dtype.
+        PlannerError: ``ps_wire`` names no dtype, or ``qcomms`` is not ``auto``, a dtype or two.
     """
     wire = model.ps_wire_dtype if ps_wire is None else DType.parse(ps_wire, "--ps-wire")
-    return replace(model, staleness=model.staleness if staleness is None else int(staleness), ps_wire_dtype=wire)
+    comms = model.qcomms if qcomms is None else QComms.from_value(qcomms, "--qcomms")
+    staleness = model.staleness if staleness is None else int(staleness)
+    return replace(model, staleness=staleness, ps_wire_dtype=wire, qcomms=comms)
+
+
+def _read_qcomms(top: Fields) -> QComms | None:
+    """model.yaml's ``qcomms``: ``auto`` (default), a dtype for both directions, or ``{forward, backward}``."""
+    value = top.take("qcomms", default=AUTO)
+    try:
+        return QComms.from_value(value, "qcomms")
+    except PlannerError as err:
+        raise top.error("qcomms", str(err).removeprefix("qcomms "), fixes=("see formats.md, qcomms",)) from None
 
 
 def load_model(path: str | Path) -> ModelSpec:

@@ -12,6 +12,7 @@ from typing import Any
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.kinds import Sharding
+from persia_planner.model.qcomms import FP32_COMMS, QComms
 from persia_planner.model.specs import DType, ModelSpec, Optimizer
 from persia_planner.plan.torchrec_export import PlanLike, tables_of, torchrec_shardings
 from persia_planner.topology.graph import Topology
@@ -23,17 +24,21 @@ def planned_execution(plan: PlanLike, model: ModelSpec, topology: Topology) -> d
     """How a run must execute ``plan``, table by table, in the terms a run reports what it executed.
 
     Returns:
-        ``{table: {"sharding", "kernel", "ranks", "dtype"}}`` (TorchRec's sharding type, compute kernel, ranks in
-        shard order and the weights' torch dtype) for local tables, ``{table: {"servers": [...]}}`` for
-        parameter-server tables, in model order.
+        ``{table: {"sharding", "kernel", "ranks", "dtype", "comms"}}`` (TorchRec's sharding type, compute kernel,
+        ranks in shard order, the weights' torch dtype and the ``{"forward", "backward"}`` torch dtypes its pooled
+        output travels in: ``model.qcomms``, none for a data-parallel replica) for local tables,
+        ``{table: {"servers": [...]}}`` for parameter-server tables, in model order.
     """
     dtypes = model.table_dtypes
+    qcomms = model.qcomms or FP32_COMMS
+    travels = {"forward": qcomms.forward.torch_name, "backward": qcomms.backward.torch_name}
     local = {
         e.table: {
             "sharding": e.sharding_type,
             "kernel": e.compute_kernel,
             "ranks": e.ranks,
             "dtype": dtypes[e.table].torch_name,
+            **({"comms": travels} if e.sharding_type != Sharding.DATA_PARALLEL.value else {}),
         }
         for e in torchrec_shardings(plan, model, topology)
     }
@@ -53,6 +58,7 @@ def check_executable(
     *,
     dtype: DType | Mapping[str, DType] = DType.FP32,
     optimizer: Optimizer = Optimizer.SGD,
+    qcomms: QComms | None = None,
 ) -> None:
     """Refuse a plan that TorchRec and fbgemm would not run as written on trainers of ``device_type``.
 
@@ -61,17 +67,25 @@ def check_executable(
     - fbgemm's CPU kernels have no bfloat16 tables, and no fused Adam.
     - Data-parallel tables are not fused: TorchRec leaves them to a ``torch.optim`` optimizer, whose state has the
       weights' dtype; an Adagrad-type or Adam state in fp16/bf16 underflows and the run diverges.
+    - gloo has no bf16 collectives: TorchRec's codecs would fall back to fp16 and torch's bf16 DDP hook refuses.
 
     Args:
         plan: The plan (or its ``tables``).
         device_type: ``cpu`` or ``cuda``.
         dtype: The tables' weight dtype: one for all, or one per table name (:attr:`.ModelSpec.table_dtypes`).
         optimizer: The sparse optimizer of the local tables.
+        qcomms: The precisions of the trainers' collectives (None: float32).
 
     Raises:
         PlannerError: Kind ``unsupported``, naming the first such table and the fix.
     """
     local = {name: p for name, p in tables_of(plan).items() if p.sharding is not Sharding.PS_HASH}
+    if device_type != "cuda" and qcomms is not None and DType.BF16 in (qcomms.forward, qcomms.backward):
+        raise PlannerError(
+            f"the plan's collectives run in {qcomms}, and gloo (CPU trainers) has no bfloat16 collectives",
+            kind=ErrorKind.UNSUPPORTED,
+            fixes=("plan with 'persia plan --qcomms fp16' (or auto, which narrows to fp16 on CPU)", "train on GPUs"),
+        )
     for name, p in local.items():
         table_dtype = dtype.get(name, DType.FP32) if isinstance(dtype, Mapping) else dtype
         tiers = {s.tier for s in p.shards}

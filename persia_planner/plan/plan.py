@@ -7,7 +7,7 @@ import json
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,8 @@ from persia_planner.errors import PlannerError, SpecError, abbreviate
 from persia_planner.fields import Fields, load_json
 from persia_planner.kinds import Mode, Sharding
 from persia_planner.limits import MAX_OF_KIND, MAX_SHARDS_PER_TABLE, MAX_STALENESS
-from persia_planner.model.specs import DType
+from persia_planner.model.qcomms import QComms
+from persia_planner.model.specs import DType, ModelSpec
 from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.plan.tuning import Tuning
 from persia_planner.tiers import Memory, Tier
@@ -62,6 +63,8 @@ class Plan:
         staleness: The staleness bound K the plan was priced for (None: not recorded, a plan of an older writer or
             of another planner). Only a plan with parameter-server tables depends on it.
         ps_wire_dtype: The dtype its parameter-server traffic was priced in (None: not recorded).
+        qcomms: The precisions of the trainers' collectives it was priced for and runs with (None: not recorded,
+            float32).
         tuning: What ``persia plan --tune`` measured of the candidates, and which it kept (None: not tuned).
         bound_parts: What the bound is made of: the step-time functionals of the combination that gave it, each
             with its weight (``bound.BoundPart``; empty where not recorded).
@@ -78,6 +81,7 @@ class Plan:
     alternatives: Mapping[str, Any] = field(default_factory=dict, compare=False)
     staleness: int | None = None
     ps_wire_dtype: DType | None = None
+    qcomms: QComms | None = None
     tuning: Tuning | None = None
     bound_parts: Mapping[str, float] = field(default_factory=dict, compare=False)
     bound_binding: tuple[str, ...] = field(default=(), compare=False)
@@ -93,6 +97,11 @@ class Plan:
         cost model (see ``bound.py``)."""
         return self.lower_bound_ms > 0 and self.step_ms <= self.lower_bound_ms * (1 + 1e-9)
 
+    def priced_model(self, model: ModelSpec) -> ModelSpec:
+        """``model`` as this plan was priced: with the collectives' precisions it records, which the planner may
+        have chosen (the staleness K and the PS wire are a run's options: ``with_run_options``)."""
+        return model if self.qcomms is None else replace(model, qcomms=self.qcomms)
+
     def remote_tables(self) -> list[str]:
         """Names of the tables sent to the parameter servers."""
         return [name for name, p in self.tables.items() if p.mode is Mode.ASYNC]
@@ -105,6 +114,7 @@ class Plan:
             "topology": self.topology,
             **({"staleness": self.staleness} if self.staleness is not None else {}),
             **({"ps_wire_dtype": self.ps_wire_dtype.value} if self.ps_wire_dtype is not None else {}),
+            **({"qcomms": self.qcomms.to_dict()} if self.qcomms is not None else {}),
             "tables": {name: placement_to_dict(p) for name, p in self.tables.items()},
             "devices": {
                 name: {"hbm_bytes": u.hbm_bytes, "ddr_bytes": u.ddr_bytes, "cost_ms": round(u.cost_ms, 4)}
@@ -181,6 +191,7 @@ class Plan:
         topology = top.take_str("topology", default="")
         staleness = top.take("staleness", Quantity.COUNT, default=None, maximum=MAX_STALENESS)
         wire = top.take_enum("ps_wire_dtype", DType, default=None)
+        qcomms = _read_qcomms(top)
         tables_data = top.sub("tables")
         assert tables_data is not None
         tables = {}
@@ -230,10 +241,25 @@ class Plan:
             numbers["samples_per_s"],
             staleness=staleness,
             ps_wire_dtype=wire,
+            qcomms=qcomms,
             tuning=tuning,
             bound_parts=parts,
             bound_binding=binding,
         )
+
+
+def _read_qcomms(top: Fields) -> QComms | None:
+    """plan.json's ``qcomms`` (absent: not recorded): what the planner decided, never ``auto``."""
+    value = top.take("qcomms", default=None)
+    if value is None:
+        return None
+    try:
+        qcomms = QComms.from_value(value, "qcomms")
+    except PlannerError as err:
+        raise top.error("qcomms", str(err).removeprefix("qcomms "), fixes=("re-run 'persia plan'",)) from None
+    if qcomms is None:
+        raise top.error("qcomms", "a plan records what its planner chose, not auto", fixes=("re-run 'persia plan'",))
+    return qcomms
 
 
 def _dumps(value: Any, indent: int, depth: int = 0) -> str:

@@ -112,7 +112,7 @@ def device_rows(plan: Plan, topology: Topology) -> list[DeviceRow]:
 
 def table_rows(plan: Plan, model: ModelSpec, topology: Topology) -> list[TableRow]:
     """Per-table placement and cost share (model order; tables the model lacks are skipped)."""
-    cost = CostModel(model, topology)
+    cost = CostModel(plan.priced_model(model), topology)
     costs = {}
     for table in model.tables:
         placement = plan.tables.get(table.name)
@@ -148,7 +148,7 @@ def bound_line(plan: Plan) -> str:
 
 def summary(plan: Plan) -> str:
     """One line: step time, lower bound, quality ratio (and "provably optimal" only where the step meets the bound),
-    throughput and the tables sent to parameter servers."""
+    throughput, the tables sent to parameter servers and the collectives' precisions where narrowed."""
     remote = plan.remote_tables()
     remote_text = f"{len(remote)} of {len(plan.tables)} tables remote (PS, async): {_names(remote)}" if remote else ""
     parts = [
@@ -158,6 +158,8 @@ def summary(plan: Plan) -> str:
         f"{plan.samples_per_s:,.0f} samples/s",
         remote_text or "no table remote",
     ]
+    if plan.qcomms is not None and plan.qcomms.quantized:
+        parts.append(f"collectives in {plan.qcomms}")
     return printable(" | ".join(parts))
 
 

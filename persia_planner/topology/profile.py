@@ -230,6 +230,8 @@ class HardwareProfile:
             (its input and output distribution, row-wise bucketize and reduce-scatter, column-wise concat, the
             replica's all-reduce). Fitted by ``modules/tools/step_calibration.py`` against table-wise, the reference; a
             missing type is 1.0.
+        measured_codec_values_per_s: float32 values converted to float16 and back per second, by one thread (a
+            quantized collective's encode and decode; None in a profile that did not measure it).
     """
 
     source: str
@@ -251,6 +253,15 @@ class HardwareProfile:
     step_overhead_ms: float | None = None
     step_ps_client_ms: float | None = None
     sharding_scale: Mapping[str, float] = field(default_factory=dict)
+    measured_codec_values_per_s: float | None = None
+
+    @property
+    def codec_values_per_s(self) -> float:
+        """Values a quantized collective converts per second (one way): measured, else the stream rate over the
+        6 bytes a conversion reads and writes."""
+        if self.measured_codec_values_per_s is not None:
+            return self.measured_codec_values_per_s
+        return self.stream_bytes_per_s / (BYTES_PER_FLOAT + 2)
 
     def embedding_seconds(
         self, optimizer: str, bags: float, ids: float, row_bytes: float, unique: float | None = None
@@ -369,6 +380,7 @@ class HardwareProfile:
             ("PS store lookup", f"{self.store_lookup_rows_per_s:,.3g} rows/s", ""),
             ("PS store update", f"{self.store_update_rows_per_s:,.3g} rows/s", ""),
             ("id de-duplication", f"{self.unique_ids_per_s:,.3g} ids/s", ""),
+            ("fp32 <-> fp16 conversion", f"{self.codec_values_per_s:,.3g} values/s", ""),
         ]
         if self.step_overhead_ms is not None:
             rows.append(("training step beyond the model", f"{self.step_overhead_ms:.2f} ms", ""))
@@ -394,6 +406,7 @@ class HardwareProfile:
         machine = top.take("machine", default={})
         mem = top.sub("memory")
         stream = mem.take_positive("stream_bytes_per_s", Quantity.NUMBER)
+        codec = mem.take_positive("codec_values_per_s", Quantity.NUMBER) if mem.has("codec_values_per_s") else None
         gather = _fit_points(mem, "gather", "row_bytes", lambda p: p["row_bytes"] / p["bytes_per_s"])
         mem.finish()
         forward, backward = _embedding_fits(top)
@@ -440,6 +453,7 @@ class HardwareProfile:
             step_overhead_ms=overhead,
             step_ps_client_ms=request,
             sharding_scale=scales,
+            measured_codec_values_per_s=codec,
         )
 
 
