@@ -6,11 +6,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from persia_planner.bound import LowerBound, lower_bound
+from persia_planner.bound import LowerBound, bound_at, lower_bound
+from persia_planner.bound.terms import ASYNC_NAMES
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import CapacityError, PlannerError
 from persia_planner.kinds import Sharding
-from persia_planner.model.qcomms import qcomms_candidates
+from persia_planner.model.qcomms import FP32_COMMS, qcomms_candidates
 from persia_planner.model.specs import DType, ModelSpec
 from persia_planner.placement.feasibility import check_constraints
 from persia_planner.placement.memory import ps_holds, ps_rows_error
@@ -45,23 +46,31 @@ class Planner:
         """
         check_constraints(model, topology)
         check_capacity(model, topology)
-        planned = self._search(model, topology)
         if model.qcomms is not None:
-            return planned
-        # qcomms left to the planner: a quantized candidate is searched unless its lower bound shows that no plan
-        # of it can pay, and kept where it does.
+            return self._search(model, topology)
+        # qcomms left to the planner: one search, under the collectives the lower bounds favour. A narrowed
+        # candidate is searched where its bound is QCOMMS_MIN_GAIN (5%) below float32's, and kept where its plan
+        # steps that much faster than the same placement in float32; otherwise that placement runs in float32.
+        wide = dataclasses.replace(model, qcomms=FP32_COMMS)
+        wide_cost = CostModel(wide, topology)
+        wide_bound = lower_bound(wide_cost)
         cuda = any(g.kind is not DeviceKind.CPU for g in topology.gpus)
-        best = planned
-        for candidate in qcomms_candidates(cuda)[1:]:
+        # Where the parameter servers' traffic alone makes the bound, narrowing the trainers' collectives leaves it.
+        by_servers = bool(wide_bound.parts) and all(p.name in ASYNC_NAMES for p in wide_bound.parts)
+        for candidate in qcomms_candidates(cuda)[1:] if not by_servers else ():
             narrowed = dataclasses.replace(model, qcomms=candidate)
             cost = CostModel(narrowed, topology)
+            # Its bound at float32's weighting of the functionals is a bound too, and costs one weighting.
+            probe = bound_at(cost, wide_bound)
+            if probe is not None and probe > wide_bound.value_ms * (1 - QCOMMS_MIN_GAIN):
+                continue
             bound = lower_bound(cost)
-            if bound.value_ms > planned.step_ms * (1 - QCOMMS_MIN_GAIN):
+            if bound.value_ms > wide_bound.value_ms * (1 - QCOMMS_MIN_GAIN):
                 continue
             quantized = self._search(narrowed, topology, cost, bound)
-            if quantized.step_ms <= planned.step_ms * (1 - QCOMMS_MIN_GAIN) and quantized.step_ms < best.step_ms:
-                best = quantized
-        return best
+            in_fp32 = self._priced(wide_cost, wide_bound, quantized.tables, quantized.alternatives)
+            return quantized if quantized.step_ms <= in_fp32.step_ms * (1 - QCOMMS_MIN_GAIN) else in_fp32
+        return self._search(wide, topology, wide_cost, wide_bound)
 
     def _search(
         self, model: ModelSpec, topology: Topology, cost: CostModel | None = None, bound: LowerBound | None = None
@@ -69,7 +78,13 @@ class Planner:
         cost = cost or CostModel(model, topology)
         bound = bound or lower_bound(cost)
         result = self.searcher.search(cost, bound)
-        planned = priced_plan(cost, result.placements, lower_bound_ms=bound.value_ms, alternatives=result.alternatives)
+        return self._priced(cost, bound, result.placements, result.alternatives)
+
+    @staticmethod
+    def _priced(
+        cost: CostModel, bound: LowerBound, placements: Mapping[str, TablePlacement], alternatives: Mapping[str, Any]
+    ) -> Plan:
+        planned = priced_plan(cost, placements, lower_bound_ms=bound.value_ms, alternatives=alternatives)
         parts = {part.name: part.weight for part in bound.parts}
         return dataclasses.replace(planned, bound_parts=parts, bound_binding=bound.binding)
 

@@ -101,3 +101,18 @@ def test_cpu_trainers_narrow_to_fp16_and_refuse_bf16_collectives():
         e.get("comms") == ({"forward": "float16", "backward": "bfloat16"} if e["sharding"] != "data_parallel" else None)
         for e in local
     )
+
+
+def test_a_bound_at_another_bounds_weighting_is_a_bound_and_its_own_weighting_gives_it_back():
+    """The planner's probe of a narrowed candidate (``bound_at``): one weighting, never above the candidate's full
+    bound, and exactly a bound's value at its own weighting."""
+    from persia_planner.bound import bound_at, lower_bound
+
+    model, topology = load_model(EXAMPLE_MODEL), example_topology("25GB/s")
+    wide = CostModel(dataclasses.replace(model, qcomms=FP32_COMMS), topology)
+    narrow = CostModel(dataclasses.replace(model, qcomms=FP16_BF16), topology)
+    wide_bound, narrow_bound = lower_bound(wide), lower_bound(narrow)
+    assert bound_at(wide, wide_bound) == pytest.approx(wide_bound.value_ms)
+    probe = bound_at(narrow, wide_bound)
+    assert probe is not None and probe <= narrow_bound.value_ms * (1 + 1e-9)
+    assert probe < wide_bound.value_ms * (1 - QCOMMS_MIN_GAIN)  # so the planner searches the narrowed candidate

@@ -2,7 +2,14 @@
 over the tables' tier options, :mod:`persia_planner.bound.lower_bound`, of the terms :mod:`persia_planner.bound.terms`
 computes), and the tiers of its best solution, a hint the search starts from."""
 
-from persia_planner.bound.lower_bound import MAX_WEIGHTINGS, BoundPart, LowerBound, lower_bound, lower_bound_ms
+from persia_planner.bound.lower_bound import (
+    MAX_WEIGHTINGS,
+    BoundPart,
+    LowerBound,
+    bound_at,
+    lower_bound,
+    lower_bound_ms,
+)
 from persia_planner.bound.terms import TierChoice
 
-__all__ = ["MAX_WEIGHTINGS", "BoundPart", "LowerBound", "TierChoice", "lower_bound", "lower_bound_ms"]
+__all__ = ["MAX_WEIGHTINGS", "BoundPart", "LowerBound", "TierChoice", "bound_at", "lower_bound", "lower_bound_ms"]

@@ -103,6 +103,15 @@ class LowerBound:
         return self.hinted_ms <= _HINT_TRUST * self.value_ms
 
 
+def bound_at(cost: CostModel, at: LowerBound) -> float | None:
+    """A lower bound (ms) on the step of any plan of ``cost``'s model, from one weighting of its functionals: the one
+    that gave ``at`` (another cost model's bound of the same tables, e.g. with other collectives), about one
+    maximisation instead of up to :data:`MAX_WEIGHTINGS`. None where ``at`` weighs a functional this model lacks."""
+    if not at.parts or at.parts[0].name == "dense step alone":
+        return None
+    return _bound(cost, MAX_WEIGHTINGS, at)
+
+
 def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> LowerBound:
     """A lower bound (ms) on the step time of any plan of ``cost.model`` on ``cost.topology``, with the tier
     assignment of the relaxation's best solution (a Lagrangian hint the search starts from).
@@ -114,6 +123,12 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     """
     if max_weightings < 1:
         raise ValueError(f"max_weightings must be at least 1, got {max_weightings}")
+    bound = _bound(cost, max_weightings, None)
+    assert isinstance(bound, LowerBound)
+    return bound
+
+
+def _bound(cost: CostModel, max_weightings: int, at: LowerBound | None) -> LowerBound | float | None:
     lay = cost.layout
     sync, sync_ddr, asyn, nic, (host, host_fixed), mem, fractions = table_terms(cost)
     feasible = np.isfinite(sync)
@@ -132,6 +147,11 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     ]
     functionals, names = [functionals[k] for k in kept], [names[k] for k in kept]
     search = _WeightSearch(relaxation, functionals, np.zeros_like(sync_avg), max_weightings)
+    if at is not None:  # one weighting only: another bound's, by its functionals' names
+        if not {p.name for p in at.parts} <= set(names):
+            return None
+        weights = np.array([sum(p.weight for p in at.parts if p.name == name) for name in names])
+        return max(search.combined(weights)[0], fixed)
     best, best_w, best_pick, best_mu = search.run()
     best_pick = relaxation.repair(best_pick, search.combination(best_w)[0])
     preferred = {

@@ -152,15 +152,15 @@ class CostModel:
         )
         self.fixed_sync_ms = self.step_model.fixed_sync_ms
 
-    # The last model's distinct-row counts: `persia plan` builds a cost model for the search, for validation and for
-    # the report, and the counts are most of building one (the same model, the same figures).
-    _unique_last: tuple[ModelSpec, tuple[float, ...], dict[tuple[str, float], float]] | None = None
+    # The last tables' distinct-row counts: `persia plan` builds cost models for the search (float32 collectives and
+    # narrowed ones: the same tables), for validation and for the report, and the counts are most of building one.
+    _unique_last: tuple[tuple[TableSpec, ...], tuple[float, ...], dict[tuple[str, float], float]] | None = None
 
     @classmethod
     def _unique_of(cls, model: ModelSpec, batches: tuple[float, ...]) -> dict[tuple[str, float], float]:
         """Expected distinct rows of every table per batch of ``batches`` samples, by (table name, samples)."""
         last = cls._unique_last
-        if last is not None and last[0] is model and last[1] == batches:
+        if last is not None and last[0] is model.tables and last[1] == batches:
             return last[2]
         tables = model.tables
         unique: dict[tuple[str, float], float] = {}
@@ -171,7 +171,7 @@ class CostModel:
                 np.array([samples * t.pooling_factor for t in tables]),
             )
             unique |= {(t.name, samples): float(u) for t, u in zip(tables, counts, strict=True)}
-        cls._unique_last = (model, batches, unique)
+        cls._unique_last = (tables, batches, unique)
         return unique
 
     # The last (model, topology)'s placement vectors by placement: `persia plan` scores the plan, validates it and
@@ -181,7 +181,8 @@ class CostModel:
     @classmethod
     def _placements_of(cls, model: ModelSpec, topology: Topology) -> dict[int, tuple[Any, ...]]:
         last = cls._placements_last
-        if last is not None and last[0] is model and last[1] is topology:
+        # Equal, not only the same object: a plan is priced again with its model rebuilt (Plan.priced_model).
+        if last is not None and last[1] is topology and (last[0] is model or last[0] == model):
             return last[2]
         known: dict[int, tuple[Any, ...]] = {}
         cls._placements_last = (model, topology, known)
