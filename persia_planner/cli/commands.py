@@ -123,6 +123,8 @@ def plan_command(
         topo = load_topology(topology)
         # Only --explain prints the alternatives: without it, the search need not score them.
         result = make_plan(model_spec, topo, seed=seed, **({} if explain else {"explain_top": 0}))
+        # The model as planned (its qcomms decided): the checks and reports below price with it, as the search did.
+        model_spec = result.priced_model(model_spec)
         require_valid(result, model_spec, topo)
         if tune:
             result = _tuned(result, model_spec, topo, seed, tune_budget, tune_steps, tune_candidates)
