@@ -158,9 +158,8 @@ def compress_dense_gradients(dmp: nn.Module, dtype: DType, group: Any) -> None:
     """Register torch's ``dtype`` compression hook on DMP's DDP around the dense part (the outermost DDP: the
     data-parallel tables' replicas keep their own), and mark it (:func:`dense_all_reduce_dtype`)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.nn.parallel import DistributedDataParallel
 
-    ddp = next((m for m in dmp.modules() if isinstance(m, DistributedDataParallel)), None)
+    ddp = _dense_ddp(dmp)
     if ddp is None:  # no dense parameter: nothing is all-reduced
         return
     hook = default_hooks.fp16_compress_hook if dtype is DType.FP16 else default_hooks.bf16_compress_hook
@@ -170,10 +169,15 @@ def compress_dense_gradients(dmp: nn.Module, dtype: DType, group: Any) -> None:
 
 def dense_all_reduce_dtype(dmp: nn.Module) -> str | None:
     """The torch dtype DMP's DDP all-reduces the dense gradients in (None: no DDP, nothing all-reduced)."""
+    ddp = _dense_ddp(dmp)
+    return None if ddp is None else getattr(ddp, "persia_all_reduce_dtype", "float32")
+
+
+def _dense_ddp(dmp: nn.Module) -> nn.Module | None:
+    """DMP's DDP around the dense part: the outermost one (modules() walks pre-order; replicas' own DDPs are inside)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = next((m for m in dmp.modules() if isinstance(m, DistributedDataParallel)), None)
-    return None if ddp is None else getattr(ddp, "persia_all_reduce_dtype", "float32")
+    return next((m for m in dmp.modules() if isinstance(m, DistributedDataParallel)), None)
 
 
 def data_parallel_tables(model: nn.Module) -> dict[str, nn.Parameter]:

@@ -250,7 +250,9 @@ class CostModel:
         # Input distribution: the ids of the shard's lookups travel to it, forward only (half an a2a pattern).
         ids_bytes = np.asarray(lookups * self.constants.id_bytes, dtype=float)
         ids_half = ids_bytes / 2 if ids_bytes.ndim else float(ids_bytes / 2)
-        overhead = self.constants.shard_overhead_ms + conversions * self.codec_ms_per_value[gpus]
+        overhead = self.constants.shard_overhead_ms
+        if conversions:  # narrowed collectives: the owner's conversions, per candidate GPU
+            overhead = overhead + conversions * self.codec_ms_per_value[gpus]
         spec = tier.spec  # its lookups' path, the share of that path's bandwidth it reaches, an HBM cache
         if spec.lookups is Lookups.HBM:
             hbm_ms = self.hbm_emb_ms(table, rows_fraction, cols, gpus) / spec.bandwidth_share
