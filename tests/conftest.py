@@ -20,6 +20,10 @@ def pytest_collection(session: pytest.Session) -> None:
     config = session.config
     runs_tests = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
     if "not processes" in (config.option.markexpr or "") and runs_tests:
+        # matplotlib builds its font cache on a machine's first import, asking fontconfig (`fc-list`): once, before
+        # the guard, so that a fresh machine's first fast tier does not blame the test that first draws.
+        import matplotlib.font_manager  # noqa: F401
+
         _refuse_processes()
 
 

@@ -361,13 +361,13 @@ BAD_INPUTS = [
     (
         _plan_model("model_constraint_no_pair.yaml"),
         "model_constraint_no_pair.yaml: tables[0].constraints.tiers: table 'user': sharding_types [ps_hash], "
-        "tiers [hbm] have no pair in common (ps_hash runs on ps); fix: allow a tier that one of its sharding types "
-        "runs on",
+        "tiers [hbm] have no pair in common (ps_hash runs on ps or ssd); fix: allow a tier that one of its sharding "
+        "types runs on",
     ),
     (
         _plan_model("model_constraint_unknown_tier.yaml"),
         "model_constraint_unknown_tier.yaml: tables[0].constraints.tiers[1]: unknown value 'uvm'; "
-        "fix: use one of hbm | ddr | hbm_cache | ps",
+        "fix: use one of hbm | ddr | hbm_cache | ps | ssd",
     ),
     (
         ("plan", BAD / "model_constraint_ps_only.yaml", BAD / "topology_without_servers.yaml"),
@@ -499,7 +499,7 @@ BAD_INPUTS = [
     (
         _validate("plan_unknown_tier.json"),
         "plan_unknown_tier.json: tables.c1_user.shards[0].tier: unknown value 'nvme'; "
-        "fix: use one of hbm | ddr | hbm_cache | ps",
+        "fix: use one of hbm | ddr | hbm_cache | ps | ssd",
     ),
     (
         _validate("plan_mode_mismatch.json"),

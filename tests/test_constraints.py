@@ -51,7 +51,7 @@ def test_reads_every_key():
 def test_a_table_without_constraints_allows_everything_and_its_copies_share_them():
     plain = ModelSpec.from_dict({"batch_size": 64, "tables": [{"name": "a", "rows": 10, "dim": 4}]})
     assert plain.tables[0].constraints is NO_CONSTRAINTS and not NO_CONSTRAINTS.constrained
-    assert len(NO_CONSTRAINTS.combinations()) == 3 * 5 + 2  # five splits on three local tiers, a replica, ps_hash
+    assert len(NO_CONSTRAINTS.combinations()) == 3 * 5 + 3  # five splits on three local tiers, a replica, ps_hash x 2
     copies = model_with({"tiers": ["ddr"]}, count=3)
     assert [t.constraints.tiers for t in copies.tables] == [frozenset({Tier.DDR})] * 3
 
@@ -77,7 +77,7 @@ def test_tiers_without_ps_keep_a_table_off_the_servers():
         (
             {"tiers": ["hbm", "hmb"]},
             "model.yaml: tables[0].constraints.tiers[1]: unknown value 'hmb'; "
-            "fix: use one of hbm | ddr | hbm_cache | ps",
+            "fix: use one of hbm | ddr | hbm_cache | ps | ssd",
         ),
         (
             {"sharding_types": ["grid_shard"]},
@@ -98,12 +98,13 @@ def test_tiers_without_ps_keep_a_table_off_the_servers():
         (
             {"sharding_types": ["ps_hash"], "tiers": ["hbm"]},
             "model.yaml: tables[0].constraints.tiers: table 'user': sharding_types [ps_hash], tiers [hbm] have no "
-            "pair in common (ps_hash runs on ps); fix: allow a tier that one of its sharding types runs on",
+            "pair in common (ps_hash runs on ps or ssd); fix: allow a tier that one of its sharding types runs on",
         ),
         (
             {"tiers": ["ddr"], "cache_fraction": 0.1},
-            "model.yaml: tables[0].constraints.cache_fraction: table 'user': cache_fraction sizes the hbm_cache tier, "
-            "which its tiers [ddr] leave out; fix: allow tier hbm_cache or drop cache_fraction",
+            "model.yaml: tables[0].constraints.cache_fraction: table 'user': cache_fraction sizes the cache of the "
+            "hbm_cache or ssd tier, which its tiers [ddr] leave out; fix: allow tier hbm_cache or ssd or drop "
+            "cache_fraction",
         ),
         ("hbm", "model.yaml: tables[0].constraints: expected a mapping, got str"),
     ],

@@ -41,8 +41,8 @@ def model_on(tiers: list[str]) -> ModelSpec:
 
 
 def test_the_built_in_tiers_keep_the_enum_behaviour():
-    assert list(Tier) == [Tier.HBM, Tier.DDR, Tier.HBM_CACHE, Tier.PS]
-    assert [t.value for t in Tier] == ["hbm", "ddr", "hbm_cache", "ps"]
+    assert list(Tier) == [Tier.HBM, Tier.DDR, Tier.HBM_CACHE, Tier.PS, Tier.SSD]
+    assert [t.value for t in Tier] == ["hbm", "ddr", "hbm_cache", "ps", "ssd"]
     assert Tier("hbm_cache") is Tier.HBM_CACHE and Tier(Tier.DDR) is Tier.DDR
     assert Tier.HBM == "hbm" and f"{Tier.PS}" == "ps" and Tier.HBM_CACHE.name == "HBM_CACHE"
     assert pickle.loads(pickle.dumps(Tier.DDR)) is Tier.DDR and copy.deepcopy(Tier.PS) is Tier.PS
@@ -98,7 +98,7 @@ def test_a_registered_tier_is_planned_priced_validated_and_exported_like_a_built
                                                                                           topology))  # fmt: skip
     with pytest.raises(ValueError):
         Tier("slow_ddr")
-    assert not hasattr(Tier, "SLOW_DDR") and list(Tier) == [Tier.HBM, Tier.DDR, Tier.HBM_CACHE, Tier.PS]
+    assert not hasattr(Tier, "SLOW_DDR") and list(Tier) == [Tier.HBM, Tier.DDR, Tier.HBM_CACHE, Tier.PS, Tier.SSD]
     with pytest.raises(SpecError, match=r"tiers\[0\]: unknown value 'slow_ddr'.*hbm \| ddr \| hbm_cache \| ps"):
         model_on(["slow_ddr"])
 

@@ -76,7 +76,11 @@ class RemoteEmbeddingBags(nn.Module):
         staleness: Bounded staleness ``K`` (0 = synchronous).
         process_group: Group of the trainers (gloo: it carries ids and gradients on CPU); None: one trainer.
         device: Where pooled outputs are returned.
-        capacity: Rows per server and table (default: the table's ``num_embeddings``, all ids fit).
+        capacity: Rows per server and table (default: the table's ``num_embeddings``, all ids fit); a table on
+            the ``ssd`` tier: its DDR cache's rows.
+        disk: Per table on the ``ssd`` tier, the rows each server keeps on its disk (:class:`TableConfig`'s
+            ``ssd_rows``); other tables keep every row in the servers' DDR.
+        ssd_dir: Where the servers put the ``ssd`` tables' files (None: their temporary directory).
         init: Initialiser of new rows (default: uniform in ``+-sqrt(1 / num_embeddings)``, like TorchRec).
         seed: Seed of the servers' row initialisers.
         is_weighted: Pool ``weight * row`` with the batch's per-id weights.
@@ -95,6 +99,8 @@ class RemoteEmbeddingBags(nn.Module):
         process_group: Any = None,
         device: torch.device | None = None,
         capacity: int | Mapping[str, int] | None = None,
+        disk: Mapping[str, int] | None = None,
+        ssd_dir: str | None = None,
         init: Any = None,
         seed: int = 0,
         is_weighted: bool = False,
@@ -141,6 +147,8 @@ class RemoteEmbeddingBags(nn.Module):
                     seed=seed,
                     # the servers keep the rows in the table's dtype (fp16 halves their memory)
                     weight_dtype=data_type_to_dtype(c.data_type),
+                    ssd_rows=int((disk or {}).get(c.name, 0)),
+                    ssd_dir=ssd_dir,
                 )
             )
 

@@ -211,6 +211,10 @@ class TableConfig:
         eviction_chunk: Fraction of the capacity a full table evicts at once (see :class:`EmbeddingStore`).
         weight_dtype: The dtype the servers keep the rows in (the plan's ``embedding_dtype``; see
             ``EmbeddingStore(weight_dtype=...)``).
+        ssd_rows: Rows **per server** kept on its local disk (the ``ssd`` tier, :class:`.ssd_store.SsdStore`);
+            ``capacity`` is then its DDR cache's. 0: the ``ps`` tier, every row in DDR.
+        ssd_dir: The directory of the servers' files of rows (on each server's host; created if missing); None:
+            the system's temporary directory.
     """
 
     name: str
@@ -224,10 +228,14 @@ class TableConfig:
     seed: int = 0
     eviction_chunk: float = 1 / 64
     weight_dtype: torch.dtype = torch.float32
+    ssd_rows: int = 0
+    ssd_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("TableConfig.name must not be empty")
+        if self.ssd_rows and self.ssd_rows < self.capacity:
+            raise ValueError(f"TableConfig.ssd_rows ({self.ssd_rows:,}) must hold the cache's {self.capacity:,} rows")
         # Normalise a plain string so that equal configs compare equal on the server (idempotent create).
         object.__setattr__(self, "eviction", Eviction(self.eviction))
 

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,6 +53,7 @@ from persia_planner.modules.ps.protocol import (
     server_index,
     server_name,
 )
+from persia_planner.modules.ps.ssd_store import SsdStore
 from persia_planner.modules.ps.store import EmbeddingStore
 from persia_planner.modules.ps.table_checkpoints import load_rows, read_latest, save_shard
 
@@ -79,7 +83,7 @@ log = logging.getLogger(__name__)
 class Table:
     """A store, its config and the lock that serialises requests on it."""
 
-    def __init__(self, config: TableConfig, store: EmbeddingStore) -> None:
+    def __init__(self, config: TableConfig, store: EmbeddingStore | SsdStore) -> None:
         self.config = config
         self.store = store
         self.lock = threading.Lock()
@@ -138,10 +142,11 @@ def reset_state() -> None:
         _STATE = None
 
 
-def make_store(config: TableConfig, index: int) -> EmbeddingStore:
+def make_store(config: TableConfig, index: int) -> EmbeddingStore | SsdStore:
     """The empty store of ``config``'s table on the server of index ``index`` (its admission draws are seeded
-    ``config.seed + index``)."""
-    return EmbeddingStore(
+    ``config.seed + index``): on the ``ssd`` tier (``config.ssd_rows``), its DDR cache over a new file of rows
+    in ``config.ssd_dir``, named for the table, the server and this process."""
+    store = EmbeddingStore(
         config.dim,
         config.capacity,
         config.optimizer,
@@ -155,6 +160,26 @@ def make_store(config: TableConfig, index: int) -> EmbeddingStore:
         # per-id initial rows: the same on whichever server holds the id, in whatever order ids arrive
         init_seed=config.init_seed,
     )
+    if not config.ssd_rows:
+        return store
+    directory = Path(config.ssd_dir or tempfile.gettempdir())
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(f"{glob.escape(config.name)}.ps{index}.*.rows"):  # a killed server's file
+        with contextlib.suppress(ValueError, OSError):
+            os.kill(int(stale.suffixes[-2][1:]), 0)  # its process lives: another run's file, kept
+            continue
+        stale.unlink(missing_ok=True)
+    return SsdStore(store, directory / f"{config.name}.ps{index}.{os.getpid()}.rows", config.ssd_rows)
+
+
+def close_files() -> None:
+    """Remove the files of this server's ``ssd`` tables (at shutdown: the processes end without finalisers)."""
+    with state().lock:
+        tables = list(state().tables.values())
+    for table in tables:
+        if isinstance(table.store, SsdStore):
+            with table.lock:
+                table.store.close()
 
 
 def _server_errors(fn):
@@ -203,7 +228,11 @@ def drop(table: str) -> bool:
     """Remove ``table`` and its rows (requests already holding it finish on it); returns whether it was there."""
     server = state()
     with server.lock:
-        return server.tables.pop(table, None) is not None
+        dropped = server.tables.pop(table, None)
+    if dropped is not None and isinstance(dropped.store, SsdStore):
+        with dropped.lock:  # requests already holding it finish first; then its file goes
+            dropped.store.close()
+    return dropped is not None
 
 
 @handles(protocol.lookup)
@@ -458,6 +487,7 @@ def serve(
     finally:
         stop.set()
         m = server_metrics()
+        close_files()
         log.info(
             "%s: %s after %.1f s: %d rows, %d lookups, %d updates",
             server.name,

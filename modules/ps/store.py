@@ -34,6 +34,7 @@ allocated zeroed), set when a row is inserted or its weights are updated and cle
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -99,6 +100,8 @@ class EmbeddingStore:
             ``capacity * (1 - eviction_chunk)`` and ``capacity`` rows. ``0``: evict exactly what each batch needs.
         weight_dtype: The dtype the rows are kept in: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``
             (the optimizer state is float32 whatever it is).
+        on_evict: Called with the ``(ids, weights, state)`` of the rows an eviction removes, before they go (a disk
+            tier writes them back, :class:`.ssd_store.SsdStore`).
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class EmbeddingStore:
         init_seed: int | None = None,
         eviction_chunk: float = 1 / 64,
         weight_dtype: torch.dtype = torch.float32,
+        on_evict: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
     ) -> None:
         if dim <= 0 or capacity <= 0:
             raise ValueError(f"dim and capacity must be positive, got dim={dim}, capacity={capacity}")
@@ -142,6 +146,7 @@ class EmbeddingStore:
         self._generator = torch.Generator().manual_seed(seed)
         self.init_seed = init_seed
         self.eviction_chunk = eviction_chunk
+        self.on_evict = on_evict
 
         # One 16-byte record per slot: its id, the training lookup batch of its last access, its access count
         # (saturating at int32 max). A lookup's probe reads the id and records the access in the same cache line,
@@ -168,6 +173,17 @@ class EmbeddingStore:
 
     def __len__(self) -> int:
         return self._n
+
+    @property
+    def step(self) -> int:
+        """Training lookup batches so far (the LRU clock)."""
+        return self._step
+
+    def held_rows(self) -> dict[str, torch.Tensor]:
+        """The ``ids``, ``weights`` and optimizer ``state`` of the rows held: views of the occupied slots, valid until
+        the store next changes (no copy, unlike :meth:`state_dict`, and no side effect)."""
+        n = self._n
+        return {"ids": self._ids[:n], "weights": self._weights[:n], "state": self._state[:n]}
 
     def contains(self, ids: torch.Tensor) -> torch.Tensor:
         """Bool tensor of ``ids``' shape: which ids have a row. Read-only."""
@@ -292,6 +308,31 @@ class EmbeddingStore:
         self._dirty[slots] = True
         return slots.numel()
 
+    @torch.no_grad()
+    def insert_rows(
+        self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor, *, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Insert the distinct ``ids``, none held, with their ``weights`` and optimizer ``state`` (rows coming back
+        from a disk tier), evicting by the policy when full but never the held ids in ``keep``; returns which ids
+        were inserted (all of them unless they and ``keep`` outnumber the capacity). A training access batch of its
+        own: the kept rows and the new ones are its accesses (LRU victims are the rows not accessed lately)."""
+        flat = as_ids(ids)
+        kept = as_ids(keep) if keep is not None else flat[:0]
+        self._step += 1
+        kept_slots, _ = self._index.find(kept, touch=(self._last, self._count, self._step, None))
+        kept_slots = kept_slots[kept_slots >= 0]
+        uniq = torch.cat([self._ids.index_select(0, kept_slots), flat])
+        slots = torch.cat([kept_slots, torch.full((flat.numel(),), -1, dtype=torch.int64)])
+        hit = slots >= 0
+        self._admit(uniq, torch.ones_like(uniq), slots, hit, everyone=True)
+        new = slots[kept_slots.numel() :]
+        inserted = new >= 0
+        at = new[inserted]
+        self._weights.index_copy_(0, at, weights[inserted].to(self.weight_dtype))
+        self._state.index_copy_(0, at, state[inserted].to(torch.float32))
+        self._metrics["inserts"] -= int(at.numel())  # rows restored, not new ones
+        return inserted
+
     def _admit(
         self,
         uniq: torch.Tensor,
@@ -352,6 +393,11 @@ class EmbeddingStore:
         self._index.remove_buckets(buckets)
         if self._evicted.running:
             self._evicted.add(self._ids.index_select(0, victims))
+        if self.on_evict is not None:
+            self.on_evict(
+                self._ids.index_select(0, victims), self._weights.index_select(0, victims),
+                self._state.index_select(0, victims),
+            )  # fmt: skip
         end = live - n_victims
         # Holes below the new end are filled by the survivors above it (the two sets have the same size).
         holes = victims[victims < end]

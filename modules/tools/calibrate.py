@@ -48,6 +48,8 @@ class Sizes:
     dlrm_shapes: tuple[tuple[int, int], ...]  # (sparse features, embedding dim) of the DLRM dense steps
     dlrm_batches: tuple[int, ...]
     step_steps: int  # steps of each small training job (:mod:`persia_planner.modules.tools.step_calibration`)
+    disk_bytes: int = 256 * MiB  # the file the disk's rates are measured on
+    disk_ios: int = 4096  # blocks read or written at random per measurement
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
@@ -65,6 +67,8 @@ class Sizes:
                 dlrm_shapes=((8, 16), (26, 16), (26, 64)),
                 dlrm_batches=(256, 2048),
                 step_steps=40,
+                disk_bytes=128 * MiB,
+                disk_ios=2048,
             )
         return cls(
             memory_bytes=256 * MiB,
@@ -79,6 +83,8 @@ class Sizes:
             dlrm_shapes=((4, 16), (8, 16), (13, 32), (26, 16), (26, 64), (40, 32)),
             dlrm_batches=(128, 1024, 4096),
             step_steps=80,
+            disk_bytes=1024 * MiB,
+            disk_ios=8192,
         )
 
 
@@ -245,6 +251,55 @@ def ps_store(sizes: Sizes) -> dict[str, Any]:
     }
 
 
+def disk(sizes: Sizes, directory: str | None = None) -> dict[str, Any]:
+    """The local disk as the ``ssd`` tier reads and writes it (:class:`.row_file.RowFile`: ``O_DIRECT``, 4 KiB
+    blocks): blocks read and written a second at random (one block a record, so a write needs no read), and the
+    sequential rates of filling and reading the whole file. The file goes where a server's would by default (the
+    temporary directory) and is removed."""
+    from persia_planner.modules.ps.row_file import BLOCK_BYTES, RowFile
+
+    directory = directory or tempfile.gettempdir()
+    dim = (BLOCK_BYTES - 4) // 4  # weights and one state value fill a block: a record is a block
+    rows = sizes.disk_bytes // BLOCK_BYTES
+    path = Path(directory) / f"persia-calibrate.{os.getpid()}.rows"
+    file = RowFile(path, rows, dim, torch.float32, 1)
+    try:
+        chunk = max(1, (16 * MiB) // BLOCK_BYTES)
+        weights, state = torch.rand(chunk, dim), torch.rand(chunk, 1)
+        file.write(torch.arange(1), weights[:1], state[:1])  # numba compiles the loops on their first call
+        file.read(torch.arange(1))
+
+        def fill() -> None:
+            for start in range(0, rows, chunk):
+                slots = torch.arange(start, min(start + chunk, rows))
+                file.write(slots, weights[: slots.numel()], state[: slots.numel()])
+            file.sync()
+
+        fill_s = _median_s(fill, 1, warmup=0)
+        starts = range(0, rows, chunk)
+        read_all_s = _median_s(lambda: [file.read(torch.arange(s, min(s + chunk, rows))) for s in starts], 1)
+        n = min(rows, sizes.disk_ios)
+        generator = torch.Generator().manual_seed(0)
+        random_read_s = _median_s(lambda: file.read(torch.randperm(rows, generator=generator)[:n]), sizes.repeats)
+        some = torch.randperm(rows, generator=generator)[:n]
+        new_weights, new_state = torch.rand(n, dim), torch.rand(n, 1)
+
+        def random_writes() -> None:
+            file.write(some, new_weights, new_state)
+            file.sync()
+
+        random_write_s = _median_s(random_writes, sizes.repeats)
+    finally:
+        file.close()
+    return {
+        "path": str(directory),
+        "read_iops": n / random_read_s,
+        "write_iops": n / random_write_s,
+        "read_bytes_per_s": rows * BLOCK_BYTES / read_all_s,
+        "write_bytes_per_s": rows * BLOCK_BYTES / fill_s,
+    }
+
+
 # ---- between processes ---------------------------------------------------------------------------------------------
 
 
@@ -318,6 +373,7 @@ BENCHMARKS: dict[str, Callable[[Sizes], Any]] = {
     "embedding": embedding,
     "dense": dense,
     "ps_store": ps_store,
+    "disk": disk,
     "collectives": collectives,
     "rpc": rpc,
 }

@@ -173,6 +173,8 @@ class TrainConfig:
         log_dir: Directory of the run's logs (:mod:`.metrics_log`, :mod:`persia_planner.modules.process_logs`): per-step
             metrics as JSON lines and TensorBoard events, the summary, one log file per process. ``resume`` appends to
             it; a run from scratch into one that holds metrics needs ``overwrite``.
+        ssd_dir: Where the parameter servers keep the files of their ``ssd`` tables (on each server's host; None:
+            its temporary directory).
 
     Raises:
         PlannerError: An option is out of range or not one of its choices (one line, naming the option).
@@ -209,6 +211,7 @@ class TrainConfig:
     teacher_rows_scale: float = 0.02
     ps_capacity: PsCapacity = PsCapacity.PLANNED
     log_dir: str | None = None
+    ssd_dir: str | None = None
     data_rows: int | None = None
     """The data's training rows as :func:`check_before_start` counted them (None: not counted); sizes the progress."""
 

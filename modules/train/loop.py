@@ -29,8 +29,9 @@ from persia_planner.modules.embedding.model_parallel import (
 )
 from persia_planner.modules.step_breakdown import PS_PUSH, PS_WAIT, StepProfiler
 from persia_planner.modules.train.config import DenseOptimizer, TrainConfig, dense_arch, dlrm_embedding_dim
-from persia_planner.placement.memory import ps_server_capacity
+from persia_planner.placement.memory import ps_server_capacity, ssd_server_cache_capacity
 from persia_planner.placement.shards import TablePlacement
+from persia_planner.tiers import Memory
 
 if TYPE_CHECKING:
     from persia_planner.modules.train.job import Job
@@ -62,6 +63,7 @@ def build_model(
     device: torch.device | None = None,
     local_device: torch.device | None = None,
     capacity: Mapping[str, int] | None = None,
+    ssd_dir: str | None = None,
 ) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
     """TorchRec's ``DLRM`` or ``DLRM_DCN`` (``arch``, default the model's ``dense:``, :attr:`DenseSpec.built_arch`)
     over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs from plain TorchRec).
@@ -69,7 +71,8 @@ def build_model(
 
     Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_server_capacity``:
     the rows of its largest bucket plus the hash's allowance), or ``capacity[table]`` where given (``--ps-capacity
-    unbounded``).
+    unbounded``). A table on the ``ssd`` tier keeps that many rows on each server's disk (in ``ssd_dir``) and the
+    plan's cache of them in DDR (``memory.ssd_server_cache_capacity``).
 
     Raises:
         PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
@@ -77,13 +80,18 @@ def build_model(
     from persia_planner.plan.torchrec_export import to_embedding_bag_configs
 
     dim = dlrm_embedding_dim(spec)
-    # Each server's store: the capacity the planner charged it for (room for the hash's imbalance).
+    # Each server's store: the capacity the planner charged it for (room for the hash's imbalance); on the ssd
+    # tier, that of the DDR cache the plan sized, over a disk of the table's share.
     given = capacity or {}
-    capacity = {
-        t.name: given.get(t.name, ps_server_capacity(t.rows, ps_servers))
-        for t in spec.tables
-        if tables is not None and tables[t.name].mode is Mode.ASYNC
-    }
+    remote = [t for t in spec.tables if tables is not None and tables[t.name].mode is Mode.ASYNC]
+    capacity = {t.name: given.get(t.name, ps_server_capacity(t.rows, ps_servers)) for t in remote}
+    disk = {}
+    for t in remote:
+        placement = tables[t.name]  # type: ignore[index]
+        if placement.tier.spec.rows_in is Memory.DISK:
+            disk[t.name] = max(capacity[t.name], ps_server_capacity(t.rows, ps_servers))
+            fraction = placement.shards[0].cache_fraction or 0.0
+            capacity[t.name] = ssd_server_cache_capacity(t.rows, ps_servers, fraction)
     torch.manual_seed(seed)
     hybrid = HybridEmbeddingBagCollection(
         to_embedding_bag_configs(spec),
@@ -92,6 +100,8 @@ def build_model(
         optimizer=optimizer,
         staleness=staleness,
         ps_capacity=capacity,
+        ps_disk=disk,
+        ssd_dir=ssd_dir,
         seed=seed,
         device=device,
         local_device=local_device,
@@ -124,6 +134,7 @@ def build_job_model(
         device=device,
         local_device=torch.device("meta"),
         capacity=capacity,
+        ssd_dir=cfg.ssd_dir,
     )
 
 

@@ -44,6 +44,8 @@ class ServerUsage:
         store_bytes: Its stores' own account of their arrays (``EmbeddingStore.resident_bytes``).
         rss_growth_bytes: Growth of its resident memory from before the tables were registered to the end.
         planned_bytes: The bytes the plan charged it (0 where the topology names no such server).
+        disk_reads: Rows its ``ssd`` tables read from disk into their DDR caches.
+        disk_writes: Rows they wrote back to disk (evicted from the caches).
     """
 
     name: str
@@ -58,6 +60,8 @@ class ServerUsage:
     store_bytes: int
     rss_growth_bytes: int
     planned_bytes: int
+    disk_reads: int = 0
+    disk_writes: int = 0
 
     @property
     def rss_over_planned(self) -> float:
@@ -124,7 +128,7 @@ def server_usage(
         tables = [t for name, t in m["tables"].items() if name != WARM_UP_TABLE]
 
         def total(key: str, tables: Any = tables) -> int:
-            return int(sum(t[key] for t in tables))
+            return int(sum(t.get(key, 0) for t in tables))  # only ssd tables count disk rows
 
         out.append(
             ServerUsage(
@@ -140,6 +144,8 @@ def server_usage(
                 store_bytes=int(end["store_bytes"]) - int(start["store_bytes"]),
                 rss_growth_bytes=int(end["resident_bytes"]) - int(start["resident_bytes"]),
                 planned_bytes=int(planned.get(m["name"], 0)),
+                disk_reads=total("disk_reads"),
+                disk_writes=total("disk_writes"),
             )
         )
     return out

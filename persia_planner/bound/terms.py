@@ -23,7 +23,7 @@ from persia_planner.placement.memory import (
     ps_holds,
 )
 from persia_planner.placement.shards import even_split, tier_bytes
-from persia_planner.tiers import Lookups, Tier
+from persia_planner.tiers import Lookups, Memory, Tier, server_tiers
 
 __all__ = ["ASYNC_NAMES", "N_ASYNC", "TierChoice", "option_columns", "table_terms"]
 
@@ -46,15 +46,13 @@ class TierChoice:
 
 def option_columns(cost: CostModel) -> list[TierChoice]:
     """The option columns of :func:`table_terms`, in order: each local tier without a cache, each cached tier at
-    :func:`_cache_columns` sizes (per table), a data-parallel replica, the parameter servers' tier.
+    :func:`_cache_columns` sizes (per table), a data-parallel replica, the parameter servers.
 
-    Raises:
-        ValueError: More than one tier keeps its rows on the parameter servers (the bound prices one).
+    One column stands for every tier of the parameter servers (``ps``, ``ssd``): it takes the fastest one's time
+    and the least DDR any of them charges (:func:`_ps_column`), a relaxation of each.
     """
     local = [t for t in Tier if t.spec.local]
-    servers = [t for t in Tier if not t.spec.local]
-    if len(servers) != 1:
-        raise ValueError(f"the lower bound prices one parameter-server tier, not {[t.value for t in servers]}")
+    servers = server_tiers()
     return [
         *(TierChoice(t) for t in local if not t.spec.cached),
         *(TierChoice(t) for t in local if t.spec.cached for _ in range(_cache_columns())),
@@ -265,8 +263,12 @@ def _ps_column(cost: CostModel, tabs: _Tables, terms: _Terms, ps: int) -> np.nda
     asyn[4, :, ps] = traffic / G * float(reduce(pcie_ms))
     # The store's bytes are linear in the rows plus a fixed slack per server that holds a share, and a plan may
     # hash a table over fewer servers than there are: the least any plan can hold is all rows on one server.
+    # A table on the ssd tier keeps less in DDR (its cache, here none, and its disk index): the least of the tiers.
+    disks = any(s.ssd is not None for s in cost.topology.servers)
+    tiers = [t for t in server_tiers() if disks or t.spec.rows_in is not Memory.DISK]
     for i, t in enumerate(tabs.tables):
-        terms.mem[2, i, ps] = float(tier_bytes(t, Tier.PS, even_split(t.rows, 1), t.dim, tabs.dtypes[i])[1].sum())
+        one = even_split(t.rows, 1)
+        terms.mem[2, i, ps] = min(float(tier_bytes(t, tier, one, t.dim, tabs.dtypes[i])[1].sum()) for tier in tiers)
     return traffic
 
 
@@ -320,5 +322,8 @@ def _ruled_out(cost: CostModel, columns: list[TierChoice]) -> np.ndarray:
         pairs = placeable(table, cost.topology)
         replica = any(s is Sharding.DATA_PARALLEL for s, _ in pairs)
         tiers = {t for s, t in pairs if s is not Sharding.DATA_PARALLEL}
-        out[i] = [not (replica if c.replicated else c.tier in tiers) for c in columns]
+        on_servers = any(not t.spec.local for t in tiers)  # the one column of the server tiers
+        out[i] = [
+            not (replica if c.replicated else on_servers if not c.tier.spec.local else c.tier in tiers) for c in columns
+        ]
     return out

@@ -221,6 +221,14 @@ NodeHostOption = Annotated[
     ),
 ]
 
+SsdDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--ssd-dir",
+        help="where each parameter server keeps the files of its ssd-tier tables, on its own host (default: its "
+        "temporary directory); a run's files are removed when it ends",
+    ),
+]
 LogDirOption = Annotated[
     Path | None,
     typer.Option(
@@ -268,6 +276,7 @@ def train_command(
     seed: SeedOption = 0,
     node_host: NodeHostOption = None,
     log_dir: LogDirOption = None,
+    ssd_dir: SsdDirOption = None,
     as_json: AsJsonOption = False,
 ) -> None:
     """Train the model's DLRM or DCN-v2 with the plan: local tables sync (fbgemm), PS tables async (bounded
@@ -339,6 +348,7 @@ def train_command(
             teacher_rows_scale=id_space,
             ps_capacity=ps_capacity,
             log_dir=str(log_dir) if log_dir is not None else None,
+            ssd_dir=str(ssd_dir.resolve()) if ssd_dir is not None else None,
         )
         # The run's model: priced and planned (below, without --plan) for the K and wire it trains with.
         model_spec = with_run_options(model_spec, staleness=cfg.effective_staleness, ps_wire=wire.value)

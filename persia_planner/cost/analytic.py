@@ -25,7 +25,7 @@ from persia_planner.model.access_pattern import expected_unique, expected_unique
 from persia_planner.model.qcomms import FP32_COMMS, QComms
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.shards import Shard, Storage, TablePlacement
-from persia_planner.tiers import Lookups, Tier
+from persia_planner.tiers import Lookups, Memory, Tier
 from persia_planner.topology.graph import Topology
 from persia_planner.topology.hardware import DeviceKind
 
@@ -103,6 +103,8 @@ class CostModel:
         self.nic_bw = np.array([h.nic_bandwidth for h in hosts]) * c.nic_efficiency / MS
         self.ps_nic_bw = np.array([s.nic_bandwidth for s in servers]) * c.nic_efficiency / MS
         self.ps_ddr_bw = np.array([s.ddr_bandwidth for s in servers]) * c.ps_efficiency / MS
+        # Disk ms per row a server's ssd-tier cache misses (0 without a disk: validation refuses ssd shards there).
+        self.ssd_ms_per_miss = np.array([s.ssd.ms_per_miss() if s.ssd is not None else 0.0 for s in servers])
         self.switch_bw = topology.switch_bandwidth * c.nic_efficiency / MS
 
     def _set_step(self, n_g: np.ndarray) -> None:
@@ -396,10 +398,23 @@ class CostModel:
         rows = self.layout.n_gpus * self.unique_rows(table, self.local_batch)
         return self.moved_bytes(table, rows, table.dim, rows)
 
-    def ps_table_loads(self, table: TableSpec, shares: np.ndarray) -> np.ndarray:
+    def ssd_misses(self, table: TableSpec, cache_fraction: float) -> float:
+        """Rows of ``table`` per step that the ``ssd`` tier's DDR caches miss, over all servers: the step's lookups
+        outside the cached share (:func:`.zipf_hit_rate`: the cache keeps the hottest rows), each a distinct row
+        (the cold rows seldom repeat within a step), at most the step's distinct rows."""
+        G = self.layout.n_gpus
+        lookups = G * self.local_batch * table.pooling_factor
+        hit = zipf_hit_rate(table.zipf_alpha, table.rows, cache_fraction)
+        return min(self.unique_rows(table, G * self.local_batch), lookups * (1.0 - hit))
+
+    def ps_table_loads(
+        self, table: TableSpec, shares: np.ndarray, tier: Tier = Tier.PS, cache_fraction: float = 0.0
+    ) -> np.ndarray:
         """Load vector of a table hashed over the parameter servers, ``shares[p]`` of its ids on server p.
 
-        Every GPU fetches the rows of its local batch and pushes their gradients (ids travel too).
+        Every GPU fetches the rows of its local batch and pushes their gradients (ids travel too). On the ``ssd``
+        tier each server also reads the rows its cache misses from disk and writes back the rows they evict
+        (:meth:`.Disk.ms_per_miss`), in the same request threads as its store's work.
         """
         lay = self.layout
         loads = np.zeros(lay.size)
@@ -416,6 +431,8 @@ class CostModel:
         holding = shares > 0
         loads[lay.ps_nic] += np.where(holding, 2 * lay.n_gpus * self.constants.ps_request_ms, 0.0)
         loads[lay.emb] += 2 * float(holding.sum()) * self.constants.ps_client_ms
+        if tier.spec.rows_in is Memory.DISK:
+            loads[lay.ps_ddr] += self.ssd_misses(table, cache_fraction) * shares * self.ssd_ms_per_miss
         return loads
 
     def server_index(self, name: str) -> int:
@@ -459,7 +476,8 @@ class CostModel:
                 p = self.server_index(s.device)
                 shares[p] += s.row_fraction(table) * s.n_cols / table.dim
                 mem[lay.ps_mem.start + p] += storage(s).ddr_bytes
-            return self.ps_table_loads(table, shares), mem
+                mem[lay.ps_disk.start + p] += storage(s).disk_bytes
+            return self.ps_table_loads(table, shares, placement.tier, shards[0].cache_fraction or 0.0), mem
         loads = np.zeros(lay.size)
         groups: dict[tuple[int, Tier, float], list[Shard]] = {}
         for s in shards:
@@ -519,7 +537,8 @@ class CostModel:
         return np.array(
             [topo.hbm_capacity(g) for g in topo.gpus]
             + [topo.ddr_capacity(h) for h in topo.trainers]
-            + [topo.ddr_capacity(s) for s in topo.servers],
+            + [topo.ddr_capacity(s) for s in topo.servers]
+            + [s.ssd.capacity_bytes if s.ssd is not None else 0 for s in topo.servers],
             dtype=float,
         )
 
@@ -534,15 +553,21 @@ class CostModel:
         return self.step_model.bottleneck_loads(loads, tables)
 
     def memory_vector(
-        self, hbm: float | np.ndarray = 0.0, ddr: float | np.ndarray = 0.0, ps: float | np.ndarray = 0.0
+        self,
+        hbm: float | np.ndarray = 0.0,
+        ddr: float | np.ndarray = 0.0,
+        ps: float | np.ndarray = 0.0,
+        disk: float | np.ndarray = 0.0,
     ) -> np.ndarray:
-        """A memory vector (bytes per slot) from its parts: ``hbm`` per GPU, ``ddr`` per trainer host, ``ps`` per
-        server (each a value for every slot of its kind, or one per slot); or its price vector, given prices."""
+        """A memory vector (bytes per slot) from its parts: ``hbm`` per GPU, ``ddr`` per trainer host, ``ps`` (DDR)
+        and ``disk`` per server (each a value for every slot of its kind, or one per slot); or its price vector,
+        given prices."""
         lay = self.layout
         mem = np.zeros(lay.mem_size)
         mem[lay.hbm] = hbm
         mem[lay.ddr] = ddr
         mem[lay.ps_mem] = ps
+        mem[lay.ps_disk] = disk
         return mem
 
     def shard_memory(self, gpus: np.ndarray, hbm: float | np.ndarray, ddr: float | np.ndarray) -> np.ndarray:
@@ -581,3 +606,7 @@ class CostModel:
     def ps_mem_of(self, mem: np.ndarray) -> np.ndarray:
         """The parameter servers' DDR slots of a memory vector, per server (a view)."""
         return mem[self.layout.ps_mem]
+
+    def ps_disk_of(self, mem: np.ndarray) -> np.ndarray:
+        """The parameter servers' disk slots of a memory vector, per server (a view)."""
+        return mem[self.layout.ps_disk]

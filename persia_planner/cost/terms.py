@@ -113,8 +113,14 @@ class Layout:
         return slice(self.n_gpus + self.n_hosts, self.n_gpus + self.n_hosts + self.n_servers)
 
     @functools.cached_property
+    def ps_disk(self) -> slice:
+        """The parameter servers' disks (the ``ssd`` tier's files)."""
+        start = self.n_gpus + self.n_hosts + self.n_servers
+        return slice(start, start + self.n_servers)
+
+    @functools.cached_property
     def mem_size(self) -> int:
-        return self.n_gpus + self.n_hosts + self.n_servers
+        return self.n_gpus + self.n_hosts + 2 * self.n_servers
 
 
 @dataclass(frozen=True)

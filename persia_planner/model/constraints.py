@@ -36,7 +36,8 @@ class TableConstraints:
         devices: The devices its shards may go to: trainer devices (``trainer0/gpu1``) and parameter servers
             (``ps0``) by name. A ``ps_hash`` table is hashed over every server, so it goes there only when every
             server is named.
-        cache_fraction: The share of its rows cached in HBM on the ``hbm_cache`` tier, fixed instead of searched.
+        cache_fraction: The share of its rows cached in HBM on the ``hbm_cache`` tier, or in the servers' DDR on the
+            ``ssd`` tier, fixed instead of searched.
     """
 
     sharding_types: frozenset[Sharding] | None = None
@@ -160,9 +161,9 @@ def _check_consistent(constraints: TableConstraints, table: str, error: Any) -> 
     if constraints.cache_fraction is not None and not any(constraints.allows_tier(t) for t in Tier if t.spec.cached):
         raise error(
             "cache_fraction",
-            f"table {table!r}: cache_fraction sizes the hbm_cache tier, which its "
+            f"table {table!r}: cache_fraction sizes the cache of the hbm_cache or ssd tier, which its "
             f"{constraints.describe('sharding_types', 'tiers')} leave out",
-            ("allow tier hbm_cache", "drop cache_fraction"),
+            ("allow tier hbm_cache or ssd", "drop cache_fraction"),
         )
 
 

@@ -12,14 +12,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from persia_planner.errors import CapacityError, ConstraintError
 from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import MIN_CACHE_FRACTION
 from persia_planner.model.constraints import TableConstraints
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.memory import PS_MAX_ROWS, ps_holds
-from persia_planner.placement.shards import TablePlacement, even_split, tier_bytes
-from persia_planner.tiers import Tier
+from persia_planner.placement.shards import TablePlacement, disk_bytes, even_split, tier_bytes
+from persia_planner.tiers import Memory, Tier
 from persia_planner.topology.graph import Topology
 from persia_planner.units import format_bytes
 
@@ -65,7 +67,8 @@ def placeable(table: TableSpec, topology: Topology) -> list[tuple[Sharding, Tier
     pairs = []
     for sharding, tier in allowed.combinations():
         if sharding is Sharding.PS_HASH:
-            ok = every_server
+            # the ssd tier needs a disk on every server (a table hashes over all of them)
+            ok = every_server and (tier.spec.rows_in is not Memory.DISK or all(s.ssd for s in topology.servers))
         elif sharding in _EVERY_DEVICE:
             ok = every_gpu
         elif sharding is Sharding.TABLE_ROW_WISE:
@@ -187,14 +190,23 @@ def _short_of(table: TableSpec, pair: tuple[Sharding, Tier], topology: Topology,
                 f"would give each of the {n} parameter servers {per_server:,} of its rows, over the "
                 f"{PS_MAX_ROWS:,} of one table a server's store holds",
             )
-        shares = tier_bytes(table, Tier.PS, even_split(table.rows, n), table.dim, dtype)[1]
+        fraction = _least_cache(allowed) if tier.spec.cached else 0.0
+        rows = even_split(table.rows, n)
+        shares = tier_bytes(table, tier, rows, table.dim, dtype, fraction)[1]
         caps = [topology.ddr_capacity(s) for s in topology.servers]
         worst = max(range(n), key=lambda i: shares[i] - caps[i])
-        if shares[worst] <= caps[worst] + 0.5:
+        server = topology.servers[worst].name
+        if shares[worst] > caps[worst] + 0.5:
+            text = f"needs {{need}} of {server}'s DDR for its share, which has {{have}} usable"
+            return _short(pair, f"{server} DDR", float(shares[worst]), float(caps[worst]), text)
+        disks = disk_bytes(table, tier, np.array(rows), table.dim, dtype, fraction)
+        caps = [s.ssd.capacity_bytes if s.ssd is not None else 0 for s in topology.servers]
+        worst = max(range(n), key=lambda i: disks[i] - caps[i])
+        if disks[worst] <= caps[worst] + 0.5:
             return None
         server = topology.servers[worst].name
-        text = f"needs {{need}} of {server}'s DDR for its share, which has {{have}} usable"
-        return _short(pair, f"{server} DDR", float(shares[worst]), float(caps[worst]), text)
+        text = f"needs {{need}} of {server}'s disk for its share, which has {{have}}"
+        return _short(pair, f"{server} disk", float(disks[worst]), float(caps[worst]), text)
     gpus = [g for g in topology.gpus if allowed.allows_device(g.name)]
     if sharding is Sharding.DATA_PARALLEL:
         need = float(tier_bytes(table, Tier.HBM, table.rows, table.dim, dtype, replica=True)[0])

@@ -97,6 +97,8 @@ __all__ = [
     "PS_MAX_ROWS",
     "PS_RECORD_BYTES",
     "PS_VALUE_BYTES",
+    "SSD_BLOCK_BYTES",
+    "SSD_INDEX_BYTES",
     "fbgemm_bytes",
     "fbgemm_cache_slots",
     "largest_cache_fraction",
@@ -108,6 +110,12 @@ __all__ = [
     "ps_servers_needed",
     "ps_store_bytes",
     "replica_bytes",
+    "ssd_bytes",
+    "ssd_cache_rows",
+    "ssd_file_bytes",
+    "ssd_record_bytes",
+    "ssd_record_size",
+    "ssd_server_cache_capacity",
 ]
 
 # ---- fbgemm ------------------------------------------------------------------------------------------------------
@@ -293,3 +301,58 @@ def ps_rows_error(table: TableSpec, n_servers: int, local_free: float) -> Capaci
         (f"use at least {need} parameter servers", "reduce its rows"),
         table=table.name,
     )
+
+
+# ---- the ssd tier: a parameter server's disk behind its DDR ---------------------------------------------------------
+SSD_BLOCK_BYTES = 4096
+"""The disk's unit of reading and writing (``modules/ps/row_file.BLOCK_BYTES``): a row is read as its block."""
+SSD_INDEX_BYTES = PS_BUCKET_BYTES / PS_INDEX_LOAD_FACTOR + 8
+"""DDR per row of disk capacity: the disk index's hash buckets and the id each disk slot holds (int64)."""
+
+
+def ssd_record_bytes(dim: int, optimizer: Optimizer, dtype: DType = DType.FP32) -> int:
+    """Bytes of one row of ``table`` on disk (:func:`ssd_record_size`)."""
+    return ssd_record_size(dim, dtype.n_bytes, optimizer.ps_state_values(dim))
+
+
+def ssd_record_size(dim: int, weight_bytes: int, state_values: int) -> int:
+    """Bytes of one row on disk: ``dim`` weights of ``weight_bytes``, then its float32 optimizer state values,
+    padded to 4 bytes (the file's layout, ``modules/ps/row_file.RowFile``)."""
+    raw = dim * weight_bytes + PS_VALUE_BYTES * state_values
+    return -(-raw // 4) * 4
+
+
+def ssd_file_bytes(capacity: Any, record: int) -> Any:
+    """Bytes of a file of ``capacity`` rows of ``record`` bytes: records packed in whole blocks, none straddling two;
+    a record past one block takes whole blocks of its own. ``capacity`` may be a numpy array."""
+    capacity = np.asarray(capacity, dtype=float)
+    if record <= SSD_BLOCK_BYTES:
+        return np.ceil(capacity / (SSD_BLOCK_BYTES // record)) * SSD_BLOCK_BYTES
+    return capacity * (-(-record // SSD_BLOCK_BYTES) * SSD_BLOCK_BYTES)
+
+
+def ssd_cache_rows(rows: Any, cache_fraction: float) -> Any:
+    """The DDR cache's capacity (rows) of a server's share of ``rows`` rows on the ``ssd`` tier: ``cache_fraction``
+    of the rows, rounded up, at least one where there are rows."""
+    rows = np.asarray(rows, dtype=float)
+    return np.where(rows > 0, np.maximum(np.ceil(rows * cache_fraction), 1.0), 0.0)
+
+
+def ssd_server_cache_capacity(rows: int, n_servers: int, cache_fraction: float) -> int:
+    """The DDR cache's capacity ``persia train`` gives every server's store of a table of ``rows`` rows on the
+    ``ssd`` tier hashed over ``n_servers``: :func:`ps_capacity` of :func:`ssd_cache_rows` of the largest bucket, as
+    :func:`ssd_bytes` charges it."""
+    return int(ps_capacity(ssd_cache_rows(-(-rows // n_servers), cache_fraction)))
+
+
+def ssd_bytes(
+    rows: Any, dim: int, optimizer: Optimizer, dtype: DType = DType.FP32, cache_fraction: float = 0.0
+) -> tuple[Any, Any]:
+    """``(ddr, disk)`` bytes one server takes for ``rows`` rows of a table on the ``ssd`` tier
+    (``modules/ps/ssd_store.SsdStore``): a store of :func:`ssd_cache_rows` rows as the cache, charged as
+    :func:`ps_bytes`, and the disk index of the disk's capacity (:func:`ps_capacity` of the rows) in DDR; the file of
+    that capacity on disk. ``rows`` may be a numpy array."""
+    capacity = ps_capacity(rows)
+    cache = ps_bytes(ssd_cache_rows(rows, cache_fraction), dim, optimizer, dtype)
+    ddr = np.where(np.asarray(rows) > 0, cache + capacity * SSD_INDEX_BYTES, 0.0)
+    return ddr, ssd_file_bytes(capacity, ssd_record_bytes(dim, optimizer, dtype))

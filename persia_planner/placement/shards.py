@@ -24,6 +24,7 @@ __all__ = [
     "TablePlacement",
     "Tier",
     "bucket_rows",
+    "disk_bytes",
     "even_split",
     "row_blocks",
     "row_splittable",
@@ -33,22 +34,31 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Storage:
-    """Bytes held in GPU memory and in DDR (host or parameter server)."""
+    """Bytes held in GPU memory, in DDR (host or parameter server) and on a parameter server's disk."""
 
     hbm_bytes: int = 0
     ddr_bytes: int = 0
+    disk_bytes: int = 0
 
     def __add__(self, other: Storage) -> Storage:
-        return Storage(self.hbm_bytes + other.hbm_bytes, self.ddr_bytes + other.ddr_bytes)
+        return Storage(
+            self.hbm_bytes + other.hbm_bytes, self.ddr_bytes + other.ddr_bytes, self.disk_bytes + other.disk_bytes
+        )
 
     def __sub__(self, other: Storage) -> Storage:
-        return Storage(self.hbm_bytes - other.hbm_bytes, self.ddr_bytes - other.ddr_bytes)
+        return Storage(
+            self.hbm_bytes - other.hbm_bytes, self.ddr_bytes - other.ddr_bytes, self.disk_bytes - other.disk_bytes
+        )
 
     def __mul__(self, factor: int) -> Storage:
-        return Storage(self.hbm_bytes * factor, self.ddr_bytes * factor)
+        return Storage(self.hbm_bytes * factor, self.ddr_bytes * factor, self.disk_bytes * factor)
 
     def fits(self, capacity: Storage) -> bool:
-        return self.hbm_bytes <= capacity.hbm_bytes and self.ddr_bytes <= capacity.ddr_bytes
+        return (
+            self.hbm_bytes <= capacity.hbm_bytes
+            and self.ddr_bytes <= capacity.ddr_bytes
+            and self.disk_bytes <= capacity.disk_bytes
+        )
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,8 @@ def _storage(
     # Validation, scoring and the report each ask for every shard's storage, and the shards of a table (a replica on
     # every GPU, equal row blocks) mostly share one: numpy on scalars costs microseconds per call.
     hbm, ddr = tier_bytes(table, tier, rows, cols, dtype, cache_fraction, replica=replica)
-    return Storage(int(hbm), int(ddr))
+    disk = disk_bytes(table, tier, rows, cols, dtype, cache_fraction) if not replica else 0
+    return Storage(int(hbm), int(ddr), int(disk))
 
 
 def bucket_rows(total: int, bucket: int, buckets: int) -> int:
@@ -154,17 +165,28 @@ def tier_bytes(
     ``DEVICE`` memory, rows in host memory in ``MANAGED`` (UVM) or, for a cached tier, ``MANAGED_CACHING`` memory
     (TorchRec's ``fused``, ``fused_uvm`` and ``fused_uvm_caching`` kernels), see :func:`.memory.fbgemm_bytes`; a
     data-parallel ``replica`` (``hbm``) also keeps its DDP gradient, see :func:`.memory.replica_bytes`; rows in
-    server memory live in a parameter server's store, see :func:`.memory.ps_bytes` (DDR of the server). The search,
-    the lower bound, validation and the report all charge these.
+    server memory live in a parameter server's store, see :func:`.memory.ps_bytes` (DDR of the server); rows on a
+    server's disk keep their cache and disk index in its DDR, see :func:`.memory.ssd_bytes` (and :func:`disk_bytes`
+    for the disk). The search, the lower bound, validation and the report all charge these.
     """
     if replica:
         return memory.replica_bytes(table, rows, cols, dtype), 0
     spec = tier.spec
     if spec.rows_in is Memory.SERVER:
         return 0, memory.ps_bytes(rows, cols, table.optimizer, dtype)
+    if spec.rows_in is Memory.DISK:
+        return 0, memory.ssd_bytes(rows, cols, table.optimizer, dtype, cache_fraction)[0]
     managed = spec.rows_in is Memory.HOST
     fraction = cache_fraction if spec.cached else 0.0
     return memory.fbgemm_bytes(table, rows, cols, dtype, managed=managed, cache_fraction=fraction)
+
+
+def disk_bytes(table: TableSpec, tier: Tier, rows: Any, cols: int, dtype: DType, cache_fraction: float = 0.0) -> Any:
+    """Bytes a shard of ``rows`` rows x ``cols`` columns on ``tier`` takes on its parameter server's disk (the file
+    of :func:`.memory.ssd_bytes`; 0 on a tier that keeps no rows on disk)."""
+    if tier.spec.rows_in is not Memory.DISK:
+        return 0 * rows
+    return memory.ssd_bytes(rows, cols, table.optimizer, dtype, cache_fraction)[1]
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,13 @@ FORMAT = "persia-plan/1"
 
 @dataclass(frozen=True)
 class DeviceUsage:
-    """What a plan puts on one device (GPU, trainer host or parameter server)."""
+    """What a plan puts on one device (GPU, trainer host or parameter server; ``disk_bytes``: a server's ``ssd``
+    tier files)."""
 
     hbm_bytes: int
     ddr_bytes: int
     cost_ms: float
+    disk_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,12 @@ class Plan:
             **({"qcomms": self.qcomms.to_dict()} if self.qcomms is not None else {}),
             "tables": {name: placement_to_dict(p) for name, p in self.tables.items()},
             "devices": {
-                name: {"hbm_bytes": u.hbm_bytes, "ddr_bytes": u.ddr_bytes, "cost_ms": round(u.cost_ms, 4)}
+                name: {
+                    "hbm_bytes": u.hbm_bytes,
+                    "ddr_bytes": u.ddr_bytes,
+                    **({"disk_bytes": u.disk_bytes} if u.disk_bytes else {}),
+                    "cost_ms": round(u.cost_ms, 4),
+                }
                 for name, u in self.devices.items()
             },
             "estimate": {
@@ -210,6 +217,7 @@ class Plan:
                     usage.take("hbm_bytes", Quantity.SIZE, default=0),
                     usage.take("ddr_bytes", Quantity.SIZE, default=0),
                     usage.take("cost_ms", Quantity.NUMBER, default=0.0),
+                    usage.take("disk_bytes", Quantity.SIZE, default=0),
                 )
                 usage.finish()
             device_data.finish()
@@ -375,5 +383,7 @@ def usage_of(
     for h, host in enumerate(topo.trainers):
         usage[host.name] = DeviceUsage(0, int(mem[lay.ddr.start + h]), float(estimate.host_nic_ms[h]))
     for p, server in enumerate(topo.servers):
-        usage[server.name] = DeviceUsage(0, int(mem[lay.ps_mem.start + p]), float(estimate.server_ms[p]))
+        usage[server.name] = DeviceUsage(
+            0, int(mem[lay.ps_mem.start + p]), float(estimate.server_ms[p]), int(mem[lay.ps_disk.start + p])
+        )
     return usage

@@ -103,6 +103,7 @@ def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
         [(g.name, "HBM") for g in topology.gpus]
         + [(h.name, "DDR") for h in topology.trainers]
         + [(s.name, "DDR") for s in topology.servers]
+        + [(s.name, "disk") for s in topology.servers]
     )
     for (name, kind), used, cap in zip(slots, mem, caps, strict=True):
         if used > cap + 0.5:

@@ -264,8 +264,9 @@ class DeviceChoice:
             mem = cost.memory_vector(hbm=float(replica))
         else:
             # ps_hash: every server holds one bucket; shares follow the bucket row counts.
-            loads = cost.ps_table_loads(table, state.ps_rows(table) / table.rows)
-            mem = cost.memory_vector(ps=state.ps_mem(table))
+            tier, fraction = option.tier, option.cache_fraction
+            loads = cost.ps_table_loads(table, state.ps_rows(table) / table.rows, tier, fraction)
+            mem = cost.memory_vector(ps=state.ps_mem(table, tier, fraction), disk=state.ps_disk(table, tier, fraction))
         loads.setflags(write=False)  # shared by every choice of this placement
         mem.setflags(write=False)
         return loads, mem

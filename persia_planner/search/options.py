@@ -84,14 +84,35 @@ class TieredOptions:
             opts.append(Option(Sharding.DATA_PARALLEL, Tier.HBM))
         if (
             Sharding.PS_HASH in shardings
-            and Tier.PS in tiers_allowed
             and state.n_servers
             and state.every_server(table)
             and state.shards.whole(("ps_holds", table.name), lambda: state.ps_holds(table))
-            and (hint is None or hint.tier is Tier.PS)
+            and (hint is None or not hint.tier.spec.local)  # the relaxation's one column of the server tiers
         ):
-            opts.append(Option(Sharding.PS_HASH, Tier.PS))
+            if Tier.PS in tiers_allowed:
+                opts.append(Option(Sharding.PS_HASH, Tier.PS))
+            if Tier.SSD in tiers_allowed and state.servers_have_disks:
+                opts.extend(
+                    Option(Sharding.PS_HASH, Tier.SSD, cache_fraction=f) for f in self.ssd_fractions(state, table)
+                )
         return opts
+
+    @staticmethod
+    def ssd_fractions(state: State, table: TableSpec) -> tuple[float, ...]:
+        """The DDR cache sizes to try for ``table`` on ``ssd``: the one its constraints fix, else the hit-rate
+        targets' and the constants' fixed sizes that leave rows on disk (a cache of every row is the ``ps`` tier with
+        a disk besides)."""
+        fixed = table.constraints.cache_fraction
+        if fixed is not None:
+            return (fixed,)
+        constants = state.cost.constants
+
+        def targets() -> tuple[float, ...]:
+            hit = constants.cache_hit_targets
+            found = cache_fraction_candidates(table.zipf_alpha, table.rows, hit, fixed=constants.cache_fractions)
+            return tuple(f for f in found if f < 1.0)
+
+        return state.shards.whole(("ssd_fractions", table.name), targets)  # type: ignore[return-value]
 
     @staticmethod
     def cache_fractions(state: State, table: TableSpec, free: FreeRoom) -> tuple[float, ...]:

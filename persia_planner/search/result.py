@@ -12,7 +12,6 @@ from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.shards import Shard, TablePlacement, even_split, row_blocks
 from persia_planner.search.base import Option
-from persia_planner.tiers import Tier
 
 __all__ = ["build_placement"]
 
@@ -43,7 +42,14 @@ def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Seq
         n = len(topo.servers)
         rows = even_split(table.rows, n)
         shards = tuple(
-            Shard(server.name, Tier.PS, full_cols, rows[i] * table.row_bytes(dtype), hash=(i, n))
+            Shard(
+                server.name,
+                option.tier,
+                full_cols,
+                rows[i] * table.row_bytes(dtype),
+                hash=(i, n),
+                cache_fraction=fraction,
+            )
             for i, server in enumerate(topo.servers)
         )
         return TablePlacement(s, shards)

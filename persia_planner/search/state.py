@@ -19,7 +19,7 @@ from persia_planner.bound import TierChoice
 from persia_planner.cost.analytic import CostModel
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import ps_holds
-from persia_planner.placement.shards import TablePlacement, even_split, tier_bytes
+from persia_planner.placement.shards import TablePlacement, disk_bytes, even_split, tier_bytes
 from persia_planner.search.base import Choice, Option, OptionSource, SearchConfig
 from persia_planner.search.device_choice import DeviceChoice
 from persia_planner.search.result import build_placement
@@ -342,9 +342,20 @@ class State:
         """Rows each server holds (one hash bucket each)."""
         return np.array(even_split(table.rows, self.n_servers), dtype=float)
 
-    def ps_mem(self, table: TableSpec) -> np.ndarray:
-        """DDR bytes each server's store takes for the table."""
-        return tier_bytes(table, Tier.PS, self.ps_rows(table), table.dim, self.cost.dtype_of(table))[1]
+    def ps_mem(self, table: TableSpec, tier: Tier = Tier.PS, cache_fraction: float = 0.0) -> np.ndarray:
+        """DDR bytes each server takes for the table on ``tier`` (a server tier)."""
+        rows, dtype = self.ps_rows(table), self.cost.dtype_of(table)
+        return tier_bytes(table, tier, rows, table.dim, dtype, cache_fraction)[1]
+
+    def ps_disk(self, table: TableSpec, tier: Tier, cache_fraction: float) -> np.ndarray:
+        """Disk bytes each server takes for the table on ``tier`` (0 off the ``ssd`` tier)."""
+        rows = self.ps_rows(table)
+        return disk_bytes(table, tier, rows, table.dim, self.cost.dtype_of(table), cache_fraction) + 0 * rows
+
+    @property
+    def servers_have_disks(self) -> bool:
+        """Whether every parameter server has a disk for the ``ssd`` tier (a table hashes over all of them)."""
+        return bool(self.n_servers) and all(s.ssd is not None for s in self.cost.topology.servers)
 
     def ps_holds(self, table: TableSpec) -> bool:
         """Whether no server would hold more of the table's rows than its store can (see memory.PS_MAX_ROWS)."""

@@ -1,8 +1,8 @@
 """The tiers a shard's rows can live on: one module per tier, each registering its :class:`TierSpec`.
 
 Importing this package registers the built-in tiers in their plan.json order (``hbm``, ``ddr``, ``hbm_cache``,
-``ps``). The helpers below answer the questions several layers ask of the registry as it is when asked, so a tier a
-test registers takes part like a built-in one.
+``ps``, ``ssd``). The helpers below answer the questions several layers ask of the registry as it is when asked, so a
+tier a test registers takes part like a built-in one.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from persia_planner.tiers import hbm  # noqa: F401
 from persia_planner.tiers import ddr  # noqa: F401
 from persia_planner.tiers import hbm_cache  # noqa: F401
 from persia_planner.tiers import ps  # noqa: F401
+from persia_planner.tiers import ssd  # noqa: F401
 
 # isort: on
 from persia_planner.tiers.tier import Lookups, Memory, Runtime, Tier, TierSpec, register, registered, unregister
@@ -30,6 +31,7 @@ __all__ = [
     "local_tiers",
     "register",
     "registered",
+    "server_tiers",
     "tier_of_kernel",
     "tiers_of",
     "unregister",
@@ -39,6 +41,11 @@ __all__ = [
 def local_tiers() -> tuple[Tier, ...]:
     """The tiers of a trainer's own memory (fbgemm's kernels), fastest first."""
     return tuple(sorted((t for t in Tier if t.spec.local), key=lambda t: t.spec.speed_rank))
+
+
+def server_tiers() -> tuple[Tier, ...]:
+    """The tiers of the parameter servers (trained asynchronously), fastest first."""
+    return tuple(sorted((t for t in Tier if not t.spec.local), key=lambda t: t.spec.speed_rank))
 
 
 def tiers_of(sharding: Sharding) -> frozenset[Tier]:

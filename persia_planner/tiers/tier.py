@@ -29,6 +29,7 @@ class Memory(enum.StrEnum):
     DEVICE = "device"  # the GPU's HBM
     HOST = "host"  # the trainer host's DDR, reached by the GPU through UVM
     SERVER = "server"  # a parameter server's DDR
+    DISK = "disk"  # a parameter server's local disk, its hottest rows cached in the server's DDR
 
 
 class Lookups(enum.StrEnum):
@@ -62,8 +63,8 @@ class TierSpec:
             tier TorchRec does not execute.
         runtime: What executes the tier's shards.
         bandwidth_share: The share of the ``lookups`` path's bandwidth the tier's kernel reaches (1: all of it).
-        cached: Whether the hottest rows are cached in HBM (a shard then carries a cache fraction, and hits are
-            priced at HBM's bandwidth).
+        cached: Whether the hottest rows are cached in the next faster memory: HBM for rows in host memory (hits
+            priced at HBM's bandwidth), the server's DDR for rows on its disk. A shard then carries a cache fraction.
         promote_to: The faster tier the local search tries to move a table on this tier to, by evicting colder
             tables there (None: none).
     """
@@ -91,7 +92,7 @@ class TierSpec:
     @property
     def local(self) -> bool:
         """Whether the rows are in a trainer's own memory (HBM or its host's DDR)."""
-        return self.rows_in is not Memory.SERVER
+        return self.rows_in in (Memory.DEVICE, Memory.HOST)
 
     @property
     def unified_memory(self) -> bool:
@@ -123,6 +124,7 @@ class Tier(str, metaclass=_Registry):
     DDR: ClassVar[Tier]
     HBM_CACHE: ClassVar[Tier]
     PS: ClassVar[Tier]
+    SSD: ClassVar[Tier]
 
     def __new__(cls, value: str) -> Tier:
         member = cls._members.get(str(value)) if isinstance(value, str) else None

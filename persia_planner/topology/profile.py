@@ -232,6 +232,9 @@ class HardwareProfile:
             missing type is 1.0.
         measured_codec_values_per_s: float32 values converted to float16 and back per second, by one thread (a
             quantized collective's encode and decode; None in a profile that did not measure it).
+        disk: The local disk the ``ssd`` tier writes to, as the store reads and writes it (``O_DIRECT``, 4 KiB
+            blocks at random): ``read_iops``, ``write_iops``, and the sequential ``read_bytes_per_s`` and
+            ``write_bytes_per_s`` a checkpoint streams at; empty in a profile that did not measure it.
     """
 
     source: str
@@ -254,6 +257,7 @@ class HardwareProfile:
     step_ps_client_ms: float | None = None
     sharding_scale: Mapping[str, float] = field(default_factory=dict)
     measured_codec_values_per_s: float | None = None
+    disk: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def codec_values_per_s(self) -> float:
@@ -432,6 +436,12 @@ class HardwareProfile:
         }
         store.finish()
         overhead, request, scales = _step_figures(top) if top.has("step") else (None, None, {})
+        disk = {}
+        if top.has("disk"):
+            section = top.sub("disk")
+            disk = {k: section.take_positive(k, Quantity.NUMBER) for k in DISK_FIGURES}
+            section.take("path", default=None)
+            section.finish()
         top.finish()
         return cls(
             source=source,
@@ -454,7 +464,12 @@ class HardwareProfile:
             step_ps_client_ms=request,
             sharding_scale=scales,
             measured_codec_values_per_s=codec,
+            disk=disk,
         )
+
+
+DISK_FIGURES = ("read_iops", "write_iops", "read_bytes_per_s", "write_bytes_per_s")
+"""The figures of a profile's ``disk:`` section (:attr:`HardwareProfile.disk`)."""
 
 
 def _embedding_fits(top: Fields) -> tuple[dict[str, EmbeddingFit], dict[str, EmbeddingFit]]:

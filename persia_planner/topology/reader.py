@@ -23,7 +23,16 @@ from persia_planner.limits import (
     MAX_TOPOLOGY_NODES,
 )
 from persia_planner.topology.cost_constants import LIST_CONSTANTS, CostConstants
-from persia_planner.topology.hardware import DeviceKind, Gpu, Host, NodeKind, Role
+from persia_planner.topology.hardware import (
+    DEFAULT_SSD_READ_IOPS,
+    DEFAULT_SSD_WRITE_IOPS,
+    DeviceKind,
+    Disk,
+    Gpu,
+    Host,
+    NodeKind,
+    Role,
+)
 from persia_planner.units import Quantity, UnitError, parse
 
 if TYPE_CHECKING:
@@ -109,6 +118,7 @@ def graph_from_hosts(
             measured = profile.host_figures(server or (gpus is None and cpus is None), constants or CostConstants())
         ddr_bw = _rate(item, "ddr_bandwidth", measured)
         nic_bw = _rate(item, "nic_bandwidth", measured)
+        ssd = _read_ssd(item, profile)
         if gpus is not None and cpus is not None:
             raise item.error("cpus", "a host has either 'gpus:' or 'cpus:' trainer devices, not both")
         has_devices = gpus is not None or cpus is not None
@@ -122,6 +132,10 @@ def graph_from_hosts(
         if role is Role.PARAMETER_SERVER and devices is not None:
             key = "gpus" if gpus is not None else "cpus"
             raise item.error(key, "a parameter_server host has no trainer devices", fixes=(f"remove '{key}:'",))
+        if role is Role.TRAINER and ssd is not None:
+            raise item.error(
+                "ssd", "the ssd tier is a parameter server's disk; a trainer host has none", fixes=("remove 'ssd:'",)
+            )
         if role is Role.TRAINER and devices is None:
             raise item.error(
                 "gpus", "a trainer host needs 'gpus:' or 'cpus:'", fixes=("add 'gpus:' or 'cpus:', or set role",)
@@ -166,7 +180,7 @@ def graph_from_hosts(
                 for i, a in enumerate(names):
                     for b in names[i + 1 :]:
                         graph.add_edge(a, b, bandwidth=devices.peer_link, latency=0.0, link=link)
-            host = Host(host_name, role, ddr, ddr_bw, nic_bw, names, profile)
+            host = Host(host_name, role, ddr, ddr_bw, nic_bw, names, profile, ssd)
             graph.add_node(host_name, kind=NodeKind.HOST, spec=host)
             # Half the one-way host-to-host latency on each side, so host -> switch -> host adds up to it.
             graph.add_edge(host_name, SWITCH, bandwidth=nic_bw, latency=latency / 2, link="nic")
@@ -187,6 +201,25 @@ def _read_profile(item: Fields, base_dir: Path | None) -> HardwareProfile | None
             fixes=("give a path relative to the topology file", f"run persia calibrate --out {path}"),
         )
     return load_profile(full)  # a directory or a FIFO is refused there, as what it is
+
+
+def _read_ssd(item: Fields, profile: HardwareProfile | None) -> Disk | None:
+    """A parameter server's ``ssd:``: its size (``ssd: 2TiB``), or ``{size, read_iops, write_iops}``; the rates
+    default to the host profile's ``disk:`` figures, else a data-centre NVMe drive's."""
+    if not item.has("ssd"):
+        return None
+    measured = profile.disk if profile is not None else {}
+    read = measured.get("read_iops", DEFAULT_SSD_READ_IOPS)
+    write = measured.get("write_iops", DEFAULT_SSD_WRITE_IOPS)
+    if not isinstance(item.data["ssd"], Mapping):
+        return Disk(item.take_positive("ssd", Quantity.SIZE, maximum=MAX_MEMORY_BYTES), read, write)
+    ssd = item.sub("ssd")
+    assert ssd is not None
+    size = ssd.take_positive("size", Quantity.SIZE, maximum=MAX_MEMORY_BYTES)
+    read = ssd.take_positive("read_iops", Quantity.NUMBER, default=read, maximum=1e12)
+    write = ssd.take_positive("write_iops", Quantity.NUMBER, default=write, maximum=1e12)
+    ssd.finish()
+    return Disk(size, read, write)
 
 
 def _rate(fields: Fields, key: str, measured: Mapping[str, float], kind: Quantity = Quantity.BANDWIDTH) -> float:

@@ -1,0 +1,238 @@
+"""A parameter-server table on the ``ssd`` tier: every row on local disk (:class:`.row_file.RowFile`), the recently
+used ones cached in the server's DDR (an :class:`.store.EmbeddingStore` sized by the plan's ``cache_fraction``).
+
+A training lookup first brings the batch's rows that are on disk but not cached into the cache (one block read
+each), then runs the cache's own lookup: cached rows are hits, ids never seen are admitted and initialised as on the
+``ps`` tier. The cache makes room by its eviction policy, and every row it evicts is written back to its disk slot
+(a block read and write; a new id takes the next free slot). Updates go to the cached row, or, for a row evicted
+since its lookup (asynchronous training pushes gradients up to K steps later), to its row on disk, so no gradient
+is lost to the cache. The disk index (id -> disk slot, a :class:`.index.HashIndex` and the slots' ids) stays in
+DDR: 24 bytes a row at the planner's load factor, charged by ``persia_planner.placement.memory.ssd_bytes``.
+
+Checkpoints hold every row: :meth:`SsdStore.state_dict` writes the cache back and reads the disk rows, so the
+checkpoint format, its re-sharding and ``--resume`` are the ``ps`` tier's. Incremental dumps for serving replicas
+are not offered: a row that leaves the cache is not gone, and the dumps' removals would say it is.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from persia_planner.modules.ps.index import HashIndex, as_ids, table_empty
+from persia_planner.modules.ps.row_file import RowFile
+from persia_planner.modules.ps.store import EmbeddingStore
+from persia_planner.placement.memory import PS_INDEX_LOAD_FACTOR
+
+__all__ = ["SsdStore"]
+
+
+class SsdStore:
+    """Rows of one table on disk behind a DDR cache; the interface of :class:`.store.EmbeddingStore` that a server
+    uses (lookup, read, assign, update, checkpoints, metrics).
+
+    Args:
+        cache: The DDR cache (its capacity: the rows the plan caches on this server); its ``on_evict`` is taken.
+        path: The file of rows (created; removed by :meth:`close`).
+        disk_capacity: Rows the disk holds (at least the cache's capacity): caps the table's rows on this server.
+        direct: Bypass the page cache (see :class:`.row_file.RowFile`).
+    """
+
+    def __init__(self, cache: EmbeddingStore, path: str | os.PathLike, disk_capacity: int, *, direct: bool = True):
+        if disk_capacity < cache.capacity:
+            raise ValueError(f"disk_capacity ({disk_capacity:,}) must hold the cache's {cache.capacity:,} rows")
+        self.cache = cache
+        cache.on_evict = self._write_back
+        self.dim, self.state_width, self.capacity = cache.dim, cache.state_width, disk_capacity
+        self.weight_dtype, self.optimizer = cache.weight_dtype, cache.optimizer
+        self.file = RowFile(path, disk_capacity, cache.dim, cache.weight_dtype, cache.state_width, direct=direct)
+        self._disk_ids = table_empty(disk_capacity, dtype=torch.int64)
+        self._disk_index = HashIndex(disk_capacity, PS_INDEX_LOAD_FACTOR, self._disk_ids)
+        self._on_disk = 0
+        self._metrics = dict.fromkeys(("disk_reads", "disk_writes", "disk_updates", "disk_full"), 0)
+
+    # ----------------------------------------------------------------------------------------------- queries
+
+    def __len__(self) -> int:
+        """Rows held: on disk, or cached and not yet written there."""
+        slots, _ = self._disk_index.find(self.cache.held_rows()["ids"])
+        return self._on_disk + int((slots < 0).sum())
+
+    def contains(self, ids: torch.Tensor) -> torch.Tensor:
+        slots, _ = self._disk_index.find(as_ids(ids))
+        return (slots >= 0).reshape(ids.shape) | self.cache.contains(ids)
+
+    def metrics(self) -> dict[str, int]:
+        """The cache's counters, with ``rows`` and ``capacity`` of the whole table, ``cached_rows``, and the disk's:
+        rows read into the cache, rows written back, updates applied on disk, rows dropped with the disk full, and
+        the 4 KiB blocks read and written."""
+        cache = self.cache.metrics()
+        return {
+            **cache, "rows": len(self), "capacity": self.capacity, "cached_rows": cache["rows"],
+            "cache_capacity": self.cache.capacity, **self._metrics, **self.file.io,
+        }  # fmt: skip
+
+    def resident_bytes(self) -> int:
+        """DDR the table takes: the cache's and the disk index's."""
+        index = self._disk_index.buckets.numel() * 8 + self._on_disk * 8
+        return self.cache.resident_bytes() + index
+
+    def dirty_rows(self) -> int:
+        return 0
+
+    # ------------------------------------------------------------------------------------------ the disk side
+
+    def _disk_slots(self, ids: torch.Tensor) -> torch.Tensor:
+        slots, _ = self._disk_index.find(ids)
+        return slots
+
+    def _write_back(self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> None:
+        """Write evicted rows to their disk slots, giving new ids the next free ones (dropped when the disk is full)."""
+        slots = self._disk_slots(ids)
+        new = (slots < 0).nonzero().squeeze(1)
+        if new.numel():
+            room = self.capacity - self._on_disk
+            self._metrics["disk_full"] += max(new.numel() - room, 0)
+            new = new[:room]
+            fresh = torch.arange(self._on_disk, self._on_disk + new.numel())
+            self._disk_ids.index_copy_(0, fresh, ids[new])
+            self._disk_index.insert(ids[new], fresh)
+            self._on_disk += new.numel()
+            slots[new] = fresh
+        kept = slots >= 0
+        self.file.write(slots[kept], weights[kept], state[kept])
+        self._metrics["disk_writes"] += int(kept.sum())
+
+    def _bring_in(self, uniq: torch.Tensor) -> None:
+        """Cache the rows of ``uniq`` (distinct) that are on disk and not cached, keeping the batch's cached rows."""
+        cached = self.cache.contains(uniq)
+        missing = uniq[~cached]
+        if not missing.numel():
+            return
+        slots = self._disk_slots(missing)
+        on_disk = slots >= 0
+        if not bool(on_disk.any()):
+            return
+        weights, state = self.file.read(slots[on_disk])
+        self.cache.insert_rows(missing[on_disk], weights, state, keep=uniq[cached])
+        self._metrics["disk_reads"] += int(on_disk.sum())
+
+    # ------------------------------------------------------------------------------------------ the requests
+
+    @torch.no_grad()
+    def lookup(
+        self, ids: torch.Tensor, *, train: bool = True, distinct: bool = False, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """:meth:`.store.EmbeddingStore.lookup`, with rows on disk found as held rows."""
+        flat = as_ids(ids)
+        if train:
+            self._bring_in(flat if distinct else torch.unique(flat))
+            return self.cache.lookup(ids, train=True, distinct=distinct, dtype=dtype)
+        rows = self.cache.lookup(ids, train=False, distinct=distinct, dtype=dtype).reshape(flat.numel(), self.dim)
+        off_cache = (~self.cache.contains(flat)).nonzero().squeeze(1)
+        slots = self._disk_slots(flat[off_cache])
+        on_disk = slots >= 0
+        if bool(on_disk.any()):
+            weights, _ = self.file.read(slots[on_disk])
+            rows[off_cache[on_disk]] = weights.to(dtype)
+        return rows.reshape(*ids.shape, self.dim)
+
+    @torch.no_grad()
+    def read(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows as held (cached or on disk), other ids as their initial value; nothing changes."""
+        flat = as_ids(ids)
+        rows = self.cache.read(ids).reshape(flat.numel(), self.dim)
+        off_cache = (~self.cache.contains(flat)).nonzero().squeeze(1)
+        slots = self._disk_slots(flat[off_cache])
+        on_disk = slots >= 0
+        if bool(on_disk.any()):
+            rows[off_cache[on_disk]] = self.file.read(slots[on_disk])[0].float()
+        return rows.reshape(*ids.shape, self.dim)
+
+    @torch.no_grad()
+    def assign(self, ids: torch.Tensor, weights: torch.Tensor) -> int:
+        """Set the rows of the distinct ``ids`` (through the cache, as a training lookup brings them in)."""
+        flat = as_ids(ids)
+        self._bring_in(flat)
+        return self.cache.assign(flat, weights)
+
+    @torch.no_grad()
+    def update(self, ids: torch.Tensor, grads: torch.Tensor, *, distinct: bool = False) -> int:
+        """Apply the optimizer to the rows of ``ids``: cached ones in the cache, the others on disk."""
+        flat = as_ids(ids)
+        grads = grads.reshape(flat.numel(), self.dim).to(torch.float32)
+        if not distinct:
+            flat, inverse = torch.unique(flat, return_inverse=True)
+            grads = torch.zeros(flat.numel(), self.dim).index_add_(0, inverse, grads)
+        cached = self.cache.contains(flat)
+        done = self.cache.update(flat[cached], grads[cached], distinct=True)
+        rest = (~cached).nonzero().squeeze(1)
+        slots = self._disk_slots(flat[rest])
+        on_disk = slots >= 0
+        if bool(on_disk.any()):
+            slots, rest = slots[on_disk], rest[on_disk]
+            weights, state = self.file.read(slots)
+            new_w, new_state = self.optimizer.step(weights.float(), state, grads[rest])
+            if self.cache.clip is not None:
+                new_w.clamp_(-self.cache.clip, self.cache.clip)
+            self.file.write(slots, new_w, new_state)
+            self._metrics["disk_updates"] += slots.numel()
+            done += slots.numel()
+        return done
+
+    # -------------------------------------------------------------------------------------------- checkpoint
+
+    def _flush(self) -> None:
+        """Write every cached row to disk (the cache keeps them)."""
+        rows = self.cache.held_rows()
+        if rows["ids"].numel():
+            self._write_back(rows["ids"], rows["weights"], rows["state"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every row (the cache written back first): the :class:`.store.EmbeddingStore` format, so checkpoints,
+        their re-sharding and ``--resume`` are the ``ps`` tier's. The rows are read whole (in DDR while saved)."""
+        self._flush()
+        n = self._on_disk
+        weights, state = self.file.read(torch.arange(n))
+        return {"ids": self._disk_ids[:n].clone(), "weights": weights, "state": state, "step": self.cache.step}
+
+    def check_state_dict(self, state: dict[str, Any]) -> None:
+        ids = as_ids(state["ids"])
+        if ids.numel() > self.capacity:
+            raise ValueError(f"checkpoint has {ids.numel()} rows, the disk holds {self.capacity}")
+        empty = {**state, "ids": ids[:0], "weights": state["weights"][:0], "state": state["state"][:0]}
+        for key in ("last_access", "count"):
+            empty.pop(key, None)
+        self.cache.check_state_dict(empty)
+        if tuple(state["weights"].shape) != (ids.numel(), self.dim):
+            raise ValueError(f"weights shape {tuple(state['weights'].shape)} != ({ids.numel()}, {self.dim})")
+        if tuple(state["state"].shape) != (ids.numel(), self.state_width):
+            raise ValueError(
+                f"optimizer state shape {tuple(state['state'].shape)} != ({ids.numel()}, {self.state_width})"
+            )
+        if torch.unique(ids).numel() != ids.numel():
+            raise ValueError("checkpoint ids are not distinct")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace every row by ``state``'s: all to disk, the cache emptied."""
+        self.check_state_dict(state)
+        ids = as_ids(state["ids"])
+        n = ids.numel()
+        self.cache.load_state_dict(
+            {"ids": ids[:0], "weights": state["weights"][:0], "state": state["state"][:0], "step": state.get("step", 0)}
+        )
+        self._disk_ids[:n] = ids
+        self._on_disk = n
+        self._disk_index.rebuild(n)
+        self.file.write(torch.arange(n), state["weights"], state["state"])
+
+    def take_dirty(self, *, with_state: bool = False) -> dict[str, torch.Tensor]:
+        raise NotImplementedError(
+            "incremental dumps are not offered for tables on the ssd tier (a row leaving the DDR cache is not removed)"
+        )
+
+    def close(self) -> None:
+        """Remove the file of rows."""
+        self.file.close()
