@@ -15,6 +15,16 @@ from pathlib import Path
 from typing import Any
 
 HEADLINES = {
+    "ssd_tier": (
+        "ssd_tables",
+        "ssd_predicted_step_ms",
+        "ssd_step_ms",
+        "ssd_step_error",
+        "ddr_step_ms",
+        "ddr_step_error",
+        "ssd_over_ddr_step",
+        "ssd_disk_reads_per_step",
+    ),
     "netcluster": (
         "hosts",
         "trained",

@@ -227,7 +227,7 @@ def test_bottleneck_loads_split_the_bottleneck_among_the_tables(cost):
 def test_memory_vectors_by_kind(cost):
     mem = cost.memory_vector(hbm=np.array([1.0, 2.0]), ddr=3.0, ps=4.0, disk=6.0)
     got = (cost.hbm_of(mem).tolist(), cost.ddr_of(mem).tolist(), cost.ps_mem_of(mem).tolist())
-    assert (*got, cost.ps_disk_of(mem).tolist()) == ([1.0, 2.0], [3.0], [4.0], [6.0])
+    assert (*got, mem[cost.layout.ps_disk].tolist()) == ([1.0, 2.0], [3.0], [4.0], [6.0])
     shard = cost.shard_memory(np.array([1, 0]), np.array([10.0, 20.0]), 5.0)
     assert shard.tolist() == [[0.0, 10.0, 5.0, 0.0, 0.0], [20.0, 0.0, 5.0, 0.0, 0.0]]
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from persia_planner.model.specs import DType, Optimizer
 from persia_planner.modules.ps.optim import RowWiseAdagrad
 from persia_planner.modules.ps.row_file import BLOCK_BYTES, RowFile
 from persia_planner.modules.ps.ssd_store import SsdStore
 from persia_planner.modules.ps.store import EmbeddingStore
-from persia_planner.placement.memory import ssd_record_size
+from persia_planner.placement.memory import ps_server_capacity, ssd_bytes, ssd_record_size, ssd_server_cache_capacity
 
 DIM = 8
 
@@ -54,9 +55,10 @@ def test_rows_written_read_back_exactly_and_unwritten_rows_read_as_zeros(tmp_pat
     f.close()
 
 
-def test_a_small_cache_over_disk_trains_exactly_as_an_all_ddr_store(tmp_path):
+@pytest.mark.parametrize("disk_rows", [4000, 2100])  # 2,100: the log fills its file and compacts often
+def test_a_small_cache_over_disk_trains_exactly_as_an_all_ddr_store(tmp_path, disk_rows):
     ddr = _store(4000)
-    ssd = _ssd(tmp_path, cache_rows=300, disk_rows=4000)
+    ssd = _ssd(tmp_path, cache_rows=300, disk_rows=disk_rows)
     for i, ids in enumerate(_batches(40, 2000, 256)):
         assert torch.equal(ssd.lookup(ids), ddr.lookup(ids))
         grads = torch.randn(ids.numel(), DIM, generator=torch.Generator().manual_seed(i))
@@ -65,6 +67,7 @@ def test_a_small_cache_over_disk_trains_exactly_as_an_all_ddr_store(tmp_path):
         assert ssd.update(late, grads) == ddr.update(late, grads)
     m = ssd.metrics()
     assert m["disk_reads"] > 0 and m["disk_writes"] > 0 and m["disk_updates"] > 0 and m["disk_full"] == 0
+    assert m["compactions"] >= (4 if disk_rows < 4000 else 1)  # the log filled its file and was compacted
     assert m["cached_rows"] <= 300 and len(ssd) == len(ddr)
     every = torch.arange(2000)
     assert torch.equal(ssd.read(every), ddr.read(every))
@@ -95,3 +98,18 @@ def test_a_full_disk_drops_rows_and_counts_them(tmp_path):
     for ids in _batches(10, 1000, 100):
         ssd.lookup(ids)
     assert ssd.metrics()["disk_full"] > 0 and len(ssd) <= 60 + 50
+
+
+@pytest.mark.parametrize("dtype", [DType.FP32, DType.FP16])
+def test_the_planner_charges_the_file_and_the_ddr_a_server_of_a_planned_table_takes(tmp_path, dtype):
+    rows, fraction = 20_000, 0.05
+    torch_dtype = torch.float16 if dtype is DType.FP16 else torch.float32
+    cache = EmbeddingStore(
+        DIM, ssd_server_cache_capacity(rows, 1, fraction), RowWiseAdagrad(), init_seed=7, weight_dtype=torch_dtype
+    )
+    ssd = SsdStore(cache, tmp_path / "t.rows", ps_server_capacity(rows, 1))
+    for ids in _batches(30, rows, 2000):
+        ssd.lookup(ids)
+    ddr, disk = ssd_bytes(rows, DIM, Optimizer.ROWWISE_ADAGRAD, dtype, fraction)
+    assert (tmp_path / "t.rows").stat().st_size == disk
+    assert len(ssd) > cache.capacity and 0.9 * ddr <= ssd.resident_bytes() <= ddr

@@ -265,3 +265,43 @@ def test_nodes_form_errors(data, message):
     with pytest.raises(SpecError) as err:
         Topology.from_dict(data)
     assert str(err.value) == message
+
+
+def _with_ssd(ssd, host: int = 1) -> dict:
+    data = {**TOPO, "hosts": [dict(h) for h in TOPO["hosts"]]}
+    data["hosts"][host]["ssd"] = ssd
+    return data
+
+
+def test_a_servers_disk_takes_its_size_and_rates_or_the_profiles_or_nvmes(tmp_path):
+    import yaml
+    from test_profile import raw_profile
+
+    from persia_planner.topology.hardware import DEFAULT_SSD_READ_IOPS, DEFAULT_SSD_WRITE_IOPS, Disk
+
+    assert Topology.from_dict(_with_ssd("2TiB")).servers[0].ssd == Disk(2 * 2**40)
+    assert Disk(1).read_iops == DEFAULT_SSD_READ_IOPS and Disk(1).write_iops == DEFAULT_SSD_WRITE_IOPS
+    given = Topology.from_dict(_with_ssd({"size": "1TB", "read_iops": 1000, "write_iops": 500}))
+    assert given.servers[2].ssd == Disk(10**12, 1000, 500)
+    assert Topology.from_dict(TOPO).servers[0].ssd is None
+    disk = {"read_iops": 30_000, "write_iops": 20_000, "read_bytes_per_s": 1e9, "write_bytes_per_s": 5e8, "path": "/x"}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({**raw_profile(), "disk": disk}))
+    profiled = _with_ssd("1TiB")
+    profiled["hosts"][1]["profile"] = "p.yaml"
+    assert Topology.from_dict(profiled, base_dir=tmp_path).servers[0].ssd == Disk(2**40, 30_000, 20_000)
+    # a miss: its block read, and 1/64 of a block appended (64 rows a block), compacted once per as many appends
+    assert Disk(1, 1000, 500).ms_per_miss(64, 2) == pytest.approx(1e3 * (1 / 1000 + 1 / 64 / 500 + 1 / 64 * 0.003))
+
+
+@pytest.mark.parametrize(
+    ("ssd", "host", "message"),
+    [
+        ("1TiB", 0, "hosts[0].ssd: the ssd tier is a parameter server's disk; a trainer host has none"),
+        ({"size": "1TiB", "iops": 5}, 1, "hosts[1].ssd.iops: unknown key; fix: did you mean 'read_iops'?"),
+        ({"read_iops": 5}, 1, "hosts[1].ssd.size: required key is missing"),
+        ("-1GiB", 1, "hosts[1].ssd"),
+    ],
+)
+def test_a_bad_disk_is_one_line_naming_the_key(ssd, host, message):
+    with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Topology.from_dict(_with_ssd(ssd, host))

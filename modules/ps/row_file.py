@@ -193,8 +193,12 @@ class RowFile:
         self.io["blocks_read"] += n
         return self._split(out)
 
-    def write(self, slots: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> None:
-        """Write rows ``slots`` (distinct) from ``weights`` ``[k, dim]`` and ``state`` ``[k, state_width]``."""
+    def write(self, slots: torch.Tensor, weights: torch.Tensor, state: torch.Tensor, *, fresh: bool = False) -> None:
+        """Write rows ``slots`` (distinct) from ``weights`` ``[k, dim]`` and ``state`` ``[k, state_width]``.
+
+        ``fresh``: the blocks they fall in hold nothing else worth keeping (a log's new blocks), so they are written
+        whole without being read first.
+        """
         s = slots.numpy().astype(np.int64, copy=False)
         if not s.size:
             return
@@ -204,7 +208,7 @@ class RowFile:
         rows[:, self.weight_bytes : self.weight_bytes + 4 * self.state_width] = (
             state.to(torch.float32).contiguous().view(torch.uint8).numpy()
         )
-        whole = self.per_unit == 1
+        whole = fresh or self.per_unit == 1
         r, w = _write(
             self._fd, order, units, offsets, rows, self._scratch, self.unit_bytes, self.record, self._written, whole,
             self._max_run,

@@ -3,11 +3,15 @@ used ones cached in the server's DDR (an :class:`.store.EmbeddingStore` sized by
 
 A training lookup first brings the batch's rows that are on disk but not cached into the cache (one block read
 each), then runs the cache's own lookup: cached rows are hits, ids never seen are admitted and initialised as on the
-``ps`` tier. The cache makes room by its eviction policy, and every row it evicts is written back to its disk slot
-(a block read and write; a new id takes the next free slot). Updates go to the cached row, or, for a row evicted
-since its lookup (asynchronous training pushes gradients up to K steps later), to its row on disk, so no gradient
-is lost to the cache. The disk index (id -> disk slot, a :class:`.index.HashIndex` and the slots' ids) stays in
-DDR: 24 bytes a row at the planner's load factor, charged by ``persia_planner.placement.memory.ssd_bytes``.
+``ps`` tier. The cache makes room by its eviction policy, and the rows it evicts are written back as a log: appended
+together at the file's head in fresh blocks (one sequential write for a whole eviction, where writing each row in
+place would read and write a block per row), their old slots left as garbage. The file has room for
+:data:`persia_planner.placement.memory.SSD_LOG_SLACK` times the rows; when the head reaches its end the live rows are
+compacted to its start (sequential reads and writes, once per as many evictions as there are rows). Updates go to the
+cached row, or, for a row evicted since its lookup (asynchronous training pushes gradients up to K steps later), to
+its row on disk in place, so no gradient is lost to the cache. The disk index (id -> disk slot, a
+:class:`.index.HashIndex`, and each slot's id) stays in DDR, charged by
+``persia_planner.placement.memory.ssd_bytes``.
 
 Checkpoints hold every row: :meth:`SsdStore.state_dict` writes the cache back and reads the disk rows, so the
 checkpoint format, its re-sharding and ``--resume`` are the ``ps`` tier's. Incremental dumps for serving replicas
@@ -22,9 +26,13 @@ from typing import Any
 import torch
 
 from persia_planner.modules.ps.index import HashIndex, as_ids, table_empty
+from persia_planner.modules.ps.kernels import SLOT_BITS
 from persia_planner.modules.ps.row_file import RowFile
 from persia_planner.modules.ps.store import EmbeddingStore
-from persia_planner.placement.memory import PS_INDEX_LOAD_FACTOR
+from persia_planner.placement.memory import PS_INDEX_LOAD_FACTOR, ssd_file_slots, ssd_record_size
+
+SLOT_MASK = int(SLOT_BITS)
+_COMPACT_CHUNK_BYTES = 16 << 20  # rows moved at a time by a compaction
 
 __all__ = ["SsdStore"]
 
@@ -35,7 +43,7 @@ class SsdStore:
 
     Args:
         cache: The DDR cache (its capacity: the rows the plan caches on this server); its ``on_evict`` is taken.
-        path: The file of rows (created; removed by :meth:`close`).
+        path: The file of rows (created; removed by :meth:`close`), of ``memory.ssd_file_slots`` slots.
         disk_capacity: Rows the disk holds (at least the cache's capacity): caps the table's rows on this server.
         direct: Bypass the page cache (see :class:`.row_file.RowFile`).
     """
@@ -47,11 +55,14 @@ class SsdStore:
         cache.on_evict = self._write_back
         self.dim, self.state_width, self.capacity = cache.dim, cache.state_width, disk_capacity
         self.weight_dtype, self.optimizer = cache.weight_dtype, cache.optimizer
-        self.file = RowFile(path, disk_capacity, cache.dim, cache.weight_dtype, cache.state_width, direct=direct)
-        self._disk_ids = table_empty(disk_capacity, dtype=torch.int64)
+        record = ssd_record_size(cache.dim, cache.weight_dtype.itemsize, cache.state_width)
+        slots = int(ssd_file_slots(disk_capacity, record))
+        self.file = RowFile(path, slots, cache.dim, cache.weight_dtype, cache.state_width, direct=direct)
+        self._disk_ids = table_empty(slots, dtype=torch.int64)  # the id each file slot was last written for
         self._disk_index = HashIndex(disk_capacity, PS_INDEX_LOAD_FACTOR, self._disk_ids)
-        self._on_disk = 0
-        self._metrics = dict.fromkeys(("disk_reads", "disk_writes", "disk_updates", "disk_full"), 0)
+        self._on_disk = 0  # live rows: ids in the disk index
+        self._head = 0  # the log's next free slot
+        self._metrics = dict.fromkeys(("disk_reads", "disk_writes", "disk_updates", "disk_full", "compactions"), 0)
 
     # ----------------------------------------------------------------------------------------------- queries
 
@@ -75,8 +86,8 @@ class SsdStore:
         }  # fmt: skip
 
     def resident_bytes(self) -> int:
-        """DDR the table takes: the cache's and the disk index's."""
-        index = self._disk_index.buckets.numel() * 8 + self._on_disk * 8
+        """DDR the table takes: the cache's and the disk index's (the slots' ids as far as the log reached)."""
+        index = self._disk_index.buckets.numel() * 8 + max(self._head, self._on_disk) * 8
         return self.cache.resident_bytes() + index
 
     def dirty_rows(self) -> int:
@@ -89,21 +100,56 @@ class SsdStore:
         return slots
 
     def _write_back(self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> None:
-        """Write evicted rows to their disk slots, giving new ids the next free ones (dropped when the disk is full)."""
-        slots = self._disk_slots(ids)
-        new = (slots < 0).nonzero().squeeze(1)
-        if new.numel():
-            room = self.capacity - self._on_disk
-            self._metrics["disk_full"] += max(new.numel() - room, 0)
-            new = new[:room]
-            fresh = torch.arange(self._on_disk, self._on_disk + new.numel())
-            self._disk_ids.index_copy_(0, fresh, ids[new])
-            self._disk_index.insert(ids[new], fresh)
-            self._on_disk += new.numel()
-            slots[new] = fresh
-        kept = slots >= 0
-        self.file.write(slots[kept], weights[kept], state[kept])
-        self._metrics["disk_writes"] += int(kept.sum())
+        """Append evicted rows at the log's head in fresh blocks and point the index at them (new ids beyond the
+        disk's rows are dropped and counted)."""
+        _, buckets = self._disk_index.find(ids)
+        held = buckets >= 0
+        new = (~held).nonzero().squeeze(1)
+        room = self.capacity - self._on_disk
+        if new.numel() > room:
+            self._metrics["disk_full"] += new.numel() - room
+            keep = held.clone()
+            keep[new[:room]] = True
+            ids, weights, state, buckets, held = ids[keep], weights[keep], state[keep], buckets[keep], held[keep]
+        k = ids.numel()
+        if not k:
+            return
+        per_block = self.file.per_unit
+        start = -(-self._head // per_block) * per_block  # a fresh block: written whole, never read first
+        if start + k > self.file.capacity:
+            self._compact()
+            start = -(-self._head // per_block) * per_block
+        slots = torch.arange(start, start + k)
+        self.file.write(slots, weights, state, fresh=True)
+        self._disk_ids[start : start + k] = ids
+        self._disk_index.repoint(buckets[held], slots[held])
+        self._disk_index.insert(ids[~held], slots[~held])
+        self._on_disk += int((~held).sum())
+        self._head = start + k
+        self._metrics["disk_writes"] += k
+
+    def _live_slots(self) -> torch.Tensor:
+        """The file slots of the rows on disk, ascending."""
+        words = self._disk_index.buckets
+        return torch.sort(words[words >= 0] & SLOT_MASK).values
+
+    def _compact(self) -> None:
+        """Move the live rows to the file's start, in slot order, a chunk at a time: every row is read before the
+        blocks it moves into are written (its new slot is at most its old one), and a chunk's partial last block is
+        read and patched, so rows not yet moved stay intact."""
+        live = self._live_slots()
+        chunk = max(1, _COMPACT_CHUNK_BYTES // self.file.record)
+        for at in range(0, live.numel(), chunk):
+            old = live[at : at + chunk]
+            weights, state = self.file.read(old)
+            new = torch.arange(at, at + old.numel())
+            self.file.write(new, weights, state)
+            ids = self._disk_ids[old].clone()
+            _, buckets = self._disk_index.find(ids)
+            self._disk_index.repoint(buckets, new)
+            self._disk_ids[new] = ids
+        self._head = live.numel()
+        self._metrics["compactions"] += 1
 
     def _bring_in(self, uniq: torch.Tensor) -> None:
         """Cache the rows of ``uniq`` (distinct) that are on disk and not cached, keeping the batch's cached rows."""
@@ -194,9 +240,9 @@ class SsdStore:
         """Every row (the cache written back first): the :class:`.store.EmbeddingStore` format, so checkpoints,
         their re-sharding and ``--resume`` are the ``ps`` tier's. The rows are read whole (in DDR while saved)."""
         self._flush()
-        n = self._on_disk
-        weights, state = self.file.read(torch.arange(n))
-        return {"ids": self._disk_ids[:n].clone(), "weights": weights, "state": state, "step": self.cache.step}
+        slots = self._live_slots()
+        weights, state = self.file.read(slots)
+        return {"ids": self._disk_ids[slots].clone(), "weights": weights, "state": state, "step": self.cache.step}
 
     def check_state_dict(self, state: dict[str, Any]) -> None:
         ids = as_ids(state["ids"])
@@ -224,9 +270,9 @@ class SsdStore:
             {"ids": ids[:0], "weights": state["weights"][:0], "state": state["state"][:0], "step": state.get("step", 0)}
         )
         self._disk_ids[:n] = ids
-        self._on_disk = n
+        self._on_disk = self._head = n
         self._disk_index.rebuild(n)
-        self.file.write(torch.arange(n), state["weights"], state["state"])
+        self.file.write(torch.arange(n), state["weights"], state["state"], fresh=True)
 
     def take_dirty(self, *, with_state: bool = False) -> dict[str, torch.Tensor]:
         raise NotImplementedError(

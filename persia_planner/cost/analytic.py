@@ -21,9 +21,10 @@ from persia_planner.cost.all_to_all import DENSE_MAX_GPUS, A2APattern
 from persia_planner.cost.step_time import MS, StepModel
 from persia_planner.cost.terms import Cost, Estimate, Layout
 from persia_planner.kinds import Sharding
-from persia_planner.model.access_pattern import expected_unique, expected_unique_many, zipf_hit_rate
+from persia_planner.model.access_pattern import cache_misses, expected_unique, expected_unique_many, zipf_hit_rate
 from persia_planner.model.qcomms import FP32_COMMS, QComms
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
+from persia_planner.placement.memory import SSD_LOG_SLACK, ssd_rows_per_block
 from persia_planner.placement.shards import Shard, Storage, TablePlacement
 from persia_planner.tiers import Lookups, Memory, Tier
 from persia_planner.topology.graph import Topology
@@ -103,8 +104,7 @@ class CostModel:
         self.nic_bw = np.array([h.nic_bandwidth for h in hosts]) * c.nic_efficiency / MS
         self.ps_nic_bw = np.array([s.nic_bandwidth for s in servers]) * c.nic_efficiency / MS
         self.ps_ddr_bw = np.array([s.ddr_bandwidth for s in servers]) * c.ps_efficiency / MS
-        # Disk ms per row a server's ssd-tier cache misses (0 without a disk: validation refuses ssd shards there).
-        self.ssd_ms_per_miss = np.array([s.ssd.ms_per_miss() if s.ssd is not None else 0.0 for s in servers])
+        self.disks = [s.ssd for s in servers]
         self.switch_bw = topology.switch_bandwidth * c.nic_efficiency / MS
 
     def _set_step(self, n_g: np.ndarray) -> None:
@@ -398,23 +398,14 @@ class CostModel:
         rows = self.layout.n_gpus * self.unique_rows(table, self.local_batch)
         return self.moved_bytes(table, rows, table.dim, rows)
 
-    def ssd_misses(self, table: TableSpec, cache_fraction: float) -> float:
-        """Rows of ``table`` per step that the ``ssd`` tier's DDR caches miss, over all servers: the step's lookups
-        outside the cached share (:func:`.zipf_hit_rate`: the cache keeps the hottest rows), each a distinct row
-        (the cold rows seldom repeat within a step), at most the step's distinct rows."""
-        G = self.layout.n_gpus
-        lookups = G * self.local_batch * table.pooling_factor
-        hit = zipf_hit_rate(table.zipf_alpha, table.rows, cache_fraction)
-        return min(self.unique_rows(table, G * self.local_batch), lookups * (1.0 - hit))
-
     def ps_table_loads(
         self, table: TableSpec, shares: np.ndarray, tier: Tier = Tier.PS, cache_fraction: float = 0.0
     ) -> np.ndarray:
         """Load vector of a table hashed over the parameter servers, ``shares[p]`` of its ids on server p.
 
         Every GPU fetches the rows of its local batch and pushes their gradients (ids travel too). On the ``ssd``
-        tier each server also reads the rows its cache misses from disk and writes back the rows they evict
-        (:meth:`.Disk.ms_per_miss`), in the same request threads as its store's work.
+        tier a server also reads the rows its DDR cache misses from disk and logs the rows they evict
+        (:meth:`.Disk.ms_per_miss`), in the request threads of its store's work.
         """
         lay = self.layout
         loads = np.zeros(lay.size)
@@ -431,15 +422,13 @@ class CostModel:
         holding = shares > 0
         loads[lay.ps_nic] += np.where(holding, 2 * lay.n_gpus * self.constants.ps_request_ms, 0.0)
         loads[lay.emb] += 2 * float(holding.sum()) * self.constants.ps_client_ms
-        if tier.spec.rows_in is Memory.DISK:
-            loads[lay.ps_ddr] += self.ssd_misses(table, cache_fraction) * shares * self.ssd_ms_per_miss
+        if tier.spec.rows_in is Memory.DISK:  # a server without a disk holds no share (validation refuses it)
+            n, alpha, rows = G * self.local_batch, table.zipf_alpha, table.rows
+            misses = cache_misses(alpha, rows, n * table.pooling_factor, self.unique_rows(table, n), cache_fraction)
+            per_block = ssd_rows_per_block(table.dim, table.optimizer, self.dtype_of(table))
+            ms = [d.ms_per_miss(per_block, SSD_LOG_SLACK) if d is not None else 0.0 for d in self.disks]
+            loads[lay.ps_ddr] += misses * shares * np.array(ms)
         return loads
-
-    def server_index(self, name: str) -> int:
-        for i, server in enumerate(self.topology.servers):
-            if server.name == name:
-                return i
-        raise KeyError(name)
 
     def placement_loads(self, table: TableSpec, placement: TablePlacement) -> tuple[np.ndarray, np.ndarray]:
         """(load vector, memory vector) of a whole table placement (the sum over its shards)."""
@@ -473,7 +462,7 @@ class CostModel:
         if placement.sharding is Sharding.PS_HASH:
             shares = np.zeros(lay.n_servers)
             for s in shards:
-                p = self.server_index(s.device)
+                p = self.topology.server_index(s.device)
                 shares[p] += s.row_fraction(table) * s.n_cols / table.dim
                 mem[lay.ps_mem.start + p] += storage(s).ddr_bytes
                 mem[lay.ps_disk.start + p] += storage(s).disk_bytes
@@ -606,7 +595,3 @@ class CostModel:
     def ps_mem_of(self, mem: np.ndarray) -> np.ndarray:
         """The parameter servers' DDR slots of a memory vector, per server (a view)."""
         return mem[self.layout.ps_mem]
-
-    def ps_disk_of(self, mem: np.ndarray) -> np.ndarray:
-        """The parameter servers' disk slots of a memory vector, per server (a view)."""
-        return mem[self.layout.ps_disk]

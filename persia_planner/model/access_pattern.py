@@ -20,6 +20,7 @@ __all__ = [
     "MIN_CACHE_FRACTION",
     "cache_fraction_candidates",
     "cache_fraction_for_hit",
+    "cache_misses",
     "expected_unique",
     "expected_unique_many",
     "hit_rate_envelope",
@@ -55,6 +56,13 @@ def zipf_hit_rate(alpha: float, rows: int, fraction: float) -> float:
     if alpha <= 0:
         return k / rows
     return min(1.0, _harmonic(alpha, k) / _harmonic(alpha, rows))
+
+
+def cache_misses(alpha: float, rows: int, lookups: float, distinct: float, fraction: float) -> float:
+    """Rows a cache of the ``fraction`` hottest rows misses in a batch of ``lookups`` lookups of ``distinct`` rows:
+    the lookups outside the cache (:func:`zipf_hit_rate`), each a row of its own (cold rows seldom repeat within a
+    batch), at most the distinct rows."""
+    return min(distinct, lookups * (1.0 - zipf_hit_rate(alpha, rows, fraction)))
 
 
 def _harmonic(alpha: float, n: float) -> float:

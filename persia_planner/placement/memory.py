@@ -99,6 +99,7 @@ __all__ = [
     "PS_VALUE_BYTES",
     "SSD_BLOCK_BYTES",
     "SSD_INDEX_BYTES",
+    "SSD_LOG_SLACK",
     "fbgemm_bytes",
     "fbgemm_cache_slots",
     "largest_cache_fraction",
@@ -113,8 +114,10 @@ __all__ = [
     "ssd_bytes",
     "ssd_cache_rows",
     "ssd_file_bytes",
+    "ssd_file_slots",
     "ssd_record_bytes",
     "ssd_record_size",
+    "ssd_rows_per_block",
     "ssd_server_cache_capacity",
 ]
 
@@ -306,8 +309,12 @@ def ps_rows_error(table: TableSpec, n_servers: int, local_free: float) -> Capaci
 # ---- the ssd tier: a parameter server's disk behind its DDR ---------------------------------------------------------
 SSD_BLOCK_BYTES = 4096
 """The disk's unit of reading and writing (``modules/ps/row_file.BLOCK_BYTES``): a row is read as its block."""
-SSD_INDEX_BYTES = PS_BUCKET_BYTES / PS_INDEX_LOAD_FACTOR + 8
-"""DDR per row of disk capacity: the disk index's hash buckets and the id each disk slot holds (int64)."""
+SSD_LOG_SLACK = 2
+"""File slots per row of disk capacity: evicted rows are appended as a log, and the live rows compacted to the file's
+start when the log reaches its end (``modules/ps/ssd_store.SsdStore``): once per ``SSD_LOG_SLACK - 1`` times the rows
+appended."""
+SSD_INDEX_BYTES = PS_BUCKET_BYTES / PS_INDEX_LOAD_FACTOR + 8 * SSD_LOG_SLACK
+"""DDR per row of disk capacity: the disk index's hash buckets and the id of each file slot (int64)."""
 
 
 def ssd_record_bytes(dim: int, optimizer: Optimizer, dtype: DType = DType.FP32) -> int:
@@ -351,8 +358,23 @@ def ssd_bytes(
     """``(ddr, disk)`` bytes one server takes for ``rows`` rows of a table on the ``ssd`` tier
     (``modules/ps/ssd_store.SsdStore``): a store of :func:`ssd_cache_rows` rows as the cache, charged as
     :func:`ps_bytes`, and the disk index of the disk's capacity (:func:`ps_capacity` of the rows) in DDR; the file of
-    that capacity on disk. ``rows`` may be a numpy array."""
+    :data:`SSD_LOG_SLACK` times that capacity on disk. ``rows`` may be a numpy array."""
     capacity = ps_capacity(rows)
     cache = ps_bytes(ssd_cache_rows(rows, cache_fraction), dim, optimizer, dtype)
     ddr = np.where(np.asarray(rows) > 0, cache + capacity * SSD_INDEX_BYTES, 0.0)
-    return ddr, ssd_file_bytes(capacity, ssd_record_bytes(dim, optimizer, dtype))
+    record = ssd_record_bytes(dim, optimizer, dtype)
+    return ddr, ssd_file_bytes(ssd_file_slots(capacity, record), record)
+
+
+def ssd_file_slots(capacity: Any, record: int) -> Any:
+    """Slots of the file of a server's ``ssd`` table of ``capacity`` rows of ``record`` bytes: :data:`SSD_LOG_SLACK`
+    times the rows, in whole blocks, and one block more (each append starts a fresh block). May be an array."""
+    per_block = max(SSD_BLOCK_BYTES // record, 1)
+    return np.ceil(np.asarray(capacity, dtype=float) * SSD_LOG_SLACK / per_block) * per_block + per_block
+
+
+def ssd_rows_per_block(dim: int, optimizer: Optimizer, dtype: DType = DType.FP32) -> float:
+    """Rows of a table one disk block holds (below 1 where a row takes several blocks): what one appended block of
+    evicted rows writes back."""
+    record = ssd_record_bytes(dim, optimizer, dtype)
+    return float(SSD_BLOCK_BYTES // record) if record <= SSD_BLOCK_BYTES else 1 / -(-record // SSD_BLOCK_BYTES)

@@ -56,6 +56,7 @@ class Topology:
         self.switch_bandwidth: float = graph.nodes[SWITCH].get("bandwidth", math.inf) if SWITCH in graph else math.inf
         self._hosts = {h.name: h for h in hosts}
         self._gpu_index = {g.name: i for i, g in enumerate(self.gpus)}
+        self._server_index = {s.name: i for i, s in enumerate(self.servers)}
         if not self.gpus:
             raise ValueError("the topology has no trainer GPU")
         kinds = {g.kind for g in self.gpus}
@@ -70,6 +71,10 @@ class Topology:
 
     def gpu_index(self, name: str) -> int:
         return self._gpu_index[name]
+
+    def server_index(self, name: str) -> int:
+        """The index of parameter server ``name`` in :attr:`servers` (KeyError for another name)."""
+        return self._server_index[name]
 
     def has_device(self, name: str) -> bool:
         return name in self._gpu_index or name in self._hosts

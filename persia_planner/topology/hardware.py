@@ -75,10 +75,13 @@ class Disk:
     read_iops: float = DEFAULT_SSD_READ_IOPS
     write_iops: float = DEFAULT_SSD_WRITE_IOPS
 
-    def ms_per_miss(self) -> float:
-        """Disk time of a row the DDR cache misses: its block read, and the row it evicts written back (that
-        block read, patched and written)."""
-        return 1e3 * (2 / self.read_iops + 1 / self.write_iops)
+    def ms_per_miss(self, rows_per_block: float, log_slack: int) -> float:
+        """Disk time of a row the DDR cache misses: its block read, and the row it evicts appended to the log
+        (``1 / rows_per_block`` of a block written), with the log's compaction, which reads and writes every live
+        row once per ``log_slack - 1`` times the rows appended."""
+        blocks = 1 / rows_per_block
+        compaction = blocks / (log_slack - 1) * (1 / self.read_iops + 1 / self.write_iops)
+        return 1e3 * (1 / self.read_iops + blocks / self.write_iops + compaction)
 
 
 @dataclass(frozen=True)

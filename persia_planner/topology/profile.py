@@ -392,6 +392,9 @@ class HardwareProfile:
             rows.append(("PS request in a step (trainer)", f"{self.step_ps_client_ms:.2f} ms", ""))
         for name, scale in self.sharding_scale.items():
             rows.append((f"{name} in DMP (x its modelled exchange)", f"{scale:.2f}", ""))
+        if d := self.disk:  # the ssd tier's: 4 KiB blocks read / written at random, then sequential
+            mb = f"{d['read_bytes_per_s'] / 1e6:,.0f} / {d['write_bytes_per_s'] / 1e6:,.0f} MB/s"
+            rows.append(("disk (O_DIRECT)", f"{d['read_iops']:,.0f} / {d['write_iops']:,.0f} IOPS; {mb}", ""))
         return rows
 
     @classmethod
@@ -437,8 +440,7 @@ class HardwareProfile:
         store.finish()
         overhead, request, scales = _step_figures(top) if top.has("step") else (None, None, {})
         disk = {}
-        if top.has("disk"):
-            section = top.sub("disk")
+        if (section := top.sub("disk", default=None)) is not None:
             disk = {k: section.take_positive(k, Quantity.NUMBER) for k in DISK_FIGURES}
             section.take("path", default=None)
             section.finish()
@@ -468,8 +470,7 @@ class HardwareProfile:
         )
 
 
-DISK_FIGURES = ("read_iops", "write_iops", "read_bytes_per_s", "write_bytes_per_s")
-"""The figures of a profile's ``disk:`` section (:attr:`HardwareProfile.disk`)."""
+DISK_FIGURES = ("read_iops", "write_iops", "read_bytes_per_s", "write_bytes_per_s")  # HardwareProfile.disk
 
 
 def _embedding_fits(top: Fields) -> tuple[dict[str, EmbeddingFit], dict[str, EmbeddingFit]]:
