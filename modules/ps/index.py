@@ -4,9 +4,9 @@
 fingerprint of its id (linear probing, splitmix64 hash, about ``2 * capacity`` buckets = 16 B/row). A batch is
 resolved in one compiled pass that probes the buckets alone and, a few ids behind, confirms each match against the
 slot's id and records a training lookup's accesses (:func:`.kernels.find`): the fingerprint in the bucket spares the
-probe a second random read that would depend on the first. Inserts claim buckets in rounds of tensor ops with
-``scatter_reduce(amax)`` (a deterministic winner); evictions leave tombstones that a vectorised rebuild clears. Ids are
-exact 64-bit values: no collisions. The bucket word and the empty marker are the compiled probe's
+probe a second random read that would depend on the first. Inserts claim buckets in one compiled pass too, in batch
+order (:func:`.kernels.insert`); evictions leave tombstones that a vectorised rebuild clears. Ids are exact 64-bit
+values: no collisions. The bucket word and the empty marker are the compiled probe's
 (:data:`.kernels.EMPTY`, :data:`.kernels.SLOT_BITS`).
 """
 
@@ -20,7 +20,7 @@ import torch
 
 from persia_planner.modules.hashing import MASK63, mix64_tensor
 from persia_planner.modules.ps import kernels
-from persia_planner.modules.ps.kernels import EMPTY, SLOT_BITS, SLOT_WIDTH
+from persia_planner.modules.ps.kernels import EMPTY, SLOT_BITS
 
 __all__ = ["HUGE_PAGES_MIN_BYTES", "TOMBSTONE", "HashIndex", "as_ids", "hash_ids", "table_empty"]
 
@@ -96,22 +96,9 @@ class HashIndex:
         return kernels.find(self.buckets, self.slot_ids, ids, touch=touch)
 
     def insert(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
-        """Insert distinct ids known to be absent, pointing at ``slots``."""
-        hashed = hash_ids(ids)
-        pos = hashed % self.n_buckets
-        words = (hashed >> SLOT_WIDTH << SLOT_WIDTH) | slots.to(torch.int64)  # hash >= 0: the shift is logical
-        while words.numel():
-            b = self.buckets.index_select(0, pos)
-            free = b < 0
-            cand_pos, cand_word = pos[free], words[free]
-            # Several ids may claim the same bucket: the largest word wins, deterministically; the rest probe on.
-            self.buckets.scatter_reduce_(0, cand_pos, cand_word, reduce="amax", include_self=False)
-            won = torch.zeros_like(free)
-            won[free] = self.buckets[cand_pos] == cand_word
-            self.tombstones -= int((b[won] == TOMBSTONE).sum())
-            lose = ~won
-            pos, words = pos[lose] + 1, words[lose]
-            pos[pos == self.n_buckets] = 0
+        """Insert distinct ids known to be absent, pointing at ``slots`` (one compiled pass, :func:`.kernels.insert`:
+        each id takes the first bucket from its home on that holds no id, reusing tombstones)."""
+        self.tombstones -= kernels.insert(self.buckets, ids, slots)
 
     def slots_at(self, buckets: torch.Tensor) -> torch.Tensor:
         """The slots that occupied ``buckets`` point to (int64)."""

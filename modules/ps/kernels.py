@@ -53,6 +53,7 @@ __all__ = [
     "dedup",
     "find",
     "gather_rows",
+    "insert",
     "take_rows",
     "take_rows_half",
 ]
@@ -214,6 +215,35 @@ def find(
         last, count, step, counts, mode,
     )  # fmt: skip
     return slots, where
+
+
+@numba.njit(cache=True, nogil=True)
+def _insert(buckets, ids, slots):  # pragma: no cover - compiled
+    # Each id claims the first bucket from its home on that holds no id (empty, or a tombstone); returns the
+    # tombstones reused.
+    n_buckets = buckets.shape[0]
+    reused = 0
+    for i in range(ids.shape[0]):
+        h = _splitmix63(ids[i])
+        p = h % n_buckets
+        while buckets[p] >= 0:
+            p += 1
+            if p == n_buckets:
+                p = 0
+        if buckets[p] != EMPTY:
+            reused += 1
+        buckets[p] = ((h >> SLOT_WIDTH) << SLOT_WIDTH) | slots[i]
+    return reused
+
+
+def insert(buckets: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor) -> int:
+    """Point the distinct ``ids``, none held, at ``slots`` in an open-addressing index (:func:`find`'s layout), in one
+    compiled pass; returns the tombstones their buckets reused. Where rounds of tensor ops claim buckets, a store's
+    cache under churn (the ``ssd`` tier's: hundreds of inserts a request into a few thousand buckets) spent more time
+    in their per-round overheads than in everything else it does."""
+    if ids.numel():
+        return int(_insert(buckets.numpy(), ids.contiguous().numpy(), slots.to(torch.int64).contiguous().numpy()))
+    return 0
 
 
 @numba.njit(cache=True, nogil=True)
