@@ -165,6 +165,15 @@ class SsdStore:
         self.cache.insert_rows(missing[on_disk], weights, state, keep=uniq[cached])
         self._metrics["disk_reads"] += int(on_disk.sum())
 
+    def _with_disk_rows(self, flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (the cache's answer for ``flat``), with the rows of ids that are on disk and not cached read in."""
+        off_cache = (~self.cache.contains(flat)).nonzero().squeeze(1)
+        slots = self._disk_slots(flat[off_cache])
+        on_disk = slots >= 0
+        if bool(on_disk.any()):
+            rows[off_cache[on_disk]] = self.file.read(slots[on_disk])[0].to(rows.dtype)
+        return rows
+
     # ------------------------------------------------------------------------------------------ the requests
 
     @torch.no_grad()
@@ -176,26 +185,15 @@ class SsdStore:
         if train:
             self._bring_in(flat if distinct else torch.unique(flat))
             return self.cache.lookup(ids, train=True, distinct=distinct, dtype=dtype)
-        rows = self.cache.lookup(ids, train=False, distinct=distinct, dtype=dtype).reshape(flat.numel(), self.dim)
-        off_cache = (~self.cache.contains(flat)).nonzero().squeeze(1)
-        slots = self._disk_slots(flat[off_cache])
-        on_disk = slots >= 0
-        if bool(on_disk.any()):
-            weights, _ = self.file.read(slots[on_disk])
-            rows[off_cache[on_disk]] = weights.to(dtype)
-        return rows.reshape(*ids.shape, self.dim)
+        rows = self.cache.lookup(ids, train=False, distinct=distinct, dtype=dtype)
+        return self._with_disk_rows(flat, rows.reshape(flat.numel(), self.dim)).reshape(*ids.shape, self.dim)
 
     @torch.no_grad()
     def read(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows as held (cached or on disk), other ids as their initial value; nothing changes."""
         flat = as_ids(ids)
         rows = self.cache.read(ids).reshape(flat.numel(), self.dim)
-        off_cache = (~self.cache.contains(flat)).nonzero().squeeze(1)
-        slots = self._disk_slots(flat[off_cache])
-        on_disk = slots >= 0
-        if bool(on_disk.any()):
-            rows[off_cache[on_disk]] = self.file.read(slots[on_disk])[0].float()
-        return rows.reshape(*ids.shape, self.dim)
+        return self._with_disk_rows(flat, rows).reshape(*ids.shape, self.dim)
 
     @torch.no_grad()
     def assign(self, ids: torch.Tensor, weights: torch.Tensor) -> int:
@@ -245,21 +243,10 @@ class SsdStore:
         return {"ids": self._disk_ids[slots].clone(), "weights": weights, "state": state, "step": self.cache.step}
 
     def check_state_dict(self, state: dict[str, Any]) -> None:
-        ids = as_ids(state["ids"])
-        if ids.numel() > self.capacity:
-            raise ValueError(f"checkpoint has {ids.numel()} rows, the disk holds {self.capacity}")
-        empty = {**state, "ids": ids[:0], "weights": state["weights"][:0], "state": state["state"][:0]}
-        for key in ("last_access", "count"):
-            empty.pop(key, None)
-        self.cache.check_state_dict(empty)
-        if tuple(state["weights"].shape) != (ids.numel(), self.dim):
-            raise ValueError(f"weights shape {tuple(state['weights'].shape)} != ({ids.numel()}, {self.dim})")
-        if tuple(state["state"].shape) != (ids.numel(), self.state_width):
-            raise ValueError(
-                f"optimizer state shape {tuple(state['state'].shape)} != ({ids.numel()}, {self.state_width})"
-            )
-        if torch.unique(ids).numel() != ids.numel():
-            raise ValueError("checkpoint ids are not distinct")
+        n = as_ids(state["ids"]).numel()
+        if n > self.capacity:
+            raise ValueError(f"checkpoint has {n} rows, the disk holds {self.capacity}")
+        self.cache.check_state_dict(state, rows_held=self.capacity)  # shapes, dtypes, distinct ids
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace every row by ``state``'s: all to disk, the cache emptied."""

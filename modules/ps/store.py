@@ -502,12 +502,13 @@ class EmbeddingStore:
         # ... and a replica may start from them, so evictions from here on are logged for the next dump.
         self._evicted.restart()
 
-    def check_state_dict(self, state: dict[str, Any]) -> None:
+    def check_state_dict(self, state: dict[str, Any], *, rows_held: int | None = None) -> None:
         """Raise ``ValueError`` if :meth:`load_state_dict` would refuse ``state`` (more rows than the capacity, another
-        dim or optimizer state width, repeated ids); changes nothing."""
+        dim or optimizer state width, repeated ids); changes nothing. ``rows_held``: the rows a store built on this one
+        holds in its place (a disk tier's), instead of the capacity."""
         ids = as_ids(state["ids"])
         n = ids.numel()
-        if n > self.capacity:
+        if n > (self.capacity if rows_held is None else rows_held):
             raise ValueError(f"checkpoint has {n} rows, capacity is {self.capacity}")
         if tuple(state["weights"].shape) != (n, self.dim):
             raise ValueError(f"weights shape {tuple(state['weights'].shape)} != ({n}, {self.dim})")

@@ -350,7 +350,7 @@ class State:
     def ps_disk(self, table: TableSpec, tier: Tier, cache_fraction: float) -> np.ndarray:
         """Disk bytes each server takes for the table on ``tier`` (0 off the ``ssd`` tier)."""
         rows = self.ps_rows(table)
-        return disk_bytes(table, tier, rows, table.dim, self.cost.dtype_of(table), cache_fraction) + 0 * rows
+        return disk_bytes(table, tier, rows, table.dim, self.cost.dtype_of(table), cache_fraction)
 
     @property
     def servers_have_disks(self) -> bool:
