@@ -94,7 +94,7 @@ def bench_process(tables: int, repeats: int) -> dict[str, Any]:
         files = [Path(tmp, "model.yaml"), Path(tmp, "topology.yaml"), Path(tmp, "plan.json")]
         files[0].write_text(yaml.safe_dump(model_dict(model), sort_keys=False))
         files[1].write_text(yaml.safe_dump(cluster, sort_keys=False))
-        args = [*command, "plan", str(files[0]), str(files[1]), "--out", str(files[2])]
+        args = [*command, "plan", str(files[0]), str(files[1]), "--out", str(files[2]), "--overwrite"]
         for _ in range(repeats):
             started = time.perf_counter()
             done = subprocess.run(args, capture_output=True, text=True)

@@ -16,6 +16,7 @@ __all__ = [
     "PlannerError",
     "SpecError",
     "abbreviate",
+    "clip",
     "first_line",
     "one_line",
     "printable",

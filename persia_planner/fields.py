@@ -428,6 +428,18 @@ class Fields:
             raise self.error(key, f"must be > 0, got {abbreviate(self.data[key])}")
         return value
 
+    def take_in_range(
+        self, key: str, kind: Quantity, low: float, high: float, default: Any = _MISSING, fixes: tuple[str, ...] = ()
+    ) -> Any:
+        """``take`` a value in ``[low, high]``: a floor as well as a ceiling, for a rate the cost model divides by (a
+        rate of ``1e-300`` would give a 300-digit step time)."""
+        value = self.take(key, kind, default, maximum=float("inf"))
+        if value is not default and not low <= value <= high:
+            shown = f"{format_bytes(low)}, {format_bytes(high)}" if kind is Quantity.SIZE else f"{low:g}, {high:g}"
+            shown += _CEILING_UNITS.get(kind, "") if kind is not Quantity.SIZE else ""
+            raise self.error(key, f"must be in [{shown}], got {abbreviate(self.data[key], 40)}", fixes=fixes)
+        return value
+
     def take_list(
         self, key: str, default: Any = _MISSING, max_items: int | None = None
     ) -> Iterator[tuple[int, Fields]]:

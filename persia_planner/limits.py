@@ -1,5 +1,5 @@
 """Ceilings on what input files may ask for: the one home of every maximum a count or size in model.yaml,
-topology.yaml and plan.json is checked against (formats.md lists them).
+topology.yaml and plan.json is checked against (formats.md lists them), and of the floors of the disk rates.
 
 A value over its ceiling is refused when the file is read, with the ceiling and the fix in the message: no such value
 is a plausible cluster or model, and letting it through gives a 300-digit step time, an int64 overflow inside the
@@ -21,6 +21,7 @@ __all__ = [
     "MAX_DENSE_FLOPS_PER_SAMPLE",
     "MAX_DENSE_PARAMETERS",
     "MAX_DIM",
+    "MAX_DISK_IOPS",
     "MAX_GPUS_PER_HOST",
     "MAX_HOST_COUNT",
     "MAX_INPUT_BYTES",
@@ -41,6 +42,9 @@ __all__ = [
     "MAX_TUNING_CANDIDATES",
     "MAX_TUNING_ROUNDS",
     "MAX_ZIPF_ALPHA",
+    "MIN_DISK_BYTES",
+    "MIN_DISK_BYTES_PER_S",
+    "MIN_DISK_IOPS",
 ]
 
 # ---- every input file ---------------------------------------------------------------------------------------------
@@ -138,3 +142,16 @@ MAX_TFLOPS = 1e6
 
 MAX_LATENCY_S = 10.0
 """One-way latency of a link or of the network, in seconds."""
+
+MIN_DISK_BYTES = 2**20
+"""Size of a parameter server's ``ssd:`` disk, at least (1 MiB): a few blocks of rows; a smaller number is a unit
+mistake (``ssd: 2`` for 2 TiB)."""
+
+MIN_DISK_IOPS = 1.0
+"""4 KiB blocks a disk reads or writes a second, at least: a ``read_iops`` near zero would price a miss at eons."""
+
+MAX_DISK_IOPS = 1e9
+"""4 KiB blocks a disk reads or writes a second, at most (4 TB/s, far past any device)."""
+
+MIN_DISK_BYTES_PER_S = 4096.0
+"""A disk's sequential rate in a hardware profile, at least (one block a second)."""

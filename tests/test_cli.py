@@ -329,8 +329,10 @@ def test_plan_png_draws_the_placement(tmp_path, example):
     assert result.stderr == f"wrote {out}\nwrote {png}\n"
     bad = run("plan", MODEL, TOPOLOGY, "--png", tmp_path / "missing" / "plan.png")
     assert bad.exit_code == 2
-    (line,) = bad.stderr.strip().splitlines()
-    assert line.startswith("error: cannot write the picture to") and "fix: choose a writable path" in line
+    assert bad.stderr == (
+        f"error: --png {tmp_path / 'missing' / 'plan.png'}: the folder {tmp_path / 'missing'} does not exist; "
+        "fix: create it first\n"
+    )
 
 
 # ---- bad inputs: one line on stderr, exit 2, no traceback -----------------------------------------------------------
@@ -659,6 +661,22 @@ BAD_INPUTS = [
         "topology_tflops_huge.yaml: hosts[0].gpus.tflops: must be <= 1e+06, got 1e+300; fix: use at most 1e+06",
     ),
     (
+        _topology("topology_ssd_read_iops_tiny.yaml"),
+        "topology_ssd_read_iops_tiny.yaml: hosts[1].ssd.read_iops: must be in [1, 1e+09], got '1e-300'; "
+        "fix: give the 4 KiB blocks the disk reads a second at random (persia calibrate measures them)",
+    ),
+    (
+        _topology("topology_ssd_size_tiny.yaml"),
+        "topology_ssd_size_tiny.yaml: hosts[1].ssd: must be in [1.0 MiB, 1024.0 PiB], got 2; "
+        "fix: give the disk's size, e.g. ssd: 2TiB",
+    ),
+    (
+        _plan_model("model_constraint_ssd_only.yaml"),
+        "table 'user': no placement keeps its constraints (tiers [ssd]): the ssd tier keeps a table's rows on every "
+        "parameter server's disk, and no parameter server of topology '2x4-l4-2ps' has an ssd: disk; "
+        "fix: add 'ssd: SIZE' (e.g. ssd: 2TiB) to the topology's parameter-server hosts or allow tier ps",
+    ),
+    (
         _topology("topology_too_many_devices.yaml"),
         "topology_too_many_devices.yaml: hosts[0].count: the topology would have 102,500,000 hosts and devices and "
         "52,480,100,000 links, over the 200,000 and 2,000,000 a topology may have; "
@@ -726,8 +744,8 @@ BAD_INPUTS = [
     ),
     (
         ("plan", "--out", BAD / "no_such_dir" / "plan.json"),
-        f"cannot write the plan to '{BAD / 'no_such_dir' / 'plan.json'}' (No such file or directory); "
-        "fix: choose a writable path",
+        f"--out {BAD / 'no_such_dir' / 'plan.json'}: the folder {BAD / 'no_such_dir'} does not exist; "
+        "fix: create it first",
     ),
 ]
 
@@ -878,10 +896,10 @@ def test_huge_yaml_nesting_is_one_line(tmp_path):
 def test_plan_out_writes_through_a_symlink(tmp_path):
     target = tmp_path / "plans" / "plan.json"
     target.parent.mkdir()
-    target.write_text("old")
+    assert run("plan", "--out", target).exit_code == 0
     link = tmp_path / "plan.json"
     link.symlink_to(target)
-    result = run("plan", "--json", "--out", link)
+    result = run("plan", "--json", "--out", link, "--seed", 1, "--overwrite")
     assert result.exit_code == 0, result.output
     assert link.is_symlink() and link.resolve() == target.resolve()
     assert json.loads(target.read_text()) == json.loads(result.stdout)
@@ -896,8 +914,8 @@ def test_plan_out_refuses_a_path_that_is_not_a_regular_file(tmp_path):
     os.mkfifo(fifo)
     link = tmp_path / "out.json"
     link.symlink_to(fifo)
-    for out in (fifo, link, tmp_path):
-        result = _persia("plan", "--out", out, timeout=60)
+    for out, problem in ((fifo, "is not a regular file"), (link, "is not a regular file"), (tmp_path, "is a folder")):
+        result = _persia("plan", "--out", out, "--overwrite", timeout=60)
         assert result.returncode == 2, result.stderr
-        _one_error_line(result.stderr, "not a regular file")
+        _one_error_line(result.stderr, f"--out {out} {problem}")
     assert fifo.is_fifo() and link.is_symlink()  # neither replaced by the rename

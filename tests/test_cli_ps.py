@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import random
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -219,12 +223,40 @@ def test_a_trainer_names_a_lost_server_instead_of_waiting_for_it(how, when, mess
             "error: PERSIA_RPC_TRANSPORTS='uv,tcp': unknown TensorPipe transport(s) ['tcp']; fix: use a "
             "comma-separated list of uv, shm, ibv (default: uv)\n",
         ),
+        (
+            ["--rank", "0", "--world-size", "2"],
+            {"MASTER_ADDR": "127.0.0.1:29500", "MASTER_PORT": "29500"},
+            "error: MASTER_ADDR='127.0.0.1:29500' for the parameter-server RPC group: it holds ':' but is no IPv6 "
+            "address; fix: export MASTER_ADDR=<host name or IP address of rank 0> (127.0.0.1 on one machine), its "
+            "port in MASTER_PORT\n",
+        ),
+        (
+            ["--rank", "0", "--world-size", "2"],
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "65536"},
+            "error: MASTER_PORT must be a port number in 1..65535 for the parameter-server RPC group (got "
+            "MASTER_PORT='65536'); fix: export MASTER_PORT=<free port>, e.g. 29500\n",
+        ),
     ],
 )
 def test_persia_ps_bad_input(args, env, message):
     result = CliRunner().invoke(app, ["ps", *args], env=env)
     assert result.exit_code == 2
     assert result.stderr == message
+
+
+def test_persia_ps_names_an_address_that_does_not_resolve_at_once():
+    """Before, rank 1 retried the name for --rpc-timeout; now one line before torch is imported (the resolver's
+    reason in the middle depends on the machine's resolver)."""
+    env = {"MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": "29500"}
+    result = CliRunner().invoke(app, ["ps", "--rank", "1", "--world-size", "2"], env=env)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "error: MASTER_ADDR='no-such-host.invalid' for the parameter-server RPC group does not resolve ("
+    )
+    assert result.stderr.endswith(
+        "); fix: export MASTER_ADDR=<host name or IP address of rank 0>, e.g. 127.0.0.1 on one machine\n"
+    )
+    assert result.stderr.count("\n") == 1
 
 
 @pytest.mark.processes
@@ -241,3 +273,66 @@ def test_persia_ps_gives_up_on_an_incomplete_group_within_the_rpc_timeout(rank):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert f"ps{rank} (rank {rank} of 2) could not join the RPC group at 127.0.0.1:{port} within 3 s" in lines[0]
+
+
+GROUP_FIX = (
+    "fix: start rank 0 (the first parameter server) and every other rank with the same MASTER_ADDR/MASTER_PORT or on "
+    "several machines under torchrun, give the head node's torchrun --local-addr <its address>: its agent otherwise "
+    "hands out its host name, which may resolve to loopback elsewhere or raise --rpc-timeout if the ranks start far "
+    "apart"
+)
+
+# What rank 0 (waiting for the others) and rank 1 (refused) say when the group does not come together.
+WHY_NOT_JOINED = {
+    0: "1 of its 2 ranks joined",
+    1: "nothing accepts connections there ([Errno 111] Connection refused); is rank 0 running?",
+}
+
+
+def _binds_port_1(addr: str) -> bool:
+    """Whether this process may listen on port 1 (root, or CAP_NET_BIND_SERVICE)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((addr, 1))
+        except PermissionError:
+            return False
+    return True
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["rank 0 may bind it", "rank 0 may not bind it", "rank 1"])
+def test_persia_ps_with_master_port_1_is_one_line_within_the_rpc_timeout(case):
+    """MASTER_PORT=1, a privileged port nobody listens on, with a complete-looking environment. Rank 0 binds it as
+    root and waits for the others (one line after --rpc-timeout), or may not bind it (one line at once, saying why);
+    rank 1 is refused until --rpc-timeout. Rank 0 listens on a loopback address of its own (127.0.0.0/8), so that no
+    other test's rank 1 could ever join it."""
+    rank = 1 if case == "rank 1" else 0
+    addr = "127.0.0.1" if rank else f"127.{random.randrange(1, 255)}.{random.randrange(256)}.{random.randrange(1, 255)}"
+    prefix: list[str] = []
+    if case == "rank 0 may bind it" and not _binds_port_1(addr):
+        pytest.skip("this user may not listen on a port below 1024")
+    if case == "rank 0 may not bind it" and _binds_port_1(addr):
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to run without CAP_NET_BIND_SERVICE")
+        prefix = ["setpriv", "--bounding-set", "-net_bind_service", "--inh-caps", "-net_bind_service"]
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHELASTIC_USE_AGENT_STORE", "TP_SOCKET_IFNAME")}
+    env |= {"MASTER_ADDR": addr, "MASTER_PORT": "1", "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    args = [*prefix, str(PERSIA), "ps", "--rank", str(rank), "--world-size", "2", "--rpc-timeout", "3"]
+    started = time.monotonic()
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=100)
+    seconds = time.monotonic() - started
+    if case == "rank 0 may not bind it":
+        expected = (
+            f"error: cannot listen on {addr}:1 for the rendezvous store: Permission denied; fix: MASTER_ADDR must be "
+            "an address of the host that runs rank 0 (127.0.0.1 on one machine) or choose a MASTER_PORT above 1023 "
+            "(ports below 1024 need root)\n"
+        )
+    else:
+        cause = WHY_NOT_JOINED[rank]
+        expected = f"error: ps{rank} (rank {rank} of 2) could not join the RPC group at {addr}:1 within 3 s: {cause}; "
+        expected += f"{GROUP_FIX}\n"
+        assert seconds >= 3
+    assert (done.returncode, done.stderr) == (2, expected)
+    assert seconds < 90

@@ -5,24 +5,29 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
 from processes import cli_in_fresh_interpreter
+from typer.testing import CliRunner
 
 from persia_planner import ModelSpec, Optimizer, load_model
+from persia_planner.cli import app
 from persia_planner.errors import PlannerError, SpecError
+from persia_planner.modules.data.criteo_format import FEATURE_NAMES
 from persia_planner.modules.train.config import (
-    FEATURE_NAMES,
     DenseOptimizer,
     TrainConfig,
     TrainMode,
+    sparse_optimizer_of,
+)
+from persia_planner.modules.train.run_inputs import (
     check_before_start,
     check_id_space,
     describe_hyper_parameters,
     hyper_parameters,
     id_universe,
-    sparse_optimizer_of,
 )
 from persia_planner.modules.wire_dtypes import WireDtype
 
@@ -85,6 +90,12 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"ps_capacity": "unbounded", "data": "criteo:/x"}, "--ps-capacity unbounded needs --data synthetic"),
         ({"data": "criteo:"}, "--data must be 'synthetic', 'criteo:PATH', 'parquet:PATH' or 'csv:PATH', got 'criteo:'"),
         ({"data_workers": -1}, "--data-workers must be in [0, 64], got -1"),
+        ({"on_bad_row": "drop", "data": "csv:/x.csv"}, "--on-bad-row must be one of fail, skip, impute, got 'drop'"),
+        (
+            {"on_bad_row": "skip", "data": "criteo:/x"},
+            "--on-bad-row says what to do with bad rows of Parquet or CSV files, not of --data criteo:/x; "
+            "fix: drop --on-bad-row or pass --data parquet:PATH or csv:PATH",
+        ),
     ],
 )
 def test_bad_options_are_one_line_errors_naming_the_option(options, message):
@@ -168,11 +179,23 @@ def test_the_log_dir_is_checked_before_any_process_starts(tmp_path, monkeypatch)
     assert logs.is_dir() and not any(logs.iterdir())
     (logs / "trainer0.log").write_text("a process log alone is no earlier run's metrics\n")
     check_before_start(TrainConfig(log_dir=str(logs)), spec, with_ps=False)
-    (logs / "metrics.jsonl").write_text('{"step": 1}\n')
+    (logs / "summary.json").write_text("mine")  # a file of the user's that the run would replace
+    for overwrite in (False, True):
+        with pytest.raises(PlannerError, match=f"^--log-dir {logs} holds summary.json, which persia train did not wr"):
+            check_before_start(TrainConfig(log_dir=str(logs), overwrite=overwrite), spec, with_ps=False)
+    (logs / "metrics.jsonl").write_text('{"a": 1}\n')
+    with pytest.raises(PlannerError, match=f"^--log-dir {logs} holds summary.json, which persia train did not wr"):
+        check_before_start(TrainConfig(log_dir=str(logs), overwrite=True), spec, with_ps=False)
+    (logs / "summary.json").unlink()
+    with pytest.raises(PlannerError, match=f"^--log-dir {logs} holds metrics.jsonl, which persia train did not wr"):
+        check_before_start(TrainConfig(log_dir=str(logs), overwrite=True), spec, with_ps=False)
+    # A run of an earlier version left no marker: its steps say whose the folder is.
+    (logs / "summary.json").write_text("{}")
+    (logs / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n')
     with pytest.raises(PlannerError, match=f"^--log-dir {logs} holds the metrics of an earlier run"):
         check_before_start(TrainConfig(log_dir=str(logs)), spec, with_ps=False)
     check_before_start(TrainConfig(log_dir=str(logs), overwrite=True), spec, with_ps=False)
-    assert (logs / "metrics.jsonl").read_text() == '{"step": 1}\n'  # checks write nothing into it
+    assert (logs / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.7}\n'  # checks write nothing into it
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
     with pytest.raises(
@@ -261,3 +284,96 @@ def test_steps_default_to_400_on_synthetic_data_and_to_the_epochs_on_files():
     files = TrainConfig(data="csv:/x.csv")
     assert files.steps is None and files.passes == 1 and files.held_out_share == 0.05
     assert TrainConfig(data="csv:/x.csv", eval_data="csv:/y.csv").held_out_share == 0.0
+
+
+CLICKS = """
+name: clicks
+batch_size: 8
+tables:
+  - {name: user_id, rows: 1000, dim: 8}
+data:
+  label: clicked
+  dense: [price]
+  sparse: {user_id: user}
+"""
+
+
+def _clicks_csv(path: Path, rows: int = 64) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("clicked,price,user\n" + "".join(f"{i % 2},{i},u{i}\n" for i in range(rows)))
+    return path
+
+
+EVAL_FIX = (
+    "validating on training rows; fix: pass --eval-data files that are not training files or drop --eval-data: "
+    "--eval-split holds rows of --data out"
+)
+
+
+def test_eval_data_that_is_also_training_data_is_refused_before_any_process_starts(tmp_path):
+    (tmp_path / "model.yaml").write_text(CLICKS)
+    spec = load_model(tmp_path / "model.yaml")
+    d = _clicks_csv(tmp_path / "data" / "d.csv")
+    other = _clicks_csv(tmp_path / "data" / "e.csv")
+    (tmp_path / "link.csv").symlink_to(d)
+    os.link(d, tmp_path / "hard.csv")
+    folder = tmp_path / "data"
+    cases = [
+        (f"csv:{d}", f"csv:{d}", f"({d})"),  # the same file
+        (f"csv:{d}", f"csv:{tmp_path / 'link.csv'}", f"({tmp_path / 'link.csv'} is {d})"),  # a symbolic link to it
+        (f"csv:{d}", f"csv:{tmp_path / 'hard.csv'}", f"({tmp_path / 'hard.csv'} is {d})"),  # a hard link
+        (f"csv:{d}", f"csv:{folder}", f"({d})"),  # a folder holding it
+        (f"csv:{folder}", f"csv:{other}", f"({other})"),  # a file of the training folder
+    ]
+    for data, eval_data, shown in cases:
+        with pytest.raises(PlannerError) as err:
+            check_before_start(TrainConfig(data=data, eval_data=eval_data, trainers=1), spec, with_ps=False)
+        assert str(err.value) == f"--eval-data {eval_data} is also in --data {data} {shown}: {EVAL_FIX}"
+    run = CliRunner().invoke(
+        app,
+        ["train", "--model", str(tmp_path / "model.yaml"), "--data", f"csv:{d}", "--eval-data", f"csv:{d}"],
+        prog_name="persia",
+    )
+    assert (
+        run.exit_code == 2 and run.stderr == f"error: --eval-data csv:{d} is also in --data csv:{d} ({d}): {EVAL_FIX}\n"
+    )
+    # Apart: accepted.
+    cfg = TrainConfig(data=f"csv:{d}", eval_data=f"csv:{other}", trainers=1)
+    assert check_before_start(cfg, spec, with_ps=False).data_rows == 64
+
+
+def test_persia_train_refuses_a_schema_with_a_std_out_of_range_in_one_line(tmp_path):
+    (tmp_path / "model.yaml").write_text(CLICKS)
+    schema = tmp_path / "s.yaml"
+    schema.write_text(
+        "label: clicked\ndense: [{column: price, standardize: true, mean: 0, std: 1e-300}]\nsparse: {user_id: user}\n"
+    )
+    d = _clicks_csv(tmp_path / "d.csv")
+    args = ["train", "--model", str(tmp_path / "model.yaml"), "--data", f"csv:{d}", "--schema", str(schema)]
+    run = CliRunner().invoke(app, args, prog_name="persia")
+    assert run.exit_code == 2 and run.stderr == (
+        "error: s.yaml: dense[0].std: must be in [1.2e-38, 3.4e+38] (a positive float32: standardize divides by it), "
+        "got '1e-300'; fix: leave mean and std out for a first pass to measure them\n"
+    )
+
+
+def test_criteo_data_for_a_model_of_columns_says_where_its_columns_come_from(tmp_path):
+    """No --schema given: the line names the model's data:, and the fix is the data, not --schema nor the tables."""
+    (tmp_path / "model.yaml").write_text(CLICKS)
+    d = _clicks_csv(tmp_path / "d.csv")
+    run = CliRunner().invoke(
+        app, ["train", "--model", str(tmp_path / "model.yaml"), "--data", f"criteo:{d}"], prog_name="persia"
+    )
+    assert run.exit_code == 2 and run.stderr == (
+        f"error: --data criteo:{d}: model clicks maps Parquet or CSV columns (data: of model.yaml), not Criteo's "
+        "c1..c26 (its table 'user_id' is none of them); fix: pass --data parquet:PATH or csv:PATH, files with those "
+        "columns\n"
+    )
+
+
+def test_persia_train_refuses_an_unknown_on_bad_row_in_one_line(tmp_path):
+    (tmp_path / "model.yaml").write_text(CLICKS)
+    d = _clicks_csv(tmp_path / "d.csv")
+    args = ["train", "--model", str(tmp_path / "model.yaml"), "--data", f"csv:{d}", "--on-bad-row", "drop"]
+    run = CliRunner().invoke(app, args, prog_name="persia")
+    assert run.exit_code == 2 and run.stderr == "error: --on-bad-row must be one of fail, skip, impute, got 'drop'\n"

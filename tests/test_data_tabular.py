@@ -18,12 +18,14 @@ import torch
 from processes import cli_in_fresh_interpreter
 
 from persia_planner.errors import PlannerError, SpecError
-from persia_planner.model.data_schema import DataSchema, SparseColumn, load_data_schema
+from persia_planner.model.data_schema import BadRowPolicy, DataSchema, DenseTransform, SparseColumn, load_data_schema
 from persia_planner.model.specs import ModelSpec, TableSpec, load_model
 from persia_planner.modules.data import Batch, CriteoReader, TabularReader, as_batch, hash_ids
+from persia_planner.modules.data.blocks import BAD_ROW_FIXES, BadRowCount
 from persia_planner.modules.data.shards import Shard, assign
 from persia_planner.modules.train.batch_stream import Epochs, file_reader, held_out_batches, training_batches
-from persia_planner.modules.train.config import TrainConfig, check_before_start
+from persia_planner.modules.train.config import TrainConfig
+from persia_planner.modules.train.run_inputs import check_before_start
 
 ROOT = Path(__file__).resolve().parents[1]
 MASK = 2**64 - 1
@@ -114,6 +116,76 @@ def test_ids_hash_to_stable_int64_whatever_their_encoding():
     assert hash_ids(pa.array(["a"])).dtype == np.int64
 
 
+def _mix(x: int) -> int:
+    """splitmix64's finaliser, written out on Python ints."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def ref_row_key(label: float, dense: list[float], bags: list[list[int]]) -> int:
+    """A row's content hash written out: the salt, then each float32's bits and each bag's sum of mixed ids plus its
+    length, mixed in one after another."""
+    bits = [int(np.float32(x).view(np.uint32)) for x in (label, *dense)]
+    h = 0x5EED0FA11C0FFEE
+    for b in bits:
+        h = _mix(h ^ b)
+    for bag in bags:
+        h = _mix(h ^ ((sum(_mix(i & MASK) for i in bag) + len(bag)) & MASK))
+    return h
+
+
+_PINNED_ROWS = [  # label, dense, and two features' bags: ids across the whole int64 range
+    (0, [0.5, -2.0], [[-1], [3]]),
+    (1, [1e30, 0.0], [[2**62, -(2**63)], [4]]),
+    (1, [3.0, 3.0], [[], [5]]),
+    (0, [0.0, 0.0], [[7, 8, 9], [6]]),
+    (1, [-1.5, 7.25], [[2**63 - 1], []]),
+    (0, [2.0, 1.0], [[5], [7]]),
+    (0, [0.0, -0.0], [[42, 43], [8]]),
+    (1, [9.0, 9.0], [[0], [9]]),
+]
+
+
+def _pinned_block():
+    from persia_planner.modules.data.blocks import TabularBlock
+
+    bags = [[row[2][f] for row in _PINNED_ROWS] for f in range(2)]
+    return TabularBlock(
+        np.array([row[0] for row in _PINNED_ROWS], np.float32),
+        np.array([row[1] for row in _PINNED_ROWS], np.float32),
+        tuple(np.array([len(b) for b in feature], np.int32) for feature in bags),
+        tuple(np.array([i for b in feature for i in b], np.int64) for feature in bags),
+    )
+
+
+def test_the_held_out_row_hash_is_exact_in_uint64_and_pinned():
+    """No float anywhere (numpy once joined a Python 0 and the uint64 sums as float64, with a warning, losing bits):
+    the keys are the written-out hash's, and the held-out rows these."""
+    import warnings
+
+    from persia_planner.modules.data.split import RowSplit
+
+    block = _pinned_block()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keys = block.row_keys()
+    assert keys.dtype == np.uint64
+    assert [int(k) for k in keys] == [ref_row_key(*row) for row in _PINNED_ROWS]
+    assert [hex(int(k)) for k in keys] == [
+        "0xd89ac397431d0912", "0x1d9b915f4c7a20b4", "0x3eb46bb304e5b0e3", "0x75794d8262e09ed0",
+        "0xcb93667075cca775", "0xe113871e648331ab", "0x55da5d1f4736b55", "0xf65a6a162c0bdbfc",
+    ]  # fmt: skip
+    assert np.flatnonzero(RowSplit(0.5, held_out=True).mask(keys)).tolist() == [1, 2, 3, 6]
+    assert np.flatnonzero(RowSplit(0.05, held_out=True).mask(keys)).tolist() == [6]
+    # A bag's ids in another order, the same row.
+    assert block.take(np.array([3])).row_keys()[0] == keys[3]
+    shuffled = dataclasses.replace(block, values=(block.values[0][[0, 1, 2, 5, 4, 3, 6, 7, 8, 9, 10]], block.values[1]))
+    assert (shuffled.row_keys() == keys).all()
+
+
 # ---- the reader's values -----------------------------------------------------------------------------------------
 
 
@@ -167,18 +239,155 @@ def test_gzip_csv_files_of_a_directory_are_read_whole_in_name_order(tmp_path):
     assert got == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
 
 
-def test_a_schema_for_other_data_is_refused():
-    schema = DataSchema("y", (), (SparseColumn("u", "u", "u"),))
-    with pytest.raises(PlannerError, match=r"--schema maps the columns of Parquet or CSV files, not --data synthetic"):
-        TrainConfig(schema=schema)
+def test_a_schema_for_other_data_is_refused_naming_where_it_came_from():
+    given = DataSchema("y", (), (SparseColumn("u", "u", "u"),), source="s.yaml", from_file=True)
+    with pytest.raises(PlannerError) as err:
+        TrainConfig(schema=given)
+    assert str(err.value) == (
+        "--schema s.yaml maps the columns of Parquet or CSV files, not --data synthetic; "
+        "fix: drop --schema or pass --data parquet:PATH or csv:PATH"
+    )
+    # A model's data: (persia predict hands a checkpoint's to TrainConfig): no --schema was given to drop.
+    model = DataSchema("y", (), (SparseColumn("u", "u", "u"),), source="ck/step-000000010/model.yaml")
+    with pytest.raises(PlannerError) as err:
+        TrainConfig(schema=model, data="criteo:/d/day_0.tsv")
+    assert str(err.value) == (
+        "--data criteo:/d/day_0.tsv: the model's columns (data: of ck/step-000000010/model.yaml) are those of "
+        "Parquet or CSV files, which this data is not; fix: pass --data parquet:PATH or csv:PATH, files with those "
+        "columns"
+    )
 
 
-def test_a_bad_label_names_the_file_and_column(tmp_path):
+def test_a_bad_label_names_the_file_row_and_column(tmp_path):
     path = tmp_path / "c.csv"
-    path.write_text("clicked,user\n1,a\n2,b\n")
+    path.write_text("clicked,user\n1,a\n\n2,b\n")  # an empty line is no row
     schema = DataSchema("clicked", (), (SparseColumn("u", "user", "u"),))
-    with pytest.raises(SpecError, match=r"c\.csv \(bytes from \d+\): clicked: label 2: labels are 0 or 1"):
+    with pytest.raises(SpecError) as err:
         list(TabularReader(path, schema, fmt="csv", batch_size=8))
+    assert str(err.value) == (
+        f"csv:{path} row 3, column 'clicked': label 2: labels are 0 or 1; fix: make the label column hold 0 and 1"
+    )
+
+
+# ---- bad rows ------------------------------------------------------------------------------------------------------
+NAN, INF = float("nan"), float("inf")
+FIX = "; fix: " + " or ".join(BAD_ROW_FIXES)
+
+
+def _bad_rows() -> pa.Table:
+    """Eight rows, five bad: a NaN, no label, a -inf (which b's clip would hide), a NaN label, an inf."""
+    return pa.table(
+        {
+            "y": pa.array([1, 0, None, 1, NAN, 0, 1, 0], pa.float64()),
+            "a": [1.0, NAN, 2.0, 3.0, 4.0, INF, None, 5.0],  # None: a missing value, which reads as 0
+            "b": [10.0, 20.0, 30.0, -INF, 50.0, 60.0, 70.0, 80.0],
+            "u": list("pqrstvwx"),
+        }
+    )
+
+
+def _bad_rows_schema(policy: str, **fills: float) -> DataSchema:
+    transforms = {"a": DenseTransform(fill=fills.get("a")), "b": DenseTransform(clip=(0.0, 100.0), fill=fills.get("b"))}
+    schema = DataSchema("y", ("a", "b"), (SparseColumn("u", "u", "u"),), transforms=transforms)
+    return dataclasses.replace(schema, on_bad_row=BadRowPolicy(policy))
+
+
+def test_fail_names_the_first_bad_row_of_a_parquet_file(tmp_path):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.concat_tables([_clicks_like(20), _bad_rows()]), path, row_group_size=12)
+    with pytest.raises(SpecError) as err:
+        list(TabularReader(path, _bad_rows_schema("fail"), fmt="parquet", batch_size=5))
+    assert str(err.value) == f"parquet:{path} row 22, column 'a': NaN{FIX}"
+
+
+def _clicks_like(n: int) -> pa.Table:
+    return pa.table(
+        {"y": pa.array([i % 2 for i in range(n)], pa.float64()), "a": [float(i) for i in range(n)],
+         "b": [1.0] * n, "u": [f"g{i}" for i in range(n)]}
+    )  # fmt: skip
+
+
+def test_skip_leaves_the_bad_rows_out_and_counts_them():
+    from persia_planner.modules.data.blocks import to_block
+
+    block = to_block(_bad_rows(), _bad_rows_schema("skip"))
+    assert block.labels.tolist() == [1.0, 1.0, 0.0] and block.dense.tolist() == [[1, 10], [0, 70], [5, 80]]
+    assert block.values[0].tolist() == hash_ids(pa.array(list("pwx"))).tolist()
+    assert (block.skipped, block.imputed) == (5, 0)
+
+
+def test_impute_reads_a_bad_value_as_the_columns_mean_and_leaves_rows_without_a_label_out():
+    from persia_planner.modules.data.blocks import to_block
+
+    block = to_block(_bad_rows(), _bad_rows_schema("impute", a=2.5, b=200.0))
+    assert block.labels.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]  # rows 2 and 4 have no label
+    # The fill before the transforms: b's 200 clipped to 100, as its other values are.
+    assert block.dense.tolist() == [[1, 10], [2.5, 20], [3, 100], [2.5, 60], [0, 70], [5, 80]]
+    assert (block.skipped, block.imputed) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("table", "line"),
+    [
+        (_bad_rows().slice(2), "row 1, column 'y': no label"),
+        (_bad_rows().slice(3), "row 1, column 'b': -inf"),  # the clip would make it 0: found as read
+        (_bad_rows().slice(4), "row 1, column 'y': label NaN"),
+        (_bad_rows().slice(5), "row 1, column 'a': inf"),
+        (
+            pa.table({"y": [1.0], "a": [1e39], "b": [1.0], "u": ["p"]}),  # a float64 that float32 cannot hold
+            "row 1, column 'a': 1e+39 is beyond float32's range",
+        ),
+    ],
+)
+def test_fail_names_each_kind_of_bad_row(tmp_path, table, line):
+    path = tmp_path / "d.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(SpecError) as err:
+        list(TabularReader(path, _bad_rows_schema("fail"), fmt="parquet", batch_size=4))
+    assert str(err.value) == f"parquet:{path} {line}{FIX}"
+
+
+def test_a_csv_nan_is_a_bad_value_and_an_empty_cell_a_missing_one(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("y,a,b,u\n1,,1,nan\n0,2,3,p\n\n1,3,NaN,q\n0,1e39,2,r\n")
+    schema = _bad_rows_schema("skip")
+    counts = BadRowCount()
+    (batch,) = TabularReader(path, schema, fmt="csv", batch_size=8, counts=counts)
+    assert batch.dense.tolist() == [[0, 1], [2, 3]] and (counts.skipped, counts.imputed) == (2, 0)
+    assert _bags(batch, "u") == [[], [ref_string("p")]]  # an id spelled nan stays missing
+    with pytest.raises(SpecError) as err:
+        list(TabularReader(path, _bad_rows_schema("fail"), fmt="csv", batch_size=8))
+    assert str(err.value) == f"csv:{path} row 4, column 'b': NaN{FIX}"  # line 5: the empty line 4 counts
+
+
+def test_a_value_beyond_float32_after_its_transforms_is_bad(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("y,a,u\n1,1e-30,p\n0,1e10,q\n")
+    tiny = DenseTransform(standardize=True, mean=0.0, std=1.2e-38)
+    schema = DataSchema("y", ("a",), (SparseColumn("u", "u", "u"),), transforms={"a": tiny})
+    with pytest.raises(SpecError) as err:
+        list(TabularReader(path, schema, fmt="csv", batch_size=8))
+    assert str(err.value) == (
+        f"csv:{path} row 2, column 'a': 1e+10 is beyond float32's range after standardize (mean 0, std 1.2e-38){FIX}"
+    )
+
+
+def test_the_readers_counts_reach_the_reading_process_once_however_the_rows_are_cut(tmp_path):
+    """A split, a shuffle and batches of 3: every read row's count arrives, even where the last rows read were all
+    bad (no row left to carry it)."""
+    from persia_planner.modules.data.shards import DataPass
+    from persia_planner.modules.data.split import RowSplit
+
+    path = tmp_path / "d.parquet"
+    table = pa.concat_tables([_clicks_like(30), _bad_rows(), _clicks_like(7), _bad_rows().slice(1, 1)])
+    pq.write_table(table, path, row_group_size=9)
+    for reading in (None, DataPass(epoch=1, shuffle_rows=4, split=RowSplit(0.3, held_out=False))):
+        counts = BadRowCount()
+        reader = TabularReader(
+            path, _bad_rows_schema("skip"), fmt="parquet", batch_size=3, reading=reading, counts=counts
+        )
+        rows = sum(b.size for b in reader)
+        assert counts.skipped == 6 and (rows == 40 or reading is not None)
 
 
 # ---- sharding ----------------------------------------------------------------------------------------------------
@@ -234,7 +443,10 @@ def test_epochs_read_every_training_row_once_each_in_its_own_order_and_resume_wh
     cfg = TrainConfig(data=f"parquet:{data}", epochs=3, eval_split=0.2, shuffle_buffer=24, eval_batches=100, trainers=1)
     epochs = Epochs()
     full = _prices(training_batches(spec, cfg, 8, epochs=epochs))
-    held = sorted(x for b in _prices(held_out_batches(spec, cfg, 8)) for x in b)
+    held = sorted(
+        x for b in _prices(file_reader(spec, cfg, 8, reading=_held_out_pass(0.2), drop_last=False)) for x in b
+    )
+    assert set(held) >= {x for b in _prices(held_out_batches(spec, cfg, 8)) for x in b}
     every = [i * 0.5 for i in range(200)]
     trained = sorted(set(every) - set(held))
     # About a fifth held out (a hash of each row's content), none of it ever in a training batch.
@@ -273,7 +485,7 @@ def test_the_held_out_rows_are_the_same_whatever_the_seed_trainers_and_copies(tm
         )
 
     first = held(one, 0, 1)
-    assert 5 <= len(first) <= 25
+    assert 15 <= len(first) <= 45  # about 30 of the 100 rows
     assert held(one, 7, 2) == first
     assert held(twice, 0, 2) == sorted(first + first)  # every copy of a held-out row is held out
 
@@ -553,10 +765,31 @@ def test_persia_train_on_csv_with_a_schema_file(tmp_path):
     assert result["steps"] == 3 and result["eval_samples"] == 2 * 32 and np.isfinite(result["loss"])
 
 
+@pytest.mark.processes
+@pytest.mark.timeout(600)
+def test_persia_train_with_on_bad_row_skip_trains_and_counts_the_rows_it_left_out(tmp_path):
+    """NaN in 2% of a dense column: --on-bad-row skip trains on the rest (a finite loss, an AUC), and the summary
+    counts the bad rows each pass read (both trainers' shards hold all 12; the evaluation reads the same file)."""
+    (tmp_path / "model.yaml").write_text(MODEL_YAML.split("data:")[0])
+    (tmp_path / "schema.yaml").write_text(
+        "label: clicked\ndense: [age, {column: price, standardize: true}]\n"
+        "sparse: {user_id: user, item_ids: user, country: country}\n"
+    )
+    rows = "".join(f"{i % 2},{i % 50},{'NaN' if i % 50 == 7 else i % 13},u{i % 97},{i % 9}\n" for i in range(600))
+    (tmp_path / "clicks.csv").write_text("clicked,age,price,user,country\n" + rows)
+    args = ["--model", str(tmp_path / "model.yaml"), "--data", f"csv:{tmp_path / 'clicks.csv'}", "--json"]
+    args += ["--schema", str(tmp_path / "schema.yaml"), "--steps", "3", "--batch-size", "32", "--eval-batches", "1"]
+    result = _train_json([*args, "--eval-split", "0.2", "--on-bad-row", "skip"])
+    assert result["steps"] == 3 and np.isfinite(result["loss"]) and np.isfinite(result["auc"])
+    assert result["bad_rows"] == {
+        "on_bad_row": "skip", "skipped": {"train": 12, "eval": 12}, "imputed": {"train": 0, "eval": 0}
+    }  # fmt: skip
+
+
 def test_the_dense_inputs_follow_the_data_unless_model_yaml_writes_them(tmp_path):
     """An arch without num_dense reads the run's dense columns (--schema may bring others than model.yaml's data:);
     a written num_dense must match them; a schema without dense columns gives one constant input (sparse-only)."""
-    from persia_planner.modules.train.config import dense_arch, hyper_parameters
+    from persia_planner.modules.train.run_inputs import dense_arch, hyper_parameters
 
     data = _write_parquet(tmp_path / "pq", files=1, groups=2, rows=40)
     arch = "dense: {arch: dcn, bottom: [8], over: [8, 1]}\n"
@@ -663,7 +896,7 @@ def test_a_sparse_only_csv_log_keeps_its_validation_rows_out_of_every_epoch(tmp_
     spec = _model(tmp_path, SPARSE_ONLY_YAML)
     _sparse_only_csv(tmp_path / "clicks.csv", 600)
     cfg = TrainConfig(data=f"csv:{tmp_path / 'clicks.csv'}", epochs=3, eval_split=0.2, eval_batches=100, trainers=1)
-    from persia_planner.modules.train.config import dense_arch
+    from persia_planner.modules.train.run_inputs import dense_arch
 
     assert dense_arch(spec, cfg).num_dense == 1  # the one constant input
 
@@ -720,7 +953,7 @@ def test_a_resumed_epoch_of_a_sparse_only_csv_log_equals_the_uninterrupted_one(t
 
 def test_declared_transforms_apply_alike_in_training_and_evaluation(tmp_path):
     from persia_planner.modules.train.batch_stream import with_data_statistics
-    from persia_planner.modules.train.config import hyper_parameters
+    from persia_planner.modules.train.run_inputs import hyper_parameters
 
     text = MODEL_YAML.replace(
         "dense: [age, price]", "dense: [age, {column: price, clip: [0, 30], log1p: true, standardize: true}]"
@@ -733,7 +966,8 @@ def test_declared_transforms_apply_alike_in_training_and_evaluation(tmp_path):
     assert price.mean == pytest.approx(np.log1p(np.clip(raw, 0, 30)).mean(), rel=0.05)  # the training rows' mean
     trained = np.concatenate([b.dense[:, 1].numpy() for b in training_batches(spec, cfg, 8)])
     held = np.concatenate([b.dense[:, 1].numpy() for b in held_out_batches(spec, cfg, 8)])
-    assert abs(trained.mean()) < 0.1 and abs(trained.std() - 1) < 0.1
+    assert abs(trained.mean()) < 0.15 and abs(trained.std() - 1) < 0.15  # the first pass saw the training side
+    # as read; the batches are those rows transformed, hashed to a side anew (a few cross), the last partial dropped
     # Both sides are the same function of the raw prices (the data has each price once).
     expected = price.apply(raw.astype(np.float32))
     assert np.isin(np.round(np.concatenate([trained, held]), 4), np.round(expected, 4)).all()

@@ -11,7 +11,9 @@ fuzz = load("fuzz")
 EXAMPLES = 25
 
 
-@pytest.mark.parametrize("name", list(fuzz.TARGETS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.processes) if n in fuzz.STARTS_PROCESSES else n for n in fuzz.TARGETS]
+)
 def test_every_mutated_input_is_accepted_or_refused_in_one_line(name):
     result = fuzz.fuzz(name, EXAMPLES, seed=1)
     assert result["examples"] >= EXAMPLES // 2  # hypothesis may stop early on a small input space

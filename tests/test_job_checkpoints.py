@@ -100,14 +100,18 @@ def test_a_checkpoint_being_written_is_invisible_and_pruned_later(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000002", "step-000000006"]
 
 
-def test_prune_keeps_the_newest_of_this_lineage_only(tmp_path):
+def test_prune_touches_only_this_runs_checkpoints_unless_it_replaces_the_others(tmp_path):
     old = new_lineage()
     for step in (2, 4, 6, 8):
         checkpoint(tmp_path, step, old, with_ps=False)
-    # --overwrite: a new run from scratch; its first checkpoint replaces the old run's of the same step.
     run = new_lineage()
+    newest = checkpoint(tmp_path, 10, run, with_ps=False)
+    prune(tmp_path, newest, keep=2)  # another lineage's checkpoints are not this run's to prune
+    assert [p.name for p in complete_checkpoints(tmp_path)] == [f"step-{step:09d}" for step in (10, 8, 6, 4, 2)]
+    # --overwrite: a new run from scratch; its first checkpoint replaces the old run's of the same step, and its
+    # prune the old run's others.
     newest = checkpoint(tmp_path, 4, run, with_ps=False)
-    prune(tmp_path, newest, keep=2)
+    prune(tmp_path, newest, keep=2, replacing=True)
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-000000004"]
     # A resume that fell back to step 4 abandons what came after it in its own lineage too.
     for step in (6, 8):
@@ -119,6 +123,47 @@ def test_prune_keeps_the_newest_of_this_lineage_only(tmp_path):
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-000000007", "step-000000006"]
     with pytest.raises(ValueError, match="keep must be >= 1"):
         prune(tmp_path, newest, keep=0)
+
+
+def test_a_file_someone_put_into_a_checkpoint_survives_its_removal(tmp_path):
+    run = new_lineage()
+    first = checkpoint(tmp_path, 2, run)
+    (first.path / "notes.txt").write_text("mine")
+    (first.path / "ps" / "extra.bin").write_bytes(b"\x01")
+    for step in (4, 6):
+        newest = checkpoint(tmp_path, step, run)
+    assert prune(tmp_path, newest, keep=2) == []  # step 2 could not go whole: it holds files that are not its own
+    # What is left of it no longer has a checkpoint's name: nothing mistakes it for a damaged checkpoint.
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-000000006", "step-000000004"]
+    (rest,) = tmp_path.glob(".step-000000002.old-*")
+    assert sorted(p.relative_to(rest).as_posix() for p in rest.rglob("*")) == ["notes.txt", "ps", "ps/extra.bin"]
+    assert (rest / "notes.txt").read_text() == "mine"
+    # A checkpoint replaced by one of the same step (a resume that went back) keeps them too.
+    (newest.path / "mine.txt").write_text("x")
+    replaced = checkpoint(tmp_path, 6, run)
+    assert replaced.path == newest.path and not (replaced.path / "mine.txt").exists()
+    (kept,) = tmp_path.glob(".step-000000006.old-*")
+    assert [p.name for p in kept.iterdir()] == ["mine.txt"]
+    prune(tmp_path, replaced, keep=2)
+    assert kept.exists() and (kept / "mine.txt").read_text() == "x" and rest.exists()
+
+
+def test_a_manifest_never_leads_the_removal_out_of_its_checkpoint(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "precious.csv").write_text("a")
+    (mine / "data.csv").write_text("b")
+    root = tmp_path / "ck"
+    ckpt = checkpoint(root, 2, "a", with_ps=False)
+    (ckpt.path / "sub").symlink_to(mine)
+    manifest = json.loads((ckpt.path / MANIFEST).read_text())
+    for name in (str(mine / "precious.csv"), "sub/data.csv", "../../mine/data.csv"):
+        manifest["files"][name] = {"bytes": 1, "sha256": "0" * 64}
+    (ckpt.path / MANIFEST).write_text(json.dumps(manifest))
+    newest = checkpoint(root, 4, "a", with_ps=False)
+    prune(root, newest, keep=1)
+    assert sorted(p.name for p in mine.iterdir()) == ["data.csv", "precious.csv"]
+    assert [p.name for p in complete_checkpoints(root)] == ["step-000000004"]
 
 
 def test_no_checkpoint_or_one_of_an_earlier_version_is_one_line(tmp_path):

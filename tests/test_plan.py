@@ -143,6 +143,13 @@ def test_validate_finds_capacity_and_device_errors(the_plan):
     wrong = TablePlacement(small.sharding, tuple(dataclasses.replace(s, device="ps0") for s in small.shards))
     problems = validate(_replace_table(the_plan, name, wrong), MODEL, TOPO)
     assert any("'ps0' is not a GPU" in p for p in problems)
+    nowhere = TablePlacement(small.sharding, tuple(dataclasses.replace(s, device="nosuch") for s in small.shards))
+    problems = validate(_replace_table(the_plan, name, nowhere), MODEL, TOPO)
+    assert any(
+        "'nosuch' is not a device of topology 't' (its GPUs: trainer0/gpu0, trainer0/gpu1, trainer1/gpu0, "
+        "trainer1/gpu1)" in p
+        for p in problems
+    ), problems
     bad_bytes = TablePlacement(small.sharding, tuple(dataclasses.replace(s, bytes=s.bytes + 1) for s in small.shards))
     assert any("bytes" in p for p in validate(_replace_table(the_plan, name, bad_bytes), MODEL, TOPO))
 

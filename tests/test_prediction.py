@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
+from typer.testing import CliRunner
+
+from persia_planner.cli import app
+from persia_planner.errors import PlannerError
+from persia_planner.modules.manifests import file_record
+from persia_planner.modules.train.job_checkpoints import MANIFEST
+from persia_planner.modules.train.prediction import prepare
+from persia_planner.paths import EXAMPLES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,9 +117,11 @@ def test_a_checkpoint_scores_rows_as_its_run_evaluated_them(tmp_path):
 
     # Bad input: one line, exit 2, nothing overwritten.
     before = (tmp_path / "scores.parquet").read_bytes()
+    empty = tmp_path / "empty"
+    empty.mkdir()
     for args, needle in (
-        (["--out", str(tmp_path / "scores.parquet")], "scores.parquet exists; fix: pass --overwrite"),
-        (["--out", str(tmp_path / "x.parquet"), "--checkpoint", str(tmp_path)], "no checkpoint in"),
+        (["--out", str(tmp_path / "scores.parquet")], "scores.parquet exists; fix: add --overwrite"),
+        (["--out", str(tmp_path / "x.parquet"), "--checkpoint", str(empty)], "no checkpoint in"),
         (["--out", str(tmp_path / "x.parquet"), "--data", f"csv:{tmp_path / 'none.csv'}"], "none.csv"),
     ):
         base = {"--checkpoint": str(ckpt), "--data": f"parquet:{tmp_path / 'valid.parquet'}"}
@@ -117,3 +131,191 @@ def test_a_checkpoint_scores_rows_as_its_run_evaluated_them(tmp_path):
         assert bad.returncode == 2 and needle in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert (tmp_path / "scores.parquet").read_bytes() == before
+
+
+# ---- the checkpoint checked whole against its plan before any process starts ----------------------------------------
+TINY_YAML = """
+name: tiny
+batch_size: 32
+tables:
+  - {name: user_id, rows: 200_000, dim: 8}
+  - {name: country, rows: 50, dim: 8}
+data:
+  label: clicked
+  dense: [{column: price, log1p: true, standardize: true}]
+  sparse: {user_id: user, country: country}
+"""
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A ``step-*`` folder of a tiny run (1 trainer, 1 server): user_id on the server, country on the trainer;
+    ``data.parquet`` lies two folders up."""
+    root = tmp_path_factory.mktemp("trained")
+    (root / "model.yaml").write_text(TINY_YAML)
+    profile = str(EXAMPLES / "profiles" / "cpu-2core.yaml")
+    topology = {
+        "name": "tiny-1x1",
+        "hosts": [
+            {"name": "trainer", "ddr": "8GiB", "profile": profile, "cpus": {"count": 1, "memory": "4MiB"}},
+            {"name": "ps", "role": "parameter_server", "ddr": "2GiB", "profile": profile},
+        ],
+    }
+    (root / "topology.yaml").write_text(json.dumps(topology))
+    pq.write_table(_clicks(256, seed=3).drop(["items"]), root / "data.parquet")
+    train = _cli(
+        "train", "--model", str(root / "model.yaml"), "--topology", str(root / "topology.yaml"), "--trainers", "1",
+        "--data", f"parquet:{root / 'data.parquet'}", "--eval-split", "0.2", "--eval-batches", "1",
+        "--batch-size", "32", "--steps", "4", "--checkpoint", str(root / "run"),
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    (step,) = (root / "run").glob("step-*")
+    return step
+
+
+def _rehash(step: Path) -> None:
+    """The manifest naming ``step``'s files as they are now: what one who edits a checkpoint on purpose does."""
+    manifest = json.loads((step / MANIFEST).read_text())
+    files = sorted(p for p in step.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest["files"] = {p.relative_to(step).as_posix(): file_record(p) for p in files}
+    (step / MANIFEST).write_text(json.dumps(manifest))
+
+
+class _Payload:
+    """Unpickled, it makes the folder ``marker``: a trainer.pt that runs code when loaded as a pickle."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def _edit_state(step: Path, change: Callable[[dict], None]) -> None:
+    state = torch.load(step / "trainer.pt", weights_only=True)
+    change(state)
+    torch.save(state, step / "trainer.pt")
+
+
+def _move_to_trainers(step: Path) -> None:
+    """plan.json says user_id trained on the trainers (it trained on the server; trainer.pt has no weights of it)."""
+    plan = json.loads((step / "plan.json").read_text())
+    plan["user_id"] = dict(plan["country"], shards=[dict(plan["country"]["shards"][0], rows=[0, 200_000])])
+    (step / "plan.json").write_text(json.dumps(plan))
+
+
+def _reshape(part: str, key: str, shape: tuple[int, ...]) -> Callable[[Path], None]:
+    return lambda step: _edit_state(step, lambda s: s[part].__setitem__(key, torch.zeros(*shape)))
+
+
+OVER = "over_arch.model.1.weight"  # the logit layer: (1, 32)
+DOCTORED: dict[str, tuple[Callable[[Path], None], str]] = {
+    "missing table": (
+        lambda step: _edit_state(step, lambda s: s["local"].pop("country")),
+        "{trainer} holds no weights of table 'country', which plan.json places on the trainers; fix: {restore}",
+    ),
+    "plan moves a table to the trainers": (
+        _move_to_trainers,
+        "{trainer} holds no weights of table 'user_id', which plan.json places on the trainers; fix: {restore}",
+    ),
+    "malicious trainer.pt": (
+        lambda step: _edit_state(step, lambda s: s.__setitem__("extra", _Payload(str(step.parent / "ran")))),
+        "{trainer} is not a checkpoint persia train wrote (it holds objects other than tensors); fix: point "
+        "--checkpoint at a checkpoint persia train wrote; never load this file with torch.load(weights_only=False)",
+    ),
+    "no plan.json": (
+        lambda step: (step / "plan.json").unlink(),
+        "{step} has no plan.json, the placement its tables trained with; fix: {restore}",
+    ),
+    "no ps/": (
+        lambda step: shutil.rmtree(step / "ps"),
+        "{step} has no ps/, the tables plan.json puts on the parameter servers ('user_id'); fix: {restore}",
+    ),
+    "no model.yaml": (
+        lambda step: (step / "model.yaml").unlink(),
+        "{step} has no model.yaml (written by an earlier version of persia train, or removed); fix: {restore} or "
+        "train on with --resume for a step: its checkpoint holds one",
+    ),
+    "a table's shape changed": (
+        _reshape("local", "country", (50, 4)),
+        "{trainer} holds table 'country' of shape (50, 4), model.yaml gives it (50, 8) (rows x dim); fix: {restore}",
+    ),
+    "a dense tensor's shape changed": (
+        _reshape("dense", OVER, (1, 31)),
+        f"{{trainer}} holds {OVER} of shape (1, 31), the model of model.yaml builds (1, 32); fix: {{restore}}",
+    ),
+    "a dense tensor dropped": (
+        lambda step: _edit_state(step, lambda s: s["dense"].pop(OVER)),
+        f"{{trainer}} lacks the dense network's {OVER} (1 of its 10 tensors missing); fix: {{restore}}",
+    ),
+    "a dense tensor the model lacks": (
+        _reshape("dense", "extra.weight", (2, 2)),
+        "{trainer} holds dense tensor 'extra.weight', which the model of model.yaml does not have; fix: {restore}",
+    ),
+    "NaN weights": (
+        lambda step: _edit_state(step, lambda s: s["local"]["country"].fill_(float("nan"))),
+        "{trainer} holds NaN or infinite weights in table 'country': the run diverged, or the file was changed; fix: "
+        "score with an earlier checkpoint of the run or {restore}",
+    ),
+    "a server's shard lost": (
+        lambda step: next((step / "ps").rglob("*.pt")).unlink(),
+        "{step}/ps/v00000001/user_id.server0-of-1.pt: missing; fix: {restore}",
+    ),
+    "trainer.pt of another PS version": (
+        lambda step: _edit_state(step, lambda s: s.__setitem__("ps_version", 7)),
+        "{trainer} was saved with parameter-server version 7, {step}/ps holds version 1: they were not saved "
+        "together; fix: {restore}",
+    ),
+}
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", list(DOCTORED))
+def test_a_doctored_checkpoint_is_refused_in_one_line_before_any_process(trained, tmp_path, case):
+    """Each file of a checkpoint changed (and its manifest re-hashed, as one who edits it on purpose would): one
+    line naming the file, exit 2, in seconds, no payload run, nothing written at --out."""
+    change, line = DOCTORED[case]
+    step = tmp_path / "run" / trained.name
+    shutil.copytree(trained, step)
+    change(step)
+    _rehash(step)
+    out = tmp_path / "scores.parquet"
+    started = time.perf_counter()
+    result = runner.invoke(
+        app,
+        ["predict", "--checkpoint", str(step), "--data", f"parquet:{trained.parents[1] / 'data.parquet'}",
+         "--out", str(out)],
+        prog_name="persia",
+    )  # fmt: skip
+    restore = "restore the checkpoint from a copy, or point --checkpoint at another one"
+    expected = "error: --checkpoint: " + line.format(step=step, trainer=step / "trainer.pt", restore=restore)
+    assert (result.exit_code, result.stderr.strip()) == (2, expected)
+    assert time.perf_counter() - started < 10
+    assert not out.exists() and not (tmp_path / "ran").exists()
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(600)
+def test_a_checkpoint_changed_without_its_manifest_is_refused_by_its_checksum(trained, tmp_path):
+    step = tmp_path / "run" / trained.name
+    shutil.copytree(trained, step)
+    was = (step / "trainer.pt").stat().st_size
+    _edit_state(step, lambda s: s["local"].pop("country"))
+    now = (step / "trainer.pt").stat().st_size
+    with pytest.raises(PlannerError) as err:
+        prepare(step, f"parquet:{trained.parents[1] / 'data.parquet'}", tmp_path / "scores.parquet")
+    assert str(err.value) == f"{step / 'trainer.pt'}: {now} bytes, its manifest recorded {was}: truncated or replaced"
+    assert not (tmp_path / "scores.parquet").exists()
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(600)
+def test_a_whole_checkpoint_is_prepared_with_what_its_trainer_builds(trained, tmp_path):
+    prepared = prepare(trained.parent, f"parquet:{trained.parents[1] / 'data.parquet'}", tmp_path / "s.parquet")
+    assert prepared.trained.checkpoint.path == trained and prepared.trained.servers == 1
+    assert prepared.trained.ps_version == 1 and prepared.trained.local_tables == {"country": (50, 8)}
+    assert prepared.settings.dense[OVER] == (1, 32) and len(prepared.settings.dense) == 10
+    assert prepared.arch.num_dense == 1 and prepared.settings.dense_arch.num_dense == 1
+    assert not (tmp_path / "s.parquet").exists()

@@ -7,7 +7,7 @@ import torch
 
 from persia_planner.model.specs import DType, Optimizer
 from persia_planner.modules.ps.optim import RowWiseAdagrad
-from persia_planner.modules.ps.row_file import BLOCK_BYTES, RowFile
+from persia_planner.modules.ps.row_file import BLOCK_BYTES, HEADER_BYTES, RowFile
 from persia_planner.modules.ps.ssd_store import SsdStore
 from persia_planner.modules.ps.store import EmbeddingStore
 from persia_planner.placement.memory import ps_server_capacity, ssd_bytes, ssd_record_size, ssd_server_cache_capacity
@@ -34,7 +34,7 @@ def test_record_layout_packs_rows_in_blocks_and_spans_blocks_past_one(tmp_path):
     assert small.per_unit == BLOCK_BYTES // 20 and small.unit_bytes == BLOCK_BYTES
     wide = RowFile(tmp_path / "b", 10, 1200, torch.float32, 1)
     assert wide.per_unit == 1 and wide.unit_bytes == 2 * BLOCK_BYTES
-    assert (tmp_path / "b").stat().st_size == 10 * 2 * BLOCK_BYTES
+    assert (tmp_path / "b").stat().st_size == HEADER_BYTES + 10 * 2 * BLOCK_BYTES
     wide.close()
     assert not (tmp_path / "b").exists()
 
@@ -89,8 +89,9 @@ def test_checkpoint_holds_every_row_on_disk_and_loads_into_a_new_file(tmp_path):
     into_ddr = _store(3000, torch.float16)  # the same checkpoint loads on the ps tier, and back
     into_ddr.load_state_dict(saved)
     assert torch.equal(into_ddr.read(every), ssd.read(every))
+    (tmp_path / "small").mkdir()
     with pytest.raises(ValueError, match="disk holds 10"):
-        _ssd(tmp_path / "again", cache_rows=5, disk_rows=10).check_state_dict(saved)
+        _ssd(tmp_path / "small", cache_rows=5, disk_rows=10).check_state_dict(saved)
 
 
 def test_a_full_disk_drops_rows_and_counts_them(tmp_path):

@@ -529,3 +529,8 @@ def test_a_damaged_or_crafted_checkpoint_is_one_error_naming_its_file(tmp_path: 
     refused(rf"^checkpoint file {tmp_path / 'LATEST'} is unreadable \(UnicodeDecodeError")
     (tmp_path / "LATEST").write_text('{"version": "one"}')
     refused(rf"^checkpoint file {tmp_path / 'LATEST'} is unreadable \(ValueError: invalid literal")
+    (tmp_path / "LATEST").write_text('{"version": 1, "n_servers": 0}')
+    refused(rf"^checkpoint file {tmp_path / 'LATEST'} is unreadable \(version 1, 0 servers\)")
+    (tmp_path / "LATEST").write_text('{"version": 1, "n_servers": 2}')
+    manifest.write_text(text.replace('"delta_sequence": -1', '"delta_sequence": "x"'))
+    refused(rf"^checkpoint file {version} is unreadable \(delta_sequence: invalid literal")

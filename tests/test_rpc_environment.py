@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.rpc_environment import (
+    check_rpc_environment,
     is_loopback,
     listen_where_the_rendezvous_is,
     master_address,
     rendezvous_interface,
     rpc_channels,
     rpc_transports,
+    wait_for_listener,
 )
 
 
@@ -56,3 +61,43 @@ def test_tensorpipe_and_gloo_listen_where_the_rendezvous_is():
     unknown = {"MASTER_ADDR": "no-such-host.invalid"}
     listen_where_the_rendezvous_is(unknown)
     assert unknown == {"MASTER_ADDR": "no-such-host.invalid"} and rendezvous_interface("") is None
+
+
+@pytest.mark.parametrize(
+    ("addr", "port", "message"),
+    [
+        ("127.0.0.1", "+1", "MASTER_PORT must be a port number in 1..65535 for the servers (got MASTER_PORT='+1')"),
+        ("127.0.0.1", "٢٩٥٠٠", "MASTER_PORT must be a port number in 1..65535 for the servers (got MASTER_PORT="),
+        ("127.0.0.1:29500", "29500", "MASTER_ADDR='127.0.0.1:29500' for the servers: it holds ':' but is no IPv6"),
+        ("a b", "29500", "MASTER_ADDR='a b' for the servers: it is not a host name or an IP address"),
+        ("x\x1b[2J", "29500", r"MASTER_ADDR='x\x1b[2J' for the servers: it is not a host name"),
+        ("h" * 300, "29500", "MASTER_ADDR='hhhhhhhhhh"),
+    ],
+)
+def test_master_address_rejects_what_cannot_be_a_host_or_a_port(addr, port, message):
+    with pytest.raises(PlannerError) as info:
+        master_address("the servers", {"MASTER_ADDR": addr, "MASTER_PORT": port})
+    line = str(info.value)
+    assert line.startswith(message) and "; fix: export MASTER_" in line and len(line) < 400, line
+    assert "\x1b" not in line
+
+
+def test_an_address_that_does_not_resolve_is_one_line_at_once():
+    env = {"MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": "29500"}
+    assert check_rpc_environment("the servers", env, resolve_address=False) == ("no-such-host.invalid", 29500)
+    with pytest.raises(PlannerError, match=r"^MASTER_ADDR='no-such-host\.invalid' for the servers does not resolve \("):
+        check_rpc_environment("the servers", env)
+    started = time.monotonic()
+    assert wait_for_listener("no-such-host.invalid", 29500, timeout_s=30).startswith("no-such-host.invalid does not")
+    assert time.monotonic() - started < 10
+
+
+def test_wait_for_listener_answers_once_a_socket_listens_and_names_a_refusal_after_the_timeout():
+    with socket.socket() as held:  # bound, never listening: connections to it are refused
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        started = time.monotonic()
+        assert wait_for_listener("127.0.0.1", port, timeout_s=0.5) == "[Errno 111] Connection refused"
+        assert 0.5 <= time.monotonic() - started < 5
+        held.listen()
+        assert wait_for_listener("127.0.0.1", port, timeout_s=5) is None

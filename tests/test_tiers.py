@@ -93,9 +93,9 @@ def test_a_registered_tier_is_planned_priced_validated_and_exported_like_a_built
         assert again.tables["big"].tier is slow
 
         # Validation holds it to its own rules: a GPU device, its sharding types.
-        off = TablePlacement(Sharding.TABLE_WISE, (dataclasses.replace(big.shards[0], device="ps0"),))
-        assert any("is on tier slow_ddr but 'ps0' is not a GPU" in p for p in validate(_with(the_plan, off), model,
-                                                                                          topology))  # fmt: skip
+        off = TablePlacement(Sharding.TABLE_WISE, (dataclasses.replace(big.shards[0], device="trainer0"),))
+        assert any("is on tier slow_ddr but 'trainer0' is not a GPU" in p
+                   for p in validate(_with(the_plan, off), model, topology))  # fmt: skip
     with pytest.raises(ValueError):
         Tier("slow_ddr")
     assert not hasattr(Tier, "SLOW_DDR") and list(Tier) == [Tier.HBM, Tier.DDR, Tier.HBM_CACHE, Tier.PS, Tier.SSD]

@@ -1,4 +1,5 @@
 import math
+import re
 
 import networkx as nx
 import pytest
@@ -300,8 +301,49 @@ def test_a_servers_disk_takes_its_size_and_rates_or_the_profiles_or_nvmes(tmp_pa
         ({"size": "1TiB", "iops": 5}, 1, "hosts[1].ssd.iops: unknown key; fix: did you mean 'read_iops'?"),
         ({"read_iops": 5}, 1, "hosts[1].ssd.size: required key is missing"),
         ("-1GiB", 1, "hosts[1].ssd"),
+        (
+            {"size": "1TiB", "read_iops": 1e-300},
+            1,
+            "hosts[1].ssd.read_iops: must be in [1, 1e+09], got 1e-300; fix: give the 4 KiB blocks the disk reads a "
+            "second at random (persia calibrate measures them)",
+        ),
+        (
+            {"size": "1TiB", "write_iops": 1e300},
+            1,
+            "hosts[1].ssd.write_iops: must be in [1, 1e+09], got 1e+300; fix: give the 4 KiB blocks the disk writes "
+            "a second at random (persia calibrate measures them)",
+        ),
+        ("2", 1, "hosts[1].ssd: must be in [1.0 MiB, 1024.0 PiB], got '2'; fix: give the disk's size, e.g. ssd: 2TiB"),
+        (
+            {"size": "2048PiB"},
+            1,
+            "hosts[1].ssd.size: must be in [1.0 MiB, 1024.0 PiB], got '2048PiB'; fix: give the disk's size, e.g. "
+            "ssd: 2TiB",
+        ),
     ],
 )
 def test_a_bad_disk_is_one_line_naming_the_key(ssd, host, message):
-    with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(SpecError, match=re.escape(message)):
         Topology.from_dict(_with_ssd(ssd, host))
+
+
+@pytest.mark.parametrize(
+    ("figure", "value", "message"),
+    [
+        ("read_iops", 1e-300, "disk.read_iops: must be in [1, 1e+09], got 1e-300"),
+        ("write_iops", 0.5, "disk.write_iops: must be in [1, 1e+09], got 0.5"),
+        ("read_bytes_per_s", 1e-300, "disk.read_bytes_per_s: must be in [4096, 1e+15], got 1e-300"),
+        ("write_bytes_per_s", 1e300, "disk.write_bytes_per_s: must be in [4096, 1e+15], got 1e+300"),
+    ],
+)
+def test_a_profiles_disk_figures_are_bounded_both_ways(tmp_path, figure, value, message):
+    import yaml
+    from test_profile import raw_profile
+
+    disk = {"read_iops": 30_000, "write_iops": 20_000, "read_bytes_per_s": 1e9, "write_bytes_per_s": 5e8, figure: value}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({**raw_profile(), "disk": disk}))
+    profiled = _with_ssd("1TiB")
+    profiled["hosts"][1]["profile"] = "p.yaml"
+    with pytest.raises(SpecError) as err:
+        Topology.from_dict(profiled, base_dir=tmp_path)
+    assert str(err.value) == f"p.yaml: {message}; fix: run persia calibrate again"

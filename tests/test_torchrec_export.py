@@ -226,6 +226,23 @@ def test_inexpressible_placements_raise_unsupported(placement, needle):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("device", "line"),
+    [
+        ("nosuch", "'nosuch' is not a device of topology '1x2' (its GPUs: trainer0/gpu0, trainer0/gpu1)"),
+        ("trainer0", "'trainer0' is not a GPU"),
+    ],
+)
+def test_a_shard_on_no_gpu_names_what_the_device_is(device, line):
+    topology = Topology.from_dict(TOPO_1X2)
+    model = ModelSpec("m", 64, (TableSpec("t", 10, 8),))
+    placement = TablePlacement(Sharding.TABLE_WISE, (_shard(device, (0, 10), (0, 8)),))
+    with pytest.raises(PlannerError) as err:
+        torchrec_shardings({"t": placement}, model, topology)
+    assert err.value.kind is ErrorKind.INVALID_PLAN
+    assert str(err.value) == f"table 't': shard device {line}; fix: export with the topology the plan was made for"
+
+
 def test_plan_for_another_model_is_invalid():
     topology = Topology.from_dict(TOPO_1X2)
     model = ModelSpec("m", 64, (TableSpec("t", 10, 8),))

@@ -6,16 +6,21 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from processes import descendants_of
+from processes import TORCHRUN_ENV, descendants_of
+from typer.testing import CliRunner
 
+from persia_planner.cli import app
+from persia_planner.errors import PlannerError
+from persia_planner.modules.train import torchrun_start
 from persia_planner.modules.train.config import TrainConfig
-from persia_planner.modules.train.torchrun_start import elastic_resume
+from persia_planner.modules.train.torchrun_start import elastic_resume, require_job_store
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -96,3 +101,37 @@ def test_torchrun_restarts_a_killed_trainer_and_the_job_resumes_by_itself(tmp_pa
     assert resumed is not None and resumed >= 3 and resumed % 3 == 0
     assert result["last_step"] == 24 and result["steps"] == 24 - resumed
     assert (ckpt / "step-000000024").is_dir()
+
+
+NO_JOB_STORE = (
+    "error: nothing served torchrun's job store at MASTER_ADDR:MASTER_PORT 127.0.0.1:1 within 3 s ([Errno 111] "
+    "Connection refused); fix: launch persia train with torchrun: its agent serves that store and sets MASTER_ADDR, "
+    "MASTER_PORT, RANK, WORLD_SIZE and TORCHELASTIC_RUN_ID or unset TORCHELASTIC_RUN_ID to train on this machine "
+    "alone\n"
+)
+
+
+@pytest.mark.parametrize("rank", ["0", "2"])
+def test_persia_train_by_hand_with_torchruns_variables_is_one_line_after_the_timeout(monkeypatch, rank):
+    """Started by hand with a complete-looking torchrun environment and MASTER_PORT=1, every rank (rank 0 too: under
+    torchrun the agent serves the store, no rank binds it) waited silently for torch's 300 s; now one line after the
+    RPC timeout (60 s; 3 s here), naming the address, before torch is imported."""
+    monkeypatch.setattr(torchrun_start, "JOB_STORE_TIMEOUT_S", 3.0)
+    env = dict.fromkeys(TORCHRUN_ENV) | {"RANK": rank, "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "by-hand"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["train"], env=env)
+    assert (result.exit_code, result.stderr) == (2, NO_JOB_STORE), result.output
+    assert time.monotonic() - started < 60
+
+
+def test_require_job_store_names_the_address_and_returns_once_it_listens():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(held.getsockname()[1])}
+        with pytest.raises(PlannerError, match=r"^nothing served torchrun's job store at MASTER_ADDR:MASTER_PORT "):
+            require_job_store(env, timeout_s=0.3)
+        held.listen()
+        require_job_store(env, timeout_s=5)
+    with pytest.raises(PlannerError, match=r"^MASTER_PORT must be a port number in 1\.\.65535 for torchrun's job"):
+        require_job_store({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "65536"}, timeout_s=5)

@@ -91,7 +91,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
 
     common = {"batch_size": 256, "mode": "sync", "trainers": 2}
     whole = run(steps=6, checkpoint=str(tmp_path / "whole"), checkpoint_every=3, keep=3, **common)
-    assert sorted(p.name for p in (tmp_path / "whole").iterdir()) == ["step-000000003", "step-000000006"]
+    assert sorted(p.name for p in (tmp_path / "whole").iterdir()) == [".persia-run", "step-000000003", "step-000000006"]
     assert whole["checkpoint"] == str((tmp_path / "whole" / "step-000000006").resolve())
     # The job killed after step 4: its directory holds the checkpoint of step 3 (and nothing else of step 6).
     shutil.copytree(tmp_path / "whole" / "step-000000003", tmp_path / "step-000000003")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 
 from persia_planner.modules.hashing import splitmix64
@@ -17,8 +18,21 @@ _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
+@numba.njit(cache=True, nogil=True)
+def _fnv1a(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """FNV-1a 64 of each string ``data[offsets[i]:offsets[i + 1]]``: one pass over the bytes, whatever their lengths
+    (a per-position numpy loop costs a pass per byte of the longest string, however few strings are long)."""
+    out = np.empty(len(offsets) - 1, dtype=np.uint64)
+    for i in range(len(out)):
+        h = _FNV_OFFSET
+        for k in range(offsets[i], offsets[i + 1]):
+            h = (h ^ np.uint64(data[k])) * _FNV_PRIME
+        out[i] = h
+    return out
+
+
 def _hash_strings(array: Any) -> np.ndarray:
-    """FNV-1a 64 of each string's UTF-8 bytes, then splitmix64; vectorised over the strings, a pass per byte."""
+    """FNV-1a 64 of each string's UTF-8 bytes, then splitmix64."""
     import pyarrow as pa
 
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
@@ -27,14 +41,7 @@ def _hash_strings(array: Any) -> np.ndarray:
         array.offset : array.offset + len(array) + 1
     ]
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    starts = offsets[:-1].astype(np.int64)
-    lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
-    h = np.full(len(array), _FNV_OFFSET, dtype=np.uint64)
-    live = np.arange(len(array))
-    for i in range(int(lengths.max(initial=0))):
-        live = live[lengths[live] > i]
-        h[live] = (h[live] ^ data[starts[live] + i].astype(np.uint64)) * _FNV_PRIME
-    return splitmix64(h)
+    return splitmix64(_fnv1a(offsets.astype(np.int64), data))
 
 
 def hash_ids(array: Any) -> np.ndarray:

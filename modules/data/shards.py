@@ -75,6 +75,7 @@ class Failure:
     source: str
     column: str
     problem: str
+    fixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -254,10 +255,11 @@ class ShardStream(IterableDataset):
                     continue
                 rest = yield from self._batches(type(item).concat(pending), rng, keep)
                 pending, pending_rows = ([rest] if len(rest) else []), len(rest)
-        if pending_rows:
+        if pending:
             rest = yield from self._batches(type(pending[0]).concat(pending), rng, 0)
-            if len(rest):
-                yield rest  # this worker's partial batch; the main process merges them
+            # This worker's partial batch, which the main process merges; even without rows, what a block counts
+            # (the rows a reader left out) reaches it.
+            yield rest
 
     def _batches(self, rows: Any, rng: np.random.Generator | None, keep: int) -> Generator[Any, None, Any]:
         """Yield ``rows`` (shuffled with ``rng``) as full batches, all but at least ``keep`` of them; return the
@@ -299,10 +301,15 @@ class DataPass:
 
 
 def merged_batches(
-    stream: ShardStream, num_workers: int, to_batch: Callable[[Any], Any], *, drop_last: bool = False
+    stream: ShardStream,
+    num_workers: int,
+    to_batch: Callable[[Any], Any],
+    *,
+    drop_last: bool = False,
+    on_block: Callable[[Any], None] | None = None,
 ) -> Iterator[Any]:
     """``stream`` read by ``num_workers`` DataLoader workers (0: here), as batches of exactly ``batch_size`` rows
-    (the last one may be smaller, and is dropped with ``drop_last``).
+    (the last one may be smaller, and is dropped with ``drop_last``); ``on_block`` sees every block as it arrives.
 
     Raises:
         SpecError: A worker reported a :class:`Failure` (the message names the file, line or row, and column).
@@ -311,7 +318,9 @@ def merged_batches(
     partial: list[Any] = []
     for item in loader:
         if isinstance(item, Failure):
-            raise SpecError(item.source, item.column, item.problem)
+            raise SpecError(item.source, item.column, item.problem, fixes=item.fixes)
+        if on_block is not None:
+            on_block(item)
         if len(item) == stream.batch_size:
             yield to_batch(item)
         else:

@@ -9,6 +9,7 @@ formats.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
@@ -25,11 +26,15 @@ from persia_planner.model.specs import ModelSpec
 __all__ = [
     "DataKind",
     "DataSource",
+    "check_apart",
+    "check_file_columns",
     "check_gzip_shards",
     "check_tabular",
     "count_rows",
     "csv_columns",
     "file_columns",
+    "fits_dense",
+    "fits_sparse",
     "parquet_footer",
     "parquet_row_groups",
 ]
@@ -118,6 +123,36 @@ class DataSource:
         return files
 
 
+def check_apart(data: DataSource, eval_data: DataSource, data_option: str, eval_option: str) -> None:
+    """No file of ``eval_data`` (``--eval-data``) is a file of ``data`` (``--data``): the same file under another
+    name too (a link, a folder holding the other's file), by device and inode as :func:`os.path.samefile` compares
+    them.
+
+    Raises:
+        PlannerError: A file in both, named.
+    """
+    training: dict[tuple[int, int], str] = {}
+    for path in data.files():
+        with contextlib.suppress(OSError):  # the checks before would have named a file that cannot be read
+            st = os.stat(path)
+            training[(st.st_dev, st.st_ino)] = path
+    for path in eval_data.files():
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        same = training.get((st.st_dev, st.st_ino))
+        if same is not None:
+            shown = path if path == same else f"{path} is {same}"
+            raise PlannerError(
+                f"--eval-data {eval_option} is also in --data {data_option} ({shown}): validating on training rows",
+                fixes=(
+                    "pass --eval-data files that are not training files",
+                    "drop --eval-data: --eval-split holds rows of --data out",
+                ),
+            )
+
+
 def count_rows(source: DataSource, files: list[str]) -> int:
     """The data rows of ``files``: from the Parquet footers, else by counting lines (a pass over the bytes, through
     gzip for ``.gz``; a CSV's header is no row).
@@ -186,12 +221,13 @@ def parquet_footer(path: str) -> tuple[int, int]:
     return int(metadata.num_row_groups), int(metadata.num_rows)
 
 
-def csv_columns(path: str) -> dict[str, Any]:
-    """A CSV file's columns and the pyarrow types inferred from its first block (its header and first rows)."""
+def csv_columns(path: str, *, block_size: int = 1 << 20) -> dict[str, Any]:
+    """A CSV file's columns and the pyarrow types inferred from its first block (its header and first rows) of
+    ``block_size`` bytes, which must hold the header line."""
     import pyarrow.csv as pcsv
 
     try:
-        with pcsv.open_csv(path) as reader:
+        with pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=block_size)) as reader:
             fields = list(reader.schema)
     except (OSError, ValueError) as err:
         raise SpecError(path, "", f"not a readable CSV file ({first_line(err)})") from None
@@ -227,6 +263,31 @@ def _parquet_columns(path: str) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise SpecError(path, "", f"not a readable Parquet file ({first_line(err)})") from None
     return _named_once(path, fields)
+
+
+def check_file_columns(kind: DataKind, path: str, schema: DataSchema, *, block_size: int = 1 << 20) -> dict[str, Any]:
+    """A Parquet or CSV file's columns (:func:`file_columns`), which must hold the schema's with fitting types, as
+    :func:`check_tabular` checks each file.
+
+    Raises:
+        SpecError: The file cannot be read, names a column twice, or lacks a column of the schema or its type.
+    """
+    if kind is DataKind.PARQUET:
+        columns = _parquet_columns(path)
+    else:
+        columns = csv_columns(path, block_size=block_size)
+    _check_columns(path, columns, schema, ids_as_text=kind is not DataKind.PARQUET)
+    return columns
+
+
+def fits_dense(t: Any) -> bool:
+    """Whether a column of pyarrow type ``t`` can be the label or a dense column (numbers, as the readers take)."""
+    return _is_numeric(t)
+
+
+def fits_sparse(t: Any) -> bool:
+    """Whether a column of pyarrow type ``t`` can feed a table: ids (strings or integers) or lists of them."""
+    return _is_id(t) or _is_id_list(t)
 
 
 def _value_type(t: Any) -> Any:

@@ -3,13 +3,9 @@
 
 Parquet files are read a row group at a time (``ParquetFile.iter_batches``, only the schema's columns), CSV files a
 byte range at a time (the header's names, every chunk parsed by ``pyarrow.csv``; a row must not hold a newline
-inside quotes); both are sharded across trainers and DataLoader workers by :mod:`.shards`.
-
-Values: the label and the dense columns as float32 (a missing dense value is 0), each dense column transformed as the
-schema declares (:class:`~persia_planner.model.data_schema.DenseTransform`); a sparse column's ids, strings or
-integers, hashed to int64 by :func:`hash_ids`: the same id gives the same int64 on every trainer, run and machine.
-A list column (or a string column with a ``separator``) is multi-hot: one bag of all its ids per row; a missing
-value is an empty bag. The tables map the hashed ids into their rows (``id mod rows``).
+inside quotes); both are sharded across trainers and DataLoader workers by :mod:`.shards`. Each piece becomes a
+block of arrays as :mod:`.blocks` reads the schema's columns (its bad rows named with their file and row here).
+The tables map the hashed ids into their rows (``id mod rows``).
 """
 
 from __future__ import annotations
@@ -18,206 +14,86 @@ import io
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import SpecError, first_line
-from persia_planner.model.data_schema import DataSchema, SparseColumn
-from persia_planner.modules.data.batch import Batch
-from persia_planner.modules.data.ids import hash_ids
+from persia_planner.model.data_schema import BadRowPolicy, DataSchema
+from persia_planner.modules.data.blocks import (
+    BadRowCount,
+    BadValue,
+    TabularBlock,
+    bad_row_failure,
+    line_of_row,
+    to_batch,
+    to_block,
+)
 from persia_planner.modules.data.shards import (
     DataPass,
     Failure,
     Shard,
+    line_number,
     merged_batches,
     parquet_shards,
     text_chunks,
     text_shards,
 )
-from persia_planner.modules.data.split import ROW_SALT, combine
-from persia_planner.modules.hashing import mix64
+
+if TYPE_CHECKING:  # pragma: no cover
+    from persia_planner.modules.data.batch import Batch
 
 __all__ = ["TabularReader"]
-
-
-@dataclass(frozen=True)
-class TabularBlock:
-    """Rows of a click log in a pickle-friendly, concatenable layout.
-
-    Attributes:
-        labels: ``[n]`` float32.
-        dense: ``[n, d]`` float32.
-        lengths: Per sparse feature, ``[n]`` int32 ids per row.
-        values: Per sparse feature, the rows' ids (int64) one after another.
-    """
-
-    labels: np.ndarray
-    dense: np.ndarray
-    lengths: tuple[np.ndarray, ...]
-    values: tuple[np.ndarray, ...]
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def slice(self, start: int, stop: int) -> TabularBlock:
-        """Rows ``start:stop``."""
-        values = []
-        for lengths, vals in zip(self.lengths, self.values, strict=True):
-            first = int(lengths[:start].sum())
-            values.append(vals[first : first + int(lengths[start:stop].sum())])
-        return TabularBlock(
-            self.labels[start:stop], self.dense[start:stop], tuple(x[start:stop] for x in self.lengths), tuple(values)
-        )
-
-    def take(self, rows: np.ndarray) -> TabularBlock:
-        """The rows at the indices ``rows``, in that order."""
-        values = []
-        for lengths, vals in zip(self.lengths, self.values, strict=True):
-            starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])[rows]
-            picked = lengths[rows].astype(np.int64)
-            # Each picked row's ids: its start, repeated over its length, plus 0..length-1.
-            within = np.arange(int(picked.sum())) - np.repeat(np.cumsum(picked) - picked, picked)
-            values.append(vals[np.repeat(starts, picked) + within])
-        return TabularBlock(self.labels[rows], self.dense[rows], tuple(x[rows] for x in self.lengths), tuple(values))
-
-    def row_keys(self) -> np.ndarray:
-        """A 64-bit hash of each row's label, dense values and ids (a bag's ids in any order hash alike)."""
-        h = np.full(len(self), ROW_SALT, dtype=np.uint64)
-        h = combine(h, self.labels.view(np.uint32))
-        for column in self.dense.view(np.uint32).T:
-            h = combine(h, column)
-        for lengths, vals in zip(self.lengths, self.values, strict=True):
-            # A bag's ids summed after mixing (uint64 wraps): the ends of its run in the cumulative sum.
-            ends = np.concatenate([[0], np.cumsum(mix64(vals.view(np.uint64)), dtype=np.uint64)])
-            bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-            h = combine(h, ends[bounds[1:]] - ends[bounds[:-1]] + lengths.astype(np.uint64))
-        return h
-
-    @classmethod
-    def concat(cls, blocks: Sequence[TabularBlock]) -> TabularBlock:
-        """The rows of ``blocks``, in order."""
-        if len(blocks) == 1:
-            return blocks[0]
-        features = range(len(blocks[0].lengths))
-        return cls(
-            np.concatenate([b.labels for b in blocks]),
-            np.concatenate([b.dense for b in blocks]),
-            tuple(np.concatenate([b.lengths[f] for b in blocks]) for f in features),
-            tuple(np.concatenate([b.values[f] for b in blocks]) for f in features),
-        )
-
-
-class _BadValue(Exception):
-    def __init__(self, column: str, problem: str):
-        super().__init__(problem)
-        self.column = column
-        self.problem = problem
-
-
-def _floats(array: Any) -> np.ndarray:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
-    # A copy: torch wants writable arrays, and pyarrow's may be its read-only buffers.
-    return np.array(pc.fill_null(pc.cast(array, pa.float32()), 0.0).to_numpy(zero_copy_only=False), dtype=np.float32)
-
-
-def _bags(array: Any, column: SparseColumn) -> tuple[np.ndarray, np.ndarray]:
-    """``(lengths [n] int32, ids int64)`` of one sparse column: one id per row, or a bag per row (multi-hot)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = len(array)
-    if column.separator is not None:
-        if pa.types.is_dictionary(array.type):
-            array = array.dictionary_decode()
-        array = pc.split_pattern(array, column.separator)
-    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
-        flat = pc.list_flatten(array)
-        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
-        keep = flat.is_valid()
-        if column.separator is not None:  # "a||b" holds two ids, not an empty third
-            keep = pc.and_(keep, pc.greater(pc.utf8_length(flat), 0))
-        keep_np = keep.to_numpy(zero_copy_only=False)
-        ids = hash_ids(flat.filter(keep))
-        lengths = np.bincount(parents[keep_np], minlength=n).astype(np.int32)
-        return lengths, ids
-    valid = array.is_valid()
-    lengths = valid.to_numpy(zero_copy_only=False).astype(np.int32)
-    return lengths, hash_ids(array.filter(valid))
-
-
-def to_block(table: Any, schema: DataSchema) -> TabularBlock:
-    """A pyarrow RecordBatch or Table holding the schema's columns as a :class:`TabularBlock`.
-
-    Raises:
-        _BadValue: A missing label, or one other than 0 and 1 (a schema without a label reads NaN labels).
-    """
-    import pyarrow as pa
-
-    def column(name: str) -> Any:
-        col = table.column(name)
-        return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-
-    if schema.label is None:  # rows to score
-        labels = np.full(table.num_rows, np.nan, dtype=np.float32)
-    else:
-        label = column(schema.label)
-        if label.null_count:
-            raise _BadValue(schema.label, "a missing label")
-        labels = _floats(label)
-        bad = labels[(labels != 0) & (labels != 1)]
-        if bad.size:
-            raise _BadValue(schema.label, f"label {bad[0]:g}: labels are 0 or 1")
-    # No dense column: one constant 0, which the dense arch reads as a sparse-only model's input.
-    dense = np.zeros((len(labels), schema.num_inputs), dtype=np.float32)
-    for j, name in enumerate(schema.dense):
-        values = _floats(column(name))
-        transform = schema.transforms.get(name)
-        dense[:, j] = values if transform is None else transform.apply(values)
-    bags = [_bags(column(s.column), s) for s in schema.sparse]
-    return TabularBlock(labels, dense, tuple(b[0] for b in bags), tuple(b[1] for b in bags))
-
-
-def to_batch(block: TabularBlock, keys: Sequence[str]) -> Batch:
-    """A block as a :class:`Batch` whose KJT has one key per table (key-major, as every KJT)."""
-    sparse = KeyedJaggedTensor(
-        keys=list(keys),
-        values=torch.from_numpy(np.concatenate(block.values) if block.values else np.zeros(0, np.int64)),
-        lengths=torch.from_numpy(np.concatenate(block.lengths) if block.lengths else np.zeros(0, np.int32)),
-    )
-    return Batch(dense=torch.from_numpy(block.dense), sparse=sparse, labels=torch.from_numpy(block.labels))
 
 
 @dataclass(frozen=True)
 class _ReadParquet:
     schema: DataSchema
     batch_rows: int
+    raw: bool = False
 
     def __call__(self, shard: Shard) -> Iterator[TabularBlock | Failure]:
         import pyarrow.parquet as pq
 
+        group = shard.row_group or 0
+        done = 0  # rows of the row group read before the current batch
         try:
             f = pq.ParquetFile(shard.path)
             for rows in f.iter_batches(
-                batch_size=self.batch_rows, row_groups=[shard.row_group or 0], columns=list(self.schema.columns)
+                batch_size=self.batch_rows, row_groups=[group], columns=list(self.schema.columns)
             ):
-                yield to_block(rows, self.schema)
-        except _BadValue as err:
-            yield Failure(f"{shard.path} (row group {shard.row_group})", err.column, err.problem)
+                yield to_block(rows, self.schema, raw=self.raw)
+                done += rows.num_rows
+        except BadValue as err:
+            before = sum(f.metadata.row_group(g).num_rows for g in range(group))  # the error's path only
+            yield bad_row_failure("parquet", shard.path, before + done + err.row + 1, err)
         except (OSError, ValueError, TypeError) as err:  # pyarrow's errors subclass these
-            yield Failure(f"{shard.path} (row group {shard.row_group})", "", first_line(err))
+            yield Failure(f"{shard.path} (row group {group})", "", first_line(err))
+
+
+_NAN_TEXT = ("NaN", "nan", "-NaN", "-nan")
+"""Spellings pyarrow reads as null by default and its float parser as NaN: a dense value or a label so written is
+NaN (a bad value, as in Parquet), where an empty cell is missing; an id so written stays missing, as before."""
+
+
+def _nan_ids_as_null(table: Any, columns: Sequence[str]) -> Any:
+    """``table`` with the ids of ``columns`` that are spelled as NaN (:data:`_NAN_TEXT`) null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    spellings = pa.array(_NAN_TEXT)
+    for name in columns:
+        i = table.schema.get_field_index(name)
+        ids = table.column(i)
+        nan = pc.is_in(ids, value_set=spellings)
+        if pc.any(nan).as_py():
+            table = table.set_column(i, name, pc.if_else(nan, pa.scalar(None, pa.string()), ids))
+    return table
 
 
 @dataclass(frozen=True)
 class _ReadCsv:
     schema: DataSchema
     chunk_bytes: int
+    raw: bool = False
 
     def __call__(self, shard: Shard) -> Iterator[TabularBlock | Failure]:
         import pyarrow as pa
@@ -229,17 +105,26 @@ class _ReadCsv:
         types = {s.column: pa.string() for s in self.schema.sparse}
         label = () if self.schema.label is None else (self.schema.label,)
         types |= {c: pa.float32() for c in (*label, *self.schema.dense)}
+        nulls = [v for v in pcsv.ConvertOptions().null_values if v not in _NAN_TEXT]
         convert = pcsv.ConvertOptions(
-            column_types=types, include_columns=list(self.schema.columns), strings_can_be_null=True
+            column_types=types,
+            include_columns=list(self.schema.columns),
+            strings_can_be_null=True,
+            null_values=nulls,
         )
+        ids = list(dict.fromkeys(s.column for s in self.schema.sparse))
         for offset, lines in text_chunks(shard, self.chunk_bytes, header=True):
             try:
                 table = pcsv.read_csv(
                     io.BytesIO(lines), read_options=pcsv.ReadOptions(column_names=names), convert_options=convert
                 )
-                yield to_block(table, self.schema)
-            except _BadValue as err:
-                yield Failure(f"{shard.path} (bytes from {offset})", err.column, err.problem)
+                if b"nan" in lines or b"NaN" in lines:  # a scan of the bytes, cheaper than one of every id column
+                    table = _nan_ids_as_null(table, ids)
+                yield to_block(table, self.schema, raw=self.raw)
+            except BadValue as err:
+                # The chunk's first line is the file's line L, row L - 1 (the header is line 1).
+                row = line_number(shard.path, offset) - 1 + line_of_row(lines, err.row)
+                yield bad_row_failure("csv", shard.path, row, err)
                 return
             except (OSError, ValueError, TypeError) as err:
                 yield Failure(f"{shard.path} (bytes from {offset})", "", first_line(err))
@@ -262,10 +147,13 @@ class TabularReader:
         chunk_bytes: CSV: bytes parsed at a time per worker.
         reading: The pass: an epoch's shard order and row shuffle, and a side of the validation split (default:
             every row, in file order).
+        raw: Read the values as they are, for the first pass (see :func:`to_block`).
+        counts: Add what ``on_bad_row`` did to the rows read here (None: not counted).
 
     Raises:
         SpecError: On construction for a missing file or a bad argument; during iteration for a bad value (the
-            message names the file, the row group or byte offset, and the column).
+            message names the file and the row, or the row group or byte offset, and the column).
+        ValueError: ``on_bad_row: impute`` without the first pass's fill of every dense column.
     """
 
     def __init__(
@@ -281,6 +169,8 @@ class TabularReader:
         drop_last: bool = False,
         chunk_bytes: int = 1 << 22,
         reading: DataPass | None = None,
+        raw: bool = False,
+        counts: BadRowCount | None = None,
     ):
         path_list = [str(paths)] if isinstance(paths, str | os.PathLike) else [str(p) for p in paths]
         if not path_list:
@@ -294,17 +184,20 @@ class TabularReader:
             raise SpecError("TabularReader", "", "batch_size and chunk_bytes must be >= 1, num_workers >= 0")
         if not 0 <= rank < world:
             raise SpecError("TabularReader", "rank", f"must be in [0, {world}), got {rank}")
+        if not raw and schema.on_bad_row is BadRowPolicy.IMPUTE and schema.to_measure:
+            raise ValueError("on_bad_row: impute needs the first pass's fill of every dense column (.statistics)")
         self.paths = tuple(path_list)
         self.schema = schema
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.drop_last = drop_last
+        self.counts = counts
         if fmt == "parquet":
             shards = parquet_shards(path_list)
-            read: Any = _ReadParquet(schema, batch_size)
+            read: Any = _ReadParquet(schema, batch_size, raw)
         else:
             shards = text_shards(path_list, world * max(num_workers, 1))
-            read = _ReadCsv(schema, chunk_bytes)
+            read = _ReadCsv(schema, chunk_bytes, raw)
         self._dataset = (reading or DataPass()).stream(shards, read, batch_size, rank, world)
         self.shards = self._dataset.shards
 
@@ -315,6 +208,17 @@ class TabularReader:
 
     def __iter__(self) -> Iterator[Batch]:
         keys = self.schema.tables
+        return self._merged(lambda block: to_batch(block, keys))
+
+    def blocks(self) -> Iterator[TabularBlock]:
+        """The batches' rows as numpy blocks (no tensor is made: the first pass reads its rows so)."""
+        return self._merged(lambda block: block)
+
+    def _merged(self, to_batch: Any) -> Iterator[Any]:
         return merged_batches(
-            self._dataset, self.num_workers, lambda block: to_batch(block, keys), drop_last=self.drop_last
+            self._dataset,
+            self.num_workers,
+            to_batch,
+            drop_last=self.drop_last,
+            on_block=None if self.counts is None else self.counts.add,
         )

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import logging
 import os
 import re
 import socket
 import threading
-import time
 import urllib.parse
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,15 +35,21 @@ import torch.distributed.rpc as rpc
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.modules.ps.protocol import PeerLostError
 from persia_planner.modules.rpc_environment import (
+    DEFAULT_RPC_TIMEOUT_S,
+    check_rpc_environment,
+    check_timeouts,
     listen_where_the_rendezvous_is,
     master_address,
     rpc_channels,
     rpc_transports,
+    wait_for_listener,
 )
 
 __all__ = [
     "DEFAULT_PEER_TIMEOUT_S",
     "DEFAULT_RPC_TIMEOUT_S",
+    "MASTER_STORE",
+    "StoreAddress",
     "host_store",
     "join_rpc_group",
     "leave_group",
@@ -51,7 +58,6 @@ __all__ = [
     "unanswered",
 ]
 
-DEFAULT_RPC_TIMEOUT_S = 60.0
 # How long a worker waits for another one of its group that stopped answering before it gives up (see leave_group).
 DEFAULT_PEER_TIMEOUT_S = 60.0
 
@@ -109,6 +115,25 @@ def _bounded_tcp_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int,
 torch.distributed.register_rendezvous_handler(_RENDEZVOUS_SCHEME, _bounded_tcp_rendezvous)
 
 
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where a store's address came from, for the fixes of a failure to listen there.
+
+    Attributes:
+        address: What names its host (``MASTER_ADDR``).
+        port: What names its port (``MASTER_PORT``).
+        host: The process that must run on that host (``rank 0``).
+    """
+
+    address: str
+    port: str
+    host: str
+
+
+MASTER_STORE = StoreAddress("MASTER_ADDR", "MASTER_PORT", "rank 0")
+"""The RPC group's store, at ``MASTER_ADDR:MASTER_PORT``."""
+
+
 def host_store(
     addr: str,
     port: int,
@@ -116,6 +141,7 @@ def host_store(
     *,
     world_size: int | None = None,
     wait_for_workers: bool = False,
+    named_by: StoreAddress = MASTER_STORE,
 ) -> torch.distributed.TCPStore:
     """A rendezvous store served by this process, listening on ``addr:port`` only (port 0: one the OS picks).
 
@@ -128,16 +154,31 @@ def host_store(
     (``master_listen_fd``), which owns and closes it from then on. The store's ``port`` is the one bound.
 
     Raises:
-        PlannerError: ``addr:port`` cannot be listened on (an address of another host, or the port is taken).
+        PlannerError: ``addr:port`` cannot be listened on (an address of another host, a name that does not
+            resolve, a port taken or, without root, below 1024): one line, its fixes naming ``named_by``.
     """
-    where = f"{addr}:{port}"
+
+    def cannot_listen(err: OSError | UnicodeError) -> PlannerError:
+        port_fix = f"choose a free {named_by.port}"
+        if getattr(err, "errno", None) == errno.EACCES and port < 1024:
+            port_fix = f"choose a {named_by.port} above 1023 (ports below 1024 need root)"
+        return PlannerError(
+            f"cannot listen on {addr}:{port} for the rendezvous store: {getattr(err, 'strerror', None) or err}",
+            fixes=(
+                f"{named_by.address} must be an address of the host that runs {named_by.host} (127.0.0.1 on one "
+                "machine)",
+                port_fix,
+            ),
+            kind=ErrorKind.UNAVAILABLE,
+        )
+
     try:
         family, kind, proto, _name, sockaddr = socket.getaddrinfo(
             addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         sock = socket.socket(family, kind, proto)
-    except OSError as err:
-        raise PlannerError(f"cannot listen on {where} for the rendezvous store: {err.strerror or err}") from err
+    except (OSError, UnicodeError) as err:  # UnicodeError: a label longer than DNS allows
+        raise cannot_listen(err) from err
     try:
         # As torch's own store server: a restarted rank 0 takes its port back while old connections linger.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -145,14 +186,7 @@ def host_store(
         sock.listen(socket.SOMAXCONN)
     except OSError as err:
         sock.close()
-        raise PlannerError(
-            f"cannot listen on {where} for the rendezvous store: {err.strerror or err}",
-            fixes=(
-                "MASTER_ADDR must be an address of the host that runs rank 0 (127.0.0.1 on one machine)",
-                "choose a free MASTER_PORT",
-            ),
-            kind=ErrorKind.UNAVAILABLE,
-        ) from err
+        raise cannot_listen(err) from err
     bound = sock.getsockname()[1]
     try:
         return torch.distributed.TCPStore(
@@ -178,8 +212,11 @@ def join_rpc_group(name: str, rank: int, world_size: int, rpc_timeout_s: float =
             come together within ``rpc_timeout_s`` (rank 0 unreachable, or a rank missing): one line naming the
             address, this worker and the timeout.
     """
+    # The environment as persia ps checks it before torch (a name that does not resolve is one line at once, not
+    # a wait for the timeout), for callers that did not.
+    check_timeouts(rpc_timeout=rpc_timeout_s)
+    addr, port = check_rpc_environment("the parameter-server RPC group")
     options = rpc_backend_options(rpc_timeout_s)
-    addr, port = master_address("the parameter-server RPC group")
 
     def failed(cause: str) -> PlannerError:
         return PlannerError(
@@ -197,27 +234,18 @@ def join_rpc_group(name: str, rank: int, world_size: int, rpc_timeout_s: float =
     if rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # This rank connects to the store rather than hosting it. Wait for a listener here: torch's own connect
         # loop would give up as well, but logs a C++ backtrace of ~35 lines to stderr first.
-        refused = _wait_for_listener(addr, port, rpc_timeout_s)
+        refused = wait_for_listener(addr, port, rpc_timeout_s)
         if refused is not None:
             raise failed(f"nothing accepts connections there ({refused}); is rank 0 running?")
     try:
         rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
     except RuntimeError as err:  # torch's DistStoreError / DistNetworkError, or the agent's own timeout
-        raise failed((str(err).strip().splitlines() or ["no details"])[0]) from err
-
-
-def _wait_for_listener(addr: str, port: int, timeout_s: float) -> str | None:
-    """None once a TCP connection to ``addr:port`` succeeds, or the last error after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            with socket.create_connection((addr, port), timeout=max(0.1, min(1.0, left))):
-                return None
-        except OSError as err:
-            if left <= 0:
-                return str(err) or type(err).__name__
-        time.sleep(0.1)  # the retry interval of a connect loop (as torch's own), not a synchronisation
+        cause = (str(err).strip().splitlines() or ["no details"])[0]
+        # Rank 0's store: "Timed out after 4 seconds waiting for clients. 1/2 clients joined." (its whole seconds)
+        joined_ranks = re.search(r"(\d+)/(\d+) clients joined", cause)
+        if joined_ranks is not None:
+            cause = f"{joined_ranks[1]} of its {joined_ranks[2]} ranks joined"
+        raise failed(cause) from err
 
 
 def leave_group(*, peer_timeout_s: float | None = DEFAULT_PEER_TIMEOUT_S, is_server: bool = False) -> None:

@@ -9,12 +9,13 @@ free memory is read from DDR, and the disk tier would be measured at memory spee
 planner prices it at the disk's IOPS; the host's DDR cache of the tier is the server's own store
 (:class:`.ssd_store.SsdStore`), sized by the plan.
 
-Layout: a record is a row's weights (the table's dtype) then its optimizer state (float32), padded to 4 bytes.
-Records pack into 4 KiB blocks (``4096 // record`` a block, none straddling two); a record past 4 KiB takes whole
-blocks of its own. Reading a row reads its block; writing one reads its block, patches it and writes it back
-(a block never written reads as zeros, so it is not read). The loops are numba, calling ``pread``/``pwrite`` through
-ctypes with the GIL released, in block order, one request per run of consecutive blocks (up to 1 MiB): a cache's
-misses are one block each, a checkpoint's whole file streams. A batch's reads are split over :data:`READERS` threads.
+Layout: the first block is the file's header (who wrote it: :mod:`.ssd_files`), the rows follow it. A record is a
+row's weights (the table's dtype) then its optimizer state (float32), padded to 4 bytes. Records pack into 4 KiB blocks
+(``4096 // record`` a block, none straddling two); a record past 4 KiB takes whole blocks of its own. Reading a row
+reads its block; writing one reads its block, patches it and writes it back (a block never written reads as zeros, so
+it is not read). The loops are numba, calling ``pread``/``pwrite`` through ctypes with the GIL released, in block
+order, one request per run of consecutive blocks (up to 1 MiB): a cache's misses are one block each, a checkpoint's
+whole file streams. A batch's reads are split over :data:`READERS` threads.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ import numba
 import numpy as np
 import torch
 
-from persia_planner.placement.memory import SSD_BLOCK_BYTES, ssd_record_size
+from persia_planner.placement.memory import SSD_BLOCK_BYTES, SSD_HEADER_BYTES, ssd_record_size
 
-__all__ = ["BLOCK_BYTES", "READERS", "RowFile"]
+__all__ = ["BLOCK_BYTES", "HEADER_BYTES", "READERS", "RowFile"]
 
 BLOCK_BYTES = SSD_BLOCK_BYTES
 """The unit of every read and write (the page size ``O_DIRECT`` aligns to on NVMe and most file systems)."""
+HEADER_BYTES = SSD_HEADER_BYTES
+"""The header block before the rows (a whole block: the rows' offsets stay aligned for ``O_DIRECT``)."""
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PREAD = _LIBC.pread
@@ -68,10 +71,10 @@ def _run_end(order, units, j, max_run):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True)  # not cached: see _run_end
-def _read(fd, order, units, offsets, out, scratch, unit_bytes, record, written, max_run):  # pragma: no cover
+def _read(fd, order, units, offsets, out, scratch, unit_bytes, record, written, max_run, base):  # pragma: no cover
     """Copy the records at ``units[i]``/``offsets[i]`` into ``out[i]``, visiting rows in ``order`` (sorted by unit):
-    each run of consecutive units is one ``pread`` (units never written read as zeros, unread). Returns the units
-    read, or ``-1 - i`` where the read of row ``i`` failed."""
+    each run of consecutive units is one ``pread`` (units never written read as zeros, unread); unit 0 starts at byte
+    ``base``. Returns the units read, or ``-1 - i`` where the read of row ``i`` failed."""
     reads = 0
     j = 0
     while j < order.size:
@@ -79,7 +82,7 @@ def _read(fd, order, units, offsets, out, scratch, unit_bytes, record, written, 
         k, run = _run_end(order, units, j, max_run)
         readable = min(run, max(written - u0, 0))
         if readable > 0:
-            n = _PREAD(fd, scratch.ctypes.data, readable * unit_bytes, u0 * unit_bytes)
+            n = _PREAD(fd, scratch.ctypes.data, readable * unit_bytes, base + u0 * unit_bytes)
             if n != readable * unit_bytes:
                 return -1 - order[j]
             reads += readable
@@ -93,10 +96,13 @@ def _read(fd, order, units, offsets, out, scratch, unit_bytes, record, written, 
 
 
 @numba.njit(nogil=True)  # not cached: see _run_end
-def _write(fd, order, units, offsets, rows, scratch, unit_bytes, record, written, whole, max_run):  # pragma: no cover
+def _write(
+    fd, order, units, offsets, rows, scratch, unit_bytes, record, written, whole, max_run, base
+):  # pragma: no cover
     """Write ``rows[i]`` at ``units[i]``/``offsets[i]``, visiting rows in ``order`` (sorted by unit): each run of
     consecutive units is read once (unless never written, or ``whole``: one record fills a unit), patched and written
-    in one ``pwrite``. Returns ``(units read, units written)``, or ``(-1, i)`` where row ``i``'s run failed."""
+    in one ``pwrite``; unit 0 starts at byte ``base``. Returns ``(units read, units written)``, or ``(-1, i)`` where
+    row ``i``'s run failed."""
     reads = 0
     writes = 0
     j = 0
@@ -105,7 +111,7 @@ def _write(fd, order, units, offsets, rows, scratch, unit_bytes, record, written
         k, run = _run_end(order, units, j, max_run)
         readable = 0 if whole else min(run, max(written - u0, 0))
         if readable > 0:
-            n = _PREAD(fd, scratch.ctypes.data, readable * unit_bytes, u0 * unit_bytes)
+            n = _PREAD(fd, scratch.ctypes.data, readable * unit_bytes, base + u0 * unit_bytes)
             if n != readable * unit_bytes:
                 return -1, order[j]
             reads += readable
@@ -114,7 +120,7 @@ def _write(fd, order, units, offsets, rows, scratch, unit_bytes, record, written
             i = order[m]
             o = (units[i] - u0) * unit_bytes + offsets[i]
             scratch[o : o + record] = rows[i, :]
-        n = _PWRITE(fd, scratch.ctypes.data, run * unit_bytes, u0 * unit_bytes)
+        n = _PWRITE(fd, scratch.ctypes.data, run * unit_bytes, base + u0 * unit_bytes)
         if n != run * unit_bytes:
             return -1, order[j]
         writes += run
@@ -130,25 +136,34 @@ _MIN_ROWS_PER_READER = 16  # below this a batch is read by one thread: a thread'
 
 class RowFile:
     """``capacity`` rows of ``dim`` weights (``weight_dtype``) and ``state_width`` float32 state at slots
-    ``[0, capacity)`` of a file at ``path``, created empty (sparse) and removed by :meth:`close`.
+    ``[0, capacity)`` of a new file at ``path``, after a header block, created empty (sparse) and removed by
+    :meth:`close`.
 
     Args:
-        path: The file (its directory must exist); an existing file is truncated: a server's disk tier starts
-            empty and is filled from a checkpoint, never from a file a crashed run left half written.
+        path: The file (its directory must exist). It must not exist yet: a file of rows never replaces a file it did
+            not create (a server's disk tier starts empty and is filled from a checkpoint, never from a file a
+            crashed run left half written).
         capacity: Rows the file holds.
         dim: Embedding width.
         weight_dtype: The rows' dtype.
         state_width: float32 optimizer-state values per row.
         direct: Open with ``O_DIRECT`` (bypassing the page cache). A file system that refuses it (tmpfs) is opened
             buffered instead, and :attr:`direct` says so.
+        header: The file's first bytes (at most :data:`HEADER_BYTES`, padded with zeros to the block): who wrote it
+            (:meth:`.ssd_files.Owner.header`).
+
+    Raises:
+        OSError: The file exists, or cannot be created and written.
     """
 
     def __init__(
         self, path: str | os.PathLike, capacity: int, dim: int, weight_dtype: torch.dtype, state_width: int,
-        *, direct: bool = True,
+        *, direct: bool = True, header: bytes = b"",
     ) -> None:  # fmt: skip
         if capacity <= 0 or dim <= 0 or state_width < 0:
             raise ValueError(f"capacity and dim must be positive, got capacity={capacity}, dim={dim}")
+        if len(header) > HEADER_BYTES:
+            raise ValueError(f"the header takes at most {HEADER_BYTES} bytes, got {len(header)}")
         self.path = Path(path)
         self.capacity, self.dim, self.weight_dtype, self.state_width = capacity, dim, weight_dtype, state_width
         self.weight_bytes = dim * weight_dtype.itemsize
@@ -156,16 +171,28 @@ class RowFile:
         self.per_unit = max(BLOCK_BYTES // self.record, 1)
         self.unit_bytes = BLOCK_BYTES * -(-self.record // BLOCK_BYTES) if self.per_unit == 1 else BLOCK_BYTES
         self.units = -(-capacity // self.per_unit)
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
         self.direct = direct and hasattr(os, "O_DIRECT")
+        self._fd = -1
+        # Created here (O_EXCL, never through a link) with its header written and synced before any row: a file that
+        # a killed server leaves behind says whose it was (.ssd_files.remove_stale reads it).
+        created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            self._fd = os.open(self.path, flags | (os.O_DIRECT if self.direct else 0), 0o600)
-        except OSError:
-            if not self.direct:
-                raise
-            self.direct = False
-            self._fd = os.open(self.path, flags, 0o600)
-        os.ftruncate(self._fd, self.units * self.unit_bytes)
+            os.ftruncate(created, HEADER_BYTES + self.units * self.unit_bytes)
+            os.pwrite(created, header.ljust(HEADER_BYTES, b"\0"), 0)
+            os.fsync(created)
+            if self.direct:
+                try:
+                    self._fd = os.open(self.path, os.O_RDWR | os.O_DIRECT | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except OSError:  # a file system without O_DIRECT: the buffered descriptor serves
+                    self.direct = False
+        except BaseException:
+            os.close(created)
+            self.path.unlink(missing_ok=True)
+            raise
+        if self._fd >= 0:
+            os.close(created)
+        else:
+            self._fd = created
         self._max_run = max(1, _RUN_BYTES // self.unit_bytes)
         self._scratch = _aligned(self._max_run * self.unit_bytes)
         self._scratches = [self._scratch]  # one per reader thread (see read)
@@ -175,8 +202,8 @@ class RowFile:
 
     @property
     def disk_bytes(self) -> int:
-        """The file's size: what the rows take on disk."""
-        return self.units * self.unit_bytes
+        """The file's size: what its header and rows take on disk."""
+        return HEADER_BYTES + self.units * self.unit_bytes
 
     def _where(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= self.capacity):
@@ -200,7 +227,7 @@ class RowFile:
         def part(k: int) -> int:
             return _read(
                 self._fd, parts[k], units, offsets, out, self._scratches[k], self.unit_bytes, self.record,
-                self._written, self._max_run,
+                self._written, self._max_run, HEADER_BYTES,
             )  # fmt: skip
 
         counts = list(self._pool.map(part, range(len(parts)))) if len(parts) > 1 else [part(0)]
@@ -228,7 +255,7 @@ class RowFile:
         whole = fresh or self.per_unit == 1
         r, w = _write(
             self._fd, order, units, offsets, rows, self._scratch, self.unit_bytes, self.record, self._written, whole,
-            self._max_run,
+            self._max_run, HEADER_BYTES,
         )  # fmt: skip
         if r < 0:
             raise OSError(f"{self.path}: writing row slot {int(s[w])} failed")

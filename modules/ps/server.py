@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import glob
 import logging
 import os
 import tempfile
@@ -53,6 +52,7 @@ from persia_planner.modules.ps.protocol import (
     server_index,
     server_name,
 )
+from persia_planner.modules.ps.ssd_files import remove_stale, scratch_name, this_process
 from persia_planner.modules.ps.ssd_store import SsdStore
 from persia_planner.modules.ps.store import EmbeddingStore
 from persia_planner.modules.ps.table_checkpoints import load_rows, read_latest, save_shard
@@ -145,7 +145,8 @@ def reset_state() -> None:
 def make_store(config: TableConfig, index: int) -> EmbeddingStore | SsdStore:
     """The empty store of ``config``'s table on the server of index ``index`` (its admission draws are seeded
     ``config.seed + index``): on the ``ssd`` tier (``config.ssd_rows``), its DDR cache over a new file of rows
-    in ``config.ssd_dir``, named for the table, the server and this process."""
+    in ``config.ssd_dir``, named for the table, the server and this process, with a header saying it is this
+    process's (:mod:`.ssd_files`: only such files of a dead server are removed, never another file)."""
     store = EmbeddingStore(
         config.dim,
         config.capacity,
@@ -164,12 +165,11 @@ def make_store(config: TableConfig, index: int) -> EmbeddingStore | SsdStore:
         return store
     directory = Path(config.ssd_dir or tempfile.gettempdir())
     directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob(f"{glob.escape(config.name)}.ps{index}.*.rows"):  # a killed server's file
-        with contextlib.suppress(ValueError, OSError):
-            os.kill(int(stale.suffixes[-2][1:]), 0)  # its process lives: another run's file, kept
-            continue
-        stale.unlink(missing_ok=True)
-    return SsdStore(store, directory / f"{config.name}.ps{index}.{os.getpid()}.rows", config.ssd_rows)
+    for stale in remove_stale(directory, config.name, index):  # files of ours whose server was killed
+        log.info("removed %s: a file of rows its dead server left", stale)
+    owner = this_process()
+    path = directory / scratch_name(config.name, index, owner.run)
+    return SsdStore(store, path, config.ssd_rows, header=owner.header())
 
 
 def close_files() -> None:

@@ -43,12 +43,22 @@ class SsdStore:
 
     Args:
         cache: The DDR cache (its capacity: the rows the plan caches on this server); its ``on_evict`` is taken.
-        path: The file of rows (created; removed by :meth:`close`), of ``memory.ssd_file_slots`` slots.
+        path: The file of rows (created: it must not exist; removed by :meth:`close`), of ``memory.ssd_file_slots``
+            slots.
         disk_capacity: Rows the disk holds (at least the cache's capacity): caps the table's rows on this server.
         direct: Bypass the page cache (see :class:`.row_file.RowFile`).
+        header: The file's header: who wrote it (see :class:`.row_file.RowFile`).
     """
 
-    def __init__(self, cache: EmbeddingStore, path: str | os.PathLike, disk_capacity: int, *, direct: bool = True):
+    def __init__(
+        self,
+        cache: EmbeddingStore,
+        path: str | os.PathLike,
+        disk_capacity: int,
+        *,
+        direct: bool = True,
+        header: bytes = b"",
+    ):
         if disk_capacity < cache.capacity:
             raise ValueError(f"disk_capacity ({disk_capacity:,}) must hold the cache's {cache.capacity:,} rows")
         self.cache = cache
@@ -57,7 +67,7 @@ class SsdStore:
         self.weight_dtype, self.optimizer = cache.weight_dtype, cache.optimizer
         record = ssd_record_size(cache.dim, cache.weight_dtype.itemsize, cache.state_width)
         slots = int(ssd_file_slots(disk_capacity, record))
-        self.file = RowFile(path, slots, cache.dim, cache.weight_dtype, cache.state_width, direct=direct)
+        self.file = RowFile(path, slots, cache.dim, cache.weight_dtype, cache.state_width, direct=direct, header=header)
         self._disk_ids = table_empty(slots, dtype=torch.int64)  # the id each file slot was last written for
         self._disk_index = HashIndex(disk_capacity, PS_INDEX_LOAD_FACTOR, self._disk_ids)
         self._on_disk = 0  # live rows: ids in the disk index

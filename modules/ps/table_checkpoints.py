@@ -57,6 +57,7 @@ __all__ = [
     "load_shard",
     "prune",
     "read_latest",
+    "read_manifest",
     "save_all",
     "save_shard",
     "verify",
@@ -100,21 +101,22 @@ def read_latest(directory: str | os.PathLike) -> dict[str, Any] | None:
     latest = _read_json(directory / LATEST)
     try:
         version, n = int(latest["version"]), int(latest["n_servers"])
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise unreadable(directory / LATEST, err) from None
+    if version < 0 or n < 1:
+        raise unreadable(directory / LATEST, f"version {version}, {n} servers")
     path = _version_dir(directory, version)
     manifests = []
     for j in range(n):
         try:
-            manifests.append(_read_manifest(path, j, n))
+            manifests.append(read_manifest(path, j, n))
         except FileNotFoundError as err:  # LATEST names a version whose files are gone: not a partial save
             raise unreadable(Path(err.filename or path), "missing") from None
-    return {
-        "version": version,
-        "n_servers": n,
-        "path": path,
-        "delta_sequence": min(int(m.get("delta_sequence", -1)) for m in manifests),
-    }
+    try:
+        sequence = min(int(m.get("delta_sequence", -1)) for m in manifests)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise unreadable(path, f"delta_sequence: {err}") from None
+    return {"version": version, "n_servers": n, "path": path, "delta_sequence": sequence}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -130,7 +132,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def _read_manifest(path: Path, server: int, n_servers: int) -> dict[str, Any]:
+def read_manifest(path: Path, server: int, n_servers: int) -> dict[str, Any]:
+    """The manifest of server ``server`` of ``n_servers`` in the version directory ``path``: its tables, each with its
+    ``file``, ``rows``, ``bytes`` and ``config``; FileNotFoundError where it is missing.
+
+    Raises:
+        .protocol.CheckpointError: It is unreadable or not a shard manifest.
+    """
     manifest = _read_json(path / _manifest_name(server, n_servers))
     if manifest.get("format") != SHARD_FORMAT or not isinstance(manifest.get("tables"), dict):
         raise unreadable(path / _manifest_name(server, n_servers), f"unknown format {manifest.get('format')!r}")
@@ -151,7 +159,7 @@ def verify(directory: str | os.PathLike) -> dict[str, Any] | None:
         return None
     path, n = latest["path"], latest["n_servers"]
     for j in range(n):
-        for entry in _read_manifest(path, j, n)["tables"].values():
+        for entry in read_manifest(path, j, n)["tables"].values():
             file = path / str(entry.get("file"))
             problem = file_problem(file, entry, checksums=False)
             if problem is not None:
@@ -257,7 +265,7 @@ def commit(directory: str | os.PathLike, version: int, *, n_servers: int | None 
             raise ValueError(f"{path}: cannot infer n_servers (complete manifest sets for {sorted(complete)})")
         n_servers = complete[0]
     for j in range(n_servers):
-        manifest = _read_manifest(path, j, n_servers)  # raises FileNotFoundError for a server that did not finish
+        manifest = read_manifest(path, j, n_servers)  # raises FileNotFoundError for a server that did not finish
         for table, entry in manifest["tables"].items():
             if not (path / entry["file"]).is_file():
                 raise FileNotFoundError(f"{path / entry['file']} (table {table!r}, server {j}) is missing")
@@ -311,7 +319,7 @@ def load_rows(
     parts: dict[str, list[dict[str, Any]]] = {}
     configs: dict[str, dict] = {}
     for j in range(saved_n):
-        manifest = _read_manifest(path, j, saved_n)
+        manifest = read_manifest(path, j, saved_n)
         for table, entry in manifest["tables"].items():
             configs.setdefault(table, entry["config"])
             # mmap: only the pages of the rows this server keeps (and the ids) are read into memory. weights_only:

@@ -15,6 +15,7 @@ import platform
 import statistics
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -261,7 +262,7 @@ def disk(sizes: Sizes, directory: str | None = None) -> dict[str, Any]:
     directory = directory or tempfile.gettempdir()
     dim = (BLOCK_BYTES - 4) // 4  # weights and one state value fill a block: a record is a block
     rows = sizes.disk_bytes // BLOCK_BYTES
-    path = Path(directory) / f"persia-calibrate.{os.getpid()}.rows"
+    path = Path(directory) / f"persia-calibrate.{os.getpid()}.{uuid.uuid4().hex[:12]}.rows"  # new: never replaced
     file = RowFile(path, rows, dim, torch.float32, 1)
     try:
         chunk = max(1, (16 * MiB) // BLOCK_BYTES)

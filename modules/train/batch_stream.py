@@ -18,6 +18,7 @@ from torch import nn
 from persia_planner.errors import PlannerError
 from persia_planner.model.specs import ModelSpec
 from persia_planner.modules.data.batch import Batch, as_batches
+from persia_planner.modules.data.blocks import BadRowCount
 from persia_planner.modules.data.criteo import CriteoReader
 from persia_planner.modules.data.shards import DataPass
 from persia_planner.modules.data.source import DataKind, DataSource
@@ -25,10 +26,13 @@ from persia_planner.modules.data.split import RowSplit
 from persia_planner.modules.data.statistics import measured
 from persia_planner.modules.data.synthetic import SyntheticClicks, Teacher
 from persia_planner.modules.data.tabular import TabularReader
-from persia_planner.modules.train.config import TrainConfig, data_schema, id_universe
+from persia_planner.modules.train.config import TrainConfig
+from persia_planner.modules.train.run_inputs import data_schema, id_universe
 
 __all__ = [
+    "BadRowTally",
     "Epochs",
+    "bad_rows_summary",
     "click_metrics",
     "evaluate",
     "file_reader",
@@ -73,15 +77,53 @@ class Epochs:
         return len(self.lengths), step - done
 
 
+@dataclass
+class BadRowTally:
+    """What ``on_bad_row`` did to the rows of Parquet / CSV files this trainer read: in each training epoch of the
+    run, and in its last evaluation (:class:`.data.tabular.BadRowCount`)."""
+
+    epochs: list[BadRowCount] = field(default_factory=list)
+    evaluation: BadRowCount = field(default_factory=BadRowCount)
+
+
+def bad_rows_summary(spec: ModelSpec, cfg: TrainConfig, tally: BadRowTally) -> dict[str, Any] | None:
+    """What ``on_bad_row`` did to every trainer's rows, as the run's summary says it: the rows left out of a training
+    epoch (the most of any epoch the run read) and of the last evaluation, and the rows imputed; None for data other
+    than Parquet / CSV. Collectives: every trainer calls it."""
+    schema = data_schema(spec, cfg)
+    if not DataSource.parse(cfg.data).tabular or schema is None:
+        return None
+    epochs = torch.tensor([len(tally.epochs)])
+    if dist.is_initialized():
+        dist.all_reduce(epochs, op=dist.ReduceOp.MAX)
+    counts = torch.zeros(int(epochs.item()) + 1, 2, dtype=torch.int64)  # the epochs' rows, then the evaluation's
+    for i, c in enumerate([*tally.epochs, tally.evaluation]):
+        counts[i if i < len(tally.epochs) else -1] = torch.tensor([c.skipped, c.imputed])
+    if dist.is_initialized():
+        dist.all_reduce(counts)
+    train = counts[:-1].max(dim=0).values if len(counts) > 1 else torch.zeros(2, dtype=torch.int64)
+    return {
+        "on_bad_row": schema.on_bad_row.value,
+        "skipped": {"train": int(train[0]), "eval": int(counts[-1, 0])},
+        "imputed": {"train": int(train[1]), "eval": int(counts[-1, 1])},
+    }
+
+
 def training_batches(
-    spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, epochs: Epochs | None = None, skip: int = 0
+    spec: ModelSpec,
+    cfg: TrainConfig,
+    batch_size: int,
+    *,
+    epochs: Epochs | None = None,
+    skip: int = 0,
+    bad_rows: BadRowTally | None = None,
 ) -> Iterator[Batch]:
     """This trainer's training batches after the ``skip`` steps the job trained before (a resumed run).
 
     Synthetic global batch ``b`` goes to trainer ``b mod trainers``, ``cfg.steps`` of them. Data files: epoch after
     epoch (``cfg.passes``), each in its own seeded order (:class:`.data.shards.DataPass`), the held-out rows left out;
     an epoch ends for every trainer when one has read all of its share (:func:`lockstep`), and ``epochs`` records
-    its length. At most ``cfg.steps`` batches when given.
+    its length; ``bad_rows`` what ``on_bad_row`` did to each epoch's rows. At most ``cfg.steps`` batches when given.
     """
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -91,7 +133,8 @@ def training_batches(
     epochs = epochs if epochs is not None else Epochs()
     first_epoch, within = epochs.position(skip)
     split = RowSplit(cfg.held_out_share, held_out=False) if cfg.held_out_share else None
-    stream = _epochs(spec, cfg, batch_size, rank, world, epochs, first_epoch, within, split)
+    tally = bad_rows if bad_rows is not None else BadRowTally()
+    stream = _epochs(spec, cfg, batch_size, rank, world, epochs, first_epoch, within, split, tally)
     yield from stream if cfg.steps is None else itertools.islice(stream, cfg.steps)
 
 
@@ -105,10 +148,12 @@ def _epochs(
     first_epoch: int,
     within: int,
     split: RowSplit | None,
+    tally: BadRowTally,
 ) -> Iterator[Batch]:
     for epoch in range(first_epoch, cfg.passes):
         reading = DataPass(epoch=epoch, seed=cfg.seed, shuffle_rows=cfg.shuffle_buffer, split=split)
-        batches = iter(file_reader(spec, cfg, batch_size, rank, world, reading=reading))
+        tally.epochs.append(counts := BadRowCount())
+        batches = iter(file_reader(spec, cfg, batch_size, rank, world, reading=reading, counts=counts))
         skipped = within if epoch == first_epoch else 0
         # Every trainer trained on these together (in lockstep) before: skipped without a collective.
         n = sum(1 for _ in itertools.islice(batches, skipped))
@@ -118,19 +163,25 @@ def _epochs(
         epochs.lengths.append(n)
 
 
-def held_out_batches(spec: ModelSpec, cfg: TrainConfig, batch_size: int) -> Iterator[Batch]:
+def held_out_batches(
+    spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, bad_rows: BadRowTally | None = None
+) -> Iterator[Batch]:
     """This trainer's evaluation batches (``cfg.eval_batches``, the same at every evaluation): synthetic data drawn
-    with another seed; data files: ``--eval-data``'s rows, or the training files' held-out rows, in file order."""
+    with another seed; data files: ``--eval-data``'s rows, or the training files' held-out rows, in file order
+    (``bad_rows``: what ``on_bad_row`` did to the rows read, this evaluation's in place of the last one's)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     if cfg.data == "synthetic":
         yield from _synthetic(spec, cfg, batch_size, rank, world, first=0, count=cfg.eval_batches, eval_=True)
         return
+    counts = BadRowCount()
+    if bad_rows is not None:
+        bad_rows.evaluation = counts
     if cfg.eval_data is not None:
-        reader = file_reader(spec, cfg, batch_size, rank, world, data=cfg.eval_data)
+        reader = file_reader(spec, cfg, batch_size, rank, world, data=cfg.eval_data, counts=counts)
     else:
         split = RowSplit(cfg.held_out_share, held_out=True)
-        reader = file_reader(spec, cfg, batch_size, rank, world, reading=DataPass(split=split))
+        reader = file_reader(spec, cfg, batch_size, rank, world, reading=DataPass(split=split), counts=counts)
     yield from itertools.islice(reader, cfg.eval_batches)
 
 
@@ -151,11 +202,12 @@ def _synthetic(
 
 
 def with_data_statistics(spec: ModelSpec, cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with its schema's ``standardize`` statistics measured (:func:`.data.statistics.measured`), for a
-    Parquet / CSV source whose schema asks for them; ``cfg`` itself otherwise."""
+    """``cfg`` with what its schema needs measured (:func:`.data.statistics.measured`: ``standardize``'s statistics,
+    ``impute``'s means), for a Parquet / CSV source whose schema asks for them; ``cfg`` itself otherwise (as after
+    :func:`.run_inputs.check_before_start`, which measured them before the processes started)."""
     source = DataSource.parse(cfg.data)
     schema = data_schema(spec, cfg)
-    if not source.tabular or schema is None or not schema.to_standardize:
+    if not source.tabular or schema is None or not schema.to_measure:
         return cfg
     return replace(cfg, schema=measured(schema, source.files(), source.kind.value, cfg.held_out_share))
 
@@ -170,10 +222,11 @@ def file_reader(
     data: str | None = None,
     reading: DataPass | None = None,
     drop_last: bool = True,
+    counts: BadRowCount | None = None,
 ) -> Iterable[Batch]:
     """The full batches trainer ``rank`` of ``world`` reads from ``data``'s files (default ``cfg.data``; its shards
     only) in the pass ``reading`` (default: every row, in file order); the last partial one too without
-    ``drop_last``."""
+    ``drop_last``; Parquet / CSV: ``counts`` adds what ``on_bad_row`` did to the rows read."""
     source = DataSource.parse(data or cfg.data)
     files = source.files()
     if cfg.data_workers and multiprocessing.current_process().daemon:
@@ -193,7 +246,7 @@ def file_reader(
         return CriteoReader(files, **common)
     schema = data_schema(spec, cfg)
     assert schema is not None  # config.check_data_matches
-    return TabularReader(files, schema, fmt=source.kind.value, **common)
+    return TabularReader(files, schema, fmt=source.kind.value, counts=counts, **common)
 
 
 def lockstep(batches: Iterable[Batch]) -> Iterator[Batch]:

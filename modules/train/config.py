@@ -1,9 +1,8 @@
-"""What a run is asked to do (options, environment) and the checks of its inputs, without importing torch.
+"""What a run is asked to do: the options of ``persia train`` (:class:`TrainConfig`), each checked as it is given,
+without importing torch.
 
-``persia train`` builds a :class:`TrainConfig` and runs :func:`check_before_start` before it imports the engine
-(:mod:`.train`: torch ~2 s, torchrec ~4.5 s), so a mistyped option, a missing data file or a checkpoint directory
-that cannot be one is answered in a fraction of a second, as ``persia plan`` answers. :mod:`.train` re-exports
-:class:`TrainConfig` and runs the same checks for callers of its Python API. The RPC group's environment is read by
+:mod:`.run_inputs` checks them against the model and the data before any process starts; :mod:`.train` re-exports
+:class:`TrainConfig` for callers of its Python API. The RPC group's environment is read by
 :mod:`persia_planner.modules.rpc_environment`, torch-free as well.
 """
 
@@ -11,19 +10,17 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from persia_planner.errors import PlannerError, SpecError
-from persia_planner.model.data_schema import DataSchema
-from persia_planner.model.dense import DenseArch
+from persia_planner.errors import PlannerError
+from persia_planner.model.data_schema import BadRowPolicy, DataSchema
 from persia_planner.model.specs import DEFAULT_STALENESS, ModelSpec, Optimizer
-from persia_planner.modules.data.criteo_format import FEATURE_NAMES, NUM_INTEGER
-from persia_planner.modules.data.source import DataKind, DataSource, check_gzip_shards, check_tabular, count_rows
+from persia_planner.modules.data.source import (
+    DataKind,
+    DataSource,
+)
 from persia_planner.modules.data.split import DEFAULT_EVAL_SPLIT
-from persia_planner.modules.rpc_environment import rpc_channels, rpc_transports
-from persia_planner.modules.train.run_directories import check_checkpoint_dir, check_log_dir, check_resume_exists
 from persia_planner.modules.wire_dtypes import WireDtype
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,18 +38,7 @@ __all__ = [
     "PsCapacity",
     "TrainConfig",
     "TrainMode",
-    "check_before_start",
-    "check_data_matches",
-    "check_dense_inputs",
-    "check_id_space",
     "data_identity",
-    "data_schema",
-    "dense_arch",
-    "describe_hyper_parameters",
-    "dlrm_embedding_dim",
-    "hyper_parameters",
-    "id_universe",
-    "num_dense",
     "sparse_optimizer_of",
     "trainer_batch_size",
 ]
@@ -138,7 +124,10 @@ class TrainConfig:
         trainers: Trainer processes.
         data: ``"synthetic"``, or ``"criteo:PATH"``, ``"parquet:PATH"`` or ``"csv:PATH"`` (one file or a directory
             of files; :class:`persia_planner.modules.data.source.DataSource`).
-        schema: How a Parquet / CSV file's columns feed the model (``--schema``); None: the model's ``data:``.
+        schema: How a Parquet / CSV file's columns feed the model (``--schema``); None: the model's ``data:``. After
+            :func:`check_before_start`, the one the run reads with: with what the first pass measured.
+        on_bad_row: What reading does with a bad row of a Parquet / CSV file (``--on-bad-row``); None: the schema's
+            ``on_bad_row`` (:class:`~persia_planner.model.data_schema.BadRowPolicy`).
         data_workers: DataLoader worker processes per trainer reading Parquet, CSV or Criteo files (0: the trainer
             reads them itself); each reads its own part of the trainer's share.
         eval_batches: Batches per trainer of each evaluation (synthetic data: drawn with another seed; data files:
@@ -191,6 +180,7 @@ class TrainConfig:
     trainers: int = 2
     data: str = "synthetic"
     schema: DataSchema | None = None
+    on_bad_row: BadRowPolicy | None = None
     data_workers: int = 0
     eval_batches: int = 8
     eval_every: int = 0
@@ -225,6 +215,8 @@ class TrainConfig:
             object.__setattr__(
                 self, "sparse_optimizer", _choice(Optimizer, self.sparse_optimizer, "--sparse-optimizer")
             )
+        if self.on_bad_row is not None:
+            object.__setattr__(self, "on_bad_row", _choice(BadRowPolicy, self.on_bad_row, "--on-bad-row"))
         self._check_passes()
         if (self.steps is not None and self.steps < 1) or self.trainers < 1 or self.eval_batches < 1:
             raise PlannerError("--steps, trainers and eval batches must be >= 1")
@@ -276,12 +268,14 @@ class TrainConfig:
                 "--resume continues the checkpoint that --overwrite would replace: pass one of them",
                 fixes=("--resume to continue it", "--overwrite to train from scratch into it"),
             )
-        if self.schema is not None and not DataSource.parse(self.data).tabular:
+        tabular = DataSource.parse(self.data).tabular
+        if self.schema is not None and not tabular:
+            raise _schema_for_other_data(self.schema, self.data)
+        if self.on_bad_row is not None and not tabular:
             raise PlannerError(
-                f"--schema maps the columns of Parquet or CSV files, not --data {self.data}",
-                fixes=("drop --schema", "pass --data parquet:PATH or csv:PATH"),
+                f"--on-bad-row says what to do with bad rows of Parquet or CSV files, not of --data {self.data}",
+                fixes=("drop --on-bad-row", "pass --data parquet:PATH or csv:PATH"),
             )
-        DataSource.parse(self.data)
         if not 0 <= self.data_workers <= MAX_DATA_WORKERS:
             raise PlannerError(f"--data-workers must be in [0, {MAX_DATA_WORKERS}], got {self.data_workers}")
         if self.ps_capacity is PsCapacity.UNBOUNDED and self.data != "synthetic":
@@ -346,84 +340,6 @@ class TrainConfig:
         return self.ps_wire.torch_dtype
 
 
-# ---- checks of the run's inputs, before any process starts ----------------------------------------------------
-
-
-def data_schema(spec: ModelSpec, cfg: TrainConfig) -> DataSchema | None:
-    """The columns' roles of a Parquet / CSV source: ``--schema``'s, else the model's ``data:``."""
-    return cfg.schema if cfg.schema is not None else spec.data
-
-
-def num_dense(spec: ModelSpec, cfg: TrainConfig) -> int:
-    """The dense features of a batch: the schema's dense columns for Parquet / CSV (one constant 0 without any),
-    Criteo's 13 otherwise."""
-    schema = data_schema(spec, cfg)
-    if DataSource.parse(cfg.data).tabular and schema is not None:
-        return schema.num_inputs
-    return NUM_INTEGER
-
-
-def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> int | None:
-    """The data must exist, feed the model and hold a step and an evaluation; returns its training rows (None for
-    synthetic data).
-
-    ``--data criteo:PATH`` provides features c1..c26, so the model's tables must be named after them (and gzip files,
-    read whole, are at least one per trainer); a Parquet / CSV source is checked against its schema by
-    :func:`persia_planner.modules.data.source.check_tabular`; ``--eval-data`` alike. Then the rows are counted
-    (:func:`persia_planner.modules.data.source.count_rows`): the training rows must hold a batch for every trainer,
-    and the validation rows (held out, or ``--eval-data``'s) an evaluation batch for every trainer.
-    """
-    source = DataSource.parse(cfg.data)
-    if source.kind is DataKind.SYNTHETIC:
-        return None
-    rows = _check_files(spec, cfg, source)
-    held_out = round(rows * cfg.held_out_share)
-    train_rows = rows - held_out
-    if cfg.eval_data is not None:
-        eval_source = DataSource.parse(cfg.eval_data)
-        eval_rows, eval_what = _check_files(spec, cfg, eval_source), f"--eval-data {cfg.eval_data}"
-    else:
-        eval_rows = held_out
-        eval_what = f"the {cfg.held_out_share:.0%} held out for validation (--eval-split)"
-    batch = trainer_batch_size(cfg, spec, cfg.trainers)
-    step_rows = batch * cfg.trainers
-    if train_rows < step_rows:
-        raise SpecError(
-            cfg.data,
-            "",
-            f"{rows:,} rows, {train_rows:,} of them for training, hold no full batch of {batch:,} samples for each of "
-            f"{cfg.trainers} trainers ({step_rows:,} rows a step)",
-            fixes=("use a smaller --batch-size, fewer --trainers or more data",),
-        )
-    if eval_rows < step_rows:
-        raise SpecError(
-            cfg.eval_data or cfg.data,
-            "",
-            f"{eval_what}: about {eval_rows:,} rows, no evaluation batch of {batch:,} samples for each of "
-            f"{cfg.trainers} trainers ({step_rows:,} rows)",
-            fixes=("hold out more with --eval-split", "pass --eval-data PATH", "use a smaller --batch-size"),
-        )
-    return train_rows
-
-
-def _check_files(spec: ModelSpec, cfg: TrainConfig, source: DataSource) -> int:
-    """One file source against the model (its schema, or Criteo's features); returns its rows."""
-    if source.tabular:
-        check_tabular(source, data_schema(spec, cfg), spec, cfg.trainers)
-        return count_rows(source, source.files())
-    files = source.check_files()
-    unknown = [t.name for t in spec.tables if t.name not in FEATURE_NAMES]
-    if unknown:
-        raise SpecError(
-            spec.name,
-            f"tables.{unknown[0]}",
-            "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
-            fixes=("name the tables c1..c26",),
-        )
-    check_gzip_shards(source, files, cfg.trainers)
-    return count_rows(source, files)
-
-
 def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
     """The sparse optimizer a run applies to every table: ``cfg``'s if given, else the one the model's tables name
     (the plan sized their optimizer state for it)."""
@@ -454,119 +370,21 @@ MAX_EVAL_BATCHES = 10**6
 """The most held-out batches per trainer (``--eval-batches``)."""
 
 
-def dlrm_embedding_dim(spec: ModelSpec) -> int:
-    """The one embedding dim of ``spec``'s tables, which DLRM's feature interaction needs.
-
-    Raises:
-        PlannerError: The tables do not share one dim.
-    """
-    dims = {t.dim for t in spec.tables}
-    if len(dims) != 1:
-        raise PlannerError(
-            f"model {spec.name!r}: a DLRM needs one embedding dim for all tables, got {sorted(dims)}",
-            fixes=("give every table the same dim",),
-        )
-    return dims.pop()
-
-
-def dense_arch(spec: ModelSpec, cfg: TrainConfig) -> DenseArch:
-    """The dense arch a run builds: the model's (``dense: arch:``), or TorchRec's default ``DLRM``, reading the data's
-    dense features (:func:`num_dense`) unless model.yaml wrote ``num_dense``."""
-    arch = spec.dense.built_arch
-    if spec.dense.arch is None or arch.inputs_from_data:
-        return replace(arch, num_dense=num_dense(spec, cfg))
-    return arch
-
-
-def check_dense_inputs(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """The data has as many dense features as a ``num_dense`` model.yaml wrote (a schema without dense columns
-    gives one constant input)."""
-    inputs, source = num_dense(spec, cfg), DataSource.parse(cfg.data)
-    arch = spec.dense.arch
-    if arch is not None and not arch.inputs_from_data and arch.num_dense != inputs:
-        kind = f"{source.kind.value} columns" if source.tabular else "synthetic or Criteo"
-        raise SpecError(
-            spec.name,
-            "dense.num_dense",
-            f"is {arch.num_dense}, but the data ({kind}) has {inputs} dense features",
-            fixes=(f"num_dense: {inputs}", "leave num_dense out (it follows the data)"),
-        )
-
-
 def trainer_batch_size(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> int:
     """Samples per step of each trainer: ``--batch-size``, else the model's ``batch_size`` shared by the trainers."""
     return cfg.batch_size or max(1, spec.batch_size // trainers)
 
 
-def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
-    """What a run trains with, as ``--json`` and checkpoints record it: optimizers, learning rates, the global batch,
-    the evaluation interval, the staleness bound and the dense arch."""
-    schema = data_schema(spec, cfg) if DataSource.parse(cfg.data).tabular else None
-    transforms = {c: t.to_dict() for c, t in schema.transforms.items()} if schema is not None else {}
-    return {
-        "dense_optimizer": cfg.dense_optimizer.value,
-        "dense_lr": cfg.dense_lr,
-        "sparse_optimizer": sparse_optimizer_of(cfg, spec).value,
-        "sparse_lr": cfg.sparse_lr,
-        "batch_size": trainer_batch_size(cfg, spec, trainers) * trainers,
-        "eval_every": cfg.eval_every,
-        "staleness": cfg.effective_staleness,
-        "dense_arch": dense_arch(spec, cfg).to_dict(),
-        **({"data_transforms": transforms} if transforms else {}),  # what scoring other rows must apply alike
-    }
-
-
-def describe_hyper_parameters(hyper: Mapping[str, Any] | None) -> str:
-    """:func:`hyper_parameters` in one line of the summary table."""
-    if not hyper:
-        return "-"
-    return (
-        f"{hyper['dense_arch']['arch']}; dense {hyper['dense_optimizer']} ({hyper['dense_lr']:g}), "
-        f"sparse {hyper['sparse_optimizer']} ({hyper['sparse_lr']:g})"
-    )
-
-
-def id_universe(spec: ModelSpec, cfg: TrainConfig) -> dict[str, int]:
-    """Distinct ids the synthetic data draws per table: ``--id-space`` times the table's rows (at least 1)."""
-    return {t.name: max(1, int(t.rows * cfg.teacher_rows_scale)) for t in spec.tables}
-
-
-def check_id_space(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """Synthetic data: every table's id universe (:func:`id_universe`) within :data:`MAX_SYNTHETIC_IDS`."""
-    if cfg.data != "synthetic":
-        return
-    table = max(spec.tables, key=lambda t: t.rows)
-    ids = id_universe(spec, cfg)[table.name]
-    if ids > MAX_SYNTHETIC_IDS:
-        raise PlannerError(
-            f"--id-space {cfg.teacher_rows_scale:g}: table {table.name!r} would draw from {ids:,} ids, over the "
-            f"{MAX_SYNTHETIC_IDS:,} of one synthetic feature",
-            fixes=(f"--id-space {math.floor(MAX_SYNTHETIC_IDS / table.rows * 100) / 100:g} or less",),
+def _schema_for_other_data(schema: DataSchema, data: str) -> PlannerError:
+    """The error of a columns' schema given with data that has no columns to map: it names where the schema came
+    from, --schema or a model's data:, and the fix for that."""
+    if schema.from_file:
+        return PlannerError(
+            f"--schema {schema.source} maps the columns of Parquet or CSV files, not --data {data}",
+            fixes=("drop --schema", "pass --data parquet:PATH or csv:PATH"),
         )
-
-
-def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool) -> TrainConfig:
-    """The run's inputs that every process would trip over: one line here, before any process starts; returns
-    ``cfg`` with the training rows it counted (:attr:`TrainConfig.data_rows`).
-
-    Checks the data (:func:`check_data_matches`), the checkpoint and log directories and, with ``--resume``, that the
-    checkpoint holds a trainer state; that the model's tables agree on one sparse optimizer and one dim, and its
-    dense arch on the data's dense features; and, when the plan has PS tables (``with_ps``),
-    ``PERSIA_RPC_TRANSPORTS`` and ``PERSIA_RPC_CHANNELS``.
-
-    Raises:
-        PlannerError: The first problem found (``SpecError`` for the data).
-    """
-    rows = check_data_matches(spec, cfg)
-    check_id_space(spec, cfg)
-    if cfg.resume and cfg.checkpoint:  # first: a refused resume creates nothing
-        check_resume_exists(cfg.checkpoint)
-    check_checkpoint_dir(cfg)
-    check_log_dir(cfg)
-    sparse_optimizer_of(cfg, spec)
-    dlrm_embedding_dim(spec)
-    check_dense_inputs(spec, cfg)
-    if with_ps:
-        rpc_transports()
-        rpc_channels()
-    return replace(cfg, data_rows=rows)
+    return PlannerError(
+        f"--data {data}: the model's columns (data: of {schema.source}) are those of Parquet or CSV files, which this "
+        "data is not",
+        fixes=("pass --data parquet:PATH or csv:PATH, files with those columns",),
+    )

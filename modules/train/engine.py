@@ -13,6 +13,7 @@ hosts, and runs their servers and trainers (:func:`persia_planner.topology.torch
 reads its own share of the data: batch ``b`` of the stream goes to trainer ``b mod trainers``.
 
 The rooms of a run: :mod:`persia_planner.modules.train.config` (the options, checked without torch),
+:mod:`persia_planner.modules.train.run_inputs` (the inputs against the model, before any process starts),
 :mod:`persia_planner.modules.train.job` (what every trainer gets and its start-up),
 :mod:`persia_planner.modules.train.trainer` (one trainer from start to summary),
 :mod:`persia_planner.modules.train.loop` (the model, its optimizers and the step loop),
@@ -35,14 +36,13 @@ from persia_planner.kinds import Mode
 from persia_planner.model.specs import ModelSpec
 from persia_planner.modules.embedding.model_parallel import check_trainers
 from persia_planner.modules.process_logs import launcher_log, log_failure, process_log
-from persia_planner.modules.train.config import (
-    TrainConfig,
-    check_before_start,
-    sparse_optimizer_of,
-)
+from persia_planner.modules.train.config import TrainConfig, sparse_optimizer_of
 from persia_planner.modules.train.job import Job, trainers_group
 from persia_planner.modules.train.metrics_log import write_summary
-from persia_planner.modules.train.torchrun_start import torchrun_start
+from persia_planner.modules.train.run_directories import run_folders
+from persia_planner.modules.train.run_inputs import check_before_start
+from persia_planner.modules.train.run_lock import hold_run_folders
+from persia_planner.modules.train.torchrun_start import TorchrunStart, torchrun_start
 from persia_planner.modules.train.trainer import run_trainer
 from persia_planner.modules.train.trainer_state import (
     TRAINER_STATE,
@@ -96,11 +96,25 @@ def train_local(
     ``topology`` is the one the plan was made for: trainer ``r`` runs what the plan put on ``topology.gpus[r]``.
     ``on_start`` gets the pid of every process of the job by name once they started (``local_cluster``'s).
     """
-    from persia_planner.modules.ps.launch import local_cluster
-
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     cfg = check_before_start(cfg, spec, with_ps=has_ps)
     _check_plan_runs(cfg, spec, tables, topology)
+    with hold_run_folders(run_folders(cfg)):  # the folders are this run's until it ends, however it ends
+        return _train_local(cfg, spec, tables, servers, topology, run_timeout_s, on_start)
+
+
+def _train_local(
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement],
+    servers: int,
+    topology: Topology,
+    run_timeout_s: float,
+    on_start: Callable[[dict[str, int]], None] | None,
+) -> dict[str, Any]:
+    from persia_planner.modules.ps.launch import local_cluster
+
+    has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     chosen = None
     if cfg.resume and cfg.checkpoint:  # here, before any process starts
         ckpt, state = check_resume(Path(cfg.checkpoint), has_ps, log.warning)
@@ -175,21 +189,36 @@ def train_torchrun(
         PlannerError: The world does not match the topology (checked before anything starts).
     """
     from persia_planner.modules.ps import server as ps_server
-    from persia_planner.modules.ps.connection import joined
     from persia_planner.modules.train.roles import claim_role
 
     start = torchrun_start(
         cfg, spec, topology, with_ps=any(p.mode is Mode.ASYNC for p in tables.values()), node_host=node_host
     )
-    cfg, process, role, restarted = start.cfg, start.process, start.role, start.restarted
-    servers, rank, world = len(topology.servers), process.rank, process.world_size
+    cfg, process, role = start.cfg, start.process, start.role
     claim_role(role, process)
     if role.kind is ProcessKind.SERVER:
         with process_log(cfg.log_dir, role.name):
-            ps_server.serve(rank, world, name=role.name)
+            ps_server.serve(process.rank, process.world_size, name=role.name)
         return None
-    index = role.index
     _check_plan_runs(cfg, spec, tables, topology)  # the trainers' hardware is checked where they run
+    # The first trainer writes the checkpoints and the metrics: it holds the run's folders for the attempt's life.
+    with hold_run_folders(run_folders(cfg) if role.index == 0 else {}):
+        return _torchrun_trainer(cfg, spec, tables, topology, start, node_host)
+
+
+def _torchrun_trainer(
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement],
+    topology: Topology,
+    start: TorchrunStart,
+    node_host: str | None,
+) -> dict[str, Any] | None:
+    """A torchrun trainer's part of the job (:func:`train_torchrun`)."""
+    from persia_planner.modules.ps.connection import joined
+
+    process, role, restarted = start.process, start.role, start.restarted
+    servers, rank, world, index = len(topology.servers), process.rank, process.world_size, role.index
     node = node_roles(topology, node_hosts(topology, process, node_host))
     local = process.local_rank - sum(r.kind is ProcessKind.SERVER for r in node)  # servers come first on a node
     job = Job(cfg, spec, dict(tables), topology, servers, cfg.trainers, restarted=restarted, local_trainer=local)

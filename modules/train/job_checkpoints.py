@@ -18,18 +18,20 @@ older checkpoints as they were. A file damaged later (a truncated copy, a disk e
 sizes and checksums; :func:`newest_complete` then falls back to the next older checkpoint and says why.
 
 Lineage: a run from scratch starts a new lineage, a resumed run continues the lineage it resumed. :func:`prune`
-keeps the ``keep`` newest checkpoints of the current lineage and deletes the rest: those of a run this directory held
-before (``--overwrite``) and those newer than the run's own newest, left by the timeline a resume abandoned.
+keeps the ``keep`` newest checkpoints of the current lineage and deletes its others (older ones, and those newer than
+the run's own newest, left by the timeline a resume abandoned); the checkpoints of another lineage only when the run
+replaces them (``--overwrite``). A folder belongs to one run at a time (:mod:`.run_lock`), and a checkpoint is
+deleted file by file, as its manifest lists them: a file someone put into it is left where it is.
 
 Torch-free: the launcher checks a checkpoint before any process starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,25 +41,33 @@ from typing import Any
 from persia_planner.errors import PlannerError
 from persia_planner.modules.atomic import atomic_json, fsync_dir
 from persia_planner.modules.manifests import file_problem, file_record, remove_directories
+from persia_planner.outputs import CHECKPOINT_FORMAT, MANIFEST
 
 __all__ = [
-    "FORMAT",
     "MANIFEST",
     "MODEL_FILE",
+    "PLAN_FILE",
+    "PS_DIR",
+    "TRAINER_STATE",
     "Checkpoint",
     "complete_checkpoints",
     "new_lineage",
     "newest_complete",
     "prune",
     "publish",
+    "remove_checkpoint",
     "staging_dir",
     "verify",
     "written_by_run",
 ]
 
-FORMAT = "persia-checkpoint/1"
-MANIFEST = "MANIFEST.json"
 MODEL_FILE = "model.yaml"
+PLAN_FILE = "plan.json"
+"""The placement every table ran with."""
+PS_DIR = "ps"
+"""The parameter servers' tables (:mod:`persia_planner.modules.ps.table_checkpoints`)."""
+TRAINER_STATE = "trainer.pt"
+"""The trainers' state (:mod:`persia_planner.modules.train.trainer_state`)."""
 _STEP_RE = re.compile(r"^step-(\d{9,})$")
 _STAGING_RE = re.compile(r"^\.step-(\d{9,})\.tmp-[0-9a-f]+$")
 
@@ -104,7 +114,7 @@ def publish(staging: Path, *, step: int, lineage: str, world: dict[str, int], ru
     aside first, deleted once the new one is in place.
     """
     files = {p.relative_to(staging).as_posix(): file_record(p) for p in _files(staging)}
-    manifest = {"format": FORMAT, "step": step, "lineage": lineage, "world": dict(world), "files": files}
+    manifest = {"format": CHECKPOINT_FORMAT, "step": step, "lineage": lineage, "world": dict(world), "files": files}
     if run_id is not None:
         manifest["run_id"] = run_id
     atomic_json(manifest, staging / MANIFEST)
@@ -112,13 +122,46 @@ def publish(staging: Path, *, step: int, lineage: str, world: dict[str, int], ru
     final = root / f"step-{step:09d}"
     old = None
     if final.exists():
-        old = root / f".step-{step:09d}.tmp-{uuid.uuid4().hex[:8]}"
+        old = root / f".step-{step:09d}.old-{uuid.uuid4().hex[:8]}"  # not a staging name: it is deleted file by file
         os.replace(final, old)
     os.replace(staging, final)
     fsync_dir(root)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_checkpoint(old)
     return Checkpoint(final, step, lineage, dict(world), run_id)
+
+
+def remove_checkpoint(path: Path) -> bool:
+    """Delete the checkpoint at ``path`` as its manifest lists it: first renamed aside (so that no half-deleted
+    checkpoint keeps a checkpoint's name), then its files, the manifest, and the folders they leave empty. Anything
+    else in it (a file someone put there) is kept, and so is the folder holding it. A name the manifest gives that
+    leads out of the folder (absolute, ``..``, through a link) is never followed.
+
+    Returns:
+        Whether the folder is gone.
+    """
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes())
+        names = list(manifest["files"]) if isinstance(manifest, dict) and isinstance(manifest["files"], dict) else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # not a checkpoint whose files are known: nothing in it is deleted
+    if _STEP_RE.match(path.name):
+        aside = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(path, aside)
+        path = aside
+    base = os.path.realpath(path) + os.sep
+    for name in names:
+        file = path / name
+        inside = not Path(name).is_absolute() and os.path.realpath(file).startswith(base)
+        if inside and not file.is_symlink() and file.is_file():
+            file.unlink(missing_ok=True)
+    (path / MANIFEST).unlink(missing_ok=True)
+    for folder in sorted((p for p in path.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only if empty
+    with contextlib.suppress(OSError):
+        path.rmdir()
+    return not path.exists()
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -131,10 +174,10 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise PlannerError(f"{file} is not readable ({type(err).__name__}: {str(err)[:200]})") from None
     if (
         not isinstance(manifest, dict)
-        or manifest.get("format") != FORMAT
+        or manifest.get("format") != CHECKPOINT_FORMAT
         or not isinstance(manifest.get("files"), dict)
     ):
-        raise PlannerError(f"{file} is not a manifest of {FORMAT}")
+        raise PlannerError(f"{file} is not a manifest of {CHECKPOINT_FORMAT}")
     step = manifest.get("step")
     if not isinstance(step, int) or _STEP_RE.match(path.name) is None or int(path.name[5:]) != step:
         raise PlannerError(f"{file} names step {step!r}, its directory is {path.name}")
@@ -185,7 +228,7 @@ def newest_complete(
     root = Path(root)
     candidates = complete_checkpoints(root)
     if not candidates:
-        legacy = root / "trainer.pt"
+        legacy = root / TRAINER_STATE
         if legacy.is_file():
             raise PlannerError(
                 f"{option}: {root} holds a checkpoint of an earlier version of persia train (trainer.pt at the top)",
@@ -219,9 +262,10 @@ def written_by_run(root: str | os.PathLike[str], run_id: str) -> bool:
         return False
 
 
-def prune(root: str | os.PathLike[str], newest: Checkpoint, keep: int) -> list[Path]:
+def prune(root: str | os.PathLike[str], newest: Checkpoint, keep: int, *, replacing: bool = False) -> list[Path]:
     """After ``newest`` was published: keep it and the ``keep - 1`` next older checkpoints of its lineage, delete
-    the others and any staging directory left by a crash. Returns what was deleted.
+    its others (and, ``replacing``: those of every other lineage, the runs ``--overwrite`` replaces) and any staging
+    directory left by a crash. The caller holds the folder (:mod:`.run_lock`). Returns what was deleted.
 
     Raises:
         ValueError: ``keep < 1``.
@@ -239,8 +283,12 @@ def prune(root: str | os.PathLike[str], newest: Checkpoint, keep: int) -> list[P
             lineage = None
         if lineage == newest.lineage and step <= newest.step and len(kept) < keep:
             kept.append(path)
-        else:
+        elif lineage == newest.lineage or replacing:
             dropped.append(path)
-    # Only trainer 0 writes checkpoints, and it is done with its own staging directory.
-    dropped += [path for path in root.iterdir() if _STAGING_RE.match(path.name)]
-    return remove_directories(root, dropped)
+    deleted = [path for path in dropped if remove_checkpoint(path)]
+    # Only trainer 0 writes checkpoints, in the folder its run holds, and it is done with its own staging directory:
+    # one left here was a crashed attempt's of this folder's runs, all of whose files are persia's.
+    deleted += remove_directories(root, [path for path in root.iterdir() if _STAGING_RE.match(path.name)])
+    if deleted:
+        fsync_dir(root)
+    return deleted

@@ -28,7 +28,8 @@ from persia_planner.modules.embedding.model_parallel import (
     sparse_torch_optimizer,
 )
 from persia_planner.modules.step_breakdown import PS_PUSH, PS_WAIT, StepProfiler
-from persia_planner.modules.train.config import DenseOptimizer, TrainConfig, dense_arch, dlrm_embedding_dim
+from persia_planner.modules.train.config import DenseOptimizer, TrainConfig
+from persia_planner.modules.train.run_inputs import dense_arch, dlrm_embedding_dim
 from persia_planner.placement.memory import ps_server_capacity, ssd_server_cache_capacity
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.tiers import Memory

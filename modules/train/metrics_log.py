@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from persia_planner.modules.atomic import atomic_write
-from persia_planner.modules.train.run_directories import METRICS_FILE
+from persia_planner.modules.train.run_directories import METRICS_FILE, SUMMARY_FILE
 
 __all__ = [
     "EVAL_KEYS",
@@ -39,7 +39,6 @@ __all__ = [
     "write_summary",
 ]
 
-SUMMARY_FILE = "summary.json"
 TENSORBOARD_DIR = "tensorboard"
 EVAL_KEYS = ("auc", "eval_loss", "normalized_entropy", "calibration", "teacher_auc")
 """The scalars of an evaluation that the sinks keep (the rest of its result are counts)."""

@@ -3,55 +3,45 @@
 A checkpoint of ``persia train`` holds everything a prediction needs: ``model.yaml`` (the tables, the dense arch and the
 columns as the run read them, with the statistics it measured for ``standardize``), ``plan.json`` (which tables are
 on the parameter servers), ``trainer.pt`` (the dense network and the local tables' full weights) and ``ps/`` (the
-servers' tables). :func:`predict` starts as many servers as the run had and loads ``ps/`` into them (their hashing
-routes an id to the server that trained it), builds the model in one trainer process with the local tables whole
-and unsharded (as ``trainer.pt`` holds them), and scores every row of ``--data`` in file order, the last partial batch
-too, into a Parquet file: ``row`` (the row's place in the files, in the order ``--data`` lists them), ``score`` (the
-predicted click probability) and, where the rows have the label column, ``label``. Rows without it are scored
-alike; with it, the summary also gives AUC, log loss, normalized entropy and calibration.
+servers' tables). :func:`prepare` checks it whole against its plan (:mod:`persia_planner.modules.train.trained_model`),
+the data against its model and the output path, before any process starts. :func:`predict` then starts as many
+servers as the run had and loads ``ps/`` into them (their hashing routes an id to the server that trained it), builds
+the model in one trainer process with the local tables whole and unsharded (as ``trainer.pt`` holds them), and scores
+every row of ``--data`` in file order, the last partial batch too, into a Parquet file: ``row`` (the row's place in
+the files, in the order ``--data`` lists them), ``score`` (the predicted click probability) and, where the rows have
+the label column, ``label``. Rows without it are scored alike; with it, the summary also gives AUC, log loss,
+normalized entropy and calibration.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
-import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from persia_planner.errors import PlannerError, SpecError
-from persia_planner.kinds import Mode
-from persia_planner.model.specs import ModelSpec, load_model
+from persia_planner.model.dense import DenseArch
+from persia_planner.model.specs import ModelSpec
 from persia_planner.modules.data.source import DataKind, DataSource, check_tabular, file_columns
-from persia_planner.modules.train.config import TrainConfig, dense_arch
-from persia_planner.modules.train.job_checkpoints import MANIFEST, MODEL_FILE, Checkpoint, newest_complete, verify
-from persia_planner.placement.shards import TablePlacement
-from persia_planner.plan.plan import placement_from_dict
+from persia_planner.modules.train.config import TrainConfig
+from persia_planner.modules.train.job_checkpoints import MODEL_FILE, PS_DIR
+from persia_planner.modules.train.run_inputs import dense_arch
+from persia_planner.modules.train.trained_model import (
+    TrainedModel,
+    TrainerSettings,
+    check_dense,
+    open_trained,
+    read_trainer_state,
+)
+from persia_planner.outputs import SCORES_METADATA, Output, OutputKind, check_outputs, write_output
 
-__all__ = ["DEFAULT_PREDICT_BATCH", "Prediction", "TrainedModel", "describe", "open_trained", "predict"]
+__all__ = ["DEFAULT_PREDICT_BATCH", "Prediction", "PreparedPrediction", "describe", "predict", "prepare"]
 
 DEFAULT_PREDICT_BATCH = 8192
 """Rows scored per forward pass."""
-
-
-@dataclass(frozen=True)
-class TrainedModel:
-    """What a checkpoint says of the model it trained.
-
-    Attributes:
-        checkpoint: The checkpoint (its ``step-*`` directory, step and world).
-        spec: Its ``model.yaml``: the tables, the dense arch, and the columns with their measured statistics.
-        tables: Its ``plan.json``: every table's placement.
-        servers: The parameter servers its PS tables are on (0: none).
-    """
-
-    checkpoint: Checkpoint
-    spec: ModelSpec
-    tables: dict[str, TablePlacement]
-    servers: int
 
 
 @dataclass(frozen=True)
@@ -76,32 +66,6 @@ class Prediction:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def open_trained(path: str | os.PathLike[str]) -> TrainedModel:
-    """The checkpoint at ``path`` (a ``step-*`` directory, or ``--checkpoint``'s directory: its newest whole one),
-    its files checked whole.
-
-    Raises:
-        PlannerError: No whole checkpoint there, or one without ``model.yaml`` (one line naming the file).
-    """
-    root = Path(path)
-    if (root / MANIFEST).is_file():
-        ckpt = verify(root)
-    else:
-        ckpt = newest_complete(root, option="--checkpoint")
-    model_file = ckpt.path / MODEL_FILE
-    if not model_file.is_file():
-        raise PlannerError(
-            f"--checkpoint: {ckpt.path} has no {MODEL_FILE} (written by an earlier version of persia train)",
-            fixes=("train again with --checkpoint DIR, or --resume it for a step",),
-        )
-    spec = load_model(model_file)
-    source = str(ckpt.path / "plan.json")
-    plan = json.loads((ckpt.path / "plan.json").read_text())
-    tables = {name: placement_from_dict(entry, source, name) for name, entry in plan.items()}
-    has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
-    return TrainedModel(ckpt, spec, tables, int(ckpt.world.get("servers", 0)) if has_ps else 0)
 
 
 def _check_data(trained: TrainedModel, data: str) -> ModelSpec:
@@ -132,6 +96,61 @@ def _check_data(trained: TrainedModel, data: str) -> ModelSpec:
     return spec
 
 
+@dataclass(frozen=True)
+class PreparedPrediction:
+    """A prediction :func:`prepare` checked whole: what its trainer builds and reads.
+
+    Attributes:
+        target: ``--out``.
+        trained: The checkpoint, checked against its plan.
+        settings: What ``trainer.pt`` records beside its tensors (checked against the plan and the model).
+        spec: The model, its schema reading ``data`` (without the label where no file has the label column).
+        data: ``--data``.
+        config: How the trainer reads ``data``: one trainer, in file order, with the run's seed.
+        arch: The dense arch built over ``data``.
+        batch_size: Rows scored per forward pass.
+    """
+
+    target: Output
+    trained: TrainedModel
+    settings: TrainerSettings
+    spec: ModelSpec
+    data: str
+    config: TrainConfig
+    arch: DenseArch
+    batch_size: int
+
+
+def prepare(
+    checkpoint: str | os.PathLike[str],
+    data: str,
+    out: str | os.PathLike[str],
+    *,
+    batch_size: int = DEFAULT_PREDICT_BATCH,
+    overwrite: bool = False,
+) -> PreparedPrediction:
+    """Everything :func:`predict` checks before any process starts: the output path, the checkpoint whole against
+    its plan (every file's sha256, ``plan.json``, ``model.yaml``, ``ps/``, ``trainer.pt`` read as tensors only with
+    every local table and the dense network's shapes) and the data against the model. Writes nothing.
+
+    Raises:
+        PlannerError: A checkpoint, data or output problem, one line naming it.
+    """
+    if batch_size < 1:
+        raise PlannerError(f"--batch-size must be >= 1, got {batch_size}")
+    target = Output("--out", Path(out), OutputKind.SCORES)
+    source = DataSource.parse(data)
+    # A checkpoint is a run's folder: the rule refuses an output inside it, whichever checkpoint it is.
+    check_outputs([target], {"--data": source.path}, overwrite=overwrite)
+    trained = open_trained(checkpoint)
+    settings = read_trainer_state(trained)
+    spec = _check_data(trained, data)
+    cfg = TrainConfig(data=data, trainers=1, schema=spec.data, shuffle_buffer=0, seed=settings.seed)
+    arch = dense_arch(spec, cfg)
+    check_dense(trained, settings, arch, data)
+    return PreparedPrediction(target, trained, settings, spec, data, cfg, arch, batch_size)
+
+
 def predict(
     checkpoint: str | os.PathLike[str],
     data: str,
@@ -145,102 +164,86 @@ def predict(
     not at all).
 
     Raises:
-        PlannerError: A checkpoint, data or output problem, one line naming it (before any process starts).
+        PlannerError: A checkpoint, data or output problem, one line naming it (:func:`prepare`'s, before any process
+            starts).
     """
     started = time.perf_counter()
-    if batch_size < 1:
-        raise PlannerError(f"--batch-size must be >= 1, got {batch_size}")
-    target = Path(out)
-    if target.exists() and not overwrite:
-        raise PlannerError(f"--out: {target} exists", fixes=("pass --overwrite to replace it", "name another file"))
-    if not target.parent.is_dir():
-        raise PlannerError(f"--out: {target.parent} is not a directory", fixes=("create it first",))
-    trained = open_trained(checkpoint)
-    spec = _check_data(trained, data)
-    from persia_planner.modules.train.engine import run_trainers  # torch: after the checks
+    prepared = prepare(checkpoint, data, out, batch_size=batch_size, overwrite=overwrite)
+    trained, target = prepared.trained, prepared.target
+    from persia_planner.modules.train.engine import run_trainers  # torchrec: after the checks
 
-    partial = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        (result,) = run_trainers(
-            _score,
-            trained,
-            spec,
-            data,
-            batch_size,
-            str(partial),
-            trainers=1,
-            servers=trained.servers,
-            run_timeout_s=run_timeout_s,
+    results: list[tuple[int, dict[str, Any] | None]] = []
+
+    def score_into(partial: Path) -> None:
+        results.extend(
+            run_trainers(
+                _score,
+                prepared,
+                str(partial),
+                trainers=1,
+                servers=trained.servers,
+                run_timeout_s=run_timeout_s,
+            )
         )
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
+
+    write_output(target, score_into, overwrite=overwrite)
+    (result,) = results
     rows, metrics = result
     return Prediction(
-        str(target), rows, str(trained.checkpoint.path), trained.checkpoint.step, time.perf_counter() - started, metrics
+        str(target.path),
+        rows,
+        str(trained.checkpoint.path),
+        trained.checkpoint.step,
+        time.perf_counter() - started,
+        metrics,
     )
 
 
-def _score(
-    rank: int, client: Any, trained: TrainedModel, spec: ModelSpec, data: str, batch_size: int, out: str
-) -> tuple[int, dict[str, Any] | None]:
-    """The trainer's body: the model loaded from the checkpoint, every row scored into ``out``; returns the rows and
-    the metrics against their labels."""
+def _score(rank: int, client: Any, prepared: PreparedPrediction, out: str) -> tuple[int, dict[str, Any] | None]:
+    """The trainer's body: the model loaded from the checkpoint :func:`prepare` checked, every row scored into
+    ``out``; returns the rows and the metrics against their labels."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
     from torchmetrics.functional.classification import binary_auroc
 
-    from persia_planner.model.dense import DenseArch
-    from persia_planner.model.specs import Optimizer
     from persia_planner.modules.embedding.hybrid import SparseOptimizer
     from persia_planner.modules.train.batch_stream import click_metrics, file_reader
     from persia_planner.modules.train.loop import build_model, dense_state_dict
     from persia_planner.modules.train.trainer_state import TRAINER_STATE
 
+    trained, settings, spec, cfg = prepared.trained, prepared.settings, prepared.spec, prepared.config
     ckpt = trained.checkpoint
+    # Loaded again rather than sent: a pickle of the launcher's copy would be the local tables' bytes twice over.
     state = torch.load(ckpt.path / TRAINER_STATE, weights_only=True, map_location="cpu")
-    hyper = state.get("hyper_parameters") or {}
-    cfg = TrainConfig(data=data, trainers=1, schema=spec.data, shuffle_buffer=0, seed=int(state.get("seed", 0)))
-    arch = dense_arch(spec, cfg)
-    trained_arch = hyper.get("dense_arch")
-    if trained_arch is not None and DenseArch(**_arch_fields(trained_arch)) != replace(arch, inputs_from_data=False):
-        raise PlannerError(
-            f"--data {data}: the model's dense arch reads {trained_arch.get('num_dense')} dense features, this data "
-            f"gives {arch.num_dense}",
-            fixes=("score rows of the kind and columns the model was trained on",),
-        )
-    optimizer = SparseOptimizer(
-        Optimizer(hyper.get("sparse_optimizer", spec.tables[0].optimizer.value)),
-        learning_rate=float(hyper.get("sparse_lr", 0.1)),
-    )
     model, hybrid = build_model(
         spec,
         trained.tables,
         ps=client,
-        optimizer=optimizer,
+        optimizer=SparseOptimizer(settings.sparse_optimizer, learning_rate=settings.sparse_lr),
         staleness=0,
         seed=cfg.seed,
         ps_servers=max(1, trained.servers),
-        arch=arch,
+        arch=prepared.arch,
         local_device=torch.device("cpu"),
     )
     missing, unexpected = model.load_state_dict(state["dense"], strict=False)
     missing = [k for k in missing if k in dense_state_dict(model)]
-    if missing or unexpected:
+    if missing or unexpected:  # prepare() compared the shapes: the file changed since
         raise PlannerError(f"{ckpt.path / TRAINER_STATE}: the dense network differs ({(missing or unexpected)[:3]})")
     hybrid.load_local_weights(state["local"])
     if hybrid.ps is not None:
-        client.load(ckpt.path / "ps")
+        client.load(ckpt.path / PS_DIR)
     model.eval()
     labeled = spec.data is None or spec.data.label is not None
     scores: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     row = 0
-    schema = pa.schema([("row", pa.int64()), ("score", pa.float32()), *((("label", pa.float32()),) if labeled else ())])
+    fields = [("row", pa.int64()), ("score", pa.float32()), *((("label", pa.float32()),) if labeled else ())]
+    schema = pa.schema(fields, metadata=SCORES_METADATA)  # persia's mark: --overwrite replaces only such files
     with pq.ParquetWriter(out, schema) as writer, torch.no_grad():
-        for batch in file_reader(spec, cfg, batch_size, drop_last=False):
+        for batch in file_reader(spec, cfg, prepared.batch_size, drop_last=False):
             p = torch.sigmoid(model(batch.dense, batch.sparse).squeeze(-1)).numpy().astype(np.float32)
             columns = {"row": np.arange(row, row + p.size, dtype=np.int64), "score": p}
             if labeled:
@@ -257,12 +260,6 @@ def _score(
     both = 0 < float(y.sum()) < y.numel()  # an AUC needs a click and a non-click
     metrics["auc"] = float(binary_auroc(p, y.long())) if both else None
     return row, metrics
-
-
-def _arch_fields(recorded: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's ``hyper_parameters.dense_arch`` as :class:`DenseArch` fields."""
-    fields = {k: v for k, v in recorded.items() if k != "arch"}
-    return {"kind": recorded["arch"], **fields}
 
 
 def describe(prediction: Prediction) -> str:

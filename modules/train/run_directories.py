@@ -5,28 +5,62 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from persia_planner.errors import PlannerError
+from persia_planner.modules.train.run_lock import refuse_held
+from persia_planner.outputs import RUN_MARKER, check_run_folder
 
 if TYPE_CHECKING:  # pragma: no cover
     from persia_planner.modules.train.config import TrainConfig
 
-__all__ = ["METRICS_FILE", "check_checkpoint_dir", "check_log_dir", "check_resume_exists"]
+__all__ = [
+    "METRICS_FILE",
+    "SUMMARY_FILE",
+    "check_checkpoint_dir",
+    "check_log_dir",
+    "check_resume_exists",
+    "run_folders",
+    "run_inputs",
+]
+
+
+def run_folders(cfg: TrainConfig) -> dict[str, str | None]:
+    """The folders the run writes, by option: what it holds while it runs (:mod:`.run_lock`)."""
+    return {"--checkpoint": cfg.checkpoint, "--log-dir": cfg.log_dir}
+
+
+def run_inputs(cfg: TrainConfig) -> dict[str, list[Path]]:
+    """The run's input files and folders a run folder must stay out of (``--data``'s and ``--eval-data``'s)."""
+    found: dict[str, list[Path]] = {}
+    for option, data in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+        kind, sep, path = (data or "").partition(":")
+        if sep and path and kind != "synthetic":
+            found[option] = [Path(path)]
+    return found
+
+
+def _check_run_folder(cfg: TrainConfig, option: str, path: Path) -> None:
+    """``path`` is no input, lies in no checkpoint nor another run's folder, and no other run holds it now."""
+    own = [Path(p) for p in (cfg.checkpoint, cfg.log_dir) if p]
+    check_run_folder(option, path, run_inputs(cfg), own=own)
+    refuse_held(option, path)
 
 
 def check_checkpoint_dir(cfg: TrainConfig) -> None:
-    """``--checkpoint`` must be a writable directory or a path one can become (it is created here): found out before
-    training, not at its end."""
+    """``--checkpoint`` must be a writable directory or a path one can become (it is created here), that no input
+    is, outside any other run's folders and held by no other run: found out before training, not at its end."""
     if not cfg.checkpoint:
         return
     path = Path(cfg.checkpoint)
     _check_not_under_a_file("--checkpoint", path)
+    _check_run_folder(cfg, "--checkpoint", path)
     # A run from scratch replaces what the directory holds at its first save: never silently.
-    if not (cfg.resume or cfg.overwrite) and path.is_dir() and any(path.iterdir()):
+    if not (cfg.resume or cfg.overwrite) and path.is_dir() and any(p.name != RUN_MARKER for p in path.iterdir()):
         raise PlannerError(
             f"--checkpoint {path} is not empty; training from scratch would replace what it holds",
             fixes=("add --resume to continue its checkpoint", "add --overwrite to replace it", "pass another dir"),
@@ -36,6 +70,32 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
 
 METRICS_FILE = "metrics.jsonl"
 """The per-step metrics in ``--log-dir`` (:mod:`.metrics_log` writes them)."""
+SUMMARY_FILE = "summary.json"
+"""The run's summary in ``--log-dir``, replaced at its end."""
+
+
+def _check_log_files_are_ours(path: Path) -> None:
+    """A folder no persia run holds (no marker) must not hold a file the run replaces by name that persia did not
+    write: ``summary.json``, or a ``metrics.jsonl`` whose first line is no step of ours (a run of an earlier version,
+    which left no marker, wrote steps). The process logs are only ever appended to."""
+    if not path.is_dir() or (path / RUN_MARKER).exists() or _steps_of_ours(path / METRICS_FILE):
+        return
+    for name in (SUMMARY_FILE, METRICS_FILE):
+        if (path / name).exists():
+            raise PlannerError(
+                f"--log-dir {path} holds {name}, which persia train did not write: the run would replace it",
+                fixes=("pass a new or empty folder",),
+            )
+
+
+def _steps_of_ours(metrics: Path) -> bool:
+    """Whether ``metrics`` starts with a step record as :mod:`.metrics_log` writes them."""
+    try:
+        with open(metrics, "rb") as f:
+            first = json.loads(f.readline(1 << 16) or b"null")
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and isinstance(first.get("step"), int) and "loss" in first
 
 
 def check_log_dir(cfg: TrainConfig) -> None:
@@ -51,6 +111,8 @@ def check_log_dir(cfg: TrainConfig) -> None:
         )
     path = Path(cfg.log_dir)
     _check_not_under_a_file("--log-dir", path)
+    _check_run_folder(cfg, "--log-dir", path)
+    _check_log_files_are_ours(path)
     metrics = path / METRICS_FILE
     if not (cfg.resume or cfg.overwrite) and metrics.is_file() and metrics.stat().st_size > 0:
         raise PlannerError(
@@ -112,4 +174,5 @@ def check_resume_exists(directory: str | os.PathLike[str]) -> Path:
     """
     from persia_planner.modules.train.job_checkpoints import newest_complete
 
+    refuse_held("--checkpoint", directory)  # a checkpoint another run is writing is not resumed, nor half read
     return newest_complete(directory, checksums=False).path

@@ -11,7 +11,8 @@ import os
 from typing import Any
 
 from persia_planner.modules.process_logs import terminal
-from persia_planner.modules.train.config import TrainConfig, describe_hyper_parameters
+from persia_planner.modules.train.config import TrainConfig
+from persia_planner.modules.train.run_inputs import describe_hyper_parameters
 
 __all__ = ["ema", "progress_bar", "summary_rows"]
 
@@ -89,4 +90,11 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ("local tables (sync)", f"{len(result['local_tables'])}"),
         ("executed as planned", "yes" if result.get("executed_matches_plan") else "no"),
     ]
+    bad = result.get("bad_rows")
+    if bad and bad["on_bad_row"] != "fail":  # under fail, a bad row stops the run
+        skipped, imputed = bad["skipped"], bad["imputed"]
+        text = f"{skipped['train']:,} skipped per training epoch, {skipped['eval']:,} in evaluation"
+        if bad["on_bad_row"] == "impute":
+            text += f"; {imputed['train']:,} imputed per epoch, {imputed['eval']:,} in evaluation"
+        rows.append((f"bad rows (on_bad_row: {bad['on_bad_row']})", text))
     return rows

@@ -1,6 +1,7 @@
 """What a torchrun process settles before it starts, without torch: its role in the topology, whether a restarted
-attempt resumes, the trainers the job has, and the run's inputs. ``persia train`` runs it before importing torch (a
-mistake is answered at once) and :func:`persia_planner.modules.train.engine.train_torchrun` where it starts.
+attempt resumes, the trainers the job has, the run's inputs, and that torchrun's store answers. ``persia train`` runs
+it before importing torch (a mistake is answered at once) and :func:`persia_planner.modules.train.engine.train_torchrun`
+where it starts.
 """
 
 from __future__ import annotations
@@ -9,13 +10,20 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.model.specs import ModelSpec
-from persia_planner.modules.train.config import TrainConfig, check_before_start
+from persia_planner.modules.rpc_environment import DEFAULT_RPC_TIMEOUT_S, check_rpc_environment, wait_for_listener
+from persia_planner.modules.train.config import TrainConfig
 from persia_planner.modules.train.job_checkpoints import written_by_run
+from persia_planner.modules.train.run_inputs import check_before_start
 from persia_planner.topology.graph import Topology
-from persia_planner.topology.torchrun_nodes import ProcessRole, TorchrunProcess, process_role
+from persia_planner.topology.torchrun_nodes import ProcessKind, ProcessRole, TorchrunProcess, process_role
 
-__all__ = ["TorchrunStart", "elastic_resume", "torchrun_start"]
+__all__ = ["JOB_STORE_TIMEOUT_S", "TorchrunStart", "elastic_resume", "require_job_store", "torchrun_start"]
+
+JOB_STORE_TIMEOUT_S = DEFAULT_RPC_TIMEOUT_S
+"""How long a process waits for torchrun's store at ``MASTER_ADDR:MASTER_PORT`` to accept a connection (the RPC
+group's timeout: the README's "one line after --rpc-timeout")."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,8 @@ def torchrun_start(
     """This torchrun process's role, options and inputs, checked before anything starts.
 
     Raises:
-        PlannerError: The world does not match the topology, or an input every process would trip over.
+        PlannerError: The world does not match the topology, an input every process would trip over, or nothing
+            serves torchrun's store (:func:`require_job_store`).
     """
     process = TorchrunProcess.from_environ()
     role = process_role(topology, process, node_host)
@@ -49,8 +58,41 @@ def torchrun_start(
     # A restarted attempt that resumes this run's own checkpoint trains on to the step the first attempt was to reach.
     restarted = cfg.resume and written_by_run(cfg.checkpoint or "", os.environ.get("TORCHELASTIC_RUN_ID", ""))
     cfg = replace(cfg, trainers=len(topology.gpus))  # before the checks: the data's shards are for them
-    cfg = check_before_start(cfg, spec, with_ps=with_ps)
+    cfg = check_before_start(cfg, spec, with_ps=with_ps, reads_data=role.kind is ProcessKind.TRAINER)
+    require_job_store()  # last: every mistake above is answered at once, not after this wait
     return TorchrunStart(cfg, process, role, bool(restarted))
+
+
+def require_job_store(environ: Mapping[str, str] | None = None, timeout_s: float | None = None) -> None:
+    """Return once torchrun's store at ``MASTER_ADDR:MASTER_PORT`` accepts a connection.
+
+    Under torchrun every process of the job, rank 0 included, is a client of the store its node's agent serves
+    (``TORCHELASTIC_USE_AGENT_STORE``): the roles, the trainers' group and the RPC group all meet there. A process
+    started by hand with torchrun's variables has no agent, and torch's client would wait silently for its own
+    timeout (300 s here) whatever the port: ``MASTER_PORT=1`` included.
+
+    Args:
+        environ: The environment (default: this process's).
+        timeout_s: How long to wait (default :data:`JOB_STORE_TIMEOUT_S`).
+
+    Raises:
+        PlannerError: ``MASTER_ADDR``/``MASTER_PORT`` or the RPC variables are wrong, or nothing accepted a
+            connection there within ``timeout_s`` (one line naming the address).
+    """
+    timeout_s = JOB_STORE_TIMEOUT_S if timeout_s is None else timeout_s
+    addr, port = check_rpc_environment("torchrun's job store", environ)
+    refused = wait_for_listener(addr, port, timeout_s)
+    if refused is not None:
+        raise PlannerError(
+            f"nothing served torchrun's job store at MASTER_ADDR:MASTER_PORT {addr}:{port} within {timeout_s:g} s "
+            f"({refused})",
+            fixes=(
+                "launch persia train with torchrun: its agent serves that store and sets MASTER_ADDR, MASTER_PORT, "
+                "RANK, WORLD_SIZE and TORCHELASTIC_RUN_ID",
+                "unset TORCHELASTIC_RUN_ID to train on this machine alone",
+            ),
+            kind=ErrorKind.UNAVAILABLE,
+        )
 
 
 def elastic_resume(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> TrainConfig:

@@ -24,27 +24,22 @@ from persia_planner.modules.ps.progress import publish_progress
 from persia_planner.modules.step_breakdown import StepProfiler
 from persia_planner.modules.stopping import GracefulStop
 from persia_planner.modules.train.batch_stream import (
+    BadRowTally,
     Epochs,
+    bad_rows_summary,
     evaluate,
     held_out_batches,
     training_batches,
     with_data_statistics,
 )
-from persia_planner.modules.train.config import (
-    PsCapacity,
-    TrainConfig,
-    dlrm_embedding_dim,
-    hyper_parameters,
-    id_universe,
-    sparse_optimizer_of,
-    trainer_batch_size,
-)
+from persia_planner.modules.train.config import PsCapacity, TrainConfig, sparse_optimizer_of, trainer_batch_size
 from persia_planner.modules.train.job import Job, trainer_group
-from persia_planner.modules.train.job_checkpoints import new_lineage
+from persia_planner.modules.train.job_checkpoints import PS_DIR, new_lineage
 from persia_planner.modules.train.loop import StepStats, TrainLoop, build_job_model, make_optimizer
 from persia_planner.modules.train.metrics_log import MetricsSink, Sinks, StepRecord, open_sinks
 from persia_planner.modules.train.pipeline import PipelinedTrainLoop, PipelineStep
 from persia_planner.modules.train.ps_usage import planned_server_bytes, server_usage, warm_up
+from persia_planner.modules.train.run_inputs import dlrm_embedding_dim, hyper_parameters, id_universe
 from persia_planner.modules.train.terminal import ema, progress_bar
 from persia_planner.modules.train.trainer_state import Saver, check_resume, data_layout, load_trainer_state
 from persia_planner.placement.memory import PS_MAX_CAPACITY
@@ -154,6 +149,7 @@ class _TrainerRun:
     stopped_by: str | None = None
     elapsed_s: float = 0.0
     started_monotonic_s: float = 0.0
+    bad_rows: BadRowTally = field(default_factory=BadRowTally)
 
     @classmethod
     def start(cls, j: int, client: Any, job: Job, cleanup: contextlib.ExitStack) -> _TrainerRun:
@@ -189,7 +185,7 @@ class _TrainerRun:
             epochs = Epochs([int(n) for n in state.get("epoch_lengths", [])])
             cfg = replace(cfg, steps=_steps_left(cfg, job, state, start_step, epochs))
             if j == 0 and hybrid.ps is not None:
-                client.load(ckpt.path / "ps")
+                client.load(ckpt.path / PS_DIR)
             dist.barrier()
         target = None if cfg.steps is None else start_step + cfg.steps
         saver = Saver(root, job, model, hybrid, opt, client, layout, lineage, target_step=target, epochs=epochs)
@@ -231,7 +227,9 @@ class _TrainerRun:
         try:
             if progress:
                 progress.start()
-            batches = training_batches(self.job.spec, cfg, self.batch_size, epochs=self.epochs, skip=self.start_step)
+            batches = training_batches(
+                self.job.spec, cfg, self.batch_size, epochs=self.epochs, skip=self.start_step, bad_rows=self.bad_rows
+            )
             for stats in self.loop.run(batches):
                 self.step += 1
                 publish_progress(self.step)  # the launcher names a trainer that stops advancing
@@ -259,7 +257,7 @@ class _TrainerRun:
             eval_started = time.perf_counter()
             self.hybrid.flush()
             dist.barrier()  # every trainer's pushes are applied before anyone evaluates
-            held_out = held_out_batches(self.job.spec, cfg, self.batch_size)
+            held_out = held_out_batches(self.job.spec, cfg, self.batch_size, bad_rows=self.bad_rows)
             self.timeline.history[-1].update(evaluate(self.loop.scoring_model(), held_out, self.device))
             self.sink.log_eval(step, self.timeline.history[-1])
             self.timeline.excluded_s += time.perf_counter() - eval_started
@@ -290,14 +288,17 @@ class _TrainerRun:
         # Before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing.
         if self.saver.last_step != step:
             self.saver.save(step)
-        held_out = held_out_batches(job.spec, cfg, self.batch_size)
+        held_out = held_out_batches(job.spec, cfg, self.batch_size, bad_rows=self.bad_rows)
         result = evaluate(self.loop.scoring_model(), held_out, self.device)
         self.sink.log_eval(step, result)
         if self.timeline.history:
             self.timeline.history[-1].update(result)
-        return self._summary(result, ps_servers) if self.j == 0 else None
+        bad_rows = bad_rows_summary(job.spec, cfg, self.bad_rows)  # every trainer: collectives
+        return self._summary(result, ps_servers, bad_rows) if self.j == 0 else None
 
-    def _summary(self, result: dict[str, Any], ps_servers: list[dict[str, Any]]) -> dict[str, Any]:
+    def _summary(
+        self, result: dict[str, Any], ps_servers: list[dict[str, Any]], bad_rows: dict[str, Any] | None
+    ) -> dict[str, Any]:
         cfg, job, hybrid, timeline = self.cfg, self.job, self.hybrid, self.timeline
         tail = timeline.losses[-max(1, len(timeline.losses) // 10) :]
         steps_done = self.step - self.start_step
@@ -338,6 +339,7 @@ class _TrainerRun:
             "id_space": cfg.teacher_rows_scale,
             "ps_servers": ps_servers,
             "data": cfg.data,
+            "bad_rows": bad_rows,
             "seed": cfg.seed,
             "started_monotonic_s": self.started_monotonic_s,
             "history": timeline.history,

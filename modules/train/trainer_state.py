@@ -20,15 +20,12 @@ from persia_planner.errors import PlannerError, first_line
 from persia_planner.model.specs import ModelSpec
 from persia_planner.modules.atomic import atomic_json, atomic_torch_save, atomic_write
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
-from persia_planner.modules.train.config import (
-    TrainConfig,
-    data_identity,
-    data_schema,
-    hyper_parameters,
-    trainer_batch_size,
-)
+from persia_planner.modules.train.config import TrainConfig, data_identity, trainer_batch_size
 from persia_planner.modules.train.job_checkpoints import (
     MODEL_FILE,
+    PLAN_FILE,
+    PS_DIR,
+    TRAINER_STATE,
     Checkpoint,
     newest_complete,
     prune,
@@ -37,6 +34,7 @@ from persia_planner.modules.train.job_checkpoints import (
     verify,
 )
 from persia_planner.modules.train.loop import dense_state_dict
+from persia_planner.modules.train.run_inputs import data_schema, hyper_parameters
 from persia_planner.plan.plan import placement_to_dict
 
 if TYPE_CHECKING:
@@ -55,8 +53,6 @@ __all__ = [
     "save_checkpoint",
     "save_trainer_state",
 ]
-
-TRAINER_STATE = "trainer.pt"
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------------------
@@ -94,25 +90,26 @@ def save_checkpoint(
     keep: int,
     run_id: str | None = None,
     spec: ModelSpec | None = None,
+    replacing: bool = False,
 ) -> Checkpoint | None:
     """Save the job's checkpoint of global step ``step`` into ``root`` (a collective: every trainer calls it, after
     the pushes of every step up to ``step`` are applied). Trainer 0 writes it into a staging directory (PS tables,
     ``trainer.pt``, ``plan.json`` and, given ``spec``, the ``model.yaml`` that scores new rows as the run did:
-    :mod:`persia_planner.modules.train.prediction`), publishes it whole and prunes older ones; returns it there, None
-    elsewhere."""
+    :mod:`persia_planner.modules.train.prediction`), publishes it whole and prunes older ones (and, ``replacing``,
+    those of the runs ``--overwrite`` replaces); returns it there, None elsewhere."""
     local = local_state(hybrid)  # gathers every trainer's shards
     rng = rng_states()
     published = None
     if dist.get_rank() == 0:
         staging = staging_dir(root.resolve(), step)  # absolute: the servers write into it from their own cwd
-        version = client.save(staging / "ps") if hybrid.ps is not None else None
+        version = client.save(staging / PS_DIR) if hybrid.ps is not None else None
         save_trainer_state(staging / TRAINER_STATE, step, model, local, opt, version, layout | {"rng": rng})
-        atomic_json(plan, staging / "plan.json")
+        atomic_json(plan, staging / PLAN_FILE)
         if spec is not None:
             text = yaml.safe_dump(spec.to_dict(), sort_keys=False, width=120).encode()  # the features keep their order
             atomic_write(staging / MODEL_FILE, lambda f: f.write(text))
         published = publish(staging, step=step, lineage=lineage, world=world, run_id=run_id)
-        prune(root, published, keep)
+        prune(root, published, keep, replacing=replacing)
     dist.barrier()  # nobody trains on (or ends) before the checkpoint is whole
     return published
 
@@ -172,7 +169,7 @@ def check_resume(
             fixes=("resume from another checkpoint directory", "train from scratch without --resume"),
         )
     if with_ps:
-        latest = verify_ps(ckpt.path / "ps")  # every shard there and whole, before any server starts
+        latest = verify_ps(ckpt.path / PS_DIR)  # every shard there and whole, before any server starts
         have = latest["version"] if latest else None
         if have is None or have != state.get("ps_version"):
             raise PlannerError(
@@ -324,6 +321,7 @@ class Saver:
                 keep=self.job.cfg.keep,
                 run_id=os.environ.get("TORCHELASTIC_RUN_ID"),
                 spec=self.spec,
+                replacing=self.job.cfg.overwrite,
             )
             or self.last
         )

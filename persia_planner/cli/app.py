@@ -7,11 +7,9 @@ The commands live in :mod:`persia_planner.cli.commands` (planning, checking, ser
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -35,8 +33,6 @@ __all__ = [
     "make_console",
     "note",
     "print_error",
-    "refuse_overwriting",
-    "write_file",
 ]
 
 EXIT_INVALID_PLAN = 1
@@ -135,45 +131,3 @@ def make_console(stderr: bool = False):
 
 def note(message: str, *, to_stderr: bool) -> None:
     typer.echo(message, err=to_stderr)
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """Whether ``a`` and ``b`` name one file (through links; by path where either does not exist yet)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
-def refuse_overwriting(outputs: dict[str, Path | None], inputs: dict[str, Path | None]) -> None:
-    """Refuse, before any work, an output that names an input file or another output (``--out model.yaml`` would
-    replace the model with the plan).
-
-    Args:
-        outputs: Each output's option (``"--out"``) and path (None: not asked for).
-        inputs: Each input's name (``"MODEL"``) and path.
-
-    Raises:
-        PlannerError: An output is an input, or two outputs are one file.
-    """
-    given = [(option, path) for option, path in outputs.items() if path is not None]
-    for option, path in given:
-        for name, source in inputs.items():
-            if source is not None and _same_file(path, source):
-                raise PlannerError(
-                    f"{option} {path} is the {name} file: writing there would replace it",
-                    fixes=("choose another path for the output",),
-                )
-    for (option, path), (other, other_path) in itertools.combinations(given, 2):
-        if _same_file(path, other_path):
-            raise PlannerError(f"{option} and {other} name one file, {path}", fixes=("give each its own path",))
-
-
-def write_file(path: Path, what: str, write: Any) -> None:
-    try:
-        write(path)
-    except OSError as err:
-        reason = err.strerror or str(err)
-        raise Exit(
-            print_error(f"cannot write {what} to '{path}' ({reason}); fix: choose a writable path", EXIT_BAD_INPUT)
-        ) from None

@@ -26,14 +26,13 @@ from persia_planner.cli.app import (
     make_console,
     note,
     print_error,
-    refuse_overwriting,
-    write_file,
 )
 from persia_planner.cli.data import data_app
 from persia_planner.cli.predict import predict_command
 from persia_planner.cli.train import train_command
 from persia_planner.errors import PlannerError
 from persia_planner.limits import MAX_STALENESS
+from persia_planner.outputs import PICTURE_METADATA, Output, OutputKind, check_outputs, write_output
 
 if TYPE_CHECKING:
     from persia_planner.model.specs import ModelSpec
@@ -41,6 +40,10 @@ if TYPE_CHECKING:
     from persia_planner.topology.graph import Topology
 
 __all__ = ["app", "main"]
+
+OverwriteOption = Annotated[
+    bool, typer.Option("--overwrite", help="replace an output file of the same kind that persia wrote before")
+]
 
 
 @app.command("plan")
@@ -95,6 +98,7 @@ def plan_command(
     tune_candidates: Annotated[
         int, typer.Option("--tune-candidates", min=1, help="plans of our search --tune runs (TorchRec's on top)")
     ] = 3,
+    overwrite: OverwriteOption = False,
 ) -> None:
     """Place every table of MODEL on TOPOLOGY; print the per-device and per-table reports and the estimate."""
     from persia_planner import load_model, load_topology
@@ -118,7 +122,9 @@ def plan_command(
                 f"no files given: planning the bundled example {EXAMPLE_MODEL.name} on {EXAMPLE_TOPOLOGY.name}",
                 to_stderr=as_json,
             )
-        refuse_overwriting({"--out": out, "--png": png}, {"MODEL": model, "TOPOLOGY": topology})
+        plan_out = Output("--out", out, OutputKind.PLAN) if out is not None else None
+        picture = Output("--png", png, OutputKind.PICTURE) if png is not None else None
+        check_outputs([plan_out, picture], {"MODEL": model, "TOPOLOGY": topology}, overwrite=overwrite)
         model_spec = with_run_options(load_model(model), staleness=staleness, ps_wire=ps_wire, qcomms=qcomms)
         topo = load_topology(topology)
         # Only --explain prints the alternatives: without it, the search need not score them.
@@ -129,10 +135,11 @@ def plan_command(
         if tune:
             result = _tuned(result, model_spec, topo, seed, tune_budget, tune_steps, tune_candidates)
             require_valid(result, model_spec, topo)
-        if out is not None:
-            write_file(out, "the plan", result.save)
-        if png is not None:
-            _write_picture(png, topo, result)
+        if plan_out is not None:
+            text = result.to_json() + "\n"
+            write_output(plan_out, lambda path: path.write_text(text, encoding="utf-8"), overwrite=overwrite)
+        if picture is not None:
+            _write_picture(picture, topo, result, overwrite=overwrite)
         if as_json:
             typer.echo(result.to_json())
             for written in (out, png):
@@ -184,7 +191,7 @@ def _tuned(
     return tuned
 
 
-def _write_picture(png: Path, topo: Topology, placed: Plan | None = None) -> None:
+def _write_picture(png: Output, topo: Topology, placed: Plan | None = None, *, overwrite: bool) -> None:
     """Draw ``topo`` (with ``placed``'s tables on their devices) into the PNG file ``png``."""
     import matplotlib
 
@@ -192,8 +199,12 @@ def _write_picture(png: Path, topo: Topology, placed: Plan | None = None) -> Non
     from persia_planner.report import draw_topology
 
     figure = draw_topology(topo, placed)
+
+    def save(path: Path) -> None:
+        figure.savefig(path, dpi=120, bbox_inches="tight", format="png", metadata=PICTURE_METADATA)
+
     try:
-        write_file(png, "the picture", lambda path: figure.savefig(path, dpi=120, bbox_inches="tight", format="png"))
+        write_output(png, save, overwrite=overwrite)
     finally:
         figure.clear()
 
@@ -246,18 +257,20 @@ def validate_command(
 def topology_command(
     topology: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="topology.yaml")],
     png: Annotated[Path | None, typer.Option("--png", help="draw the cluster into this PNG file")] = None,
+    overwrite: OverwriteOption = False,
 ) -> None:
     """Summarise TOPOLOGY: hosts, GPUs, parameter servers, memory totals, links, switch bandwidth, latency."""
     from persia_planner import load_topology
     from persia_planner.report import topology_lines
 
     with edge():
-        refuse_overwriting({"--png": png}, {"TOPOLOGY": topology})
+        picture = Output("--png", png, OutputKind.PICTURE) if png is not None else None
+        check_outputs([picture], {"TOPOLOGY": topology}, overwrite=overwrite)
         topo = load_topology(topology)
         for line in topology_lines(topo):
             typer.echo(line)
-        if png is not None:
-            _write_picture(png, topo)
+        if picture is not None:
+            _write_picture(picture, topo, overwrite=overwrite)
             typer.echo(f"wrote {png}")
 
 
@@ -306,14 +319,13 @@ def ps_command(
     with edge():
         if rank >= world_size:
             raise PlannerError(f"--rank {rank} must be below --world-size {world_size}")
-        from persia_planner.modules.rpc_environment import master_address, rpc_channels, rpc_transports
+        from persia_planner.modules.rpc_environment import check_rpc_environment, check_timeouts
         from persia_planner.modules.train_extra import PS_STACK, require_training_stack
 
-        # The environment is checked before torch is imported (and before the network is touched): a mistake
-        # is answered at once.
-        master_address("the parameter-server RPC group")
-        rpc_transports()
-        rpc_channels()
+        # The environment is checked before torch is imported (and before any connection): a mistake is answered
+        # at once.
+        check_timeouts(rpc_timeout=rpc_timeout, peer_timeout=peer_timeout)
+        check_rpc_environment("the parameter-server RPC group")
         require_training_stack("persia ps", PS_STACK)
         from persia_planner.modules.ps.server import serve
 
@@ -332,6 +344,7 @@ def calibrate_command(
     out: Annotated[Path, typer.Option("--out", help="the profile to write (topology.yaml names it as profile:)")] = (
         Path("profile.yaml")
     ),
+    overwrite: OverwriteOption = False,
 ) -> None:
     """Measure this machine as the runtime uses it (memory, fbgemm TBE, gloo collectives, PS rpc and store, dense
     MLP) and write a hardware profile; prints the figures fitted from it."""
@@ -340,8 +353,8 @@ def calibrate_command(
     from persia_planner.topology.profile import HardwareProfile
 
     with edge():
-        if out.exists() and not out.is_file():
-            raise PlannerError(f"--out {out} is not a regular file", fixes=("give a file path, e.g. profile.yaml",))
+        profile_out = Output("--out", out, OutputKind.PROFILE)
+        check_outputs([profile_out], {}, overwrite=overwrite)
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         from persia_planner.modules.train_extra import require_training_stack
@@ -359,9 +372,11 @@ def calibrate_command(
 
             raw = calibrate(quick=quick, on_done=done)
         fitted = HardwareProfile.from_dict(raw, str(out))
-        text = "# persia calibrate: raw measurements; the planner fits its figures from them (persia_planner.cost)\n"
+        text = OutputKind.PROFILE.header(
+            "raw measurements; the planner fits its figures from them (persia_planner.cost)"
+        )
         text += yaml.safe_dump(raw, sort_keys=False)
-        write_file(out, "the profile", lambda path: path.write_text(text, encoding="utf-8"))
+        write_output(profile_out, lambda path: path.write_text(text, encoding="utf-8"), overwrite=overwrite)
         from rich.table import Table
 
         table = Table(title=f"persia calibrate ({'quick' if quick else 'full'}): fitted figures")

@@ -52,6 +52,16 @@ SchemaOption = Annotated[
     typer.Option("--schema", help="YAML mapping a Parquet / CSV file's columns (label, dense, sparse), as data:"),
 ]
 
+OnBadRowOption = Annotated[
+    str | None,
+    typer.Option(
+        "--on-bad-row",
+        help="a Parquet / CSV row with a NaN or infinite dense value or no label: fail (stop, naming the file, row "
+        "and column), skip (leave it out, counted) or impute (the column's mean; a row without a label is left out) "
+        "(default: the schema's on_bad_row, else fail)",
+    ),
+]
+
 DataWorkersOption = Annotated[
     int,
     typer.Option(
@@ -226,7 +236,8 @@ SsdDirOption = Annotated[
     typer.Option(
         "--ssd-dir",
         help="where each parameter server keeps the files of its ssd-tier tables, on its own host (default: its "
-        "temporary directory); a run's files are removed when it ends",
+        "temporary directory): a directory on a local disk, not tmpfs, created if its parent exists; a run's files "
+        "are removed when it ends",
     ),
 ]
 LogDirOption = Annotated[
@@ -247,6 +258,7 @@ def train_command(
     plan_path: PlanPathOption = None,
     data: DataOption = "synthetic",
     schema: SchemaOption = None,
+    on_bad_row: OnBadRowOption = None,
     data_workers: DataWorkersOption = 0,
     staleness: StalenessOption = None,
     mode: ModeOption = "hybrid",
@@ -322,6 +334,7 @@ def train_command(
             trainers=trainers,
             data=data,
             schema=load_data_schema(schema) if schema is not None else None,
+            on_bad_row=on_bad_row,
             data_workers=data_workers,
             eval_batches=eval_batches,
             eval_every=eval_every,
@@ -348,7 +361,7 @@ def train_command(
             teacher_rows_scale=id_space,
             ps_capacity=ps_capacity,
             log_dir=str(log_dir) if log_dir is not None else None,
-            ssd_dir=str(ssd_dir.resolve()) if ssd_dir is not None else None,
+            ssd_dir=str(ssd_dir.absolute()) if ssd_dir is not None else None,  # resolve() raises on a loop
         )
         # The run's model: priced and planned (below, without --plan) for the K and wire it trains with.
         model_spec = with_run_options(model_spec, staleness=cfg.effective_staleness, ps_wire=wire.value)
@@ -402,7 +415,7 @@ def _checked_start(
 ) -> TrainConfig:
     """``cfg`` for this process after every check that can run before torch is imported: the plan against the
     topology, the training stack, and under torchrun this process's role, a restart's resume and the inputs."""
-    from persia_planner.modules.train.config import check_before_start
+    from persia_planner.modules.train.run_inputs import check_before_start
     from persia_planner.modules.train.torchrun_start import torchrun_start
     from persia_planner.modules.train_extra import require_training_stack
     from persia_planner.plan.validation import require_valid

@@ -7,11 +7,16 @@ the mean, over the standard deviation, both from a first pass over the training 
 :meth:`DenseTransform.with_statistics`; or as given by ``mean:`` and ``std:``, as a checkpoint's model.yaml records
 the run's).
 Without dense columns, the model reads one constant 0: the bottom MLP learns a bias vector, a sparse-only DLRM or DCN.
+
+A row is *bad* when a dense value is NaN or infinite (as read, or after its transforms) or its label is missing or
+NaN; ``on_bad_row:`` (:class:`BadRowPolicy`) says what reading does with it: stop naming the file, row and column
+(``fail``, the default), drop the row (``skip``), or read the value as the column's mean (``impute``). A missing
+(null) dense value is no bad value: it reads as 0.
 """
 
 from __future__ import annotations
 
-import math
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,7 +27,50 @@ import numpy as np
 from persia_planner.errors import abbreviate
 from persia_planner.fields import Fields, load_yaml
 
-__all__ = ["DataSchema", "DenseTransform", "SparseColumn", "load_data_schema", "read_data_schema"]
+__all__ = [
+    "FLOAT32_MAX",
+    "FLOAT32_TINY",
+    "BadRowPolicy",
+    "DataSchema",
+    "DenseTransform",
+    "SparseColumn",
+    "load_data_schema",
+    "read_data_schema",
+]
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""The largest float32 (3.4e38): dense values are float32, and so must be the statistics they are standardized with."""
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+"""The smallest positive normal float32 (1.2e-38): a smaller std is 0 to float32 arithmetic."""
+
+
+class BadRowPolicy(enum.StrEnum):
+    """What reading does with a bad row (a dense value NaN or infinite, as read or after its transforms; a missing
+    or NaN label): ``on_bad_row:`` of the columns' schema, or ``persia train --on-bad-row``."""
+
+    FAIL = "fail"
+    """Stop, naming the file, the row and the column: before training when the first pass reads it."""
+    SKIP = "skip"
+    """Leave the row out (the run's summary counts them)."""
+    IMPUTE = "impute"
+    """Read a bad dense value as the column's :attr:`DenseTransform.fill` (the first pass's mean of its finite values,
+    before the transforms, which then apply to it); a row without a label is left out, as under ``skip``."""
+
+
+def _is_float32(x: float) -> bool:
+    """A float32 number (an integer of any size compares exactly; nan is none)."""
+    return -FLOAT32_MAX <= x <= FLOAT32_MAX
+
+
+def _statistics_problem(mean: float, std: float) -> tuple[str, str] | None:
+    """The key of a standardize statistic out of its range and that range in words, or None: both must be float32
+    numbers, and the std one that float32 arithmetic can divide by (any number type: a 400-digit integer compares
+    exactly)."""
+    if not _is_float32(mean):
+        return "mean", f"[{-FLOAT32_MAX:.2g}, {FLOAT32_MAX:.2g}] (a float32 number)"
+    if not FLOAT32_TINY <= std <= FLOAT32_MAX:
+        return "std", f"[{FLOAT32_TINY:.2g}, {FLOAT32_MAX:.2g}] (a positive float32: standardize divides by it)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -35,6 +83,8 @@ class DenseTransform:
         standardize: Subtract ``mean`` and divide by ``std``.
         mean: The first pass's mean of the column after clip and log1p (None until measured).
         std: Its standard deviation (None until measured).
+        fill: Under ``on_bad_row: impute``, what a NaN or infinite value of the column reads as, before the
+            transforms: the first pass's mean of its finite values (None until measured).
     """
 
     clip: tuple[float, float] | None = None
@@ -42,6 +92,7 @@ class DenseTransform:
     standardize: bool = False
     mean: float | None = None
     std: float | None = None
+    fill: float | None = None
 
     def before_standardize(self, values: np.ndarray) -> np.ndarray:
         """``values`` clipped and log-scaled as declared (what the first pass measures)."""
@@ -58,20 +109,42 @@ class DenseTransform:
         Raises:
             ValueError: ``standardize`` without the first pass's statistics.
         """
-        out = self.before_standardize(values)
-        if self.standardize:
-            if self.mean is None or self.std is None:
-                raise ValueError("standardize needs the first pass's mean and std (DenseTransform.with_statistics)")
-            out = (out - self.mean) / self.std
-        return np.asarray(out, dtype=np.float32)
+        # A value the statistics push past float32's range becomes inf, which the reader finds: no warning for it.
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = self.before_standardize(values)
+            if self.standardize:
+                if self.mean is None or self.std is None:
+                    raise ValueError("standardize needs the first pass's mean and std (DenseTransform.with_statistics)")
+                out = (out - self.mean) / self.std
+            return np.asarray(out, dtype=np.float32)
 
-    def with_statistics(self, values: np.ndarray) -> DenseTransform:
-        """This transform with the mean and standard deviation of ``values`` (raw column values of the training rows)
-        after clip and log1p; a constant column keeps a std of 1."""
-        seen = self.before_standardize(np.asarray(values, dtype=np.float64))
-        mean = float(seen.mean()) if seen.size else 0.0
-        std = float(seen.std()) if seen.size else 1.0
-        return replace(self, mean=mean, std=std if std > 0 and math.isfinite(std) else 1.0)
+    def with_statistics(self, values: np.ndarray, *, fill: bool = False) -> DenseTransform:
+        """This transform with what the first pass measures on ``values`` (raw column values of the training rows;
+        only the finite ones count): the mean and standard deviation after clip and log1p where it standardizes
+        without them, and with ``fill`` the mean before them (:attr:`fill`) where it has none.
+
+        Raises:
+            ValueError: No finite value to measure, or (standardize) a constant column: its std is 0.
+        """
+        wants_statistics = self.standardize and self.mean is None
+        if not (wants_statistics or (fill and self.fill is None)):
+            return self
+        raw = np.asarray(values, dtype=np.float64)
+        finite = raw[np.isfinite(raw)]
+        if not finite.size:
+            what = f" (all {raw.size:,} NaN or infinite)" if raw.size else ""
+            raise ValueError(f"no finite value in the first pass's rows{what}: no mean to standardize or impute with")
+        out = self if not fill or self.fill is not None else replace(self, fill=float(finite.mean()))
+        if not wants_statistics:
+            return out
+        seen = self.before_standardize(finite)
+        mean, std = float(seen.mean()), float(seen.std())
+        if seen.min() == seen.max() or std < FLOAT32_TINY:  # (the summed mean's rounding leaves a tiny std)
+            raise ValueError(
+                f"constant ({seen[0]:g} in all {seen.size:,} first-pass rows, after clip and log1p): standardize "
+                "would divide by a std of 0"
+            )
+        return replace(out, mean=mean, std=std)
 
     def to_dict(self) -> dict[str, Any]:
         """As a summary or checkpoint records it."""
@@ -82,7 +155,12 @@ class DenseTransform:
             out["log1p"] = True
         if self.standardize:
             out |= {"standardize": True, "mean": self.mean, "std": self.std}
+        if self.fill is not None:
+            out["fill"] = self.fill
         return out
+
+
+_NONE = DenseTransform()  # a column read as it is
 
 
 @dataclass(frozen=True)
@@ -113,6 +191,8 @@ class DataSchema:
         sparse: The sparse features, each feeding one table.
         source: The file the schema was read from (named by errors).
         transforms: The declared transforms of dense columns, by column (a column without any is read as it is).
+        on_bad_row: What reading does with a row holding a bad value (:class:`BadRowPolicy`).
+        from_file: Read from a schema file (``persia train --schema``), not from a model's ``data:``.
     """
 
     label: str | None
@@ -120,6 +200,11 @@ class DataSchema:
     sparse: tuple[SparseColumn, ...]
     source: str = "model.yaml"
     transforms: Mapping[str, DenseTransform] = field(default_factory=dict)
+    on_bad_row: BadRowPolicy = BadRowPolicy.FAIL
+    from_file: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on_bad_row", BadRowPolicy(self.on_bad_row))  # "skip" as well as the enum
 
     @property
     def num_inputs(self) -> int:
@@ -131,9 +216,28 @@ class DataSchema:
         """The dense columns whose ``standardize`` still lacks the first pass's statistics."""
         return tuple(c for c, t in self.transforms.items() if t.standardize and t.mean is None)
 
+    @property
+    def to_measure(self) -> tuple[str, ...]:
+        """The dense columns the first pass must measure: those to standardize without statistics, and under
+        ``on_bad_row: impute`` every one without its :attr:`DenseTransform.fill`."""
+        if self.on_bad_row is not BadRowPolicy.IMPUTE:
+            return self.to_standardize
+        return tuple(c for c in self.dense if c in self.to_standardize or self.transforms.get(c, _NONE).fill is None)
+
     def with_statistics(self, columns: Mapping[str, np.ndarray]) -> DataSchema:
-        """This schema with the statistics of each standardized column measured on ``columns`` (raw values)."""
-        measured = {c: t.with_statistics(columns[c]) if c in columns else t for c, t in self.transforms.items()}
+        """This schema with what the first pass measures (:meth:`DenseTransform.with_statistics`) on ``columns``
+        (raw values by column).
+
+        Raises:
+            ValueError: For the first column that cannot be measured, with the column's name as its second argument.
+        """
+        fill = self.on_bad_row is BadRowPolicy.IMPUTE
+        measured = dict(self.transforms)
+        for c, values in columns.items():
+            try:
+                measured[c] = self.transforms.get(c, _NONE).with_statistics(values, fill=fill)
+            except ValueError as err:
+                raise ValueError(str(err), c) from None
         return replace(self, transforms=measured)
 
     @property
@@ -153,7 +257,8 @@ class DataSchema:
 
     def to_dict(self) -> dict[str, Any]:
         """As model.yaml's ``data:`` writes it (:func:`read_data_schema` reads it back), with the measured statistics
-        of each standardized column: a checkpoint's model.yaml scores new rows as the run transformed its own."""
+        of each standardized column: a checkpoint's model.yaml scores new rows as the run transformed its own. Not
+        ``on_bad_row``: what to do with bad rows is each reader's to say (scoring names a bad row unless told)."""
         dense = [{"column": c, **self.transforms[c].to_dict()} if c in self.transforms else c for c in self.dense]
         sparse: dict[str, Any] = {}
         for s in self.sparse:
@@ -171,6 +276,7 @@ def read_data_schema(fields: Fields | None) -> DataSchema | None:
     if fields is None:
         return None
     label = fields.take_str("label")
+    on_bad_row = fields.take_enum("on_bad_row", BadRowPolicy, default=BadRowPolicy.FAIL)
     dense_value, transforms = _read_dense(fields)
     sparse_fields = fields.sub("sparse")
     assert sparse_fields is not None
@@ -208,7 +314,7 @@ def read_data_schema(fields: Fields | None) -> DataSchema | None:
             raise fields.error("sparse", f"column {column!r} is the {name} column too", ("map it once",))
     if label in dense_value:
         raise fields.error("dense", f"column {label!r} is the label", fixes=("remove it from dense",))
-    return DataSchema(label, tuple(dense_value), tuple(sparse), fields.source, transforms)
+    return DataSchema(label, tuple(dense_value), tuple(sparse), fields.source, transforms, on_bad_row)
 
 
 def _read_dense(fields: Fields) -> tuple[list[str], dict[str, DenseTransform]]:
@@ -233,16 +339,18 @@ def _read_dense(fields: Fields) -> tuple[list[str], dict[str, DenseTransform]]:
         if clip is not None and not (
             isinstance(clip, list)
             and len(clip) == 2
-            and all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in clip)
+            and all(isinstance(x, int | float) and not isinstance(x, bool) and _is_float32(x) for x in clip)
             and clip[0] < clip[1]
         ):
-            raise entry.error("clip", f"expected [LOW, HIGH] with LOW < HIGH, got {abbreviate(clip)}")
+            raise entry.error("clip", f"expected [LOW, HIGH] with LOW < HIGH, float32 numbers, got {abbreviate(clip)}")
         log1p = entry.take_bool("log1p", default=False)
         standardize = entry.take_bool("standardize", default=False)
         mean, std = _read_statistics(entry, standardize)
+        fill = _read_fill(entry)
         entry.finish()
         names.append(column)
-        transform = DenseTransform(tuple(float(x) for x in clip) if clip else None, log1p, standardize, mean, std)
+        clipped = tuple(float(x) for x in clip) if clip else None
+        transform = DenseTransform(clipped, log1p, standardize, mean, std, fill)
         if transform != DenseTransform():
             transforms[column] = transform
     duplicate = next((c for c in names if names.count(c) > 1), None)
@@ -262,12 +370,51 @@ def _read_statistics(entry: Fields, standardize: bool) -> tuple[float | None, fl
     if len(given) == 1:
         other = "std" if given[0] == "mean" else "mean"
         raise entry.error(other, f"is missing beside '{given[0]}'", fixes=("give both, or neither for a first pass",))
-    values = [entry.take(k) for k in ("mean", "std")]
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values):
-        raise entry.error("mean", f"mean and std must be finite numbers, got {abbreviate(values)}")
-    if values[1] <= 0:
-        raise entry.error("std", f"must be > 0, got {values[1]!r}", fixes=("leave mean and std out for a first pass",))
-    return float(values[0]), float(values[1])
+    given = {k: entry.take(k) for k in ("mean", "std")}
+    mean, std = _number(given["mean"]), _number(given["std"])
+    for key, value in (("mean", mean), ("std", std)):
+        if value is None:
+            raise entry.error(key, f"expected a number, got {abbreviate(given[key])}", _STATISTICS_FIXES)
+    assert mean is not None and std is not None
+    problem = _statistics_problem(mean, std)
+    if problem is not None:
+        key, allowed = problem
+        raise entry.error(key, f"must be in {allowed}, got {abbreviate(given[key], 40)}", _STATISTICS_FIXES)
+    return float(mean), float(std)
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a number: an int or a float, or a string of one (YAML reads ``1e-300`` as a string); None if
+    it is none."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str) and len(value) <= 40:
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+_STATISTICS_FIXES = ("leave mean and std out for a first pass to measure them",)
+
+
+def _read_fill(entry: Fields) -> float | None:
+    """``fill:``, what a bad value of the column reads as under ``on_bad_row: impute`` (a checkpoint's model.yaml
+    records the run's): a float32 number."""
+    if not entry.has("fill"):
+        return None
+    given = entry.take("fill")
+    value = _number(given)
+    if value is None or not _is_float32(value):
+        raise entry.error(
+            "fill",
+            f"must be a number in [{-FLOAT32_MAX:.2g}, {FLOAT32_MAX:.2g}] (a float32), got {abbreviate(given, 40)}",
+            fixes=("leave fill out for a first pass to measure the column's mean",),
+        )
+    return float(value)
 
 
 def load_data_schema(path: str | Path) -> DataSchema:
@@ -284,4 +431,4 @@ def load_data_schema(path: str | Path) -> DataSchema:
     else:
         schema = read_data_schema(Fields(data if data is not None else {}, name, ""))
     assert schema is not None
-    return schema
+    return replace(schema, from_file=True)

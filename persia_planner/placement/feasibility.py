@@ -102,9 +102,21 @@ def _no_placement(table: TableSpec, topology: Topology) -> ConstraintError:
     gpus = sum(allowed.allows_device(g.name) for g in topology.gpus)
     servers = sum(allowed.allows_device(s.name) for s in topology.servers)
     reasons = []
+    # ps_hash allowed on disk tiers only (tiers: [ssd]), on every server, some of which have no disk
+    on_disk = all(t.spec.rows_in is Memory.DISK for s, t in allowed.combinations() if s is Sharding.PS_HASH)
+    diskless = [s.name for s in topology.servers if s.ssd is None]
+    no_disk = bool(diskless) and on_disk and servers == len(topology.servers)
     if Sharding.PS_HASH in shardings:
         if not topology.servers:
             reasons.append(f"ps_hash needs parameter servers, and topology {topology.name!r} has none")
+        elif no_disk:
+            which = (
+                f"no parameter server of topology {topology.name!r} has an ssd: disk"
+                if len(diskless) == len(topology.servers)
+                else f"{diskless[0]}{f' and {len(diskless) - 1} more' if len(diskless) > 1 else ''} of the "
+                f"{len(topology.servers)} parameter servers {'have' if len(diskless) > 1 else 'has'} no ssd: disk"
+            )
+            reasons.append(f"the ssd tier keeps a table's rows on every parameter server's disk, and {which}")
         else:
             reasons.append(
                 f"ps_hash hashes a table over every parameter server, and it names {servers} of the "
@@ -129,6 +141,8 @@ def _no_placement(table: TableSpec, topology: Topology) -> ConstraintError:
     fixes = ("name the devices those need", "allow table_wise" if local else "allow a tier of the trainers")
     if not topology.servers and not local:
         fixes = ("add parameter servers (hosts with role: parameter_server)", "allow a tier of the trainers")
+    if no_disk and Sharding.PS_HASH in shardings:
+        fixes = ("add 'ssd: SIZE' (e.g. ssd: 2TiB) to the topology's parameter-server hosts", "allow tier ps")
     return ConstraintError(
         table.name,
         f"table {table.name!r}: no placement keeps its constraints ({allowed.describe()}): {'; '.join(reasons)}",

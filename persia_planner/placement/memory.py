@@ -98,6 +98,7 @@ __all__ = [
     "PS_RECORD_BYTES",
     "PS_VALUE_BYTES",
     "SSD_BLOCK_BYTES",
+    "SSD_HEADER_BYTES",
     "SSD_INDEX_BYTES",
     "SSD_LOG_SLACK",
     "fbgemm_bytes",
@@ -309,6 +310,9 @@ def ps_rows_error(table: TableSpec, n_servers: int, local_free: float) -> Capaci
 # ---- the ssd tier: a parameter server's disk behind its DDR ---------------------------------------------------------
 SSD_BLOCK_BYTES = 4096
 """The disk's unit of reading and writing (``modules/ps/row_file.BLOCK_BYTES``): a row is read as its block."""
+SSD_HEADER_BYTES = SSD_BLOCK_BYTES
+"""The file's first block, before its rows: who wrote it (``modules/ps/ssd_files``), so that a cleanup removes only
+files of its own."""
 SSD_LOG_SLACK = 2
 """File slots per row of disk capacity: evicted rows are appended as a log, and the live rows compacted to the file's
 start when the log reaches its end (``modules/ps/ssd_store.SsdStore``): once per ``SSD_LOG_SLACK - 1`` times the rows
@@ -358,12 +362,12 @@ def ssd_bytes(
     """``(ddr, disk)`` bytes one server takes for ``rows`` rows of a table on the ``ssd`` tier
     (``modules/ps/ssd_store.SsdStore``): a store of :func:`ssd_cache_rows` rows as the cache, charged as
     :func:`ps_bytes`, and the disk index of the disk's capacity (:func:`ps_capacity` of the rows) in DDR; the file of
-    :data:`SSD_LOG_SLACK` times that capacity on disk. ``rows`` may be a numpy array."""
+    :data:`SSD_LOG_SLACK` times that capacity on disk, after its header block. ``rows`` may be a numpy array."""
     capacity = ps_capacity(rows)
     cache = ps_bytes(ssd_cache_rows(rows, cache_fraction), dim, optimizer, dtype)
     ddr = np.where(np.asarray(rows) > 0, cache + capacity * SSD_INDEX_BYTES, 0.0)
     record = ssd_record_bytes(dim, optimizer, dtype)
-    return ddr, ssd_file_bytes(ssd_file_slots(capacity, record), record)
+    return ddr, ssd_file_bytes(ssd_file_slots(capacity, record), record) + SSD_HEADER_BYTES
 
 
 def ssd_file_slots(capacity: Any, record: int) -> Any:

@@ -31,7 +31,7 @@ from persia_planner.kinds import Sharding
 from persia_planner.model.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.placement.shards import Shard, TablePlacement, row_blocks
 from persia_planner.plan.plan import Plan
-from persia_planner.plan.validation import require_same_tables
+from persia_planner.plan.validation import require_same_tables, wrong_device
 from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 
@@ -229,7 +229,7 @@ def _table_sharding(table: TableSpec, placement: TablePlacement, topology: Topol
     for shard in placement.shards:
         if shard.device not in gpu_names:
             raise PlannerError(
-                f"table {name!r}: shard device {shard.device!r} is not a GPU of topology {topology.name!r}",
+                f"table {name!r}: shard device {wrong_device(topology, shard.device, gpu=True)}",
                 kind=ErrorKind.INVALID_PLAN,
                 fixes=("export with the topology the plan was made for",),
             )

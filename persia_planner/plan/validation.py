@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from persia_planner.cost.analytic import CostModel
-from persia_planner.errors import ErrorKind, PlannerError, abbreviate
+from persia_planner.errors import ErrorKind, PlannerError, abbreviate, printable
 from persia_planner.kinds import Sharding
 from persia_planner.model.specs import ModelSpec
 from persia_planner.placement.feasibility import constraint_problems
@@ -27,12 +27,25 @@ __all__ = [
     "require_valid",
     "table_mismatch",
     "validate",
+    "wrong_device",
 ]
 
 MAX_TABLE_PROBLEMS = 5
 """Problems :func:`validate` lists for one table: a plan of 200,000 bad shards is answered in a few lines."""
 MAX_PROBLEMS = 50
 """Problems :func:`validate` lists in all, before it stops looking."""
+
+
+def wrong_device(topology: Topology, device: str, *, gpu: bool) -> str:
+    """Why ``device`` cannot hold a shard that needs a GPU (``gpu``) or a parameter server, in a few words: it is
+    another kind of device of ``topology``, or none of its devices at all (then a few of those it has are named)."""
+    want = "a GPU" if gpu else "a parameter server"
+    if topology.has_device(device):
+        return f"{abbreviate(device)} is not {want}"
+    names = [g.name for g in topology.gpus] if gpu else [s.name for s in topology.servers]
+    few = ", ".join(printable(n[:40]) for n in names[:4]) + (f", ... ({len(names)})" if len(names) > 4 else "")
+    kind = "GPUs" if gpu else "parameter servers"
+    return f"{abbreviate(device)} is not a device of topology {abbreviate(topology.name)} (its {kind}: {few or 'none'})"
 
 
 def table_mismatch(placed: Iterable[str], tables: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -124,9 +137,9 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
     for i, shard in enumerate(placement.shards):
         spec = shard.tier.spec
         if not spec.local and shard.device not in server_names:
-            problems.append(f"shard {i} is on tier {spec.name} but {shard.device!r} is not a parameter server")
+            problems.append(f"shard {i} is on tier {spec.name} but {wrong_device(topology, shard.device, gpu=False)}")
         elif spec.local and shard.device not in gpu_names:
-            problems.append(f"shard {i} is on tier {spec.name} but {shard.device!r} is not a GPU")
+            problems.append(f"shard {i} is on tier {spec.name} but {wrong_device(topology, shard.device, gpu=True)}")
         # A replica on a tier other than hbm is named below, with the replicas' other rules.
         if s not in spec.shardings and not (spec.local and s is Sharding.DATA_PARALLEL):
             if s is Sharding.PS_HASH:

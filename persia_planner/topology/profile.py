@@ -18,6 +18,7 @@ import numpy as np
 
 from persia_planner.fields import Fields, load_document
 from persia_planner.kinds import Sharding
+from persia_planner.limits import MAX_BANDWIDTH, MAX_DISK_IOPS, MIN_DISK_BYTES_PER_S, MIN_DISK_IOPS
 from persia_planner.topology.cost_constants import CostConstants
 from persia_planner.units import Quantity
 
@@ -441,7 +442,8 @@ class HardwareProfile:
         overhead, request, scales = _step_figures(top) if top.has("step") else (None, None, {})
         disk = {}
         if (section := top.sub("disk", default=None)) is not None:
-            disk = {k: section.take_positive(k, Quantity.NUMBER) for k in DISK_FIGURES}
+            again = ("run persia calibrate again",)
+            disk = {k: section.take_in_range(k, Quantity.NUMBER, *in_range, fixes=again) for k, in_range in DISKS}
             section.take("path", default=None)
             section.finish()
         top.finish()
@@ -470,7 +472,13 @@ class HardwareProfile:
         )
 
 
-DISK_FIGURES = ("read_iops", "write_iops", "read_bytes_per_s", "write_bytes_per_s")  # HardwareProfile.disk
+DISK_FIGURES = {  # HardwareProfile.disk: each figure and its range
+    "read_iops": (MIN_DISK_IOPS, MAX_DISK_IOPS),
+    "write_iops": (MIN_DISK_IOPS, MAX_DISK_IOPS),
+    "read_bytes_per_s": (MIN_DISK_BYTES_PER_S, MAX_BANDWIDTH),
+    "write_bytes_per_s": (MIN_DISK_BYTES_PER_S, MAX_BANDWIDTH),
+}
+DISKS = tuple(DISK_FIGURES.items())
 
 
 def _embedding_fits(top: Fields) -> tuple[dict[str, EmbeddingFit], dict[str, EmbeddingFit]]:

@@ -14,6 +14,7 @@ from persia_planner.errors import SpecError, abbreviate
 from persia_planner.fields import Fields
 from persia_planner.limits import (
     MAX_BANDWIDTH,
+    MAX_DISK_IOPS,
     MAX_GPUS_PER_HOST,
     MAX_HOST_COUNT,
     MAX_LATENCY_S,
@@ -21,6 +22,8 @@ from persia_planner.limits import (
     MAX_TFLOPS,
     MAX_TOPOLOGY_LINKS,
     MAX_TOPOLOGY_NODES,
+    MIN_DISK_BYTES,
+    MIN_DISK_IOPS,
 )
 from persia_planner.topology.cost_constants import LIST_CONSTANTS, CostConstants
 from persia_planner.topology.hardware import (
@@ -211,13 +214,16 @@ def _read_ssd(item: Fields, profile: HardwareProfile | None) -> Disk | None:
     measured = profile.disk if profile is not None else {}
     read = measured.get("read_iops", DEFAULT_SSD_READ_IOPS)
     write = measured.get("write_iops", DEFAULT_SSD_WRITE_IOPS)
+    sizes, size_fix = (MIN_DISK_BYTES, MAX_MEMORY_BYTES), ("give the disk's size, e.g. ssd: 2TiB",)
     if not isinstance(item.data["ssd"], Mapping):
-        return Disk(item.take_positive("ssd", Quantity.SIZE, maximum=MAX_MEMORY_BYTES), read, write)
+        return Disk(item.take_in_range("ssd", Quantity.SIZE, *sizes, fixes=size_fix), read, write)
     ssd = item.sub("ssd")
     assert ssd is not None
-    size = ssd.take_positive("size", Quantity.SIZE, maximum=MAX_MEMORY_BYTES)
-    read = ssd.take_positive("read_iops", Quantity.NUMBER, default=read, maximum=1e12)
-    write = ssd.take_positive("write_iops", Quantity.NUMBER, default=write, maximum=1e12)
+    size = ssd.take_in_range("size", Quantity.SIZE, *sizes, fixes=size_fix)
+    rates = (MIN_DISK_IOPS, MAX_DISK_IOPS)
+    fix = "give the 4 KiB blocks the disk {} a second at random (persia calibrate measures them)"
+    read = ssd.take_in_range("read_iops", Quantity.NUMBER, *rates, default=read, fixes=(fix.format("reads"),))
+    write = ssd.take_in_range("write_iops", Quantity.NUMBER, *rates, default=write, fixes=(fix.format("writes"),))
     ssd.finish()
     return Disk(size, read, write)
 
