@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     examples = args.examples or (60 if args.quick else 500)
     started = time.perf_counter()
     rows = [fuzz(name, examples) for name in TARGETS]
-    print(f"{'target':<16}{'examples':>10}{'clean':>8}{'failed':>8}")
+    print(f"{'target':<20}{'examples':>10}{'clean':>8}{'failed':>8}")
     for r in rows:
-        print(f"{r['target']:<16}{r['examples']:>10}{r.get('clean', 0):>8}{r.get('failed', 0):>8}")
+        print(f"{r['target']:<20}{r['examples']:>10}{r.get('clean', 0):>8}{r.get('failed', 0):>8}")
         for failure in r["failures"]:
             print(f"    {failure[:200]}")
     out = {
