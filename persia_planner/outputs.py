@@ -47,6 +47,7 @@ __all__ = [
     "check_outputs",
     "check_run_folder",
     "enclosing_run_folder",
+    "unwritable",
     "write_output",
 ]
 
@@ -358,14 +359,22 @@ def _check_place(option: str, path: Path, kind: OutputKind) -> None:
     folder = Path(os.path.realpath(path)).parent
     if not folder.is_dir():
         raise PlannerError(f"{option} {path}: the folder {folder} does not exist", fixes=("create it first",))
-    # Permissions, read-only mounts and pseudo file systems (/proc) are only known by writing: a probe of ours.
+    problem = unwritable(folder)
+    if problem is not None:
+        raise PlannerError(
+            f"{option} {path}: cannot write in {folder} ({problem})", fixes=("choose a writable folder",)
+        )
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why no file can be written in ``folder`` (None: one can). Permissions, read-only mounts and pseudo file
+    systems (/proc) are only known by writing: a probe file of ours, removed at once."""
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".persia-probe-"):
             pass
     except OSError as err:
-        raise PlannerError(
-            f"{option} {path}: cannot write in {folder} ({err.strerror or err})", fixes=("choose a writable folder",)
-        ) from None
+        return err.strerror or str(err)
+    return None
 
 
 def _check_existing(out: Output, overwrite: bool) -> None:

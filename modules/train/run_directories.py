@@ -7,13 +7,12 @@ import errno
 import importlib.util
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.train.run_lock import refuse_held
-from persia_planner.outputs import RUN_MARKER, check_run_folder
+from persia_planner.outputs import RUN_MARKER, check_run_folder, unwritable
 
 if TYPE_CHECKING:  # pragma: no cover
     from persia_planner.modules.train.config import TrainConfig
@@ -151,17 +150,14 @@ def _loops(link: Path) -> bool:
 
 
 def _check_writable(option: str, path: Path) -> None:
-    # Whether it can be written is only known by writing (permissions, read-only mounts, /proc): create it now and
-    # write a probe, rather than train for hours and fail at the save.
+    # Created now and probed, rather than train for hours and fail at the save.
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
+        problem = unwritable(path)
     except OSError as err:
-        raise PlannerError(
-            f"{option} {path}: cannot write there ({err.strerror or err})",
-            fixes=("pass a writable directory",),
-        ) from None
+        problem = err.strerror or str(err)
+    if problem is not None:
+        raise PlannerError(f"{option} {path}: cannot write there ({problem})", fixes=("pass a writable directory",))
 
 
 def check_resume_exists(directory: str | os.PathLike[str]) -> Path:
