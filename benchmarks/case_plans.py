@@ -70,6 +70,7 @@ class PlanOutcome:
         breakdowns: Each round's measured step, term by term (``persia train``'s ``step_breakdown_ms``).
         chosen: A tuned plan's candidate (plan.json's ``tuning.chosen``).
         retried: The errors of runs that failed and were run again.
+        train_args: ``persia train`` options its runs add (``--adapt`` for an adapted plan).
     """
 
     status: str
@@ -84,6 +85,7 @@ class PlanOutcome:
     breakdowns: list[dict[str, float]] = field(default_factory=list)
     chosen: str | None = None
     retried: list[str] = field(default_factory=list)
+    train_args: tuple[str, ...] = ()
 
     @property
     def samples_per_s(self) -> float | None:
@@ -215,6 +217,17 @@ def plan_tuned(files: CaseFiles, budget_s: float, steps: int) -> PlanOutcome:
 
 
 TUNED = "tuned"
+ADAPTED = "adapted"  # our plan, its runs under persia train --adapt (re-planned and migrated as they measure)
+
+
+def adapted(ours: PlanOutcome) -> PlanOutcome:
+    """Our plan again, trained with ``--adapt``."""
+    return PlanOutcome(
+        ours.status, ours.path, ours.plan_s, dict(ours.mix), ours.split, ours.predicted_ms, ours.error,
+        train_args=("--adapt",),
+    )  # fmt: skip
+
+
 # The plans each case trains, in this order; each is compared with BASELINE's. With --tune, TUNED joins as a third
 # (plan_tuned), and the JSON's tuned_min_ratio / tuned_median_ratio fill from its rates.
 PLANNERS: dict[str, Callable[[CaseFiles], PlanOutcome]] = {"ours": plan_with_ours, BASELINE: plan_with_torchrec}

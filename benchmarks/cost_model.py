@@ -8,10 +8,15 @@
    moved to the PS): is the predicted order the measured one, and is the planner's plan within 5% of the best measured?
 4. Memory: the planner's bytes per device against what the built modules allocate (``modules/tools/memory_audit.py``:
    tensors' bytes on the trainers, resident memory on the servers).
+5. Held-out refit: the cost model's factors (``persia_planner/cost/refit.py``: one per term, and one per sharding
+   type's exchange) fitted on half of step 2's cases (alternate cases by index), each case of the other half predicted
+   with them; both halves in turn, so that every case has a prediction from runs it was not part of.
 
 Prints a table per term and writes JSON (``--json OUT``) with ``cases``, ``median_abs_error``, ``worst_abs_error``,
 ``ranking_correct`` (and ``ranking``), ``memory_max_abs_error`` (and ``memory``), ``calibrate_s``, ``by_sharding``
-(per sharding type: the cases whose plan uses it, their median and worst |error|) and ``ps_cases``.
+(per sharding type: the cases whose plan uses it, their median and worst |error|), ``ps_cases``, and the held-out
+refit's ``refit_median_abs_error``, ``refit_worst_abs_error``, ``refit_factors`` and ``refit_sharding_factors`` (per
+half fitted on).
 
     python benchmarks/cost_model.py --quick --json out.json
 """
@@ -33,6 +38,8 @@ from rich.console import Console
 from rich.table import Table
 
 from persia_planner import CostModel, ModelSpec, SearchConfig, Tier, load_topology
+from persia_planner.cost.refit import SUMMARY_A2A_KEY, RunTerms, predicted_a2a_by_sharding, refit
+from persia_planner.cost.refit import predicted_terms as unscaled_terms
 from persia_planner.kinds import Sharding
 from persia_planner.model.specs import DenseSpec, TableSpec
 from persia_planner.modules.data.criteo_format import NUM_INTEGER
@@ -173,6 +180,10 @@ def run_plan(
     started = time.perf_counter()
     result = measure(case, model, tables, topology, steps)
     predicted, measured = predicted_terms(estimate), measured_terms(result)
+    # What a refit reads (RunTerms.from_summary): the summary's step, breakdown and K, and the model's five terms
+    # with the all-to-all's split by sharding type, every factor 1.
+    summary = {k: result[k] for k in ("step_ms", "step_breakdown_ms", "staleness")} | {"plan_id": name or case.name}
+    summary[SUMMARY_A2A_KEY] = predicted_a2a_by_sharding(model, topology, tables)
     return {
         "name": name or case.name,
         "ps_tables": sorted(t for t, p in tables.items() if p.sharding.value == "ps_hash"),
@@ -183,13 +194,46 @@ def run_plan(
         "terms": {t: {"predicted_ms": predicted[t], "measured_ms": measured[t]} for t in TERMS},
         "data_ms": result["step_breakdown_ms"].get("data", 0.0),
         "wall_s": time.perf_counter() - started,
+        "summary": summary,
+        "model_terms_ms": unscaled_terms(model, topology, tables),
     }
 
 
-def run_case(case: Case, profile: Path, folder: Path, steps: int) -> dict[str, Any]:
+def run_case(case: Case, profile: Path, folder: Path, steps: int) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """One case's result, and what predicts it again under other factors: (model, topology, tables)."""
     model = case.model()
     topology = load_topology(topology_for(case, profile, folder))
-    return run_plan(case, model, dict(plan_for(case, model, topology).tables), topology, steps)
+    tables = dict(plan_for(case, model, topology).tables)
+    return run_plan(case, model, tables, topology, steps), (model, topology, tables)
+
+
+def held_out_refit(results: list[dict[str, Any]], priced: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """Fit the factors on every other case and predict the rest with them, both halves in turn: each case's step
+    predicted by factors fitted on runs it was not part of."""
+    runs = [RunTerms.from_summary(r["summary"], r["model_terms_ms"], r["name"]) for r in results]
+    factors: dict[str, dict[str, float]] = {}
+    shardings: dict[str, dict[str, float]] = {}
+    notes: dict[str, list[str]] = {}
+    for half, name in ((0, "even"), (1, "odd")):
+        fitted = refit([run for i, run in enumerate(runs) if i % 2 == half])
+        factors[f"fit on {name} cases"] = dict(fitted.factors)
+        shardings[f"fit on {name} cases"] = dict(fitted.sharding_factors)
+        notes[f"fit on {name} cases"] = list(fitted.notes)
+        for i in range(1 - half, len(results), 2):
+            model, topology, tables = priced[i]
+            estimate = CostModel(model, topology.with_constants(fitted.constants())).evaluate(tables)[0]
+            r = results[i]
+            r["refit_predicted_ms"] = estimate.step_ms
+            r["refit_error"] = estimate.step_ms / r["measured_ms"] - 1
+            r["refit_terms_ms"] = estimate.slowest_gpu_terms()
+    errors = [abs(r["refit_error"]) for r in results]
+    return {
+        "refit_median_abs_error": statistics.median(errors),
+        "refit_worst_abs_error": max(errors),
+        "refit_factors": factors,
+        "refit_sharding_factors": shardings,
+        "refit_notes": notes,
+    }
 
 
 def ranking(profile: Path, folder: Path, steps: int) -> dict[str, Any]:
@@ -223,7 +267,9 @@ def ranking(profile: Path, folder: Path, steps: int) -> dict[str, Any]:
 
 def step_table(title: str, results: list[dict[str, Any]]) -> Table:
     table = Table(title=title)
-    for column in ("case", "PS tables", "predicted", "measured", "error", *TERMS):
+    refitted = any("refit_error" in r for r in results)
+    extra = ("refitted", "refit error") if refitted else ()
+    for column in ("case", "PS tables", "predicted", "measured", "error", *extra, *TERMS):
         table.add_column(column, justify="left" if column in ("case", "PS tables") else "right")
     for r in results:
         terms = [
@@ -236,6 +282,7 @@ def step_table(title: str, results: list[dict[str, Any]]) -> Table:
             f"{r['predicted_ms']:.1f}",
             f"{r['measured_ms']:.1f}",
             f"{r['error']:+.0%}",
+            *((f"{r['refit_predicted_ms']:.1f}", f"{r['refit_error']:+.0%}") if refitted else ()),
             *terms,
         )
     return table
@@ -282,9 +329,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.save_profile:
                 args.save_profile.write_text(profile.read_text())
         console.print(f"[bold]2. predicted vs measured[/]: {len(cases())} configurations, {steps} steps")
-        results = []
+        results, priced = [], []
         for case in cases():
-            results.append(run_case(case, profile, folder, steps))
+            result, context = run_case(case, profile, folder, steps)
+            results.append(result)
+            priced.append(context)
             r = results[-1]
             console.print(f"   {r['name']}: predicted {r['predicted_ms']:.1f} ms, measured {r['measured_ms']:.1f} ms")
         console.print("[bold]3. ranking[/]: three plans of one model")
@@ -294,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print("[bold]4. memory[/]: the planner's bytes per device against what the built modules allocate")
     memory = memory_error()
     errors = [abs(r["error"]) for r in results]
+    console.print("[bold]5. held-out refit[/]: factors fitted on every other case, the rest predicted with them")
+    refitted = held_out_refit(results, priced)
     out = {
         "quick": args.quick,
         "calibrate_s": calibrate_s,
@@ -306,12 +357,21 @@ def main(argv: list[str] | None = None) -> int:
         "memory": memory["cases"],
         "by_sharding": by_sharding(results),
         "ps_cases": sum("ps_hash" in r["shardings"] for r in results),
+        **refitted,
     }
     console.print(step_table("cost model: predicted vs measured step (ms)", results))
     console.print(
         f"median |error| {out['median_abs_error']:.0%} (target <= 15%), worst {out['worst_abs_error']:.0%} "
         "(target <= 30%); terms are predicted / measured ('-': not measured in runs with PS tables)"
     )
+    console.print(
+        f"held-out refit: median |error| {out['refit_median_abs_error']:.0%} (target <= 10%), worst "
+        f"{out['refit_worst_abs_error']:.0%} (target <= 20%); unrefitted {out['median_abs_error']:.0%} / "
+        f"{out['worst_abs_error']:.0%}"
+    )
+    for half, factors in out["refit_factors"].items():
+        shown = ", ".join(f"{t} {f:.2f}" for t, f in (factors | out["refit_sharding_factors"][half]).items())
+        console.print(f"   factors {half}: {shown}" + "".join(f"; {n}" for n in out["refit_notes"][half]))
     per_type = Table(title="by sharding type (the cases whose plan uses it)")
     for column in ("sharding", "cases", "median |error|", "worst |error|"):
         per_type.add_column(column, justify="left" if column == "sharding" else "right")

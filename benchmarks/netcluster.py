@@ -4,16 +4,18 @@ One ``torchrun`` per host: trainers on two hosts, parameter servers on two other
 ``--ps-mbit``. It runs K = 0 and K = 4 there, the K = 0 job on this machine's own launcher, and the loss of a server's
 host and of a trainer's host (every process killed; the job launched again resumes from its checkpoint). Then, on a
 cluster whose trainers' NICs are shaped too, the plan made for fast server NICs against the plan made for the NICs
-as they are. Needs root; elsewhere it prints why it skipped.
+as they are, calibrated on the cluster, adapted while it runs, and TorchRec's (:mod:`cluster_replanning`). Needs
+root; elsewhere it prints why it skipped.
 
-    python benchmarks/netcluster.py --json out.json     # 200 steps per K, faults and replanning (about 8 min)
+    python benchmarks/netcluster.py --json out.json     # 200 steps per K, faults and replanning (about 20 min)
     python benchmarks/netcluster.py --quick             # 20 steps per K only (CI, where root is available)
 
 JSON keys: ``hosts``, ``trained``, ``sync_equals_single_host``, ``sockets_outside_cluster`` (listening sockets bound
 neither to their host's cluster address nor to loopback, listed with their owner in ``sockets_outside``),
 ``k4_over_k0``, ``auc_gap``, ``predicted_ms`` (the K = 4 plan's step for the declared NICs), ``measured_ms`` (the
 wall-clock step: elapsed over steps), ``step_error``, ``fault_stop_s`` / ``fault_messages`` / ``fault_at_step`` (per
-lost host), ``resumed``, ``replan_speedup`` (and ``replan``: the two plans' tables on the servers and steps),
+lost host), ``resumed``, ``replan_speedup``, ``declared_speedup``, ``adapt_speedup`` and ``ours_over_torchrec`` (and
+``replan``: every plan's tables on the servers and steps; :mod:`cluster_replanning` says what each is),
 ``measured_mbit`` (bounded transfers through the shaped NICs), ``root_links_unchanged``, ``torn_down``.
 """
 
@@ -34,152 +36,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster_jobs import (
+    DATA,
+    HOSTS,
+    job_result,
+    plan_for,
+    remote_tables,
+    run_on_cluster,
+    shardings,
+    start_job,
+    topology_yaml,
+    train_command,
+    watch_job,
+)
+from cluster_replanning import replan
 from netns import NetCluster, Unavailable, check_available, namespaces, root_links, transfer_mbit
-
-REPO = Path(__file__).resolve().parents[1]
-MODEL = REPO / "persia_planner" / "examples" / "dlrm_small.yaml"
-PROFILE = REPO / "persia_planner" / "examples" / "profiles" / "cpu-2core.yaml"
-RDZV_PORT = 29500
-
-
-def topology_yaml(
-    ps_mbit: float, trainer_mbit: float = 10_000.0, trainer_memory: str = "4MiB", nic_efficiency: float | None = None
-) -> str:
-    """Two trainer hosts of one CPU trainer each and two parameter-server hosts, with the NICs declared as shaped
-    (and, where given, the share of a NIC's rate that a transfer reaches: the cost model's ``nic_efficiency``)."""
-    constants = "" if nic_efficiency is None else f"constants:\n  nic_efficiency: {nic_efficiency:.3f}\n"
-    return f"""{constants}name: netns-2x1-2ps
-hosts:
-  - name: trainer
-    count: 2
-    ddr: 8GiB
-    nic_bandwidth: {trainer_mbit / 8000:g}GB/s
-    profile: {PROFILE}
-    cpus: {{count: 1, memory: {trainer_memory}}}
-  - name: ps
-    count: 2
-    role: parameter_server
-    ddr: 2GiB
-    nic_bandwidth: {ps_mbit / 8000:g}GB/s
-    profile: {PROFILE}
-network:
-  latency: 50us
-"""
-
-
-def train_command(topology: Path, plan: Path, train_args: Sequence[str]) -> list[str]:
-    """``python``'s arguments for ``persia train`` of the bundled model with ``plan``, its result as JSON."""
-    return ["-m", "persia_planner.cli", "train", "--model", str(MODEL), "--topology", str(topology),
-            "--plan", str(plan), *train_args, "--json"]  # fmt: skip
-
-
-def plan_for(work: Path, name: str, topology: Path, staleness: int) -> Path:
-    """``persia plan`` of the bundled model on ``topology`` for staleness ``staleness``, into ``work/name``."""
-    out = work / name
-    done = subprocess.run(
-        [sys.executable, "-m", "persia_planner.cli", "plan", str(MODEL), str(topology), "--staleness", str(staleness),
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"persia plan: {done.stderr.strip()[-500:]}")
-    return out
-
-
-def shardings(plan: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Per table of ``plan``, its sharding and its shards' tiers (where they are aside)."""
-    tables = json.loads(plan.read_text())["tables"]
-    return {n: (t["sharding"], tuple(sorted(s["tier"] for s in t.get("shards", [])))) for n, t in tables.items()}
-
-
-def remote_tables(plan: Path) -> int:
-    """How many of ``plan``'s tables live on the parameter servers."""
-    tables = json.loads(plan.read_text())["tables"]
-    return sum(any(s.get("tier") == "ps" for s in t.get("shards", [])) for t in tables.values())
-
-
-def start_job(
-    cluster: NetCluster,
-    work: Path,
-    name: str,
-    topology: Path,
-    plan: Path,
-    train_args: Sequence[str],
-    hosts: Sequence[str] | None = None,
-) -> dict[str, subprocess.Popen]:
-    """The job as docs/multinode.md runs it: one torchrun per host (``hosts``: all), c10d on the first host's cluster
-    address (its torchrun with ``--local-addr``), no interface variables. Each host's output goes to
-    ``work/<name>-<host>.out`` and ``.err`` (appended: a replacement host writes after the host it replaces)."""
-    head = cluster.hosts[next(iter(cluster.hosts))].address
-    args = train_command(topology, plan, train_args)
-    rdzv = ["--nnodes", str(len(cluster.hosts)), "--rdzv-backend", "persia", "--rdzv-endpoint", f"{head}:{RDZV_PORT}",
-            "--rdzv-id", name]  # fmt: skip
-    nodes = {}
-    for i, host in enumerate(cluster.hosts):
-        if hosts is not None and host not in hosts:
-            continue
-        role = ["--local-addr", head, "--rdzv-conf", "is_host=true"] if i == 0 else ["--rdzv-conf", "is_host=false"]
-        # The one variable a real cluster would not need: the namespaces share a kernel, and TensorPipe's cma channel
-        # would copy rows from process to process around the shaped links.
-        env = {k: v for k, v in os.environ.items() if not k.endswith("_SOCKET_IFNAME")} | {
-            "PERSIA_HOST": host,
-            "PERSIA_RPC_CHANNELS": "basic",
-        }
-        with open(work / f"{name}-{host}.out", "a") as out, open(work / f"{name}-{host}.err", "a") as err:
-            argv = [sys.executable, "-m", "torch.distributed.run", *rdzv, *role, "--nproc-per-node", "1", *args]
-            nodes[host] = cluster.popen(host, argv, env=env, stdout=out, stderr=err, cwd=work)
-    return nodes
-
-
-def watch_job(
-    cluster: NetCluster, nodes: Mapping[str, subprocess.Popen], until: Any = None, timeout_s: float = 600.0
-) -> set[tuple[str, str, int, str]]:
-    """Wait for ``nodes`` to end (or ``until()`` to be true), at most ``timeout_s``; returns every listening socket
-    seen meanwhile, ``(host, address, port, owner)``, the owner ``torchrun`` (a host's agent) or ``job`` (the
-    processes it started). Nodes still running at the deadline are killed."""
-    sockets: set[tuple[str, str, int, str]] = set()
-    agents = {p.pid for p in nodes.values()}
-    deadline = time.monotonic() + timeout_s
-    while any(p.poll() is None for p in nodes.values()) and time.monotonic() < deadline:  # bounded in time
-        for host in cluster.hosts:
-            sockets |= {
-                (host, a, port, "torchrun" if pid in agents else "job") for a, port, pid in cluster.listening(host)
-            }
-        if until is not None and until():
-            return sockets
-        time.sleep(0.5)
-    for p in nodes.values():
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    return sockets
-
-
-def job_result(work: Path, name: str, nodes: Mapping[str, subprocess.Popen]) -> dict[str, Any]:
-    """The first trainer's ``--json`` result of a job whose nodes all ended well.
-
-    Raises:
-        RuntimeError: A node failed (naming it, with the end of its output).
-    """
-    codes = {host: p.wait() for host, p in nodes.items()}
-    if any(codes.values()):
-        host = next(h for h, c in codes.items() if c)
-        lines = (work / f"{name}-{host}.err").read_text(errors="replace").splitlines()
-        said = [x for x in lines if x.startswith("error:")] or lines[-10:]
-        raise RuntimeError(f"the job failed on {host} (exit {codes[host]}): {' / '.join(said)[-800:]}")
-    for h in nodes:  # the first host with a result; its last one (a job launched again appends to its output)
-        results = [x for x in (work / f"{name}-{h}.out").read_text().splitlines() if x.startswith("{")]
-        if results:
-            return json.loads(results[-1])
-    raise RuntimeError(f"the job {name} ended well but printed no result")
-
-
-def run_on_cluster(
-    cluster: NetCluster, work: Path, name: str, topology: Path, plan: Path, train_args: Sequence[str]
-) -> tuple[dict[str, Any], set[tuple[str, str, int, str]]]:
-    """Run the job on every host to its end: the first trainer's result, and the listening sockets seen."""
-    nodes = start_job(cluster, work, name, topology, plan, train_args)
-    sockets = watch_job(cluster, nodes)
-    return job_result(work, name, nodes), sockets
 
 
 @dataclass(frozen=True)
@@ -276,15 +147,6 @@ def _signals_as_exceptions() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-HOSTS = ("trainer0", "trainer1", "ps0", "ps1")
-# The synthetic data draws ids from all of each table's rows, as the model.yaml that the plans price describes them
-# (persia train draws from 2% of them unless told, --id-space 0.02: far fewer distinct rows a batch than priced).
-DATA = ("--id-space", "1")
-# The replanning cluster: trainers' NICs shaped too, so that the servers are worth a table to the planner when their
-# NICs are declared fast, and the trainers hold more of the model.
-REPLAN_TRAINER_MBIT, REPLAN_PS_MBIT, REPLAN_MEMORY = 100.0, 30.0, "12MiB"
-
-
 def claim(work: Path, ps_mbit: float, steps: int, eval_batches: int, faults: bool) -> dict[str, Any]:
     """K = 0 and K = 4 of one plan (planned for the NICs as shaped) on the cluster, K = 0 on this machine's own
     launcher, and (``faults``) the loss of a server's host and of a trainer's host."""
@@ -323,27 +185,6 @@ def claim(work: Path, ps_mbit: float, steps: int, eval_batches: int, faults: boo
     }
 
 
-def replan(work: Path, steps: int) -> dict[str, Any]:
-    """The same shaped cluster run with the plan made for fast server NICs, and with the plan made for its own."""
-    naive_topology, declared_topology = work / "naive.yaml", work / "declared.yaml"
-    naive_topology.write_text(topology_yaml(10_000.0, REPLAN_TRAINER_MBIT, REPLAN_MEMORY))
-    declared_topology.write_text(topology_yaml(REPLAN_PS_MBIT, REPLAN_TRAINER_MBIT, REPLAN_MEMORY))
-    naive = plan_for(work, "naive.json", naive_topology, 4)
-    declared = plan_for(work, "declared.json", declared_topology, 4)
-    job = ["--steps", str(steps), "--eval-batches", "2", "--staleness", "4", *DATA]
-    rates = {"trainer0": REPLAN_TRAINER_MBIT, "trainer1": REPLAN_TRAINER_MBIT} | {
-        s: REPLAN_PS_MBIT for s in ("ps0", "ps1")
-    }
-    with NetCluster(HOSTS, rates) as cluster:
-        on_naive, _ = run_on_cluster(cluster, work, "naive", declared_topology, naive, job)
-        on_declared, _ = run_on_cluster(cluster, work, "declared", declared_topology, declared, job)
-        tags = [cluster.bridge, *(h.namespace for h in cluster.hosts.values())]
-    return {
-        "naive": on_naive, "declared": on_declared, "tags": tags,
-        "naive_remote": remote_tables(naive), "declared_remote": remote_tables(declared),
-    }  # fmt: skip
-
-
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
@@ -352,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ps-mbit", type=float, default=20.0, help="the PS hosts' NIC rate (default 20)")
     parser.add_argument("--steps", type=int, default=200, help="steps of each K = 0 / K = 4 run (default 200)")
     parser.add_argument("--quick", action="store_true", help="fewer steps, no faults, no replanning (CI)")
+    parser.add_argument("--replan-steps", type=int, default=120, help="steps of each replanning run (default 120)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternated rounds of the replanning runs (default 2)")
     args = parser.parse_args(argv)
     try:
         check_available()
@@ -365,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="persia-netcluster-") as tmp, _signals_as_exceptions():
         work = Path(tmp)
         c = claim(work, args.ps_mbit, steps, 4 if args.quick else 16, faults=not args.quick)
-        r = None if args.quick else replan(work, 60)
+        r = None if args.quick else replan(work, args.replan_steps, args.rounds)
     k0, k4, single = c["k0"], c["k4"], c["single"]
     results |= {
         "trained": k0["steps"] == steps and k4["steps"] == steps,
@@ -398,18 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     tags = set(c["tags"])
     if r is not None:
-        results |= {
-            "replan": {
-                "trainer_mbit": REPLAN_TRAINER_MBIT, "ps_mbit": REPLAN_PS_MBIT, "trainer_memory": REPLAN_MEMORY,
-                "remote_tables_fast_nic": r["naive_remote"], "remote_tables_declared_nic": r["declared_remote"],
-                "measured_ms_fast_nic_plan": r["naive"]["wall_step_ms"],
-                "measured_ms_declared_nic_plan": r["declared"]["wall_step_ms"],
-                "breakdown_ms_fast_nic_plan": r["naive"]["step_breakdown_ms"],
-                "breakdown_ms_declared_nic_plan": r["declared"]["step_breakdown_ms"],
-                "predicted_ms_declared_nic_plan": r["declared"]["plan_step_ms"],
-            },
-            "replan_speedup": r["naive"]["wall_step_ms"] / r["declared"]["wall_step_ms"],
-        }  # fmt: skip
+        keys = ("replan_speedup", "declared_speedup", "adapt_speedup", "ours_over_torchrec")
+        results |= {"replan": {k: v for k, v in r.items() if k != "tags"}, **{k: r[k] for k in keys}}
         tags |= set(r["tags"])
     results["root_links_unchanged"] = root_links() == before
     results["torn_down"] = not tags & set(namespaces())
@@ -423,7 +256,8 @@ def print_table(results: Mapping[str, Any]) -> None:
     """The figures the issue names, a row each."""
     rows = [(k, results[k]) for k in (
         "hosts", "trained", "sync_equals_single_host", "sockets_outside_cluster", "k4_over_k0", "auc_gap",
-        "predicted_ms", "measured_ms", "step_error", "replan_speedup", "fault_stop_s", "resumed",
+        "predicted_ms", "measured_ms", "step_error", "replan_speedup", "declared_speedup", "adapt_speedup",
+        "ours_over_torchrec", "fault_stop_s", "resumed",
         "root_links_unchanged", "torn_down",
     ) if k in results]  # fmt: skip
     width = max(len(k) for k, _ in rows)

@@ -59,6 +59,8 @@ HEADLINES = {
     "cost_model": (
         "median_abs_error",
         "worst_abs_error",
+        "refit_median_abs_error",
+        "refit_worst_abs_error",
         "ranking_correct",
         "memory_max_abs_error",
         "calibrate_s",

@@ -25,13 +25,16 @@ in ``cases_only_ours_runs``.
 The cases, and their kinds of budget (roomy, tight, PS only), are in ``benchmarks/cpu_cases.py``.
 
 Prints a table and writes JSON (``--json OUT``): ``cases`` (a record per case), ``min_ratio`` and ``median_ratio``
-(over the cases both plans ran), ``cases_only_ours_runs``, and ``tuned_min_ratio`` / ``tuned_median_ratio`` (a third,
-tuned plan per case: ``persia plan --tune``'s, with ``--tune``; null without it).
+(over the cases both plans ran), ``cases_only_ours_runs``, ``tuned_min_ratio`` / ``tuned_median_ratio`` (a third,
+tuned plan per case: ``persia plan --tune``'s, with ``--tune``; null without it) and ``adapted_min_ratio`` /
+``adapted_median_ratio`` (with ``--adapt``: our plan trained under ``persia train --adapt``, which refits the model to
+its own steps, re-plans and migrates; null without it).
 
     python benchmarks/vs_torchrec.py --quick --json out.json    # CI: 3 cases, 40 steps, 2 rounds (~3 min; --tune ~6)
     python benchmarks/vs_torchrec.py --json out.json            # 10 cases, 150 steps, 5 rounds (~40 minutes)
     python benchmarks/vs_torchrec.py --cases roomy-8t-d16-2tr,ps-26t-d16-2tr --rounds 5
     python benchmarks/vs_torchrec.py --tune --json out.json     # also persia plan --tune's plan (tuned_* keys)
+    python benchmarks/vs_torchrec.py --adapt --json out.json    # also our plan under --adapt (adapted_* keys)
 """
 
 from __future__ import annotations
@@ -57,12 +60,14 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # torchrec_baseline si
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from case_plans import (
+    ADAPTED,
     BASELINE,
     PLANNERS,
     TRAIN_TIMEOUT_S,
     TUNED,
     CaseFiles,
     PlanOutcome,
+    adapted,
     mix_text,
     one_line,
     persia_command,
@@ -78,7 +83,9 @@ console = Console(width=max(Console().width, 200))
 
 
 # ---- training ---------------------------------------------------------------------------------------------------
-def train_once(files: CaseFiles, plan_path: Path, steps: int, id_space: float | None) -> dict[str, Any]:
+def train_once(
+    files: CaseFiles, plan_path: Path, steps: int, id_space: float | None, extra: Sequence[str] = ()
+) -> dict[str, Any]:
     """One ``persia train --plan PLAN --mode sync --json`` run; its final JSON line.
 
     Raises:
@@ -102,10 +109,14 @@ def train_once(files: CaseFiles, plan_path: Path, steps: int, id_space: float | 
         "--eval-batches",
         "1",  # the AUC is not compared; evaluation is outside the timed steps anyway
         "--json",
+        *extra,
     ]
     if id_space is not None:
         command += ["--id-space", str(id_space)]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=TRAIN_TIMEOUT_S)
+    with tempfile.TemporaryDirectory(prefix="vs-torchrec-ck-") as checkpoint:
+        if "--adapt" in extra:  # it migrates through a checkpoint
+            command += ["--checkpoint", checkpoint]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=TRAIN_TIMEOUT_S)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             if proc.returncode == 0:
@@ -132,12 +143,12 @@ def run_rounds(
             if outcome.status != "ok":
                 continue
             try:
-                result = train_once(files, outcome.path, steps, id_space)
+                result = train_once(files, outcome.path, steps, id_space, outcome.train_args)
             except (RuntimeError, subprocess.TimeoutExpired) as first:
                 outcome.retried.append(one_line(first))
                 console.print(f"   round {r + 1} {label}: failed, once more ({outcome.retried[-1]})")
                 try:
-                    result = train_once(files, outcome.path, steps, id_space)
+                    result = train_once(files, outcome.path, steps, id_space, outcome.train_args)
                 except (RuntimeError, subprocess.TimeoutExpired) as err:
                     outcome.status, outcome.error = "train_failed", one_line(err)
                     continue
@@ -156,15 +167,19 @@ def run_case(
     rounds: int,
     id_space: float | None = None,
     tune: tuple[float, int] | None = None,
+    adapt: bool = False,
 ) -> dict[str, Any]:
     """Plan ``case`` with every planner of :data:`PLANNERS` (and, with ``tune`` = (budget s, steps), ``persia plan
-    --tune``), train the plans, and return the case's record."""
+    --tune``; with ``adapt``, our plan once more under ``persia train --adapt``), train the plans, and return the
+    case's record."""
     model_path, topology_path = case.write(folder)
     model, topology = load_model(model_path), load_topology(topology_path)
     files = CaseFiles(case, model_path, topology_path, model, topology, folder)
     outcomes = {label: planner(files) for label, planner in PLANNERS.items()}
     if tune is not None:
         outcomes[TUNED] = plan_tuned(files, *tune)
+    if adapt:
+        outcomes[ADAPTED] = adapted(outcomes["ours"])
     for label, o in outcomes.items():
         said = f"{o.status}" + (f" ({o.error})" if o.error else "")
         console.print(f"   {label}: {mix_text(o.mix, o.split) or '-'}; {said}")
@@ -259,7 +274,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ``median_paired_ratio`` / ``median_step_ratio``: the medians of the cases' robust views (:func:`compare`).
     """
     out: dict[str, Any] = {}
-    for label, prefix in (("ours", ""), ("tuned", "tuned_")):
+    for label, prefix in (("ours", ""), (TUNED, "tuned_"), (ADAPTED, "adapted_")):
         values = ratios(records, label)
         out[f"{prefix}min_ratio"] = min(values) if values else None
         out[f"{prefix}median_ratio"] = statistics.median(values) if values else None
@@ -344,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="steps per run (default 150; --quick 60)")
     parser.add_argument("--id-space", type=float, help="persia train --id-space (default: persia train's)")
     parser.add_argument("--tune", action="store_true", help="also run persia plan --tune's plan (tuned_* keys)")
+    parser.add_argument("--adapt", action="store_true", help="also run our plan under --adapt (adapted_* keys)")
     parser.add_argument("--tune-budget", type=float, help="persia plan --tune-budget per case (default 90; --quick 30)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 5)
@@ -361,9 +377,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             case_started = time.perf_counter()
             tune = (args.tune_budget or (30.0 if args.quick else 90.0), max(20, steps // 3)) if args.tune else None
-            records.append(
-                run_case(case, Path(tmp, case.name), steps=steps, rounds=rounds, id_space=args.id_space, tune=tune)
-            )
+            folder = Path(tmp, case.name)
+            kept = {"steps": steps, "rounds": rounds, "id_space": args.id_space, "tune": tune, "adapt": args.adapt}
+            records.append(run_case(case, folder, **kept))
             records[-1]["wall_s"] = round(time.perf_counter() - case_started, 1)
     out: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
@@ -403,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"   {r['name']}: TorchRec {r[f'{BASELINE}_status']}: {r[f'{BASELINE}_error']}; "
                 f"ours {r['ours_status']}" + (f": {r['ours_error']}" if r["ours_error"] else "")
             )
+    if args.adapt:
+        console.print(
+            f"adapted (persia train --adapt from our plan) / TorchRec: min {fmt(out['adapted_min_ratio'])}, median "
+            f"{fmt(out['adapted_median_ratio'])}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))

@@ -11,6 +11,7 @@ from persia_planner.kinds import Sharding
 from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.search import Option, build_placement
 from persia_planner.tiers import Tier
+from persia_planner.topology.cost_constants import REFIT_SHARDINGS, scale_name
 
 ONE = {
     k: 1.0
@@ -170,10 +171,117 @@ def test_step_overlaps_async_work(cost):
     assert mem[cost.layout.ps_mem.start] == 1191 * (16 + 10 * 4 + 1 + 2 * 8)
 
 
+# At K = 0 a step's push and then the next lookup are serial: a link carries both directions one after the other,
+# the gradients and ids out (40 B + two 8 B ids a row), then the rows back (40 B).
+PER_GPU_K0 = UNIQUE_PER_GPU * (2 * 40 + 2 * 8)
+
+
 def test_staleness_zero_adds_async_work():
     cost = CostModel(model(staleness=0), Topology.from_dict(TOPO))
     est, _ = cost.evaluate(plan_a_hbm_b_ps(cost))
-    assert est.step_ms == pytest.approx(MOVED / 1e9 + 0.001 + 2.4e-4 + 0.015 + 0.04 + max(*PS_TERMS) + 2 * 0.01)
+    ps_terms = (PER_GPU_K0 / 1e7, 2 * PER_GPU_K0 / 1e7, 2 * PER_GPU_K0 / 1e7, PS_TERMS[3])
+    assert est.step_ms == pytest.approx(MOVED / 1e9 + 0.001 + 2.4e-4 + 0.015 + 0.04 + max(*ps_terms) + 2 * 0.01)
+
+
+def test_staleness_zero_charges_ps_links_both_directions():
+    k0, k4 = CostModel(model(staleness=0), Topology.from_dict(TOPO)), CostModel(model(), Topology.from_dict(TOPO))
+    table = k0.model.tables[1]
+    assert k4.ps_bytes_per_gpu(table) == pytest.approx(PER_GPU)  # K >= 1: the busier direction
+    assert k0.ps_bytes_per_gpu(table) == pytest.approx(PER_GPU_K0)  # K = 0: both
+    lay = k0.layout
+    loads = k0.ps_table_loads(table, np.array([1.0]))
+    assert loads[lay.pcie] == pytest.approx([PER_GPU_K0 / 1e7] * 2)
+    assert loads[lay.nic_async.start] == pytest.approx(2 * PER_GPU_K0 / 1e7)
+    assert loads[lay.ps_nic.start] == pytest.approx(2 * PER_GPU_K0 / 1e7)
+    # the store's work is the same rows read and updated, whatever the links
+    assert loads[lay.ps_ddr.start] == pytest.approx(k4.ps_table_loads(table, np.array([1.0]))[lay.ps_ddr.start])
+
+
+SCALES = {"embedding": 1.5, "all_to_all": 2.0, "dense": 0.5, "all_reduce": 3.0, "ps": 1.25}
+
+
+def scaled_topology(scales=SCALES):
+    return Topology.from_dict(TOPO).with_constants({f"{term}_scale": f for term, f in scales.items()})
+
+
+@pytest.mark.parametrize("staleness", [0, 4])
+def test_term_scales_multiply_each_part_of_the_step(staleness):
+    plain = CostModel(model(staleness), Topology.from_dict(TOPO))
+    scaled = CostModel(model(staleness), scaled_topology())
+    est, _ = plain.evaluate(plan_a_hbm_b_ps(plain))
+    est_scaled, _ = scaled.evaluate(plan_a_hbm_b_ps(scaled))
+    terms, terms_scaled = est.slowest_gpu_terms(), est_scaled.slowest_gpu_terms()
+    assert terms_scaled == pytest.approx({term: SCALES[term] * ms for term, ms in terms.items()})
+    sync = sum(terms_scaled[t] for t in ("embedding", "all_to_all", "dense", "all_reduce"))
+    expected = sync + terms_scaled["ps"] if staleness == 0 else max(sync, terms_scaled["ps"])
+    assert est_scaled.step_ms == pytest.approx(expected)
+
+
+def test_term_scales_reach_every_load_the_search_builds():
+    plain, scaled = CostModel(model(), Topology.from_dict(TOPO)), CostModel(model(), scaled_topology())
+    lay, t = plain.layout, plain.model.tables[0]
+    for tier, cache in ((Tier.HBM, 0.0), (Tier.DDR, 0.0), (Tier.HBM_CACHE, 0.2)):
+        a = plain.range_shard_loads(t, 1.0, 10, tier, np.array([1]), cache_fraction=cache)[0]
+        b = scaled.range_shard_loads(t, 1.0, 10, tier, np.array([1]), cache_fraction=cache)[0]
+        assert b[lay.emb] == pytest.approx(1.5 * a[lay.emb])
+        assert b[lay.host_ddr] == pytest.approx(1.5 * a[lay.host_ddr])
+        assert b[lay.nvlink] == pytest.approx(2.0 * a[lay.nvlink])
+    a, b = plain.replica_loads(t), scaled.replica_loads(t)
+    assert b[lay.emb] == pytest.approx(1.5 * a[lay.emb]) and b[lay.dp_bytes] == a[lay.dp_bytes]
+    assert scaled.allreduce_ms_per_byte == pytest.approx(3.0 * plain.allreduce_ms_per_byte)
+    a, b = plain.ps_table_loads(t, np.array([1.0])), scaled.ps_table_loads(t, np.array([1.0]))
+    for part in (lay.pcie, lay.nic_async, lay.ps_nic, lay.ps_ddr):
+        assert b[part] == pytest.approx(1.25 * a[part])
+
+
+def test_unit_scales_change_no_bit():
+    plain = CostModel(model(0), Topology.from_dict(TOPO))
+    ones = CostModel(model(0), scaled_topology(dict.fromkeys(SCALES, 1.0)))
+    a, _ = plain.evaluate(plan_a_hbm_b_ps(plain))
+    b, _ = ones.evaluate(plan_a_hbm_b_ps(ones))
+    assert a.step_ms == b.step_ms and a.slowest_gpu_terms() == b.slowest_gpu_terms()
+
+
+def test_sharding_scales_multiply_their_types_exchange_only():
+    topology = Topology.from_dict(TOPO)
+    plain = CostModel(model(), topology)
+    scaled = CostModel(model(), topology.with_constants({"row_wise_scale": 3.0, "all_to_all_scale": 2.0}))
+    lay, t, gpus = plain.layout, plain.model.tables[0], np.array([0, 1])
+    for sharding, factor in ((Sharding.ROW_WISE, 6.0), (Sharding.TABLE_WISE, 2.0), (Sharding.COLUMN_WISE, 2.0)):
+        a = plain.range_shard_loads(t, 0.5, 10, Tier.HBM, gpus, sharding=sharding)
+        b = scaled.range_shard_loads(t, 0.5, 10, Tier.HBM, gpus, sharding=sharding)
+        assert b[:, lay.nvlink] == pytest.approx(factor * a[:, lay.nvlink])
+        assert b[:, lay.emb] == pytest.approx(a[:, lay.emb])  # the type's kernels are the embedding part's
+    # a placement's sum takes the same factor
+    rw = build_placement(plain, t, Option(Sharding.ROW_WISE, Tier.HBM), [0, 1])
+    a, b = plain.placement_loads(t, rw)[0], scaled.placement_loads(t, rw)[0]
+    assert b[lay.nvlink] == pytest.approx(6.0 * a[lay.nvlink])
+    assert scaled.a2a_fixed_ms == 2.0 * plain.a2a_fixed_ms
+
+
+def test_unit_sharding_scales_change_no_bit():
+    plain = CostModel(model(0), Topology.from_dict(TOPO))
+    ones = CostModel(model(0), Topology.from_dict(TOPO).with_constants({scale_name(s): 1.0 for s in REFIT_SHARDINGS}))
+    for placements in (plan_a_hbm_b_ps(plain), plan_a_hbm_b_ps(ones)):
+        a, _ = plain.evaluate(placements)
+        b, _ = ones.evaluate(placements)
+        assert a.step_ms == b.step_ms and a.slowest_gpu_terms() == b.slowest_gpu_terms()
+    t = plain.model.tables[0]
+    for sharding in (Sharding.ROW_WISE, Sharding.TABLE_WISE):
+        a = plain.range_shard_loads(t, 0.5, 10, Tier.HBM, np.array([0, 1]), sharding=sharding)
+        b = ones.range_shard_loads(t, 0.5, 10, Tier.HBM, np.array([0, 1]), sharding=sharding)
+        assert (a == b).all()
+
+
+SHARDING_SCALES = [
+    f"{s}_scale" for s in ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
+]
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
+def test_a_scale_must_be_a_positive_number(value):
+    with pytest.raises(Exception, match="ps_scale"):
+        Topology.from_dict({**TOPO, "constants": {**TOPO["constants"], "ps_scale": value}})
 
 
 def test_placement_loads_equal_shard_sum(cost):

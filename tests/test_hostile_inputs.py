@@ -381,6 +381,29 @@ def test_a_profile_of_denormal_rates_is_named_not_an_internal_error(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("section", "line"),
+    [
+        ({"factors": "fast"}, "profile.yaml: refit.factors: expected a mapping, got str"),
+        ({"runs": []}, "profile.yaml: refit.factors: required key is missing; fix: add 'factors:'"),
+        (
+            {"factors": {"dense": 1.0}, "sharding_factors": {"grid_shard": 2.0}},
+            "profile.yaml: refit.sharding_factors.grid_shard: is no sharding type with an exchange; fix: use one of "
+            "table_wise, row_wise, column_wise, table_row_wise, table_column_wise",
+        ),
+    ],
+)
+def test_a_profiles_malformed_refit_section_is_one_line(tmp_path, section, line):
+    profile = yaml.safe_load((EXAMPLES / "profiles" / "cpu-2core.yaml").read_text())
+    write_yaml(tmp_path / "profile.yaml", profile | {"refit": section})
+    topology = yaml.safe_load((EXAMPLES / "local_2x1.yaml").read_text())
+    for host in topology["hosts"]:
+        host["profile"] = "profile.yaml"
+    result = run("topology", write_yaml(tmp_path / "t.yaml", topology))
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {line}\n"
+
+
 def test_a_csv_header_that_names_a_column_twice_is_refused(tmp_path):
     from persia_planner.errors import SpecError
     from persia_planner.modules.data.source import csv_columns

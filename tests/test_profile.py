@@ -1,11 +1,12 @@
-"""The profile's fits: a fixed cost plus a rate, recovered from points; bad profiles refused with one line."""
+"""The profile's fits: a fixed cost plus a rate, recovered from points; bad profiles refused with one line; where it
+was measured and how quietly, and a topology refusing a profile of another host or device in one line."""
 
 from __future__ import annotations
 
 import pytest
 
 from persia_planner.errors import SpecError
-from persia_planner.topology.profile import PROFILE_FORMAT, HardwareProfile
+from persia_planner.topology.profile import PROFILE_FORMAT, HardwareProfile, load_profile
 
 
 def raw_profile() -> dict:
@@ -154,3 +155,168 @@ def test_the_codec_rate_is_measured_or_read_from_the_stream_rate():
     raw["memory"]["codec_values_per_s"] = 0
     with pytest.raises(SpecError, match=r"memory\.codec_values_per_s"):
         HardwareProfile.from_dict(raw)
+
+
+def noise_section(spread: float = 0.34) -> dict:
+    """A ``noise:`` section as persia calibrate writes it: one quiet benchmark and one with a noisy point."""
+    return {
+        "target_spread": 0.1,
+        "benchmarks": {
+            "memory": {"worst_spread": 0.04, "measurements": 5, "noisy": []},
+            "collectives": {
+                "worst_spread": spread,
+                "measurements": 8,
+                "noisy": [{"point": "all_reduce 1024 B", "spread": spread, "repeats": 20}],
+            },
+        },
+    }
+
+
+def test_the_noise_section_is_read_and_a_disturbed_profile_is_marked():
+    from persia_planner.topology.provenance import NoisyPoint, noisy_points
+
+    quiet = HardwareProfile.from_dict(raw_profile())
+    assert quiet.noise == {} and not quiet.noisy  # profiles written before it: no section, nothing known
+    profile = HardwareProfile.from_dict({**raw_profile(), "noise": noise_section()})
+    assert profile.noisy and profile.noise["benchmarks"]["memory"]["noisy"] == []
+    assert noisy_points(profile.noise) == [NoisyPoint("collectives", "all_reduce 1024 B", 0.34, 20)]
+    assert noisy_points(profile.noise)[0].line() == "collectives spread 34% over 20 repeats (all_reduce 1024 B)"
+    rows = profile.summary()
+    assert ("spread of memory (target 10%)", "4% worst", "") in rows
+    assert ("spread of collectives (target 10%)", "34% worst; 1 of 8 noisy: disturbed", "") in rows
+    calm = {**noise_section(), "benchmarks": {"memory": noise_section()["benchmarks"]["memory"]}}
+    assert not HardwareProfile.from_dict({**raw_profile(), "noise": calm}).noisy
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda n: n["benchmarks"]["memory"].update(worst_spread=-0.1), "noise.benchmarks.memory.worst_spread"),
+        (lambda n: n["benchmarks"]["collectives"]["noisy"][0].pop("repeats"), "noisy[0].repeats"),
+        (lambda n: n.update(target=0.1), "noise.target"),
+        (lambda n: n.pop("target_spread"), "noise.target_spread"),
+    ],
+)
+def test_a_bad_noise_section_is_one_line_naming_the_key(edit, words):
+    noise = noise_section()
+    edit(noise)
+    with pytest.raises(SpecError) as err:
+        HardwareProfile.from_dict({**raw_profile(), "noise": noise}, "mine.yaml")
+    assert str(err.value).startswith("mine.yaml: ") and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_step_phase_that_stayed_noisy_is_read():
+    raw = raw_profile()
+    raw["step"] = {"overhead_ms": 4.5, "noisy": True, "reference_ms": [20.0, 26.0], "tries": 3}
+    assert HardwareProfile.from_dict(raw).step_overhead_ms == 4.5
+
+
+def test_the_profile_says_where_and_when_it_was_measured():
+    from persia_planner.topology.provenance import Provenance
+
+    assert HardwareProfile.from_dict(raw_profile()).provenance == Provenance()
+    machine = {"cpus": 2, "hostname": "box-1", "device": "cpu", "topology_host": "trainer", "measured": "2026-01-02"}
+    profile = HardwareProfile.from_dict({**raw_profile(), "machine": machine})
+    assert profile.provenance == Provenance("box-1", "cpu", "trainer", "2026-01-02")
+    assert ("measured on", "box-1, cpu, 2026-01-02", "") in profile.summary()
+    assert ("for topology host", "trainer", "") in profile.summary()
+    with pytest.raises(SpecError, match=r"^mine.yaml: machine.hostname: expected a string, got 7"):
+        HardwareProfile.from_dict({**raw_profile(), "machine": {"hostname": 7}}, "mine.yaml")
+
+
+GPUS = {"count": 2, "hbm": "16GiB", "hbm_bandwidth": "900GB/s", "tflops": 100, "pcie_bandwidth": "32GB/s"}
+
+
+def topology_with(tmp_path, machine: dict | None, host: dict) -> str:
+    """topology.yaml of ``host`` (and a server) naming a profile whose ``machine:`` section is ``machine``."""
+    import yaml
+
+    raw = raw_profile()
+    if machine is not None:
+        raw["machine"] = machine
+    (tmp_path / "measured.yaml").write_text(yaml.safe_dump(raw))
+    hosts = [
+        {"name": "trainer", "count": 2, "ddr": "8GiB", "profile": "measured.yaml", **host},
+        {"name": "ps", "role": "parameter_server", "ddr": "2GiB", "ddr_bandwidth": 1e10, "nic_bandwidth": 1e9},
+    ]
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "hosts": hosts}))
+    return str(path)
+
+
+CPUS = {"cpus": {"count": 2, "memory": "4MiB"}}
+FIX = "fix: run persia calibrate --host trainer on that host or pass the profile measured there"
+
+
+@pytest.mark.parametrize(
+    ("machine", "host", "problem"),
+    [
+        ({"hostname": "box-1", "topology_host": "gpu"}, CPUS, "measured on box-1 for host 'gpu', not 'trainer'"),
+        ({"topology_host": "trainer2"}, CPUS, "measured for host 'trainer2', not 'trainer'"),  # trainer0, 1 only
+        ({"topology_host": "trainer01"}, CPUS, "measured for host 'trainer01', not 'trainer'"),
+        ({"hostname": "box-1", "device": "cpu"}, {"gpus": GPUS}, "measured on box-1 with device cpu, but host "),
+        (
+            {"device": "NVIDIA A100-SXM4-80GB"},
+            {"gpus": {**GPUS, "device": "NVIDIA H100 80GB HBM3"}},
+            "measured with device 'NVIDIA A100-SXM4-80GB', but host 'trainer' has 'NVIDIA H100 80GB HBM3'",
+        ),
+    ],
+)
+def test_a_profile_of_another_host_or_device_is_refused_in_one_line(tmp_path, machine, host, problem):
+    from persia_planner import load_topology
+
+    with pytest.raises(SpecError) as err:
+        load_topology(topology_with(tmp_path, machine, host))
+    line = str(err.value)
+    assert "hosts[0].profile: profile measured.yaml " in line and problem in line and line.endswith(FIX), line
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("machine", "host"),
+    [
+        (None, {"gpus": GPUS}),  # an older profile: says nothing, taken
+        ({"hostname": "box-1", "device": "cpu", "topology_host": "trainer"}, CPUS),
+        ({"device": "cpu", "topology_host": "trainer1"}, CPUS),  # one of the hosts the entry stands for
+        ({"device": "NVIDIA H100 80GB HBM3"}, {"gpus": {**GPUS, "device": "NVIDIA H100 80GB HBM3"}}),
+        ({"device": "NVIDIA H100 80GB HBM3"}, {"gpus": GPUS}),  # the topology does not name its GPUs
+        ({"device": "NVIDIA H100 80GB HBM3"}, CPUS),  # CPU trainers of a GPU machine: measured on its CPU
+    ],
+)
+def test_a_profile_of_this_host_or_one_that_does_not_say_is_taken(tmp_path, machine, host):
+    from persia_planner import load_topology
+
+    topology = load_topology(topology_with(tmp_path, machine, host))
+    assert topology.host("trainer0").profile is not None
+
+
+def test_the_bundled_profiles_and_topologies_stay_accepted():
+    from persia_planner import load_topology
+    from persia_planner.paths import EXAMPLES
+
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        if "hosts:" in path.read_text():
+            load_topology(path)
+    for path in sorted((EXAMPLES / "profiles").glob("*.yaml")):
+        assert not load_profile(path).noisy
+
+
+def test_a_disturbed_profile_gives_one_warning_per_noisy_benchmark():
+    from persia_planner.topology.provenance import disturbed_warnings
+
+    noise = noise_section()
+    noise["benchmarks"]["collectives"]["noisy"].append({"point": "all_to_all 1024 B", "spread": 0.2, "repeats": 20})
+    noise["benchmarks"]["step"] = {
+        "worst_spread": 0.3,
+        "measurements": 10,
+        "noisy": [{"point": "table_wise before / after", "spread": 0.3, "repeats": 3}],
+    }
+    fix = "re-run persia calibrate on a quiet machine"
+    assert disturbed_warnings(HardwareProfile.from_dict({**raw_profile(), "noise": noise}).noise) == [
+        "warning: calibration was disturbed: collectives spread 34% over 20 repeats (all_reduce 1024 B); "
+        f"{fix} or pass --repeat-until-quiet",
+        "warning: calibration was disturbed: step spread 30% over 3 repeats (table_wise before / after); "
+        f"{fix} or pass --repeat-until-quiet",
+    ]
+    assert disturbed_warnings(noise, repeated_longer=True)[0].endswith(f"(all_reduce 1024 B); {fix}")
+    assert disturbed_warnings({}) == []

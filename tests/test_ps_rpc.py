@@ -725,6 +725,31 @@ def test_server_load_refusing_a_table_loads_none(monkeypatch, tmp_path):
     assert len(table) == 5 and torch.equal(server_module.lookup("a_big", torch.arange(100, 105), False, True), before)
 
 
+def test_a_seeded_table_keeps_its_seed_through_a_checkpoint_and_loads_alone(tmp_path):
+    """A table moved from the trainers: the servers answer unheld ids from its seed (row ``id mod rows``), a
+    checkpoint keeps the seed, and a load of only some tables leaves the others as they are."""
+    server_module.reset_state()
+    moved, other = TableConfig("moved", 4, 100, SGD(lr=1.0), seed=1), TableConfig("other", 4, 100, SGD(lr=1.0))
+    server_module.create(moved)
+    server_module.create(other)
+    seed = torch.arange(12.0).view(3, 4)
+    refused = server_module.seed("moved", torch.zeros(3, 5))
+    assert isinstance(refused, RemoteFailure) and "seed weights must be [rows, 4], got (3, 5)" in refused.message
+    assert server_module.seed("moved", seed) is True
+    assert torch.equal(server_module.read("moved", torch.tensor([4, 9])), seed[[1, 0]])
+    server_module.lookup("moved", torch.tensor([4]), True, True)
+    server_module.lookup("other", torch.arange(3), True, True)
+    server_module.save(str(tmp_path), 1, 1)
+    commit(tmp_path, 1, n_servers=1)
+    server_module.reset_state()
+    server_module.create(moved)
+    server_module.create(other)
+    server_module.lookup("other", torch.arange(10, 12), True, True)
+    assert server_module.load(str(tmp_path), 1, ["moved"]) == 1
+    assert torch.equal(server_module.read("moved", torch.tensor([5])), seed[[2]])  # the seed came back
+    assert server_module.state().table("other").store.state_dict()["ids"].tolist() == [10, 11]  # not loaded
+
+
 @pytest.mark.parametrize(
     ("name", "peers", "message", "lost"),
     [

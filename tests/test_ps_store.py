@@ -551,3 +551,33 @@ def test_huge_page_arrays_and_streaming_gathers_change_nothing(monkeypatch):
     assert streamed_state.keys() == plain_state.keys()
     assert all(torch.equal(torch.as_tensor(streamed_state[k]), torch.as_tensor(v)) for k, v in plain_state.items())
     assert plain_state["ids"].numel() == 200  # the table filled and evicted
+
+
+def test_a_seeded_store_answers_unheld_ids_with_the_local_rows_id_mod_rows():
+    """A table moved from the trainers' local tables: every id it does not hold starts from row ``id mod rows`` of
+    the local table (weights and the optimizer's row state), so the moved table answers as the local one did."""
+    rows, weights = 7, torch.randn(7, DIM, generator=torch.Generator().manual_seed(1))
+    row_state = torch.arange(7, dtype=torch.float32).unsqueeze(1)
+    store = EmbeddingStore(DIM, 64, RowWiseAdagrad(lr=0.1), init=Uniform(-0.1, 0.1), init_seed=5)
+    store.seed(weights, row_state)
+    held = EXTREME_IDS[:3]
+    store.lookup(held)
+    store.update(held, torch.ones(3, DIM))
+    ids = torch.cat([EXTREME_IDS, _ids(3, 10, -8)])
+    local = weights[torch.remainder(ids, rows)]
+    read = store.read(ids)
+    assert torch.equal(read[3:], local[3:])  # unheld ids: the local rows, bit for bit
+    assert not torch.equal(read[:3], local[:3])  # the trained ones moved on
+    scored = store.lookup(torch.cat([ids, ids[-2:]]), train=False)  # an evaluation: repeats, nothing inserted
+    assert torch.equal(scored[: len(ids)], read) and torch.equal(scored[len(ids) :], read[-2:])
+    assert store.metrics()["rows"] == 3
+    fresh = EXTREME_IDS[3:]
+    assert torch.equal(store.lookup(fresh), weights[torch.remainder(fresh, rows)])  # inserted as read
+    assert torch.equal(store.state_dict()["state"][3:6], row_state[torch.remainder(fresh, rows)])
+    with pytest.raises(ValueError, match=r"seed weights must be \[rows, 8\], got \(7, 4\)"):
+        store.seed(torch.zeros(7, 4))
+    with pytest.raises(ValueError, match=r"seed state must be \[7, 1\], got \(7, 2\)"):
+        store.seed(weights, torch.zeros(7, 2))
+    store.seed(None)  # unseeded: the initialiser again
+    assert store.seeded() is None
+    assert torch.equal(store.read(_ids(99)), Uniform(-0.1, 0.1).rows_for(_ids(99), DIM, 5))

@@ -534,3 +534,24 @@ def test_a_damaged_or_crafted_checkpoint_is_one_error_naming_its_file(tmp_path: 
     (tmp_path / "LATEST").write_text('{"version": 1, "n_servers": 2}')
     manifest.write_text(text.replace('"delta_sequence": -1', '"delta_sequence": "x"'))
     refused(rf"^checkpoint file {version} is unreadable \(delta_sequence: invalid literal")
+
+
+def test_a_tables_seed_is_saved_once_and_loaded_back_with_only_the_tables_asked(tmp_path: Path):
+    stores = [{name: make_store(name, config) for name, config in CONFIGS.items()} for _ in range(2)]
+    seed = torch.randn(5, 4, generator=torch.Generator().manual_seed(3))
+    for i, server in enumerate(stores):
+        server["item"].seed(seed, torch.ones(5, 1))
+        server["user"].lookup(_random_ids(20, 1 + i))
+    ckpt.save_all(stores, tmp_path, configs=CONFIGS)
+    version = ckpt.read_latest(tmp_path)["path"]
+    assert sorted(p.name for p in version.glob("*.seed.pt")) == ["item.seed.pt"]  # server 0's copy only
+    assert ckpt.verify(tmp_path) is not None
+    seeds = ckpt.load_seeds(tmp_path)
+    assert list(seeds) == ["item"] and torch.equal(seeds["item"]["weights"], seed)
+    assert torch.equal(seeds["item"]["state"], torch.ones(5, 1))
+    assert ckpt.load_seeds(tmp_path, ["user"]) == {}
+    rows, configs = ckpt.load_rows(tmp_path, server=0, n_servers=1, tables=["user"])
+    assert list(rows) == ["user"] and list(configs) == ["user"] and rows["user"]["ids"].numel() == 40
+    (version / "item.seed.pt").write_bytes(b"damaged")
+    with pytest.raises(Exception, match=r"item\.seed\.pt is unreadable"):
+        ckpt.verify(tmp_path)

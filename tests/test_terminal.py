@@ -40,3 +40,18 @@ def test_the_bar_draws_on_the_terminal_at_its_width_with_a_log_file(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0, shown
     assert b"width=137 terminal=True" in shown
     assert "width=" not in (tmp_path / "trainer0.log").read_text()
+
+
+def test_the_summary_lists_each_plan_of_an_adapted_run():
+    from persia_planner.modules.train.terminal import plan_rows
+
+    plans = [
+        {"index": 0, "from_step": 0, "to_step": 40, "predicted_ms": 50.0, "measured_ms": 80.0, "refitted_ms": None,
+         "reason": "initial", "tables_moved": []},
+        {"index": 1, "from_step": 40, "to_step": None, "predicted_ms": 30.0, "measured_ms": 35.5, "refitted_ms": 33.25,
+         "reason": "faster plan", "tables_moved": ["c1", "c10"]},
+    ]  # fmt: skip
+    rows = plan_rows({"plans": plans})
+    assert rows[1] == ("  plan 0: steps 1-40, initial", "50.0 / 80.0 / -")
+    assert rows[2] == ("  plan 1: steps 41-end, faster plan, moved c1, c10", "30.0 / 35.5 / 33.2")
+    assert plan_rows({"plans": None}) == []

@@ -43,6 +43,14 @@ def test_summary_takes_ratios_over_the_cases_both_ran_and_counts_the_ones_only_o
     assert summary["tuned_min_ratio"] == pytest.approx(1.35)
     assert summary["tuned_median_ratio"] == pytest.approx(1.8)
 
+    adapted = [
+        r | {"adapted_samples_per_s": r["ours_samples_per_s"] and r["ours_samples_per_s"] * 0.5} for r in records
+    ]
+    summary = vs.summarize(adapted)
+    assert summary["adapted_min_ratio"] == pytest.approx(0.45)
+    assert summary["adapted_median_ratio"] == pytest.approx(0.6)
+    assert summary["tuned_min_ratio"] is None
+
     nothing = vs.summarize([_record("x", 50.0, None, status="planner_failed")])
     assert nothing["min_ratio"] is None and nothing["median_ratio"] is None and nothing["cases_only_ours_runs"] == 1
 
@@ -77,7 +85,7 @@ def test_rounds_alternate_the_plans_and_a_failed_run_is_tried_once_more(monkeypa
     calls = []
     failures = {"ours.json": 1, "torchrec.json": 99}  # ours fails once (a stray signal), TorchRec's every time
 
-    def train_once(files, plan_path, steps, id_space):
+    def train_once(files, plan_path, steps, id_space, extra=()):
         calls.append(plan_path.name)
         if failures[plan_path.name] > 0:
             failures[plan_path.name] -= 1

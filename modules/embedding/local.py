@@ -283,11 +283,16 @@ class LocalEmbeddingBags(nn.Module):
 
     def reset_parameters(self) -> None:
         """TorchRec's default initialisation, seeded: the same full tables on every trainer, whatever the sharding."""
+        for name, full in self.initial_weights():  # one full table at a time: the largest bounds the memory
+            self.load_torchrec_state_dict({f"embedding_bags.{name}.weight": full}, strict=False)
+
+    def initial_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each table's full initial weights, in config order, as :meth:`reset_parameters` sets them (uniform in
+        ``+-sqrt(1 / num_embeddings)``, drawn from one generator seeded ``seed``)."""
         gen = torch.Generator().manual_seed(self.seed)
-        for c in self.configs:  # one full table at a time: the largest bounds the memory
+        for c in self.configs:
             bound = (1.0 / c.num_embeddings) ** 0.5
-            full = torch.empty(c.num_embeddings, c.embedding_dim).uniform_(-bound, bound, generator=gen)
-            self.load_torchrec_state_dict({f"embedding_bags.{c.name}.weight": full}, strict=False)
+            yield c.name, torch.empty(c.num_embeddings, c.embedding_dim).uniform_(-bound, bound, generator=gen)
 
     def load_torchrec_state_dict(self, state: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
         """Copy full tables (a TorchRec ``EmbeddingBagCollection`` state dict) into this trainer's shards.
@@ -400,6 +405,46 @@ class LocalEmbeddingBags(nn.Module):
                             fixes=("resume with the plan and sparse optimizer of the checkpointed run",),
                         )
                     targets.append((shard.tensor, source))
+        with torch.no_grad():
+            for dst, src in targets:
+                dst.copy_(src)
+        self._reset_caches()
+
+    def load_optimizer_tables(self, whole: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Set the fused optimizers' state from whole tables' state, whatever this trainer's shards of them:
+        ``whole[table][state]`` is ``[rows, dim]`` (element-wise, cut by the shard's box) or ``[rows]`` (row-wise,
+        one value per row; a table split by columns keeps one per row of each column shard, TorchRec's state of
+        ``k * rows`` values, and each gets the row's). States or tables ``whole`` lacks keep their values.
+
+        Raises:
+            PlannerError: A state whose shape fits neither form (another optimizer), checked before anything is
+                copied.
+        """
+        if not self.sharded:
+            return
+        rows = {c.name: c.num_embeddings for c in self.configs}
+        targets = []
+        for param, states in self.ebc.fused_optimizer.state_dict()["state"].items():
+            table = param.split(".")[-2]
+            for key, value in states.items():
+                name = key[len(table) + 1 :] if key.startswith(f"{table}.") else key
+                source = whole.get(table, {}).get(name)
+                if source is None or not hasattr(value, "local_shards"):
+                    continue
+                size = tuple(value.metadata().size)
+                if len(size) == 1 and source.dim() == 1 and size[0] % rows[table] == 0:
+                    source = source.repeat(size[0] // rows[table])  # one copy per column shard
+                elif tuple(source.shape) != size:
+                    raise PlannerError(
+                        f"local table {table!r}: optimizer state {name!r} of shape {tuple(source.shape)} does not "
+                        f"fit this plan's {size} (another sparse optimizer?)",
+                        fixes=("resume with the sparse optimizer of the checkpointed run",),
+                    )
+                for shard in value.local_shards():
+                    box = tuple(
+                        slice(o, o + n) for o, n in zip(shard.metadata.shard_offsets, shard.tensor.shape, strict=True)
+                    )
+                    targets.append((shard.tensor, source[box]))
         with torch.no_grad():
             for dst, src in targets:
                 dst.copy_(src)

@@ -520,14 +520,30 @@ class PsClient:
         futs = [self._call(i, protocol.dump, (str(directory), sequence), "dump", None) for i in range(self.n_servers)]
         return self._all(futs, sum).wait()
 
-    def load(self, directory: str | os.PathLike) -> int:
+    def load(self, directory: str | os.PathLike, *, tables: Sequence[str] | None = None) -> int:
         """Load the committed checkpoint of ``directory`` into the servers, re-sharded to their number (which may
-        differ from the number that saved it). Register every table first. Returns the rows loaded."""
+        differ from the number that saved it). Register every table first. ``tables``: only these (a job under
+        another plan resumes the tables it keeps on the servers). Returns the rows loaded."""
         self.flush()
+        only = (None,) if tables is None else (sorted(tables),)
         futs = [
-            self._call(i, protocol.load, (str(directory), self.n_servers), "load", None) for i in range(self.n_servers)
+            self._call(i, protocol.load, (str(directory), self.n_servers, *only), "load", None)
+            for i in range(self.n_servers)
         ]
         return self._all(futs, sum).wait()
+
+    def seed(self, table: str, weights: torch.Tensor | None, state: torch.Tensor | None = None) -> None:
+        """Start every id ``table`` does not hold from row ``id mod len(weights)`` of ``weights`` (and of the
+        optimizer ``state``) on every server: a table moved from the trainers' local tables keeps answering as they
+        did (:meth:`.store.EmbeddingStore.seed`; checkpoints keep the seed). None removes it.
+
+        Raises:
+            PsServerError: The shapes do not match the table's dim or its optimizer's state.
+        """
+        self._config(table)
+        args = (table, None if weights is None else weights.detach().float().contiguous(), state)
+        futs = [self._call(i, protocol.seed, args, "seed", table) for i in range(self.n_servers)]
+        self._all(futs, lambda _: None).wait()
 
     def metrics(self) -> list[dict[str, Any]]:
         """Each server's metrics (:func:`.server.server_metrics`), in server order."""

@@ -2,11 +2,11 @@
 
 Both sides import this module and nothing of each other: a server implements the requests, a client sends them.
 
-Requests are the module-level functions :func:`create`, :func:`drop`, :func:`lookup`, :func:`update`, :func:`save`,
-:func:`dump`, :func:`load`, :func:`metrics` and :func:`memory`, sent with ``rpc_async``. RPC pickles a function *by
-reference* (module and name), so the receiving process runs this module's function, which hands the request to the
-implementation its server module registered with :func:`handles` when it was imported (:mod:`.server`). A process
-that registered none answers every request with a :class:`RemoteFailure`.
+Requests are the module-level functions :func:`create`, :func:`drop`, :func:`lookup`, :func:`read`, :func:`assign`,
+:func:`seed`, :func:`update`, :func:`save`, :func:`dump`, :func:`load`, :func:`metrics` and :func:`memory`, sent with
+``rpc_async``. RPC pickles a function *by reference* (module and name), so the receiving process runs this module's
+function, which hands the request to the implementation its server module registered with :func:`handles` when it
+was imported (:mod:`.server`). A process that registered none answers every request with a :class:`RemoteFailure`.
 
 Errors raised while serving a request are *returned* as a :class:`RemoteFailure` value, which the client raises as
 :class:`PsServerError` (a :class:`PlannerError`). Raising across RPC would not do: the caller receives every remote
@@ -56,6 +56,7 @@ __all__ = [
     "metrics",
     "read",
     "save",
+    "seed",
     "server_index",
     "server_name",
     "unreadable",
@@ -336,6 +337,12 @@ def assign(table: str, ids: torch.Tensor, weights: torch.Tensor) -> int:
     return _serve("assign", table, ids, weights)
 
 
+def seed(table: str, weights: torch.Tensor | None, state: torch.Tensor | None = None) -> bool:
+    """Start the ids the table does not hold from row ``id mod len(weights)`` of ``weights`` (and of the optimizer
+    ``state``): a table moved from the trainers' local tables to the servers; None removes the seed."""
+    return _serve("seed", table, weights, state)
+
+
 def update(table: str, ids: torch.Tensor, grads: torch.Tensor, distinct: bool = False) -> int:
     """Apply the table's optimizer to the rows of ``ids`` with ``grads`` (any float dtype, upcast to float32);
     returns the number of rows updated."""
@@ -353,9 +360,10 @@ def dump(directory: str, sequence: int) -> int:
     return _serve("dump", directory, sequence)
 
 
-def load(directory: str, n_servers: int) -> int:
-    """Replace the registered tables' rows by the server's share of the committed checkpoint; returns rows loaded."""
-    return _serve("load", directory, n_servers)
+def load(directory: str, n_servers: int, tables: list[str] | None = None) -> int:
+    """Replace the registered tables' rows (``tables``' only, where given) by the server's share of the committed
+    checkpoint; returns rows loaded."""
+    return _serve("load", directory, n_servers, tables)
 
 
 def metrics() -> dict[str, Any]:

@@ -55,7 +55,7 @@ from persia_planner.modules.ps.protocol import (
 from persia_planner.modules.ps.ssd_files import remove_stale, scratch_name, this_process
 from persia_planner.modules.ps.ssd_store import SsdStore
 from persia_planner.modules.ps.store import EmbeddingStore
-from persia_planner.modules.ps.table_checkpoints import load_rows, read_latest, save_shard
+from persia_planner.modules.ps.table_checkpoints import load_rows, load_seeds, read_latest, save_shard
 
 __all__ = [
     "ServerState",
@@ -70,6 +70,7 @@ __all__ = [
     "metrics",
     "reset_state",
     "save",
+    "seed",
     "serve",
     "server_memory",
     "server_metrics",
@@ -291,6 +292,21 @@ def assign(table: str, ids: torch.Tensor, weights: torch.Tensor) -> int:
         return t.store.assign(ids, weights.to(torch.float32))
 
 
+@handles(protocol.seed)
+@_server_errors
+def seed(table: str, weights: torch.Tensor | None, row_state: torch.Tensor | None = None) -> bool:
+    """Seed ``table``'s unheld ids from ``weights`` (and ``row_state``, the optimizer's) (:meth:`EmbeddingStore.seed`);
+    None unseeds. Returns whether the table is seeded now."""
+    server = state()
+    t = server.table(table)
+    with t.lock:
+        try:
+            t.store.seed(weights, row_state)
+        except ValueError as err:
+            raise PsServerError(f"parameter server {server.name}: table {table!r}: {err}") from None
+    return weights is not None
+
+
 @handles(protocol.update)
 @_server_errors
 def update(table: str, ids: torch.Tensor, grads: torch.Tensor, distinct: bool = False) -> int:
@@ -366,11 +382,13 @@ def dump(directory: str, sequence: int) -> int:
 
 @handles(protocol.load)
 @_server_errors
-def load(directory: str, n_servers: int) -> int:
-    """Replace the registered tables' rows by this server's share of the committed checkpoint (re-sharded from
-    whatever server count saved it). Returns rows loaded."""
+def load(directory: str, n_servers: int, only: list[str] | None = None) -> int:
+    """Replace the registered tables' rows (those in ``only``, where given) by this server's share of the committed
+    checkpoint (re-sharded from whatever server count saved it), and their seeds by the checkpoint's. Returns rows
+    loaded."""
     server = state()
-    rows, _ = load_rows(directory, server=server.index, n_servers=n_servers)
+    rows, _ = load_rows(directory, server=server.index, n_servers=n_servers, tables=only)
+    seeds = load_seeds(directory, only if only is not None else list(rows))
     latest = read_latest(directory)
     unknown = sorted(set(rows) - set(server.tables))
     if unknown:
@@ -392,6 +410,8 @@ def load(directory: str, n_servers: int) -> int:
                 ) from None
         for name, table_rows in rows.items():
             tables[name].store.load_state_dict(table_rows)
+            seed = seeds.get(name)
+            tables[name].store.seed(seed["weights"] if seed else None, seed.get("state") if seed else None)
             loaded += len(tables[name].store)
     if latest is not None:
         server.last_dump_sequence = latest["delta_sequence"]  # this run goes on from the checkpoint's dumps

@@ -271,6 +271,13 @@ class SsdStore:
         self._disk_index.rebuild(n)
         self.file.write(torch.arange(n), state["weights"], state["state"], fresh=True)
 
+    def seed(self, weights: torch.Tensor | None, state: torch.Tensor | None = None) -> None:
+        """:meth:`.store.EmbeddingStore.seed`: ids never held start from the seed's rows (the cache admits them)."""
+        self.cache.seed(weights, state)
+
+    def seeded(self) -> dict[str, torch.Tensor] | None:
+        return self.cache.seeded()
+
     def take_dirty(self, *, with_state: bool = False) -> dict[str, torch.Tensor]:
         raise NotImplementedError(
             "incremental dumps are not offered for tables on the ssd tier (a row leaving the DDR cache is not removed)"

@@ -44,6 +44,7 @@ from persia_planner.modules.ps.eviction import EvictionLog, choose_victims
 from persia_planner.modules.ps.index import HashIndex, as_ids, table_empty
 from persia_planner.modules.ps.optim import RowOptimizer
 from persia_planner.modules.ps.policies import Eviction, Normal, Uniform
+from persia_planner.modules.ps.row_seed import RowSeed
 from persia_planner.placement.memory import PS_INDEX_LOAD_FACTOR, PS_MAX_CAPACITY
 
 __all__ = ["WEIGHT_DTYPES", "EmbeddingStore"]
@@ -69,7 +70,8 @@ class EmbeddingStore:
     * ``lookup(ids, train=True)``: present ids return their row and refresh LRU time / LFU count (each occurrence
       counts once). Missing ids are admitted with ``admission_probability`` (a Bernoulli draw per distinct missing
       id per batch, from the store's seeded generator), initialised from ``init`` with zero optimizer state
-      (the optimizer's ``init_state``), and inserted; when the table is full they take the slots of LRU/LFU victims.
+      (the optimizer's ``init_state``; a seeded store: row ``id mod rows`` of its :meth:`EmbeddingStore.seed`), and
+      inserted; when the table is full they take the slots of LRU/LFU victims.
       Ids of the current batch are never victims; if a batch has more distinct new ids than the table can hold
       besides its own hits, the excess is not admitted. Ids not admitted return a **zero row** (not an initialised
       one: a row the server does not keep must not pretend to be a trained value) and their gradients are ignored.
@@ -168,6 +170,8 @@ class EmbeddingStore:
         # Ids evicted since the last take_dirty(), for the deltas' removals; it runs from the first take_dirty(),
         # state_dict() or load_state_dict() on: a store never dumped, checkpointed nor loaded keeps no log.
         self._evicted = EvictionLog(capacity, self._index)
+        # A table that came from trainers' local rows (plan migration): new ids start from them (see seed).
+        self._seed: RowSeed | None = None
 
     # ----------------------------------------------------------------------------------------------- queries
 
@@ -225,6 +229,22 @@ class EmbeddingStore:
         inserts, not_admitted, evictions, updates (distinct rows updated)."""
         return {"rows": self._n, "capacity": self.capacity, **self._metrics}
 
+    # ------------------------------------------------------------------------------------------------- seed
+
+    def seed(self, weights: torch.Tensor | None, state: torch.Tensor | None = None) -> None:
+        """Start every id the store does not hold from row ``id mod len(weights)`` of ``weights`` (and of the
+        optimizer ``state``, ``[len(weights), state_width]``, where given; else a new row's state), instead of
+        ``init`` (:class:`.row_seed.RowSeed`). ``weights=None`` removes the seed.
+
+        Raises:
+            ValueError: ``weights`` is not ``[rows, dim]`` or ``state`` not ``[rows, state_width]``.
+        """
+        self._seed = None if weights is None else RowSeed.of(weights, state, self.dim, self.state_width)
+
+    def seeded(self) -> dict[str, torch.Tensor] | None:
+        """The seed (:meth:`seed`: ``weights`` and maybe ``state``), or None."""
+        return None if self._seed is None else self._seed.to_dict()
+
     # ------------------------------------------------------------------------------------------------ lookup
 
     @torch.no_grad()
@@ -276,6 +296,12 @@ class EmbeddingStore:
         else:  # float32 from narrower rows: the gather to the caller's order widens float16 in the same pass
             rows = kernels.take_rows(self._weights, slots)
             rows = (kernels.gather_rows(rows, inverse) if inverse is not None else rows).float()
+        if not train and self._seed is not None and n_hit < uniq.numel():
+            # A seeded table answers an id it never trained as the local table it came from did (as read() does):
+            # an evaluation right after a migration scores the same function.
+            missing = slots < 0 if inverse is None else (slots < 0).index_select(0, inverse)
+            seeded = self._seed.rows_of(flat[missing])[0].to(self.weight_dtype)
+            rows[missing] = seeded.to(rows.dtype)
         return rows.reshape(*ids.shape, self.dim)
 
     @torch.no_grad()
@@ -286,7 +312,10 @@ class EmbeddingStore:
         slots, _ = self._index.find(flat)
         rows = kernels.take_rows(self._weights, slots).float()
         missing = slots < 0
-        if self.init_seed is not None and bool(missing.any()):
+        if self._seed is not None and bool(missing.any()):
+            # As a training lookup would insert them: the seed's rows, rounded to the table's dtype.
+            rows[missing] = self._seed.rows_of(flat[missing])[0].to(self.weight_dtype).float()
+        elif self.init_seed is not None and bool(missing.any()):
             rows[missing] = self.init.rows_for(flat[missing], self.dim, self.init_seed)
         return rows.reshape(*ids.shape, self.dim)
 
@@ -361,12 +390,16 @@ class EmbeddingStore:
         self._n += k
         new_ids = uniq[miss]
         self._ids.index_copy_(0, new_slots, new_ids)
-        if self.init_seed is None:
+        seeded, seeded_state = self._seed.rows_of(new_ids) if self._seed is not None else (None, None)
+        if seeded is not None:
+            rows = seeded
+        elif self.init_seed is None:
             rows = self.init.sample(k, self.dim, self._generator)
         else:
             rows = self.init.rows_for(new_ids, self.dim, self.init_seed)
         self._weights.index_copy_(0, new_slots, rows.to(self.weight_dtype))
-        self._state.index_copy_(0, new_slots, self.optimizer.init_state(k, self.dim))
+        state = seeded_state if seeded_state is not None else self.optimizer.init_state(k, self.dim)
+        self._state.index_copy_(0, new_slots, state)
         self._last[new_slots] = self._step
         self._count[new_slots] = counts[miss].clamp(max=_INT32_MAX).int()
         self._dirty[new_slots] = True

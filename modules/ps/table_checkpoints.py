@@ -9,6 +9,7 @@ Layout of a checkpoint ``directory``::
         manifest.server1-of-2.json
         user_emb.server0-of-2.pt          torch.save of EmbeddingStore.state_dict() (occupied rows only)
         user_emb.server1-of-2.pt
+        user_emb.seed.pt                  a seeded table's seed (EmbeddingStore.seed), by server 0 only
         ...
 
 Atomicity: every file is written to a unique temporary name in its final directory, flushed, ``fsync``'ed and
@@ -27,6 +28,10 @@ Incremental dumps for serving replicas, and how a replica folds them onto a chec
 record their last dump's sequence (``delta_sequence``) in the checkpoints they save, so a replica applies only later
 deltas.
 
+Seeds: a table that moved from the trainers' local tables to the servers starts unheld ids from the local rows
+(:meth:`.store.EmbeddingStore.seed`); every server holds the same seed, so server 0 alone saves it (its manifest's
+table entry names the file under ``seed``) and every server loads it back (:func:`load_seeds`).
+
 Pruning: :func:`prune` (and ``PsClient.save(..., keep=N)``) deletes all but the newest committed versions.
 """
 
@@ -35,7 +40,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +59,7 @@ __all__ = [
     "apply_deltas",
     "commit",
     "load_rows",
+    "load_seeds",
     "load_shard",
     "prune",
     "read_latest",
@@ -81,6 +87,10 @@ def _manifest_name(server: int, n_servers: int) -> str:
 
 def _shard_name(table: str, server: int, n_servers: int) -> str:
     return f"{table}.server{server}-of-{n_servers}.pt"
+
+
+def _seed_name(table: str) -> str:
+    return f"{table}.seed.pt"
 
 
 def _check_server(server: int, n_servers: int) -> None:
@@ -160,10 +170,12 @@ def verify(directory: str | os.PathLike) -> dict[str, Any] | None:
     path, n = latest["path"], latest["n_servers"]
     for j in range(n):
         for entry in read_manifest(path, j, n)["tables"].values():
-            file = path / str(entry.get("file"))
-            problem = file_problem(file, entry, checksums=False)
-            if problem is not None:
-                raise unreadable(file, problem)
+            records = [entry] + ([entry["seed"]] if isinstance(entry.get("seed"), dict) else [])
+            for record in records:
+                file = path / str(record.get("file"))
+                problem = file_problem(file, record, checksums=False)
+                if problem is not None:
+                    raise unreadable(file, problem)
     return latest
 
 
@@ -227,6 +239,10 @@ def save_shard(
             **file_record(path / name, checksum=False),  # its bytes: what verify() checks before a resume
             "config": dict(configs.get(table, {})),
         }
+        seed = store.seeded() if hasattr(store, "seeded") else None
+        if seed is not None and server == 0:  # every server holds the same seed: one copy
+            atomic_torch_save(dict(seed), path / _seed_name(table))
+            tables[table]["seed"] = {"file": _seed_name(table), **file_record(path / _seed_name(table), checksum=False)}
     # The manifest goes last: its presence means this server's shard files are complete.
     manifest = {
         "format": SHARD_FORMAT,
@@ -297,14 +313,15 @@ def save_all(
 
 
 def load_rows(
-    directory: str | os.PathLike, *, server: int, n_servers: int
+    directory: str | os.PathLike, *, server: int, n_servers: int, tables: Collection[str] | None = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict]]:
     """The rows server ``server`` of ``n_servers`` owns in a checkpoint, re-sharded from whatever count saved it.
 
     Args:
         directory: The checkpoint directory.
         server: Index of the loading server.
-        n_servers: Server count of the loading job (may differ from the saved one).
+        n_servers: Server count of the loading job (may differ from the saved one); 1 with ``server`` 0: every row.
+        tables: Only these tables (None: every table saved).
 
     Returns:
         ``(rows, configs)``: table -> state dict in :meth:`EmbeddingStore.state_dict` form (rows in saved-server
@@ -321,6 +338,8 @@ def load_rows(
     for j in range(saved_n):
         manifest = read_manifest(path, j, saved_n)
         for table, entry in manifest["tables"].items():
+            if tables is not None and table not in tables:
+                continue
             configs.setdefault(table, entry["config"])
             # mmap: only the pages of the rows this server keeps (and the ids) are read into memory. weights_only:
             # unpickling arbitrary objects would run a crafted file's code.
@@ -346,6 +365,36 @@ def load_rows(
         merged["step"] = max(int(s.get("step", 0)) for s in shards)
         rows[table] = merged
     return rows, configs
+
+
+def load_seeds(
+    directory: str | os.PathLike, tables: Collection[str] | None = None
+) -> dict[str, dict[str, torch.Tensor]]:
+    """The seeds (:meth:`.store.EmbeddingStore.seed`) of the committed checkpoint's seeded tables (``tables``' only,
+    where given): table -> ``{"weights": [rows, dim], "state": [rows, width] (if saved)}``.
+
+    Raises:
+        FileNotFoundError: Nothing was committed.
+        .protocol.CheckpointError: A seed file is unreadable.
+    """
+    latest = read_latest(directory)
+    if latest is None:
+        raise FileNotFoundError(f"{directory}: no committed checkpoint ({LATEST} missing)")
+    path = latest["path"]
+    seeds: dict[str, dict[str, torch.Tensor]] = {}
+    for table, entry in read_manifest(path, 0, latest["n_servers"])["tables"].items():
+        record = entry.get("seed")
+        if not isinstance(record, dict) or (tables is not None and table not in tables):
+            continue
+        file = path / str(record.get("file"))
+        try:
+            seed = torch.load(file, weights_only=True)
+        except Exception as err:  # a damaged file: torch raises RuntimeError, UnpicklingError, EOFError...
+            raise unreadable(file, err) from None
+        if not isinstance(seed, dict) or not isinstance(seed.get("weights"), torch.Tensor):
+            raise unreadable(file, "not a table's seed")
+        seeds[table] = seed
+    return seeds
 
 
 def load_shard(

@@ -4,6 +4,10 @@ Each benchmark measures one engine the runtime executes, the way the runtime cal
 optimizer, gloo collectives between local processes, torch.distributed.rpc to a parameter server, the server's
 store, the dense MLP). The profile keeps the raw points; :mod:`persia_planner.topology.profile` (torch-free) fits the
 cost model's figures from them, so a profile can be re-fitted without measuring again.
+
+Each measurement repeats until its calls agree (:mod:`persia_planner.modules.tools.noise`); one that does not within
+its bounds is kept and named in the profile's ``noise:`` section. The ``machine:`` section says where and when the
+profile was measured (the host's name, the device kind, the topology host it is for), which a topology checks.
 """
 
 from __future__ import annotations
@@ -12,12 +16,11 @@ import datetime
 import json
 import os
 import platform
-import statistics
+import socket
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -25,115 +28,71 @@ from typing import Any
 import torch
 
 from persia_planner.modules.data.criteo_format import NUM_INTEGER
+from persia_planner.modules.tools.calibration_sizes import MiB, Sizes
+from persia_planner.modules.tools.noise import NoiseLog, Timer
 from persia_planner.topology.profile import PROFILE_FORMAT
 
-__all__ = ["BENCHMARKS", "PHASES", "Sizes", "calibrate"]
+__all__ = [
+    "BENCHMARKS",
+    "HOST_BENCHMARKS",
+    "PHASES",
+    "Sizes",
+    "calibrate",
+    "device_kind",
+    "machine_section",
+    "measure_collectives",
+    "measure_rpc",
+]
 
-MiB = 1024**2
 HOT_ROWS = 1024  # a table that stays in the CPU's caches
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """How much each benchmark measures (``quick`` for CI and a first look, the full one for planning)."""
-
-    memory_bytes: int
-    row_bytes: tuple[int, ...]
-    dims: tuple[int, ...]
-    poolings: tuple[int, ...]
-    optimizers: tuple[str, ...]
-    message_bytes: tuple[int, ...]
-    rpc_rows: tuple[int, ...]
-    repeats: int
-    batch: int
-    dlrm_shapes: tuple[tuple[int, int], ...]  # (sparse features, embedding dim) of the DLRM dense steps
-    dlrm_batches: tuple[int, ...]
-    step_steps: int  # steps of each small training job (:mod:`persia_planner.modules.tools.step_calibration`)
-    disk_bytes: int = 256 * MiB  # the file the disk's rates are measured on
-    disk_ios: int = 4096  # blocks read or written at random per measurement
-
-    @classmethod
-    def of(cls, quick: bool) -> Sizes:
-        if quick:
-            return cls(
-                memory_bytes=64 * MiB,
-                row_bytes=(64, 256, 1024),
-                dims=(16, 64),
-                poolings=(1, 8),
-                optimizers=("sgd", "rowwise_adagrad"),
-                message_bytes=(1024, 64 * 1024, 1 * MiB, 4 * MiB),
-                rpc_rows=(1, 1024, 16384),
-                repeats=5,
-                batch=2048,
-                dlrm_shapes=((8, 16), (26, 16), (26, 64)),
-                dlrm_batches=(256, 2048),
-                step_steps=40,
-                disk_bytes=128 * MiB,
-                disk_ios=2048,
-            )
-        return cls(
-            memory_bytes=256 * MiB,
-            row_bytes=(64, 128, 256, 512, 1024),
-            dims=(16, 32, 64, 128),
-            poolings=(1, 4, 16),
-            optimizers=("sgd", "rowwise_adagrad", "adagrad"),
-            message_bytes=(1024, 16 * 1024, 256 * 1024, 1 * MiB, 4 * MiB, 16 * MiB),
-            rpc_rows=(1, 256, 4096, 32768),
-            repeats=9,
-            batch=4096,
-            dlrm_shapes=((4, 16), (8, 16), (13, 32), (26, 16), (26, 64), (40, 32)),
-            dlrm_batches=(128, 1024, 4096),
-            step_steps=80,
-            disk_bytes=1024 * MiB,
-            disk_ios=8192,
-        )
+def _once_s(fn: Callable[[], Any]) -> float:
+    """Seconds of one call (a measurement that changes what it measures, or takes seconds: not repeated)."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
-def _median_s(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _median_backward_s(tbe: Any, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, repeats: int) -> float:
+def _median_backward_s(
+    timer: Timer, point: str, tbe: Any, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, repeats: int
+) -> float:
     """Median seconds of the fused backward alone, each after an untimed forward (a difference of two medians can
     come out near zero or negative on a noisy machine)."""
-    times = []
-    for k in range(repeats + 1):
+
+    def backward_s() -> float:
         out = tbe(ids, offsets)
         start = time.perf_counter()
         out.backward(grad)
-        if k:  # the first one warms up
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        return time.perf_counter() - start
+
+    backward_s()  # warms up
+    return timer.median_sample_s(point, backward_s, repeats)
 
 
 # ---- this process --------------------------------------------------------------------------------------------------
 
 
-def memory(sizes: Sizes) -> dict[str, Any]:
+def memory(sizes: Sizes, timer: Timer) -> dict[str, Any]:
     """Stream copy bandwidth (read + write) and random row gathers from a table larger than the caches."""
     n = sizes.memory_bytes // 4
     src, dst = torch.rand(n), torch.empty(n)
-    stream = 2 * sizes.memory_bytes / _median_s(lambda: dst.copy_(src), sizes.repeats)
+    stream = 2 * sizes.memory_bytes / timer.median_s("stream copy", lambda: dst.copy_(src), sizes.repeats)
     gather = []
     for row_bytes in sizes.row_bytes:
         table = src.view(-1, row_bytes // 4)
         ids = torch.randint(table.shape[0], (min(table.shape[0], 1 << 18),))
-        seconds = _median_s(lambda t=table, i=ids: torch.index_select(t, 0, i), sizes.repeats)
+        seconds = timer.median_s(
+            f"gather {row_bytes} B rows", lambda t=table, i=ids: torch.index_select(t, 0, i), sizes.repeats
+        )
         gather.append({"row_bytes": row_bytes, "bytes_per_s": len(ids) * row_bytes / seconds})
     # A quantized collective's codec (TorchRec's fp16 encode and decode, a DDP fp16 hook): one conversion each way.
     narrow = src.half()
-    both = _median_s(lambda: (src.half(), narrow.float()), sizes.repeats)
+    both = timer.median_s("fp32 <-> fp16", lambda: (src.half(), narrow.float()), sizes.repeats)
     return {"stream_bytes_per_s": stream, "gather": gather, "codec_values_per_s": 2 * n / both}
 
 
-def embedding(sizes: Sizes) -> list[dict[str, Any]]:
+def embedding(sizes: Sizes, timer: Timer) -> list[dict[str, Any]]:
     """fbgemm TBE on this CPU: forward and fused backward (gradient + optimizer) rows per second, where a row is
     one looked-up id, by optimizer, dim and pooling factor."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
@@ -158,8 +117,9 @@ def embedding(sizes: Sizes) -> list[dict[str, Any]]:
                     ids = torch.randint(rows, (sizes.batch * pooling,))
                     offsets = torch.arange(0, sizes.batch * pooling + 1, pooling)
                     grad = torch.ones(sizes.batch, dim)
-                    forward = _median_s(lambda t=tbe, i=ids, o=offsets: t(i, o), sizes.repeats)
-                    backward = _median_backward_s(tbe, ids, offsets, grad, sizes.repeats)
+                    point = f"{optimizer} dim {dim} pooling {pooling} {rows} rows"
+                    forward = timer.median_s(f"forward {point}", lambda t=tbe, i=ids, o=offsets: t(i, o), sizes.repeats)
+                    backward = _median_backward_s(timer, f"backward {point}", tbe, ids, offsets, grad, sizes.repeats)
                     looked_up = sizes.batch * pooling
                     points.append(
                         {
@@ -176,7 +136,7 @@ def embedding(sizes: Sizes) -> list[dict[str, Any]]:
     return points
 
 
-def dense(sizes: Sizes) -> dict[str, Any]:
+def dense(sizes: Sizes, timer: Timer) -> dict[str, Any]:
     """Dense forward + backward FLOPs per second of a wide MLP (the peak), and steps of the DLRM dense network as
     ``persia train`` runs it (TorchRec's bottom MLP, interaction and top MLP, the loss and the dense Adagrad) over
     feature counts, dims and batches."""
@@ -192,7 +152,7 @@ def dense(sizes: Sizes) -> dict[str, Any]:
         mlp.zero_grad()
         mlp(x).sum().backward()
 
-    seconds = _median_s(step, sizes.repeats)
+    seconds = timer.median_s(f"wide MLP batch {sizes.batch}", step, sizes.repeats)
     flops = 3 * 2 * 2 * width * width * sizes.batch  # two layers; forward 2*in*out per sample, backward twice that
     points = []
     for features, dim in sizes.dlrm_shapes:
@@ -221,13 +181,13 @@ def dense(sizes: Sizes) -> dict[str, Any]:
                     "dim": dim,
                     "batch": batch,
                     "flops_per_sample": DenseSpec.dlrm(NUM_INTEGER, dim, features).flops_per_sample,
-                    "seconds": _median_s(dlrm_step, sizes.repeats),
+                    "seconds": timer.median_s(f"DLRM {features} x {dim} batch {batch}", dlrm_step, sizes.repeats),
                 }
             )
     return {"flops_per_s": flops / seconds, "width": width, "batch": sizes.batch, "dlrm": points}
 
 
-def ps_store(sizes: Sizes) -> dict[str, Any]:
+def ps_store(sizes: Sizes, timer: Timer) -> dict[str, Any]:
     """The parameter server's store in this process: lookup (probe + admit) and update rows per second, and the
     de-duplication that every request pays (``torch.unique``)."""
     from persia_planner.modules.ps.optim import RowWiseAdagrad
@@ -237,12 +197,12 @@ def ps_store(sizes: Sizes) -> dict[str, Any]:
     capacity = max(batch * 4, sizes.memory_bytes // (dim * 4 + 64))
     store = EmbeddingStore(dim, capacity, RowWiseAdagrad(lr=0.01))
     ids = torch.randint(capacity // 2, (batch,))
-    admit = _median_s(lambda: store.lookup(torch.randint(1 << 40, (batch,))), 1, warmup=0)
+    admit = _once_s(lambda: store.lookup(torch.randint(1 << 40, (batch,))))  # new rows each time: not repeated
     store.lookup(ids)
-    lookup = _median_s(lambda: store.lookup(ids), sizes.repeats)
+    lookup = timer.median_s("lookup", lambda: store.lookup(ids), sizes.repeats)
     grads = torch.rand(batch, dim)
-    update = _median_s(lambda: store.update(ids, grads), sizes.repeats)
-    unique = _median_s(lambda: torch.unique(ids, return_inverse=True), sizes.repeats)
+    update = timer.median_s("update", lambda: store.update(ids, grads), sizes.repeats)
+    unique = timer.median_s("unique", lambda: torch.unique(ids, return_inverse=True), sizes.repeats)
     return {
         "dim": dim,
         "lookup_rows_per_s": batch / lookup,
@@ -252,7 +212,7 @@ def ps_store(sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def disk(sizes: Sizes, directory: str | None = None) -> dict[str, Any]:
+def disk(sizes: Sizes, timer: Timer, directory: str | None = None) -> dict[str, Any]:
     """The local disk as the ``ssd`` tier reads and writes it (:class:`.row_file.RowFile`: ``O_DIRECT``, 4 KiB
     blocks): blocks read and written a second at random (one block a record, so a write needs no read), and the
     sequential rates of filling and reading the whole file. The file goes where a server's would by default (the
@@ -276,12 +236,20 @@ def disk(sizes: Sizes, directory: str | None = None) -> dict[str, Any]:
                 file.write(slots, weights[: slots.numel()], state[: slots.numel()])
             file.sync()
 
-        fill_s = _median_s(fill, 1, warmup=0)
+        fill_s = _once_s(fill)  # the whole file, sequentially: seconds, and the OS's caches change after it
         starts = range(0, rows, chunk)
-        read_all_s = _median_s(lambda: [file.read(torch.arange(s, min(s + chunk, rows))) for s in starts], 1)
+
+        def read_all() -> None:
+            for start in starts:
+                file.read(torch.arange(start, min(start + chunk, rows)))
+
+        read_all()
+        read_all_s = _once_s(read_all)
         n = min(rows, sizes.disk_ios)
         generator = torch.Generator().manual_seed(0)
-        random_read_s = _median_s(lambda: file.read(torch.randperm(rows, generator=generator)[:n]), sizes.repeats)
+        random_read_s = timer.median_s(
+            "random reads", lambda: file.read(torch.randperm(rows, generator=generator)[:n]), sizes.repeats
+        )
         some = torch.randperm(rows, generator=generator)[:n]
         new_weights, new_state = torch.rand(n, dim), torch.rand(n, 1)
 
@@ -289,7 +257,7 @@ def disk(sizes: Sizes, directory: str | None = None) -> dict[str, Any]:
             file.write(some, new_weights, new_state)
             file.sync()
 
-        random_write_s = _median_s(random_writes, sizes.repeats)
+        random_write_s = timer.median_s("random writes", random_writes, sizes.repeats)
     finally:
         file.close()
     return {
@@ -313,24 +281,45 @@ def _collectives_worker(rank: int, port: int, sizes: Sizes, out: str) -> None:
     torch.set_num_threads(1)
     use_hosted_store(port)
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+    noise: list[dict[str, Any]] = []
+    result = measure_collectives(sizes, Timer(sizes.quiet, noise))
+    if rank == 0:
+        Path(out).write_text(json.dumps({**result, "noise": noise}))
+    dist.destroy_process_group()
+    exit_now()
+
+
+def measure_collectives(sizes: Sizes, timer: Timer, group: Any = None) -> dict[str, list[dict[str, float]]]:
+    """gloo all-to-all and all-reduce among the processes of ``group`` (None: the default group), each of which
+    calls this: seconds per call by message size (``all_to_all``, ``all_reduce``: ``{bytes, seconds}`` points).
+
+    Every process must make the same calls: the group's first process decides when a measurement stops and tells
+    the others."""
+    import torch.distributed as dist
+
+    first = 0 if group is None else dist.get_global_rank(group, 0)
+
+    def first_s_verdict(stop: bool) -> bool:
+        verdict = torch.tensor([int(stop)])
+        dist.broadcast(verdict, src=first, group=group)
+        return bool(verdict.item())
+
     result: dict[str, list[dict[str, float]]] = {"all_to_all": [], "all_reduce": []}
     for n_bytes in sizes.message_bytes:
         x = torch.rand(n_bytes // 4)
         y = torch.empty_like(x)
         for name, op in (
-            ("all_to_all", lambda a=x, b=y: dist.all_to_all_single(b, a)),
-            ("all_reduce", lambda a=x: dist.all_reduce(a)),
+            ("all_to_all", lambda a=x, b=y: dist.all_to_all_single(b, a, group=group)),
+            ("all_reduce", lambda a=x: dist.all_reduce(a, group=group)),
         ):
-            dist.barrier()
-            result[name].append({"bytes": n_bytes, "seconds": _median_s(op, sizes.repeats * 2, warmup=2)})
-    dist.barrier()
-    if rank == 0:
-        Path(out).write_text(json.dumps(result))
-    dist.destroy_process_group()
-    exit_now()
+            dist.barrier(group=group)
+            seconds = timer.median_s(f"{name} {n_bytes} B", op, sizes.repeats * 2, warmup=2, agree=first_s_verdict)
+            result[name].append({"bytes": n_bytes, "seconds": seconds})
+    dist.barrier(group=group)
+    return result
 
 
-def collectives(sizes: Sizes) -> dict[str, Any]:
+def collectives(sizes: Sizes, timer: Timer) -> dict[str, Any]:
     """gloo all-to-all and all-reduce between two local processes: seconds per call by message size."""
     import torch.multiprocessing as mp
 
@@ -339,10 +328,20 @@ def collectives(sizes: Sizes) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, hosted_store(120.0) as port:
         out = str(Path(tmp) / "collectives.json")
         mp.spawn(_collectives_worker, args=(port, sizes, out), nprocs=2, join=True)
-        return {"backend": "gloo", "processes": 2, **json.loads(Path(out).read_text())}
+        result = json.loads(Path(out).read_text())
+        timer.records.extend(result.pop("noise"))
+        return {"backend": "gloo", "processes": 2, **result}
 
 
-def _rpc_trainer(j: int, client: Any, sizes: Sizes) -> list[dict[str, float]]:
+def _rpc_trainer(j: int, client: Any, sizes: Sizes) -> tuple[list[dict[str, float]], list[dict[str, Any]]]:
+    timer = Timer(sizes.quiet, [])
+    return measure_rpc(client, sizes, timer), timer.records
+
+
+def measure_rpc(client: Any, sizes: Sizes, timer: Timer) -> list[dict[str, float]]:
+    """Lookups and gradient pushes of ``client`` (a :class:`~persia_planner.modules.ps.client.PsClient`) to its
+    servers, by request size: ``{rows, dim, lookup_seconds, push_seconds}`` points (a table ``calibrate`` is
+    registered on them)."""
     from persia_planner.modules.ps.protocol import TableConfig
 
     dim = 16
@@ -352,24 +351,27 @@ def _rpc_trainer(j: int, client: Any, sizes: Sizes) -> list[dict[str, float]]:
         ids = torch.arange(rows)
         client.lookup("calibrate", ids)  # admits them: the timed calls find every row
         grads = torch.rand(rows, dim)
-        lookup = _median_s(lambda i=ids: client.lookup("calibrate", i), sizes.repeats * 2)
-        push = _median_s(lambda i=ids, g=grads: client.push_gradients("calibrate", i, g), sizes.repeats * 2)
+        lookup = timer.median_s(f"lookup {rows} rows", lambda i=ids: client.lookup("calibrate", i), sizes.repeats * 2)
+        push = timer.median_s(
+            f"push {rows} rows", lambda i=ids, g=grads: client.push_gradients("calibrate", i, g), sizes.repeats * 2
+        )
         points.append({"rows": rows, "dim": dim, "lookup_seconds": lookup, "push_seconds": push})
     return points
 
 
-def rpc(sizes: Sizes) -> dict[str, Any]:
+def rpc(sizes: Sizes, timer: Timer) -> dict[str, Any]:
     """torch.distributed.rpc to one parameter-server process, as the runtime calls it: a lookup (ids out, rows
     back) and a gradient push, by request size (one row gives the round trip)."""
     from persia_planner.modules.ps.launch import local_cluster
 
-    points = local_cluster(1, 1, _rpc_trainer, sizes, timeout_s=60.0)[0]
+    points, noise = local_cluster(1, 1, _rpc_trainer, sizes, timeout_s=60.0)[0]
+    timer.records.extend(noise)
     return {"dim": points[0]["dim"], "requests": points}
 
 
 # ---- the whole run -------------------------------------------------------------------------------------------------
 
-BENCHMARKS: dict[str, Callable[[Sizes], Any]] = {
+BENCHMARKS: dict[str, Callable[[Sizes, Timer], Any]] = {
     "memory": memory,
     "embedding": embedding,
     "dense": dense,
@@ -378,6 +380,8 @@ BENCHMARKS: dict[str, Callable[[Sizes], Any]] = {
     "collectives": collectives,
     "rpc": rpc,
 }
+# The benchmarks that measure this host alone (the others measure between processes).
+HOST_BENCHMARKS = ("memory", "embedding", "dense", "ps_store", "disk")
 # The benchmarks above, then whole training steps (:mod:`persia_planner.modules.tools.step_calibration`: they need the
 # others' results).
 PHASES = (*BENCHMARKS, "step")
@@ -390,8 +394,18 @@ def _version(package: str) -> str | None:
         return None
 
 
+def device_kind() -> str:
+    """The device kind of this machine, as a profile records it: the first CUDA device's name, else ``cpu``."""
+    if torch.cuda.is_available():
+        return str(torch.cuda.get_device_name(0))
+    return "cpu"
+
+
 def calibrate(
-    quick: bool = False, on_done: Callable[[str, float], None] | None = None, sizes: Sizes | None = None
+    quick: bool = False,
+    on_done: Callable[[str, float], None] | None = None,
+    sizes: Sizes | None = None,
+    topology_host: str | None = None,
 ) -> dict[str, Any]:
     """Run every benchmark; returns the profile (the YAML's content).
 
@@ -399,30 +413,43 @@ def calibrate(
         quick: Fewer, smaller measurements.
         on_done: Called with each benchmark's name and its seconds, as it finishes (a progress display).
         sizes: What to measure (default: :meth:`Sizes.of` ``quick``).
+        topology_host: The topology's host (class) this profile is for, recorded in ``machine:`` (a topology
+            refuses it on another host).
     """
     sizes = sizes or Sizes.of(quick)
     torch.set_num_threads(1)  # as one trainer process runs
-    profile: dict[str, Any] = {
-        "format": PROFILE_FORMAT,
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "torch": str(torch.__version__),
-            "fbgemm_gpu": _version("fbgemm-gpu-cpu") or _version("fbgemm-gpu"),
-            "torchrec": _version("torchrec"),
-            "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "quick": quick,
-        },
-    }
+    profile: dict[str, Any] = {"format": PROFILE_FORMAT, "machine": machine_section(quick, topology_host)}
+    noise = NoiseLog(sizes.quiet)
     for name, bench in BENCHMARKS.items():
         started = time.perf_counter()
-        profile[name] = bench(sizes)
+        profile[name] = bench(sizes, noise.timer(name))
         if on_done is not None:
             on_done(name, time.perf_counter() - started)
     from persia_planner.modules.tools.step_calibration import calibrate_step
 
     started = time.perf_counter()
-    profile["step"] = calibrate_step(profile, sizes.step_steps)
+    timer = noise.timer("step")
+    profile["step"] = calibrate_step(profile, sizes.step_steps, sizes.step_runs, timer, budget_s=sizes.step_budget_s)
     if on_done is not None:
         on_done("step", time.perf_counter() - started)
+    profile["noise"] = noise.section()
     return profile
+
+
+def machine_section(quick: bool, topology_host: str | None = None) -> dict[str, Any]:
+    """The profile's ``machine:`` section for this process's host: what measures (platform, CPUs, library
+    versions), when (now), where (host name, device kind) and for which topology host (class)."""
+    machine: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch": str(torch.__version__),
+        "fbgemm_gpu": _version("fbgemm-gpu-cpu") or _version("fbgemm-gpu"),
+        "torchrec": _version("torchrec"),
+        "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "quick": quick,
+        "hostname": socket.gethostname(),
+        "device": device_kind(),
+    }
+    if topology_host is not None:
+        machine["topology_host"] = topology_host
+    return machine

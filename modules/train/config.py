@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
+    "MAX_ADAPT_REPLANS",
+    "MAX_ADAPT_THRESHOLD",
     "MAX_EVAL_BATCHES",
     "MAX_ID_SPACE",
     "MAX_LOCAL_TRAINERS",
@@ -164,6 +166,12 @@ class TrainConfig:
             it; a run from scratch into one that holds metrics needs ``overwrite``.
         ssd_dir: Where the parameter servers keep the files of their ``ssd`` tables (on each server's host; None:
             its temporary directory).
+        adapt: Re-plan while training (:mod:`.adapt`): after a warm-up window, when the measured step is more than
+            ``adapt_threshold`` off the plan's prediction, refit the cost model, plan again and migrate to a plan
+            predicted faster by more than the migration costs (through a checkpoint: needs ``checkpoint``).
+        adapt_threshold: How far (a share of the predicted step) the measured step may be off before a re-plan.
+        adapt_max: The most re-plans of a run (a rollback to the better plan counts).
+        adapt_window: Steps of the warm-up after each start or migration, and of each measurement window after it.
 
     Raises:
         PlannerError: An option is out of range or not one of its choices (one line, naming the option).
@@ -202,6 +210,10 @@ class TrainConfig:
     ps_capacity: PsCapacity = PsCapacity.PLANNED
     log_dir: str | None = None
     ssd_dir: str | None = None
+    adapt: bool = False
+    adapt_threshold: float = 0.10
+    adapt_max: int = 2
+    adapt_window: int = 20
     data_rows: int | None = None
     """The data's training rows as :func:`check_before_start` counted them (None: not counted); sizes the progress."""
 
@@ -261,6 +273,7 @@ class TrainConfig:
             raise PlannerError(
                 "--checkpoint-every needs --checkpoint DIR", fixes=("pass the directory to keep the checkpoints in",)
             )
+        self._check_adapt()
         if self.resume and not self.checkpoint:
             raise PlannerError("--resume needs --checkpoint DIR", fixes=("pass the directory of the checkpoint",))
         if self.resume and self.overwrite:
@@ -282,6 +295,24 @@ class TrainConfig:
             raise PlannerError(
                 "--ps-capacity unbounded needs --data synthetic: the ids of data files are not known before reading",
                 fixes=("--ps-capacity planned",),
+            )
+
+    def _check_adapt(self) -> None:
+        """``--adapt``'s options are in range, and a migration has a checkpoint directory to go through."""
+        if not 0 <= self.adapt_threshold <= MAX_ADAPT_THRESHOLD:  # nan fails this too
+            raise PlannerError(
+                f"--adapt-threshold must be a share in [0, {MAX_ADAPT_THRESHOLD:g}] of the predicted step, got "
+                f"{self.adapt_threshold}",
+                fixes=("e.g. --adapt-threshold 0.1 (10%)",),
+            )
+        if not 1 <= self.adapt_max <= MAX_ADAPT_REPLANS:
+            raise PlannerError(f"--adapt-max must be in [1, {MAX_ADAPT_REPLANS}] re-plans, got {self.adapt_max}")
+        if not 1 <= self.adapt_window <= MAX_STEPS:
+            raise PlannerError(f"--adapt-window must be in [1, {MAX_STEPS:,}] steps, got {self.adapt_window}")
+        if self.adapt and not self.checkpoint:
+            raise PlannerError(
+                "--adapt needs --checkpoint DIR: a migration to a new plan saves the job there and resumes from it",
+                fixes=("pass --checkpoint DIR",),
             )
 
     def _check_passes(self) -> None:
@@ -355,6 +386,10 @@ def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
     return kinds[0]
 
 
+MAX_ADAPT_THRESHOLD = 10.0
+"""The largest ``--adapt-threshold``: a step ten times off its prediction is off whatever the threshold says."""
+MAX_ADAPT_REPLANS = 100
+"""The most re-plans of one run (``--adapt-max``): each is a checkpoint and a rebuild."""
 MAX_KEEP = 1000
 """The most checkpoints a run keeps (each is a full copy of the model)."""
 MAX_STEPS = 10**9

@@ -120,7 +120,9 @@ def _train_local(
         ckpt, state = check_resume(Path(cfg.checkpoint), has_ps, log.warning)
         check_layout(ckpt.path / TRAINER_STATE, state, data_layout(cfg, spec, cfg.trainers))
         chosen = str(ckpt.path)
-    job = Job(cfg, spec, dict(tables), topology, servers if has_ps else 0, cfg.trainers, resume_from=chosen)
+    # --adapt may move tables to the servers later: they run from the start wherever the topology has some.
+    with_servers = has_ps or (cfg.adapt and bool(topology.servers))
+    job = Job(cfg, spec, dict(tables), topology, servers if with_servers else 0, cfg.trainers, resume_from=chosen)
     logged = launcher_log(cfg.log_dir, f"{cfg!r}, {job.servers} servers") if cfg.log_dir else None
     try:
         results = local_cluster(

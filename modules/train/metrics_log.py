@@ -1,8 +1,9 @@
 """Per-step metrics of a training run, written to ``--log-dir`` as they happen (``persia train --log-dir DIR``).
 
 Trainer 0 hands every step's :class:`StepRecord` and every evaluation to a :class:`MetricsSink`. Two sinks write
-them: :class:`JsonLinesSink` (``DIR/metrics.jsonl``, one line per step, the evaluation of a step on its line) and
-:class:`TensorBoardSink` (event files in ``DIR/tensorboard/``, one scalar per field); :class:`Sinks` composes them,
+them: :class:`JsonLinesSink` (``DIR/metrics.jsonl``, one line per step, the evaluation of a step on its line, and
+a line per event such as a new plan, with its ``event``) and :class:`TensorBoardSink` (event files in
+``DIR/tensorboard/``, one scalar per field); :class:`Sinks` composes them,
 and :func:`open_sinks` builds the pair a run uses. The final summary goes to ``DIR/summary.json``
 (:func:`write_summary`).
 
@@ -88,6 +89,10 @@ class MetricsSink(Protocol):
     def log_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
         """An evaluation after ``step`` (already logged): its :data:`EVAL_KEYS` that are numbers are kept."""
 
+    def log_event(self, step: int, event: str, fields: Mapping[str, Any]) -> None:
+        """Something that happened after ``step`` other than a step or an evaluation (``event``: ``plan``, a plan
+        that starts there; ``adapt``, a re-planning decision), with its ``fields``."""
+
     def close(self) -> None:
         """Write what is pending and release the files."""
 
@@ -131,6 +136,16 @@ class JsonLinesSink:
             self._write_pending()
             self._pending = {"step": step, **scalars}
         self._write_pending()
+
+    def log_event(self, step: int, event: str, fields: Mapping[str, Any]) -> None:
+        self._write_pending()  # after its step's line: the file stays in step order
+        line = {
+            "step": step,
+            "event": event,
+            **{k: _json_value(v) if isinstance(v, float) else v for k, v in fields.items()},
+        }
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
 
     def close(self) -> None:
         if self._file.closed:
@@ -187,6 +202,12 @@ class TensorBoardSink:
         for name, value in _eval_scalars(metrics).items():
             self._writer.add_scalar(name, value, step)
 
+    def log_event(self, step: int, event: str, fields: Mapping[str, Any]) -> None:
+        """A number of the event's as the scalar ``<event>/<field>`` (``plan/index``, ``plan/predicted_ms``, ...)."""
+        for name, value in fields.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                self._writer.add_scalar(f"{event}/{name}", value, step)
+
     def close(self) -> None:
         self._writer.close()
 
@@ -204,6 +225,10 @@ class Sinks:
     def log_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
         for sink in self.sinks:
             sink.log_eval(step, metrics)
+
+    def log_event(self, step: int, event: str, fields: Mapping[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log_event(step, event, fields)
 
     def close(self) -> None:
         errors = []

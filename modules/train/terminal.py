@@ -14,7 +14,7 @@ from persia_planner.modules.process_logs import terminal
 from persia_planner.modules.train.config import TrainConfig
 from persia_planner.modules.train.run_inputs import describe_hyper_parameters
 
-__all__ = ["ema", "progress_bar", "summary_rows"]
+__all__ = ["ema", "progress_bar", "refit_rows", "summary_rows"]
 
 
 def ema(xs: list[float], window: int = 20) -> float:
@@ -57,6 +57,35 @@ def _epochs(result: dict[str, Any]) -> str:
     return f"{result['epochs']} ({', '.join(str(n) for n in done) or 'none finished'})"
 
 
+def refit_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The run's refit (``refit`` in the summary), per term: predicted / measured / refitted ms ("-": not measured
+    alone), and the file it was written to."""
+    found = result.get("refit")
+    if not found:
+        return []
+    factors = result.get("plan_factors") or {}
+    priced = ", ".join(f"{t} {f:.2f}" for t, f in factors.items() if f != 1.0) or "1 each"
+    rows = [(f"refit: term, ms predicted / measured / refitted (plan's factors: {priced})", "")]
+    for row in found:
+        measured = "-" if row["measured_ms"] is None else f"{row['measured_ms']:.1f}"
+        rows.append((f"  {row['term']}", f"{row['predicted_ms']:.1f} / {measured} / {row['refitted_ms']:.1f}"))
+    if result.get("refit_file"):
+        rows.append(("  refitted profile", str(result["refit_file"])))
+    return rows
+
+
+def plan_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``--adapt``'s plans, one row each: the steps it ran, why, and its step predicted / measured / refitted."""
+    plans = result.get("plans") or []
+    rows = [("plans (--adapt): steps, why; step ms predicted / measured / refitted", "")] if plans else []
+    for p in plans:
+        until = "end" if p.get("to_step") is None else str(p["to_step"])
+        moved = f", moved {', '.join(p['tables_moved'])}" if p.get("tables_moved") else ""
+        figures = " / ".join(_maybe(p.get(k), ".1f") for k in ("predicted_ms", "measured_ms", "refitted_ms"))
+        rows.append((f"  plan {p['index']}: steps {p['from_step'] + 1}-{until}, {p['reason']}{moved}", figures))
+    return rows
+
+
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary table's rows (metric, value)."""
     rows = [
@@ -90,6 +119,8 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ("local tables (sync)", f"{len(result['local_tables'])}"),
         ("executed as planned", "yes" if result.get("executed_matches_plan") else "no"),
     ]
+    rows += plan_rows(result)
+    rows += refit_rows(result)
     bad = result.get("bad_rows")
     if bad and bad["on_bad_row"] != "fail":  # under fail, a bad row stops the run
         skipped, imputed = bad["skipped"], bad["imputed"]

@@ -6,6 +6,8 @@ of ``persia train``, on this machine or under torchrun).
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import logging
 import os
 import time
@@ -23,6 +25,7 @@ from persia_planner.modules.ps.launch import trainers_store
 from persia_planner.modules.ps.progress import publish_progress
 from persia_planner.modules.step_breakdown import StepProfiler
 from persia_planner.modules.stopping import GracefulStop
+from persia_planner.modules.train.adapt import Adapter
 from persia_planner.modules.train.batch_stream import (
     BadRowTally,
     Epochs,
@@ -35,15 +38,19 @@ from persia_planner.modules.train.batch_stream import (
 from persia_planner.modules.train.config import PsCapacity, TrainConfig, sparse_optimizer_of, trainer_batch_size
 from persia_planner.modules.train.job import Job, trainer_group
 from persia_planner.modules.train.job_checkpoints import PS_DIR, new_lineage
-from persia_planner.modules.train.loop import StepStats, TrainLoop, build_job_model, make_optimizer
+from persia_planner.modules.train.loop import TrainLoop, build_job_model, make_optimizer
 from persia_planner.modules.train.metrics_log import MetricsSink, Sinks, StepRecord, open_sinks
+from persia_planner.modules.train.migration import migrated_state, saved_plan, seed_moved_tables
 from persia_planner.modules.train.pipeline import PipelinedTrainLoop, PipelineStep
 from persia_planner.modules.train.ps_usage import planned_server_bytes, server_usage, warm_up
 from persia_planner.modules.train.run_inputs import dlrm_embedding_dim, hyper_parameters, id_universe
 from persia_planner.modules.train.terminal import ema, progress_bar
+from persia_planner.modules.train.timeline import Timeline, median
 from persia_planner.modules.train.trainer_state import Saver, check_resume, data_layout, load_trainer_state
 from persia_planner.placement.memory import PS_MAX_CAPACITY
+from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.executability import planned_execution
+from persia_planner.plan.plan import placement_to_dict
 
 __all__ = ["WARM_UP_IDS", "run_trainer"]
 
@@ -62,65 +69,10 @@ def run_trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
     with trainer_group(j, job, backend=backend), contextlib.ExitStack() as cleanup:
         run = _TrainerRun.start(j, client, job, cleanup)
         run.train()
+        while run.migration is not None:  # --adapt: every trainer agreed to move to another plan
+            run = run.migrate(run.migration, cleanup)
+            run.train()
         return run.finish()
-
-
-@dataclass
-class _Timeline:
-    """What the steps measured: each step's loss and times, the samples, and what is not training time (the
-    evaluations and checkpoints along the way, the profiled steps)."""
-
-    profiler: StepProfiler | None
-    trainers: int
-    started_s: float = field(default_factory=time.perf_counter)
-    losses: list[float] = field(default_factory=list)
-    step_ms: list[float] = field(default_factory=list)
-    data_ms: list[float] = field(default_factory=list)
-    ps_ms: dict[str, list[float]] = field(default_factory=lambda: {"ps_wait": [], "push": []})
-    history: list[dict[str, Any]] = field(default_factory=list)
-    samples: int = 0
-    excluded_samples: int = 0
-    excluded_steps: int = 0
-    excluded_s: float = 0.0
-
-    def record(self, step: int, index: int, stats: StepStats) -> float:
-        """Record step ``step`` (the run's ``index``-th); returns the training rate so far, in samples/s."""
-        self.losses.append(stats.loss)
-        self.step_ms.append(stats.step_ms)
-        self.data_ms.append(stats.data_ms)
-        self.ps_ms["ps_wait"].append(stats.ps_wait_ms)
-        self.ps_ms["push"].append(stats.push_ms)
-        self.samples += stats.samples * self.trainers
-        profiler = self.profiler
-        if profiler is not None and profiler.start <= index < profiler.start + profiler.count:
-            # The breakdown's profiled steps run slower: they are measurement, not training throughput.
-            self.excluded_s += (stats.step_ms + stats.data_ms) / 1e3
-            self.excluded_samples += stats.samples * self.trainers
-            self.excluded_steps += 1
-        t_s = time.perf_counter() - self.started_s  # at the step's end, evaluations included: throughput over time
-        self.history.append(
-            {"step": step, "loss": stats.loss, "samples": self.samples, "staleness": stats.staleness, "t_s": t_s}
-        )
-        return (self.samples - self.excluded_samples) / max(1e-9, t_s - self.excluded_s)
-
-    def unprofiled(self, xs: list[float]) -> list[float]:
-        """The steps after warm-up, without the profiled ones (the profiler's overhead inflates them)."""
-        if self.profiler is None:
-            return xs
-        kept = xs[self.profiler.start + self.profiler.count :]
-        return kept or xs
-
-    def breakdown_ms(self, with_ps: bool) -> dict[str, float]:
-        """The median step's parts: the data, and the profiled shares, or without a profile the PS terms timed
-        directly and the rest together (decision 0014)."""
-        timed = _median(self.unprofiled(self.step_ms))
-        breakdown = {"data": _median(self.unprofiled(self.data_ms))}
-        if self.profiler is not None and self.profiler.shares is not None:
-            breakdown |= {term: share * timed for term, share in self.profiler.shares.items()}
-        elif with_ps:
-            breakdown |= {term: _median(self.unprofiled(xs)) for term, xs in self.ps_ms.items()}
-            breakdown["other"] = max(0.0, timed - breakdown["ps_wait"] - breakdown["push"])
-        return breakdown
 
 
 @dataclass
@@ -140,26 +92,33 @@ class _TrainerRun:
     stopper: GracefulStop | None
     sink: MetricsSink
     loop: TrainLoop | PipelinedTrainLoop
-    timeline: _Timeline
+    timeline: Timeline
     memory_before: dict[str, Any] | None
     epochs: Epochs
+    adapter: Adapter
     start_step: int = 0
     resumed_from: int | None = None
     step: int = 0
+    first_step: int = 0  # the step the run started after (start_step: the current plan's, after a migration)
     stopped_by: str | None = None
     elapsed_s: float = 0.0
     started_monotonic_s: float = 0.0
     bad_rows: BadRowTally = field(default_factory=BadRowTally)
+    migration: dict[str, TablePlacement] | None = None  # the plan every trainer agreed to move to (--adapt)
 
     @classmethod
-    def start(cls, j: int, client: Any, job: Job, cleanup: contextlib.ExitStack) -> _TrainerRun:
-        """Trainer ``j``'s device, model (sharded by DMP) and optimizers, resumed from a checkpoint if asked."""
+    def start(
+        cls, j: int, client: Any, job: Job, cleanup: contextlib.ExitStack, *, previous: _TrainerRun | None = None
+    ) -> _TrainerRun:
+        """Trainer ``j``'s device, model (sharded by DMP) and optimizers, resumed from a checkpoint if asked (under
+        another plan than the checkpoint's: its tables migrated, :mod:`.migration`). ``previous``: the run of the
+        plan this one replaces (a migration): its metrics, timeline and stop go on."""
         cfg, spec = job.cfg, job.spec
         layout = data_layout(cfg, spec, job.trainers)
         sparse_opt = SparseOptimizer(sparse_optimizer_of(cfg, spec), learning_rate=cfg.sparse_lr)
         device = _device(j, job)
-        memory_before = None
-        if job.servers:  # the servers' memory before this run's tables exist: what the run costs them is the growth
+        memory_before = previous.memory_before if previous is not None else None
+        if job.servers and previous is None:  # the servers' memory before this run's tables: the growth is the run's
             if j == 0:
                 warm_up(client, dlrm_embedding_dim(spec), WARM_UP_IDS, sparse_opt.ps())
                 memory_before = client.memory()
@@ -167,6 +126,7 @@ class _TrainerRun:
         capacity = None
         if cfg.ps_capacity is PsCapacity.UNBOUNDED:  # every id the data can draw, on every server: nothing is evicted
             capacity = {name: min(ids, PS_MAX_CAPACITY) for name, ids in id_universe(spec, cfg).items()}
+        build_started = time.perf_counter()
         model, hybrid = build_job_model(job, client, sparse_opt, device=device, capacity=capacity)
         # Pipelined, DMP shards the step module around the model (TorchRec's pipeline calls it with the batch); the
         # model itself is sharded in place, and the checkpoints and evaluations read it as unpipelined runs do.
@@ -175,20 +135,34 @@ class _TrainerRun:
         dmp = distribute(step_module, job.tables, job.topology, device=device, qcomms=job.spec.qcomms)
         executed = executed_plan(model, job.topology)
         opt = make_optimizer(model, cfg, sparse_opt)
+        build_s = time.perf_counter() - build_started
         root = Path(cfg.checkpoint) if cfg.checkpoint else None
         lineage, start_step, resumed_from, epochs = new_lineage(), 0, None, Epochs()
         if cfg.resume and root is not None:
             chosen = Path(job.resume_from) if job.resume_from else None
             ckpt, state = check_resume(root, hybrid.ps is not None, log.warning if j == 0 else None, chosen=chosen)
+            saved = state
+            old_tables = saved_plan(ckpt.path)
+            moves = None
+            if old_tables is not None and old_tables != job.tables:  # another plan: its tables move (.migration)
+                state, moves, whole = migrated_state(
+                    ckpt.path, state, old_tables, job.tables, hybrid, opt, sparse_opt.kind
+                )
             start_step = resumed_from = load_trainer_state(ckpt, state, model, hybrid, opt, layout)
             lineage = ckpt.lineage or lineage
             epochs = Epochs([int(n) for n in state.get("epoch_lengths", [])])
             cfg = replace(cfg, steps=_steps_left(cfg, job, state, start_step, epochs))
-            if j == 0 and hybrid.ps is not None:
+            if j == 0 and hybrid.ps is not None and moves is None:
                 client.load(ckpt.path / PS_DIR)
+            elif j == 0 and hybrid.ps is not None and moves is not None:
+                if moves.ps_to_ps:
+                    client.load(ckpt.path / PS_DIR, tables=moves.ps_to_ps)
+                seed_moved_tables(client, moves.local_to_ps, saved["local"], whole, sparse_opt.kind)
             dist.barrier()
         target = None if cfg.steps is None else start_step + cfg.steps
         saver = Saver(root, job, model, hybrid, opt, client, layout, lineage, target_step=target, epochs=epochs)
+        if previous is not None:
+            return previous._next(job, cfg, dmp, hybrid, executed, saver, opt, epochs, start_step, build_s)
         # Only the local launcher asks for the agreed stop (a store round trip per step); torchrun signals every
         # worker.
         stoppable = root is not None and "TORCHELASTIC_RUN_ID" not in os.environ
@@ -205,14 +179,47 @@ class _TrainerRun:
         sink: MetricsSink = cleanup.enter_context(
             contextlib.closing(open_sinks(cfg.log_dir, first_step=start_step) if j == 0 else Sinks())
         )
-        loop: TrainLoop | PipelinedTrainLoop = TrainLoop(dmp, hybrid, opt, device, profiler)
-        if cfg.pipeline:
-            loop = PipelinedTrainLoop(dmp, hybrid, opt, device)
-        timeline = _Timeline(profiler, job.trainers)
+        loop = _loop(cfg, dmp, hybrid, opt, device, profiler)
+        timeline = Timeline(profiler, job.trainers)
+        adapter = Adapter(cfg, spec, job.topology, job.tables, j, start_step, sink)
+        adapter.started(start_step, build_s)
         return cls(
             j, client, job, cfg, layout["batch_size"], device, dmp, hybrid, executed, saver, stopper, sink, loop,
-            timeline, memory_before, epochs, start_step, resumed_from, start_step,
+            timeline, memory_before, epochs, adapter, start_step, resumed_from, start_step, start_step,
         )  # fmt: skip
+
+    def _next(
+        self,
+        job: Job,
+        cfg: TrainConfig,
+        dmp: Any,
+        hybrid: HybridEmbeddingBagCollection,
+        executed: dict[str, Any],
+        saver: Saver,
+        opt: Any,
+        epochs: Epochs,
+        start_step: int,
+        build_s: float,
+    ) -> _TrainerRun:
+        """The run of the next plan (a migration): its model, and this run's metrics, timeline, stop and tallies.
+        Its steps are not profiled: the first plan's shares of the step are not the next one's, so from here on the
+        windows and the summary break the step down as an unprofiled run does."""
+        self.adapter.started(start_step, build_s)
+        self.timeline.profiler = None
+        return replace(
+            self,
+            job=job,
+            cfg=cfg,
+            dmp=dmp,
+            hybrid=hybrid,
+            executed=executed,
+            saver=saver,
+            loop=_loop(cfg, dmp, hybrid, opt, self.device, None),
+            epochs=epochs,
+            start_step=start_step,
+            step=start_step,
+            migration=None,
+        )
 
     def train(self) -> None:
         """The steps: each one recorded, evaluated and checkpointed as asked, until the data or the steps end or a
@@ -221,9 +228,11 @@ class _TrainerRun:
         progress = progress_bar(cfg) if (self.j == 0 and cfg.progress) else None
         total = _planned_steps(cfg, self.job, self.epochs, self.start_step)
         task = progress.add_task("train", total=total, loss=float("nan"), rate=0.0, stale=0) if progress else None
-        timeline.started_s = time.perf_counter()
-        # The loop's start on the machine-wide monotonic clock: places each step's t_s beside other processes' samples.
-        self.started_monotonic_s = time.monotonic()
+        if not timeline.running:  # a migration's next plan goes on with the run's clock
+            timeline.started_s, timeline.running = time.perf_counter(), True
+            # The loop's start on the machine-wide monotonic clock: places each step's t_s beside other processes'
+            # samples.
+            self.started_monotonic_s = time.monotonic()
         try:
             if progress:
                 progress.start()
@@ -233,7 +242,7 @@ class _TrainerRun:
             for stats in self.loop.run(batches):
                 self.step += 1
                 publish_progress(self.step)  # the launcher names a trainer that stops advancing
-                rate = timeline.record(self.step, self.step - self.start_step - 1, stats)
+                rate = timeline.record(self.step, self.step - self.first_step - 1, stats)
                 self.sink.log_step(StepRecord.of(self.step, stats, samples_per_s=rate, t_s=timeline.history[-1]["t_s"]))
                 if progress:
                     progress.update(task, advance=1, loss=ema(timeline.losses), rate=rate, stale=stats.staleness)
@@ -263,15 +272,81 @@ class _TrainerRun:
             self.timeline.excluded_s += time.perf_counter() - eval_started
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and within:
             self.timeline.excluded_s += self.saver.save(step)
+            self._refit_profile()
         if self.stopper is not None and self.stopper.after_step(step):
             self.stopped_by = self.stopper.reason
             return True
+        if within:  # --adapt: a window's end may move every trainer to another plan, here
+            steps_left = None if cfg.steps is None else self.start_step + cfg.steps - step
+            with_ps = self.hybrid.ps is not None
+            measure = functools.partial(self.timeline.window, with_ps=with_ps, last_step=step)
+            self.migration = self.adapter.after_step(step, measure, steps_left, self.saver.last_save_s)
+            return self.migration is not None
         return False
+
+    def migrate(self, tables: dict[str, TablePlacement], cleanup: contextlib.ExitStack) -> _TrainerRun:
+        """Move the job to ``tables`` (every trainer, at the same step): a checkpoint of this step, this plan's
+        model torn down (its PS tables dropped from the servers, which stay up), and the next plan's built and
+        resumed from that checkpoint, exactly as ``--resume`` under the new plan would (:mod:`.migration`). The
+        step counter, epochs, metrics and timeline go on; the migration's seconds are not training time."""
+        started = time.perf_counter()
+        self.hybrid.flush()
+        if self.saver.last_step != self.step:
+            self.saver.save(self.step)
+            self._refit_profile()
+        shared = [str(self.saver.last.path) if self.saver.last is not None else None]  # trainer 0 published it
+        dist.broadcast_object_list(shared, src=0)
+        if shared[0] is None:  # no --checkpoint: TrainConfig refuses --adapt without one
+            raise PlannerError("--adapt: a migration needs --checkpoint DIR to go through")
+        if self.j == 0 and self.hybrid.ps is not None:
+            # A resume starts on servers without the tables; so does a migration: the next plan registers its own
+            # and loads the ones it keeps there from the checkpoint.
+            for config in self.hybrid.ps_tables:
+                self.client.drop(config.name)
+        dist.barrier()
+        job = replace(self.job, tables=dict(tables), resume_from=shared[0], cfg=replace(self.job.cfg, resume=True))
+        save_s = self.saver.last_save_s  # what the next decision prices a migration's checkpoint at
+        # This plan's model goes before the next one is built: the saver holds it too (model, tables, optimizer).
+        self.dmp = self.loop = self.hybrid = self.saver = None  # type: ignore[assignment]
+        gc.collect()
+        run = _TrainerRun.start(self.j, self.client, job, cleanup, previous=self)
+        run.saver.last_save_s = save_s
+        run.timeline.excluded_s += time.perf_counter() - started
+        return run
+
+    def _refit_profile(self) -> None:
+        """Trainer 0, with ``--log-dir``: the model refitted to the steps so far, beside the logs
+        (:func:`persia_planner.modules.train.run_refit.write_fitted_profile`)."""
+        if self.j != 0 or not self.cfg.log_dir or not self.timeline.step_ms:
+            return
+        from persia_planner.cost.refit import predicted_terms
+        from persia_planner.modules.train.run_refit import write_fitted_profile
+
+        job, timeline, with_ps = self.job, self.timeline, self.hybrid.ps is not None
+        profile = job.topology.measured_profile()
+        if self.start_step == self.first_step:  # the run's steps so far, as its summary will give them
+            step_ms, breakdown = median(timeline.unprofiled(timeline.step_ms)), timeline.breakdown_ms(with_ps)
+        elif self.step > self.start_step:  # after a migration: the current plan's steps only
+            window = timeline.window(self.step - self.start_step, with_ps, self.step)
+            step_ms, breakdown = window.step_ms, window.breakdown_ms
+        else:
+            return
+        summary = {
+            "step_ms": step_ms,
+            "step_breakdown_ms": breakdown,
+            "staleness": self.cfg.effective_staleness,
+            "plan_factors": job.topology.constants.term_scales() | job.topology.constants.sharding_scales(),
+        }
+        try:
+            terms = predicted_terms(job.spec, job.topology, job.tables)
+            write_fitted_profile(self.cfg.log_dir, summary, terms, profile.path if profile is not None else None)
+        except PlannerError as err:  # training goes on: the refit is a by-product
+            log.warning("no refitted profile at step %d: %s", self.step, err)
 
     def finish(self) -> dict[str, Any] | None:
         """The last checkpoint and the final evaluation; on trainer 0, the run's summary."""
         cfg, job, step = self.cfg, self.job, self.step
-        if step == self.start_step and self.stopped_by is None:
+        if step == self.first_step and self.stopped_by is None:
             # No training step at all: the data gave some trainer no full batch (every trainer stops together).
             # Said here, for what it is: the evaluation after it would only find no held-out data either.
             where = "after the resumed step" if self.start_step else "for every trainer"
@@ -288,6 +363,7 @@ class _TrainerRun:
         # Before the evaluation: an evaluation that fails (e.g. no held-out data left) loses nothing.
         if self.saver.last_step != step:
             self.saver.save(step)
+            self._refit_profile()
         held_out = held_out_batches(job.spec, cfg, self.batch_size, bad_rows=self.bad_rows)
         result = evaluate(self.loop.scoring_model(), held_out, self.device)
         self.sink.log_eval(step, result)
@@ -301,21 +377,21 @@ class _TrainerRun:
     ) -> dict[str, Any]:
         cfg, job, hybrid, timeline = self.cfg, self.job, self.hybrid, self.timeline
         tail = timeline.losses[-max(1, len(timeline.losses) // 10) :]
-        steps_done = self.step - self.start_step
+        steps_done = self.step - self.first_step
         elapsed = self.elapsed_s
         return {
             **result,
             "teacher_auc": result.get("teacher_auc"),
             "loss": sum(tail) / len(tail) if tail else float("nan"),
             "samples_per_s": (timeline.samples - timeline.excluded_samples) / elapsed if elapsed > 0 else 0.0,
-            "step_ms": _median(timeline.unprofiled(timeline.step_ms)),
+            "step_ms": median(timeline.unprofiled(timeline.step_ms)),
             "step_breakdown_ms": timeline.breakdown_ms(hybrid.ps is not None),
             "wall_step_ms": elapsed * 1e3 / max(1, steps_done - timeline.excluded_steps),
             "batch_size": self.batch_size * job.trainers,
             "steps": steps_done,
             "epochs": None if cfg.data == "synthetic" else cfg.passes,
             "epoch_steps": list(self.epochs.lengths),
-            "first_step": self.start_step,
+            "first_step": self.first_step,
             "resumed_from_step": self.resumed_from,
             "last_step": self.step,
             "checkpoint": str(self.saver.last.path) if self.saver.last is not None else None,
@@ -342,8 +418,35 @@ class _TrainerRun:
             "bad_rows": bad_rows,
             "seed": cfg.seed,
             "started_monotonic_s": self.started_monotonic_s,
+            "plans": self.adapter.summary() if cfg.adapt else None,
+            "final_plan": self._final_plan(),
             "history": timeline.history,
         }
+
+    def _final_plan(self) -> dict[str, Any] | None:
+        """After a migration, the plan the run ended on and its own steps (None: the run kept its first plan): what
+        the launcher prices and refits, since the summary's ``step_ms`` spans every plan."""
+        if self.start_step == self.first_step:
+            return None
+        final: dict[str, Any] = {
+            "tables": {name: placement_to_dict(p) for name, p in self.job.tables.items()},
+            "from_step": self.start_step,
+            "step_ms": None,  # a migration at the last step: the plan ran no step of its own
+            "step_breakdown_ms": None,
+        }
+        if self.step > self.start_step:
+            window = self.timeline.window(self.step - self.start_step, self.hybrid.ps is not None, self.step)
+            final |= {"step_ms": window.step_ms, "step_breakdown_ms": window.breakdown_ms}
+        return final
+
+
+def _loop(
+    cfg: TrainConfig, dmp: Any, hybrid: HybridEmbeddingBagCollection, opt: Any, device: torch.device, profiler: Any
+) -> TrainLoop | PipelinedTrainLoop:
+    """The step loop of a run (TorchRec's pipeline with ``--pipeline``)."""
+    if cfg.pipeline:
+        return PipelinedTrainLoop(dmp, hybrid, opt, device)
+    return TrainLoop(dmp, hybrid, opt, device, profiler)
 
 
 def _device(j: int, job: Job) -> torch.device:
@@ -391,10 +494,3 @@ def _steps_left(cfg: TrainConfig, job: Job, state: dict[str, Any], start_step: i
             fixes=(f"pass --steps above {start_step:,} to train on",),
         )
     return target - start_step
-
-
-def _median(xs: list[float]) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[len(s) // 2]

@@ -4,6 +4,7 @@ belong together, the data layout is the same), and loaded back."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import yaml
 from torch import nn
 
 from persia_planner.errors import PlannerError, first_line
+from persia_planner.kinds import Mode
 from persia_planner.model.specs import ModelSpec
 from persia_planner.modules.atomic import atomic_json, atomic_torch_save, atomic_write
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
@@ -168,7 +170,9 @@ def check_resume(
             f"--resume: {path} is not a trainer checkpoint of persia train (it lacks step/dense/local)",
             fixes=("resume from another checkpoint directory", "train from scratch without --resume"),
         )
-    if with_ps:
+    saved_ps = state.get("ps_version") is not None
+    # A run whose plan has PS tables resuming a checkpoint whose plan had none (a migration) has no PS files to load.
+    if saved_ps or (with_ps and _plan_had_ps(ckpt.path)):
         latest = verify_ps(ckpt.path / PS_DIR)  # every shard there and whole, before any server starts
         have = latest["version"] if latest else None
         if have is None or have != state.get("ps_version"):
@@ -178,6 +182,17 @@ def check_resume(
                 fixes=("resume with the plan the checkpoint was trained with", "train from scratch without --resume"),
             )
     return ckpt, state
+
+
+def _plan_had_ps(checkpoint: Path) -> bool:
+    """Whether the checkpoint's ``plan.json`` put a table on the servers (True where it cannot tell)."""
+    try:
+        plan = json.loads((checkpoint / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return True
+    if not isinstance(plan, dict) or not plan:
+        return True
+    return any(isinstance(p, dict) and p.get("mode") == Mode.ASYNC.value for p in plan.values())
 
 
 def data_layout(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
@@ -251,7 +266,9 @@ def load_trainer_state(
     opt.init_state()  # a zero-gradient step: every state exists (Adam creates its own at the first step) to load into
     opt.load_state_dict(state["dense_optimizer"])
     hybrid.load_local_weights(state["local"])
-    if hybrid.local is not None:
+    if hybrid.local is not None and "local_optimizer_tables" in state:  # resumed under another plan (.migration)
+        hybrid.local.load_optimizer_tables(state["local_optimizer_tables"])
+    elif hybrid.local is not None:
         hybrid.local.load_optimizer_pieces(state["local_optimizer"])
     rng = state.get("rng")
     if isinstance(rng, list) and len(rng) == dist.get_world_size():  # the layout check makes the counts equal
@@ -298,6 +315,7 @@ class Saver:
         self.spec = replace(job.spec, data=data_schema(job.spec, job.cfg))
         self.last: Checkpoint | None = None
         self.last_step: int | None = None
+        self.last_save_s = 0.0  # what the last checkpoint took: --adapt prices a migration with it
 
     def save(self, step: int) -> float:
         """Checkpoint global step ``step`` (every trainer calls it); returns the seconds it took."""
@@ -326,4 +344,5 @@ class Saver:
             or self.last
         )
         self.last_step = step
-        return time.perf_counter() - started
+        self.last_save_s = time.perf_counter() - started
+        return self.last_save_s

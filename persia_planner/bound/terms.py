@@ -113,7 +113,9 @@ class _Tables:
         ranged = min(float(scale.min()) for s, scale in cost.sharding_scale.items() if s not in _NOT_RANGED)
         exchange = (out_bytes + ids_bytes / 2) * float(cost.a2a_gpu_sum.min()) * ranged
         rows = np.array([t.rows for t in tables], dtype=float)
-        out = exchange + cost.constants.shard_overhead_ms + codec
+        # The exchange is priced at the all-to-all's factor (through the pattern), the owner's fixed work at the
+        # embedding's (CostModel.range_shard_terms).
+        out = exchange + (cost.constants.shard_overhead_ms + codec) * cost.scales["embedding"]
         return cls(tables, dtypes, rows, dims, moved, out_bytes, ids_bytes, ranged, exchange, out)
 
 
@@ -182,14 +184,16 @@ def _local_column(cost: CostModel, tabs: _Tables, terms: _Terms, column: int, ti
         hbm_ms = np.array([float(cost.hbm_emb_ms(t, 1.0, t.dim, all_gpus).min()) for t in tabs.tables])
         terms.sync[:, column] = hbm_ms / spec.bandwidth_share + tabs.out
     else:
-        terms.sync[:, column] = tabs.moved / (float(cost.uvm_bw.max()) * spec.bandwidth_share) + tabs.out
+        uvm_ms = tabs.moved / (float(cost.uvm_bw.max()) * spec.bandwidth_share) * cost.scales["embedding"]
+        terms.sync[:, column] = uvm_ms + tabs.out
         terms.sync_ddr[:, column] += tabs.moved * _host_ddr(cost)
     _charge(tabs, terms.mem, column, tier)
 
 
 def _host_ddr(cost: CostModel) -> float:
-    """GPU-ms (summed over GPUs) per byte of a host's DDR traffic: every GPU of the host waits on it."""
-    return float(np.min(cost.gpus_per_host / cost.host_ddr_bw))
+    """GPU-ms (summed over GPUs) per byte of a host's DDR traffic: every GPU of the host waits on it (an embedding
+    resource: at the embedding's factor)."""
+    return float(np.min(cost.gpus_per_host / cost.host_ddr_bw)) * cost.scales["embedding"]
 
 
 def _cache_columns_terms(cost: CostModel, tabs: _Tables, terms: _Terms, cache: slice, tier: Tier) -> None:
@@ -201,7 +205,8 @@ def _cache_columns_terms(cost: CostModel, tabs: _Tables, terms: _Terms, cache: s
     terms.fractions[:, cache] = np.array([f for f, _ in points])
     hit = np.array([h for _, h in points])
     moved, mem, fractions = tabs.moved, terms.mem, terms.fractions
-    terms.sync[:, cache] = hit * (moved / hbm_bw)[:, None] + (1 - hit) * (moved / uvm_bw)[:, None] + tabs.out[:, None]
+    kernels = hit * (moved / hbm_bw)[:, None] + (1 - hit) * (moved / uvm_bw)[:, None]
+    terms.sync[:, cache] = kernels * cost.scales["embedding"] + tabs.out[:, None]
     terms.sync_ddr[:, cache] += (1 - hit) * (moved * _host_ddr(cost))[:, None]
     # fbgemm rounds each shard's cache up to whole sets of slots; any cut into at most G row pieces holds at least
     # rows * f - G slots (each piece's floor loses less than one), and every row keeps its index entry.
@@ -228,6 +233,7 @@ def _replica_column(cost: CostModel, tabs: _Tables, terms: _Terms, dp: int) -> N
     dense_bw = cost.hbm_bw * c.dense_kernel_efficiency
     replica = np.array([cost.replica_moved_bytes(t) for t in tabs.tables]) * float((1 / dense_bw).sum())
     replica += G * c.shard_overhead_ms
+    replica *= cost.scales["embedding"]  # the all-reduce's factor is in its rate already
     allreduce = 4.0 * tabs.rows * tabs.dims * float(cost.allreduce_ms_per_byte.sum())
     # A replica's work and its all-reduce, both scaled by data-parallel's factor.
     replicated = float(cost.sharding_scale[Sharding.DATA_PARALLEL].min())
@@ -246,7 +252,8 @@ def _ps_column(cost: CostModel, tabs: _Tables, terms: _Terms, ps: int) -> np.nda
     # A server's store holds a bounded number of rows of a table: beyond that the ps tier is no option.
     # Every GPU sends at least one server a lookup and a push per step: their fixed cost on the trainer
     # (CostModel.ps_table_loads), summed over GPUs.
-    terms.sync[:, ps] = np.where(ps_holds(tabs.rows, lay.n_servers), 2 * G * c.ps_client_ms, np.inf)
+    client_ms = 2 * G * c.ps_client_ms * cost.scales["embedding"]  # the trainer's work: its embedding part
+    terms.sync[:, ps] = np.where(ps_holds(tabs.rows, lay.n_servers), client_ms, np.inf)
     request_ms = 2 * G * c.ps_request_ms
     asyn[0, :, ps] = np.array([cost.ps_moved_bytes(t) for t in tabs.tables]) / float(cost.ps_ddr_bw.sum())
     # The servers' NICs: the bytes, and the requests' fixed cost on the servers that hold a share (at least one).
@@ -261,6 +268,7 @@ def _ps_column(cost: CostModel, tabs: _Tables, terms: _Terms, ps: int) -> np.nda
     reduce = np.mean if cost.model.staleness == 0 else np.max
     asyn[3, :, ps] = traffic / G * float(reduce(nic_ms))
     asyn[4, :, ps] = traffic / G * float(reduce(pcie_ms))
+    asyn[:, :, ps] *= cost.scales["ps"]
     # The store's bytes are linear in the rows plus a fixed slack per server that holds a share, and a plan may
     # hash a table over fewer servers than there are: the least any plan can hold is all rows on one server.
     # A table on the ssd tier keeps less in DDR (its cache, here none, and its disk index): the least of the tiers.
@@ -307,7 +315,7 @@ def _host_terms(
     for i, w in enumerate(weights):
         nic[i, :, :dp] = (a2a_bytes * float(cost.a2a.nic_dot(w).min()))[:, None]
         if traffic is not None:
-            nic[i, :, ps] = traffic / G * float(w @ per_gpu_nic)
+            nic[i, :, ps] = traffic / G * float(w @ per_gpu_nic) * cost.scales["ps"]
     return nic, (host, host_fixed)
 
 

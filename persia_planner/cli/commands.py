@@ -338,6 +338,9 @@ app.command("predict")(predict_command)
 app.add_typer(data_app, name="data")
 
 
+QUIET_FACTOR = 5  # --repeat-until-quiet: how much longer a measurement may repeat
+
+
 @app.command("calibrate")
 def calibrate_command(
     quick: Annotated[bool, typer.Option("--quick", help="fewer, smaller measurements (about a minute)")] = False,
@@ -345,14 +348,69 @@ def calibrate_command(
         Path("profile.yaml")
     ),
     overwrite: OverwriteOption = False,
+    host: Annotated[
+        str | None,
+        typer.Option("--host", metavar="NAME", help="the topology host (class) this profile is for: recorded in it"),
+    ] = None,
+    repeat_until_quiet: Annotated[
+        bool,
+        typer.Option(
+            "--repeat-until-quiet",
+            help=f"repeat a disturbed measurement up to {QUIET_FACTOR}x longer (calls, seconds, step job runs) "
+            "before keeping it as noisy",
+        ),
+    ] = False,
+    from_runs: Annotated[
+        bool,
+        typer.Option(
+            "--from-runs",
+            help="measure nothing: refit the profile from the persia train runs whose --log-dir folders follow "
+            "(DIR...)",
+        ),
+    ] = False,
+    runs: Annotated[list[Path] | None, typer.Argument(metavar="[DIR]...", help="with --from-runs: run folders")] = None,
+    base_profile: Annotated[
+        Path | None,
+        typer.Option("--profile", help="with --from-runs: the profile to refit (default: the runs' profile_source)"),
+    ] = None,
+    topology: Annotated[
+        Path | None,
+        typer.Option("--topology", help="under torchrun, a process per host: measure the cluster (docs/multinode.md)"),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", help="with --topology: the folder of the profiles, one per host class")
+    ] = None,
+    node_host: Annotated[
+        str | None, typer.Option("--node-host", metavar="NAME", help="with --topology: this node's host (PERSIA_HOST)")
+    ] = None,
+    sizes_name: Annotated[
+        str | None,
+        typer.Option("--sizes", help="with --topology: full, quick (--quick), tiny (tests only: too rough to plan)"),
+    ] = None,
 ) -> None:
     """Measure this machine as the runtime uses it (memory, fbgemm TBE, gloo collectives, PS rpc and store, dense
-    MLP) and write a hardware profile; prints the figures fitted from it."""
+    MLP) and write a hardware profile; prints the figures fitted from it. Each measurement repeats until its calls
+    agree; one that stays spread is kept, marked noisy in the profile and warned about. With --topology, under
+    torchrun: every host of the topology measured where it runs, one profile per host class."""
     import yaml
 
     from persia_planner.topology.profile import HardwareProfile
 
     with edge():
+        if from_runs or runs:
+            from persia_planner.cli.from_runs import calibrate_from_runs
+
+            if not from_runs:
+                raise PlannerError("run folders are given only with --from-runs", fixes=("add --from-runs",))
+            return calibrate_from_runs(runs or [], out, base_profile, overwrite=overwrite)
+        if topology is not None or out_dir is not None or sizes_name is not None:
+            from persia_planner.modules.tools.cluster_calibration import cluster_command
+
+            longer, sizes_name = QUIET_FACTOR if repeat_until_quiet else 1, sizes_name or ("quick" if quick else "full")
+            return cluster_command(topology, out_dir, sizes_name=sizes_name, longer=longer, overwrite=overwrite,
+                                   node_host=node_host)  # fmt: skip
+        if host is not None and (not host.strip() or not host.isprintable()):
+            raise PlannerError(f"--host {host!r} is no host name", fixes=("name the topology's host, e.g. trainer",))
         profile_out = Output("--out", out, OutputKind.PROFILE)
         check_outputs([profile_out], {}, overwrite=overwrite)
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -360,7 +418,7 @@ def calibrate_command(
         from persia_planner.modules.train_extra import require_training_stack
 
         require_training_stack("persia calibrate")
-        from persia_planner.modules.tools.calibrate import PHASES, calibrate
+        from persia_planner.modules.tools.calibrate import PHASES, Sizes, calibrate
 
         with Progress(
             TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=make_console(stderr=True)
@@ -370,7 +428,8 @@ def calibrate_command(
             def done(name: str, seconds: float) -> None:
                 progress.update(task, advance=1, description=f"{name} done ({seconds:.1f} s)")
 
-            raw = calibrate(quick=quick, on_done=done)
+            sizes = Sizes.of(quick).longer(QUIET_FACTOR if repeat_until_quiet else 1)
+            raw = calibrate(quick=quick, on_done=done, sizes=sizes, topology_host=host)
         fitted = HardwareProfile.from_dict(raw, str(out))
         text = OutputKind.PROFILE.header(
             "raw measurements; the planner fits its figures from them (persia_planner.cost)"
@@ -386,3 +445,7 @@ def calibrate_command(
             table.add_row(*row)
         make_console().print(table)
         note(f"wrote {out}", to_stderr=False)
+        from persia_planner.topology.provenance import disturbed_warnings
+
+        for line in disturbed_warnings(fitted.noise, repeated_longer=repeat_until_quiet):
+            note(line, to_stderr=True)

@@ -5,14 +5,13 @@ Options, plan and inputs are checked before torch is imported; the engine is :mo
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from persia_planner.cli.app import edge, make_console, note
+from persia_planner.cli.app import edge, note
 from persia_planner.errors import PlannerError
 from persia_planner.limits import MAX_BATCH_SIZE, MAX_STALENESS
 
@@ -249,6 +248,26 @@ LogDirOption = Annotated[
     ),
 ]
 
+AdaptOption = Annotated[
+    bool,
+    typer.Option(
+        "--adapt",
+        help="re-plan while training: after a warm-up window, if the measured step is off the prediction by more "
+        "than --adapt-threshold, refit the cost model, plan again and migrate to a plan predicted faster by more "
+        "than the migration costs (through --checkpoint); a plan that measures slower is rolled back",
+    ),
+]
+
+AdaptThresholdOption = Annotated[
+    float, typer.Option("--adapt-threshold", help="--adapt: re-plan when the step is off by more than this share")
+]
+
+AdaptMaxOption = Annotated[int, typer.Option("--adapt-max", min=1, help="--adapt: at most this many re-plans")]
+
+AdaptWindowOption = Annotated[
+    int, typer.Option("--adapt-window", min=1, help="--adapt: steps of the warm-up and of each measurement window")
+]
+
 AsJsonOption = Annotated[bool, typer.Option("--json", help="print only one JSON object with the results")]
 
 
@@ -289,6 +308,10 @@ def train_command(
     node_host: NodeHostOption = None,
     log_dir: LogDirOption = None,
     ssd_dir: SsdDirOption = None,
+    adapt: AdaptOption = False,
+    adapt_threshold: AdaptThresholdOption = 0.10,
+    adapt_max: AdaptMaxOption = 2,
+    adapt_window: AdaptWindowOption = 20,
     as_json: AsJsonOption = False,
 ) -> None:
     """Train the model's DLRM or DCN-v2 with the plan: local tables sync (fbgemm), PS tables async (bounded
@@ -362,6 +385,10 @@ def train_command(
             ps_capacity=ps_capacity,
             log_dir=str(log_dir) if log_dir is not None else None,
             ssd_dir=str(ssd_dir.absolute()) if ssd_dir is not None else None,  # resolve() raises on a loop
+            adapt=adapt,
+            adapt_threshold=adapt_threshold,
+            adapt_max=adapt_max,
+            adapt_window=adapt_window,
         )
         # The run's model: priced and planned (below, without --plan) for the K and wire it trains with.
         model_spec = with_run_options(model_spec, staleness=cfg.effective_staleness, ps_wire=wire.value)
@@ -374,40 +401,15 @@ def train_command(
         cfg = _checked_start(cfg, model_spec, the_plan, topo, node_host)
         result = _run(cfg, model_spec, the_plan, topo, node_host)
         if result is not None:  # None: a torchrun process other than the first trainer
-            _report(result, the_plan, _predicted_terms(model_spec, topo, the_plan), cfg, as_json=as_json)
+            from persia_planner.cli.run_summary import report_run
+
+            report_run(result, model_spec, topo, the_plan, cfg, as_json=as_json)
     if "TORCHELASTIC_RUN_ID" in os.environ:
         # A torchrun worker ends right after the trainers' last gloo collective: finalizing the interpreter then can
         # abort it (SIGABRT, see exit_now), which torchrun reports as a failed job.
         from persia_planner.modules.ps.lifecycle import exit_now
 
         exit_now(0)
-
-
-def _predicted_terms(model: ModelSpec, topology: Topology, the_plan: Plan) -> dict[str, float]:
-    """The cost model's parts of the plan's step on its slowest GPU (ms), beside which a run shows its measured ones."""
-    from persia_planner.cost.analytic import CostModel
-
-    return CostModel(the_plan.priced_model(model), topology).evaluate(the_plan.tables)[0].slowest_gpu_terms()
-
-
-def _report(
-    result: dict[str, Any], the_plan: Plan, predicted: dict[str, float], cfg: TrainConfig, *, as_json: bool
-) -> None:
-    """Print the run's summary (and write it to ``--log-dir``) with what the plan was priced for and predicted."""
-    result.pop("history", None)
-    result["plan_staleness"] = the_plan.staleness
-    result["plan_ps_wire_dtype"] = None if the_plan.ps_wire_dtype is None else the_plan.ps_wire_dtype.value
-    result["plan_qcomms"] = None if the_plan.qcomms is None else the_plan.qcomms.to_dict()
-    result["plan_step_ms"] = the_plan.step_ms
-    result["plan_step_terms_ms"] = predicted
-    if cfg.log_dir:  # summary.json is what --json prints, what the plan was priced for included
-        from persia_planner.modules.train.metrics_log import write_summary
-
-        write_summary(cfg.log_dir, result)
-    if as_json:
-        typer.echo(json.dumps(result))
-    else:
-        _print_result(result)
 
 
 def _checked_start(
@@ -455,28 +457,3 @@ def _run(
             to_stderr=False,
         )
     return train_local(cfg, model, dict(plan.tables), servers=servers, topology=topology)
-
-
-def _print_result(result: dict[str, Any]) -> None:
-    """The run's summary table, the parameter servers' table and where the checkpoint went."""
-    from rich.table import Table
-
-    from persia_planner.modules.train.ps_usage import usage_table
-    from persia_planner.modules.train.terminal import summary_rows
-
-    table = Table(title="persia train")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in summary_rows(result):
-        table.add_row(name, value)
-    make_console().print(table)
-    if result.get("ps_servers"):
-        header, server_rows = usage_table(result["ps_servers"])
-        servers_table = Table(title="parameter servers")
-        for i, column in enumerate(header):
-            servers_table.add_column(column, justify="left" if i == 0 else "right")
-        for row in server_rows:
-            servers_table.add_row(*row)
-        make_console().print(servers_table)
-    if result.get("checkpoint"):
-        note(f"checkpoint of step {result['last_step']} in {result['checkpoint']}", to_stderr=False)

@@ -45,6 +45,9 @@ class CostModel:
         self.model = model
         self.topology = topology
         self.constants = topology.constants
+        # The refitted factors on the step's parts (CostConstants.term_scales): each multiplies its part's loads and
+        # fixed times where they are built, so the search, the bound and an Estimate all read scaled figures.
+        self.scales = topology.constants.term_scales()
         self.dtype_of = model.dtype_of
         # PS rows and gradients travel in the wire dtype, whatever the table's (the client converts both ways).
         self.wire_dtype: DType = model.ps_wire_dtype
@@ -73,9 +76,12 @@ class CostModel:
         self.profiles = [hosts[host_index[g.host]].profile if g.kind is DeviceKind.CPU else None for g in gpus]
         self.profiled = np.array([p is not None for p in self.profiles], dtype=bool)
         # What TorchRec's DMP adds to a placement's exchange (a replica's work) by its sharding type, per device:
-        # each profiled CPU trainer's measured factor (its profile's DMP jobs, against table-wise), 1 elsewhere.
+        # each profiled CPU trainer's measured factor (its profile's DMP jobs, against table-wise), 1 elsewhere;
+        # times the type's factor refitted from runs (CostConstants.sharding_scales, 1 unless refitted).
+        refitted = topology.constants.sharding_scales()
         self.sharding_scale = {
             s: np.array([1.0 if p is None else p.sharding_scale.get(s.value, 1.0) for p in self.profiles])
+            * refitted.get(s.value, 1.0)
             for s in Sharding
         }
         self.sharding_scaled = {s: bool((scale != 1.0).any()) for s, scale in self.sharding_scale.items()}
@@ -84,7 +90,8 @@ class CostModel:
 
         # All-to-all pattern per owner GPU: ms on every resource per byte of pooled output (forward + backward),
         # built per row asked for (a dense GPUs x resources matrix is quadratic in the cluster).
-        self.a2a = A2APattern(lay, self.gpu_host, self.gpus_per_host, self.nvlink_bw, self.nic_bw)
+        a2a = self.scales["all_to_all"]  # on the exchange's links only: the same links carry the all-reduce
+        self.a2a = A2APattern(lay, self.gpu_host, self.gpus_per_host, self.nvlink_bw / a2a, self.nic_bw / a2a)
         # Sum over GPUs of the sync time a byte of output adds (each GPU's a2a includes its host's NIC time).
         self.a2a_gpu_sum = self.a2a.gpu_sum()
 
@@ -139,6 +146,12 @@ class CostModel:
         self.allreduce_latency_ms += collective
         self.dense_ms = self.dense_ms + c.step_overhead_ms
         self.rtt_ms = 2 * max(topology.path_latencies(gpus[0].name, [s.name for s in servers]), default=0.0) * MS
+        scales = self.scales
+        self.dense_ms = self.dense_ms * scales["dense"]
+        self.allreduce_ms_per_byte = self.allreduce_ms_per_byte * scales["all_reduce"]
+        self.allreduce_latency_ms *= scales["all_reduce"]
+        self.a2a_fixed_ms *= scales["all_to_all"]
+        self.rtt_ms *= scales["ps"]
         self.step_model = StepModel(
             layout=lay,
             gpu_host=self.gpu_host,
@@ -217,8 +230,20 @@ class CostModel:
         ``gpus``, holding ``rows_fraction`` of the table's rows (and so of its lookups) and ``cols`` columns.
 
         A GPU: the bytes moved over its HBM bandwidth. A profiled CPU trainer: the profile's TBE fit, with the
-        whole batch's bags (every range shard receives every bag), its share of the ids and distinct rows.
+        whole batch's bags (every range shard receives every bag), its share of the ids and distinct rows. Times the
+        embedding factor (``embedding_scale``).
         """
+        return self._embedding_scaled(self._hbm_emb_ms(table, rows_fraction, cols, gpus))
+
+    def _embedding_scaled(self, ms: Any) -> Any:
+        """``ms`` of the step's embedding part times its refitted factor (the same object where it is 1)."""
+        scale = self.scales["embedding"]
+        return ms if scale == 1.0 else ms * scale
+
+    def _hbm_emb_ms(
+        self, table: TableSpec, rows_fraction: float | np.ndarray, cols: int, gpus: np.ndarray
+    ) -> np.ndarray:
+        """:meth:`hbm_emb_ms` before the embedding factor."""
         lookups = self.batch * table.pooling_factor * rows_fraction
         unique = self.unique_rows(table, self.batch) * rows_fraction
         out = self.moved_bytes(table, lookups, cols, unique) / self.hbm_bw[gpus]
@@ -257,14 +282,15 @@ class CostModel:
             overhead = overhead + conversions * self.codec_ms_per_value[gpus]
         spec = tier.spec  # its lookups' path, the share of that path's bandwidth it reaches, an HBM cache
         if spec.lookups is Lookups.HBM:
-            hbm_ms = self.hbm_emb_ms(table, rows_fraction, cols, gpus) / spec.bandwidth_share
-            return out_bytes, ids_half, overhead + hbm_ms, None
+            hbm_ms = self._hbm_emb_ms(table, rows_fraction, cols, gpus) / spec.bandwidth_share
+            return out_bytes, ids_half, self._embedding_scaled(overhead + hbm_ms), None
         moved = self.moved_bytes(table, lookups, cols, self.unique_rows(table, self.batch) * rows_fraction)
         hit = zipf_hit_rate(table.zipf_alpha, table.rows, cache_fraction) if spec.cached else 0.0
         uvm_bw = self.uvm_bw[gpus] * spec.bandwidth_share
         emb = overhead + (hit * moved / self.hbm_bw[gpus] + (1 - hit) * moved / uvm_bw)
         hosts = self.gpu_host[gpus]
-        return out_bytes, ids_half, emb, (1 - hit) * moved / self.host_ddr_bw[hosts]
+        ddr = (1 - hit) * moved / self.host_ddr_bw[hosts]
+        return out_bytes, ids_half, self._embedding_scaled(emb), self._embedding_scaled(ddr)
 
     def output_exchange(self, table: TableSpec, cols: int) -> tuple[float, float]:
         """The bytes of a shard's pooled output that the all-to-all pattern carries (forward and backward averaged,
@@ -370,6 +396,7 @@ class CostModel:
         g = np.arange(lay.n_gpus) if gpus is None else np.asarray(gpus, dtype=np.intp)
         moved = self.replica_moved_bytes(table)
         emb = moved / (self.hbm_bw[g] * self.constants.dense_kernel_efficiency) + self.constants.shard_overhead_ms
+        emb = self._embedding_scaled(emb)
         per_replica = 4.0 * table.rows * table.dim / lay.n_gpus
         if self.sharding_scaled[Sharding.DATA_PARALLEL]:
             # Each replica's work times its device's measured factor (its gradient's share of the all-reduce too).
@@ -386,12 +413,16 @@ class CostModel:
         return loads
 
     def ps_bytes_per_gpu(self, table: TableSpec) -> float:
-        """Bytes per step for ``table`` on the busier direction of a link between a trainer and the parameter
-        servers: the client de-duplicates its batch's ids, then looks up and pushes each distinct row once, rows and
-        gradients in the wire dtype (``persia train --ps-wire``). Links are full duplex: the ids go one way twice
-        (lookup and push) with the gradients, the rows come back the other way."""
+        """Bytes per step for ``table`` that a link between a trainer and the parameter servers is charged: the
+        client de-duplicates its batch's ids, then looks up and pushes each distinct row once, rows and gradients in
+        the wire dtype (``persia train --ps-wire``). The ids go one way twice (lookup and push) with the gradients,
+        the rows come back the other way. Links are full duplex: at K >= 1 lookups and pushes of different steps
+        overlap, and a link's time is its busier direction's; at K = 0 a step's push and then the next lookup are
+        serial, and its time is both directions'."""
         rows = self.unique_rows(table, self.local_batch)
-        return rows * (table.dim * self.wire_dtype.n_bytes + 2 * self.constants.id_bytes)
+        wire = table.dim * self.wire_dtype.n_bytes
+        both = 2 if self.model.staleness == 0 else 1
+        return rows * (both * wire + 2 * self.constants.id_bytes)
 
     def ps_moved_bytes(self, table: TableSpec) -> float:
         """Bytes the servers' stores move per step for ``table``: every trainer's distinct rows read, then updated."""
@@ -428,6 +459,13 @@ class CostModel:
             per_block = ssd_rows_per_block(table.dim, table.optimizer, self.dtype_of(table))
             ms = [d.ms_per_miss(per_block, SSD_LOG_SLACK) if d is not None else 0.0 for d in self.disks]
             loads[lay.ps_ddr] += misses * shares * np.array(ms)
+        ps, client = self.scales["ps"], self.scales["embedding"]
+        if ps != 1.0:
+            for part in (lay.pcie, lay.nic_async, lay.ps_nic, lay.ps_ddr):
+                loads[part] *= ps
+            loads[lay.switch] *= ps
+        if client != 1.0:  # the requests' client work is the trainer's, in its embedding part
+            loads[lay.emb] *= client
         return loads
 
     def placement_loads(self, table: TableSpec, placement: TablePlacement) -> tuple[np.ndarray, np.ndarray]:

@@ -212,4 +212,5 @@ class TieredOptions:
         cost = state.cost
         work = cost.moved_bytes(table, cost.batch * table.pooling_factor, table.dim)
         bw = cost.hbm_bw.min() if tier.spec.lookups is Lookups.HBM else cost.uvm_bw.min()
-        return work / (bw * tier.spec.bandwidth_share)
+        # As the cost model prices the lookups: times the refitted embedding factor (exact where it is 1).
+        return work / (bw * tier.spec.bandwidth_share) * cost.scales["embedding"]

@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LIST_CONSTANTS", "CostConstants"]
+__all__ = ["LIST_CONSTANTS", "REFIT_SHARDINGS", "SCALED_TERMS", "SCALE_RANGE", "CostConstants", "scale_name"]
 
 
 # Relative to fbgemm's fused kernel, not to a peak: the one efficiency that may exceed 1.
@@ -19,6 +19,20 @@ _RELATIVE_EFFICIENCY = "dense_kernel_efficiency"
 LIST_CONSTANTS = frozenset({"cache_hit_targets", "cache_fractions"})
 # Fixed costs that a GPU cluster may not have at all.
 _MAY_BE_ZERO = frozenset({"collective_latency_ms", "ps_request_ms", "ps_client_ms", "step_overhead_ms"})
+# The step's parts a run measures (Estimate.slowest_gpu_terms names them), each with a factor refitted from runs.
+SCALED_TERMS = ("embedding", "all_to_all", "dense", "all_reduce", "ps")
+# The sharding types whose exchange (their share of the all-to-all part) has a factor of its own, refitted from runs:
+# TorchRec's range shardings (a data-parallel table has no exchange; a PS table's requests are the ps part).
+REFIT_SHARDINGS = ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
+# The range a refitted factor is kept in: beyond it a run measured something else than the model prices (a stall, a
+# term the model lacks), not a rate to correct.
+SCALE_RANGE = (0.05, 20.0)
+
+
+def scale_name(term: str) -> str:
+    """The constant that multiplies ``term`` (one of :data:`SCALED_TERMS`), or a sharding type's exchange (one of
+    :data:`REFIT_SHARDINGS`): ``<term>_scale``."""
+    return f"{term}_scale"
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,18 @@ class CostConstants:
             the free HBM holds.
         cache_fractions: HBM cache sizes (shares of a table's rows) the search tries for every table besides those
             (between the targets' sizes and the free room's: what weakly skewed tables need).
+        embedding_scale: Factor on the step's embedding part (each device's lookup path and its host's DDR: every
+            shard's kernels, fixed costs and PS requests' client work), refitted from runs (``refit:`` in a profile,
+            :mod:`persia_planner.cost.refit`); 1 by default, as each scale.
+        all_to_all_scale: Factor on the all-to-all part (NVLink and the hosts' NICs of the exchange, its fixed cost).
+        dense_scale: Factor on the dense part (the dense network and the framework's fixed time per step).
+        all_reduce_scale: Factor on the all-reduce (its time per gradient byte and its latency).
+        ps_scale: Factor on the parameter servers' part (PCIe, the hosts' NICs for PS traffic, the servers' NICs,
+            DDR and disks, the switch and the round trip).
+        table_wise_scale: Factor on the exchange of a sharding type's tables (its ids and pooled output in the
+            all-to-all part), on top of ``all_to_all_scale`` and of the profile's measured ``sharding_scale`` of the
+            type, refitted from runs whose plans use the type; 1 by default, as for ``row_wise_scale``,
+            ``column_wise_scale``, ``table_row_wise_scale`` and ``table_column_wise_scale``.
     """
 
     hbm_efficiency: float = 0.6
@@ -87,6 +113,16 @@ class CostConstants:
     ps_reserve_fraction: float = 0.2
     cache_hit_targets: tuple[float, ...] = (0.8, 0.9, 0.95, 0.99)
     cache_fractions: tuple[float, ...] = (0.05, 0.2)
+    embedding_scale: float = 1.0
+    all_to_all_scale: float = 1.0
+    dense_scale: float = 1.0
+    all_reduce_scale: float = 1.0
+    ps_scale: float = 1.0
+    table_wise_scale: float = 1.0
+    row_wise_scale: float = 1.0
+    column_wise_scale: float = 1.0
+    table_row_wise_scale: float = 1.0
+    table_column_wise_scale: float = 1.0
 
     @classmethod
     def names(cls) -> list[str]:
@@ -104,6 +140,14 @@ class CostConstants:
         for name in LIST_CONSTANTS & set(values):
             values[name] = tuple(float(x) for x in values[name])
         return dataclasses.replace(self, **values)
+
+    def term_scales(self) -> dict[str, float]:
+        """The refitted factor of each of :data:`SCALED_TERMS`, by term name."""
+        return {term: float(getattr(self, scale_name(term))) for term in SCALED_TERMS}
+
+    def sharding_scales(self) -> dict[str, float]:
+        """The refitted factor on the exchange of each of :data:`REFIT_SHARDINGS`, by sharding type."""
+        return {sharding: float(getattr(self, scale_name(sharding))) for sharding in REFIT_SHARDINGS}
 
     def validate(self) -> str | None:
         """Return a problem description, or None when every constant is in range."""
@@ -126,6 +170,8 @@ class CostConstants:
                     return f"{name} must be a finite number >= 0, got {value}"
             elif value <= 0:
                 return f"{name} must be > 0, got {value}"
+            elif not value < float("inf"):  # inf, nan
+                return f"{name} must be a finite number, got {value}"
         return None
 
 

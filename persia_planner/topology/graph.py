@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-from persia_planner.errors import SpecError
+from persia_planner.errors import PlannerError, SpecError
 from persia_planner.fields import Fields, load_document
 from persia_planner.limits import MAX_BANDWIDTH, MAX_LATENCY_S
 from persia_planner.topology.cost_constants import CostConstants
@@ -111,6 +111,31 @@ class Topology:
     @functools.cache  # noqa: B019 - as _path: few sources, asked for every target.
     def _paths_from(self, a: str) -> dict[str, list[str]]:
         return nx.single_source_dijkstra_path(self.graph, a, weight=_path_weight)
+
+    def with_constants(self, overrides: Mapping[str, float]) -> Topology:
+        """The same cluster with ``overrides`` applied to its cost-model constants (e.g. the ``<term>_scale``
+        factors a run refitted: :meth:`persia_planner.cost.refit.Refit.constants`); a new object, so that no cost
+        model's kept placement vectors of this one are read under other constants.
+
+        Raises:
+            PlannerError: An unknown constant or a value out of its range.
+        """
+        try:
+            constants = self.constants.replace(dict(overrides))
+        except KeyError as err:
+            raise PlannerError(
+                f"{err.args[0]!r} is no cost-model constant", fixes=(f"use one of {', '.join(CostConstants.names())}",)
+            ) from None
+        problem = constants.validate()
+        if problem:
+            raise PlannerError(f"constants: {problem}")
+        return Topology(self.graph, self.name, constants)
+
+    def measured_profile(self) -> HardwareProfile | None:
+        """The profile whose fitted constants (its refitted factors among them) this topology plans with: the
+        trainers' (else any host's), or None."""
+        hosts = [h for h in (*self.trainers, *self.servers) if h.profile is not None]
+        return hosts[0].profile if hosts else None
 
     # ---- capacities -----------------------------------------------------------------------------------------
     def hbm_capacity(self, gpu: Gpu) -> int:

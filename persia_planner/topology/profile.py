@@ -8,6 +8,7 @@ keeps the planner torch-free and lets a profile be re-fitted without measuring a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import numpy as np
 from persia_planner.fields import Fields, load_document
 from persia_planner.kinds import Sharding
 from persia_planner.limits import MAX_BANDWIDTH, MAX_DISK_IOPS, MIN_DISK_BYTES_PER_S, MIN_DISK_IOPS
-from persia_planner.topology.cost_constants import CostConstants
+from persia_planner.topology.cost_constants import CostConstants, scale_name
 from persia_planner.topology.fits import (
     BYTES_PER_FLOAT,
     DenseFit,
@@ -29,6 +30,8 @@ from persia_planner.topology.fits import (
     fit_embedding,
     fit_linear,
 )
+from persia_planner.topology.provenance import Provenance, noisy_points, provenance_rows, read_machine, read_noise
+from persia_planner.topology.refit_section import read_refit
 from persia_planner.units import Quantity
 
 __all__ = [
@@ -47,7 +50,8 @@ class HardwareProfile:
 
     Attributes:
         source: The profile file.
-        machine: What was measured (platform, CPUs, library versions, date).
+        machine: What was measured (platform, CPUs, library versions, date) and where (``hostname``, ``device``,
+            ``topology_host``: :mod:`.provenance`).
         stream_bytes_per_s: Streaming copy bandwidth (read + write).
         gather: Random row gathers: seconds per row vs row bytes.
         embedding_forward: Per optimizer, fbgemm TBE forward (:class:`EmbeddingFit`).
@@ -79,6 +83,13 @@ class HardwareProfile:
         disk: The local disk the ``ssd`` tier writes to, as the store reads and writes it (``O_DIRECT``, 4 KiB
             blocks at random): ``read_iops``, ``write_iops``, and the sequential ``read_bytes_per_s`` and
             ``write_bytes_per_s`` a checkpoint streams at; empty in a profile that did not measure it.
+        refit_factors: Per step term (``embedding``, ``all_to_all``, ``dense``, ``all_reduce``, ``ps``), the factor
+            refitted from training runs (the ``refit:`` section, :mod:`persia_planner.cost.refit`); empty without it.
+        refit_sharding_factors: Per sharding type, the factor refitted on its exchange (``refit.sharding_factors``,
+            on top of ``sharding_scale``); empty without it.
+        path: The file it was loaded from (None: built from data).
+        noise: How quietly it was measured (the ``noise:`` section, :mod:`.provenance`): the target spread and per
+            benchmark its worst spread and its noisy measurements; empty in a profile without it.
     """
 
     source: str
@@ -102,6 +113,20 @@ class HardwareProfile:
     sharding_scale: Mapping[str, float] = field(default_factory=dict)
     measured_codec_values_per_s: float | None = None
     disk: Mapping[str, float] = field(default_factory=dict)
+    refit_factors: Mapping[str, float] = field(default_factory=dict)
+    refit_sharding_factors: Mapping[str, float] = field(default_factory=dict)
+    path: str | None = None
+    noise: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def noisy(self) -> bool:
+        """Whether a measurement stayed spread after its repeats (the ``noise:`` section names it): disturbed."""
+        return bool(noisy_points(self.noise))
+
+    @property
+    def provenance(self) -> Provenance:
+        """Where and when it was measured, and the topology host it is for (from ``machine:``)."""
+        return Provenance.of(self.machine)
 
     @property
     def codec_values_per_s(self) -> float:
@@ -159,6 +184,10 @@ class HardwareProfile:
         fitted["ps_client_ms"] = rpc_ms if self.step_ps_client_ms is None else self.step_ps_client_ms
         if self.step_overhead_ms is not None:
             fitted["step_overhead_ms"] = self.step_overhead_ms
+        # Refitted from runs: the factor on each step term and each sharding type's exchange (CostConstants'
+        # <term>_scale, <type>_scale).
+        fitted |= {scale_name(term): factor for term, factor in self.refit_factors.items()}
+        fitted |= {scale_name(sharding): factor for sharding, factor in self.refit_sharding_factors.items()}
         return fitted
 
     @property
@@ -239,7 +268,7 @@ class HardwareProfile:
         if d := self.disk:  # the ssd tier's: 4 KiB blocks read / written at random, then sequential
             mb = f"{d['read_bytes_per_s'] / 1e6:,.0f} / {d['write_bytes_per_s'] / 1e6:,.0f} MB/s"
             rows.append(("disk (O_DIRECT)", f"{d['read_iops']:,.0f} / {d['write_iops']:,.0f} IOPS; {mb}", ""))
-        return rows
+        return rows + provenance_rows(self.machine, self.noise)
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "profile.yaml") -> HardwareProfile:
@@ -254,7 +283,7 @@ class HardwareProfile:
             raise top.error(
                 "format", f"profile format {version} is not {PROFILE_FORMAT}", fixes=("run persia calibrate again",)
             )
-        machine = top.take("machine", default={})
+        machine = read_machine(top)
         mem = top.sub("memory")
         stream = mem.take_positive("stream_bytes_per_s", Quantity.NUMBER)
         codec = mem.take_positive("codec_values_per_s", Quantity.NUMBER) if mem.has("codec_values_per_s") else None
@@ -289,10 +318,13 @@ class HardwareProfile:
             disk = {k: section.take_in_range(k, Quantity.NUMBER, *in_range, fixes=again) for k, in_range in DISKS}
             section.take("path", default=None)
             section.finish()
+        refit, refit_shardings = read_refit(top) if top.has("refit") else ({}, {})
+        noise = read_noise(top)
+        top.take("where", default=None)  # the cluster and links a cluster calibration measured: kept in the file
         top.finish()
         return cls(
             source=source,
-            machine=dict(machine) if isinstance(machine, Mapping) else {},
+            machine=machine,
             stream_bytes_per_s=stream,
             gather=gather,
             embedding_forward=forward,
@@ -312,6 +344,9 @@ class HardwareProfile:
             sharding_scale=scales,
             measured_codec_values_per_s=codec,
             disk=disk,
+            refit_factors=refit,
+            refit_sharding_factors=refit_shardings,
+            noise=noise,
         )
 
 
@@ -357,16 +392,21 @@ def _dense_fits(top: Fields) -> tuple[float, DenseFit]:
     return flops, dense_step
 
 
-def _step_figures(top: Fields) -> tuple[float, float | None, dict[str, float]]:
-    """The ``step`` section: the step overhead, a PS request's cost to the trainer and the sharding scales."""
+def _step_figures(top: Fields) -> tuple[float | None, float | None, dict[str, float]]:
+    """The ``step`` section: the step overhead, a PS request's cost to the trainer and the sharding scales (none
+    where the phase was not run: ``skipped:`` says why)."""
     step = top.sub("step")
+    if step.has("skipped"):
+        step.take_str("skipped")
+        step.finish()
+        return None, None, {}
     overhead = step.take("overhead_ms", Quantity.NUMBER)
     request = step.take("ps_client_ms", Quantity.NUMBER, default=None)
     for key, value in (("overhead_ms", overhead), ("ps_client_ms", request)):
         if value is not None and value < 0:
             raise step.error(key, f"must be >= 0, got {value}", fixes=("run persia calibrate again",))
     scales = _sharding_scales(step)
-    for key in ("check_error", "jobs"):  # what was measured: kept in the file, not needed by the fit
+    for key in ("check_error", "jobs", "noisy", "reference_ms", "tries"):  # measured: kept, not needed by the fit
         step.take(key, default=None)
     step.finish()
     return overhead, request, scales
@@ -447,4 +487,5 @@ def load_profile(path: str | Path) -> HardwareProfile:
         SpecError: The file is missing, malformed or not a profile (the message names the file and key).
     """
     data, source = load_document(path, f"run persia calibrate --out {path}")
-    return HardwareProfile.from_dict(data, Path(source).name)
+    profile = HardwareProfile.from_dict(data, Path(source).name)
+    return dataclasses.replace(profile, path=str(Path(source).absolute()))

@@ -124,6 +124,9 @@ def graph_from_hosts(
         ssd = _read_ssd(item, profile)
         if gpus is not None and cpus is not None:
             raise item.error("cpus", "a host has either 'gpus:' or 'cpus:' trainer devices, not both")
+        gpu_device = gpus.take_str("device", default=None) if gpus is not None else None
+        if profile is not None:
+            _check_profile_is_this_host_s(item, profile, base, count, gpus is not None, gpu_device)
         has_devices = gpus is not None or cpus is not None
         role = item.take_enum("role", Role, default=Role.TRAINER if has_devices else Role.PARAMETER_SERVER)
         devices = None
@@ -204,6 +207,35 @@ def _read_profile(item: Fields, base_dir: Path | None) -> HardwareProfile | None
             fixes=("give a path relative to the topology file", f"run persia calibrate --out {path}"),
         )
     return load_profile(full)  # a directory or a FIFO is refused there, as what it is
+
+
+def _check_profile_is_this_host_s(
+    item: Fields, profile: HardwareProfile, host: str, count: int, has_gpus: bool, gpu_device: str | None
+) -> None:
+    """Refuse a profile measured for another topology host, or on another kind of device than the host's: a
+    profile of another cluster prices this one wrongly. A profile that does not say (older ones) is taken."""
+    where = profile.provenance
+    measured = f"profile {item.data['profile']} was measured" + (f" on {where.hostname}" if where.hostname else "")
+    fixes = (f"run persia calibrate --host {host} on that host", "pass the profile measured there")
+    if where.topology_host is not None and not _names_host(where.topology_host, host, count):
+        raise item.error("profile", f"{measured} for host {where.topology_host!r}, not {host!r}", fixes=fixes)
+    if where.device is None or not has_gpus:
+        return
+    if where.device == "cpu":
+        raise item.error("profile", f"{measured} with device cpu, but host {host!r} has GPUs", fixes=fixes)
+    if gpu_device is not None and where.device != gpu_device:
+        raise item.error(
+            "profile", f"{measured} with device {where.device!r}, but host {host!r} has {gpu_device!r}", fixes=fixes
+        )
+
+
+def _names_host(name: str, host: str, count: int) -> bool:
+    """Whether ``name`` is the host entry ``host`` (its class) or one of the ``count`` hosts it stands for."""
+    if name == host:
+        return True
+    index = name.removeprefix(host)
+    digits = index != name and 0 < len(index) <= 18 and index.isascii() and index.isdigit()
+    return digits and str(int(index)) == index and int(index) < count
 
 
 def _read_ssd(item: Fields, profile: HardwareProfile | None) -> Disk | None:

@@ -1,0 +1,31 @@
+"""A forced re-planning decision for the tests of ``persia train --adapt`` (``PERSIA_ADAPT_DECIDER``): the trainers
+call :func:`decide` in place of :func:`persia_planner.plan.replan.decide`; it moves the job to the plan
+``PERSIA_TEST_PLAN`` names (a ``{table: placement}`` JSON file) at its first decision, and keeps it there after."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from persia_planner.plan.plan import placement_from_dict
+from persia_planner.plan.replan import Decision, Reason
+
+DECIDER = "adapt_forcing:decide"
+PLAN_ENV = "PERSIA_TEST_PLAN"
+
+
+def decide(model, topology, tables, measured, *, threshold, steps_left, migration_s, seed=0, history=(), **_):
+    """Migrate to ``PERSIA_TEST_PLAN``'s tables unless the job runs them already."""
+    path = Path(os.environ[PLAN_ENV])
+    target = {name: placement_from_dict(p, str(path), name) for name, p in json.loads(path.read_text()).items()}
+    stay = dict(tables) == target
+    return Decision(
+        migrate=not stay,
+        reason=Reason.WITHIN if stay else Reason.FASTER,
+        tables=None if stay else target,
+        predicted_old_ms=measured.step_ms,
+        predicted_new_ms=None if stay else measured.step_ms / 2,
+        refit=None,
+        off_by=0.0 if stay else 1.0,
+    )
