@@ -162,3 +162,17 @@ def test_adapt_needs_a_checkpoint_folder_and_options_in_range():
         TrainConfig(adapt_max=0)
     with pytest.raises(PlannerError, match=r"^--adapt-window must be in \[1, 1,000,000,000\] steps, got 0"):
         TrainConfig(adapt_window=0)
+
+
+def test_a_new_plan_that_would_not_run_as_written_is_not_migrated_to(group):
+    """A decider's plan with a table in host memory (``ddr``: TorchRec runs it on CPU as plain memory, not as
+    planned) is refused before any checkpoint: every trainer hears why and trains on under its plan."""
+    from persia_planner.tiers import Tier
+
+    unrunnable = FIRST | {"b": local_placement(50, 16, tier=Tier.DDR, device="trainer0/cpu0")}
+    adapter, sink = _adapter(group)
+    SCRIPT.append(_decision(Reason.FASTER, unrunnable))
+    assert _steps(adapter, 1, 2 * WINDOW + 2, 3.0) == {}
+    sink.close()
+    events = [r for r in logged_steps(group / "metrics.jsonl") if r.get("event") == "adapt"]
+    assert len(events) == 1 and "ddr" in events[0]["reason"]

@@ -226,6 +226,9 @@ class Adapter:
         if decision.reason == Reason.PINNED:
             self._say("every table's placement is pinned by the model's constraints: training on without re-planning")
         if decision.migrate and decision.tables is not None:
+            # Refused here, before any checkpoint or table moves: a plan TorchRec would not run as written (a
+            # PlannerError: every trainer hears "no re-plan" and trains on).
+            _check_runs(decision.tables, self.cfg, self.spec)
             out |= {"tables": dict(decision.tables), "moved": list(tables_moved(current.tables, decision.tables))}
         return out
 
@@ -343,3 +346,16 @@ def plan_of(spec: ModelSpec, topology: Topology, tables: Mapping[str, TablePlace
         ps_wire_dtype=spec.ps_wire_dtype,
         qcomms=spec.qcomms,
     )
+
+
+def _check_runs(tables: Mapping[str, TablePlacement], cfg: TrainConfig, spec: ModelSpec) -> None:
+    """Refuse a new plan that TorchRec and fbgemm would not run as written on these trainers (as the launcher refuses
+    a plan before a run)."""
+    import torch
+
+    from persia_planner.modules.train.config import sparse_optimizer_of
+    from persia_planner.plan.executability import check_executable
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    optimizer = sparse_optimizer_of(cfg, spec)
+    check_executable(dict(tables), device, dtype=spec.table_dtypes, optimizer=optimizer, qcomms=spec.qcomms)
