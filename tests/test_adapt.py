@@ -176,3 +176,14 @@ def test_a_new_plan_that_would_not_run_as_written_is_not_migrated_to(group):
     sink.close()
     events = [r for r in logged_steps(group / "metrics.jsonl") if r.get("event") == "adapt"]
     assert len(events) == 1 and "ddr" in events[0]["reason"]
+
+
+def test_no_window_measures_the_profiled_steps(group):
+    """The breakdown's profiled steps run slower: a window that holds one is not measured, the next clean one is."""
+    adapter, sink = _adapter(group)
+    adapter.profiled_through = 7  # steps 1-7 profiled: the windows ending at 4, 6 and 8 hold some of them
+    SCRIPT.append(_decision(Reason.SAME_PLAN))
+    assert _steps(adapter, 1, 5 * WINDOW, 3.0) == {}
+    sink.close()
+    decided = [r["step"] for r in logged_steps(group / "metrics.jsonl") if r.get("event") == "adapt"]
+    assert decided == [10]  # steps 9-10: the first window after the profiled steps

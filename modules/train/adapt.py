@@ -127,6 +127,8 @@ class Adapter:
         self.replans = 0
         self.history: list[Any] = []  # every window's RunTerms: each refit fits them all
         self.segment_start = first_step
+        # The last profiled step (the breakdown's window: the profiler slows its steps): no window measures it.
+        self.profiled_through = first_step
         self.deciding = cfg.adapt
         self.build_s = 0.0
         self.plans: list[PlanRun] = []
@@ -166,7 +168,7 @@ class Adapter:
         """
         size = self.cfg.adapt_window
         since = step - self.segment_start
-        if not self.deciding or since < 2 * size or since % size:
+        if not self.deciding or since < 2 * size or since % size or step - size < self.profiled_through:
             return None
         measured = window(size)
         choice = None

@@ -183,6 +183,8 @@ class _TrainerRun:
         timeline = Timeline(profiler, job.trainers)
         adapter = Adapter(cfg, spec, job.topology, job.tables, j, start_step, sink)
         adapter.started(start_step, build_s)
+        if profiler is not None:  # its steps run slower: measurement windows start after them
+            adapter.profiled_through = start_step + profiler.start + profiler.count
         return cls(
             j, client, job, cfg, layout["batch_size"], device, dmp, hybrid, executed, saver, stopper, sink, loop,
             timeline, memory_before, epochs, adapter, start_step, resumed_from, start_step, start_step,
