@@ -47,6 +47,7 @@ from persia_planner.modules.hashing import GOLDEN_GAMMA, MASK63, mix64_scalar
 __all__ = [
     "EMPTY",
     "F16C",
+    "FLOAT16_OVERFLOW",
     "SLOT_BITS",
     "SLOT_WIDTH",
     "STREAM_MIN_BYTES",
@@ -54,9 +55,13 @@ __all__ = [
     "find",
     "gather_rows",
     "insert",
+    "rows_in",
     "take_rows",
     "take_rows_half",
 ]
+
+# The smallest magnitude that float16 rounds to inf (the midpoint between 65504 and 2**16, rounded to even).
+FLOAT16_OVERFLOW = 65520.0
 
 EMPTY = -1  # a bucket never used since the last rebuild: ends a probe sequence (the index fills with it)
 _INT32_MAX = 2**31 - 1
@@ -506,3 +511,27 @@ def take_rows_half(src: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor
     # numba has no float16 arrays: the halves are written as their int16 bit patterns.
     peak = _to_half(full.view(-1).numpy(), out.view(-1).view(torch.int16).numpy(), dim)
     return out, float(peak)
+
+
+def rows_in(
+    weights: torch.Tensor, slots: torch.Tensor, inverse: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """A store's answer to a lookup: the rows of ``slots`` (a zero row where a slot is ``-1``) in ``dtype``, put in
+    the caller's order by ``inverse`` (None: already in it).
+
+    Raises:
+        OverflowError: ``dtype`` is float16 and a row holds a value beyond its range (it would arrive as ``inf``).
+    """
+    if dtype == weights.dtype:  # the rows as kept
+        rows = take_rows(weights, slots)
+        if inverse is not None:
+            rows = gather_rows(rows, inverse) if dtype == torch.float32 else rows.index_select(0, inverse)
+        return rows
+    if dtype == torch.float16:  # narrowed from wider rows: a value beyond float16's range must not pass as inf
+        rows, peak = take_rows_half(weights, slots)
+        if peak >= FLOAT16_OVERFLOW:  # an inf weight too: float16 cannot tell it from an overflow
+            raise OverflowError(f"holds weights up to {peak:.6g}, beyond float16's 65504")
+        return rows if inverse is None else rows.index_select(0, inverse)
+    # float32 from narrower rows: the gather to the caller's order widens float16 in the same pass
+    rows = take_rows(weights, slots)
+    return (gather_rows(rows, inverse) if inverse is not None else rows).float()

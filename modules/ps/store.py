@@ -53,8 +53,6 @@ WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 """The dtypes a store keeps its rows in (the plan's ``embedding_dtype``: fp32, fp16, bf16)."""
 
 _INT32_MAX = 2**31 - 1
-# The smallest magnitude that float16 rounds to inf (the midpoint between 65504 and 2**16, rounded to even).
-_FLOAT16_OVERFLOW = 65520.0
 _DEFAULT_INIT = Uniform(-0.01, 0.01)  # a frozen dataclass: safe to share as a default
 
 
@@ -283,19 +281,7 @@ class EmbeddingStore:
         self._metrics["misses"] += uniq.numel() - n_hit
         if train and n_hit < uniq.numel():
             self._admit(uniq, torch.ones_like(uniq) if counts is None else counts, slots, hit)
-        if dtype == self.weight_dtype:  # the rows as kept
-            rows = kernels.take_rows(self._weights, slots)  # ids not held (slot -1) read as zero rows
-            if inverse is not None:
-                rows = kernels.gather_rows(rows, inverse) if dtype == torch.float32 else rows.index_select(0, inverse)
-        elif dtype == torch.float16:  # narrowed from wider rows: a value beyond float16's range must not pass as inf
-            rows, peak = kernels.take_rows_half(self._weights, slots)
-            if peak >= _FLOAT16_OVERFLOW:  # an inf weight too: float16 cannot tell it from an overflow
-                raise OverflowError(f"holds weights up to {peak:.6g}, beyond float16's 65504")
-            if inverse is not None:
-                rows = rows.index_select(0, inverse)
-        else:  # float32 from narrower rows: the gather to the caller's order widens float16 in the same pass
-            rows = kernels.take_rows(self._weights, slots)
-            rows = (kernels.gather_rows(rows, inverse) if inverse is not None else rows).float()
+        rows = kernels.rows_in(self._weights, slots, inverse, dtype)  # ids not held (slot -1): zero rows
         if not train and self._seed is not None and n_hit < uniq.numel():
             # A seeded table answers an id it never trained as the local table it came from did (as read() does):
             # an evaluation right after a migration scores the same function.

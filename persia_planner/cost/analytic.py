@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from persia_planner.cost.all_to_all import DENSE_MAX_GPUS, A2APattern
+from persia_planner.cost.memory_slots import MemorySlots
 from persia_planner.cost.step_time import MS, StepModel
 from persia_planner.cost.terms import Cost, Estimate, Layout
 from persia_planner.kinds import Sharding
@@ -33,7 +34,7 @@ from persia_planner.topology.hardware import DeviceKind
 __all__ = ["Cost", "CostModel", "Estimate", "Layout", "zipf_hit_rate"]
 
 
-class CostModel:
+class CostModel(MemorySlots):
     """Scores placements of ``model`` on ``topology``.
 
     Args:
@@ -579,57 +580,6 @@ class CostModel:
         (:meth:`persia_planner.cost.step_time.StepModel.bottleneck_loads`)."""
         return self.step_model.bottleneck_loads(loads, tables)
 
-    def memory_vector(
-        self,
-        hbm: float | np.ndarray = 0.0,
-        ddr: float | np.ndarray = 0.0,
-        ps: float | np.ndarray = 0.0,
-        disk: float | np.ndarray = 0.0,
-    ) -> np.ndarray:
-        """A memory vector (bytes per slot) from its parts: ``hbm`` per GPU, ``ddr`` per trainer host, ``ps`` (DDR)
-        and ``disk`` per server (each a value for every slot of its kind, or one per slot); or its price vector,
-        given prices."""
-        lay = self.layout
-        mem = np.zeros(lay.mem_size)
-        mem[lay.hbm] = hbm
-        mem[lay.ddr] = ddr
-        mem[lay.ps_mem] = ps
-        mem[lay.ps_disk] = disk
-        return mem
-
-    def shard_memory(self, gpus: np.ndarray, hbm: float | np.ndarray, ddr: float | np.ndarray) -> np.ndarray:
-        """Memory vectors, one row per GPU in ``gpus``, of a shard on it: ``hbm`` bytes in its HBM and ``ddr`` in its
-        host's DDR (each one value, or one per row)."""
-        lay = self.layout
-        mem = np.zeros((len(gpus), lay.mem_size))
-        rows = np.arange(len(gpus))
-        mem[rows, lay.hbm.start + gpus] = hbm
-        mem[rows, lay.ddr.start + self.gpu_host[gpus]] += ddr
-        return mem
-
-    def shard_memory_sum(self, gpus: np.ndarray, hbm: float | np.ndarray, ddr: float | np.ndarray) -> np.ndarray:
-        """:meth:`shard_memory`'s rows summed, without building them beyond
-        :data:`persia_planner.cost.all_to_all.DENSE_MAX_GPUS`."""
-        if len(gpus) <= DENSE_MAX_GPUS:
-            return self.shard_memory(gpus, hbm, ddr).sum(axis=0)
-        lay = self.layout
-        mem = np.zeros(lay.mem_size)
-        np.add.at(mem, lay.hbm.start + gpus, np.broadcast_to(hbm, gpus.shape))
-        np.add.at(mem, lay.ddr.start + self.gpu_host[gpus], np.broadcast_to(ddr, gpus.shape))
-        return mem
-
     def host_gpus(self) -> list[np.ndarray]:
         """The GPUs of each host (indices, ascending)."""
         return self.a2a.host_gpus
-
-    def hbm_of(self, mem: np.ndarray) -> np.ndarray:
-        """The HBM slots of a memory vector, per GPU (a view)."""
-        return mem[self.layout.hbm]
-
-    def ddr_of(self, mem: np.ndarray) -> np.ndarray:
-        """The trainer DDR slots of a memory vector, per host (a view)."""
-        return mem[self.layout.ddr]
-
-    def ps_mem_of(self, mem: np.ndarray) -> np.ndarray:
-        """The parameter servers' DDR slots of a memory vector, per server (a view)."""
-        return mem[self.layout.ps_mem]
