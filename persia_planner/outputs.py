@@ -72,6 +72,7 @@ class OutputKind(enum.StrEnum):
     PROFILE = "a hardware profile (persia calibrate --out)"
     MODEL = "a suggested model (persia data profile --out)"
     SCORES = "scores (persia predict --out)"
+    FACTORS = "refitted cost-model factors (persia train --log-dir, refit.yaml)"
 
     @property
     def file_name(self) -> str:
@@ -109,6 +110,7 @@ _MARKS = {
     OutputKind.PROFILE: b"# persia calibrate",
     OutputKind.MODEL: b"# persia data profile",
     OutputKind.SCORES: b"persia-scores/1",
+    OutputKind.FACTORS: b"# persia train: the cost model's factors",
 }
 
 _FILE_NAMES = {
@@ -117,6 +119,7 @@ _FILE_NAMES = {
     OutputKind.PROFILE: "profile.yaml",
     OutputKind.MODEL: "model.yaml",
     OutputKind.SCORES: "scores.parquet",
+    OutputKind.FACTORS: "refit.yaml",
 }
 
 PICTURE_METADATA = {"Software": "persia-planner"}

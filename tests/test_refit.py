@@ -378,6 +378,20 @@ def test_a_run_without_a_profile_gets_its_factors_as_constants(tmp_path):
     scaled = topology.with_constants(content["constants"])
     assert scaled.constants.ps_scale == pytest.approx(TRUE["ps"])
     assert write_fitted_profile(tmp_path, {"step_ms": 0.0}, prediction.unscaled_ms, None) is None
+    again = write_fitted_profile(tmp_path, summary_of(prediction), prediction.unscaled_ms, None)
+    assert again == written  # the run's own file, replaced at the next checkpoint
+
+
+def test_a_users_file_of_the_fitted_name_is_never_replaced(tmp_path):
+    topology = cpu_topology(tmp_path, with_profile=False)
+    model = with_run_options(load_model(DEFAULT_MODEL), staleness=0)
+    plan = Planner(GreedyLocalSearch(SearchConfig(seed=0, improve_time_s=0.2))).plan(model, topology)
+    prediction = PlanPrediction.of(model, topology, plan)
+    mine = tmp_path / FITTED_FACTORS
+    mine.write_text("constants: {ps_scale: 3}  # my own\n")
+    with pytest.raises(PlannerError, match="is not refitted cost-model factors"):
+        write_fitted_profile(tmp_path, summary_of(prediction), prediction.unscaled_ms, None)
+    assert mine.read_text() == "constants: {ps_scale: 3}  # my own\n"
 
 
 def test_the_all_to_all_split_adds_up_to_the_predicted_term(planned):

@@ -302,7 +302,10 @@ class Adapter:
             },
         )
         if self.cfg.log_dir:
-            _write_plan(plan_file(self.cfg.log_dir, plan.index), self.spec, self.topology, plan.tables)
+            try:
+                _write_plan(plan_file(self.cfg.log_dir, plan.index), self.spec, self.topology, plan.tables)
+            except PlannerError as err:  # a by-product: the run goes on, the summary and the JSONL still have it
+                log.warning("--adapt: plan %d not written: %s", plan.index, err.message)
 
     def _say(self, text: str) -> None:
         if self.j == 0:
@@ -321,11 +324,12 @@ def _decider() -> Callable[..., Any]:
 
 
 def _write_plan(path: Path, spec: ModelSpec, topology: Topology, tables: Mapping[str, TablePlacement]) -> None:
-    """``tables`` as a plan.json (with its estimate), which ``persia train --plan`` runs."""
-    from persia_planner.modules.atomic import atomic_write
+    """``tables`` as a plan.json (with its estimate), which ``persia train --plan`` runs; a file of that name that is
+    not a persia plan stays (the one output rule: :func:`persia_planner.outputs.write_output`)."""
+    from persia_planner.outputs import Output, OutputKind, write_output
 
     text = plan_of(spec, topology, tables).to_json() + "\n"
-    atomic_write(path, lambda f: f.write(text.encode()))
+    write_output(Output("--log-dir", path, OutputKind.PLAN), lambda tmp: tmp.write_text(text), overwrite=True)
 
 
 def plan_of(spec: ModelSpec, topology: Topology, tables: Mapping[str, TablePlacement]) -> Plan:

@@ -27,8 +27,7 @@ from persia_planner.cost.refit import (
     refitted_profile,
 )
 from persia_planner.fields import load_document
-from persia_planner.modules.atomic import atomic_write
-from persia_planner.outputs import OutputKind
+from persia_planner.outputs import Output, OutputKind, write_output
 from persia_planner.topology.profile import HardwareProfile
 
 if TYPE_CHECKING:
@@ -138,8 +137,8 @@ def write_fitted_profile(
     about = f"refitted from the persia train run in {folder}"
     if profile_source is None:
         content = refitted_profile({}, found, [run])
-        text = f"# persia train: the cost model's factors {about}; the topology names no profile: give these\n"
-        text += "# constants: in topology.yaml to plan with them\n"
+        text = OutputKind.FACTORS.header(f"{about}; the topology names no profile: give these constants: in")
+        text += "# topology.yaml to plan with them\n"
         text += yaml.safe_dump({"constants": found.constants(), **content}, sort_keys=False)
         path = folder / FITTED_FACTORS
     else:
@@ -148,5 +147,7 @@ def write_fitted_profile(
         HardwareProfile.from_dict(content, source)  # what a topology will read: a profile still
         text = OutputKind.PROFILE.header(about) + yaml.safe_dump(content, sort_keys=False)
         path = folder / FITTED_PROFILE
-    atomic_write(path, lambda f: f.write(text.encode()))
+    kind = OutputKind.PROFILE if path.name == FITTED_PROFILE else OutputKind.FACTORS
+    # Replaces only the file an earlier checkpoint of a run wrote there: a user's file of that name stays.
+    write_output(Output("--log-dir", path, kind), lambda tmp: tmp.write_text(text), overwrite=True)
     return path
