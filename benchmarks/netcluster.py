@@ -14,7 +14,8 @@ JSON keys: ``hosts``, ``trained``, ``sync_equals_single_host``, ``sockets_outsid
 neither to their host's cluster address nor to loopback, listed with their owner in ``sockets_outside``),
 ``k4_over_k0``, ``auc_gap``, ``predicted_ms`` (the K = 4 plan's step for the declared NICs), ``measured_ms`` (the
 wall-clock step: elapsed over steps), ``step_error``, ``fault_stop_s`` / ``fault_messages`` / ``fault_at_step`` (per
-lost host), ``resumed``, ``replan_speedup``, ``declared_speedup``, ``adapt_speedup`` and ``ours_over_torchrec`` (and
+lost host), ``resumed``, ``replan_speedup``, ``declared_speedup``, ``calibrated_over_declared``, ``adapt_speedup`` and
+``ours_over_torchrec`` (and
 ``replan``: every plan's tables on the servers and steps; :mod:`cluster_replanning` says what each is),
 ``measured_mbit`` (bounded transfers through the shaped NICs), ``root_links_unchanged``, ``torn_down``.
 """
@@ -22,16 +23,14 @@ lost host), ``resumed``, ``replan_speedup``, ``declared_speedup``, ``adapt_speed
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +48,17 @@ from cluster_jobs import (
     train_command,
     watch_job,
 )
+from cluster_replanning import KEYS as REPLAN_KEYS
 from cluster_replanning import replan
-from netns import NetCluster, Unavailable, check_available, namespaces, root_links, transfer_mbit
+from netns import (
+    NetCluster,
+    Unavailable,
+    check_available,
+    namespaces,
+    root_links,
+    signals_as_exceptions,
+    transfer_mbit,
+)
 
 
 @dataclass(frozen=True)
@@ -132,21 +140,6 @@ def run_single_host(topology: Path, plan: Path, train_args: Sequence[str]) -> di
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@contextlib.contextmanager
-def _signals_as_exceptions() -> Iterator[None]:
-    """SIGINT and SIGTERM raise here, so that the ``with`` blocks above tear the cluster down."""
-
-    def stop(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
-
 def claim(work: Path, ps_mbit: float, steps: int, eval_batches: int, faults: bool) -> dict[str, Any]:
     """K = 0 and K = 4 of one plan (planned for the NICs as shaped) on the cluster, K = 0 on this machine's own
     launcher, and (``faults``) the loss of a server's host and of a trainer's host."""
@@ -205,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     before = root_links()
     machine = {"platform": platform.platform(), "cpus": os.cpu_count()}
     results: dict[str, Any] = {"machine": machine, "hosts": len(HOSTS), "ps_mbit": args.ps_mbit, "steps": steps}
-    with tempfile.TemporaryDirectory(prefix="persia-netcluster-") as tmp, _signals_as_exceptions():
+    with tempfile.TemporaryDirectory(prefix="persia-netcluster-") as tmp, signals_as_exceptions():
         work = Path(tmp)
         c = claim(work, args.ps_mbit, steps, 4 if args.quick else 16, faults=not args.quick)
         r = None if args.quick else replan(work, args.replan_steps, args.rounds)
@@ -241,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     tags = set(c["tags"])
     if r is not None:
-        keys = ("replan_speedup", "declared_speedup", "adapt_speedup", "ours_over_torchrec")
-        results |= {"replan": {k: v for k, v in r.items() if k != "tags"}, **{k: r[k] for k in keys}}
+        results |= {"replan": {k: v for k, v in r.items() if k != "tags"}, **{k: r[k] for k in REPLAN_KEYS}}
         tags |= set(r["tags"])
     results["root_links_unchanged"] = root_links() == before
     results["torn_down"] = not tags & set(namespaces())
@@ -256,8 +248,8 @@ def print_table(results: Mapping[str, Any]) -> None:
     """The figures the issue names, a row each."""
     rows = [(k, results[k]) for k in (
         "hosts", "trained", "sync_equals_single_host", "sockets_outside_cluster", "k4_over_k0", "auc_gap",
-        "predicted_ms", "measured_ms", "step_error", "replan_speedup", "declared_speedup", "adapt_speedup",
-        "ours_over_torchrec", "fault_stop_s", "resumed",
+        "predicted_ms", "measured_ms", "step_error", "replan_speedup", "declared_speedup", "calibrated_over_declared",
+        "adapt_speedup", "ours_over_torchrec", "fault_stop_s", "resumed",
         "root_links_unchanged", "torn_down",
     ) if k in results]  # fmt: skip
     width = max(len(k) for k, _ in rows)

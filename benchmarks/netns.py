@@ -24,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -287,6 +287,21 @@ while True:
 c.sendall(b"x" * int(sys.argv[3]))
 c.close()
 """
+
+
+@contextlib.contextmanager
+def signals_as_exceptions() -> Iterator[None]:
+    """SIGINT and SIGTERM raise here, so that a :class:`NetCluster`'s ``with`` block tears the cluster down."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def transfer_mbit(cluster: NetCluster, src: str, dst: str, nbytes: int, timeout_s: float = 60.0) -> float:

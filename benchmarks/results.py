@@ -39,6 +39,17 @@ HEADLINES = {
         "fault_stop_s.trainer1",
         "resumed",
         "replan_speedup",
+        "declared_speedup",
+        "calibrated_over_declared",
+        "adapt_speedup",
+        "ours_over_torchrec",
+    ),
+    "cluster_replanning": (
+        "replan_speedup",
+        "declared_speedup",
+        "calibrated_over_declared",
+        "adapt_speedup",
+        "ours_over_torchrec",
     ),
     "hybrid": (
         "dmp_samples_per_s",
@@ -103,6 +114,8 @@ HEADLINES = {
         "cases_only_ours_runs",
         "tuned_min_ratio",
         "tuned_median_ratio",
+        "adapted_min_ratio",
+        "adapted_median_ratio",
     ),
 }
 

@@ -47,6 +47,7 @@ __all__ = [
     "check_outputs",
     "check_run_folder",
     "enclosing_run_folder",
+    "in_passing",
     "unwritable",
     "write_output",
 ]
@@ -54,6 +55,8 @@ __all__ = [
 RUN_MARKER = ".persia-run"
 """The file ``persia train`` keeps in its ``--checkpoint`` and ``--log-dir`` folders: who holds the folder (it is
 locked for the run's life) and that the folder is a run's, so that no other command writes inside it."""
+_PROBE_PREFIX = ".persia-probe-"
+_TMP_INFIX = ".persia-tmp-"
 MANIFEST = "MANIFEST.json"
 """A checkpoint's manifest, written last into its ``step-*`` directory."""
 CHECKPOINT_FORMAT = "persia-checkpoint/1"
@@ -264,7 +267,7 @@ def write_output(out: Output, write: Callable[[Path], None], *, overwrite: bool)
         PlannerError: The file cannot be written there, or the name was taken meanwhile (one line).
     """
     target = Path(os.path.realpath(out.path))  # a link is written through: the file it names is replaced
-    tmp = target.with_name(f".{target.name}.persia-tmp-{uuid.uuid4().hex[:12]}")
+    tmp = target.with_name(f".{target.name}{_TMP_INFIX}{uuid.uuid4().hex[:12]}")
     try:
         write(tmp)
         if overwrite and target.exists():
@@ -369,11 +372,18 @@ def _check_place(option: str, path: Path, kind: OutputKind) -> None:
         )
 
 
+def in_passing(name: str) -> bool:
+    """Whether a file of this name is one persia keeps in a folder only in passing: the run's marker, a probe of
+    :func:`unwritable` or a file :func:`write_output` is writing. Another process of the same run (torchrun's, on a
+    shared file system) may have one open while this one looks at the folder: it makes no folder hold anything."""
+    return name == RUN_MARKER or name.startswith(_PROBE_PREFIX) or _TMP_INFIX in name
+
+
 def unwritable(folder: Path) -> str | None:
     """Why no file can be written in ``folder`` (None: one can). Permissions, read-only mounts and pseudo file
     systems (/proc) are only known by writing: a probe file of ours, removed at once."""
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".persia-probe-"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=_PROBE_PREFIX):
             pass
     except OSError as err:
         return err.strerror or str(err)

@@ -3,6 +3,7 @@ plan that measures slower, the bound on re-plans, what the logs say, and a plan 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,13 +15,16 @@ import yaml
 from plans import local_placement
 
 from persia_planner import load_topology
-from persia_planner.model.specs import ModelSpec, TableSpec
+from persia_planner.cost.analytic import CostModel
+from persia_planner.model.qcomms import QComms
+from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.modules.train.adapt import DECIDER_ENV, Adapter, plan_file
 from persia_planner.modules.train.config import TrainConfig
 from persia_planner.modules.train.metrics_log import JsonLinesSink, logged_steps
 from persia_planner.modules.train.timeline import Window
 from persia_planner.paths import DEFAULT_TOPOLOGY
-from persia_planner.plan.replan import Decision, Reason
+from persia_planner.plan.plan import Plan
+from persia_planner.replan import Decision, Reason
 
 TOPOLOGY = load_topology(DEFAULT_TOPOLOGY)
 SPEC = ModelSpec("adapt", 64, (TableSpec("a", 100, 16), TableSpec("b", 50, 16)))
@@ -35,10 +39,10 @@ def scripted(model, topology, tables, measured, **_options) -> Decision:
     return SCRIPT.pop(0)
 
 
-def _decision(reason: str, tables: dict | None = None) -> Decision:
+def _decision(reason: str, tables: dict | None = None, qcomms: QComms | None = None) -> Decision:
     return Decision(
         migrate=tables is not None, reason=reason, tables=tables, predicted_old_ms=2.0, predicted_new_ms=1.0,
-        refit=None, off_by=0.5,
+        refit=None, off_by=0.5, qcomms=qcomms,
     )  # fmt: skip
 
 
@@ -82,7 +86,7 @@ def test_trainer_0_decides_after_a_warm_up_window_and_again_while_within_the_thr
     assert [(e["step"], e["reason"]) for e in events] == [(4, Reason.WITHIN), (6, Reason.SAME_PLAN)]
     assert adapter.summary() == [
         {"index": 0, "from_step": 0, "to_step": None, "predicted_ms": adapter.plans[0].predicted_ms,
-         "measured_ms": 2.0, "refitted_ms": 2.0, "reason": "initial", "tables_moved": []},
+         "measured_ms": 2.0, "refitted_ms": 2.0, "reason": "initial", "tables_moved": [], "qcomms": None},
     ]  # fmt: skip
 
 
@@ -105,6 +109,24 @@ def test_a_plan_that_measures_slower_is_rolled_back_and_that_counts_as_a_re_plan
     assert json.loads(plan_file(group, 2).read_text())["tables"]["b"]["shards"][0]["device"] == "trainer0/cpu0"
     said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("persia train --adapt")]
     assert len(said) == 2 and "faster plan: moving b (plan 1)" in said[0] and "rollback" in said[1], said
+
+
+def test_a_re_plan_may_change_the_collectives_alone_and_a_rollback_restores_them(group):
+    """The planner chose the collectives (``adapt_qcomms``): a decision that narrows them moves no table, yet the job
+    migrates; the new plan is priced, logged and written with them, and a rollback returns to float32."""
+    fp16 = QComms(DType.FP16, DType.FP16)
+    adapter, sink = _adapter(group, adapt_qcomms=True)
+    SCRIPT.append(_decision(Reason.FASTER, FIRST, fp16))
+    assert _steps(adapter, 1, 4, 2.0) == {4: FIRST}
+    assert adapter.current.qcomms == fp16 and adapter.current.tables_moved == []
+    assert adapter.current.predicted_ms == pytest.approx(
+        CostModel(dataclasses.replace(SPEC, qcomms=fp16), TOPOLOGY).evaluate(FIRST)[0].step_ms
+    )
+    assert Plan.from_dict(json.loads(plan_file(group, 1).read_text())).qcomms == fp16
+    assert _steps(adapter, 5, 8, 3.0) == {8: FIRST}  # measured slower than plan 0: back to it
+    assert adapter.current.reason == "rollback" and adapter.current.qcomms is None
+    sink.close()
+    assert [p["qcomms"] for p in adapter.summary()] == [None, {"forward": "fp16", "backward": "fp16"}, None]
 
 
 def test_no_more_re_plans_than_adapt_max(group):

@@ -150,6 +150,13 @@ def test_inputs_are_checked_before_any_process_starts(tmp_path, monkeypatch):
     with pytest.raises(PlannerError, match="--resume continues the checkpoint that --overwrite would replace"):
         TrainConfig(checkpoint=str(used), overwrite=True, resume=True)
     assert (used / "trainer.pt").read_bytes() == b"a run's state"  # checks write nothing into it
+    # Another trainer of the same run (torchrun, a shared file system) probing the folder, or writing its marker,
+    # at the moment this one looks: the folder still holds nothing.
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    for name in (".persia-run", ".persia-probe-k2x9a1", "..persia-run.persia-tmp-0123456789ab"):
+        (busy / name).write_text("")
+    check_before_start(TrainConfig(checkpoint=str(busy)), criteo_model, with_ps=False)
     (tmp_path / "step-000000004").mkdir()
     (tmp_path / "step-000000004" / "MANIFEST.json").write_text(
         '{"format": "persia-checkpoint/1", "step": 4, "files": {}}'

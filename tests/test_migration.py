@@ -4,6 +4,7 @@ same step-N checkpoint; a job killed during its migration resumes from its last 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from adapt_forcing import DECIDER, PLAN_ENV
+from adapt_forcing import DECIDER, PLAN_ENV, QCOMMS_ENV
 from plans import forced_plan
 
 from persia_planner.errors import PlannerError
 from persia_planner.kinds import Sharding
-from persia_planner.model.specs import ModelSpec, TableSpec
+from persia_planner.model.qcomms import QComms
+from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.modules.ps.local_job import TrainerError
 from persia_planner.modules.train import TrainConfig, train_local
 from persia_planner.modules.train.adapt import DECIDER_ENV, plan_file
@@ -79,12 +81,12 @@ OLD, NEW = _plans()
 STEPS, MIGRATE_AT = 7, 4  # a warm-up window and a measured one of 2 steps: trainer 0 decides after step 4
 
 
-def _run(tables: dict, root: Path, *, on_start=None, steps: int = STEPS, **options) -> dict:
+def _run(tables: dict, root: Path, *, on_start=None, steps: int = STEPS, spec: ModelSpec = SPEC, **options) -> dict:
     cfg = TrainConfig(
         progress=False, eval_batches=2, batch_size=32, mode="sync", trainers=2, steps=steps, teacher_rows_scale=3.0,
         checkpoint=str(root), **options,
     )  # fmt: skip
-    return train_local(cfg, SPEC, dict(tables), servers=1, topology=TOPOLOGY, on_start=on_start, run_timeout_s=300)
+    return train_local(cfg, spec, dict(tables), servers=1, topology=TOPOLOGY, on_start=on_start, run_timeout_s=300)
 
 
 @pytest.fixture
@@ -132,6 +134,32 @@ def test_a_job_migrating_at_step_n_trains_on_bit_for_bit_as_the_new_plan_resumed
     assert (logs / "profile.fitted.yaml").is_file()  # the model refitted at the checkpoints
     last = tmp_path / "moved" / f"step-{STEPS:09d}"
     assert json.loads((last / "plan.json").read_text()) == {n: placement_to_dict(p) for n, p in NEW.items()}
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(600)
+def test_a_migration_that_narrows_the_collectives_alone_trains_on_as_the_narrowed_plan_resumed(tmp_path, monkeypatch):
+    """A re-plan may change only the collectives' precisions (the plan chose them): no table moves, the model is
+    rebuilt with fp16 collectives, and it trains on bit for bit as the same tables in fp16 resumed from the
+    migration's checkpoint."""
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({name: placement_to_dict(p) for name, p in OLD.items()}))
+    monkeypatch.setenv(DECIDER_ENV, DECIDER)
+    monkeypatch.setenv(PLAN_ENV, str(target))
+    monkeypatch.setenv(QCOMMS_ENV, "fp16")
+    moved = _run(OLD, tmp_path / "moved", adapt=True, adapt_window=2, adapt_qcomms=True)
+    assert [(p["reason"], p["tables_moved"], p["qcomms"]) for p in moved["plans"]] == [
+        ("initial", [], None),
+        ("faster plan", [], {"forward": "fp16", "backward": "fp16"}),
+    ]
+    migration = tmp_path / "moved" / f"step-{MIGRATE_AT:09d}"
+    shutil.copytree(migration, tmp_path / "resumed" / migration.name)
+    narrow = dataclasses.replace(SPEC, qcomms=QComms(DType.FP16, DType.FP16))
+    resumed = _run(OLD, tmp_path / "resumed", resume=True, spec=narrow)
+    assert resumed["resumed_from_step"] == MIGRATE_AT
+    assert _losses(resumed) == _losses(moved)[MIGRATE_AT:]  # bit for bit
+    unchanged = _run(OLD, tmp_path / "wide", resume=False)
+    assert _losses(unchanged)[MIGRATE_AT:] != _losses(moved)[MIGRATE_AT:]  # fp16 collectives are not float32's
 
 
 @pytest.mark.processes

@@ -83,6 +83,42 @@ def test_the_planner_narrows_the_collectives_only_where_it_pays(where):
         assert plan(with_run_options(model, qcomms="fp32"), topology) == chosen
     again = Plan.from_dict(chosen.to_dict())
     assert again.qcomms == chosen.qcomms and again.tables == chosen.tables
+    # Chosen by the planner, and said so (a re-plan under --adapt may choose again); a named choice is not.
+    assert chosen.qcomms_chosen and again.qcomms_chosen and chosen.to_dict()["qcomms_chosen"] is True
+    named = plan(with_run_options(model, qcomms="fp16"), topology)
+    assert not named.qcomms_chosen and "qcomms_chosen" not in named.to_dict()
+
+
+def test_a_loose_bound_does_not_hide_a_narrowing_that_pays(tmp_path):
+    """CPU trainers behind 100 Mbit/s NICs, priced with factors refitted on such a cluster: float32's bound (GPU
+    work) sits far under its plan, and under fp16 too, yet fp16 halves the exchange that makes the plan's step. The
+    planner searches fp16 because its bound is 5% below float32's plan, not float32's bound, and keeps it."""
+    path = tmp_path / "slow-trainers.yaml"
+    path.write_text(f"""name: slow-trainers
+constants: {{embedding_scale: 1.72, dense_scale: 0.55, all_reduce_scale: 0.05, table_wise_scale: 1.8}}
+hosts:
+  - name: trainer
+    count: 2
+    ddr: 8GiB
+    nic_bandwidth: 0.0125GB/s
+    profile: {EXAMPLES / "profiles" / "cpu-2core.yaml"}
+    cpus: {{count: 1, memory: 40MiB}}
+  - name: ps
+    count: 2
+    role: parameter_server
+    ddr: 2GiB
+    nic_bandwidth: 0.00375GB/s
+    profile: {EXAMPLES / "profiles" / "cpu-2core.yaml"}
+network:
+  latency: 50us
+""")
+    topology = load_topology(path)
+    model = dataclasses.replace(load_model(DEFAULT_MODEL), staleness=4)
+    chosen = plan(model, topology)
+    wide = plan(with_run_options(model, qcomms="fp32"), topology)
+    assert chosen.lower_bound_ms < wide.step_ms * 0.5  # the bound is loose
+    assert chosen.qcomms == QComms(DType.FP16, DType.FP16)
+    assert chosen.step_ms <= wide.step_ms * (1 - QCOMMS_MIN_GAIN)
 
 
 def test_cpu_trainers_narrow_to_fp16_and_refuse_bf16_collectives():

@@ -1,4 +1,4 @@
-"""Re-planning from a job's measured step (persia_planner.plan.replan)."""
+"""Re-planning from a job's measured step (persia_planner.replan)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from persia_planner import ModelSpec, Topology, load_model, load_topology, plan
 from persia_planner.cost.refit import RunTerms, predicted_terms
 from persia_planner.kinds import Sharding
 from persia_planner.model.constraints import TableConstraints
-from persia_planner.plan.replan import MIN_GAIN, Reason, decide, pinned, tables_moved
+from persia_planner.replan import MIN_GAIN, Reason, decide, pinned, tables_moved
 from persia_planner.tiers import Tier
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "persia_planner" / "examples"
@@ -116,3 +116,24 @@ def test_a_pinned_model_is_never_replanned(model: ModelSpec, tmp_path: Path) -> 
         steps_left=100_000, migration_s=0.0,
     )  # fmt: skip
     assert (decision.migrate, decision.reason) == (False, Reason.PINNED)
+
+
+def test_a_re_plan_narrows_the_collectives_where_the_plan_chose_them(model: ModelSpec, tmp_path: Path) -> None:
+    """A float32 plan whose all-to-all over 100 Mbit/s NICs measures 3x its prediction: where the plan chose its
+    collectives, the re-plan narrows them to fp16 (as ``persia plan`` would under the refitted model); where the
+    model names float32, they stay, and only the tables may move."""
+    from persia_planner.model.qcomms import FP32_COMMS, QComms
+    from persia_planner.model.specs import DType
+
+    topology = _topology(10.0, tmp_path)
+    wide = dataclasses.replace(model, qcomms=FP32_COMMS)
+    tables = dict(plan(wide, topology, improve_time_s=0.5).tables)
+    window = _measured(wide, topology, tables, {"all_to_all": 3.0})
+    options = {"threshold": 0.1, "steps_left": 100_000, "migration_s": 1.0}
+    chosen = decide(wide, topology, tables, window, choose_qcomms=True, **options)
+    assert chosen.migrate and chosen.reason == Reason.FASTER
+    assert chosen.qcomms == QComms(DType.FP16, DType.FP16)
+    assert chosen.predicted_new_ms < chosen.predicted_old_ms * (1 - MIN_GAIN)
+    named = decide(wide, topology, tables, window, **options)
+    assert (named.qcomms or FP32_COMMS) == FP32_COMMS  # the model's collectives stay; at most the tables move
+    assert not named.migrate or tables_moved(tables, named.tables)

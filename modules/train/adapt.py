@@ -1,5 +1,5 @@
 """``persia train --adapt`` in the trainers: measure each plan's step in windows, let trainer 0 decide whether to move
-to another plan (:func:`persia_planner.plan.replan.decide`, torch-free), and tell every trainer.
+to another plan (:func:`persia_planner.replan.decide`, torch-free), and tell every trainer.
 
 After each start or migration the job runs a warm-up window of ``--adapt-window`` steps, then measures windows of as
 many steps (the median step and its parts). At the end of each window trainer 0 decides and broadcasts the
@@ -12,6 +12,9 @@ out: checkpoint, rebuild, resume under the new plan, :mod:`.migration`):
   so far and says whether a plan predicted faster by more than the migration costs exists. A decision not to move
   because the measured step is within ``--adapt-threshold`` is asked again after the next window; any other (no
   faster plan, too small a gain, a plan pinned by constraints) ends the re-planning for this plan.
+
+Where the plan chose the collectives' precisions (``TrainConfig.adapt_qcomms``), a re-plan chooses them again: a
+migration may change them alone (no table moves; the model is rebuilt with the new precisions).
 
 Every plan goes to the summary (``plans``), the metrics' JSON lines (``event: plan`` when one starts and when its
 window is measured, ``event: adapt`` for each decision) and TensorBoard (``plan/index``, ``plan/predicted_ms``,
@@ -28,13 +31,14 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from persia_planner.errors import PlannerError
+from persia_planner.model.qcomms import FP32_COMMS, QComms
 from persia_planner.model.specs import ModelSpec
 from persia_planner.modules.train.config import TrainConfig
 from persia_planner.modules.train.metrics_log import MetricsSink
@@ -50,7 +54,7 @@ __all__ = ["DECIDER_ENV", "Adapter", "PlanRun", "plan_file", "plan_of"]
 log = logging.getLogger(__name__)
 
 DECIDER_ENV = "PERSIA_ADAPT_DECIDER"
-"""``module:function``: called by trainer 0 instead of :func:`persia_planner.plan.replan.decide` (a test's forced
+"""``module:function``: called by trainer 0 instead of :func:`persia_planner.replan.decide` (a test's forced
 decision)."""
 
 INITIAL, ROLLBACK = "initial", "rollback"
@@ -70,6 +74,7 @@ class PlanRun:
         reason: Why the run moved to it: ``initial``, ``faster plan`` or ``rollback``.
         tables_moved: The tables whose placement it changed.
         tables: Its placements.
+        qcomms: Its collectives' precisions (None: float32, not recorded).
     """
 
     index: int
@@ -81,6 +86,7 @@ class PlanRun:
     reason: str
     tables_moved: list[str]
     tables: dict[str, TablePlacement] = field(repr=False)
+    qcomms: QComms | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,6 +98,7 @@ class PlanRun:
             "refitted_ms": self.refitted_ms,
             "reason": self.reason,
             "tables_moved": list(self.tables_moved),
+            "qcomms": None if self.qcomms is None else self.qcomms.to_dict(),
         }
 
 
@@ -134,10 +141,10 @@ class Adapter:
         self.plans: list[PlanRun] = []
         if not cfg.adapt:  # nothing to measure or price
             return
-        from persia_planner.plan.replan import pinned
+        from persia_planner.replan import pinned
 
         self.plans.append(
-            PlanRun(0, first_step, None, self._predicted_ms(tables), None, None, INITIAL, [], dict(tables))
+            PlanRun(0, first_step, None, self._predicted_ms(tables), None, None, INITIAL, [], dict(tables), spec.qcomms)
         )
         if pinned(spec):
             self._say("every table's placement is pinned by the model's constraints: training on without re-planning")
@@ -187,7 +194,7 @@ class Adapter:
     def _choose(self, measured: Window, steps_left: int | None, migration_s: float) -> dict[str, Any]:
         """Trainer 0's decision on the window just measured (a picklable dict every trainer applies)."""
         from persia_planner.cost.refit import RunTerms, predicted_terms
-        from persia_planner.plan.replan import Reason, tables_moved
+        from persia_planner.replan import Reason, tables_moved
 
         current = self.current
         first_window = current.measured_ms is None
@@ -202,7 +209,8 @@ class Adapter:
             assert earlier is not None  # the migration did not pay: back to the better plan
             self.history.append(terms)
             moved = list(tables_moved(current.tables, earlier.tables))
-            return out | {"tables": earlier.tables, "reason": ROLLBACK, "moved": moved, "stop": True}
+            back = {"tables": earlier.tables, "qcomms": earlier.qcomms, "reason": ROLLBACK, "moved": moved}
+            return out | back | {"stop": True}
         if self.replans >= self.cfg.adapt_max:
             return out | {"reason": f"--adapt-max {self.cfg.adapt_max} re-plans done", "stop": True}
         decider = _decider()
@@ -216,6 +224,7 @@ class Adapter:
             migration_s=migration_s,
             seed=self.cfg.seed,
             history=tuple(self.history),
+            choose_qcomms=self.cfg.adapt_qcomms,
         )
         self.history.append(terms)
         out |= {
@@ -230,8 +239,15 @@ class Adapter:
         if decision.migrate and decision.tables is not None:
             # Refused here, before any checkpoint or table moves: a plan TorchRec would not run as written (a
             # PlannerError: every trainer hears "no re-plan" and trains on).
-            _check_runs(decision.tables, self.cfg, self.spec)
-            out |= {"tables": dict(decision.tables), "moved": list(tables_moved(current.tables, decision.tables))}
+            qcomms = getattr(decision, "qcomms", None) or self.spec.qcomms  # a test's decider may leave it out
+            if (qcomms or FP32_COMMS) == (self.spec.qcomms or FP32_COMMS):
+                qcomms = self.spec.qcomms  # unchanged, as the plan records it (None: float32 not recorded)
+            _check_runs(decision.tables, self.cfg, replace(self.spec, qcomms=qcomms))
+            out |= {
+                "tables": dict(decision.tables),
+                "qcomms": qcomms,
+                "moved": list(tables_moved(current.tables, decision.tables)),
+            }
         return out
 
     # ---- every trainer ---------------------------------------------------------------------------------------
@@ -257,6 +273,9 @@ class Adapter:
             return None
         self.replans += 1
         current.to_step = step
+        # The next plan's collectives (a decision made before they were chosen again keeps the current ones): every
+        # later price, plan file and the rebuilt model use them.
+        self.spec = replace(self.spec, qcomms=choice.get("qcomms", current.qcomms))
         self.plans.append(
             PlanRun(
                 current.index + 1,
@@ -268,14 +287,17 @@ class Adapter:
                 choice["reason"],
                 list(choice.get("moved", [])),
                 dict(tables),
+                self.spec.qcomms,
             )
         )
         if self.j == 0:
             self._log_plan(step)
+            new = self.current.qcomms
+            comms = "" if new == current.qcomms else f"; collectives {current.qcomms} -> {new}"
             self._say(
                 f"step {step:,}: measured {measured.step_ms:.2f} ms a step under plan {current.index} "
                 f"(predicted {current.predicted_ms:.2f} ms); {choice['reason']}: moving "
-                f"{', '.join(self.current.tables_moved) or 'no table'} (plan {self.current.index})"
+                f"{', '.join(self.current.tables_moved) or 'no table'}{comms} (plan {self.current.index})"
             )
         return dict(tables)
 
@@ -313,10 +335,10 @@ class Adapter:
 
 
 def _decider() -> Callable[..., Any]:
-    """:func:`persia_planner.plan.replan.decide`, or the function :data:`DECIDER_ENV` names."""
+    """:func:`persia_planner.replan.decide`, or the function :data:`DECIDER_ENV` names."""
     named = os.environ.get(DECIDER_ENV)
     if not named:
-        from persia_planner.plan.replan import decide
+        from persia_planner.replan import decide
 
         return decide
     module, _, function = named.partition(":")

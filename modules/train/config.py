@@ -172,6 +172,8 @@ class TrainConfig:
         adapt_threshold: How far (a share of the predicted step) the measured step may be off before a re-plan.
         adapt_max: The most re-plans of a run (a rollback to the better plan counts).
         adapt_window: Steps of the warm-up after each start or migration, and of each measurement window after it.
+        adapt_qcomms: The planner chose the plan's collectives' precisions (``Plan.qcomms_chosen``, and the model
+            leaves them ``auto``): a re-plan chooses them again, as ``persia plan`` would; otherwise they stay.
 
     Raises:
         PlannerError: An option is out of range or not one of its choices (one line, naming the option).
@@ -214,6 +216,7 @@ class TrainConfig:
     adapt_threshold: float = 0.10
     adapt_max: int = 2
     adapt_window: int = 20
+    adapt_qcomms: bool = False
     data_rows: int | None = None
     """The data's training rows as :func:`check_before_start` counted them (None: not counted); sizes the progress."""
 

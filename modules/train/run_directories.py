@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.train.run_lock import refuse_held
-from persia_planner.outputs import RUN_MARKER, check_run_folder, unwritable
+from persia_planner.outputs import RUN_MARKER, check_run_folder, in_passing, unwritable
 
 if TYPE_CHECKING:  # pragma: no cover
     from persia_planner.modules.train.config import TrainConfig
@@ -59,7 +59,8 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
     _check_not_under_a_file("--checkpoint", path)
     _check_run_folder(cfg, "--checkpoint", path)
     # A run from scratch replaces what the directory holds at its first save: never silently.
-    if not (cfg.resume or cfg.overwrite) and path.is_dir() and any(p.name != RUN_MARKER for p in path.iterdir()):
+    # Another trainer of the run (torchrun, a shared file system) may be probing the folder at this moment.
+    if not (cfg.resume or cfg.overwrite) and path.is_dir() and any(not in_passing(p.name) for p in path.iterdir()):
         raise PlannerError(
             f"--checkpoint {path} is not empty; training from scratch would replace what it holds",
             fixes=("add --resume to continue its checkpoint", "add --overwrite to replace it", "pass another dir"),

@@ -42,6 +42,7 @@ class Timeline:
     excluded_samples: int = 0
     excluded_steps: int = 0
     excluded_s: float = 0.0
+    profiled_through: int = field(init=False, default=0)  # steps up to the profiled ones' end (see __post_init__)
 
     def record(self, step: int, index: int, stats: Any) -> float:
         """Record step ``step`` (the run's ``index``-th, what the loop measured: a :class:`.loop.StepStats`);
@@ -76,11 +77,14 @@ class Timeline:
             breakdown["other"] = max(0.0, timed - breakdown["ps_wait"] - breakdown["push"])
         return Window(last_step - steps + 1, last_step, timed, breakdown)
 
+    def __post_init__(self) -> None:
+        # The steps before the profiled ones' end: warm-up and profiled. Kept when a migration drops the profiler
+        # (its next plan is not profiled): the run's medians still leave them out.
+        self.profiled_through = 0 if self.profiler is None else self.profiler.start + self.profiler.count
+
     def unprofiled(self, xs: list[float]) -> list[float]:
         """The steps after warm-up, without the profiled ones (the profiler's overhead inflates them)."""
-        if self.profiler is None:
-            return xs
-        kept = xs[self.profiler.start + self.profiler.count :]
+        kept = xs[self.profiled_through :]
         return kept or xs
 
     def breakdown_ms(self, with_ps: bool) -> dict[str, float]:

@@ -306,7 +306,10 @@ class _TrainerRun:
             for config in self.hybrid.ps_tables:
                 self.client.drop(config.name)
         dist.barrier()
-        job = replace(self.job, tables=dict(tables), resume_from=shared[0], cfg=replace(self.job.cfg, resume=True))
+        # The next plan's collectives are the adapter's (a re-plan may change them alone).
+        spec = replace(self.job.spec, qcomms=self.adapter.current.qcomms)
+        cfg = replace(self.job.cfg, resume=True)
+        job = replace(self.job, spec=spec, tables=dict(tables), resume_from=shared[0], cfg=cfg)
         save_s = self.saver.last_save_s  # what the next decision prices a migration's checkpoint at
         # This plan's model goes before the next one is built: the saver holds it too (model, tables, optimizer).
         self.dmp = self.loop = self.hybrid = self.saver = None  # type: ignore[assignment]
@@ -432,6 +435,7 @@ class _TrainerRun:
             return None
         final: dict[str, Any] = {
             "tables": {name: placement_to_dict(p) for name, p in self.job.tables.items()},
+            "qcomms": None if self.job.spec.qcomms is None else self.job.spec.qcomms.to_dict(),
             "from_step": self.start_step,
             "step_ms": None,  # a migration at the last step: the plan ran no step of its own
             "step_breakdown_ms": None,

@@ -4,6 +4,7 @@ or as JSON, and written to ``--log-dir``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -47,10 +48,13 @@ def _final_plan(model: ModelSpec, topology: Topology, the_plan: Plan, result: di
         return the_plan
     from persia_planner.bound import lower_bound
     from persia_planner.cost.analytic import CostModel
+    from persia_planner.model.qcomms import QComms
     from persia_planner.plan.plan import placement_from_dict
     from persia_planner.planner import priced_plan
 
     tables = {name: placement_from_dict(p, "final plan", name) for name, p in final["tables"].items()}
+    if final.get("qcomms") is not None:  # a re-plan may have chosen the collectives again
+        model = dataclasses.replace(model, qcomms=QComms.from_value(final["qcomms"], "final plan qcomms"))
     cost = CostModel(model, topology)
     result["first_plan_step_ms"] = the_plan.step_ms
     return priced_plan(cost, tables, lower_bound_ms=lower_bound(cost).value_ms)

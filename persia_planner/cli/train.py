@@ -5,6 +5,7 @@ Options, plan and inputs are checked before torch is imported; the engine is :mo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -397,6 +398,9 @@ def train_command(
         else:
             require_plan_agrees(the_plan, model_spec, str(plan_path))
         # The collectives run in the precisions the plan chose (or the model named): the run's model carries them.
+        # Where the planner chose them (the model left them auto, no --qcomms named them), --adapt's re-plans choose
+        # them again.
+        cfg = dataclasses.replace(cfg, adapt_qcomms=model_spec.qcomms is None and the_plan.qcomms_chosen)
         model_spec = the_plan.priced_model(model_spec)
         cfg = _checked_start(cfg, model_spec, the_plan, topo, node_host)
         result = _run(cfg, model_spec, the_plan, topo, node_host)

@@ -22,12 +22,15 @@ equation: the model prices TorchRec's input distribution in the step's fixed tim
 counts it in its all-to-all ranges. At K >= 1 the servers' time overlaps the trainer's work: a run whose trainers
 hardly wait for the servers' rows gives no equation for ``ps`` (the servers kept up: ``f_ps * predicted_ps <= step``
 bounds the factor instead), and its trainers' own pushes are trainer work, in their ``sync`` work. The equations are
-solved by least squares of each residual as a share of its run's step (a small run weighs as much as a large one,
-and a term that is a sliver of its step does not steer its factor). A factor that no equation holds keeps its prior;
+solved by least squares of each residual as a share of what its equation measured (a small run weighs as much as a
+large one, and a term measured alone holds its factor however small beside its step; a value under 2% of its
+step is weighed as 2% of it), in the factors' logarithms. A factor that no equation holds keeps its prior;
 factors the equations cannot tell apart (runs of one plan, whose terms appear in the same proportions in every
 equation, or of plans so alike that only the runs' noise separates them: a direction whose singular value, the parts
-taken at unit length, is under 5% of the strongest) are scaled together, by one factor on their priors. Factors stay
-within :data:`~persia_planner.topology.cost_constants.SCALE_RANGE`.
+taken at unit length, is under 5% of the strongest) are named, and a penalty holds the factors along those
+directions at their priors' ratios: a sum the runs measure only whole scales its parts alike, and a direction seen
+only through the runs' noise no longer sends factors to the range's ends. The directions the equations determine
+are met exactly. Factors stay within :data:`~persia_planner.topology.cost_constants.SCALE_RANGE`.
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ PS_BOUND_SHARE = 0.1
 _RANK_TOLERANCE = 5e-2
 # A part whose weight in an undetermined direction is above this is one of the parts that direction mixes.
 _PARTICIPATION = 0.2
+# An equation's residual is taken as a share of its measured value, or of this share of its run's step if larger.
+_WEIGHT_FLOOR_SHARE = 0.02
+# The weight that holds the log-factors off the directions the runs do not determine: far above any residual's, so
+# that along them the factors keep their priors' ratios; zero on the directions the runs determine, which are met.
+_WEAK_PENALTY = 1e2
+_SOLVE_ITERATIONS = 200
 
 
 def exchange_part(sharding: str) -> str:
@@ -115,8 +124,9 @@ class Refit:
 
     Attributes:
         factors: The factor per term (:data:`~persia_planner.topology.cost_constants.SCALED_TERMS`).
-        not_separable: Terms the runs could not determine alone: unmeasured ones (their prior kept) and ones scaled
-            together with others (a sharding type's exchange as ``all_to_all.<type>``).
+        not_separable: Terms the runs could not determine alone: unmeasured ones (their prior kept) and ones along a
+            direction the runs do not determine, kept at their priors' ratios (a sharding type's exchange as
+            ``all_to_all.<type>``).
         rows: Per run, per term: predicted / measured / refitted.
         clamped: Terms (or ``all_to_all.<type>``) whose factor was held at the edge of the allowed range.
         notes: What ``not_separable`` and ``clamped`` mean for these runs, in words.
@@ -226,47 +236,85 @@ def _equations(runs: Sequence[RunTerms], base: Mapping[str, float]) -> tuple[np.
                 continue  # the model has nothing there to scale
             rows.append(row)
             values.append(measured - (fixed if "all_to_all" in terms else 0.0))
-            # A share of the run's step: what the factors are for is predicting steps.
-            weights.append(1.0 / run.step_ms)
+            # Each equation's residual as a share of what it measured: a term measured alone holds its factor however
+            # small beside its step (a sliver weighed by the step let the lumped equations of other runs pull it to
+            # the range's ends). Floored at a small share of the step: a term of a fraction of a millisecond is
+            # mostly timer noise.
+            weights.append(1.0 / max(measured, _WEIGHT_FLOOR_SHARE * run.step_ms))
     shape = (len(rows), len(PARTS))
     return np.array(rows, dtype=float).reshape(shape), np.array(values, dtype=float), np.array(weights, dtype=float)
 
 
-def _groups(a: np.ndarray, measured: list[int]) -> list[list[int]]:
-    """The measured parts (columns of ``a``) as groups the equations determine: each part alone where they tell it
-    apart from the others, and all the rest together."""
-    sub = a[:, measured]
-    # Each column at unit length: what decides is whether the runs hold the parts in different proportions, not how
-    # large a part is (a 2 ms embedding term measured alone is determined, however small beside a 300 ms step).
-    sub = sub / np.maximum(np.linalg.norm(sub, axis=0), 1e-300)
-    _, s, vt = np.linalg.svd(sub, full_matrices=True)
+def _weak_directions(a: np.ndarray) -> np.ndarray:
+    """The directions (rows, one per direction, in the parts' log-factors) that the equations ``a`` do not
+    determine: the right singular vectors of ``a`` with each column at unit length, whose singular value is under
+    :data:`_RANK_TOLERANCE` of the strongest, and those no equation reaches at all.
+
+    Each column at unit length: what decides is whether the runs hold the parts in different proportions, not how
+    large a part is (a 2 ms embedding term measured alone is determined, however small beside a 300 ms step). Along
+    such a direction the factors keep their priors' ratios: a sum the runs measure only whole scales its parts
+    alike."""
+    unit = a / np.maximum(np.linalg.norm(a, axis=0), 1e-300)
+    _, s, vt = np.linalg.svd(unit, full_matrices=True)
     rank = int((s > _RANK_TOLERANCE * s.max()).sum()) if s.size else 0
-    null = vt[rank:]  # directions no equation sees
-    mixed = np.abs(null).max(axis=0) > _PARTICIPATION if null.size else np.zeros(len(measured), dtype=bool)
-    undetermined = [measured[j] for j in range(len(measured)) if mixed[j]]
-    groups = [[j] for j in measured if j not in undetermined]
-    return groups + ([undetermined] if undetermined else [])
+    return vt[rank:]
 
 
-def _solve(a: np.ndarray, y: np.ndarray, bounds: list[tuple[float, float]]) -> tuple[np.ndarray, list[int]]:
-    """Least squares of ``a x = y`` with ``x`` within ``bounds``: a solution outside them is held at the bound it
-    crosses most and the rest solved again. Returns ``x`` and the indices held."""
+def _undetermined(weak: np.ndarray, measured: list[int]) -> list[int]:
+    """The measured parts that a weak direction mixes (its weight on them above :data:`_PARTICIPATION`)."""
+    mixed = np.abs(weak).max(axis=0) > _PARTICIPATION if weak.size else np.zeros(len(measured), dtype=bool)
+    return [measured[j] for j in range(len(measured)) if mixed[j]]
+
+
+def _solve(
+    a: np.ndarray, y: np.ndarray, bounds: Sequence[tuple[float, float]], weak: np.ndarray
+) -> tuple[np.ndarray, list[int]]:
+    """Multipliers ``m`` (on the priors) of least ``|a m - y|^2``, with each ``m_j`` within ``bounds[j]`` and
+    ``log m`` held off the ``weak`` directions (rows) by a penalty: Gauss-Newton in ``log m`` with Levenberg's
+    damping, a multiplier at a bound it presses against held there. Returns ``m`` and the indices at a bound."""
     n = a.shape[1]
-    x = np.zeros(n)
-    held: dict[int, float] = {}
-    while True:
-        free = [j for j in range(n) if j not in held]
-        rest = y - (a[:, list(held)] @ np.array(list(held.values())) if held else 0.0)
-        if free:
-            x[free] = np.linalg.lstsq(a[:, free], rest, rcond=None)[0]
-        for j, v in held.items():
-            x[j] = v
-        outside = {j: max(bounds[j][0] / x[j] if x[j] > 0 else math.inf, x[j] / bounds[j][1]) for j in free}
-        outside = {j: v for j, v in outside.items() if v > 1.0 + 1e-12}
-        if not outside:
-            return x, sorted(held)
-        j = max(outside, key=lambda k: outside[k])
-        held[j] = min(max(x[j], bounds[j][0]), bounds[j][1])
+    lo = np.log([max(b[0], 1e-300) for b in bounds])
+    hi = np.log([b[1] for b in bounds])
+    z = np.clip(np.zeros(n), lo, hi)
+    pull = math.sqrt(_WEAK_PENALTY) * weak.reshape(-1, n)
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        return np.concatenate([a @ np.exp(z) - y, pull @ z])
+
+    cost, damping = float(residuals(z) @ residuals(z)), 1e-3
+    for _ in range(_SOLVE_ITERATIONS):
+        r = residuals(z)
+        jac = np.vstack([a * np.exp(z), pull])
+        grad = jac.T @ r
+        # A multiplier at a bound that the gradient presses further out is held for this step.
+        free = ~(((z <= lo + 1e-12) & (grad > 0)) | ((z >= hi - 1e-12) & (grad < 0)))
+        if not free.any():
+            break
+        jf = jac[:, free]
+        normal, rhs = jf.T @ jf, -(jf.T @ r)
+        while True:
+            step = np.linalg.solve(normal + damping * np.diag(np.maximum(np.diag(normal), 1e-12)), rhs)
+            trial = z.copy()
+            trial[free] = np.clip(z[free] + step, lo[free], hi[free])
+            trial_cost = float(residuals(trial) @ residuals(trial))
+            if trial_cost <= cost or damping > 1e12:
+                break
+            damping *= 10.0
+        if trial_cost > cost:
+            break
+        moved = float(np.abs(trial - z).max())
+        z, cost, damping = trial, trial_cost, max(damping / 10.0, 1e-12)
+        if moved < 1e-12:
+            break
+    m = np.exp(z)
+    held = []
+    for j in range(n):
+        for edge in bounds[j]:
+            if abs(z[j] - math.log(max(edge, 1e-300))) <= 1e-9:
+                m[j] = edge  # the bound itself, not its logarithm's round trip
+                held.append(j)
+                break
+    return m, held
 
 
 def _priors(prior: Mapping[str, float] | None) -> tuple[dict[str, float], dict[str, float]]:
@@ -278,23 +326,20 @@ def _priors(prior: Mapping[str, float] | None) -> tuple[dict[str, float], dict[s
     return base | {exchange_part(s): base["all_to_all"] * shardings[s] for s in REFIT_SHARDINGS}, shardings
 
 
-def _bounds(group: list[int], base: Mapping[str, float], ps_cap: float, a2a_fitted: bool) -> tuple[float, float]:
-    """The range of a group's multiplier that keeps each of its factors in range: a term's factor in
-    :data:`SCALE_RANGE`, ``ps`` at most ``ps_cap``; an exchange's (the all-to-all's times its type's) with its
-    type's in range, given the all-to-all's prior, or where the all-to-all's is fitted too, in the range's square
-    (its type's factor is held to the range once the all-to-all's is known)."""
+def _bounds(j: int, base: Mapping[str, float], ps_cap: float, a2a_fitted: bool) -> tuple[float, float]:
+    """The range of part ``j``'s multiplier (on its prior) that keeps its factor in range: a term's in
+    :data:`SCALE_RANGE`, ``ps`` at most ``ps_cap``; an exchange's (the all-to-all's times its type's) with its type's
+    in range, given the all-to-all's prior, or where the all-to-all's is fitted too, in the range's square (its type's
+    factor is held to the range once the all-to-all's is known)."""
     lo, hi = SCALE_RANGE
-    low, high = 0.0, math.inf
-    for j in group:
-        part = PARTS[j]
-        if part not in _SHARDING_OF:
-            span = (lo, min(hi, max(ps_cap, lo))) if part == "ps" and len(group) == 1 else (lo, hi)
-        elif a2a_fitted:
-            span = (lo * lo, hi * hi)
-        else:
-            span = (lo * base["all_to_all"], hi * base["all_to_all"])
-        low, high = max(low, span[0] / base[part]), min(high, span[1] / base[part])
-    return low, high
+    part = PARTS[j]
+    if part not in _SHARDING_OF:
+        span = (lo, min(hi, max(ps_cap, lo))) if part == "ps" else (lo, hi)
+    elif a2a_fitted:
+        span = (lo * lo, hi * hi)
+    else:
+        span = (lo * base["all_to_all"], hi * base["all_to_all"])
+    return span[0] / base[part], span[1] / base[part]
 
 
 def refit(runs: Sequence[RunTerms], prior: Mapping[str, float] | None = None) -> Refit:
@@ -303,7 +348,8 @@ def refit(runs: Sequence[RunTerms], prior: Mapping[str, float] | None = None) ->
     Args:
         runs: The runs, each with its measured and predicted terms.
         prior: The factors the runs' plans were priced with, by term and by sharding type (default 1 each): kept
-            where no run measures a term, and the ratios kept between terms that are scaled together.
+            where no run measures a term, and the ratios kept between terms along a direction the runs do not
+            determine.
 
     Raises:
         PlannerError: No run, or no run measured anything the model predicts.
@@ -318,14 +364,15 @@ def refit(runs: Sequence[RunTerms], prior: Mapping[str, float] | None = None) ->
         )
     priced = a * np.array([base[p] for p in PARTS])  # in multiples of the prior
     measured = [j for j in range(len(PARTS)) if priced[:, j].any()]
-    groups = _groups(priced * w[:, None], measured)
-    columns = np.stack([priced[:, g].sum(axis=1) for g in groups], axis=1) * w[:, None]
+    weighted = priced[:, measured] * w[:, None]
+    weak = _weak_directions(weighted)
     cap, a2a_fitted = _ps_cap(runs), PARTS.index("all_to_all") in measured
-    multipliers, held = _solve(columns, y * w, [_bounds(g, base, cap, a2a_fitted) for g in groups])
+    bounds = [_bounds(j, base, cap, a2a_fitted) for j in measured]
+    multipliers, held_at = _solve(weighted, y * w, bounds, weak)
     fitted = dict(base)
-    for g, m in zip(groups, multipliers, strict=True):
-        for j in g:
-            fitted[PARTS[j]] = base[PARTS[j]] * float(m)
+    for j, m in zip(measured, multipliers, strict=True):
+        fitted[PARTS[j]] = base[PARTS[j]] * float(m)
+    held = [measured[k] for k in held_at]
     factors = {t: fitted[t] for t in SCALED_TERMS}
     a2a = factors["all_to_all"]
     lo, hi = SCALE_RANGE
@@ -340,8 +387,8 @@ def refit(runs: Sequence[RunTerms], prior: Mapping[str, float] | None = None) ->
                 clamped_types.append(PARTS[j])
     unmeasured = [t for t in SCALED_TERMS if SCALED_TERMS.index(t) not in measured]
     exchanged = bool(shardings) and "all_to_all" in unmeasured  # the fixed cost kept: the exchanges carry the term
-    together = [PARTS[j] for g in groups if len(g) > 1 for j in g]
-    at_edge = [PARTS[j] for k in held for j in groups[k] if PARTS[j] in SCALED_TERMS]
+    together = [PARTS[j] for j in _undetermined(weak, measured)]
+    at_edge = [PARTS[j] for j in held if PARTS[j] in SCALED_TERMS]
     capped = [t for t in at_edge if t == "ps" and lo < factors[t] < hi]  # held by the runs whose servers kept up
     clamped = tuple(t for t in at_edge if t not in capped) + tuple(clamped_types)
     notes = _notes(runs, [t for t in unmeasured if not (exchanged and t == "all_to_all")], together, clamped)
@@ -374,8 +421,9 @@ def _notes(
         plans = len({r.plan_id for r in runs})
         who = "runs of one plan" if plans == 1 else f"these runs ({plans} plans)"
         notes.append(
-            f"{who} cannot separate {', '.join(together)}: scaled together by one factor on their priors "
-            "(runs of other plans, or a profiled run without parameter-server tables, separate them)"
+            f"{who} cannot separate {', '.join(together)}: the prior divides their share, each moved as little "
+            "as the runs allow (runs of other plans, or a profiled run without parameter-server tables, separate "
+            "them)"
         )
     if clamped:
         lo, hi = SCALE_RANGE

@@ -67,6 +67,8 @@ class Plan:
         ps_wire_dtype: The dtype its parameter-server traffic was priced in (None: not recorded).
         qcomms: The precisions of the trainers' collectives it was priced for and runs with (None: not recorded,
             float32).
+        qcomms_chosen: The planner chose ``qcomms`` (the model left them ``auto``, no ``--qcomms`` named them):
+            ``persia train --adapt`` may choose them again; otherwise they stay as named.
         tuning: What ``persia plan --tune`` measured of the candidates, and which it kept (None: not tuned).
         bound_parts: What the bound is made of: the step-time functionals of the combination that gave it, each
             with its weight (``bound.BoundPart``; empty where not recorded).
@@ -84,6 +86,7 @@ class Plan:
     staleness: int | None = None
     ps_wire_dtype: DType | None = None
     qcomms: QComms | None = None
+    qcomms_chosen: bool = field(default=False, compare=False)
     tuning: Tuning | None = None
     bound_parts: Mapping[str, float] = field(default_factory=dict, compare=False)
     bound_binding: tuple[str, ...] = field(default=(), compare=False)
@@ -117,6 +120,7 @@ class Plan:
             **({"staleness": self.staleness} if self.staleness is not None else {}),
             **({"ps_wire_dtype": self.ps_wire_dtype.value} if self.ps_wire_dtype is not None else {}),
             **({"qcomms": self.qcomms.to_dict()} if self.qcomms is not None else {}),
+            **({"qcomms_chosen": True} if self.qcomms_chosen else {}),
             "tables": {name: placement_to_dict(p) for name, p in self.tables.items()},
             "devices": {
                 name: {
@@ -199,6 +203,7 @@ class Plan:
         staleness = top.take("staleness", Quantity.COUNT, default=None, maximum=MAX_STALENESS)
         wire = top.take_enum("ps_wire_dtype", DType, default=None)
         qcomms = _read_qcomms(top)
+        chosen = top.take_bool("qcomms_chosen", default=False)
         tables_data = top.sub("tables")
         assert tables_data is not None
         tables = {}
@@ -250,6 +255,7 @@ class Plan:
             staleness=staleness,
             ps_wire_dtype=wire,
             qcomms=qcomms,
+            qcomms_chosen=chosen,
             tuning=tuning,
             bound_parts=parts,
             bound_binding=binding,

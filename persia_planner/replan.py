@@ -1,7 +1,9 @@
 """Re-planning a running job from what it measured (``persia train --adapt``): refit the cost model to the job's
 measured step, plan again under the refitted model, and say whether moving to the new plan pays for itself.
 
-Torch-free: the trainers measure and migrate (:mod:`persia_planner.modules.train.adapt`); this module decides.
+Torch-free: the trainers measure and migrate (:mod:`persia_planner.modules.train.adapt`); this module decides. It
+plans as ``persia plan`` does (:class:`persia_planner.planner.Planner`, the collectives' precisions chosen again
+where the plan chose them), so it sits above the planner's pipeline.
 A decision compares both plans under the *refitted* model (the one that predicts what the job measured), never the
 plan's own score under the model that mispriced it, and charges the migration against what the faster step saves
 over the steps left.
@@ -9,6 +11,7 @@ over the steps left.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,8 +21,10 @@ from persia_planner.cost.analytic import CostModel
 from persia_planner.cost.refit import Refit, RunTerms, refit
 from persia_planner.errors import PlannerError
 from persia_planner.kinds import Sharding
+from persia_planner.model.qcomms import FP32_COMMS, QComms
 from persia_planner.model.specs import ModelSpec
 from persia_planner.placement.shards import TablePlacement
+from persia_planner.planner import Planner
 from persia_planner.search import GreedyLocalSearch, SearchConfig
 from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
@@ -53,6 +58,7 @@ class Decision:
         predicted_new_ms: The new plan's step under the refitted model (None when no plan was searched).
         refit: The refit of the measured windows.
         off_by: The measured step over the current model's prediction, minus 1.
+        qcomms: The new plan's collectives' precisions when ``migrate`` (they may be all that changes), else None.
     """
 
     migrate: bool
@@ -62,6 +68,7 @@ class Decision:
     predicted_new_ms: float | None
     refit: Refit
     off_by: float
+    qcomms: QComms | None = None
 
 
 def pinned(model: ModelSpec) -> bool:
@@ -101,6 +108,7 @@ def decide(
     seed: int = 0,
     improve_time_s: float = 2.0,
     history: Sequence[RunTerms] = (),
+    choose_qcomms: bool = False,
 ) -> Decision:
     """Decide whether a job that measured ``measured`` under ``tables`` should move to another plan.
 
@@ -115,6 +123,8 @@ def decide(
         seed: The search's seed.
         improve_time_s: The search's improvement budget.
         history: Earlier windows (of this or other plans): the refit fits all of them with ``measured``.
+        choose_qcomms: The running plan chose its collectives' precisions (the model leaves them to the planner):
+            choose them again; otherwise ``model.qcomms`` stays.
 
     Returns:
         The decision; ``refit`` always holds the refitted factors.
@@ -134,18 +144,21 @@ def decide(
         return keep(Reason.WITHIN)
     if pinned(model):
         return keep(Reason.PINNED)
-    # The running model is priced (its qcomms and wire dtype fixed by its plan): the search alone, without the
-    # planner's choice of collectives, re-places its tables.
-    cost = CostModel(model, refitted)
     search = GreedyLocalSearch(SearchConfig(seed=seed, improve_time_s=improve_time_s, explain_top=0))
     try:
-        new_tables = dict(search.search(cost, lower_bound(cost)).placements)
+        if choose_qcomms:  # as `persia plan` plans a model that leaves its collectives to the planner
+            planned = Planner(search).plan(dataclasses.replace(model, qcomms=None), refitted)
+            new_tables, new_qcomms = dict(planned.tables), planned.qcomms
+        else:  # the collectives as the model names them: the search alone re-places the tables
+            cost = CostModel(model, refitted)
+            new_tables, new_qcomms = dict(search.search(cost, lower_bound(cost)).placements), model.qcomms
     except PlannerError:  # nothing fits under the refitted figures: the running plan stays
         return keep(Reason.SAME_PLAN)
-    new_ms = cost.evaluate(new_tables)[0].step_ms
-    if not tables_moved(tables, new_tables) or new_ms > old_ms * (1 - MIN_GAIN):
+    new_ms = CostModel(dataclasses.replace(model, qcomms=new_qcomms), refitted).evaluate(new_tables)[0].step_ms
+    changed = bool(tables_moved(tables, new_tables)) or (new_qcomms or FP32_COMMS) != (model.qcomms or FP32_COMMS)
+    if not changed or new_ms > old_ms * (1 - MIN_GAIN):
         return keep(Reason.SAME_PLAN, new_ms)
     saved_s = (old_ms - new_ms) / 1e3 * (steps_left if steps_left is not None else math.inf)
     if saved_s <= migration_s:
         return keep(Reason.TOO_COSTLY, new_ms)
-    return Decision(True, Reason.FASTER, new_tables, old_ms, new_ms, fit, off_by)
+    return Decision(True, Reason.FASTER, new_tables, old_ms, new_ms, fit, off_by, new_qcomms)
