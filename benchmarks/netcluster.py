@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps, no faults, no replanning (CI)")
     parser.add_argument("--replan-steps", type=int, default=120, help="steps of each replanning run (default 120)")
     parser.add_argument("--rounds", type=int, default=2, help="alternated rounds of the replanning runs (default 2)")
+    parser.add_argument("--work", type=Path, help="keep every job's logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
     try:
         check_available()
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = {"platform": platform.platform(), "cpus": os.cpu_count()}
     results: dict[str, Any] = {"machine": machine, "hosts": len(HOSTS), "ps_mbit": args.ps_mbit, "steps": steps}
     with tempfile.TemporaryDirectory(prefix="persia-netcluster-") as tmp, signals_as_exceptions():
-        work = Path(tmp)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         c = claim(work, args.ps_mbit, steps, 4 if args.quick else 16, faults=not args.quick)
         r = None if args.quick else replan(work, args.replan_steps, args.rounds)
     k0, k4, single = c["k0"], c["k4"], c["single"]
