@@ -41,12 +41,13 @@ import torch.distributed.rpc as rpc
 from rich.console import Console
 from rich.table import Table
 
-from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels, protocol
+from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels, protocol, server_state
 from persia_planner.modules.ps import server as ps_server
-from persia_planner.modules.ps.client import PsClient, distinct_ids
+from persia_planner.modules.ps.client import PsClient
 from persia_planner.modules.ps.index import table_empty
 from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.modules.ps.protocol import TableConfig
+from persia_planner.modules.ps.server_requests import distinct_ids
 
 console = Console()
 DIM = 64
@@ -135,7 +136,7 @@ def fill(store: EmbeddingStore, ids: torch.Tensor) -> None:
 
 def _fill_table(table: str, ids: torch.Tensor) -> int:
     """Runs on the server: :func:`fill` its store of ``table``; returns the rows held."""
-    store = ps_server.state().table(table).store
+    store = server_state.state().table(table).store
     fill(store, ids)
     return len(store)
 

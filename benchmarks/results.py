@@ -100,13 +100,11 @@ HEADLINES = {
     ),
     "optimality": ("within_2pct_share", "worst_gap", "median_bound_over_optimum"),
     "fuzz": ("examples", "failed"),
-    "vs_logistic": (
-        "lr_auc",
-        "sync_auc",
-        "hybrid_auc",
-        "sync_minus_lr",
-        "hybrid_minus_lr",
-        "pass",
+    "vs_baselines": (
+        "persia_minus_lr_min",
+        "persia_minus_fm_min",
+        "persia_at_least_lr",
+        "persia_at_least_lr_every_split",
     ),
     "vs_torchrec": (
         "min_ratio",

@@ -76,6 +76,7 @@ class OutputKind(enum.StrEnum):
     MODEL = "a suggested model (persia data profile --out)"
     SCORES = "scores (persia predict --out)"
     FACTORS = "refitted cost-model factors (persia train --log-dir, refit.yaml)"
+    BEST = "the best evaluation's mark (persia train --early-stop, BEST.json)"
 
     @property
     def file_name(self) -> str:
@@ -114,6 +115,7 @@ _MARKS = {
     OutputKind.MODEL: b"# persia data profile",
     OutputKind.SCORES: b"persia-scores/1",
     OutputKind.FACTORS: b"# persia train: the cost model's factors",
+    OutputKind.BEST: b'{"format": "persia-best/',
 }
 
 _FILE_NAMES = {
@@ -123,6 +125,7 @@ _FILE_NAMES = {
     OutputKind.MODEL: "model.yaml",
     OutputKind.SCORES: "scores.parquet",
     OutputKind.FACTORS: "refit.yaml",
+    OutputKind.BEST: "BEST.json",
 }
 
 PICTURE_METADATA = {"Software": "persia-planner"}

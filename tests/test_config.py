@@ -3,6 +3,7 @@ before it imports torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -79,7 +80,7 @@ def test_wire_dtype_names_the_torch_dtype():
         ({"ps_delay_ms": -0.5}, "--ps-delay-ms must be a number in [0, 60000] (ms per PS call), got -0.5"),
         ({"ps_delay_ms": float("inf")}, "--ps-delay-ms must be a number in [0, 60000] (ms per PS call), got inf"),
         ({"ps_delay_ms": float("nan")}, "--ps-delay-ms must be a number in [0, 60000] (ms per PS call), got nan"),
-        ({"eval_every": -3}, "--eval-every must be >= 0 (0: only at the end), got -3"),
+        ({"eval_every": -3}, "--eval-every must be >= 0 (0: at each epoch"),
         ({"sparse_lr": -1.0}, "--sparse-lr must be a finite number > 0, got -1.0"),
         ({"dense_lr": float("nan")}, "--dense-lr must be a finite number > 0, got nan"),
         ({"dense_lr": 0.0}, "--dense-lr must be a finite number > 0, got 0.0"),
@@ -259,6 +260,8 @@ def test_hyper_parameters_record_what_the_run_trains_with():
         "dense_lr": 0.001,
         "sparse_optimizer": "rowwise_adagrad",  # the tables' own (model.yaml names none: the default)
         "sparse_lr": 0.2,
+        "sparse_weight_decay": 0.0,
+        "lr_schedule": "constant",
         "batch_size": 200,  # global: 2 trainers x 100
         "eval_every": 5,
         "staleness": 0,  # sync
@@ -267,6 +270,13 @@ def test_hyper_parameters_record_what_the_run_trains_with():
     assert json.loads(json.dumps(hyper)) == hyper
     assert describe_hyper_parameters(hyper) == "dlrm; dense adam (0.001), sparse rowwise_adagrad (0.2)"
     assert describe_hyper_parameters(None) == "-"
+    regularised = hyper_parameters(
+        TrainConfig(sparse_weight_decay=1e-3, lr_schedule="warmup=10,cosine", mode="sync"), SPEC, trainers=2
+    )
+    assert (regularised["sparse_weight_decay"], regularised["lr_schedule"]) == (1e-3, "warmup=10,decay=cosine")
+    assert describe_hyper_parameters(regularised).endswith(
+        "sparse rowwise_adagrad (0.1), row decay 0.001; rates warmup=10,decay=cosine"
+    )
 
 
 @pytest.mark.parametrize(
@@ -289,7 +299,18 @@ def test_epoch_and_validation_options_are_checked(options, message):
 def test_steps_default_to_400_on_synthetic_data_and_to_the_epochs_on_files():
     assert TrainConfig().steps == 400 and TrainConfig(steps=7).steps == 7
     files = TrainConfig(data="csv:/x.csv")
-    assert files.steps is None and files.passes == 1 and files.held_out_share == 0.05
+    assert files.steps is None and files.held_out_share == 0.05
+    # Neither epochs nor steps: until an epoch's evaluation is no better, at most 10 epochs; the best kept only with
+    # a checkpoint, which the implied stop (unlike --early-stop) does not ask for.
+    assert (files.passes, files.early_stop, files.early_stop_implied) == (10, 1, True)
+    assert dataclasses.replace(files, seed=3).early_stop_implied  # a copy stays as it was set
+    assert (TrainConfig(data="csv:/x.csv", steps=5).passes, TrainConfig(data="csv:/x.csv", steps=5).early_stop) == (
+        1,
+        0,
+    )
+    given = TrainConfig(data="csv:/x.csv", epochs=3)
+    assert (given.passes, given.early_stop, given.early_stop_implied) == (3, 0, False)
+    assert TrainConfig(data="csv:/x.csv", early_stop=2, checkpoint="/c").early_stop_implied is False
     assert TrainConfig(data="csv:/x.csv", eval_data="csv:/y.csv").held_out_share == 0.0
 
 

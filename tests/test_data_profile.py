@@ -20,8 +20,10 @@ from typer.testing import CliRunner
 
 from persia_planner.cli import app
 from persia_planner.errors import SpecError
-from persia_planner.model.data_schema import load_data_schema
+from persia_planner.model.data_schema import FLOAT32_MAX, load_data_schema
 from persia_planner.model.specs import ModelSpec, load_model
+from persia_planner.modules.data.criteo_format import criteo_schema
+from persia_planner.modules.data.ids import collision_rate, rows_for_collision_rate
 from persia_planner.modules.data.profile import profile, suggested_rows, table_names
 from persia_planner.modules.data.source import DataSource
 from persia_planner.modules.train.config import TrainConfig
@@ -66,8 +68,12 @@ def test_the_suggested_model_trains_on_the_log_it_came_from(tmp_path):
     assert check_before_start(cfg, spec, with_ps=False).data_rows > 5000
 
 
-def test_suggested_rows_are_twice_the_ids_in_two_digits():
-    assert [suggested_rows(x) for x in (1, 4, 49, 4881, 123_456)] == [2, 8, 98, 9800, 250_000]
+def test_suggested_rows_meet_the_collision_rate_in_two_digits():
+    assert [suggested_rows(x) for x in (1, 4, 49, 4881, 123_456)] == [1, 300, 4800, 490_000, 13_000_000]
+    for n in (4, 49, 4881, 123_456):
+        rows = suggested_rows(n)
+        assert collision_rate(n, rows) <= 0.01 and rows <= 1.1 * rows_for_collision_rate(n)
+    assert suggested_rows(4881, 0.2) == 22_000 and collision_rate(4881, 22_000) <= 0.2
 
 
 def test_a_schema_gives_the_roles_and_parquet_lists_are_multi_hot(tmp_path):
@@ -90,8 +96,12 @@ def test_a_schema_gives_the_roles_and_parquet_lists_are_multi_hot(tmp_path):
         and found.model_skeleton()["tables"][0]["pooling_factor"] == 2
     )
     assert round(found.column("uid").distinct) == 77 and found.column("score").high == 999
-    # log1p for large non-negative values, then standardize
-    assert found.model_skeleton()["data"]["dense"][0] == {"column": "score", "log1p": True, "standardize": True}
+    # 0..999, evenly spread: standardized, no log1p (which is for heavy tails); uid, listed without transforms
+    # by the schema, gets the suggested standardize
+    assert found.model_skeleton()["data"]["dense"] == [
+        {"column": "score", "standardize": True},
+        {"column": "uid", "standardize": True},
+    ]
 
 
 def test_a_criteo_log_has_the_formats_roles(tmp_path):
@@ -101,25 +111,25 @@ def test_a_criteo_log_has_the_formats_roles(tmp_path):
     found = profile(DataSource.parse(f"criteo:{tmp_path / 'day_0'}"))
     assert not found.guessed and found.label == "label" and len(found.dense) == 13 and len(found.sparse) == 26
     assert round(found.column("C1").distinct) == 13 and found.column("C2").missing == 500
-    tables = found.model_skeleton()["tables"]
-    assert tables[0]["name"] == "c1" and "data" not in found.model_skeleton()
+    skeleton = found.model_skeleton()
+    assert skeleton["tables"][0]["name"] == "c1" and skeleton["data"] == criteo_schema().to_dict()
+    assert skeleton["data"]["dense"][0] == {"column": "I1", "clip": [0.0, FLOAT32_MAX], "log1p": True}
 
 
-def test_a_constant_dense_column_is_suggested_without_standardize_and_the_model_trains(tmp_path):
+def test_a_constant_column_is_left_out_with_a_note_and_the_model_trains(tmp_path):
     data = tmp_path / "c.csv"
     rows = [f"{i % 5 == 0:d},u{i % 300},{i % 97}.5,7" for i in range(6000)]
     data.write_text("clicked,user,price,version\n" + "\n".join(rows) + "\n")
     found = profile(DataSource.parse(f"csv:{data}"))
-    assert found.dense == ("price", "version") and found.constant_dense == ("version",)
+    assert found.dense == ("price",) and found.role("version") == "left out" and found.constant_dense == ()
     skeleton = found.model_skeleton()
-    assert skeleton["data"]["dense"] == [{"column": "price", "standardize": True}, {"column": "version"}]
+    assert skeleton["data"]["dense"] == [{"column": "price", "standardize": True}]
     cfg = TrainConfig(data=f"csv:{data}", batch_size=64, trainers=2)
     assert check_before_start(cfg, ModelSpec.from_dict(skeleton), with_ps=False).data_rows > 5000
     result = profile_cli(f"csv:{data}")
     assert result.exit_code == 0, result.output
     assert result.stderr == (
-        "note: 1 dense column(s) hold one value in every row read, e.g. 'version': suggested without standardize "
-        "(it would divide by a std of 0)\n"
+        "note: left out of the model: 'version' (one value in every row read: nothing to learn from)\n"
     )
 
 
@@ -304,13 +314,13 @@ def test_a_log_without_rows_or_without_an_id_column_is_refused(tmp_path):
         2,
         f"error: {tmp_path}/h.csv: the log holds no rows; fix: profile the files that hold the rows\n",
     )
-    (tmp_path / "n.csv").write_text("label,price,age\n" + "".join(f"{i % 2},{i % 3}.5,{i % 4}\n" for i in range(50)))
+    (tmp_path / "n.csv").write_text("label,price,age\n" + "".join(f"{i % 2},{i % 3}.5,{i}.25\n" for i in range(50)))
     result = profile_cli(f"csv:{tmp_path}/n.csv", "--json")
     assert (result.exit_code, result.stdout) == (2, "")
     assert result.stderr == (
-        f"error: {tmp_path}/n.csv: no column to feed an embedding table (every column is numbers of few distinct "
-        "values, or empty): the model would have no table; fix: name the id columns: --schema FILE with a data: "
-        "mapping whose sparse: maps tables to them\n"
+        f"error: {tmp_path}/n.csv: no column to feed an embedding table (every column is the label, dense or left "
+        "out): the model would have no table; fix: name the id columns: --schema FILE with a data: mapping whose "
+        "sparse: maps tables to them\n"
     )
     (tmp_path / "s.yaml").write_text("label: label\ndense: [price]\nsparse: {age: age}\n")
     result = profile_cli(f"csv:{tmp_path}/n.csv", "--schema", tmp_path / "s.yaml", "--json")
@@ -375,13 +385,13 @@ def test_hostile_column_names_give_a_model_that_loads_and_plans(tmp_path, kind):
     result = profile_cli(f"{kind}:{log}", "--json")
     assert result.exit_code == 0, result.stderr
     assert result.stderr == (
-        "note: 2 column(s) left out of the model, e.g. 'a\\x1b[2Jb': model.yaml cannot name a column holding a "
-        "control or format character; rename them to use them\n"
+        "note: left out of the model: 'a\\x1b[2Jb', 'x\\u202ey' (a control or format character in its name, which "
+        "model.yaml cannot hold: rename it to use it)\n"
     )
     found = json.loads(result.stdout)
     assert [c["name"] for c in found["columns"]] == HOSTILE_NAMES  # the real names, as JSON escapes them
     roles = {c["name"]: c["role"] for c in found["columns"]}
-    assert roles[ESC_NAME] == roles[BIDI_NAME] == "-" and roles["clicked"] == "label"
+    assert roles[ESC_NAME] == roles[BIDI_NAME] == "left out" and roles["clicked"] == "label"
     model = found["model"]
     assert [t["name"] for t in model["tables"]] == [
         "a_b", "a_b_2", "_..", "column_4", "u" * 200, "___", "null", "_-x", "_.h", "a_b_3"
@@ -422,7 +432,7 @@ def test_columns_no_reader_takes_are_counted_not_profiled(tmp_path):
             "when": pa.array([datetime.datetime(2020, 1, 1 + i % 20) for i in range(n)]),
             "nested": pa.array([[["a"]]] * n),
             "scores": pa.array([[1.5, 2.5]] * n),
-            "huge": pa.array([1.7e308] * n),
+            "huge": pa.array([1.7e308 / (1 + i % 2) for i in range(n)]),
             "user": pa.array([f"u{i % 7}" for i in range(n)]).dictionary_encode(),
         }
     )
@@ -434,6 +444,8 @@ def test_columns_no_reader_takes_are_counted_not_profiled(tmp_path):
     ]  # fmt: skip
     assert (found.label, found.dense, found.sparse) == ("label", ("huge",), ("user",))
     huge = found.column("huge")
-    assert huge.high == 1.7e308 and huge.mean is None  # the sum overflows: no mean, and --json stays JSON
+    assert (
+        huge.high == 1.7e308 and huge.mean is None and found.why("huge") == "floats, not ids"
+    )  # the sum overflows: no mean, and --json stays JSON
     result = profile_cli(f"parquet:{tmp_path}/x.parquet", "--json")
     assert json.loads(result.stdout)["columns"][5]["mean"] is None

@@ -108,3 +108,14 @@ def test_a_two_tower_model_trains_evaluates_and_resumes(one_trainer, tmp_path):
     first = [s.loss for s in TrainLoop(dmp, hybrid, opt).run(iter(nxt))]
     second = [s.loss for s in TrainLoop(dmp_again, hybrid_again, opt_again).run(iter(nxt))]
     assert first == pytest.approx(second, rel=1e-5)
+
+
+def test_the_runs_table_optimizer_carries_every_option_to_local_and_ps_tables():
+    from persia_planner import load_model
+    from persia_planner.modules.train.loop import sparse_optimizer
+    from persia_planner.paths import DEFAULT_MODEL
+
+    cfg = TrainConfig(sparse_lr=0.2, sparse_weight_decay=0.5, sparse_optimizer="adagrad")
+    opt = sparse_optimizer(cfg, load_model(DEFAULT_MODEL))
+    assert (opt.kind, opt.learning_rate, opt.weight_decay) == (Optimizer.ADAGRAD, 0.2, 0.5)
+    assert opt.ps().decoupled_weight_decay == 0.5  # the servers' row optimizer decays alike

@@ -73,40 +73,50 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.processes
 @pytest.mark.timeout(900)
 def test_a_checkpoint_scores_rows_as_its_run_evaluated_them(tmp_path):
-    """2 PS + 2 trainers train in sync mode (the two large tables on the servers), evaluating on every row of a
-    validation file; predict, in one process with 2 fresh servers loaded from the checkpoint, gives those rows the
-    run's AUC and log loss. Without the label column the scores are the same."""
+    """2 PS + 2 trainers train in sync mode (the two large tables on the servers), evaluating every 4 steps on every
+    row of a validation file (301: the trainers read 2 and 1 row groups, the last batch partial) and keeping the best
+    evaluation's checkpoint; predict, in one process with 2 fresh servers loaded from that checkpoint, gives those
+    rows the best evaluation's AUC and log loss. Without the label column the scores are the same."""
     (tmp_path / "model.yaml").write_text(MODEL_YAML)
     pq.write_table(_clicks(1024, seed=1), tmp_path / "train.parquet", row_group_size=256)
-    valid = _clicks(256, seed=2)  # 2 trainers x 2 eval batches x 64 rows: every row evaluated
+    valid = _clicks(301, seed=2)
     pq.write_table(valid, tmp_path / "valid.parquet", row_group_size=128)
     ckpt = tmp_path / "ckpt"
     train = _cli(
         "train", "--model", str(tmp_path / "model.yaml"), "--data", f"parquet:{tmp_path / 'train.parquet'}",
-        "--eval-data", f"parquet:{tmp_path / 'valid.parquet'}", "--eval-batches", "2", "--batch-size", "64",
-        "--epochs", "2", "--mode", "sync", "--checkpoint", str(ckpt), "--json",
+        "--eval-data", f"parquet:{tmp_path / 'valid.parquet'}", "--batch-size", "64", "--eval-every", "4",
+        "--early-stop", "3", "--keep", "1", "--epochs", "2", "--mode", "sync", "--checkpoint", str(ckpt), "--json",
     )  # fmt: skip
     assert train.returncode == 0, train.stderr[-3000:]
     run = json.loads(train.stdout.strip().splitlines()[-1])
-    assert sorted(run["ps_tables"]) == ["item_ids", "user_id"] and run["eval_samples"] == 256
+    assert sorted(run["ps_tables"]) == ["item_ids", "user_id"] and run["eval_samples"] == 301
+    # 1,024 rows, 2 x 64 per step: 8 steps an epoch; evaluated at steps 4, 8 (the epoch's end), 12 and 16 (the end).
+    stopping = run["early_stopping"]
+    evaluated = [e["step"] for e in stopping["evaluations"]]
+    assert run["last_step"] == 16 and evaluated == [4, 8, 12, 16]
+    best = max(stopping["evaluations"], key=lambda e: e["value"])  # the first of equals: a later one is not better
+    assert stopping["best_step"] == best["step"] and stopping["best"]["eval_samples"] == 301
 
     scored = _cli("predict", "--checkpoint", str(ckpt), "--data", f"parquet:{tmp_path / 'valid.parquet'}",
                   "--out", str(tmp_path / "scores.parquet"), "--batch-size", "100", "--json")  # fmt: skip
     assert scored.returncode == 0, scored.stderr[-3000:]
     result = json.loads(scored.stdout.strip().splitlines()[-1])
-    assert result["rows"] == 256 and result["step"] == run["last_step"]
-    m = result["metrics"]
-    assert m["auc"] == pytest.approx(run["auc"], abs=1e-6) and m["auc"] > 0.6
-    assert m["eval_loss"] == pytest.approx(run["eval_loss"], abs=1e-5)
-    assert m["normalized_entropy"] == pytest.approx(run["normalized_entropy"], abs=1e-5)
+    assert result["rows"] == 301 and result["step"] == stopping["best_step"]  # the best, kept beyond --keep 1
+    m, at_best = result["metrics"], stopping["best"]
+    assert m["auc"] == pytest.approx(at_best["auc"], abs=1e-6) and m["auc"] > 0.6
+    assert run["auc"] == at_best["auc"]  # the summary heads with the model the run kept
+    if stopping["best_step"] != run["last_step"]:
+        assert run["final_evaluation"]["auc"] != run["auc"]
+    assert m["eval_loss"] == pytest.approx(at_best["eval_loss"], abs=1e-5)
+    assert m["normalized_entropy"] == pytest.approx(at_best["normalized_entropy"], abs=1e-5)
     scores = pq.read_table(tmp_path / "scores.parquet")
     assert scores.column_names == ["row", "score", "label"]
-    assert scores["row"].to_pylist() == list(range(256))  # file order, the last partial batch (56 rows) too
+    assert scores["row"].to_pylist() == list(range(301))  # file order, the partial batches too
     assert scores["label"].to_pylist() == [float(x) for x in valid["clicked"].to_pylist()]
 
     # Rows to score have no label column: the same scores, no label, no metrics.
     pq.write_table(valid.drop(["clicked"]), tmp_path / "new.parquet")
-    step_dir = ckpt / f"step-{run['last_step']:09d}"  # one checkpoint, named
+    step_dir = ckpt / f"step-{stopping['best_step']:09d}"  # one checkpoint, named
     unlabeled = _cli("predict", "--checkpoint", str(step_dir), "--data", f"parquet:{tmp_path / 'new.parquet'}",
                      "--out", str(tmp_path / "new_scores.parquet"), "--json")  # fmt: skip
     assert unlabeled.returncode == 0, unlabeled.stderr[-3000:]

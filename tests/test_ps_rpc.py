@@ -22,6 +22,7 @@ import torch.distributed.rpc as rpc
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import server as server_module
+from persia_planner.modules.ps import server_state
 from persia_planner.modules.ps.allocator import allocator_env
 from persia_planner.modules.ps.client import PsClient
 from persia_planner.modules.ps.connection import connect
@@ -91,9 +92,11 @@ def _round_trip(j, client):
     held = [m["rows"] for m in client.metrics()]
     assert held == expected and sum(held) == uniq.numel() and min(held) > 0
 
-    # Eval lookups: new ids read as zeros and are not inserted; known ids read their row.
+    # Eval lookups: new ids read as their initial rows (as a state dict reads them) and are not inserted; known ids
+    # read their row.
     new = torch.arange(10_000, 10_050)
-    assert torch.equal(client.lookup("user", new, train=False), torch.zeros(50, 8))
+    cold = client.lookup("user", new, train=False)
+    assert torch.equal(cold, client.read_rows("user", new)) and bool((cold != 0).all())
     assert torch.equal(client.lookup("user", ids, train=False), rows)
     metrics = client.metrics()
     assert [m["rows"] for m in metrics] == expected
@@ -514,7 +517,8 @@ def _wire_dtypes(j, client):
         assert torch.equal(rows16, rows32.half().float())
         assert torch.equal(rows_bf, rows32.bfloat16().float())
         assert not torch.equal(rows16, rows32)  # the rows really travelled rounded
-        assert torch.equal(half.lookup(name, torch.arange(50_000, 50_010), train=False), torch.zeros(10, 16))
+        cold = torch.arange(50_000, 50_010)  # never trained: their initial rows, rounded once for the wire
+        assert torch.equal(half.lookup(name, cold, train=False), client.read_rows(name, cold).half().float())
         client.lookup(name, universe)  # every id held
 
         # Pushes of distinct ids: the servers step with exactly grads.half().float(), in float32.
@@ -599,7 +603,7 @@ def test_wire_dtype_is_validated():
 
 def test_server_functions_cast_on_the_wire_in_process(monkeypatch):
     """The RPC functions called directly (no RPC group): casts, refusals and the float32 upcast of gradients."""
-    server_module.reset_state()  # a fresh server state, as a restarted server has
+    server_state.reset_state()  # a fresh server state, as a restarted server has
     config = TableConfig("wire_unit", 8, 100, SGD(lr=1.0), Uniform(-1, 1), seed=9)
     assert server_module.create(config) == 0
     ids = torch.tensor([3, 5, 9])
@@ -628,7 +632,7 @@ def test_server_functions_cast_on_the_wire_in_process(monkeypatch):
 
 
 def test_a_dropped_table_leaves_the_server_and_its_metrics_in_process():
-    server_module.reset_state()
+    server_state.reset_state()
     server_module.create(TableConfig("kept", 4, 10))
     server_module.create(TableConfig("scratch", 4, 10))
     server_module.lookup("scratch", torch.tensor([1, 2]), True, True)
@@ -650,7 +654,7 @@ def test_trainers_store_needs_the_rendezvous_address(monkeypatch):
 def test_server_checkpoint_records_its_last_dump_for_replicas(monkeypatch, tmp_path):
     """A checkpoint saved by the servers records the last dump before it, so a replica starting from it applies only
     later deltas: an older delta's removals and upserts must not undo what the checkpoint holds."""
-    server_module.reset_state()
+    server_state.reset_state()
     config = TableConfig("seq", 4, 2, SGD(lr=1.0), Uniform(-1, 1), eviction_chunk=0.0)
     server_module.create(config)
     deltas, base = tmp_path / "deltas", tmp_path / "ckpt"
@@ -668,16 +672,16 @@ def test_server_checkpoint_records_its_last_dump_for_replicas(monkeypatch, tmp_p
     folded = apply_deltas(rows, deltas, after=info["delta_sequence"])["seq"]
     assert folded["ids"].tolist() == [1, 3]  # what the server holds; applying delta 2 would drop 1 and keep 2
     # A server restarted from that checkpoint continues from the same point.
-    server_module.reset_state()
+    server_state.reset_state()
     server_module.create(config)
     assert server_module.load(str(base), 1) == 2
-    assert server_module.state().last_dump_sequence == 2
+    assert server_state.state().last_dump_sequence == 2
 
 
 def test_a_restored_server_supersedes_the_rolled_back_runs_deltas(monkeypatch, tmp_path):
     """Deltas a run dumped after the checkpoint it is later rolled back to must not reach replicas: the restored
     server's first dump removes its files numbered after the checkpoint's delta_sequence."""
-    server_module.reset_state()
+    server_state.reset_state()
     config = TableConfig("roll", 4, 100, SGD(lr=1.0), Uniform(-1, 1), seed=5)
     server_module.create(config)
     deltas, base = tmp_path / "deltas", tmp_path / "ckpt"
@@ -688,7 +692,7 @@ def test_a_restored_server_supersedes_the_rolled_back_runs_deltas(monkeypatch, t
     for sequence, new_id in ((1, 2), (2, 3), (3, 4)):  # the run that will be rolled back
         server_module.lookup("roll", torch.tensor([new_id]), True, True)
         server_module.dump(str(deltas), sequence)
-    server_module.reset_state()  # a crash; the job restarts from the checkpoint
+    server_state.reset_state()  # a crash; the job restarts from the checkpoint
     server_module.create(config)
     server_module.load(str(base), 1)
     server_module.lookup("roll", torch.tensor([7]), True, True)
@@ -698,14 +702,14 @@ def test_a_restored_server_supersedes_the_rolled_back_runs_deltas(monkeypatch, t
     assert sorted(p.name for p in deltas.iterdir()) == ["delta-00000000.server0.pt", "delta-00000001.server0.pt"]
     rows, _ = load_rows(base, server=0, n_servers=1)
     replica = apply_deltas(rows, deltas, after=read_latest(base)["delta_sequence"])["roll"]
-    held = server_module.state().table("roll").store.state_dict()["ids"]
+    held = server_state.state().table("roll").store.state_dict()["ids"]
     assert sorted(replica["ids"].tolist()) == sorted(held.tolist()) == [1, 7]
 
 
 def test_server_load_refusing_a_table_loads_none(monkeypatch, tmp_path):
     """A table the checkpoint cannot fill (more rows than its new capacity) makes the whole load fail with one line
     naming it, and no table is replaced: the server is not left half old, half new."""
-    server_module.reset_state()
+    server_state.reset_state()
     big, small = TableConfig("a_big", 4, 100, SGD(lr=1.0), seed=1), TableConfig("b_small", 4, 100, SGD(lr=1.0), seed=2)
     server_module.create(big)
     server_module.create(small)
@@ -714,21 +718,21 @@ def test_server_load_refusing_a_table_loads_none(monkeypatch, tmp_path):
     assert server_module.save(str(tmp_path), 1, 1) == 60
     commit(tmp_path, 1, n_servers=1)
     # Restarted with b_small's capacity too low for its 50 saved rows; a_big already holds other rows.
-    server_module.reset_state()
+    server_state.reset_state()
     server_module.create(big)
     server_module.create(TableConfig("b_small", 4, 20, SGD(lr=1.0), seed=2))
     before = server_module.lookup("a_big", torch.arange(100, 105), True, True)
     refused = server_module.load(str(tmp_path), 1)
     assert isinstance(refused, RemoteFailure) and "\n" not in refused.message
     assert "cannot load table 'b_small'" in refused.message and "nothing was loaded" in refused.message
-    table = server_module.state().table("a_big").store
+    table = server_state.state().table("a_big").store
     assert len(table) == 5 and torch.equal(server_module.lookup("a_big", torch.arange(100, 105), False, True), before)
 
 
 def test_a_seeded_table_keeps_its_seed_through_a_checkpoint_and_loads_alone(tmp_path):
     """A table moved from the trainers: the servers answer unheld ids from its seed (row ``id mod rows``), a
     checkpoint keeps the seed, and a load of only some tables leaves the others as they are."""
-    server_module.reset_state()
+    server_state.reset_state()
     moved, other = TableConfig("moved", 4, 100, SGD(lr=1.0), seed=1), TableConfig("other", 4, 100, SGD(lr=1.0))
     server_module.create(moved)
     server_module.create(other)
@@ -741,13 +745,13 @@ def test_a_seeded_table_keeps_its_seed_through_a_checkpoint_and_loads_alone(tmp_
     server_module.lookup("other", torch.arange(3), True, True)
     server_module.save(str(tmp_path), 1, 1)
     commit(tmp_path, 1, n_servers=1)
-    server_module.reset_state()
+    server_state.reset_state()
     server_module.create(moved)
     server_module.create(other)
     server_module.lookup("other", torch.arange(10, 12), True, True)
     assert server_module.load(str(tmp_path), 1, ["moved"]) == 1
     assert torch.equal(server_module.read("moved", torch.tensor([5])), seed[[2]])  # the seed came back
-    assert server_module.state().table("other").store.state_dict()["ids"].tolist() == [10, 11]  # not loaded
+    assert server_state.state().table("other").store.state_dict()["ids"].tolist() == [10, 11]  # not loaded
 
 
 @pytest.mark.parametrize(

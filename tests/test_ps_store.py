@@ -475,7 +475,7 @@ def test_a_narrow_store_is_a_float32_store_whose_rows_are_rounded_after_every_wr
 
 def test_per_id_initialisation_ignores_arrival_order_and_server():
     from persia_planner.modules.ps.protocol import TableConfig
-    from persia_planner.modules.ps.server import make_store
+    from persia_planner.modules.ps.server_state import make_store
 
     config = TableConfig("user", dim=8, capacity=100, optimizer=RowWiseAdagrad(lr=0.1), seed=3)
     a, b = make_store(config, 0), make_store(config, 1)
@@ -581,3 +581,28 @@ def test_a_seeded_store_answers_unheld_ids_with_the_local_rows_id_mod_rows():
     store.seed(None)  # unseeded: the initialiser again
     assert store.seeded() is None
     assert torch.equal(store.read(_ids(99)), Uniform(-0.1, 0.1).rows_for(_ids(99), DIM, 5))
+
+
+def test_pushed_hyper_parameters_state_rows_and_cold_ids():
+    """A push's own optimizer steps its rows (another kind is refused); optimizer state reads and writes by column;
+    loading weights keeps a row's state; an id never trained reads as its initial row in eval lookups and reads."""
+    store = EmbeddingStore(DIM, 100, RowWiseAdagrad(lr=0.5), init=Uniform(-0.1, 0.1), init_seed=3)
+    ids = _ids(1, 2)
+    before = store.lookup(ids)
+    grads = torch.ones(2, DIM)
+    store.update(ids, grads, optimizer=RowWiseAdagrad(lr=0.0))
+    assert torch.equal(store.read(ids), before)  # lr 0 travelled with the push: rows frozen, accumulators grew
+    assert torch.equal(store.read_state(ids), torch.ones(2, 1))
+    store.update(ids, grads, optimizer=RowWiseAdagrad(lr=0.25))
+    torch.testing.assert_close(store.read(ids), before - 0.25 / (2**0.5 + 1e-8), atol=1e-7, rtol=0)
+    with pytest.raises(ValueError, match="a push's optimizer is SGD, the table's is RowWiseAdagrad"):
+        store.update(ids, grads, optimizer=SGD(lr=0.1))
+    store.assign(ids, torch.zeros(2, DIM))  # weights only: the accumulators stay
+    assert torch.equal(store.read_state(ids), torch.full((2, 1), 2.0))
+    assert store.assign_state(_ids(2, 9), torch.tensor([[5.0], [7.0]])) == 2  # 9 inserted, as a lookup would
+    assert torch.equal(store.read_state(_ids(1, 2, 9, 50)), torch.tensor([[2.0], [5.0], [7.0], [0.0]]))
+    cold = _ids(60, 61)
+    initial = Uniform(-0.1, 0.1).rows_for(cold, DIM, 3)
+    assert torch.equal(store.lookup(cold, train=False), initial) and torch.equal(store.read(cold), initial)
+    assert not bool(store.contains(cold).any())
+    assert torch.equal(store.lookup(cold), initial)  # the training lookup inserts that very row

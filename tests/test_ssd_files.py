@@ -18,7 +18,7 @@ from persia_planner.cli import app
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps.protocol import TableConfig
 from persia_planner.modules.ps.row_file import HEADER_BYTES, RowFile
-from persia_planner.modules.ps.server import make_store
+from persia_planner.modules.ps.server_state import make_store
 from persia_planner.modules.ps.ssd_files import (
     MAGIC,
     Owner,

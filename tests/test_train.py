@@ -155,6 +155,8 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--checkpoint", "/nonexistent-ckpt", "--resume", "--overwrite"], "--resume continues the checkpoint that"),
         (["--dense-lr", "0"], "--dense-lr must be a finite number > 0, got 0.0"),
         (["--sparse-lr", "nan"], "--sparse-lr must be a finite number > 0, got nan"),
+        (["--sparse-weight-decay", "20"], "--sparse-weight-decay must be in [0, 1 / --sparse-lr) = [0, 10), got 20"),
+        (["--lr-schedule", "exponential"], "--lr-schedule 'exponential': 'exponential' is not warmup=STEPS"),
         (["--dense-optimizer", "lamb"], "--dense-optimizer must be one of adagrad, sgd, adam, got 'lamb'"),
         (["--sparse-optimizer", "lamb"], "--sparse-optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
         (["--eval-every", "-1"], "--eval-every"),
@@ -336,8 +338,8 @@ def test_the_checkpoint_is_saved_before_the_final_evaluation(tmp_path):
     lines = (tmp_path / "sample").read_bytes().splitlines(keepends=True)
     trained = RowSplit(0.01, held_out=False)
     line = next(x for x in lines if trained.mask(parse_chunk(x).row_keys())[0])
-    (tmp_path / "day_0").write_bytes(line * 12_800)  # 128 held out by the count: an evaluation batch per trainer
-    with pytest.raises(PlannerError, match="no evaluation samples: no trainer read a full batch of held-out rows"):
+    (tmp_path / "day_0").write_bytes(line * 12_800)  # 128 held out by the count
+    with pytest.raises(PlannerError, match="no evaluation samples: no trainer read a held-out row"):
         run(
             steps=3,
             batch_size=64,

@@ -45,6 +45,8 @@ def test_cli_trains_a_dcn_with_the_given_hyper_parameters(tmp_path):
         "staleness": 2,
         "dense_arch": {"arch": "dcn", "num_dense": 13, "bottom": [32], "over": [32, 1], "dcn_layers": 2,
                        "dcn_low_rank": 8},
+        "lr_schedule": "constant",
+        "sparse_weight_decay": 0.0,
     }  # fmt: skip
 
 

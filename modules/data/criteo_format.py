@@ -7,7 +7,9 @@ real data; up to 16 are accepted so that 63-bit synthetic ids round-trip). Any f
 Transforms (the standard DLRM preprocessing):
 
 * integer feature ``x`` -> ``log(1 + max(x, 0))`` as float32; a missing integer is 0 (so it reads as ``log 1 = 0``).
-  Negative counts (the real data has a few ``-1``/``-2`` in I2) are clamped to 0 before the log.
+  Negative counts (the real data has a few ``-1``/``-2`` in I2) are clamped to 0 before the log. In model.yaml's
+  ``data:`` terms (:func:`criteo_schema`, :data:`INTEGER_TRANSFORM`) that is ``clip: [0, FLOAT32_MAX]`` then
+  ``log1p``, without ``standardize`` (the counts' logs already lie within about 0..15).
 * categorical hex -> int64 id ``int(x, 16)`` (16-digit values with the top bit set keep their uint64 bit pattern);
   a missing categorical is an empty bag (KJT length 0) for that feature, not a sentinel id that would collide with
   a real one. The reader's ``hash_buckets`` (:class:`.criteo.CriteoReader`) optionally maps ids ``id mod buckets``
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from persia_planner.errors import SpecError
+from persia_planner.model.data_schema import FLOAT32_MAX, DataSchema, DenseTransform, SparseColumn
 from persia_planner.model.dense import DLRM_NUM_DENSE
 
 if TYPE_CHECKING:
@@ -40,10 +43,13 @@ __all__ = [
     "CATEGORICAL_COLUMNS",
     "FEATURE_NAMES",
     "INTEGER_COLUMNS",
+    "INTEGER_TRANSFORM",
     "NUM_CATEGORICAL",
     "NUM_INTEGER",
     "BadField",
     "Block",
+    "check_criteo_schema",
+    "criteo_schema",
     "parse_chunk",
     "write_criteo",
 ]
@@ -57,6 +63,8 @@ NUM_COLUMNS = 1 + NUM_INTEGER + NUM_CATEGORICAL
 INTEGER_COLUMNS = tuple(f"I{i}" for i in range(1, NUM_INTEGER + 1))
 CATEGORICAL_COLUMNS = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
 _COLUMN_NAMES = ("label", *INTEGER_COLUMNS, *CATEGORICAL_COLUMNS)
+INTEGER_TRANSFORM = DenseTransform(clip=(0.0, FLOAT32_MAX), log1p=True)
+"""What the reader does to each integer column, in ``data:``'s terms: ``log(1 + max(x, 0))``."""
 _MAX_DECIMAL_DIGITS = 18  # 10**18 - 1 < 2**63: the digit sum cannot overflow int64
 _MAX_HEX_DIGITS = 16  # 64 bits
 
@@ -287,3 +295,51 @@ def write_criteo(
     with gzip.open(out, "wb") if out.suffix == ".gz" else open(out, "wb") as f:
         f.write(data)
     return out
+
+
+def criteo_schema(source: str = "criteo:") -> DataSchema:
+    """The Criteo columns as the reader reads them, in model.yaml's ``data:`` terms: the label, I1..I13 each with
+    :data:`INTEGER_TRANSFORM`, and C1..C26 feeding tables c1..c26 (what ``persia data profile criteo:PATH``
+    writes)."""
+    sparse = tuple(SparseColumn(f, c, f) for f, c in zip(FEATURE_NAMES, CATEGORICAL_COLUMNS, strict=True))
+    transforms = dict.fromkeys(INTEGER_COLUMNS, INTEGER_TRANSFORM)
+    return DataSchema("label", INTEGER_COLUMNS, sparse, source, transforms)
+
+
+def check_criteo_schema(schema: DataSchema, data: str) -> None:
+    """A model's ``data:`` read with Criteo files (``data``) says what the reader does (:func:`criteo_schema`):
+    the reader's columns and transforms are the format's, and a ``data:`` saying otherwise would be silently
+    ignored.
+
+    Raises:
+        SpecError: The first difference, naming the key.
+    """
+    expected = criteo_schema()
+    problem = ""
+    if schema.label != expected.label:
+        key, problem = "data.label", f"is {schema.label!r}; a Criteo file's is 'label'"
+    elif schema.dense != expected.dense:
+        key, problem = "data.dense", "must list I1..I13, in order: the Criteo reader reads all 13"
+    elif schema.sparse != expected.sparse:
+        key, problem = "data.sparse", "must map c1..c26 to C1..C26 (c1: C1, ...): the Criteo reader's features"
+    else:
+        key = "data.dense"
+        for column in expected.dense:
+            given = schema.transforms.get(column, DenseTransform())
+            if given != INTEGER_TRANSFORM:
+                key = f"data.dense.{column}"
+                problem = (
+                    f"declares {given.to_dict() or 'no transform'}; the Criteo reader applies log(1 + max(x, 0)) to "
+                    "every integer column ({clip: [0, 3.4e38], log1p: true})"
+                )
+                break
+    if problem:
+        raise SpecError(
+            schema.source,
+            key,
+            f"{problem} (--data {data})",
+            fixes=(
+                "write data: as persia data profile criteo:PATH does, or leave it out",
+                "for other transforms, write the rows as CSV with a header and train on csv:PATH",
+            ),
+        )

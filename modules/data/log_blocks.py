@@ -23,6 +23,7 @@ from typing import IO, Any
 from persia_planner.errors import SpecError, abbreviate, clip, first_line
 from persia_planner.model.data_schema import DataSchema
 from persia_planner.modules.data.criteo_format import CATEGORICAL_COLUMNS, INTEGER_COLUMNS, BadField, parse_chunk
+from persia_planner.modules.data.delimiters import sniff_delimiter
 from persia_planner.modules.data.source import (
     DataKind,
     DataSource,
@@ -31,7 +32,7 @@ from persia_planner.modules.data.source import (
     file_columns,
 )
 
-__all__ = ["MAX_COLUMNS", "MAX_LINE_BYTES", "log_blocks"]
+__all__ = ["MAX_COLUMNS", "MAX_LINE_BYTES", "log_blocks", "log_delimiter"]
 
 MAX_COLUMNS = 10_000
 """The most columns a profiled file may have. A profile suggests a table or a dense input per column, and a model of
@@ -48,46 +49,63 @@ _DETAIL_CHARS = 120
 """Of pyarrow's message, the most shown: it may quote a row of binary garbage."""
 
 
-def log_blocks(source: DataSource, schema: DataSchema | None = None) -> Iterator[Any]:
-    """``source``'s rows as pyarrow tables, a block each, every file checked before it is read.
+def log_blocks(source: DataSource, schema: DataSchema | None = None, *, delimiter: str = ",") -> Iterator[Any]:
+    """``source``'s rows as pyarrow tables, a block each, every file checked before it is read; a CSV's fields
+    separated by ``delimiter`` (a schema's own is read with :func:`log_delimiter`'s instead).
 
     Raises:
         SpecError: A missing path, a folder without files, or a file that is not of ``source``'s kind, cannot be
             read, has too many columns or too long a line, names a column twice, lacks a column of ``schema`` (or of
             the folder's first file), or holds a malformed Criteo line: the message names the file and the fix.
     """
-    try:
-        files = source.check_files()
-    except SpecError as err:  # its fix names --data: here the path is the command's argument
-        fix = f"name a {source.kind} file, or a folder of them: persia data profile {source.kind}:PATH"
-        raise SpecError(err.source, err.path, err.problem, fixes=(fix,)) from None
+    files = _files(source)
     first: tuple[str, frozenset[str]] | None = None
     for path in files:
         if source.kind is DataKind.CRITEO:
             yield from _criteo_blocks(source, path)
             continue
-        names = _columns(source, path, schema)
+        names = _columns(source, path, schema, delimiter)
         if schema is None:  # the folder's files are one log: the same columns
             first = first or (path, frozenset(names))
             _same_columns(source, path, names, first)
         if source.kind is DataKind.PARQUET:
             yield from _parquet_blocks(source, path)
         else:
-            yield from _csv_blocks(source, path, names)
+            yield from _csv_blocks(source, path, names, delimiter)
 
 
-def _columns(source: DataSource, path: str, schema: DataSchema | None) -> list[str]:
+def log_delimiter(source: DataSource) -> str:
+    """The delimiter of a CSV log, found from the first lines of its first file
+    (:func:`.delimiters.sniff_delimiter`), after that file is checked as :func:`log_blocks` checks it.
+
+    Raises:
+        SpecError: A missing path or file, one of another kind, or lines no delimiter splits into columns.
+    """
+    path = _files(source)[0]
+    _refuse_other_kinds(source, path)
+    return sniff_delimiter(path)
+
+
+def _files(source: DataSource) -> list[str]:
+    try:
+        return source.check_files()
+    except SpecError as err:  # its fix names --data: here the path is the command's argument
+        fix = f"name a {source.kind} file, or a folder of them: persia data profile {source.kind}:PATH"
+        raise SpecError(err.source, err.path, err.problem, fixes=(fix,)) from None
+
+
+def _columns(source: DataSource, path: str, schema: DataSchema | None, delimiter: str) -> list[str]:
     """The file's columns, read and checked by the readers' checks, after the profile's own bounds."""
     _refuse_other_kinds(source, path)
     if source.kind is DataKind.CSV:
-        counted = _header_columns(_first_line(source, path))
+        counted = _header_columns(_first_line(source, path), delimiter)
         if counted > MAX_COLUMNS:
             raise _too_wide(path, counted)
     try:
         if schema is not None:
             columns = check_file_columns(source.kind, path, schema, block_size=MAX_LINE_BYTES)
         elif source.kind is DataKind.CSV:
-            columns = csv_columns(path, block_size=MAX_LINE_BYTES)
+            columns = csv_columns(path, block_size=MAX_LINE_BYTES, delimiter=delimiter)
         else:
             columns = file_columns(source.kind, path)
     except SpecError as err:
@@ -134,14 +152,15 @@ def _parquet_blocks(source: DataSource, path: str) -> Iterator[Any]:
         ) from None
 
 
-def _csv_blocks(source: DataSource, path: str, names: list[str]) -> Iterator[Any]:
+def _csv_blocks(source: DataSource, path: str, names: list[str], delimiter: str) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
     read = pcsv.ReadOptions(column_names=names, skip_rows=1, block_size=MAX_LINE_BYTES)
+    parse = pcsv.ParseOptions(delimiter=delimiter)
     convert = pcsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=True)
     try:
-        with pcsv.open_csv(path, read_options=read, convert_options=convert) as reader:
+        with pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert) as reader:
             for batch in reader:
                 yield pa.Table.from_batches([batch])
     except _pyarrow_errors() as err:  # a row of other columns, bytes not UTF-8, a line too long
@@ -239,14 +258,15 @@ def _first_line(source: DataSource, path: str) -> bytes:
     return line
 
 
-def _header_columns(header: bytes) -> int:
-    """A CSV header's columns, counted before pyarrow reads them (its cost grows faster than their number): its commas,
-    and where those are too many, the names the csv module splits (a quoted name may hold a comma)."""
-    bound = header.count(b",") + 1
+def _header_columns(header: bytes, delimiter: str) -> int:
+    """A CSV header's columns, counted before pyarrow reads them (its cost grows faster than their number): its
+    delimiters, and where those are too many, the names the csv module splits (a quoted name may hold one)."""
+    bound = header.count(delimiter.encode()) + 1
     if bound <= MAX_COLUMNS:
         return bound
     try:
-        return len(next(csv.reader([header.decode("utf-8", errors="replace").rstrip("\r\n")]), []))
+        text = header.decode("utf-8", errors="replace").rstrip("\r\n")
+        return len(next(csv.reader([text], delimiter=delimiter), []))
     except csv.Error:  # a stray carriage return, which pyarrow would refuse anyway
         return bound
 

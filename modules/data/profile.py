@@ -1,12 +1,10 @@
 """``persia data profile``: what a click log holds, read once and streamed, and the model.yaml it suggests.
 
-Per column: its rows and missing values; for a column of ids, an estimate of its distinct ids (an HLL sketch,
-Apache DataSketches, of the ids hashed as training hashes them: :func:`.ids.hash_ids`), and the table rows that
-suggests; for a numeric column, its range and mean, which suggest the dense transforms. Without a schema the roles
-are guessed: a 0/1 column named like a label is the label, other numeric columns dense, text and list columns (and
-integer columns of many distinct values) sparse. The model.yaml skeleton says what it guessed; edit it. It is one
-``persia plan`` takes: table names model.yaml accepts (:func:`table_names`) beside the real columns in ``data:``,
-no column whose name model.yaml cannot hold, and no model without a table.
+Per column its statistics (:class:`.columns.ColumnProfile`: rows, missing values, distinct ids estimated from the ids
+hashed as training hashes them, a numeric column's range and quantiles); without a schema its role guessed from them
+(:mod:`.roles`: the label, dense counts and measures with their transforms, tables for ids and codes, and the columns
+left out with the reason why). A CSV's delimiter is found from its first lines (:mod:`.delimiters`) unless given.
+The model.yaml skeleton (:mod:`.skeleton`) is one ``persia train`` reads without edits.
 
 Torch-free: the log is read, and each file checked first, by :func:`.log_blocks.log_blocks`; the cost is linear in
 rows and columns (every column looked up by name in a dict, never a scan).
@@ -14,229 +12,209 @@ rows and columns (every column looked up by name in a dict, never a scan).
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-import numpy as np
+from persia_planner.errors import PlannerError, SpecError, abbreviate, printable
+from persia_planner.model.data_schema import DEFAULT_DELIMITER, DataSchema, DenseTransform
+from persia_planner.modules.data.columns import SKETCH_LG_K, ColumnProfile
+from persia_planner.modules.data.criteo_format import (
+    CATEGORICAL_COLUMNS,
+    FEATURE_NAMES,
+    INTEGER_COLUMNS,
+    INTEGER_TRANSFORM,
+)
+from persia_planner.modules.data.ids import DEFAULT_COLLISION_RATE
+from persia_planner.modules.data.log_blocks import log_blocks, log_delimiter
+from persia_planner.modules.data.roles import Guess, Role, guess_roles
+from persia_planner.modules.data.skeleton import model_skeleton, suggested_rows, table_names
+from persia_planner.modules.data.source import DataKind, DataSource
 
-from persia_planner.errors import PlannerError, SpecError, abbreviate, unprintable
-from persia_planner.limits import MAX_POOLING_FACTOR
-from persia_planner.model.data_schema import DataSchema
-from persia_planner.model.specs import TABLE_NAME_PATTERN
-from persia_planner.modules.data.criteo_format import CATEGORICAL_COLUMNS, FEATURE_NAMES, INTEGER_COLUMNS
-from persia_planner.modules.data.log_blocks import log_blocks
-from persia_planner.modules.data.source import DataKind, DataSource, fits_dense, fits_sparse
+__all__ = [
+    "SKETCH_LG_K",
+    "ColumnProfile",
+    "DataProfile",
+    "Guess",
+    "Role",
+    "profile",
+    "suggested_rows",
+    "table_names",
+]
 
-__all__ = ["SKETCH_LG_K", "ColumnProfile", "DataProfile", "profile", "suggested_rows", "table_names"]
-
-SKETCH_LG_K = 14
-"""log2 of the HLL sketch's registers: about 0.8% relative error on a distinct count."""
-_LABEL_NAMES = ("label", "click", "clicked", "clicks", "is_click", "y", "target")
-_DENSE_LOG_ABOVE = 100.0
-"""A non-negative numeric column whose values reach this gets ``log1p`` in the skeleton (counts, timestamps)."""
-_SEPARATORS = ("|", ";")
-"""What may stand between a CSV cell's ids (a comma cannot, unquoted)."""
-_ROWS_PER_ID = 2.0
-"""Table rows per distinct id in the suggestion: ``id mod rows`` then collides for about a quarter of the ids."""
-_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_.-]")
-_MAX_NAME_CHARS = 200  # TABLE_NAME_PATTERN's
-_NO_LABEL = "LABEL_COLUMN"
-
-
-@dataclass
-class ColumnProfile:
-    """One column of the log.
-
-    Attributes:
-        name: The column.
-        kind: ``numeric``, ``text`` (strings, or a CSV's values that are not all numbers), ``list`` (multi-hot: a
-            list column, or a CSV's text with a ``separator`` between ids in most rows) or ``other`` (a Parquet type
-            the readers take neither as numbers nor as ids: bytes, dates, structs).
-        separator: The string between a CSV cell's ids (None: one id per cell).
-        rows: Rows read.
-        missing: Rows without a value.
-        distinct: Estimated distinct ids (text, list and integer columns; None otherwise).
-        low, high, mean: A numeric column's range and mean (None otherwise; the mean also where the sum overflows).
-    """
-
-    name: str
-    kind: str = "numeric"
-    rows: int = 0
-    missing: int = 0
-    distinct: float | None = None
-    low: float | None = None
-    high: float | None = None
-    mean: float | None = None
-    integral: bool = True
-    separator: str | None = None
-    _sum: float = 0.0  # of a numeric column's values
-    _count: int = 0
-    _ids: int = 0  # of a multi-hot column's ids
-    _sketch: Any = field(default=None, repr=False)
-
-    @property
-    def binary(self) -> bool:
-        """Every value is 0 or 1."""
-        return self.kind == "numeric" and self.low is not None and self.low >= 0 and self.high <= 1 and self.integral
-
-    @property
-    def pooling(self) -> float:
-        """A multi-hot column's ids per row that has a value."""
-        return self._ids / max(1, self.rows - self.missing)
+_NOTE_NAMES = 4
+"""Column names a note shows before it counts the rest."""
 
 
 @dataclass(frozen=True)
 class DataProfile:
-    """A log's profile: its rows and columns, and the roles of the columns (given by a schema, or guessed).
+    """A log's profile: its rows and columns, and the roles of the columns (given by a schema, Criteo's, or guessed).
 
     Attributes:
+        source: The log's path.
+        kind: Its format.
+        rows: The rows read.
+        columns: Each column's statistics, in the file's order.
+        guesses: Each column's role and why, in the same order (a schema's or Criteo's roles are no guesses, but
+            are given the same way).
+        guessed: The roles were guessed (no schema, not Criteo).
         features: Per sparse column, the name its table wants: the schema's table, Criteo's feature, else the column
-            (:meth:`model_skeleton` makes it a name model.yaml accepts).
-        left_out: Columns no role was guessed for because model.yaml cannot name them (a control or format
-            character in the name).
+            (:func:`.skeleton.table_names` makes it a name model.yaml accepts).
+        transforms: Each dense column's transforms: the schema's where it declares any (never dropped), the
+            format's for Criteo, else the suggested ones (:func:`.roles.dense_transform`).
+        delimiter: A CSV's delimiter, as given or found (None for other formats).
+        schema: The schema that gave the roles (None: guessed, or Criteo's).
     """
 
     source: str
     kind: DataKind
     rows: int
     columns: tuple[ColumnProfile, ...]
-    label: str | None
-    dense: tuple[str, ...]
-    sparse: tuple[str, ...]
+    guesses: tuple[Guess, ...]
     guessed: bool
     features: tuple[str, ...] = ()
-    left_out: tuple[str, ...] = ()
+    transforms: Mapping[str, DenseTransform] = field(default_factory=dict)
+    delimiter: str | None = None
+    schema: DataSchema | None = None
 
     @cached_property
     def _by_name(self) -> dict[str, ColumnProfile]:
         return {c.name: c for c in self.columns}
 
     @cached_property
-    def _roles(self) -> dict[str, str]:
-        roles = dict.fromkeys(self.dense, "dense") | dict.fromkeys(self.sparse, "sparse")
-        return roles | ({self.label: "label"} if self.label is not None else {})
+    def _roles(self) -> dict[str, Guess]:
+        return {g.column: g for g in self.guesses}
+
+    def _of(self, role: Role) -> tuple[str, ...]:
+        return tuple(g.column for g in self.guesses if g.role is role)
+
+    @property
+    def label(self) -> str | None:
+        """The label column (None: no 0/1 column found)."""
+        return next(iter(self._of(Role.LABEL)), None)
+
+    @property
+    def dense(self) -> tuple[str, ...]:
+        """The dense columns, in the model's order."""
+        return self._of(Role.DENSE)
+
+    @property
+    def sparse(self) -> tuple[str, ...]:
+        """The columns feeding tables, in the model's order."""
+        return self._of(Role.SPARSE)
+
+    @property
+    def left_out(self) -> tuple[Guess, ...]:
+        """The columns the guess left out of the model, with why (a schema's other columns are not counted)."""
+        return tuple(g for g in self.guesses if g.role is Role.LEFT_OUT) if self.guessed else ()
 
     def column(self, name: str) -> ColumnProfile:
         """The column named ``name``."""
         return self._by_name[name]
 
     def role(self, name: str) -> str:
-        """Column ``name``'s role: ``label``, ``dense``, ``sparse``, or ``-`` (none)."""
-        return self._roles.get(name, "-")
+        """Column ``name``'s role: ``label``, ``dense``, ``sparse``, ``left out``, or ``-`` (none)."""
+        guess = self._roles.get(name)
+        return "-" if guess is None else guess.role.value
+
+    def why(self, name: str) -> str:
+        """Why column ``name`` has its role."""
+        guess = self._roles.get(name)
+        return "" if guess is None else guess.why
 
     @cached_property
     def tables(self) -> tuple[str, ...]:
-        """The table of each sparse column, named as model.yaml accepts (:func:`table_names`)."""
-        wanted = self.features or self.sparse
-        if self.kind is DataKind.CRITEO and not self.features:
-            wanted = tuple(c.lower() for c in self.sparse)
-        return table_names(wanted)
+        """The table of each sparse column, named as model.yaml accepts (:func:`.skeleton.table_names`)."""
+        return table_names(self.features or self.sparse)
 
-    def model_skeleton(self, name: str = "my-model", dim: int = 16) -> dict[str, Any]:
-        """A model.yaml for the log: a table per sparse column sized by :func:`suggested_rows`, the data: mapping
-        (naming the columns as they are), and the suggested transforms of the dense columns.
+    def model_skeleton(
+        self, name: str = "my-model", dim: int = 16, collision_rate: float = DEFAULT_COLLISION_RATE
+    ) -> dict[str, Any]:
+        """The suggested model.yaml (:func:`.skeleton.model_skeleton`).
 
         Raises:
             PlannerError: No column is sparse: the model would have no table.
         """
         if not self.sparse:
             raise self._no_sparse_column()
-        criteo = self.kind is DataKind.CRITEO  # its tables are named after the features, c1..c26; no data: section
-        tables = []
-        for c, table in zip(self.sparse, self.tables, strict=True):
-            col = self.column(c)
-            tables.append({"name": table, "rows": suggested_rows(col.distinct or 1), "dim": dim})
-            if col.kind == "list":
-                tables[-1]["pooling_factor"] = min(round(col.pooling, 2), MAX_POOLING_FACTOR)
-        model = {"name": name, "batch_size": 4096, "tables": tables}
-        if criteo:
-            return model
-        dense: list[Any] = []
-        constant = set(self.constant_dense)
-        for c in self.dense:
-            col = self.column(c)
-            if c in constant:  # standardize would divide by a std of 0: persia train refuses it
-                dense.append({"column": c})
-            elif col.low is not None and col.low >= 0 and (col.high or 0) >= _DENSE_LOG_ABOVE:
-                dense.append({"column": c, "log1p": True, "standardize": True})
-            else:
-                dense.append({"column": c, "standardize": True})
-        data: dict[str, Any] = {"label": self.label or _NO_LABEL, "dense": dense, "sparse": {}}
-        for c, table in zip(self.sparse, self.tables, strict=True):
-            col = self.column(c)
-            if col.separator is not None:
-                data["sparse"][table] = {"column": c, "separator": col.separator}
-            else:
-                data["sparse"][table] = c
-        return model | {"data": data}
+        return model_skeleton(self, name=name, dim=dim, collision_rate=collision_rate)
 
     @property
     def constant_dense(self) -> tuple[str, ...]:
-        """The dense columns of one value in every row profiled: the suggested model reads them as they are."""
+        """The dense columns of one value in every row profiled (a schema's: a guess leaves them out)."""
         return tuple(c for c in self.dense if (col := self.column(c)).low is not None and col.low == col.high)
 
-    def _no_sparse_column(self) -> PlannerError:
-        why = "every column is numbers of few distinct values, or empty"
-        if self.left_out:
-            why += f"; {len(self.left_out)} left out for names model.yaml cannot hold (e.g. " + (
-                f"{abbreviate(self.left_out[0], 40)})"
+    def notes(self) -> list[str]:
+        """What the suggested model leaves out or to the user, a line each (printable)."""
+        lines = []
+        by_reason: dict[str, list[str]] = {}
+        for g in self.left_out:
+            by_reason.setdefault(g.why, []).append(g.column)
+        for why, names in by_reason.items():
+            shown = ", ".join(abbreviate(n, 40) for n in names[:_NOTE_NAMES])
+            more = f" and {len(names) - _NOTE_NAMES} more" if len(names) > _NOTE_NAMES else ""
+            lines.append(f"left out of the model: {shown}{more} ({why})")
+        standardized = [c for c in self.constant_dense if self.transforms.get(c, DenseTransform()).standardize]
+        if standardized:
+            lines.append(
+                f"{len(standardized)} dense column(s) of the schema hold one value in every row read, e.g. "
+                f"{abbreviate(standardized[0], 40)}: standardize would divide by a std of 0 (persia train refuses it);"
+                " drop the column or its standardize"
             )
+        if self.label is None and self.sparse:
+            lines.append("no 0/1 column to be the label: the model names LABEL_COLUMN; write the label's column there")
+        return [printable(line) for line in lines]
+
+    def _no_sparse_column(self) -> PlannerError:
+        why = "every column is the label, dense or left out"
+        if self.left_out:
+            why += f"; {len(self.left_out)} left out (e.g. {abbreviate(self.left_out[0].column, 40)}: "
+            why += f"{self.left_out[0].why})"
         return PlannerError(
             f"{self.source}: no column to feed an embedding table ({why}): the model would have no table",
             fixes=("name the id columns: --schema FILE with a data: mapping whose sparse: maps tables to them",),
         )
 
 
-def table_names(wanted: Sequence[str]) -> tuple[str, ...]:
-    """For each of ``wanted`` a table name model.yaml accepts (:data:`~persia_planner.model.specs.TABLE_NAME_PATTERN`),
-    each once: other characters become ``_``, a name starting with ``.`` or ``-`` gets a ``_`` before it, an empty
-    one is ``column_N``, the rest is cut to 200 characters, and a name already given gets ``_2``, ``_3``, ..."""
-    used: set[str] = set()
-    tries: dict[str, int] = {}
-    names = []
-    for i, text in enumerate(wanted):
-        base = _NOT_IN_NAMES.sub("_", text) or f"column_{i + 1}"
-        base = base if base[0] not in ".-" else "_" + base
-        name = base = base[:_MAX_NAME_CHARS]
-        while name in used:
-            tries[base] = tries.get(base, 1) + 1
-            suffix = f"_{tries[base]}"
-            name = base[: _MAX_NAME_CHARS - len(suffix)] + suffix
-        used.add(name)
-        names.append(name)
-    assert all(re.fullmatch(TABLE_NAME_PATTERN, n) for n in names)
-    return tuple(names)
-
-
-def suggested_rows(distinct: float) -> int:
-    """Table rows for ``distinct`` ids: twice as many (``id mod rows`` then maps most ids to rows of their own),
-    rounded up to two significant digits."""
-    want = max(1.0, _ROWS_PER_ID * distinct)
-    scale = 10 ** max(0, math.floor(math.log10(want)) - 1)
-    return int(math.ceil(want / scale) * scale)
-
-
-def profile(source: DataSource, schema: DataSchema | None = None, *, max_rows: int | None = None) -> DataProfile:
+def profile(
+    source: DataSource,
+    schema: DataSchema | None = None,
+    *,
+    max_rows: int | None = None,
+    delimiter: str | None = None,
+) -> DataProfile:
     """Read ``source`` (every file; at most ``max_rows`` rows) and profile its columns.
 
+    Args:
+        source: The log.
+        schema: The columns' roles (default: guessed); its transforms are kept.
+        max_rows: Read at most this many rows.
+        delimiter: A CSV's delimiter (default: the schema's when it names one other than a comma, else found from
+            the first lines of the first file).
+
     Raises:
-        SpecError: A file cannot be read (:func:`.log_blocks.log_blocks` names it and the fix), a schema column is not
-            in it, or the log holds no row.
-        PlannerError: A schema for a Criteo log (its columns are the format's).
+        SpecError: A file cannot be read (:func:`.log_blocks.log_blocks` names it and the fix), its lines split into
+            no columns, a schema column is not in it, or the log holds no row.
+        PlannerError: A schema or a delimiter for a Criteo log (its columns are the format's).
     """
-    if schema is not None and source.kind is DataKind.CRITEO:
+    if source.kind is DataKind.CRITEO and (schema is not None or delimiter is not None):
+        option = "--schema" if schema is not None else "--delimiter"
+        given = "maps the columns" if schema is not None else "separates the fields"
         raise PlannerError(
-            f"--schema maps the columns of a CSV or Parquet log; criteo:{source.path} has the format's own",
-            fixes=("drop --schema", "profile a CSV or Parquet log as csv:PATH or parquet:PATH"),
+            f"{option} {given} of a CSV or Parquet log; criteo:{source.path} has the format's own",
+            fixes=(f"drop {option}", "profile a CSV or Parquet log as csv:PATH or parquet:PATH"),
         )
+    if source.kind is DataKind.CSV:
+        if delimiter is None:
+            stated = schema is not None and schema.delimiter != DEFAULT_DELIMITER
+            delimiter = schema.delimiter if schema is not None and stated else log_delimiter(source)
+        if schema is not None:
+            schema = replace(schema, delimiter=delimiter)
     columns: dict[str, ColumnProfile] = {}
     rows = 0
     text_ids = source.kind is not DataKind.PARQUET
-    for table in log_blocks(source, schema):
+    for table in log_blocks(source, schema, delimiter=delimiter or DEFAULT_DELIMITER):
         if max_rows is not None and rows >= max_rows:
             break
         if max_rows is not None and rows + table.num_rows > max_rows:
@@ -246,144 +224,50 @@ def profile(source: DataSource, schema: DataSchema | None = None, *, max_rows: i
             col = columns.get(name)
             if col is None:
                 col = columns[name] = ColumnProfile(name)
-            _update(col, values, text_ids=text_ids)
+            col.fold(values, text_ids=text_ids)
     if rows == 0:
         raise SpecError(str(source.path), "", "the log holds no rows", fixes=("profile the files that hold the rows",))
     for col in columns.values():
-        if col._sketch is not None:
-            col.distinct = float(col._sketch.get_estimate())
-        if col._count and col.kind == "numeric" and math.isfinite(col._sum):
-            col.mean = col._sum / col._count
-    left_out: tuple[str, ...] = ()
+        col.finish()
+    found = tuple(columns.values())
+    csv = delimiter if source.kind is DataKind.CSV else None
     if schema is not None:
-        label, dense, sparse = schema.label, schema.dense, tuple(s.column for s in schema.sparse)
-        features = schema.tables
-    elif source.kind is DataKind.CRITEO:  # the format says: the label, 13 counts, 26 categorical columns
-        label, dense, sparse, features = "label", INTEGER_COLUMNS, CATEGORICAL_COLUMNS, FEATURE_NAMES
-    else:
-        # A name holding a control or format character cannot be written in model.yaml (its loader refuses it).
-        left_out = tuple(c.name for c in columns.values() if unprintable(c.name) is not None)
-        named = [c for c in columns.values() if unprintable(c.name) is None]
-        label, dense, sparse = _guess_roles(named, rows)
-        features = sparse
-    guessed = schema is None and source.kind is not DataKind.CRITEO
-    return DataProfile(
-        str(source.path), source.kind, rows, tuple(columns.values()), label, dense, sparse, guessed, features, left_out
-    )
+        guesses, transforms = _schema_roles(schema, found)
+        return DataProfile(
+            str(source.path), source.kind, rows, found, guesses, False, schema.tables, transforms, csv, schema
+        )
+    if source.kind is DataKind.CRITEO:  # the format says: the label, 13 counts, 26 categorical columns
+        roles = {"label": Role.LABEL} | dict.fromkeys(INTEGER_COLUMNS, Role.DENSE)
+        roles |= dict.fromkeys(CATEGORICAL_COLUMNS, Role.SPARSE)
+        guesses = tuple(Guess(c.name, roles[c.name], "the Criteo format's") for c in found)
+        transforms = dict.fromkeys(INTEGER_COLUMNS, INTEGER_TRANSFORM)
+        return DataProfile(str(source.path), source.kind, rows, found, guesses, False, FEATURE_NAMES, transforms)
+    guesses = guess_roles(found)
+    transforms = {g.column: g.transform for g in guesses if g.role is Role.DENSE}
+    return DataProfile(str(source.path), source.kind, rows, found, guesses, True, (), transforms, csv)
 
 
-def _update(col: ColumnProfile, values: Any, *, text_ids: bool) -> None:
-    """Fold one block of a column into its profile."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from persia_planner.modules.data.ids import hash_ids
-
-    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    col.rows += len(values)
-    col.missing += values.null_count
-    if col.kind == "other" or not (fits_dense(values.type) or fits_sparse(values.type)):
-        col.kind = "other"  # what no reader takes: counted, not profiled
-        return
-    if pa.types.is_dictionary(values.type):
-        values = values.dictionary_decode()
-    if text_ids and pa.types.is_string(values.type):
-        present = values.filter(values.is_valid())
-        present = present.filter(pc.greater(pc.utf8_length(present), 0))
-        col.missing += len(values) - values.null_count - len(present)
-        try:
-            numbers = pc.cast(present, pa.float64())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            numbers = None
-        if numbers is not None and col.kind == "numeric":
-            _numeric(col, numbers.to_numpy(zero_copy_only=False))
-            _sketch(col, hash_ids(present))
-            return
-        if col.kind == "numeric":  # the first text seen: is it a list of ids in a cell?
-            col.separator = _separator(present)
-            col.kind = "list" if col.separator is not None else "text"
-        if col.separator is not None:
-            flat = pc.list_flatten(pc.split_pattern(present, col.separator))
-            flat = flat.filter(pc.greater(pc.utf8_length(flat), 0))
-            col._ids += len(flat)
-            _sketch(col, hash_ids(flat))
-            return
-        _sketch(col, hash_ids(present))
-        return
-    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
-        col.kind = "list"
-        flat = pc.list_flatten(values)
-        col._ids += len(flat)
-        _sketch(col, hash_ids(flat.filter(flat.is_valid())))
-        return
-    present = values.filter(values.is_valid())
-    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-        col.kind = "text"
-        _sketch(col, hash_ids(present))
-        return
-    if col.kind != "numeric":  # numbers in one file, ids in another: counted as the ids
-        return
-    if pa.types.is_integer(values.type):
-        _sketch(col, hash_ids(present))
-    try:
-        numbers = pc.cast(present, pa.float64())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a half float, which pyarrow may not cast
-        col.kind = "other"
-        return
-    _numeric(col, numbers.to_numpy(zero_copy_only=False).astype(np.float64))
-
-
-def _separator(values: Any) -> str | None:
-    """The separator most cells of ``values`` (text) hold, if any: they are multi-hot cells."""
-    import pyarrow.compute as pc
-
-    if not len(values):
-        return None
-    for candidate in _SEPARATORS:
-        if pc.sum(pc.match_substring(values, candidate)).as_py() > len(values) / 2:
-            return candidate
-    return None
-
-
-def _numeric(col: ColumnProfile, x: np.ndarray) -> None:
-    if not x.size:
-        return
-    finite = x[np.isfinite(x)]
-    if not finite.size:
-        return
-    col.low = float(finite.min()) if col.low is None else min(col.low, float(finite.min()))
-    col.high = float(finite.max()) if col.high is None else max(col.high, float(finite.max()))
-    col.integral = col.integral and bool(np.all(finite == np.round(finite)))
-    with np.errstate(over="ignore"):  # values near 1e308: the sum overflows, and the mean is left out
-        col._sum += float(finite.sum())
-    col._count += int(finite.size)
-
-
-def _sketch(col: ColumnProfile, hashed: np.ndarray) -> None:
-    from datasketches import hll_sketch
-
-    if col._sketch is None:
-        col._sketch = hll_sketch(SKETCH_LG_K)
-    update = col._sketch.update
-    for value in hashed.tolist():
-        update(value)
-
-
-def _guess_roles(columns: list[ColumnProfile], rows: int) -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
-    """The label (a 0/1 column, by name first), the sparse columns (text, lists, and non-negative integers of many
-    distinct values: ids written as numbers) and the dense ones (the other numeric columns)."""
-    binary = [c for c in columns if c.binary]
-    named = [c for c in binary if c.name.lower() in _LABEL_NAMES]
-    label = (named or binary or [None])[0]
-    dense, sparse = [], []
-    for c in columns:
-        if c is label or c.rows == c.missing or c.kind == "other":
-            continue
-        if c.kind in ("text", "list"):
-            sparse.append(c.name)
-        elif c.integral and c.distinct is not None and c.distinct > max(16.0, 0.001 * rows) and (c.low or 0) >= 0:
-            # Integral values, many of them: ids written as numbers (a count would rather be dense; edit it).
-            sparse.append(c.name)
-        else:
-            dense.append(c.name)
-    return (label.name if label is not None else None), tuple(dense), tuple(sparse)
+def _schema_roles(
+    schema: DataSchema, columns: tuple[ColumnProfile, ...]
+) -> tuple[tuple[Guess, ...], dict[str, DenseTransform]]:
+    """The schema's roles, in its order, and its dense columns' transforms: those it declares, kept, else the
+    suggested ones (the guess's, for a column it lists without any)."""
+    guessed = {g.column: g for g in guess_roles(columns)}
+    by_name = {c.name: c for c in columns}
+    guesses = []
+    if schema.label is not None:
+        guesses.append(Guess(schema.label, Role.LABEL, "the schema's"))
+    transforms = {}
+    for c in schema.dense:
+        guesses.append(Guess(c, Role.DENSE, "the schema's"))
+        declared = schema.transforms.get(c)
+        if declared is not None:
+            transforms[c] = declared
+        elif c in guessed and guessed[c].role is Role.DENSE:
+            transforms[c] = guessed[c].transform
+        elif c in by_name and by_name[c].low is not None and by_name[c].low != by_name[c].high:
+            transforms[c] = DenseTransform(standardize=True)
+    guesses += [Guess(s.column, Role.SPARSE, "the schema's") for s in schema.sparse]
+    listed = set(schema.columns)
+    guesses += [Guess(c.name, Role.LEFT_OUT, "not in the schema") for c in columns if c.name not in listed]
+    return tuple(guesses), transforms

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from persia_planner.errors import PlannerError, SpecError, first_line
 from persia_planner.fields import require_file_or_directory
-from persia_planner.model.data_schema import DataSchema
+from persia_planner.model.data_schema import DEFAULT_DELIMITER, DataSchema
 from persia_planner.model.specs import ModelSpec
 
 __all__ = [
@@ -221,13 +221,14 @@ def parquet_footer(path: str) -> tuple[int, int]:
     return int(metadata.num_row_groups), int(metadata.num_rows)
 
 
-def csv_columns(path: str, *, block_size: int = 1 << 20) -> dict[str, Any]:
+def csv_columns(path: str, *, block_size: int = 1 << 20, delimiter: str = DEFAULT_DELIMITER) -> dict[str, Any]:
     """A CSV file's columns and the pyarrow types inferred from its first block (its header and first rows) of
-    ``block_size`` bytes, which must hold the header line."""
+    ``block_size`` bytes, which must hold the header line; its fields separated by ``delimiter``."""
     import pyarrow.csv as pcsv
 
+    read, parse = pcsv.ReadOptions(block_size=block_size), pcsv.ParseOptions(delimiter=delimiter)
     try:
-        with pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=block_size)) as reader:
+        with pcsv.open_csv(path, read_options=read, parse_options=parse) as reader:
             fields = list(reader.schema)
     except (OSError, ValueError) as err:
         raise SpecError(path, "", f"not a readable CSV file ({first_line(err)})") from None
@@ -250,9 +251,10 @@ def _named_once(path: str, fields: list[Any]) -> dict[str, Any]:
     return columns
 
 
-def file_columns(kind: DataKind, path: str) -> dict[str, Any]:
-    """A Parquet or CSV file's columns and their pyarrow types (a CSV's inferred from its first block)."""
-    return _parquet_columns(path) if kind is DataKind.PARQUET else csv_columns(path)
+def file_columns(kind: DataKind, path: str, *, delimiter: str = DEFAULT_DELIMITER) -> dict[str, Any]:
+    """A Parquet or CSV file's columns and their pyarrow types (a CSV's inferred from its first block, its fields
+    separated by ``delimiter``)."""
+    return _parquet_columns(path) if kind is DataKind.PARQUET else csv_columns(path, delimiter=delimiter)
 
 
 def _parquet_columns(path: str) -> dict[str, Any]:
@@ -275,7 +277,7 @@ def check_file_columns(kind: DataKind, path: str, schema: DataSchema, *, block_s
     if kind is DataKind.PARQUET:
         columns = _parquet_columns(path)
     else:
-        columns = csv_columns(path, block_size=block_size)
+        columns = csv_columns(path, block_size=block_size, delimiter=schema.delimiter)
     _check_columns(path, columns, schema, ids_as_text=kind is not DataKind.PARQUET)
     return columns
 
@@ -360,7 +362,7 @@ def check_tabular(source: DataSource, schema: DataSchema | None, spec: ModelSpec
             groups, held = parquet_footer(path)
             row_groups, rows = row_groups + groups, rows + held
         else:
-            _check_columns(path, csv_columns(path), schema, ids_as_text=True)
+            _check_columns(path, csv_columns(path, delimiter=schema.delimiter), schema, ids_as_text=True)
     if source.kind is DataKind.CSV:
         check_gzip_shards(source, files, trainers)
     if source.kind is DataKind.PARQUET and rows == 0:
@@ -399,6 +401,8 @@ def _check_columns(path: str, columns: dict[str, Any], schema: DataSchema, *, id
 
     def need(column: str, field: str) -> Any:
         if column not in columns:
+            if ids_as_text and len(columns) == 1:  # a CSV of another delimiter reads as one column
+                raise _other_delimiter(path, schema)
             known = ", ".join(list(columns)[:12])
             raise SpecError(
                 path,
@@ -435,3 +439,29 @@ def _check_columns(path: str, columns: dict[str, Any], schema: DataSchema, *, id
                 f"sparse feature {s.feature!r}'s column is {t}: ids must be strings or integers, or lists of them",
                 fixes=("map a column of ids",),
             )
+
+
+def _other_delimiter(path: str, schema: DataSchema) -> SpecError:
+    """The error of a CSV file whose header the schema's delimiter reads as one column: its own delimiter named
+    where its first lines show one (:func:`.delimiters.sniff_delimiter`)."""
+    from persia_planner.modules.data.delimiters import described_delimiter, sniff_delimiter
+
+    shown = described_delimiter(schema.delimiter)
+    try:
+        found = sniff_delimiter(path)
+    except SpecError:
+        found = None
+    if found is None or found == schema.delimiter:
+        return SpecError(
+            path,
+            "",
+            f"its header is one column when split by {shown}",
+            fixes=("give a CSV file of the schema's columns",),
+        )
+    quoted = "\\t" if found == "\t" else found
+    return SpecError(
+        path,
+        "",
+        f"its fields are separated by {described_delimiter(found)}, not {shown} (the delimiter of {schema.source})",
+        fixes=(f'add delimiter: "{quoted}" to {schema.source}\'s data:',),
+    )

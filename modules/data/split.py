@@ -22,9 +22,17 @@ ROW_SALT = np.uint64(0x5EED_0F_A11_C0FFEE)
 
 
 def combine(h: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """``h`` (uint64, one per row) with ``values`` (one 64-bit pattern per row) mixed in."""
+    """``h`` (uint64, one per row) with ``values`` (one 64-bit pattern per row) mixed in.
+
+    Raises:
+        TypeError: ``values`` are not integers. A float's cast to uint64 loses its bits and warns on every block
+            (a uint64 sum joined with a Python 0 is float64: the two RuntimeWarnings every ``--eval-split`` run
+            printed); a float column is mixed in by its bits (``.view(np.uint32)``).
+    """
     from persia_planner.modules.hashing import mix64  # numba: imported when rows are read, not by the checks
 
+    if values.dtype.kind not in "iu":
+        raise TypeError(f"row keys mix integer bit patterns, got {values.dtype} values: view them as integers")
     return mix64(h ^ values.astype(np.uint64, copy=False))
 
 

@@ -99,7 +99,8 @@ class _ReadCsv:
         import pyarrow as pa
         import pyarrow.csv as pcsv
 
-        with pcsv.open_csv(shard.path) as head:  # the header's names (every chunk after it has none)
+        parse = pcsv.ParseOptions(delimiter=self.schema.delimiter)
+        with pcsv.open_csv(shard.path, parse_options=parse) as head:  # the header's names (no chunk after it has)
             names = head.schema.names
         # Ids as strings whatever they look like: a chunk of "123"s and one with "abc" read alike.
         types = {s.column: pa.string() for s in self.schema.sparse}
@@ -116,7 +117,10 @@ class _ReadCsv:
         for offset, lines in text_chunks(shard, self.chunk_bytes, header=True):
             try:
                 table = pcsv.read_csv(
-                    io.BytesIO(lines), read_options=pcsv.ReadOptions(column_names=names), convert_options=convert
+                    io.BytesIO(lines),
+                    read_options=pcsv.ReadOptions(column_names=names),
+                    parse_options=parse,
+                    convert_options=convert,
                 )
                 if b"nan" in lines or b"NaN" in lines:  # a scan of the bytes, cheaper than one of every id column
                     table = _nan_ids_as_null(table, ids)

@@ -9,6 +9,9 @@ It composes two parts, each in its own module:
 - :class:`~.remote.RemoteEmbeddingBags`: the ``ps`` tables, on the embedding parameter servers, trained
   **asynchronously** with bounded staleness ``K`` (Persia's ``embedding_staleness``).
 
+Both train with the tables' :class:`~.sparse_optimizer.SparseOptimizer` (re-exported here, the collection's argument):
+fbgemm's fused optimizer for the local tables, the servers' row optimizer for the PS tables.
+
 The dense network around it trains under DDP (as DMP wraps it). With ``K = 0`` a step equals a single-process
 ``EmbeddingBagCollection`` + DDP reference: local gradients are averaged over the trainers as DDP averages dense
 ones, and the PS tables get one gathered update per step (see :mod:`.remote`).
@@ -17,8 +20,7 @@ ones, and the PS tables get one gathered update per step (see :mod:`.remote`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,14 +29,16 @@ from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollectionInterface, get_embedding_names_by_table
+from torchrec.optim.fused import FusedOptimizerModule
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from persia_planner.errors import PlannerError
 from persia_planner.kinds import Mode
-from persia_planner.model.specs import Optimizer
 from persia_planner.modules.embedding.local import LocalEmbeddingBags
 from persia_planner.modules.embedding.remote import RemoteEmbeddingBags, StalenessError
-from persia_planner.modules.ps import optim as ps_optim
+from persia_planner.modules.embedding.sparse_optimizer import SparseOptimizer
+from persia_planner.modules.embedding.state_keys import own_keys, torchrec_keys
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan
 from persia_planner.plan.validation import require_same_tables
@@ -45,67 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["HybridEmbeddingBagCollection", "SparseOptimizer", "StalenessError"]
 
 
-@dataclass(frozen=True)
-class SparseOptimizer:
-    """The sparse optimizer of every embedding table, local (fbgemm fused) and remote (PS) alike.
-
-    Attributes:
-        kind: ``sgd``, ``adagrad``, ``rowwise_adagrad`` or ``adam`` (adam: PS tables only; fbgemm has no CPU adam).
-        learning_rate: Step size.
-        eps: Adagrad / Adam epsilon.
-        beta1: Adam first-moment decay.
-        beta2: Adam second-moment decay.
-    """
-
-    kind: Optimizer = Optimizer.ROWWISE_ADAGRAD
-    learning_rate: float = 0.05
-    eps: float = 1e-8
-    beta1: float = 0.9
-    beta2: float = 0.999
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", Optimizer(self.kind))
-        if not self.learning_rate > 0:
-            raise PlannerError(f"sparse optimizer: learning_rate must be > 0, got {self.learning_rate}")
-
-    def fbgemm(self, on_cuda: bool) -> dict[str, Any]:
-        """Keyword arguments of ``SplitTableBatchedEmbeddingBagsCodegen`` for this optimizer."""
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-        if self.kind is Optimizer.ADAM and not on_cuda:
-            raise PlannerError(
-                "sparse optimizer adam: fbgemm has no CPU adam for local tables",
-                fixes=("use rowwise_adagrad, adagrad or sgd", "place the tables on the ps tier"),
-            )
-        return {
-            "optimizer": EmbOptimType[_RUNTIME[self.kind][0]],
-            "learning_rate": self.learning_rate,
-            "eps": self.eps,
-            "beta1": self.beta1,
-            "beta2": self.beta2,
-        }
-
-    def ps(self) -> ps_optim.RowOptimizer:
-        """The same optimizer as the parameter servers apply it."""
-        return _RUNTIME[self.kind][1](self)
-
-
-# The runtime's half of the optimizer table (the planner's, the state per row, is specs.Optimizer's): fbgemm's fused
-# type (an EmbOptimType member's name) for local tables, the parameter servers' row optimizer for PS tables.
-# Data-parallel replicas train with its torch.optim class, persia_planner.plan.torchrec_export.torch_optimizer (the
-# planner needs that column too, for TorchRec's storage estimator).
-_RUNTIME: Mapping[Optimizer, tuple[str, Callable[[SparseOptimizer], ps_optim.RowOptimizer]]] = {
-    Optimizer.SGD: ("EXACT_SGD", lambda o: ps_optim.SGD(lr=o.learning_rate)),
-    Optimizer.ADAGRAD: ("EXACT_ADAGRAD", lambda o: ps_optim.Adagrad(lr=o.learning_rate, eps=o.eps)),
-    Optimizer.ROWWISE_ADAGRAD: (
-        "EXACT_ROWWISE_ADAGRAD",
-        lambda o: ps_optim.RowWiseAdagrad(lr=o.learning_rate, eps=o.eps),
-    ),
-    Optimizer.ADAM: ("ADAM", lambda o: ps_optim.Adam(lr=o.learning_rate, betas=(o.beta1, o.beta2), eps=o.eps)),
-}
-
-
-class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
+class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface, FusedOptimizerModule):
     """``EmbeddingBagCollection`` whose tables train where a plan put them: locally (sync) or on the PS (async).
 
     Same inputs and outputs as TorchRec's ``EmbeddingBagCollection``: a ``KeyedJaggedTensor`` (keys may come in any
@@ -121,6 +65,8 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             every table local.
         ps: Client of the parameter servers; required when the plan puts any table on the ``ps`` tier.
         optimizer: Sparse optimizer of every table (local: fbgemm fused once sharded; PS: applied by the servers).
+        table_optimizers: Per table name, its own sparse optimizer instead of ``optimizer`` (TorchRec's per-table
+            fused params: local tables get theirs in fbgemm once sharded, PS tables on the servers).
         staleness: Bounded staleness ``K`` of the PS tables (0 = synchronous).
         process_group: Group of the trainers for the PS tables' synchronous updates (default: a gloo group of the
             default group's ranks when initialised, else one trainer).
@@ -154,6 +100,7 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         *,
         ps: PsClient | None = None,
         optimizer: SparseOptimizer | None = None,
+        table_optimizers: Mapping[str, SparseOptimizer] | None = None,
         staleness: int = 0,
         process_group: Any = None,
         device: torch.device | None = None,
@@ -186,6 +133,10 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self.keep_order = bool(keep_order)
         self._configs = list(tables)
         self.optimizer = optimizer or SparseOptimizer()
+        unknown = sorted(set(table_optimizers or {}) - set(names))
+        if unknown:
+            raise PlannerError(f"table_optimizers names {unknown[:3]}, which are not tables of the collection")
+        self.table_optimizers = {n: (table_optimizers or {}).get(n, self.optimizer) for n in names}
         self.max_staleness = int(staleness)
         self.device = torch.device(device) if device is not None else torch.get_default_device()
         placements = _placements_of(plan, self._configs)
@@ -217,7 +168,8 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._renames = renames if any(mine != theirs for mine, theirs in renames) else []
         self.local: LocalEmbeddingBags | None = None
         if self.local_tables:
-            self.optimizer.fbgemm(self.device.type == "cuda")  # refuses what fbgemm's fused kernels lack, now
+            for c in self.local_tables:  # refuses what fbgemm's fused kernels lack, now
+                self.table_optimizers[c.name].fbgemm(self.device.type == "cuda")
             built_on = torch.device(local_device) if local_device is not None else self.device
             self.local = LocalEmbeddingBags(self.local_tables, is_weighted=is_weighted, device=built_on, seed=seed)
         self.remote: RemoteEmbeddingBags | None = None
@@ -228,7 +180,7 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             self.remote = RemoteEmbeddingBags(
                 self.ps_tables,
                 self.ps,
-                optimizer=self.optimizer.ps(),
+                optimizer={c.name: self.table_optimizers[c.name].ps() for c in self.ps_tables},
                 staleness=staleness,
                 process_group=group,
                 device=self.device,
@@ -244,13 +196,19 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         # TorchRec's state_dict keys, embedding_bags.<table>.weight, for every table: local ones wherever they are
         # held, PS ones read from (and loaded into) the servers.
         self.ps_rows_in_state_dict = True
-        self.register_state_dict_post_hook(_torchrec_keys)
-        self.register_load_state_dict_pre_hook(_own_keys)
+        self.register_state_dict_post_hook(torchrec_keys)
+        self.register_load_state_dict_pre_hook(own_keys)
 
     # ---- TorchRec's interface ------------------------------------------------------------------------------------
 
     # Properties TorchScript must not compile (they read the servers' client or the sharded module).
-    __jit_unused_properties__ = ("embedding_bags", "staleness", "staleness_max_seen", "pending_pushes")
+    __jit_unused_properties__ = (
+        "embedding_bags",
+        "staleness",
+        "staleness_max_seen",
+        "pending_pushes",
+        "fused_optimizer",
+    )
 
     def is_weighted(self) -> bool:
         """Whether rows are pooled with the batch's per-id weights (``EmbeddingBagCollection.is_weighted()``)."""
@@ -268,6 +226,22 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         if self.local is None:
             return nn.ModuleDict()
         return self.local.ebc.embedding_bags
+
+    @property
+    def fused_optimizer(self) -> KeyedOptimizer:
+        """TorchRec's ``KeyedOptimizer`` of every table whose optimizer is not the caller's: the local tables' fused
+        (fbgemm) optimizers once DMP sharded them, and the PS tables' (one param group per table,
+        :class:`~.ps_optimizer.PsTableOptimizer`), under TorchRec's keys ``embedding_bags.<table>.weight``. DMP
+        collects it into ``dmp.fused_optimizer`` (the collection is a ``FusedOptimizerModule``), so an LR scheduler
+        over that optimizer, or a param group's ``lr`` set by hand, moves local and PS tables alike from the next
+        training forward on; its ``state_dict()`` reads the PS tables' optimizer state from the servers. Unsharded
+        local tables are plain parameters, trained by the caller's optimizer, and not in it."""
+        parts: list[tuple[str, KeyedOptimizer]] = []
+        if self.local is not None and self.local.sharded:
+            parts.append(("", self.local.ebc.fused_optimizer))
+        if self.remote is not None:
+            parts.append(("", self.remote.optimizer))
+        return CombinedOptimizer(parts)
 
     @contextlib.contextmanager
     def ps_rows_left_out(self) -> Iterator[None]:
@@ -296,6 +270,11 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     def _forward_python(self, features: KeyedJaggedTensor) -> KeyedTensor:
         if not is_fx_symbolic_tracing():
             self._check_batch(features)
+            if self.training and self.local is not None and self.local.sharded:
+                # fbgemm takes its fused optimizers' param-group rates when they zero_grad() (only that): the local
+                # tables follow a schedule from this forward on, as the PS tables' pushes do, whether or not the
+                # caller steps the fused optimizer.
+                self.local.ebc.fused_optimizer.zero_grad()
         # Traced, the PS tables are one call of their module (a leaf of TorchRec's pipeline tracer, which leaves every
         # module without a sharded one inside untraced) and the join one call of a wrapped function.
         local = self.local(features) if self.local is not None else None
@@ -482,70 +461,6 @@ def join_pooled(
     else:  # TorchRec's output is grouped by rank: one regroup (fbgemm's permute) puts every key in config order
         joined = KeyedTensor.regroup(parts, [keys])[0]
     return KeyedTensor(keys=list(keys), length_per_key=list(dims), values=joined, key_dim=1)
-
-
-_LOCAL_PREFIX = "local.ebc.embedding_bags."
-_TORCHREC_PREFIX = "embedding_bags."
-
-
-def _torchrec_keys(module: nn.Module, state: dict[str, Any], prefix: str, _metadata: Any) -> None:
-    """TorchRec's keys in ``state``, in place: ``local.ebc.embedding_bags.<t>.weight`` ->
-    ``embedding_bags.<t>.weight``, and each PS table's rows ``[0, num_embeddings)`` read from the servers under its
-    key, every table in config order where the first one was."""
-    assert isinstance(module, HybridEmbeddingBagCollection)
-    own = prefix + _LOCAL_PREFIX
-    tables: dict[str, Any] = {}
-    if module.remote is not None and module.ps_rows_in_state_dict:
-        for c in module.ps_tables:
-            ids = torch.arange(c.num_embeddings, dtype=torch.int64)
-            tables[f"{prefix}{_TORCHREC_PREFIX}{c.name}.weight"] = module.remote.ps.read_rows(c.name, ids)
-    if not tables and not any(k.startswith(own) for k in state):
-        return
-    for key, value in state.items():
-        if key.startswith(own):
-            tables[prefix + _TORCHREC_PREFIX + key[len(own) :]] = value
-    names = (f"{prefix}{_TORCHREC_PREFIX}{c.name}.weight" for c in module._configs)
-    ordered = {k: tables[k] for k in names if k in tables}
-    items = list(state.items())
-    state.clear()
-    for key, value in items:
-        if not key.startswith(own):
-            state[key] = value
-        elif ordered:  # every table at the first local one's place, in the collection's config order
-            state.update(ordered)
-            ordered = {}
-    state.update(ordered)  # no local table: the PS ones at the end
-
-
-def _own_keys(module: nn.Module, state: dict[str, Any], prefix: str, _metadata: Any, *_args: Any) -> None:
-    """The inverse of :func:`_torchrec_keys`, before ``load_state_dict`` matches keys (TorchRec's checkpoints): the
-    local tables' keys renamed, the PS tables' rows written to the servers (and their keys taken out)."""
-    assert isinstance(module, HybridEmbeddingBagCollection)
-    theirs = prefix + _TORCHREC_PREFIX
-    ps = {c.name: c for c in module.ps_tables}
-    for key in [k for k in state if k.startswith(theirs)]:
-        table = key[len(theirs) :].removesuffix(".weight")
-        if table not in ps or module.remote is None:
-            state[prefix + _LOCAL_PREFIX + key[len(theirs) :]] = state.pop(key)
-            continue
-        value, config = state.pop(key), ps[table]
-        if not isinstance(value, torch.Tensor) or (type(value) is not torch.Tensor and hasattr(value, "local_shards")):
-            raise PlannerError(
-                f"load_state_dict: {key} is {type(value).__name__}; a PS table loads from a full tensor",
-                fixes=("save the TorchRec collection unsharded (or gather its ShardedTensor) first",),
-            )
-        if tuple(value.shape) != (config.num_embeddings, config.embedding_dim):
-            raise PlannerError(
-                f"load_state_dict: {key} has shape {tuple(value.shape)}, PS table {table!r} is "
-                f"{(config.num_embeddings, config.embedding_dim)}"
-            )
-        written = module.remote.ps.assign_rows(table, torch.arange(config.num_embeddings), value.detach())
-        if written != config.num_embeddings:
-            raise PlannerError(
-                f"load_state_dict: the servers hold {written:,} of PS table {table!r}'s {config.num_embeddings:,} "
-                "rows (their stores' capacity)",
-                fixes=("give the servers' stores room for every row (ps_capacity)",),
-            )
 
 
 def _placements_of(

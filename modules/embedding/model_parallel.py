@@ -22,6 +22,7 @@ from persia_planner.errors import PlannerError
 from persia_planner.model.qcomms import QComms
 from persia_planner.model.specs import DType, ModelSpec, Optimizer
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+from persia_planner.modules.embedding.row_decay import decay_before_step
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.executability import check_executable
 from persia_planner.plan.torchrec_export import to_sharding_plan, torch_optimizer
@@ -198,12 +199,17 @@ def dense_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if id(p) not in sparse and p.requires_grad}
 
 
-def sparse_torch_optimizer(kind: Optimizer, params: list[nn.Parameter], *, lr: float, eps: float) -> Any:
+def sparse_torch_optimizer(
+    kind: Optimizer, params: list[nn.Parameter], *, lr: float, eps: float, weight_decay: float = 0.0
+) -> Any:
     """The sparse optimizer as a ``torch.optim`` optimizer
     (:func:`persia_planner.plan.torchrec_export.torch_optimizer`), for tables outside fbgemm's fused kernels
-    (data-parallel replicas)."""
+    (data-parallel replicas), with the collection's decoupled ``weight_decay`` on the rows each step updates
+    (:func:`.row_decay.decay_before_step`)."""
     extra = {} if kind is Optimizer.SGD else {"eps": eps}
-    return torch_optimizer(kind)(params, lr=lr, **extra)
+    optimizer = torch_optimizer(kind)(params, lr=lr, **extra)
+    decay_before_step(optimizer, weight_decay)
+    return optimizer
 
 
 def executed_plan(model: nn.Module, topology: Topology | None = None) -> dict[str, dict[str, Any]]:

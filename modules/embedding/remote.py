@@ -18,11 +18,17 @@ current batch's rows were requested.
 
 Weighted features: each id's row is scaled by the batch's per-id weight before its ``index_add``, so the servers
 receive ``weight * grad`` summed per id.
+
+Learning rates: :attr:`RemoteEmbeddingBags.optimizer` is the tables' ``KeyedOptimizer``
+(:class:`~.ps_optimizer.PsTableOptimizer`); a training forward reads each table's param group, and the batch's push
+carries those hyper-parameters to the servers. A forward without autograd (``torch.no_grad()``) in train mode
+completes its batch at once, with no push: the next batch goes on as after a backward.
 """
 
 from __future__ import annotations
 
 import collections
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,6 +41,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.modules.embedding.local import int64_ids
+from persia_planner.modules.embedding.ps_optimizer import PsTableOptimizer
 from persia_planner.modules.ps import optim as ps_optim
 from persia_planner.modules.ps.policies import Uniform
 from persia_planner.modules.ps.protocol import TableConfig
@@ -72,7 +79,7 @@ class RemoteEmbeddingBags(nn.Module):
     Args:
         tables: The PS tables' configs (sum or mean pooling).
         ps: Client of the parameter servers (the tables are registered with them here).
-        optimizer: The servers' row optimizer.
+        optimizer: The servers' row optimizer: one for every table, or one per table name.
         staleness: Bounded staleness ``K`` (0 = synchronous).
         process_group: Group of the trainers (gloo: it carries ids and gradients on CPU); None: one trainer.
         device: Where pooled outputs are returned.
@@ -94,7 +101,7 @@ class RemoteEmbeddingBags(nn.Module):
         tables: Sequence[EmbeddingBagConfig],
         ps: PsClient,
         *,
-        optimizer: ps_optim.RowOptimizer,
+        optimizer: ps_optim.RowOptimizer | Mapping[str, ps_optim.RowOptimizer],
         staleness: int = 0,
         process_group: Any = None,
         device: torch.device | None = None,
@@ -124,9 +131,10 @@ class RemoteEmbeddingBags(nn.Module):
         self._ps_dims = {c.name: c.embedding_dim for c in self.tables}
         self._queue: collections.deque[_PsBatch] = collections.deque()
         self._pushes: dict[int, list[Future]] = {}
-        # K = 0 with several trainers: per batch, per PS table, this trainer's (ids, gradients) until every trainer
+        # K = 0 with several trainers: per batch, per PS table, this trainer's (ids, gradients, the step's row optimizer
+        # where not the table's own) until every trainer
         # gathers them in _push_synchronously (a collective, so only at points every trainer reaches).
-        self._stashed: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._stashed: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor, ps_optim.RowOptimizer | None]]] = {}
         self._done_through = -1  # every batch <= this has all its pushes acknowledged
         self._next_index = 0  # index of the next batch whose rows are requested
         self._backward_through = -1  # every batch <= this went through backward (its pushes exist)
@@ -134,6 +142,8 @@ class RemoteEmbeddingBags(nn.Module):
         self.staleness_max_seen = 0
         # Milliseconds this trainer waited on the servers (PS_WAIT) and spent sending pushes (PS_PUSH), summed.
         self.stopwatch = Stopwatch()
+        optimizers = {c.name: optimizer[c.name] if isinstance(optimizer, Mapping) else optimizer for c in self.tables}
+        _claim(ps, self)
         for c in self.tables:
             rows = capacity.get(c.name, c.num_embeddings) if isinstance(capacity, Mapping) else capacity
             bound = (1.0 / c.num_embeddings) ** 0.5
@@ -142,7 +152,7 @@ class RemoteEmbeddingBags(nn.Module):
                     name=c.name,
                     dim=c.embedding_dim,
                     capacity=int(rows or c.num_embeddings),
-                    optimizer=optimizer,
+                    optimizer=optimizers[c.name],
                     init=init or Uniform(-bound, bound),
                     seed=seed,
                     # the servers keep the rows in the table's dtype (fp16 halves their memory)
@@ -151,6 +161,8 @@ class RemoteEmbeddingBags(nn.Module):
                     ssd_dir=ssd_dir,
                 )
             )
+        # The tables' KeyedOptimizer: its param groups' rates travel with each batch's push.
+        self.optimizer = PsTableOptimizer(self.tables, ps, optimizers)
 
     # ---- the step protocol -------------------------------------------------------------------------------------
 
@@ -217,6 +229,12 @@ class RemoteEmbeddingBags(nn.Module):
         if self._synchronous:
             dist.barrier(group=self.group)
 
+    def release(self) -> None:
+        """Give up this collection's hold on its tables on the client: another collection may register them from now
+        on (a migration's next model, built while this one may still be referenced). Call it once this one is
+        flushed and trains no more; its tables' rows stay on the servers until ``client.drop``."""
+        _release(self.ps, self)
+
     @property
     def pending_pushes(self) -> int:
         """Batches whose gradient pushes are not acknowledged yet."""
@@ -249,9 +267,22 @@ class RemoteEmbeddingBags(nn.Module):
             )
         self.staleness = item.staleness
         self.staleness_max_seen = max(self.staleness_max_seen, item.staleness)
+        if not torch.is_grad_enabled():
+            # No backward will come: the batch is complete now, without a push (K = 0 with several trainers: an
+            # empty share of the step's gathered update, so that the trainers' collectives still pair up).
+            with self.stopwatch.range(PS_WAIT):
+                rows = {t: f.wait() for t, f in item.rows.items()}
+            if self._synchronous:
+                self._stashed.setdefault(item.index, {})
+            else:
+                self._pushes.setdefault(item.index, [])
+            self._backward_through = max(self._backward_through, item.index)
+            return self._pool(features, batch, rows)
         with self.stopwatch.range(PS_WAIT):
             rows = {t: f.wait().requires_grad_(True) for t, f in item.rows.items()}
         scale = 1.0 / self.world_size
+        # This step's hyper-parameters (a schedule's current rate): they travel with its push, however late it goes.
+        hyper = {t: self.optimizer.row_optimizer(t) for t in rows}
         pushes = self._pushes.setdefault(item.index, [])
         stash = self._stashed.setdefault(item.index, {}) if self._synchronous else None
         expected = len(rows)
@@ -266,10 +297,10 @@ class RemoteEmbeddingBags(nn.Module):
                     # Pushed by _push_synchronously, with every trainer's. A second backward through the same
                     # forward (multi-task losses, retain_graph) adds to it, as the local tables and K > 0 apply both.
                     before = stash.get(table)
-                    stash[table] = (ids[table], g if before is None else before[1] + g)
+                    stash[table] = (ids[table], g if before is None else before[1] + g, hyper[table])
                 else:
                     with self.stopwatch.range(PS_PUSH):
-                        pushes.append(self.ps.push_gradients_async(table, ids[table], g))
+                        pushes.append(self.ps.push_gradients_async(table, ids[table], g, optimizer=hyper[table]))
                 if len(pushes if stash is None else stash) == expected:
                     self._backward_through = max(self._backward_through, index)
 
@@ -315,16 +346,17 @@ class RemoteEmbeddingBags(nn.Module):
             futures = self._pushes.setdefault(index, [])
             for table in sorted(self._ps_features):  # every table, in one order on every trainer: gathers pair up
                 if table in stash:
-                    ids, grads = stash[table]
+                    ids, grads, hyper = stash[table]
                 else:  # no gradient reached this table here; the other trainers still gather it
                     ids, grads = torch.empty(0, dtype=torch.int64), torch.empty(0, self._ps_dims[table])
+                    hyper = self.optimizer.row_optimizer(table)  # every trainer's group holds the same values
                 # Sum each trainer's duplicates first (fewer rows to gather), then trainer 0's sum + trainer 1's
                 # + ...: with two trainers the order in which DDP's all-reduce adds their dense gradients.
                 uniq, inverse = torch.unique(ids, return_inverse=True)
                 sums = torch.zeros(uniq.numel(), grads.shape[1], dtype=grads.dtype).index_add_(0, inverse, grads)
                 all_ids, all_sums = self._gather_rows(uniq, sums)
                 mine = torch.remainder(all_ids, self.world_size) == self.rank
-                futures.append(self.ps.push_gradients_async(table, all_ids[mine], all_sums[mine]))
+                futures.append(self.ps.push_gradients_async(table, all_ids[mine], all_sums[mine], optimizer=hyper))
 
     def _gather_rows(self, ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every trainer's ``ids [n]`` and float32 ``grads [n, dim]``, concatenated in trainer order."""
@@ -366,6 +398,42 @@ class RemoteEmbeddingBags(nn.Module):
             self._pushes.pop(nxt, None)
             self._done_through = nxt
         return self._done_through >= index
+
+
+# Per client, the live collection holding each of its tables: a second one would train the first one's rows.
+_HOLDERS: weakref.WeakKeyDictionary[Any, dict[str, weakref.ref[RemoteEmbeddingBags]]] = weakref.WeakKeyDictionary()
+
+
+def _claim(ps: PsClient, holder: RemoteEmbeddingBags) -> None:
+    """Record ``holder`` as the collection of its tables on ``ps``.
+
+    Raises:
+        PlannerError: Another live collection on ``ps`` holds one of them (its rows are trained, and the new one
+            would go on from them silently); checked before anything is registered.
+    """
+    held = _HOLDERS.setdefault(ps, {})
+    for c in holder.tables:
+        other = held.get(c.name)
+        if other is not None and other() is not None and ps.registered(c.name):
+            raise PlannerError(
+                f"PS table {c.name!r} is already registered on this client by another HybridEmbeddingBagCollection, "
+                "whose trained rows a second one would share",
+                fixes=(
+                    "use the first collection",
+                    f"drop the table first (client.drop({c.name!r})) to start it from fresh rows",
+                    "name the table differently",
+                ),
+            )
+    for c in holder.tables:
+        held[c.name] = weakref.ref(holder)
+
+
+def _release(ps: PsClient, holder: RemoteEmbeddingBags) -> None:
+    """Forget ``holder`` as the collection of its tables on ``ps`` (those another collection holds stay held)."""
+    held = _HOLDERS.get(ps, {})
+    for c in holder.tables:
+        if c.name in held and held[c.name]() is holder:
+            del held[c.name]
 
 
 def unpack_rows(full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ParameterSharding, ShardingEnv
 
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+from persia_planner.modules.embedding.row_decay import decay_fused_rows
 
 __all__ = ["HybridEmbeddingBagCollectionSharder"]
 
@@ -29,7 +30,8 @@ class HybridEmbeddingBagCollectionSharder(BaseEmbeddingSharder[HybridEmbeddingBa
 
     Args:
         fused_params: fbgemm's keyword arguments for the local tables (TorchRec's ``fused_params``); None: the
-            collection's own sparse optimizer (:meth:`~.hybrid.SparseOptimizer.fbgemm`), the one its PS tables train
+            collection's own sparse optimizers (:meth:`~.sparse_optimizer.SparseOptimizer.fbgemm`; a table of its
+            ``table_optimizers`` gets its own, as TorchRec's per-parameter fused params), the ones its PS tables train
             with.
         qcomm_codecs_registry: TorchRec's quantized-communication codecs for the local tables' all-to-alls.
     """
@@ -56,12 +58,20 @@ class HybridEmbeddingBagCollectionSharder(BaseEmbeddingSharder[HybridEmbeddingBa
         local.check_shardable()
         device = device or torch.device("cpu")
         fused = self.fused_params if self.fused_params is not None else module.optimizer.fbgemm(device.type == "cuda")
+        for config in local.configs:  # per-table optimizers, as TorchRec's per-parameter fused params
+            chosen = module.table_optimizers[config.name]
+            if self.fused_params is None and chosen != module.optimizer:
+                weight = local.ebc.embedding_bags[config.name].weight
+                weight._optimizer_kwargs = [chosen.fbgemm(device.type == "cuda")]  # type: ignore[attr-defined]
+                weight._optimizer_classes = [None]  # type: ignore[attr-defined]
         inner = EmbeddingBagCollectionSharder(fused_params=fused, qcomm_codecs_registry=self.qcomm_codecs_registry)
         path = f"{module_fqn}.local.ebc" if module_fqn else "local.ebc"
         local.ebc = inner.shard(local.ebc, params, env, device, path)
         local.group = env.process_group
         # The same full tables on every trainer, sliced to its shards: as the unsharded collection starts.
         local.reset_parameters()
+        # The servers' decay of the rows a step updates, on the fused tables too (fbgemm's CPU kernels have none).
+        decay_fused_rows(local.tbes(), {c.name: module.table_optimizers[c.name].weight_decay for c in local.configs})
         return module
 
     def shardable_parameters(self, module: HybridEmbeddingBagCollection) -> dict[str, nn.Parameter]:

@@ -1,12 +1,10 @@
 """Trainer-side client of the embedding parameter servers (torch RPC, TensorPipe).
 
-Request batching: a batch of ids is de-duplicated (distinct ids in order of first occurrence and the ``inverse`` map, in
-one compiled hash-set pass: :func:`.kernels.dedup`), the distinct ids are bucketed by :func:`.sharding.server_of` with
-one stable sort, and **one** request per server that owns any of them is sent with ``rpc_async``; one gather (the
-``inverse``, composed with the server order) puts the answers' rows in the caller's order. There is no per-id Python
-loop. Pushes do the same and additionally **sum the gradients of duplicate ids on the client**
-(``index_add_``), so each server receives each id once (and is told so: it skips its own de-duplication) and the wire
-carries ``distinct ids x dim`` values, not ``ids x dim``.
+Request batching: a batch of ids is de-duplicated and the distinct ids bucketed by server
+(:mod:`.server_requests`), and **one** request per server that owns any of them is sent with ``rpc_async``; one
+gather (the ``inverse``, composed with the server order) puts the answers' rows in the caller's order. There is no
+per-id Python loop. Pushes (:mod:`.pushes`) do the same and additionally sum the gradients of duplicate ids on the
+client, so the wire carries ``distinct ids x dim`` values, not ``ids x dim``.
 
 Wire dtype: ``PsClient(wire_dtype=torch.float16)`` (or ``torch.bfloat16``) halves those values' bytes, as Persia
 does: servers send rows in it and the client upcasts them; the client sends its float32 gradient sums in it and
@@ -19,47 +17,31 @@ error of the pushes since the previous flush (also of one that failed before it 
 between requests, so a lookup issued while a push of the same rows is in flight may or may not see it (bounded
 staleness, as in Persia); call :meth:`PsClient.flush` or wait on the push's future first when it must.
 
-Errors: every request carries an RPC timeout. A server that did not answer in time or whose connection broke
-(process killed, host down) surfaces as :class:`~.protocol.PsUnavailableError` with one line naming the server, the
-operation and the table. Errors the server reports (unknown table, conflicting config; returned as a
-``RemoteFailure`` value, see :mod:`.protocol`) are raised as :class:`~.protocol.PsServerError`.
-
-Requests are :mod:`.protocol`'s functions: the client knows the servers only by name and protocol. A process joins
-the group and gets a client with :func:`persia_planner.modules.ps.connection.connect` or
+Requests are :mod:`.protocol`'s functions, sent through :class:`.server_requests.ServerRequests` (timeouts, the
+injected delay, and the errors: :class:`~.protocol.PsUnavailableError` for a server that did not answer,
+:class:`~.protocol.PsServerError` for one that refused): the client knows the servers only by name and protocol. A
+process joins the group and gets a client with :func:`persia_planner.modules.ps.connection.connect` or
 :func:`persia_planner.modules.ps.connection.joined`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed.rpc as rpc
 from torch.futures import Future
 
-from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import kernels, protocol
-from persia_planner.modules.ps.delay import DelayScheduler
 from persia_planner.modules.ps.index import as_ids
-from persia_planner.modules.ps.protocol import (
-    PsServerError,
-    PsUnavailableError,
-    RemoteFailure,
-    TableConfig,
-    WireOverflowError,
-    check_wire_dtype,
-    server_index,
-)
-from persia_planner.modules.ps.sharding import server_of
+from persia_planner.modules.ps.protocol import PsServerError, TableConfig, check_wire_dtype
+from persia_planner.modules.ps.pushes import GradientPushes
+from persia_planner.modules.ps.server_requests import ServerRequests, distinct_ids
 from persia_planner.modules.ps.table_checkpoints import commit, prune, read_latest
 
-__all__ = ["PsClient", "distinct_ids"]
+__all__ = ["PsClient"]
 
 log = logging.getLogger(__name__)
 
@@ -97,123 +79,41 @@ class PsClient:
         delay_ms: float = 0.0,
         wire_dtype: torch.dtype = torch.float32,
     ) -> None:
-        if not servers:
-            raise ValueError("PsClient needs at least one server")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        if not 0 <= delay_ms < math.inf:
-            raise ValueError(f"delay_ms must be a finite number >= 0, got {delay_ms}")
         self.wire_dtype = check_wire_dtype(wire_dtype)
-        self.servers = list(servers)
-        self.timeout_s = float(timeout_s)
-        self.delay_ms = float(delay_ms)
-        self._delayed = DelayScheduler() if self.delay_ms > 0 else None
-        for i, name in enumerate(self.servers):
-            try:
-                rank = rpc.get_worker_info(name).id
-            except RuntimeError as err:
-                raise PsUnavailableError(name, "connect", None, self.timeout_s, f"not in the RPC group: {err}") from err
-            index = server_index(name, rank)
-            if index != i:
-                # A server shards its checkpoints by its index (ps{i}, else its rank) and the client routes ids by
-                # list position: a mismatch would load and save other servers' rows.
-                raise PlannerError(
-                    f"parameter server {name} is server {index} but is listed as server {i}: servers must be "
-                    "listed in index order",
-                    fixes=("name server i ps{i}", "list the servers ordered by index"),
-                )
+        # Every request goes through it: routing, timeouts, the injected delay, errors.
+        self.requests = ServerRequests(servers, timeout_s=timeout_s, delay_ms=delay_ms)
         self._configs: dict[str, TableConfig] = {}
-        self._pending: set[Future] = set()
-        self._failed: BaseException | None = None  # the first push that failed since the last flush()
-        self._pending_lock = threading.Lock()
+        self.pushes = GradientPushes(self.requests, self.wire_dtype)
+
+    @property
+    def servers(self) -> list[str]:
+        """RPC names of the servers, in server-index order."""
+        return self.requests.servers
 
     @property
     def n_servers(self) -> int:
-        return len(self.servers)
+        return self.requests.n_servers
 
-    # ------------------------------------------------------------------------------------------- requests
+    @property
+    def timeout_s(self) -> float:
+        """Timeout of every request, in seconds."""
+        return self.requests.timeout_s
 
-    def _call(self, i: int, fn: Any, args: tuple, operation: str, table: str | None) -> Future:
-        """``rpc_async`` to server ``i`` (after ``delay_ms``) whose future's error, if any, is already translated."""
-        out: Future = Future()
-        if self._delayed is None:
-            self._send(i, fn, args, operation, table, out)
-        else:
-            self._delayed.at(
-                time.monotonic() + self.delay_ms / 1000, lambda: self._send(i, fn, args, operation, table, out)
-            )
-        return out
-
-    def _send(self, i: int, fn: Any, args: tuple, operation: str, table: str | None, out: Future) -> None:
-        """Send the request now; complete ``out`` with its result or translated error."""
-        name = self.servers[i]
-        try:
-            fut = rpc.rpc_async(name, fn, args=args, timeout=self.timeout_s)
-        except Exception as err:  # the agent may refuse synchronously (e.g. pipe already known broken)
-            out.set_exception(PsUnavailableError(name, operation, table, self.timeout_s, str(err)))
-            return
-
-        def done(f: Future) -> None:
-            # The server returns its own errors as RemoteFailure values, so an exception here is always the
-            # transport's (timeout, connection reset, pipe closed): the server did not answer.
-            try:
-                result = f.wait()
-            except Exception as err:
-                out.set_exception(PsUnavailableError(name, operation, table, self.timeout_s, str(err)))
-                return
-            if isinstance(result, RemoteFailure):
-                out.set_exception(PsServerError(result.message))
-            else:
-                out.set_result(result)
-
-        fut.add_done_callback(done)
+    @property
+    def delay_ms(self) -> float:
+        """Injected latency of every request, in milliseconds."""
+        return self.requests.delay_ms
 
     def close(self) -> None:
         """Stop the delay scheduler (if any) once it has sent every request made so far. Idempotent; the client
         stays usable without a delay scheduler only if ``delay_ms`` is 0."""
-        if self._delayed is not None:
-            self._delayed.close()
-
-    @staticmethod
-    def _all(futures: list[Future], combine: Any) -> Future:
-        """A future of ``combine(results)`` once all ``futures`` are done; the first error (in server order) wins."""
-        out: Future = Future()
-
-        def done(all_done: Future) -> None:
-            try:
-                results = [f.wait() for f in all_done.wait()]
-                out.set_result(combine(results))
-            except Exception as err:
-                out.set_exception(err)
-
-        torch.futures.collect_all(futures).add_done_callback(done)
-        return out
+        self.requests.close()
 
     def _config(self, table: str) -> TableConfig:
         try:
             return self._configs[table]
         except KeyError:
             raise PsServerError(f"table {table!r} is not registered with this client; call register(config)") from None
-
-    def _split(self, table: str, uniq: torch.Tensor) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
-        """``order`` (server-sorted -> distinct) and the per-server pieces of the distinct ids ``uniq``.
-
-        Returns:
-            ``(order, pieces)`` where ``uniq[order]`` is grouped by server (in ``uniq``'s order within each group) and
-            ``pieces`` lists ``(server_index, start, stop)`` of the non-empty groups; ``order`` is None when there
-            is a single server (it would be the identity).
-        """
-        if self.n_servers == 1:  # one owner: no hashing, no sort
-            return None, [(0, 0, uniq.numel())]
-        owner = server_of(table, uniq, self.n_servers)
-        order = torch.argsort(owner, stable=True)
-        counts = torch.bincount(owner, minlength=self.n_servers).tolist()
-        pieces, start = [], 0
-        for i, c in enumerate(counts):  # a loop over servers, not ids
-            if c:
-                pieces.append((i, start, start + c))
-            start += c
-        return order, pieces
 
     # ------------------------------------------------------------------------------------------------ API
 
@@ -227,15 +127,17 @@ class PsClient:
             PsServerError: A server holds the table with a different config.
             PsUnavailableError: A server did not answer.
         """
-        futs = [self._call(i, protocol.create, (config,), "register", config.name) for i in range(self.n_servers)]
-        self._all(futs, lambda _: None).wait()
+        self.requests.to_every_server(protocol.create, (config,), "register", config.name, _nothing).wait()
         self._configs[config.name] = config
+
+    def registered(self, table: str) -> bool:
+        """Whether ``table`` was registered with this client (and not dropped since)."""
+        return table in self._configs
 
     def drop(self, table: str) -> None:
         """Remove ``table`` and its rows from every server (e.g. a table only a measurement used, so that no
         checkpoint or metrics carry it). The table must have no requests in flight."""
-        futs = [self._call(i, protocol.drop, (table,), "drop", table) for i in range(self.n_servers)]
-        self._all(futs, lambda _: None).wait()
+        self.requests.to_every_server(protocol.drop, (table,), "drop", table, _nothing).wait()
         self._configs.pop(table, None)
 
     def lookup_async(self, table: str, ids: torch.Tensor, *, train: bool = True) -> Future:
@@ -245,7 +147,7 @@ class PsClient:
         forward and backward passes run meanwhile.
         """
         futs, expand = self._send_lookup(table, ids, train)
-        return self._all(futs, expand)
+        return self.requests.combined(futs, expand)
 
     def _send_lookup(
         self, table: str, ids: torch.Tensor, train: bool
@@ -260,7 +162,7 @@ class PsClient:
         if flat.numel() == 0:
             return [], lambda _: torch.zeros(*shape, dim)
         uniq, inverse = distinct_ids(flat)
-        order, pieces = self._split(table, uniq)
+        order, pieces = self.requests.split(table, uniq)
         multi = len(pieces) > 1
         sorted_ids = uniq[order] if multi else uniq
         op = ("lookup", table)
@@ -269,7 +171,7 @@ class PsClient:
         # clone: a slice shares the whole batch's storage, which must not travel to every server.
         # distinct=True: the ids are unique, so the server skips its own de-duplication and gather.
         futs = [
-            self._call(
+            self.requests.call(
                 i, protocol.lookup, (table, sorted_ids[a:b].clone() if multi else sorted_ids, train, True, *wire), *op
             )
             for i, a, b in pieces
@@ -306,7 +208,7 @@ class PsClient:
         futs, expand = self._send_lookup(table, ids, train)
         # The caller waits anyway: the rows are put in the batch's order on its own thread instead of on the RPC
         # thread, which would then have to wake it (never slower in alternating runs, and faster under load).
-        return expand(self._all(futs, list).wait())
+        return expand(self.requests.combined(futs, list).wait())
 
     def read_rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
         """Rows of ``ids`` as the servers hold them, float32 ``[*ids.shape, dim]``, changing nothing: an id never
@@ -321,10 +223,12 @@ class PsClient:
         if flat.numel() == 0:
             return torch.zeros(*ids.shape, dim)
         uniq, inverse = distinct_ids(flat)
-        order, pieces = self._split(table, uniq)
+        order, pieces = self.requests.split(table, uniq)
         sorted_ids = uniq if order is None else uniq[order]
-        futs = [self._call(i, protocol.read, (table, sorted_ids[a:b].clone()), "read", table) for i, a, b in pieces]
-        rows = torch.cat(self._all(futs, list).wait())
+        futs = [
+            self.requests.call(i, protocol.read, (table, sorted_ids[a:b].clone()), "read", table) for i, a, b in pieces
+        ]
+        rows = torch.cat(self.requests.combined(futs, list).wait())
         if order is not None:  # back from server order to uniq's
             rows = torch.empty_like(rows).index_copy_(0, order, rows)
         return rows.index_select(0, inverse).reshape(*ids.shape, dim)
@@ -346,134 +250,75 @@ class PsClient:
             raise ValueError(f"assign_rows: the {flat.numel()} ids of table {table!r} repeat")
         self.flush()
         rows = weights.reshape(-1, dim).to(torch.float32)
-        order, pieces = self._split(table, flat)
+        order, pieces = self.requests.split(table, flat)
         if order is not None:
             flat, rows = flat[order], rows[order]
         futs = [
-            self._call(i, protocol.assign, (table, flat[a:b].clone(), rows[a:b].clone()), "assign", table)
+            self.requests.call(i, protocol.assign, (table, flat[a:b].clone(), rows[a:b].clone()), "assign", table)
             for i, a, b in pieces
         ]
-        return self._all(futs, sum).wait()
+        return self.requests.combined(futs, sum).wait()
 
-    def push_gradients_async(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> Future:
+    def read_state(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        """Optimizer state of the distinct ``ids`` as the servers hold it, float32 ``[len(ids), width]``, changing
+        nothing: an id never trained reads as a new row's state (a TorchRec optimizer state dict of a PS table)."""
+        self._config(table)
+        flat = as_ids(ids)
+        order, pieces = self.requests.split(table, flat)
+        sorted_ids = flat if order is None else flat[order]
+        futs = [
+            self.requests.call(i, protocol.read_state, (table, sorted_ids[a:b].clone()), "read", table)
+            for i, a, b in pieces
+        ]
+        state = torch.cat(self.requests.combined(futs, list).wait())
+        return state if order is None else torch.empty_like(state).index_copy_(0, order, state)
+
+    def assign_state(self, table: str, ids: torch.Tensor, state: torch.Tensor, start: int = 0) -> int:
+        """Set columns ``[start, start + state.shape[1])`` of the optimizer state of the distinct ``ids`` on their
+        servers (inserting the rows not held, as a training lookup would); returns the rows written. Pushes made
+        before are applied first."""
+        flat = as_ids(ids)
+        state = state.reshape(flat.numel(), -1).to(torch.float32)
+        self.flush()
+        order, pieces = self.requests.split(table, flat)
+        if order is not None:
+            flat, state = flat[order], state[order]
+        futs = [
+            self.requests.call(
+                i, protocol.assign_state, (table, flat[a:b].clone(), state[a:b].clone(), start), "assign", table
+            )
+            for i, a, b in pieces
+        ]
+        return self.requests.combined(futs, sum).wait()
+
+    def push_gradients_async(
+        self, table: str, ids: torch.Tensor, grads: torch.Tensor, *, optimizer: Any = None
+    ) -> Future:
         """Send ``grads`` ``[*ids.shape, dim]`` of ``ids``; the future holds the number of rows the servers updated.
 
         The push is tracked: :meth:`flush` waits for it and raises its error if it failed (also if it failed before
         the flush). The gradients of duplicate ids are summed in float32 here and each sum travels once, in
-        :attr:`wire_dtype`.
+        :attr:`wire_dtype`. ``optimizer`` (a :class:`~.optim.RowOptimizer` of the table's kind) travels with the push
+        and steps these rows instead of the table's own: a schedule's learning rate at the step the gradients are of.
 
         Raises:
             ValueError: ``grads`` do not match ``ids`` x ``dim``.
             WireOverflowError: A finite summed gradient exceeds the range of :attr:`wire_dtype` (float16: 65504);
                 nothing is sent then.
         """
-        return self._push(table, ids, grads, track=True)
+        return self.pushes.send(table, self._config(table).dim, ids, grads, track=True, optimizer=optimizer)
 
-    def _push(self, table: str, ids: torch.Tensor, grads: torch.Tensor, *, track: bool) -> Future:
-        """:meth:`push_gradients_async`; ``track=False`` leaves the push out of :meth:`flush` (its caller waits)."""
-        dim = self._config(table).dim
-        flat = ids.reshape(-1)
-        if flat.dtype == torch.uint64:
-            flat = flat.view(torch.int64)
-        # The last axis must be dim too: a transposed [dim, n] tensor has the right numel but would be misassigned.
-        if grads.numel() != flat.numel() * dim or grads.dim() == 0 or grads.shape[-1] != dim:
-            raise ValueError(f"grads of shape {tuple(grads.shape)} do not match ids {tuple(ids.shape)} x dim {dim}")
-        if flat.numel() == 0:
-            done: Future = Future()
-            done.set_result(0)
-            return done
-        uniq, inverse = distinct_ids(flat)
-        order, pieces = self._split(table, uniq)
-        # Sum duplicates here: the servers get one gradient row per distinct id (less traffic, same result).
-        summed = torch.zeros(uniq.numel(), dim).index_add_(0, inverse, grads.reshape(-1, dim).to(torch.float32))
-        if self.wire_dtype != torch.float32:
-            summed = self._to_wire(table, summed)  # rounded once, after the float32 sum
-        # distinct=True: the ids are unique, so the server skips its own de-duplication and summation.
-        if len(pieces) == 1:  # one owner: the whole (fresh) tensors travel, no reordering or copies
-            ((i, _, _),) = pieces
-            futs = [self._call(i, protocol.update, (table, uniq, summed, True), "push", table)]
-        else:
-            sorted_ids, sorted_grads = uniq[order], summed[order]
-            futs = [
-                self._call(
-                    i,
-                    protocol.update,
-                    (table, sorted_ids[a:b].clone(), sorted_grads[a:b].clone(), True),
-                    "push",
-                    table,
-                )
-                for i, a, b in pieces
-            ]
-        out = self._all(futs, sum)
-        if not track:
-            return out
-        with self._pending_lock:
-            self._pending.add(out)
-
-        def forget(f: Future) -> None:
-            try:
-                f.wait()  # done already: returns at once, or raises the push's error
-                failed = None
-            except Exception as err:
-                failed = err
-            with self._pending_lock:
-                if f in self._pending:  # else a flush() claimed it and reports its error itself
-                    self._pending.discard(f)
-                    # A fire-and-forget push that fails before flush() is called must still be reported by it.
-                    self._failed = self._failed or failed
-
-        out.add_done_callback(forget)
-        return out
-
-    def _to_wire(self, table: str, summed: torch.Tensor) -> torch.Tensor:
-        """``summed`` in :attr:`wire_dtype`; raises where a finite gradient would turn into ``inf``.
-
-        An ``inf`` gradient would make the row's weights ``inf`` or ``nan`` on the server for good, so the push is
-        refused instead. Gradients that already hold ``inf`` or ``nan`` pass as they would in float32.
-
-        Raises:
-            WireOverflowError: A finite summed gradient exceeds the largest value of :attr:`wire_dtype`.
-        """
-        # One reduction over the float32 sum: CPU float16 has no fast isinf to scan the narrowed copy with.
-        peak = summed.abs().amax()
-        if not torch.isfinite(peak):
-            # A nan or inf elsewhere must not hide a finite value that overflows: look at the finite ones only.
-            peak = torch.where(torch.isfinite(summed), summed.abs(), 0.0).amax()
-        if torch.isinf(peak.to(self.wire_dtype)):
-            fixes = ("scale the gradients down (lower the learning rate or the loss scale)",)
-            if self.wire_dtype == torch.float16:
-                fixes = ("send bfloat16 (wire_dtype=torch.bfloat16, --ps-wire bfloat16)", *fixes)
-            raise WireOverflowError(
-                f"gradients of table {table!r} overflow {self.wire_dtype} on the wire (wire_dtype / --ps-wire): "
-                f"largest summed |gradient| {float(peak):.6g} > {torch.finfo(self.wire_dtype).max:.6g}",
-                fixes=fixes,
-            )
-        return summed.to(self.wire_dtype)
-
-    def push_gradients(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> int:
+    def push_gradients(self, table: str, ids: torch.Tensor, grads: torch.Tensor, *, optimizer: Any = None) -> int:
         """Synchronous :meth:`push_gradients_async`: returns once applied, with the number of rows updated; an
         error is raised here (and not again by :meth:`flush`)."""
-        return self._push(table, ids, grads, track=False).wait()
+        dim = self._config(table).dim
+        return self.pushes.send(table, dim, ids, grads, track=False, optimizer=optimizer).wait()
 
     def flush(self) -> None:
         """Wait for every outstanding push; raises the first error of the pushes made since the previous flush
         (after all completed), also of those that failed before this call, whether or not their own futures were
         waited on. The error is reported once: the next flush raises only newer ones."""
-        with self._pending_lock:
-            # Claim the outstanding pushes: their errors are reported by this call, not recorded by their callbacks
-            # (a future's waiters may wake before its done-callback ran), so each error is reported exactly once.
-            pending = list(self._pending)
-            self._pending.clear()
-        first: BaseException | None = None
-        for f in pending:
-            try:
-                f.wait()
-            except Exception as err:
-                first = first or err
-        with self._pending_lock:
-            first, self._failed = self._failed or first, None  # one that failed before this call came first
-        if first is not None:
-            raise first
+        self.pushes.flush()
 
     def save(self, directory: str | os.PathLike, *, keep: int | None = None) -> int:
         """Checkpoint every server into ``directory`` (a filesystem every server sees); returns the new version.
@@ -492,11 +337,9 @@ class PsClient:
         self.flush()
         latest = read_latest(directory)
         version = (latest["version"] if latest else 0) + 1
-        futs = [
-            self._call(i, protocol.save, (str(directory), self.n_servers, version), "save", None)
-            for i in range(self.n_servers)
-        ]
-        self._all(futs, sum).wait()
+        self.requests.to_every_server(
+            protocol.save, (str(directory), self.n_servers, version), "save", None, sum
+        ).wait()
         commit(directory, version, n_servers=self.n_servers)
         if keep is not None:
             try:
@@ -517,8 +360,7 @@ class PsClient:
             PsServerError: ``sequence`` is not above a server's last dump.
         """
         self.flush()
-        futs = [self._call(i, protocol.dump, (str(directory), sequence), "dump", None) for i in range(self.n_servers)]
-        return self._all(futs, sum).wait()
+        return self.requests.to_every_server(protocol.dump, (str(directory), sequence), "dump", None, sum).wait()
 
     def load(self, directory: str | os.PathLike, *, tables: Sequence[str] | None = None) -> int:
         """Load the committed checkpoint of ``directory`` into the servers, re-sharded to their number (which may
@@ -526,11 +368,8 @@ class PsClient:
         another plan resumes the tables it keeps on the servers). Returns the rows loaded."""
         self.flush()
         only = (None,) if tables is None else (sorted(tables),)
-        futs = [
-            self._call(i, protocol.load, (str(directory), self.n_servers, *only), "load", None)
-            for i in range(self.n_servers)
-        ]
-        return self._all(futs, sum).wait()
+        args = (str(directory), self.n_servers, *only)
+        return self.requests.to_every_server(protocol.load, args, "load", None, sum).wait()
 
     def seed(self, table: str, weights: torch.Tensor | None, state: torch.Tensor | None = None) -> None:
         """Start every id ``table`` does not hold from row ``id mod len(weights)`` of ``weights`` (and of the
@@ -542,27 +381,16 @@ class PsClient:
         """
         self._config(table)
         args = (table, None if weights is None else weights.detach().float().contiguous(), state)
-        futs = [self._call(i, protocol.seed, args, "seed", table) for i in range(self.n_servers)]
-        self._all(futs, lambda _: None).wait()
+        self.requests.to_every_server(protocol.seed, args, "seed", table, _nothing).wait()
 
     def metrics(self) -> list[dict[str, Any]]:
         """Each server's metrics (:func:`.server.server_metrics`), in server order."""
-        futs = [self._call(i, protocol.metrics, (), "metrics", None) for i in range(self.n_servers)]
-        return self._all(futs, list).wait()
+        return self.requests.to_every_server(protocol.metrics, (), "metrics", None, list).wait()
 
     def memory(self) -> list[dict[str, Any]]:
         """Each server's resident memory and its stores' bytes (``server.server_memory``), in server order."""
-        futs = [self._call(i, protocol.memory, (), "memory", None) for i in range(self.n_servers)]
-        return self._all(futs, list).wait()
+        return self.requests.to_every_server(protocol.memory, (), "memory", None, list).wait()
 
 
-def distinct_ids(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct ids of a flat int64 batch (in order of first occurrence) and ``inverse``, ``uniq[inverse] ==
-    flat``.
-
-    On CPU one compiled hash-set pass (:func:`.kernels.dedup`), several times faster than the sort-based ``unique``
-    of numpy or torch; the servers accept distinct ids in any order. What every lookup and push sends.
-    """
-    if flat.device.type != "cpu":
-        return torch.unique(flat, return_inverse=True)
-    return kernels.dedup(flat)
+def _nothing(_answers: list[Any]) -> None:
+    """The combined answer of requests that answer nothing (create, drop, seed)."""

@@ -17,6 +17,11 @@ Equivalence with the dense definitions (the tests check each to 1e-6):
   the "lazy Adam" of a PS (``torch.optim.SparseAdam`` differs only in using a global step for the bias correction).
 * ``weight_decay`` is the L2 form (``g += wd * w`` before the update), as in torch's optimizers and fbgemm's
   ``WeightDecayMode.L2``; on a sparse server it decays only the rows in the batch.
+* ``decoupled_weight_decay`` is the decoupled form (AdamW's, fbgemm's ``WeightDecayMode.DECOUPLE``): each row of the
+  batch shrinks by :func:`decoupled_decay` before its update, ``w <- w * (1 - lr * wd) - lr * update(g)``, and the
+  accumulators see the gradient alone. It is what ``--sparse-weight-decay`` applies to every table: the local tables
+  call :func:`decoupled_decay` on the rows a step touches (:mod:`persia_planner.modules.embedding.row_decay`), so the
+  formula has this one home.
 
 The step counter of :class:`Adam` is stored as a float32 column of the state (the store keeps one float32 state
 tensor per table). float32 counts exactly to 2**24 updates of one row; past that the counter stops growing, which is
@@ -30,7 +35,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["SGD", "Adagrad", "Adam", "RowOptimizer", "RowWiseAdagrad"]
+__all__ = ["SGD", "Adagrad", "Adam", "RowOptimizer", "RowWiseAdagrad", "decoupled_decay"]
 
 
 @runtime_checkable
@@ -61,13 +66,27 @@ class RowOptimizer(Protocol):
         ...
 
 
-def _check_hyper(lr: float, eps: float | None = None, weight_decay: float = 0.0) -> None:
+def _check_hyper(lr: float, eps: float | None = None, weight_decay: float = 0.0, decoupled: float = 0.0) -> None:
     if not lr >= 0.0:
         raise ValueError(f"lr must be >= 0, got {lr}")
     if eps is not None and not eps >= 0.0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     if not weight_decay >= 0.0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if not decoupled >= 0.0:
+        raise ValueError(f"decoupled_weight_decay must be >= 0, got {decoupled}")
+
+
+def decoupled_decay(weights: torch.Tensor, lr: float, weight_decay: float) -> torch.Tensor:
+    """Rows ``weights`` shrunk by decoupled weight decay before their update: ``w * (1 - lr * weight_decay)``.
+
+    The one formula of ``--sparse-weight-decay`` for the servers' rows and the local tables' alike; ``lr`` is the
+    step's learning rate (a schedule's current one), so the decay follows the schedule as the update does.
+    Returns ``weights`` itself when there is nothing to decay.
+    """
+    if weight_decay == 0.0:
+        return weights
+    return weights.mul(1.0 - lr * weight_decay)
 
 
 def _l2(grads: torch.Tensor, weights: torch.Tensor, weight_decay: float) -> torch.Tensor:
@@ -81,9 +100,10 @@ class SGD:
 
     lr: float = 0.01
     weight_decay: float = 0.0
+    decoupled_weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_hyper(self.lr, weight_decay=self.weight_decay)
+        _check_hyper(self.lr, weight_decay=self.weight_decay, decoupled=self.decoupled_weight_decay)
 
     def state_width(self, dim: int) -> int:
         return 0
@@ -95,7 +115,7 @@ class SGD:
         self, weights: torch.Tensor, state: torch.Tensor, grads: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         g = _l2(grads, weights, self.weight_decay)
-        return weights.add(g, alpha=-self.lr), state
+        return decoupled_decay(weights, self.lr, self.decoupled_weight_decay).add(g, alpha=-self.lr), state
 
 
 @dataclass(frozen=True)
@@ -106,9 +126,10 @@ class Adagrad:
     eps: float = 1e-10
     weight_decay: float = 0.0
     initial_accumulator_value: float = 0.0
+    decoupled_weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_hyper(self.lr, self.eps, self.weight_decay)
+        _check_hyper(self.lr, self.eps, self.weight_decay, self.decoupled_weight_decay)
 
     def state_width(self, dim: int) -> int:
         return dim
@@ -122,7 +143,8 @@ class Adagrad:
         g = _l2(grads, weights, self.weight_decay)
         new_state = state.addcmul(g, g, value=1)
         std = new_state.sqrt().add_(self.eps)
-        return weights.addcdiv(g, std, value=-self.lr), new_state
+        decayed = decoupled_decay(weights, self.lr, self.decoupled_weight_decay)
+        return decayed.addcdiv(g, std, value=-self.lr), new_state
 
 
 @dataclass(frozen=True)
@@ -135,9 +157,10 @@ class RowWiseAdagrad:
     lr: float = 0.01
     eps: float = 1e-8
     weight_decay: float = 0.0
+    decoupled_weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_hyper(self.lr, self.eps, self.weight_decay)
+        _check_hyper(self.lr, self.eps, self.weight_decay, self.decoupled_weight_decay)
 
     def state_width(self, dim: int) -> int:
         return 1
@@ -151,7 +174,7 @@ class RowWiseAdagrad:
         g = _l2(grads, weights, self.weight_decay)
         new_state = state + g.square().mean(dim=1, keepdim=True)
         multiplier = self.lr / (new_state.sqrt() + self.eps)
-        return weights - multiplier * g, new_state
+        return decoupled_decay(weights, self.lr, self.decoupled_weight_decay) - multiplier * g, new_state
 
 
 @dataclass(frozen=True)
@@ -166,9 +189,10 @@ class Adam:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
+    decoupled_weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_hyper(self.lr, self.eps, self.weight_decay)
+        _check_hyper(self.lr, self.eps, self.weight_decay, self.decoupled_weight_decay)
         if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
             raise ValueError(f"betas must be two values in [0, 1), got {self.betas}")
 
@@ -192,5 +216,5 @@ class Adam:
         step_size = (self.lr / (1 - beta1**t64)).float()
         bias_correction2_sqrt = (1 - beta2**t64).sqrt().float()
         denom = (v.sqrt() / bias_correction2_sqrt).add_(self.eps)
-        new_weights = weights - step_size * (m / denom)
+        new_weights = decoupled_decay(weights, self.lr, self.decoupled_weight_decay) - step_size * (m / denom)
         return new_weights, torch.cat([m, v, t], dim=1)

@@ -3,10 +3,11 @@
 Both sides import this module and nothing of each other: a server implements the requests, a client sends them.
 
 Requests are the module-level functions :func:`create`, :func:`drop`, :func:`lookup`, :func:`read`, :func:`assign`,
-:func:`seed`, :func:`update`, :func:`save`, :func:`dump`, :func:`load`, :func:`metrics` and :func:`memory`, sent with
-``rpc_async``. RPC pickles a function *by reference* (module and name), so the receiving process runs this module's
-function, which hands the request to the implementation its server module registered with :func:`handles` when it
-was imported (:mod:`.server`). A process that registered none answers every request with a :class:`RemoteFailure`.
+:func:`read_state`, :func:`assign_state`, :func:`seed`, :func:`update`, :func:`save`, :func:`dump`, :func:`load`,
+:func:`metrics` and :func:`memory`, sent with ``rpc_async``. RPC pickles a function *by reference* (module and name), so
+the receiving process runs this module's function, which hands the request to the implementation its server module
+registered with :func:`handles` when it was imported (:mod:`.server`). A process that registered none answers every
+request with a :class:`RemoteFailure`.
 
 Errors raised while serving a request are *returned* as a :class:`RemoteFailure` value, which the client raises as
 :class:`PsServerError` (a :class:`PlannerError`). Raising across RPC would not do: the caller receives every remote
@@ -44,6 +45,7 @@ __all__ = [
     "TableConfig",
     "WireOverflowError",
     "assign",
+    "assign_state",
     "check_wire_dtype",
     "create",
     "drop",
@@ -55,6 +57,7 @@ __all__ = [
     "memory",
     "metrics",
     "read",
+    "read_state",
     "save",
     "seed",
     "server_index",
@@ -343,10 +346,27 @@ def seed(table: str, weights: torch.Tensor | None, state: torch.Tensor | None = 
     return _serve("seed", table, weights, state)
 
 
-def update(table: str, ids: torch.Tensor, grads: torch.Tensor, distinct: bool = False) -> int:
+def update(
+    table: str, ids: torch.Tensor, grads: torch.Tensor, distinct: bool = False, optimizer: RowOptimizer | None = None
+) -> int:
     """Apply the table's optimizer to the rows of ``ids`` with ``grads`` (any float dtype, upcast to float32);
-    returns the number of rows updated."""
-    return _serve("update", table, ids, grads, distinct)
+    returns the number of rows updated. ``optimizer``: this push's hyper-parameters (the table's kind of optimizer
+    with a schedule's current learning rate); None: the table's own."""
+    if optimizer is None:  # the request as it always was
+        return _serve("update", table, ids, grads, distinct)
+    return _serve("update", table, ids, grads, distinct, optimizer)
+
+
+def read_state(table: str, ids: torch.Tensor) -> torch.Tensor:
+    """Optimizer state ``[len(ids), width]`` of the distinct ``ids`` as the table holds it, without side effects: an
+    id it does not hold reads as a new row's state (a TorchRec optimizer state dict of the table)."""
+    return _serve("read_state", table, ids)
+
+
+def assign_state(table: str, ids: torch.Tensor, state: torch.Tensor, start: int) -> int:
+    """Set columns ``[start, start + state.shape[1])`` of the optimizer state of the distinct ``ids`` (a TorchRec
+    optimizer state dict loaded into the table); returns the rows written."""
+    return _serve("assign_state", table, ids, state, start)
 
 
 def save(directory: str, n_servers: int, version: int) -> int:

@@ -1,4 +1,4 @@
-"""One embedding parameter server process: a registry of :class:`EmbeddingStore` tables that answers requests.
+"""One embedding parameter server process: it answers the requests on its tables (:mod:`.server_state`).
 
 A server is a ``torch.distributed.rpc`` worker named ``ps{rank}`` that does nothing but answer requests: :func:`serve`
 joins the RPC group and then waits in the group's graceful shutdown (:func:`.group.leave_group`), giving up with
@@ -6,15 +6,15 @@ joins the RPC group and then waits in the group's graceful shutdown (:func:`.gro
 
 The requests are :mod:`.protocol`'s; this module implements them (:func:`create`, :func:`lookup`, :func:`update`,
 :func:`save`, :func:`dump`, :func:`load`, :func:`metrics`, registered with :func:`.protocol.handles` on import) against
-this process's registry (:func:`state`). Each returns its error as a :class:`~.protocol.RemoteFailure` value instead
-of raising it (see :mod:`.protocol`), so they can also be called in process. Tables are created on demand from a
-:class:`~.protocol.TableConfig` that clients send: creating a table twice with the same config is a no-op (every
-trainer may register every table), with a different config an error.
+this process's registry of tables (:func:`.server_state.state`). Each returns its error as a
+:class:`~.protocol.RemoteFailure` value instead of raising it (see :mod:`.protocol`), so they can also be called in
+process. Tables are created on demand from a :class:`~.protocol.TableConfig` that clients send: creating a table twice
+with the same config is a no-op (every trainer may register every table), with a different config an error.
 
-Threading: the RPC agent runs requests on a pool of worker threads, and an :class:`EmbeddingStore` is not
-thread-safe (lookups insert and evict), so each table has its own lock; requests for different tables run in
-parallel, requests for the same table are serialised. Every update is therefore applied atomically and none is lost,
-whatever the number of concurrent clients.
+Threading: the RPC agent runs requests on a pool of worker threads, and a :class:`~.store.EmbeddingStore` is not
+thread-safe (lookups insert and evict), so each request holds its table's lock (:class:`.server_state.Table`);
+requests for different tables run in parallel, requests for the same table are serialised. Every update is
+therefore applied atomically and none is lost, whatever the number of concurrent clients.
 
 Run a server with ``persia ps --rank R --world-size W`` (``MASTER_ADDR``/``MASTER_PORT`` from the environment, as
 torchrun sets them).
@@ -22,19 +22,13 @@ torchrun sets them).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
-import tempfile
 import threading
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.rpc as rpc
 
 from persia_planner.errors import PlannerError
 from persia_planner.modules.ps import protocol
@@ -49,138 +43,34 @@ from persia_planner.modules.ps.protocol import (
     RemoteFailure,
     TableConfig,
     handles,
-    server_index,
     server_name,
 )
-from persia_planner.modules.ps.ssd_files import remove_stale, scratch_name, this_process
+from persia_planner.modules.ps.server_state import Table, close_files, make_store, state
 from persia_planner.modules.ps.ssd_store import SsdStore
-from persia_planner.modules.ps.store import EmbeddingStore
 from persia_planner.modules.ps.table_checkpoints import load_rows, load_seeds, read_latest, save_shard
 
 __all__ = [
-    "ServerState",
-    "Table",
+    "assign",
+    "assign_state",
     "create",
     "drop",
     "dump",
     "load",
     "log_metrics_every",
     "lookup",
-    "make_store",
+    "memory",
     "metrics",
-    "reset_state",
+    "read",
+    "read_state",
     "save",
     "seed",
     "serve",
     "server_memory",
     "server_metrics",
-    "state",
     "update",
 ]
 
 log = logging.getLogger(__name__)
-
-
-class Table:
-    """A store, its config and the lock that serialises requests on it."""
-
-    def __init__(self, config: TableConfig, store: EmbeddingStore | SsdStore) -> None:
-        self.config = config
-        self.store = store
-        self.lock = threading.Lock()
-
-
-class ServerState:
-    """Per-process server state: the table registry and the start time for the rates."""
-
-    def __init__(self) -> None:
-        self.tables: dict[str, Table] = {}
-        self.lock = threading.Lock()  # guards the registry only, never held during a store operation
-        self.started = time.monotonic()
-        # Sequence of the last incremental dump this server wrote (or that the checkpoint it loaded covers): a
-        # checkpoint records it so that replicas starting from it apply only later deltas.
-        self.last_dump_sequence = -1
-        self.dumped_or_loaded = False  # then last_dump_sequence is this run's: later files are a rolled-back run's
-        try:
-            info = rpc.get_worker_info()
-            self.name, self.index = info.name, server_index(info.name, info.id)
-        except RuntimeError:  # not inside an RPC group (unit use of the functions)
-            self.name, self.index = f"pid{os.getpid()}", 0
-
-    def table(self, name: str) -> Table:
-        """The registered table ``name``.
-
-        Raises:
-            PsServerError: No table has that name here.
-        """
-        try:
-            return self.tables[name]  # dict reads are atomic; the registry only grows
-        except KeyError:
-            raise PsServerError(
-                f"parameter server {self.name} has no table {name!r}; register it first (PsClient.register)"
-            ) from None
-
-
-_STATE: ServerState | None = None
-_STATE_LOCK = threading.Lock()
-
-
-def state() -> ServerState:
-    """This process's server state, created on first use (a process serves one set of tables)."""
-    global _STATE
-    if _STATE is None:
-        with _STATE_LOCK:
-            if _STATE is None:
-                _STATE = ServerState()
-    return _STATE
-
-
-def reset_state() -> None:
-    """Drop this process's server state and its tables: the next request starts from an empty registry, as a
-    restarted server would (for callers that run the handlers in process: tests, benchmarks)."""
-    global _STATE
-    with _STATE_LOCK:
-        _STATE = None
-
-
-def make_store(config: TableConfig, index: int) -> EmbeddingStore | SsdStore:
-    """The empty store of ``config``'s table on the server of index ``index`` (its admission draws are seeded
-    ``config.seed + index``): on the ``ssd`` tier (``config.ssd_rows``), its DDR cache over a new file of rows
-    in ``config.ssd_dir``, named for the table, the server and this process, with a header saying it is this
-    process's (:mod:`.ssd_files`: only such files of a dead server are removed, never another file)."""
-    store = EmbeddingStore(
-        config.dim,
-        config.capacity,
-        config.optimizer,
-        init=config.init,
-        eviction=config.eviction,
-        admission_probability=config.admission_probability,
-        clip=config.clip,
-        seed=config.seed + index,
-        eviction_chunk=config.eviction_chunk,
-        weight_dtype=config.weight_dtype,
-        # per-id initial rows: the same on whichever server holds the id, in whatever order ids arrive
-        init_seed=config.init_seed,
-    )
-    if not config.ssd_rows:
-        return store
-    directory = Path(config.ssd_dir or tempfile.gettempdir())
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in remove_stale(directory, config.name, index):  # files of ours whose server was killed
-        log.info("removed %s: a file of rows its dead server left", stale)
-    owner = this_process()
-    path = directory / scratch_name(config.name, index, owner.run)
-    return SsdStore(store, path, config.ssd_rows, header=owner.header())
-
-
-def close_files() -> None:
-    """Remove the files of this server's ``ssd`` tables (at shutdown: the processes end without finalisers)."""
-    with state().lock:
-        tables = list(state().tables.values())
-    for table in tables:
-        if isinstance(table.store, SsdStore):
-            with table.lock:
-                table.store.close()
 
 
 def _server_errors(fn):
@@ -277,7 +167,8 @@ def lookup(
 @handles(protocol.read)
 @_server_errors
 def read(table: str, ids: torch.Tensor) -> torch.Tensor:
-    """Rows of ``ids`` as held, unheld ones as their initial value; nothing changes (:meth:`EmbeddingStore.read`)."""
+    """Rows of ``ids`` as held, unheld ones as their initial value; nothing changes
+    (:meth:`.store.EmbeddingStore.read`)."""
     t = state().table(table)
     with t.lock:
         return t.store.read(ids)
@@ -286,7 +177,7 @@ def read(table: str, ids: torch.Tensor) -> torch.Tensor:
 @handles(protocol.assign)
 @_server_errors
 def assign(table: str, ids: torch.Tensor, weights: torch.Tensor) -> int:
-    """Set the rows of ``ids`` to ``weights`` (:meth:`EmbeddingStore.assign`); returns the rows written."""
+    """Set the rows of ``ids`` to ``weights`` (:meth:`.store.EmbeddingStore.assign`); returns the rows written."""
     t = state().table(table)
     with t.lock:
         return t.store.assign(ids, weights.to(torch.float32))
@@ -295,8 +186,8 @@ def assign(table: str, ids: torch.Tensor, weights: torch.Tensor) -> int:
 @handles(protocol.seed)
 @_server_errors
 def seed(table: str, weights: torch.Tensor | None, row_state: torch.Tensor | None = None) -> bool:
-    """Seed ``table``'s unheld ids from ``weights`` (and ``row_state``, the optimizer's) (:meth:`EmbeddingStore.seed`);
-    None unseeds. Returns whether the table is seeded now."""
+    """Seed ``table``'s unheld ids from ``weights`` (and ``row_state``, the optimizer's)
+    (:meth:`.store.EmbeddingStore.seed`); None unseeds. Returns whether the table is seeded now."""
     server = state()
     t = server.table(table)
     with t.lock:
@@ -307,33 +198,48 @@ def seed(table: str, weights: torch.Tensor | None, row_state: torch.Tensor | Non
     return weights is not None
 
 
+@handles(protocol.read_state)
+@_server_errors
+def read_state(table: str, ids: torch.Tensor) -> torch.Tensor:
+    """Optimizer state of ``ids`` as held, unheld ones' as new; nothing changes
+    (:meth:`.store.EmbeddingStore.read_state`)."""
+    t = state().table(table)
+    with t.lock:
+        return t.store.read_state(ids)
+
+
+@handles(protocol.assign_state)
+@_server_errors
+def assign_state(table: str, ids: torch.Tensor, row_state: torch.Tensor, start: int) -> int:
+    """Set optimizer state columns of ``ids`` (:meth:`.store.EmbeddingStore.assign_state`); returns the rows written."""
+    server = state()
+    t = server.table(table)
+    with t.lock:
+        try:
+            return t.store.assign_state(ids, row_state, start)
+        except ValueError as err:
+            raise PsServerError(f"parameter server {server.name}: table {table!r}: {err}") from None
+
+
 @handles(protocol.update)
 @_server_errors
-def update(table: str, ids: torch.Tensor, grads: torch.Tensor, distinct: bool = False) -> int:
-    """Apply the table's optimizer to the rows of ``ids`` with ``grads``; returns the number of rows updated.
+def update(table: str, ids: torch.Tensor, grads: torch.Tensor, distinct: bool = False, optimizer: Any = None) -> int:
+    """Apply the table's optimizer (``optimizer``: this push's hyper-parameters, None: the table's) to the rows of
+    ``ids`` with ``grads``; returns the number of rows updated.
 
     ``grads`` may arrive in a narrower wire dtype (float16, bfloat16); they are upcast to float32 before anything
     is summed or stepped, so the optimizer and its state stay float32. ``distinct=True``: see
-    :meth:`EmbeddingStore.update`.
+    :meth:`.store.EmbeddingStore.update`.
     """
     if grads.dtype != torch.float32:
         grads = grads.to(torch.float32)  # outside the lock, like the lookup's cast
-    t = state().table(table)
-    with t.lock:
-        return t.store.update(ids, grads, distinct=distinct)
-
-
-@contextlib.contextmanager
-def _all_tables_locked() -> Iterator[dict[str, Table]]:
-    """Every table of this server, with all their locks held (in name order, so two callers cannot deadlock):
-    a consistent snapshot for checkpoints and dumps while lookups and updates wait."""
     server = state()
-    with server.lock:
-        tables = dict(sorted(server.tables.items()))
-    with contextlib.ExitStack() as stack:
-        for t in tables.values():
-            stack.enter_context(t.lock)
-        yield tables
+    t = server.table(table)
+    with t.lock:
+        try:
+            return t.store.update(ids, grads, distinct=distinct, optimizer=optimizer)
+        except ValueError as err:
+            raise PsServerError(f"parameter server {server.name}: table {table!r}: {err}") from None
 
 
 @handles(protocol.save)
@@ -341,7 +247,7 @@ def _all_tables_locked() -> Iterator[dict[str, Table]]:
 def save(directory: str, n_servers: int, version: int) -> int:
     """Write this server's tables into checkpoint ``version`` (not committed: the client commits when every server
     has written). Returns rows saved."""
-    with _all_tables_locked() as tables:
+    with state().all_tables_locked() as tables:
         configs = {name: {"dim": t.config.dim, "capacity": t.config.capacity} for name, t in tables.items()}
         stores = {name: t.store for name, t in tables.items()}
         server = state()
@@ -361,7 +267,7 @@ def save(directory: str, n_servers: int, version: int) -> int:
 @_server_errors
 def dump(directory: str, sequence: int) -> int:
     """Write the rows touched since this server's previous dump as delta ``sequence``; returns their number."""
-    with _all_tables_locked() as tables:
+    with state().all_tables_locked() as tables:
         stores = {name: t.store for name, t in tables.items()}
         dirty = sum(int(store.dirty_rows()) for store in stores.values())
         server = state()
@@ -397,7 +303,7 @@ def load(directory: str, n_servers: int, only: list[str] | None = None) -> int:
             "register every table (PsClient.register) before loading"
         )
     loaded = 0
-    with _all_tables_locked() as tables:
+    with state().all_tables_locked() as tables:
         # Every table is checked before any is replaced: a refused table (too many rows for its capacity, another
         # dim) leaves the server as it was, not half loaded. Tables the checkpoint does not hold keep their rows.
         for name, table_rows in rows.items():

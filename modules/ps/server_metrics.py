@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from persia_planner.modules.ps.server import ServerState
+    from persia_planner.modules.ps.server_state import ServerState
 
 __all__ = ["log_metrics", "log_metrics_every", "memory_of", "metrics_of"]
 

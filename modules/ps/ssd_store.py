@@ -213,22 +213,43 @@ class SsdStore:
         return self.cache.assign(flat, weights)
 
     @torch.no_grad()
-    def update(self, ids: torch.Tensor, grads: torch.Tensor, *, distinct: bool = False) -> int:
-        """Apply the optimizer to the rows of ``ids``: cached ones in the cache, the others on disk."""
+    def read_state(self, ids: torch.Tensor) -> torch.Tensor:
+        """Optimizer state of the distinct ``ids`` as held (cached or on disk), others' as new; nothing changes."""
+        flat = as_ids(ids)
+        state = self.cache.read_state(flat)
+        off_cache = (~self.cache.contains(flat)).nonzero().squeeze(1)
+        slots = self._disk_slots(flat[off_cache])
+        on_disk = slots >= 0
+        if bool(on_disk.any()):
+            state[off_cache[on_disk]] = self.file.read(slots[on_disk])[1]
+        return state
+
+    @torch.no_grad()
+    def assign_state(self, ids: torch.Tensor, state: torch.Tensor, start: int = 0) -> int:
+        """Set optimizer state columns of the distinct ``ids`` (through the cache, as :meth:`assign`)."""
+        flat = as_ids(ids)
+        self._bring_in(flat)
+        return self.cache.assign_state(flat, state, start)
+
+    @torch.no_grad()
+    def update(self, ids: torch.Tensor, grads: torch.Tensor, *, distinct: bool = False, optimizer: Any = None) -> int:
+        """Apply the optimizer (``optimizer``: this push's hyper-parameters, see
+        :meth:`.store.EmbeddingStore.update`) to the rows of ``ids``: cached ones in the cache, the others on disk."""
+        optimizer = self.cache.step_optimizer(optimizer)
         flat = as_ids(ids)
         grads = grads.reshape(flat.numel(), self.dim).to(torch.float32)
         if not distinct:
             flat, inverse = torch.unique(flat, return_inverse=True)
             grads = torch.zeros(flat.numel(), self.dim).index_add_(0, inverse, grads)
         cached = self.cache.contains(flat)
-        done = self.cache.update(flat[cached], grads[cached], distinct=True)
+        done = self.cache.update(flat[cached], grads[cached], distinct=True, optimizer=optimizer)
         rest = (~cached).nonzero().squeeze(1)
         slots = self._disk_slots(flat[rest])
         on_disk = slots >= 0
         if bool(on_disk.any()):
             slots, rest = slots[on_disk], rest[on_disk]
             weights, state = self.file.read(slots)
-            new_w, new_state = self.optimizer.step(weights.float(), state, grads[rest])
+            new_w, new_state = optimizer.step(weights.float(), state, grads[rest])
             if self.cache.clip is not None:
                 new_w.clamp_(-self.cache.clip, self.cache.clip)
             self.file.write(slots, new_w, new_state)

@@ -17,7 +17,7 @@ from torch import nn
 
 from persia_planner.errors import PlannerError
 from persia_planner.model.specs import ModelSpec
-from persia_planner.modules.data.batch import Batch, as_batches
+from persia_planner.modules.data.batch import Batch, as_batches, blank_batch, padded
 from persia_planner.modules.data.blocks import BadRowCount
 from persia_planner.modules.data.criteo import CriteoReader
 from persia_planner.modules.data.shards import DataPass
@@ -26,10 +26,11 @@ from persia_planner.modules.data.split import RowSplit
 from persia_planner.modules.data.statistics import measured
 from persia_planner.modules.data.synthetic import SyntheticClicks, Teacher
 from persia_planner.modules.data.tabular import TabularReader
-from persia_planner.modules.train.config import TrainConfig
+from persia_planner.modules.train.config import TrainConfig, trainer_batch_size
 from persia_planner.modules.train.run_inputs import data_schema, id_universe
 
 __all__ = [
+    "SYNTHETIC_EVAL_BATCHES",
     "BadRowTally",
     "Epochs",
     "bad_rows_summary",
@@ -38,12 +39,17 @@ __all__ = [
     "file_reader",
     "held_out_batches",
     "lockstep",
+    "planned_steps",
+    "scoring_lockstep",
+    "steps_left",
     "teacher_for",
     "training_batches",
     "with_data_statistics",
 ]
 
 _EVAL_SEED_OFFSET = 1_000_003
+SYNTHETIC_EVAL_BATCHES = 8
+"""Batches per trainer of a synthetic evaluation without ``--eval-batches`` (generated data has no end)."""
 
 
 # ---- data ----------------------------------------------------------------------------------------------------
@@ -62,10 +68,15 @@ class Epochs:
     into it from the step alone.
 
     Attributes:
-        lengths: Batches of each finished epoch, from the first.
+        lengths: Batches of each epoch whose last batch was read, from the first.
     """
 
     lengths: list[int] = field(default_factory=list)
+
+    def ends_at(self, step: int) -> bool:
+        """Whether global step ``step`` (steps done) is the last of an epoch (an epoch's length is known when the
+        trainer receives its last batch, before that batch's step)."""
+        return step > 0 and step in itertools.accumulate(self.lengths)
 
     def position(self, step: int) -> tuple[int, int]:
         """The epoch of global step ``step`` (steps done) and the batches of it already trained."""
@@ -75,6 +86,41 @@ class Epochs:
                 return epoch, step - done
             done += n
         return len(self.lengths), step - done
+
+
+def planned_steps(cfg: TrainConfig, spec: ModelSpec, trainers: int, epochs: Epochs, start_step: int) -> int | None:
+    """The steps this run will train: ``--steps``, else (data files) the epochs left at the counted rows' steps per
+    epoch, an estimate: an epoch ends when the first trainer runs out (None when the rows were not counted)."""
+    if cfg.steps is not None:
+        return cfg.steps
+    if not cfg.data_rows:
+        return None
+    per_epoch = cfg.data_rows // (trainers * trainer_batch_size(cfg, spec, trainers))
+    epoch, within = epochs.position(start_step)
+    return max(0, (cfg.passes - epoch) * per_epoch - within)
+
+
+def steps_left(cfg: TrainConfig, restarted: bool, state: dict[str, Any], start_step: int, epochs: Epochs) -> int | None:
+    """The steps a resumed run trains: ``--steps`` is the job's total, so that the same command, run again after a
+    crash, trains what was asked; after a torchrun restart, the run goes on to the step its first attempt was to
+    reach (the same total). Without ``--steps`` (data files), it trains to the end of ``--epochs``."""
+    if cfg.steps is None and not (restarted and state.get("target_step") is not None):
+        epoch, _ = epochs.position(start_step)
+        if epoch >= cfg.passes:
+            raise PlannerError(
+                f"--resume: the newest checkpoint (step {start_step:,}) ends epoch {epoch}, which the job's "
+                f"--epochs {cfg.passes} already reaches",
+                fixes=(f"pass --epochs above {epoch} to train on",),
+            )
+        return None
+    target = int(state.get("target_step") or cfg.steps or 0) if restarted else int(cfg.steps or 0)
+    if target <= start_step:
+        raise PlannerError(
+            f"--resume: the newest checkpoint is at step {start_step:,}, which the job's --steps {target:,} "
+            "already reaches (--steps counts the job's steps, resumed ones too)",
+            fixes=(f"pass --steps above {start_step:,} to train on",),
+        )
+    return target - start_step
 
 
 @dataclass
@@ -157,32 +203,45 @@ def _epochs(
         skipped = within if epoch == first_epoch else 0
         # Every trainer trained on these together (in lockstep) before: skipped without a collective.
         n = sum(1 for _ in itertools.islice(batches, skipped))
-        for batch in lockstep(batches):
+        # A resumed run may know this epoch's length already: the checkpoint was taken after its last batch was read
+        # (one ahead, or K ahead by the PS prefetch) but before its last step.
+        known = len(epochs.lengths) > epoch
+        ahead = lockstep(batches)
+        batch = next(ahead, None)
+        while batch is not None:
             n += 1
+            following = next(ahead, None)  # one batch ahead: the epoch's length is known before its last step
+            if following is None and not known:
+                epochs.lengths.append(n)
             yield batch
-        epochs.lengths.append(n)
+            batch = following
+        if n == skipped and not known:  # an epoch with no batch left to train
+            epochs.lengths.append(n)
 
 
 def held_out_batches(
     spec: ModelSpec, cfg: TrainConfig, batch_size: int, *, bad_rows: BadRowTally | None = None
 ) -> Iterator[Batch]:
-    """This trainer's evaluation batches (``cfg.eval_batches``, the same at every evaluation): synthetic data drawn
-    with another seed; data files: ``--eval-data``'s rows, or the training files' held-out rows, in file order
-    (``bad_rows``: what ``on_bad_row`` did to the rows read, this evaluation's in place of the last one's)."""
+    """This trainer's evaluation batches, the same at every evaluation: synthetic data drawn with another seed
+    (``cfg.eval_batches``, default :data:`SYNTHETIC_EVAL_BATCHES`); data files: every row of ``--eval-data``, or of
+    the training files' held-out rows, in file order, the last partial batch too (at most ``cfg.eval_batches`` when
+    given; ``bad_rows``: what ``on_bad_row`` did to the rows read, this evaluation's in place of the last one's)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     if cfg.data == "synthetic":
-        yield from _synthetic(spec, cfg, batch_size, rank, world, first=0, count=cfg.eval_batches, eval_=True)
+        count = cfg.eval_batches or SYNTHETIC_EVAL_BATCHES
+        yield from _synthetic(spec, cfg, batch_size, rank, world, first=0, count=count, eval_=True)
         return
     counts = BadRowCount()
     if bad_rows is not None:
         bad_rows.evaluation = counts
+    common: dict[str, Any] = {"drop_last": False, "counts": counts}
     if cfg.eval_data is not None:
-        reader = file_reader(spec, cfg, batch_size, rank, world, data=cfg.eval_data, counts=counts)
+        reader = file_reader(spec, cfg, batch_size, rank, world, data=cfg.eval_data, **common)
     else:
         split = RowSplit(cfg.held_out_share, held_out=True)
-        reader = file_reader(spec, cfg, batch_size, rank, world, reading=DataPass(split=split), counts=counts)
-    yield from itertools.islice(reader, cfg.eval_batches)
+        reader = file_reader(spec, cfg, batch_size, rank, world, reading=DataPass(split=split), **common)
+    yield from reader if cfg.eval_batches is None else itertools.islice(reader, cfg.eval_batches)
 
 
 def _synthetic(
@@ -267,24 +326,26 @@ def lockstep(batches: Iterable[Batch]) -> Iterator[Batch]:
 
 
 def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device | None = None) -> dict[str, float]:
-    """AUC (torchmetrics), log loss, normalized entropy, calibration and teacher AUC over every trainer's eval batches
-    (ours, or TorchRec's ``Batch`` es: :func:`.data.batch.as_batch`); see :func:`click_metrics`."""
+    """AUC (torchmetrics), log loss, normalized entropy, calibration and teacher AUC over every sample of every
+    trainer's eval batches (ours, or TorchRec's ``Batch`` es: :func:`.data.batch.as_batch`); see
+    :func:`click_metrics`. Every trainer scores batches of one size, as many as the trainer with the most
+    (:func:`scoring_lockstep`): sharded tables answer in collectives."""
     from torchmetrics.functional.classification import binary_auroc
 
     model.eval()
     preds, labels, probs = [], [], []
     with torch.no_grad():
-        for b in lockstep(
-            as_batches(batches)
-        ):  # sharded tables answer in collectives: every trainer runs as many batches
+        for b in scoring_lockstep(as_batches(batches)):
             sparse = b.sparse if device is None or device.type == "cpu" else b.sparse.to(device)
             dense = b.dense if device is None else b.dense.to(device)
-            preds.append(torch.sigmoid(model(dense, sparse).squeeze(-1)).cpu())
-            labels.append(b.labels)
+            p = torch.sigmoid(model(dense, sparse).squeeze(-1)).cpu()
+            own = b.mask if b.mask is not None else slice(None)
+            preds.append(p[own])
+            labels.append(b.labels[own])
             if b.teacher_prob is not None:
-                probs.append(b.teacher_prob)
+                probs.append(b.teacher_prob[own])
     model.train()
-    # A trainer may have no eval batch (a short Criteo file): it still joins the gathers, with nothing.
+    # A trainer may have no eval batch (a short file): it still joins the gathers, with nothing.
     p = torch.cat(preds) if preds else torch.empty(0)
     y = torch.cat(labels) if labels else torch.empty(0)
     t = torch.cat(probs) if probs else torch.empty(0)
@@ -292,13 +353,54 @@ def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device | No
         p, y, t = (_gather_1d(x) for x in (p, y, t))
     if y.numel() == 0:
         raise PlannerError(
-            "no evaluation samples: no trainer read a full batch of held-out rows",
-            fixes=("hold out more rows with --eval-split", "pass --eval-data PATH", "use a smaller --batch-size"),
+            "no evaluation samples: no trainer read a held-out row",
+            fixes=("hold out more rows with --eval-split", "pass --eval-data PATH"),
         )
     out = {"auc": float(binary_auroc(p, y.long())), **click_metrics(p, y)}
     if t.numel():
         out["teacher_auc"] = float(binary_auroc(t, y.long()))  # the same AUC as data.teacher_auc, on these samples
+    if dist.is_initialized():
+        # Trainer 0's figures for everyone: parallel reductions may differ in the last bit between processes, and
+        # early stopping's decisions (a checkpoint, a stop: collectives) must be the same on every trainer.
+        shared = [out]
+        dist.broadcast_object_list(shared, src=0)
+        out = shared[0]
     return out
+
+
+def scoring_lockstep(batches: Iterable[Batch]) -> Iterator[Batch]:
+    """Every trainer's ``batches`` at one size (the largest first batch of any trainer's), as many on each as the
+    trainer with the most: a partial batch padded, a trainer whose batches ran out given blank ones
+    (:func:`.data.batch.padded`, :func:`.data.batch.blank_batch`); the padding is masked. Unlike :func:`lockstep`,
+    which ends every trainer's pass when the first runs out, no sample is left out. Collectives: every trainer
+    calls it."""
+    it = iter(batches)
+    pending = next(it, None)
+    shape = None
+    if pending is not None:
+        weighted = pending.sparse.weights_or_none() is not None
+        shape = (list(pending.sparse.keys()), int(pending.dense.shape[1]), pending.size, weighted)
+    shapes = [shape]
+    if dist.is_initialized():
+        shapes = [None] * dist.get_world_size()
+        dist.all_gather_object(shapes, shape)
+    known = [s for s in shapes if s is not None]
+    if not known:
+        return
+    keys, dense_features, _, weighted = known[0]
+    size = max(s[2] for s in known)
+    blank = blank_batch(keys, dense_features, size, weighted=weighted)
+    while True:
+        more = torch.tensor([pending is not None], dtype=torch.int32)
+        if dist.is_initialized():
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
+        if not more.item():
+            return
+        if pending is None:
+            yield blank
+        else:
+            yield padded(pending, size)
+            pending = next(it, None)
 
 
 def click_metrics(p: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:

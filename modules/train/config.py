@@ -21,12 +21,16 @@ from persia_planner.modules.data.source import (
     DataSource,
 )
 from persia_planner.modules.data.split import DEFAULT_EVAL_SPLIT
+from persia_planner.modules.train.best_checkpoint import EarlyStopMetric
+from persia_planner.modules.train.lr_schedule import CONSTANT, LrSchedule
 from persia_planner.modules.wire_dtypes import WireDtype
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
+    "DEFAULT_DENSE_LR",
+    "DEFAULT_MAX_EPOCHS",
     "MAX_ADAPT_REPLANS",
     "MAX_ADAPT_THRESHOLD",
     "MAX_EVAL_BATCHES",
@@ -56,6 +60,9 @@ MAX_EPOCHS = 100_000
 MAX_SHUFFLE_ROWS = 1 << 26
 """The largest ``--shuffle-buffer``: 64 Mi rows of a reader's buffer already take gigabytes."""
 MAX_EVAL_SPLIT = 0.5
+DEFAULT_MAX_EPOCHS = 10
+"""Data files without ``--epochs`` or ``--steps``: the most epochs a run trains while its validation AUC improves.
+MovieLens-100K as clicks peaked after 2-4 epochs and fell after (docs/decisions/0030-measured-defaults.md)."""
 _FILE_OPTIONS = {"--epochs": "epochs", "--eval-split": "eval_split", "--eval-data": "eval_data"}
 
 
@@ -93,6 +100,12 @@ class DenseOptimizer(enum.StrEnum):
     ADAM = "adam"
 
 
+DEFAULT_DENSE_LR = {DenseOptimizer.ADAM: 0.001, DenseOptimizer.ADAGRAD: 0.05, DenseOptimizer.SGD: 0.05}
+"""The dense network's learning rate by optimizer when none is given. Adam at 0.001 is the default optimizer: it
+matched or beat Adagrad at 0.05 on the synthetic teacher and on MovieLens-100K, and Adagrad at 0.05 threw a Criteo
+sample's loss to 5 at its third step (docs/decisions/0030-measured-defaults.md)."""
+
+
 def _choice(kind: type[enum.StrEnum], value: Any, option: str) -> Any:
     """``kind(value)``, or a one-line error naming the option and its choices."""
     try:
@@ -112,9 +125,10 @@ class TrainConfig:
     Attributes:
         steps: Training steps (each trainer runs this many batches); synthetic data: default 400; data files: at most
             this many, default None (every step of ``epochs`` epochs).
-        epochs: Data files: passes over the training rows (default 1), each in its own seeded order (the shards
-            dealt anew to the trainers, the rows shuffled within ``shuffle_buffer``); every trainer stops an epoch at
-            the same step, when one has read all of its share.
+        epochs: Data files: passes over the training rows, each in its own seeded order (the shards dealt anew to the
+            trainers, the rows shuffled within ``shuffle_buffer``); every trainer stops an epoch at the same step,
+            when one has read all of its share. None: with ``steps`` 1; without, until the validation AUC stops
+            improving (:attr:`early_stop_implied`), at most :data:`DEFAULT_MAX_EPOCHS`.
         eval_split: Data files without ``eval_data``: the share of rows held out for validation, by a hash of each
             row's content (:mod:`persia_planner.modules.data.split`); None: 0.05, or 0 with ``eval_data``.
         eval_data: Validation files of the same kind and schema as ``data`` (``"csv:PATH"``...), never trained on.
@@ -132,17 +146,27 @@ class TrainConfig:
             ``on_bad_row`` (:class:`~persia_planner.model.data_schema.BadRowPolicy`).
         data_workers: DataLoader worker processes per trainer reading Parquet, CSV or Criteo files (0: the trainer
             reads them itself); each reads its own part of the trainer's share.
-        eval_batches: Batches per trainer of each evaluation (synthetic data: drawn with another seed; data files:
-            the first of the held-out rows, :attr:`eval_split` or ``eval_data``).
-        eval_every: Also evaluate every this many steps (0: only at the end); recorded in ``history``.
+        eval_batches: At most this many batches per trainer in each evaluation; None: data files, every held-out
+            row (:attr:`eval_split` or ``eval_data``, the last partial batch padded and masked); synthetic data, 8
+            batches drawn with another seed.
+        eval_every: Also evaluate every this many steps (0: at each epoch's end and at the end); recorded in
+            ``history``.
+        early_stop: Stop when :attr:`early_stop_metric` has not improved for this many evaluations in a row (0:
+            never), keeping the best evaluation's checkpoint (:mod:`.best_checkpoint`); needs ``checkpoint``.
+        early_stop_metric: What :attr:`early_stop` watches on the validation rows: ``auc`` (higher is better) or
+            ``ne``, the normalized entropy (lower is better).
         pipeline: Train through TorchRec's ``TrainPipelineSparseDist`` (:mod:`.pipeline`): the local tables' input
             all-to-all of the next batch and the PS rows of the staged batches overlap the current step.
         sparse_lr: Learning rate of the sparse optimizer (row-wise Adagrad by default).
         sparse_optimizer: ``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (local tables: CUDA only, fbgemm has
             no CPU adam), for every table; None: the one the model's tables name (``optimizer:`` in model.yaml, which
             the plan sized their state for).
-        dense_lr: Learning rate of the dense optimizer.
-        dense_optimizer: ``adagrad``, ``sgd`` or ``adam``.
+        sparse_weight_decay: Decoupled weight decay of the embedding rows each step updates, local and PS tables
+            alike (:attr:`persia_planner.modules.embedding.hybrid.SparseOptimizer.weight_decay`); 0: none.
+        dense_lr: Learning rate of the dense optimizer; None: :data:`DEFAULT_DENSE_LR`'s for ``dense_optimizer``.
+        dense_optimizer: ``adam`` (the default), ``adagrad`` or ``sgd``.
+        lr_schedule: Warmup and decay of every learning rate, dense and sparse (``--lr-schedule``, a
+            :class:`~.lr_schedule.LrSchedule` or its text); the default keeps the rates constant.
         ps_delay_ms: Added to every PS call (a stand-in for a slow network).
         ps_wire: The dtype PS rows and gradients travel in: ``float32`` (exact), ``float16`` or ``bfloat16`` (half
             the bytes, as Persia sends them; the servers keep each table's rows in its ``embedding_dtype``).
@@ -192,13 +216,21 @@ class TrainConfig:
     schema: DataSchema | None = None
     on_bad_row: BadRowPolicy | None = None
     data_workers: int = 0
-    eval_batches: int = 8
+    eval_batches: int | None = None
     eval_every: int = 0
+    early_stop: int = 0
+    early_stop_metric: EarlyStopMetric = EarlyStopMetric.AUC
+    early_stop_implied: bool = False
+    """Set, not given: data files with neither ``epochs`` nor ``steps`` train until an epoch's evaluation is no better
+    than the best before it (``early_stop`` 1, at most :data:`DEFAULT_MAX_EPOCHS` epochs); the best is kept only with
+    ``checkpoint``."""
     pipeline: bool = False
     sparse_lr: float = 0.1
     sparse_optimizer: Optimizer | None = None
-    dense_lr: float = 0.05
-    dense_optimizer: DenseOptimizer = DenseOptimizer.ADAGRAD
+    sparse_weight_decay: float = 0.0
+    dense_lr: float | None = None
+    dense_optimizer: DenseOptimizer = DenseOptimizer.ADAM
+    lr_schedule: LrSchedule = CONSTANT
     ps_delay_ms: float = 0.0
     ps_wire: WireDtype = WireDtype.FLOAT32
     checkpoint: str | None = None
@@ -223,9 +255,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # frozen: the string-to-enum conversions go through object.__setattr__, once, here.
         object.__setattr__(self, "mode", _choice(TrainMode, self.mode, "--mode"))
+        metric = _choice(EarlyStopMetric, self.early_stop_metric, "--early-stop-metric")
+        object.__setattr__(self, "early_stop_metric", metric)
         object.__setattr__(self, "ps_wire", _choice(WireDtype, self.ps_wire, "--ps-wire"))
         object.__setattr__(self, "ps_capacity", _choice(PsCapacity, self.ps_capacity, "--ps-capacity"))
         object.__setattr__(self, "dense_optimizer", _choice(DenseOptimizer, self.dense_optimizer, "--dense-optimizer"))
+        if self.dense_lr is None:
+            object.__setattr__(self, "dense_lr", DEFAULT_DENSE_LR[self.dense_optimizer])
         if self.sparse_optimizer is not None:
             object.__setattr__(
                 self, "sparse_optimizer", _choice(Optimizer, self.sparse_optimizer, "--sparse-optimizer")
@@ -233,7 +269,11 @@ class TrainConfig:
         if self.on_bad_row is not None:
             object.__setattr__(self, "on_bad_row", _choice(BadRowPolicy, self.on_bad_row, "--on-bad-row"))
         self._check_passes()
-        if (self.steps is not None and self.steps < 1) or self.trainers < 1 or self.eval_batches < 1:
+        if self.data != DataKind.SYNTHETIC.value and self.epochs is None and self.steps is None:
+            object.__setattr__(self, "epochs", DEFAULT_MAX_EPOCHS)
+            object.__setattr__(self, "early_stop_implied", not self.early_stop)
+            object.__setattr__(self, "early_stop", self.early_stop or 1)
+        if (self.steps is not None and self.steps < 1) or self.trainers < 1 or (self.eval_batches or 1) < 1:
             raise PlannerError("--steps, trainers and eval batches must be >= 1")
         for option, value, ceiling in (
             ("--steps", self.steps or 0, MAX_STEPS),
@@ -242,7 +282,8 @@ class TrainConfig:
             ("--eval-every", self.eval_every, MAX_STEPS),
             ("--checkpoint-every", self.checkpoint_every, MAX_STEPS),
             ("--trainers", self.trainers, MAX_LOCAL_TRAINERS),
-            ("--eval-batches", self.eval_batches, MAX_EVAL_BATCHES),
+            ("--eval-batches", self.eval_batches or 0, MAX_EVAL_BATCHES),
+            ("--early-stop", self.early_stop, MAX_STEPS),
             ("--seed", self.seed, MAX_SEED),
         ):
             if value > ceiling:
@@ -256,10 +297,14 @@ class TrainConfig:
                 f"--ps-delay-ms must be a number in [0, {MAX_PS_DELAY_MS:g}] (ms per PS call), got {self.ps_delay_ms}"
             )
         if self.eval_every < 0:
-            raise PlannerError(f"--eval-every must be >= 0 (0: only at the end), got {self.eval_every}")
+            raise PlannerError(
+                f"--eval-every must be >= 0 (0: at each epoch's end and at the end), got {self.eval_every}"
+            )
+        self._check_early_stop()
         for name, value in (("--sparse-lr", self.sparse_lr), ("--dense-lr", self.dense_lr)):
             if not 0 < value < math.inf:  # nan fails this too
                 raise PlannerError(f"{name} must be a finite number > 0, got {value}", fixes=(f"e.g. {name} 0.05",))
+        self._check_regularisation()
         if not 0 < self.teacher_rows_scale <= MAX_ID_SPACE:  # nan fails this too
             raise PlannerError(
                 f"--id-space must be a number in (0, {MAX_ID_SPACE:g}] (ids per table row), "
@@ -315,6 +360,27 @@ class TrainConfig:
         if self.adapt and not self.checkpoint:
             raise PlannerError(
                 "--adapt needs --checkpoint DIR: a migration to a new plan saves the job there and resumes from it",
+                fixes=("pass --checkpoint DIR",),
+            )
+
+    def _check_regularisation(self) -> None:
+        """``--lr-schedule`` read from its text; ``--sparse-weight-decay`` shrinks a row by less than itself."""
+        if isinstance(self.lr_schedule, str):
+            object.__setattr__(self, "lr_schedule", LrSchedule.parse(self.lr_schedule))
+        ceiling = 1 / self.sparse_lr  # lr * wd >= 1 would zero or flip a row at each update
+        if not 0 <= self.sparse_weight_decay < ceiling:  # nan fails this too
+            raise PlannerError(
+                f"--sparse-weight-decay must be in [0, 1 / --sparse-lr) = [0, {ceiling:g}), got "
+                f"{self.sparse_weight_decay}",
+                fixes=("e.g. --sparse-weight-decay 1e-4", "0 for none"),
+            )
+
+    def _check_early_stop(self) -> None:
+        if self.early_stop < 0:
+            raise PlannerError(f"--early-stop must be >= 0 evaluations (0: never stop early), got {self.early_stop}")
+        if self.early_stop and not self.checkpoint and not self.early_stop_implied:
+            raise PlannerError(
+                "--early-stop keeps the best evaluation's checkpoint: it needs --checkpoint DIR",
                 fixes=("pass --checkpoint DIR",),
             )
 

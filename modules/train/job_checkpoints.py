@@ -41,6 +41,7 @@ from typing import Any
 from persia_planner.errors import PlannerError
 from persia_planner.modules.atomic import atomic_json, fsync_dir
 from persia_planner.modules.manifests import file_problem, file_record, remove_directories
+from persia_planner.modules.train.best_checkpoint import read_best
 from persia_planner.outputs import CHECKPOINT_FORMAT, MANIFEST
 
 __all__ = [
@@ -265,7 +266,8 @@ def written_by_run(root: str | os.PathLike[str], run_id: str) -> bool:
 def prune(root: str | os.PathLike[str], newest: Checkpoint, keep: int, *, replacing: bool = False) -> list[Path]:
     """After ``newest`` was published: keep it and the ``keep - 1`` next older checkpoints of its lineage, delete
     its others (and, ``replacing``: those of every other lineage, the runs ``--overwrite`` replaces) and any staging
-    directory left by a crash. The caller holds the folder (:mod:`.run_lock`). Returns what was deleted.
+    directory left by a crash. The best evaluation's checkpoint of the lineage (:mod:`.best_checkpoint`) is kept
+    too. The caller holds the folder (:mod:`.run_lock`). Returns what was deleted.
 
     Raises:
         ValueError: ``keep < 1``.
@@ -275,6 +277,7 @@ def prune(root: str | os.PathLike[str], newest: Checkpoint, keep: int, *, replac
     root = Path(root)
     kept: list[Path] = []
     dropped: list[Path] = []
+    best = read_best(root)
     for path in complete_checkpoints(root):
         step = int(path.name[5:])
         try:
@@ -283,6 +286,8 @@ def prune(root: str | os.PathLike[str], newest: Checkpoint, keep: int, *, replac
             lineage = None
         if lineage == newest.lineage and step <= newest.step and len(kept) < keep:
             kept.append(path)
+        elif best is not None and lineage == best.lineage == newest.lineage and path.name == best.checkpoint:
+            continue
         elif lineage == newest.lineage or replacing:
             dropped.append(path)
     deleted = [path for path in dropped if remove_checkpoint(path)]

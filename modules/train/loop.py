@@ -28,7 +28,8 @@ from persia_planner.modules.embedding.model_parallel import (
     sparse_torch_optimizer,
 )
 from persia_planner.modules.step_breakdown import PS_PUSH, PS_WAIT, StepProfiler
-from persia_planner.modules.train.config import DenseOptimizer, TrainConfig
+from persia_planner.modules.train.config import DenseOptimizer, TrainConfig, sparse_optimizer_of, trainer_batch_size
+from persia_planner.modules.train.lr_schedule import ScheduledRates
 from persia_planner.modules.train.run_inputs import dense_arch, dlrm_embedding_dim
 from persia_planner.placement.memory import ps_server_capacity, ssd_server_cache_capacity
 from persia_planner.placement.shards import TablePlacement
@@ -40,10 +41,14 @@ if TYPE_CHECKING:
 __all__ = [
     "StepStats",
     "TrainLoop",
+    "add_dropout",
     "build_job_model",
     "build_model",
     "dense_state_dict",
     "make_optimizer",
+    "schedule_steps",
+    "scheduled_optimizer",
+    "sparse_optimizer",
     "torchrec_model",
 ]
 
@@ -141,7 +146,8 @@ def build_job_model(
 
 def torchrec_model(embeddings: nn.Module, arch: DenseArch, dim: int) -> nn.Module:
     """TorchRec's ``DLRM`` or ``DLRM_DCN`` as ``arch`` describes it, over ``embeddings`` (an
-    ``EmbeddingBagCollection`` or a :class:`HybridEmbeddingBagCollection`) whose tables all have ``dim`` columns."""
+    ``EmbeddingBagCollection`` or a :class:`HybridEmbeddingBagCollection`) whose tables all have ``dim`` columns,
+    with the arch's dropout (:func:`add_dropout`)."""
     from torchrec.models.dlrm import DLRM, DLRM_DCN
 
     sizes: dict[str, Any] = {
@@ -151,8 +157,31 @@ def torchrec_model(embeddings: nn.Module, arch: DenseArch, dim: int) -> nn.Modul
         "over_arch_layer_sizes": list(arch.over),
     }
     if arch.kind is ArchKind.DCN:
-        return DLRM_DCN(**sizes, dcn_num_layers=arch.dcn_layers, dcn_low_rank_dim=arch.dcn_low_rank)
-    return DLRM(**sizes)
+        model = DLRM_DCN(**sizes, dcn_num_layers=arch.dcn_layers, dcn_low_rank_dim=arch.dcn_low_rank)
+    else:
+        model = DLRM(**sizes)
+    if arch.dropout:
+        add_dropout(model, arch.dropout)
+    return model
+
+
+def add_dropout(model: nn.Module, p: float) -> None:
+    """Dropout with probability ``p`` on the output of the hidden layers of a TorchRec ``DLRM``'s (or
+    ``DLRM_DCN``'s) bottom MLP (all but its last layer, the dense embedding the interaction reads) and over arch
+    (its MLP: every layer but the final logit), in training mode only.
+
+    Forward hooks on TorchRec's ``Perceptron`` layers, so the model's parameters and ``state_dict`` keys stay
+    TorchRec's own (checkpoints of runs with and without dropout load alike).
+    """
+    from torchrec.modules.mlp import Perceptron
+
+    def dropped(layer: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(output, p, training=layer.training)
+
+    bottom = [m for m in model.dense_arch.modules() if isinstance(m, Perceptron)]
+    over = [m for m in model.over_arch.modules() if isinstance(m, Perceptron)]
+    for layer in bottom[:-1] + over:
+        layer.register_forward_hook(dropped)
 
 
 def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -162,6 +191,14 @@ def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     with hybrid.ps_rows_left_out():  # the servers' rows are not read for nothing
         state = model.state_dict()
     return {k: v.detach() for k, v in state.items() if not (prefix and k.startswith(prefix))}
+
+
+def sparse_optimizer(cfg: TrainConfig, spec: ModelSpec) -> SparseOptimizer:
+    """The tables' optimizer of a run of ``spec`` under ``cfg``: its kind (:func:`.config.sparse_optimizer_of`),
+    learning rate and decoupled weight decay, the same on the local and the PS tables."""
+    return SparseOptimizer(
+        sparse_optimizer_of(cfg, spec), learning_rate=cfg.sparse_lr, weight_decay=cfg.sparse_weight_decay
+    )
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, sparse: SparseOptimizer) -> Any:
@@ -178,10 +215,37 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, sparse: SparseOptimizer) 
         return kind(params, lr=cfg.dense_lr)
 
     def sparse_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        return sparse_torch_optimizer(sparse.kind, params, lr=sparse.learning_rate, eps=sparse.eps)
+        return sparse_torch_optimizer(
+            sparse.kind, params, lr=sparse.learning_rate, eps=sparse.eps, weight_decay=sparse.weight_decay
+        )
 
     parts = [(dense_parameters(model), dense_opt), (data_parallel_tables(model), sparse_opt)]
     return CombinedOptimizer([KeyedOptimizerWrapper(p, make) for p, make in parts if p])
+
+
+def scheduled_optimizer(
+    cfg: TrainConfig, spec: ModelSpec, trainers: int, opt: Any, dmp: nn.Module, step: int, target_step: int | None
+) -> tuple[Any, ScheduledRates]:
+    """The optimizer a trainer's steps call, and ``cfg.lr_schedule`` over it from the job's step ``step``.
+
+    It is TorchRec's ``CombinedOptimizer`` of ``opt`` (:func:`make_optimizer`'s) and ``dmp.fused_optimizer`` (the
+    tables TorchRec's optimizer reaches), as TorchRec's examples step them: one ``LambdaLR`` over it moves the dense
+    rates and every table's alike. ``target_step``: the job's last step when ``--steps`` sets it.
+    """
+    from torchrec.optim.keyed import CombinedOptimizer
+
+    stepped = CombinedOptimizer([("dense", opt), ("tables", dmp.fused_optimizer)])
+    total = schedule_steps(cfg, spec, trainers, target_step)
+    return stepped, ScheduledRates(stepped, cfg.lr_schedule, total, step)
+
+
+def schedule_steps(cfg: TrainConfig, spec: ModelSpec, trainers: int, target_step: int | None) -> int | None:
+    """The job's steps, where a learning-rate decay ends: ``target_step``, at most (data files) the epochs' steps at
+    the counted rows; the same whatever step a resumed run starts from (None: neither is known)."""
+    known = [target_step] if target_step is not None else []
+    if cfg.data_rows:
+        known.append(cfg.passes * (cfg.data_rows // (trainers * trainer_batch_size(cfg, spec, trainers))))
+    return max(1, min(known)) if known else None
 
 
 # ---- the step loop -------------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def _check_data(trained: TrainedModel, data: str) -> ModelSpec:
             fixes=("--data criteo:PATH",),
         )
     files = source.check_files()
-    if not any(schema.label in file_columns(source.kind, f) for f in files):
+    if not any(schema.label in file_columns(source.kind, f, delimiter=schema.delimiter) for f in files):
         schema = schema.unlabeled()  # rows to score
     spec = replace(spec, data=schema)
     check_tabular(source, schema, spec, trainers=1)
@@ -145,7 +145,9 @@ def prepare(
     trained = open_trained(checkpoint)
     settings = read_trainer_state(trained)
     spec = _check_data(trained, data)
-    cfg = TrainConfig(data=data, trainers=1, schema=spec.data, shuffle_buffer=0, seed=settings.seed)
+    # A Criteo file is read by its format; its model's data: (persia data profile writes one) only describes that.
+    schema = spec.data if source.tabular else None
+    cfg = TrainConfig(data=data, trainers=1, schema=schema, shuffle_buffer=0, seed=settings.seed)
     arch = dense_arch(spec, cfg)
     check_dense(trained, settings, arch, data)
     return PreparedPrediction(target, trained, settings, spec, data, cfg, arch, batch_size)

@@ -15,7 +15,7 @@ from persia_planner.errors import PlannerError, SpecError
 from persia_planner.model.data_schema import DataSchema
 from persia_planner.model.dense import DenseArch
 from persia_planner.model.specs import ModelSpec
-from persia_planner.modules.data.criteo_format import FEATURE_NAMES, NUM_INTEGER
+from persia_planner.modules.data.criteo_format import FEATURE_NAMES, NUM_INTEGER, check_criteo_schema
 from persia_planner.modules.data.source import (
     DataKind,
     DataSource,
@@ -71,7 +71,7 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> int | None:
     read whole, are at least one per trainer); a Parquet / CSV source is checked against its schema by
     :func:`persia_planner.modules.data.source.check_tabular`; ``--eval-data`` alike. Then the rows are counted
     (:func:`persia_planner.modules.data.source.count_rows`): the training rows must hold a batch for every trainer,
-    and the validation rows (held out, or ``--eval-data``'s) an evaluation batch for every trainer.
+    and the validation rows (held out, or ``--eval-data``'s) at least one row.
     """
     source = DataSource.parse(cfg.data)
     if source.kind is DataKind.SYNTHETIC:
@@ -96,13 +96,12 @@ def check_data_matches(spec: ModelSpec, cfg: TrainConfig) -> int | None:
             f"{cfg.trainers} trainers ({step_rows:,} rows a step)",
             fixes=("use a smaller --batch-size, fewer --trainers or more data",),
         )
-    if eval_rows < step_rows:
+    if eval_rows < 1:  # every validation row is scored, a partial batch too: one is enough
         raise SpecError(
             cfg.eval_data or cfg.data,
             "",
-            f"{eval_what}: about {eval_rows:,} rows, no evaluation batch of {batch:,} samples for each of "
-            f"{cfg.trainers} trainers ({step_rows:,} rows)",
-            fixes=("hold out more with --eval-split", "pass --eval-data PATH", "use a smaller --batch-size"),
+            f"{eval_what}: about {eval_rows:,} rows, none to evaluate on",
+            fixes=("hold out more with --eval-split", "pass --eval-data PATH"),
         )
     return train_rows
 
@@ -127,6 +126,8 @@ def _check_files(spec: ModelSpec, cfg: TrainConfig, source: DataSource) -> int:
             "is not a Criteo feature (c1..c26); tables are fed by the feature of the same name",
             fixes=("name the tables c1..c26",),
         )
+    if spec.data is not None:  # the format's columns, as its reader reads them: a data: saying otherwise is refused
+        check_criteo_schema(spec.data, f"{source.kind.value}:{source.path}")
     check_gzip_shards(source, files, cfg.trainers)
     return count_rows(source, files)
 
@@ -171,8 +172,9 @@ def check_dense_inputs(spec: ModelSpec, cfg: TrainConfig) -> None:
 
 
 def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[str, Any]:
-    """What a run trains with, as ``--json`` and checkpoints record it: optimizers, learning rates, the global batch,
-    the evaluation interval, the staleness bound and the dense arch."""
+    """What a run trains with, as ``--json`` and checkpoints record it: optimizers, learning rates, their schedule,
+    the embedding rows' weight decay, the global batch, the evaluation interval, the staleness bound and the dense
+    arch."""
     schema = data_schema(spec, cfg) if DataSource.parse(cfg.data).tabular else None
     transforms = {c: t.to_dict() for c, t in schema.transforms.items()} if schema is not None else {}
     return {
@@ -180,6 +182,8 @@ def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[s
         "dense_lr": cfg.dense_lr,
         "sparse_optimizer": sparse_optimizer_of(cfg, spec).value,
         "sparse_lr": cfg.sparse_lr,
+        "sparse_weight_decay": cfg.sparse_weight_decay,
+        "lr_schedule": str(cfg.lr_schedule),
         "batch_size": trainer_batch_size(cfg, spec, trainers) * trainers,
         "eval_every": cfg.eval_every,
         "staleness": cfg.effective_staleness,
@@ -192,9 +196,14 @@ def describe_hyper_parameters(hyper: Mapping[str, Any] | None) -> str:
     """:func:`hyper_parameters` in one line of the summary table."""
     if not hyper:
         return "-"
+    extras = []
+    if hyper.get("sparse_weight_decay"):
+        extras.append(f", row decay {hyper['sparse_weight_decay']:g}")
+    if hyper.get("lr_schedule", "constant") != "constant":
+        extras.append(f"; rates {hyper['lr_schedule']}")
     return (
         f"{hyper['dense_arch']['arch']}; dense {hyper['dense_optimizer']} ({hyper['dense_lr']:g}), "
-        f"sparse {hyper['sparse_optimizer']} ({hyper['sparse_lr']:g})"
+        f"sparse {hyper['sparse_optimizer']} ({hyper['sparse_lr']:g}){''.join(extras)}"
     )
 
 

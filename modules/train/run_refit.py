@@ -9,6 +9,7 @@ topology has no profile has no raw measurements to carry the factors: it gets ``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,16 +27,30 @@ from persia_planner.cost.refit import (
     refit,
     refitted_profile,
 )
+from persia_planner.errors import PlannerError
 from persia_planner.fields import load_document
 from persia_planner.outputs import Output, OutputKind, write_output
 from persia_planner.topology.profile import HardwareProfile
 
 if TYPE_CHECKING:
     from persia_planner.model.specs import ModelSpec
+    from persia_planner.modules.train.config import TrainConfig
+    from persia_planner.modules.train.job import Job
+    from persia_planner.modules.train.timeline import Timeline
     from persia_planner.plan.plan import Plan
     from persia_planner.topology.graph import Topology
 
-__all__ = ["FITTED_FACTORS", "FITTED_PROFILE", "PlanPrediction", "refit_of_run", "refit_rows", "write_fitted_profile"]
+__all__ = [
+    "FITTED_FACTORS",
+    "FITTED_PROFILE",
+    "PlanPrediction",
+    "refit_of_run",
+    "refit_rows",
+    "refit_so_far",
+    "write_fitted_profile",
+]
+
+log = logging.getLogger(__name__)
 
 FITTED_PROFILE = "profile.fitted.yaml"
 FITTED_FACTORS = "refit.yaml"
@@ -151,3 +166,35 @@ def write_fitted_profile(
     # Replaces only the file an earlier checkpoint of a run wrote there: a user's file of that name stays.
     write_output(Output("--log-dir", path, kind), lambda tmp: tmp.write_text(text), overwrite=True)
     return path
+
+
+def refit_so_far(
+    cfg: TrainConfig, job: Job, timeline: Timeline, with_ps: bool, step: int, start_step: int, first_step: int
+) -> None:
+    """With ``--log-dir``: the model refitted to a run's steps so far (:func:`write_fitted_profile`), from trainer 0
+    at each checkpoint. ``start_step``: where the current plan started (after a migration), ``first_step``: where
+    the run did; after a migration only the current plan's steps count."""
+    if not cfg.log_dir or not timeline.step_ms:
+        return
+    from persia_planner.cost.refit import predicted_terms
+    from persia_planner.modules.train.timeline import median
+
+    profile = job.topology.measured_profile()
+    if start_step == first_step:  # the run's steps so far, as its summary will give them
+        step_ms, breakdown = median(timeline.unprofiled(timeline.step_ms)), timeline.breakdown_ms(with_ps)
+    elif step > start_step:  # after a migration: the current plan's steps only
+        window = timeline.window(step - start_step, with_ps, step)
+        step_ms, breakdown = window.step_ms, window.breakdown_ms
+    else:
+        return
+    summary = {
+        "step_ms": step_ms,
+        "step_breakdown_ms": breakdown,
+        "staleness": cfg.effective_staleness,
+        "plan_factors": job.topology.constants.term_scales() | job.topology.constants.sharding_scales(),
+    }
+    try:
+        terms = predicted_terms(job.spec, job.topology, job.tables)
+        write_fitted_profile(cfg.log_dir, summary, terms, profile.path if profile is not None else None)
+    except PlannerError as err:  # training goes on: the refit is a by-product
+        log.warning("no refitted profile at step %d: %s", step, err)

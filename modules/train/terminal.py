@@ -74,6 +74,18 @@ def refit_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def early_stop_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The best evaluation of a run that tracked one (``--early-stop``): its step and metrics, the checkpoint that
+    ``persia predict`` scores with."""
+    found = result.get("early_stopping") or {}
+    best = found.get("best")
+    if not found.get("patience") or not best:
+        return []
+    auc, ne = best.get("auc"), best.get("normalized_entropy")
+    stopped = " (stopped early)" if result.get("stopped_by") == "early stop" else ""
+    return [(f"best evaluation{stopped}: step; AUC; NE", f"{found['best_step']}; {auc:.4f}; {_maybe(ne)}")]
+
+
 def plan_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     """``--adapt``'s plans, one row each: the steps it ran, why, and its step predicted / measured / refitted."""
     plans = result.get("plans") or []
@@ -88,8 +100,10 @@ def plan_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary table's rows (metric, value)."""
+    final = result.get("final_evaluation")
+    which = "AUC of the best evaluation's checkpoint" if final else "AUC"
     rows = [
-        ("AUC", f"{result['auc']:.4f}"),
+        (f"{which} ({result.get('eval_samples', 0):,} validation rows)", f"{result['auc']:.4f}"),
         ("teacher AUC (best possible)", f"{result['teacher_auc']:.4f}" if result.get("teacher_auc") else "-"),
         ("train loss (last 10%)", f"{result['loss']:.4f}"),
         ("eval log loss", f"{result['eval_loss']:.4f}"),
@@ -119,6 +133,9 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ("local tables (sync)", f"{len(result['local_tables'])}"),
         ("executed as planned", "yes" if result.get("executed_matches_plan") else "no"),
     ]
+    if final:
+        rows.insert(1, ("AUC at the last step", f"{final['auc']:.4f}"))
+    rows += early_stop_rows(result)
     rows += plan_rows(result)
     rows += refit_rows(result)
     bad = result.get("bad_rows")

@@ -26,6 +26,7 @@ from persia_planner.model.dense import DenseArch
 from persia_planner.model.specs import ModelSpec, Optimizer, load_model
 from persia_planner.modules.manifests import file_problem
 from persia_planner.modules.ps.table_checkpoints import read_latest, read_manifest
+from persia_planner.modules.train.best_checkpoint import read_best
 from persia_planner.modules.train.config import MAX_SEED
 from persia_planner.modules.train.job_checkpoints import (
     MANIFEST,
@@ -46,6 +47,7 @@ from persia_planner.plan.validation import table_mismatch
 __all__ = [
     "TrainedModel",
     "TrainerSettings",
+    "best_checkpoint",
     "check_dense",
     "open_trained",
     "read_trainer_state",
@@ -100,8 +102,9 @@ class TrainerSettings:
 
 
 def open_trained(path: str | Path) -> TrainedModel:
-    """The checkpoint at ``path`` (a ``step-*`` directory, or ``--checkpoint``'s directory: its newest whole one),
-    its files checked whole and against each other (``trainer.pt`` is :func:`read_trainer_state`'s).
+    """The checkpoint at ``path`` (a ``step-*`` directory, or ``--checkpoint``'s directory: the best evaluation's
+    checkpoint its run kept (:mod:`.best_checkpoint`), else its newest whole one), its files checked whole and
+    against each other (``trainer.pt`` is :func:`read_trainer_state`'s).
 
     Raises:
         PlannerError: No whole checkpoint there, or one whose files do not belong together (one line naming the file).
@@ -110,7 +113,7 @@ def open_trained(path: str | Path) -> TrainedModel:
     if (root / MANIFEST).is_file() or root in complete_checkpoints(root.parent):  # a step-* folder: its manifest's
         ckpt = verify(root, checksums=True)
     else:
-        ckpt = newest_complete(root, option="--checkpoint", checksums=True)
+        ckpt = best_checkpoint(root) or newest_complete(root, option="--checkpoint", checksums=True)
     spec = _model(ckpt)
     tables = _plan(ckpt, spec)
     ps = [name for name, p in tables.items() if p.mode is Mode.ASYNC]
@@ -118,6 +121,19 @@ def open_trained(path: str | Path) -> TrainedModel:
         return TrainedModel(ckpt, spec, tables, 0)
     servers, version = _ps_tables(ckpt, spec, ps)
     return TrainedModel(ckpt, spec, tables, servers, version)
+
+
+def best_checkpoint(root: Path) -> Checkpoint | None:
+    """The best evaluation's checkpoint ``root``'s ``BEST.json`` names, if it is still there, whole and of the run
+    that named it (a run that replaced the folder with ``--overwrite`` leaves an old mark behind)."""
+    mark = read_best(root)
+    if mark is None or not (root / mark.checkpoint).is_dir():
+        return None
+    try:
+        ckpt = verify(root / mark.checkpoint, checksums=True)
+    except PlannerError:
+        return None
+    return ckpt if ckpt.lineage == mark.lineage and ckpt.step == mark.step else None
 
 
 def _model(ckpt: Checkpoint) -> ModelSpec:

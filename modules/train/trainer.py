@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from persia_planner.errors import PlannerError
-from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
+from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
 from persia_planner.modules.embedding.model_parallel import dense_all_reduce_dtype, distribute, executed_plan
 from persia_planner.modules.ps.launch import trainers_store
 from persia_planner.modules.ps.progress import publish_progress
@@ -32,21 +32,38 @@ from persia_planner.modules.train.batch_stream import (
     bad_rows_summary,
     evaluate,
     held_out_batches,
+    planned_steps,
+    steps_left,
     training_batches,
     with_data_statistics,
 )
-from persia_planner.modules.train.config import PsCapacity, TrainConfig, sparse_optimizer_of, trainer_batch_size
+from persia_planner.modules.train.best_checkpoint import EarlyStopMetric, EarlyStopping, forget_best
+from persia_planner.modules.train.config import PsCapacity, TrainConfig
 from persia_planner.modules.train.job import Job, trainer_group
 from persia_planner.modules.train.job_checkpoints import PS_DIR, new_lineage
-from persia_planner.modules.train.loop import TrainLoop, build_job_model, make_optimizer
+from persia_planner.modules.train.loop import (
+    TrainLoop,
+    build_job_model,
+    make_optimizer,
+    scheduled_optimizer,
+    sparse_optimizer,
+)
+from persia_planner.modules.train.lr_schedule import ScheduledRates
 from persia_planner.modules.train.metrics_log import MetricsSink, Sinks, StepRecord, open_sinks
 from persia_planner.modules.train.migration import migrated_state, saved_plan, seed_moved_tables
 from persia_planner.modules.train.pipeline import PipelinedTrainLoop, PipelineStep
 from persia_planner.modules.train.ps_usage import planned_server_bytes, server_usage, warm_up
 from persia_planner.modules.train.run_inputs import dlrm_embedding_dim, hyper_parameters, id_universe
+from persia_planner.modules.train.run_refit import refit_so_far
 from persia_planner.modules.train.terminal import ema, progress_bar
 from persia_planner.modules.train.timeline import Timeline, median
-from persia_planner.modules.train.trainer_state import Saver, check_resume, data_layout, load_trainer_state
+from persia_planner.modules.train.trainer_state import (
+    Saver,
+    check_resume,
+    data_layout,
+    load_trainer_state,
+    require_dense_optimizer,
+)
 from persia_planner.placement.memory import PS_MAX_CAPACITY
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.executability import planned_execution
@@ -105,6 +122,9 @@ class _TrainerRun:
     started_monotonic_s: float = 0.0
     bad_rows: BadRowTally = field(default_factory=BadRowTally)
     migration: dict[str, TablePlacement] | None = None  # the plan every trainer agreed to move to (--adapt)
+    rates: ScheduledRates | None = None  # --lr-schedule over the optimizer the steps call
+    stopping: EarlyStopping = field(default_factory=lambda: EarlyStopping(EarlyStopMetric.AUC, 0))
+    evaluated: tuple[int, dict[str, Any]] | None = None  # the last evaluation: its step and results
 
     @classmethod
     def start(
@@ -115,7 +135,7 @@ class _TrainerRun:
         plan this one replaces (a migration): its metrics, timeline and stop go on."""
         cfg, spec = job.cfg, job.spec
         layout = data_layout(cfg, spec, job.trainers)
-        sparse_opt = SparseOptimizer(sparse_optimizer_of(cfg, spec), learning_rate=cfg.sparse_lr)
+        sparse_opt = sparse_optimizer(cfg, spec)
         device = _device(j, job)
         memory_before = previous.memory_before if previous is not None else None
         if job.servers and previous is None:  # the servers' memory before this run's tables: the growth is the run's
@@ -141,6 +161,7 @@ class _TrainerRun:
         if cfg.resume and root is not None:
             chosen = Path(job.resume_from) if job.resume_from else None
             ckpt, state = check_resume(root, hybrid.ps is not None, log.warning if j == 0 else None, chosen=chosen)
+            require_dense_optimizer(state, cfg.dense_optimizer.value, ckpt.path)
             saved = state
             old_tables = saved_plan(ckpt.path)
             moves = None
@@ -151,7 +172,7 @@ class _TrainerRun:
             start_step = resumed_from = load_trainer_state(ckpt, state, model, hybrid, opt, layout)
             lineage = ckpt.lineage or lineage
             epochs = Epochs([int(n) for n in state.get("epoch_lengths", [])])
-            cfg = replace(cfg, steps=_steps_left(cfg, job, state, start_step, epochs))
+            cfg = replace(cfg, steps=steps_left(cfg, job.restarted, state, start_step, epochs))
             if j == 0 and hybrid.ps is not None and moves is None:
                 client.load(ckpt.path / PS_DIR)
             elif j == 0 and hybrid.ps is not None and moves is not None:
@@ -159,10 +180,15 @@ class _TrainerRun:
                     client.load(ckpt.path / PS_DIR, tables=moves.ps_to_ps)
                 seed_moved_tables(client, moves.local_to_ps, saved["local"], whole, sparse_opt.kind)
             dist.barrier()
+        if j == 0 and root is not None and cfg.resume and not cfg.early_stop:
+            forget_best(root, lineage)  # this run ends on its last checkpoint: predict must not take an older best
         target = None if cfg.steps is None else start_step + cfg.steps
         saver = Saver(root, job, model, hybrid, opt, client, layout, lineage, target_step=target, epochs=epochs)
+        # The steps call the dense and the tables' optimizers together, their rates on the schedule from here.
+        stepped, rates = scheduled_optimizer(cfg, spec, job.trainers, opt, dmp, start_step, target)
         if previous is not None:
-            return previous._next(job, cfg, dmp, hybrid, executed, saver, opt, epochs, start_step, build_s)
+            run = previous._next(job, cfg, dmp, hybrid, executed, saver, stepped, epochs, start_step, build_s)
+            return replace(run, rates=rates)
         # Only the local launcher asks for the agreed stop (a store round trip per step); torchrun signals every
         # worker.
         stoppable = root is not None and "TORCHELASTIC_RUN_ID" not in os.environ
@@ -171,7 +197,7 @@ class _TrainerRun:
         # collectives). Not with PS tables: a trainer crashed (SIGSEGV) under torch.profiler with RPCs in flight
         # (decision 0014).
         profiler = None
-        planned = _planned_steps(cfg, job, epochs, start_step)
+        planned = planned_steps(cfg, spec, job.trainers, epochs, start_step)
         if planned is not None and planned >= 4 and hybrid.ps is None and not cfg.pipeline:
             profiler = StepProfiler(min(10, planned // 4), min(10, max(1, planned // 4)))
         # Trainer 0 logs the job's steps: its samples/s counts every trainer's, and the others run the same steps.
@@ -179,7 +205,7 @@ class _TrainerRun:
         sink: MetricsSink = cleanup.enter_context(
             contextlib.closing(open_sinks(cfg.log_dir, first_step=start_step) if j == 0 else Sinks())
         )
-        loop = _loop(cfg, dmp, hybrid, opt, device, profiler)
+        loop = _loop(cfg, dmp, hybrid, stepped, device, profiler)
         timeline = Timeline(profiler, job.trainers)
         adapter = Adapter(cfg, spec, job.topology, job.tables, j, start_step, sink)
         adapter.started(start_step, build_s)
@@ -187,7 +213,8 @@ class _TrainerRun:
             adapter.profiled_through = start_step + profiler.start + profiler.count
         return cls(
             j, client, job, cfg, layout["batch_size"], device, dmp, hybrid, executed, saver, stopper, sink, loop,
-            timeline, memory_before, epochs, adapter, start_step, resumed_from, start_step, start_step,
+            timeline, memory_before, epochs, adapter, start_step, resumed_from, start_step, start_step, rates=rates,
+            stopping=EarlyStopping.of_run(cfg.early_stop_metric, cfg.early_stop, root, lineage),
         )  # fmt: skip
 
     def _next(
@@ -228,7 +255,7 @@ class _TrainerRun:
         stop is agreed."""
         cfg, timeline = self.cfg, self.timeline
         progress = progress_bar(cfg) if (self.j == 0 and cfg.progress) else None
-        total = _planned_steps(cfg, self.job, self.epochs, self.start_step)
+        total = planned_steps(cfg, self.job.spec, self.job.trainers, self.epochs, self.start_step)
         task = progress.add_task("train", total=total, loss=float("nan"), rate=0.0, stale=0) if progress else None
         if not timeline.running:  # a migration's next plan goes on with the run's clock
             timeline.started_s, timeline.running = time.perf_counter(), True
@@ -243,6 +270,8 @@ class _TrainerRun:
             )
             for stats in self.loop.run(batches):
                 self.step += 1
+                if self.rates is not None:
+                    self.rates.step()
                 publish_progress(self.step)  # the launcher names a trainer that stops advancing
                 rate = timeline.record(self.step, self.step - self.first_step - 1, stats)
                 self.sink.log_step(StepRecord.of(self.step, stats, samples_per_s=rate, t_s=timeline.history[-1]["t_s"]))
@@ -262,23 +291,29 @@ class _TrainerRun:
     def _after_step(self) -> bool:
         """The evaluation and checkpoint due after this step (not training time); whether a stop was agreed."""
         cfg, step = self.cfg, self.step
-        # Not after the last step: the final evaluation and checkpoint follow it (an epoch's end is not known early).
+        # Not after the last step: the final evaluation and checkpoint follow it.
         within = cfg.steps is None or step < self.start_step + cfg.steps
-        if cfg.eval_every and step % cfg.eval_every == 0 and within:
+        last_of_data = step == sum(self.epochs.lengths) and len(self.epochs.lengths) >= cfg.passes
+        if (
+            within
+            and not last_of_data
+            and ((cfg.eval_every and step % cfg.eval_every == 0) or self.epochs.ends_at(step))
+        ):
             eval_started = time.perf_counter()
-            self.hybrid.flush()
-            dist.barrier()  # every trainer's pushes are applied before anyone evaluates
-            held_out = held_out_batches(self.job.spec, cfg, self.batch_size, bad_rows=self.bad_rows)
-            self.timeline.history[-1].update(evaluate(self.loop.scoring_model(), held_out, self.device))
-            self.sink.log_eval(step, self.timeline.history[-1])
+            result = self._evaluate()
+            self.timeline.history[-1].update(result)
+            self.stopping.keep_best(step, result, self.saver, publish=self.j == 0)
             self.timeline.excluded_s += time.perf_counter() - eval_started
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and within:
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and within and self.saver.last_step != step:
             self.timeline.excluded_s += self.saver.save(step)
             self._refit_profile()
+        if self.stopping.should_stop:  # every trainer saw the same evaluations
+            self.stopped_by = "early stop"
+            return True
         if self.stopper is not None and self.stopper.after_step(step):
             self.stopped_by = self.stopper.reason
             return True
-        if within:  # --adapt: a window's end may move every trainer to another plan, here
+        if within and not last_of_data:  # --adapt: a window's end may move every trainer to another plan, here
             steps_left = None if cfg.steps is None else self.start_step + cfg.steps - step
             with_ps = self.hybrid.ps is not None
             measure = functools.partial(self.timeline.window, with_ps=with_ps, last_step=step)
@@ -300,6 +335,9 @@ class _TrainerRun:
         dist.broadcast_object_list(shared, src=0)
         if shared[0] is None:  # no --checkpoint: TrainConfig refuses --adapt without one
             raise PlannerError("--adapt: a migration needs --checkpoint DIR to go through")
+        if self.hybrid.remote is not None:
+            # Every trainer: the next model registers these tables again on this client, whenever this one is freed.
+            self.hybrid.remote.release()
         if self.j == 0 and self.hybrid.ps is not None:
             # A resume starts on servers without the tables; so does a migration: the next plan registers its own
             # and loads the ones it keeps there from the checkpoint.
@@ -320,33 +358,10 @@ class _TrainerRun:
         return run
 
     def _refit_profile(self) -> None:
-        """Trainer 0, with ``--log-dir``: the model refitted to the steps so far, beside the logs
-        (:func:`persia_planner.modules.train.run_refit.write_fitted_profile`)."""
-        if self.j != 0 or not self.cfg.log_dir or not self.timeline.step_ms:
-            return
-        from persia_planner.cost.refit import predicted_terms
-        from persia_planner.modules.train.run_refit import write_fitted_profile
-
-        job, timeline, with_ps = self.job, self.timeline, self.hybrid.ps is not None
-        profile = job.topology.measured_profile()
-        if self.start_step == self.first_step:  # the run's steps so far, as its summary will give them
-            step_ms, breakdown = median(timeline.unprofiled(timeline.step_ms)), timeline.breakdown_ms(with_ps)
-        elif self.step > self.start_step:  # after a migration: the current plan's steps only
-            window = timeline.window(self.step - self.start_step, with_ps, self.step)
-            step_ms, breakdown = window.step_ms, window.breakdown_ms
-        else:
-            return
-        summary = {
-            "step_ms": step_ms,
-            "step_breakdown_ms": breakdown,
-            "staleness": self.cfg.effective_staleness,
-            "plan_factors": job.topology.constants.term_scales() | job.topology.constants.sharding_scales(),
-        }
-        try:
-            terms = predicted_terms(job.spec, job.topology, job.tables)
-            write_fitted_profile(self.cfg.log_dir, summary, terms, profile.path if profile is not None else None)
-        except PlannerError as err:  # training goes on: the refit is a by-product
-            log.warning("no refitted profile at step %d: %s", self.step, err)
+        """Trainer 0, with ``--log-dir``: the model refitted to the steps so far, beside the logs."""
+        if self.j == 0:
+            refit_so_far(self.cfg, self.job, self.timeline, self.hybrid.ps is not None, self.step, self.start_step,
+                         self.first_step)  # fmt: skip
 
     def finish(self) -> dict[str, Any] | None:
         """The last checkpoint and the final evaluation; on trainer 0, the run's summary."""
@@ -369,13 +384,37 @@ class _TrainerRun:
         if self.saver.last_step != step:
             self.saver.save(step)
             self._refit_profile()
-        held_out = held_out_batches(job.spec, cfg, self.batch_size, bad_rows=self.bad_rows)
-        result = evaluate(self.loop.scoring_model(), held_out, self.device)
-        self.sink.log_eval(step, result)
+        if self.evaluated is not None and self.evaluated[0] == step:  # stopped early right after an evaluation
+            result = self.evaluated[1]
+        else:
+            result = self._evaluate()
+            self.stopping.keep_best(step, result, self.saver, publish=self.j == 0)
         if self.timeline.history:
             self.timeline.history[-1].update(result)
         bad_rows = bad_rows_summary(job.spec, cfg, self.bad_rows)  # every trainer: collectives
-        return self._summary(result, ps_servers, bad_rows) if self.j == 0 else None
+        if self.j != 0:
+            return None
+        best = self.stopping.best_results
+        if (
+            self.stopping.patience
+            and self.saver.root is not None
+            and best is not None
+            and self.stopping.best_step != step
+        ):
+            # The run's model is the best evaluation's checkpoint (persia predict scores with it): its metrics head
+            # the summary, the last evaluation's beside them.
+            result = {**best, "final_evaluation": result}
+        return self._summary(result, ps_servers, bad_rows)
+
+    def _evaluate(self) -> dict[str, Any]:
+        """An evaluation of the model as it is after this step, over every held-out row (every trainer)."""
+        self.hybrid.flush()
+        dist.barrier()  # every trainer's pushes are applied before anyone evaluates
+        held_out = held_out_batches(self.job.spec, self.cfg, self.batch_size, bad_rows=self.bad_rows)
+        result = evaluate(self.loop.scoring_model(), held_out, self.device)
+        self.sink.log_eval(self.step, result)
+        self.evaluated = (self.step, result)
+        return result
 
     def _summary(
         self, result: dict[str, Any], ps_servers: list[dict[str, Any]], bad_rows: dict[str, Any] | None
@@ -401,6 +440,7 @@ class _TrainerRun:
             "last_step": self.step,
             "checkpoint": str(self.saver.last.path) if self.saver.last is not None else None,
             "stopped_by": self.stopped_by,
+            "early_stopping": self.stopping.summary(),
             "staleness": cfg.effective_staleness,
             "staleness_max_seen": hybrid.staleness_max_seen,
             "mode": cfg.mode.value,
@@ -465,38 +505,3 @@ def _device(j: int, job: Job) -> torch.device:
     device = torch.device("cuda", local % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device
-
-
-def _planned_steps(cfg: TrainConfig, job: Job, epochs: Epochs, start_step: int) -> int | None:
-    """The steps this run will train: ``--steps``, else (data files) the epochs left at the counted rows' steps per
-    epoch, an estimate: an epoch ends when the first trainer runs out (None when the rows were not counted)."""
-    if cfg.steps is not None:
-        return cfg.steps
-    if not cfg.data_rows:
-        return None
-    per_epoch = cfg.data_rows // (job.trainers * trainer_batch_size(cfg, job.spec, job.trainers))
-    epoch, within = epochs.position(start_step)
-    return max(0, (cfg.passes - epoch) * per_epoch - within)
-
-
-def _steps_left(cfg: TrainConfig, job: Job, state: dict[str, Any], start_step: int, epochs: Epochs) -> int | None:
-    """The steps a resumed run trains: ``--steps`` is the job's total, so that the same command, run again after a
-    crash, trains what was asked; after a torchrun restart, the run goes on to the step its first attempt was to
-    reach (the same total). Without ``--steps`` (data files), it trains to the end of ``--epochs``."""
-    if cfg.steps is None and not (job.restarted and state.get("target_step") is not None):
-        epoch, _ = epochs.position(start_step)
-        if epoch >= cfg.passes:
-            raise PlannerError(
-                f"--resume: the newest checkpoint (step {start_step:,}) ends epoch {epoch}, which the job's "
-                f"--epochs {cfg.passes} already reaches",
-                fixes=(f"pass --epochs above {epoch} to train on",),
-            )
-        return None
-    target = int(state.get("target_step") or cfg.steps or 0) if job.restarted else int(cfg.steps or 0)
-    if target <= start_step:
-        raise PlannerError(
-            f"--resume: the newest checkpoint is at step {start_step:,}, which the job's --steps {target:,} "
-            "already reaches (--steps counts the job's steps, resumed ones too)",
-            fixes=(f"pass --steps above {start_step:,} to train on",),
-        )
-    return target - start_step

@@ -51,6 +51,7 @@ __all__ = [
     "data_layout",
     "load_trainer_state",
     "local_state",
+    "require_dense_optimizer",
     "rng_states",
     "save_checkpoint",
     "save_trainer_state",
@@ -232,6 +233,21 @@ def check_layout(path: Path, state: dict[str, Any], layout: dict[str, Any]) -> N
         )
 
 
+def require_dense_optimizer(state: dict[str, Any], kind: str, path: Path) -> None:
+    """The checkpoint's dense optimizer (its ``state``, from ``path``) is ``kind``, whose state it is to load.
+
+    Raises:
+        PlannerError: It trained with another one (the default changed from adagrad to adam with issue 57).
+    """
+    trained = (state.get("hyper_parameters") or {}).get("dense_optimizer")
+    if trained is not None and trained != kind:
+        raise PlannerError(
+            f"--resume: checkpoint {path} trained the dense network with {trained}, this run would with {kind} (the "
+            "default is adam)",
+            fixes=(f"resume with --dense-optimizer {trained}",),
+        )
+
+
 def load_trainer_state(
     ckpt: Checkpoint,
     state: dict[str, Any],
@@ -346,3 +362,8 @@ class Saver:
         self.last_step = step
         self.last_save_s = time.perf_counter() - started
         return self.last_save_s
+
+    @property
+    def last_path(self) -> Path | None:
+        """The newest checkpoint this run published (trainer 0 publishes; None on the others, or before one)."""
+        return self.last.path if self.last is not None else None

@@ -12,6 +12,9 @@ A row is *bad* when a dense value is NaN or infinite (as read, or after its tran
 NaN; ``on_bad_row:`` (:class:`BadRowPolicy`) says what reading does with it: stop naming the file, row and column
 (``fail``, the default), drop the row (``skip``), or read the value as the column's mean (``impute``). A missing
 (null) dense value is no bad value: it reads as 0.
+
+A CSV file's fields are separated by ``delimiter:`` (:data:`CSV_DELIMITERS`; a comma unless given): ``persia data
+profile`` finds it from the file's first lines and writes it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from persia_planner.errors import abbreviate
 from persia_planner.fields import Fields, load_yaml
 
 __all__ = [
+    "CSV_DELIMITERS",
+    "DEFAULT_DELIMITER",
     "FLOAT32_MAX",
     "FLOAT32_TINY",
     "BadRowPolicy",
@@ -42,6 +47,12 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 """The largest float32 (3.4e38): dense values are float32, and so must be the statistics they are standardized with."""
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 """The smallest positive normal float32 (1.2e-38): a smaller std is 0 to float32 arithmetic."""
+DEFAULT_DELIMITER = ","
+"""A CSV file's delimiter unless ``delimiter:`` says otherwise."""
+CSV_DELIMITERS = (",", "\t", "|", ";")
+"""The delimiters a CSV file's fields may have, in the order ``persia data profile`` prefers them."""
+_TAB_SPELLINGS = {"\\t": "\t", "tab": "\t"}
+"""``delimiter:`` spellings of a tab besides YAML's ``"\\t"``: ``'\\t'`` (single quotes keep the backslash), ``tab``."""
 
 
 class BadRowPolicy(enum.StrEnum):
@@ -154,7 +165,9 @@ class DenseTransform:
         if self.log1p:
             out["log1p"] = True
         if self.standardize:
-            out |= {"standardize": True, "mean": self.mean, "std": self.std}
+            out["standardize"] = True
+            if self.mean is not None and self.std is not None:  # measured, or given: as model.yaml reads them back
+                out |= {"mean": self.mean, "std": self.std}
         if self.fill is not None:
             out["fill"] = self.fill
         return out
@@ -193,6 +206,7 @@ class DataSchema:
         transforms: The declared transforms of dense columns, by column (a column without any is read as it is).
         on_bad_row: What reading does with a row holding a bad value (:class:`BadRowPolicy`).
         from_file: Read from a schema file (``persia train --schema``), not from a model's ``data:``.
+        delimiter: What separates a CSV file's fields (one of :data:`CSV_DELIMITERS`).
     """
 
     label: str | None
@@ -202,6 +216,7 @@ class DataSchema:
     transforms: Mapping[str, DenseTransform] = field(default_factory=dict)
     on_bad_row: BadRowPolicy = BadRowPolicy.FAIL
     from_file: bool = False
+    delimiter: str = DEFAULT_DELIMITER
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "on_bad_row", BadRowPolicy(self.on_bad_row))  # "skip" as well as the enum
@@ -268,7 +283,10 @@ class DataSchema:
                 sparse[s.feature] = {"column": s.column, "table": s.table}
                 if s.separator is not None:
                     sparse[s.feature]["separator"] = s.separator
-        return {"label": self.label, "dense": dense, "sparse": sparse}
+        out: dict[str, Any] = {"label": self.label}
+        if self.delimiter != DEFAULT_DELIMITER:
+            out["delimiter"] = self.delimiter
+        return out | {"dense": dense, "sparse": sparse}
 
 
 def read_data_schema(fields: Fields | None) -> DataSchema | None:
@@ -277,6 +295,14 @@ def read_data_schema(fields: Fields | None) -> DataSchema | None:
         return None
     label = fields.take_str("label")
     on_bad_row = fields.take_enum("on_bad_row", BadRowPolicy, default=BadRowPolicy.FAIL)
+    delimiter = fields.take("delimiter", default=DEFAULT_DELIMITER)
+    delimiter = _TAB_SPELLINGS.get(delimiter, delimiter) if isinstance(delimiter, str) else delimiter
+    if delimiter not in CSV_DELIMITERS:  # a tab is no printable name: only the listed characters are taken
+        raise fields.error(
+            "delimiter",
+            f"is {abbreviate(delimiter, 20)}, not a CSV delimiter",
+            fixes=("one of ',', '\\t' (tab), '|', ';'",),
+        )
     dense_value, transforms = _read_dense(fields)
     sparse_fields = fields.sub("sparse")
     assert sparse_fields is not None
@@ -297,6 +323,12 @@ def read_data_schema(fields: Fields | None) -> DataSchema | None:
         item.finish()
         if separator == "":
             raise item.error("separator", "is empty", fixes=("give the string between ids, e.g. '|'",))
+        if separator is not None and delimiter in separator:
+            raise item.error(
+                "separator",
+                f"holds the file's delimiter {delimiter!r}: it would split the fields, not the ids",
+                fixes=("give another separator", "give another delimiter"),
+            )
         sparse.append(SparseColumn(feature, column, table, separator))
     sparse_fields.finish()
     fields.finish()
@@ -314,7 +346,9 @@ def read_data_schema(fields: Fields | None) -> DataSchema | None:
             raise fields.error("sparse", f"column {column!r} is the {name} column too", ("map it once",))
     if label in dense_value:
         raise fields.error("dense", f"column {label!r} is the label", fixes=("remove it from dense",))
-    return DataSchema(label, tuple(dense_value), tuple(sparse), fields.source, transforms, on_bad_row)
+    return DataSchema(
+        label, tuple(dense_value), tuple(sparse), fields.source, transforms, on_bad_row, delimiter=delimiter
+    )
 
 
 def _read_dense(fields: Fields) -> tuple[list[str], dict[str, DenseTransform]]:

@@ -55,6 +55,9 @@ class DenseArch:
         over: Sizes of the over (top) arch, at least two, the last one 1 (the logit).
         dcn_layers: DCN-v2 cross layers (``dcn`` only).
         dcn_low_rank: Rank of each cross layer's ``W V`` factorisation (``dcn`` only).
+        dropout: Dropout probability on the output of every hidden layer of the bottom MLP (all but its last, the
+            dense embedding the interaction reads) and of the over arch (all but the logit), in training only; 0:
+            none. It adds no parameter, so the plan's counts do not change.
 
     Raises:
         ArchError: A size out of range (a ``ValueError`` naming the field).
@@ -67,9 +70,13 @@ class DenseArch:
     dcn_layers: int = DCN_LAYERS
     dcn_low_rank: int = DCN_LOW_RANK
     inputs_from_data: bool = False
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", ArchKind(self.kind))
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float) or not 0 <= self.dropout < 1:
+            raise ArchError("dropout", f"must be a probability in [0, 1), got {self.dropout!r}", "e.g. dropout: 0.1")
+        object.__setattr__(self, "dropout", float(self.dropout))
         object.__setattr__(self, "bottom", tuple(self.bottom))
         object.__setattr__(self, "over", tuple(self.over))
         _check_counts((("num_dense", self.num_dense, MAX_DENSE_FEATURES), ("dcn_layers", self.dcn_layers, MAX_LAYERS)))
@@ -120,6 +127,8 @@ class DenseArch:
         }
         if self.kind is ArchKind.DCN:
             out |= {"dcn_layers": self.dcn_layers, "dcn_low_rank": self.dcn_low_rank}
+        if self.dropout:  # written only when set: an arch without it records as it did before the option
+            out["dropout"] = self.dropout
         return out
 
 
@@ -188,7 +197,7 @@ class DenseSpec:
         return self.arch or DenseArch()
 
 
-_ARCH_KEYS = ("num_dense", "bottom", "over", "dcn_layers", "dcn_low_rank")
+_ARCH_KEYS = ("num_dense", "bottom", "over", "dcn_layers", "dcn_low_rank", "dropout")
 
 
 def read_dense(fields: Fields | None, dims: set[int], features: int, num_dense: int = DLRM_NUM_DENSE) -> DenseSpec:
@@ -237,6 +246,8 @@ def read_dense(fields: Fields | None, dims: set[int], features: int, num_dense: 
     for key in ("bottom", "over"):
         if fields.has(key):
             values[key] = _take_sizes(fields, key)
+    if fields.has("dropout"):
+        values["dropout"] = fields.take("dropout", Quantity.NUMBER, maximum=1.0)
     fields.finish()
     try:
         arch = DenseArch(**values)

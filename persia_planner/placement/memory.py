@@ -50,13 +50,13 @@ fused kernels, so two more things live beside the weights:
 
 So a replica costs :func:`fbgemm_bytes` of the table in ``DEVICE`` memory plus its gradient (:func:`replica_bytes`).
 
-**Parameter-server store** (``modules/ps/store.py``, ``EmbeddingStore``), per table and server, for a capacity of C
-rows holding R of them:
+**Parameter-server store** (``modules/ps/store.py``, ``EmbeddingStore``; its rows in ``modules/ps/row_slots.py``,
+``RowSlots``), per table and server, for a capacity of C rows holding R of them:
 
-* ``_weights`` [C, dim] in the table's ``embedding_dtype`` (fp16 / bf16 halve them; the optimizer steps in
-  float32 and rounds the new rows back) and ``_state`` float32 [C, state_width], which the optimizer needs whole;
-* ``_records`` int64 [C, 2] (the id; last access int32 + access count int32): 16 B;
-* ``_dirty`` bool [C]: 1 B, zeroed (so written) when the store is created;
+* ``weights`` [C, dim] in the table's ``embedding_dtype`` (fp16 / bf16 halve them; the optimizer steps in
+  float32 and rounds the new rows back) and ``state`` float32 [C, state_width], which the optimizer needs whole;
+* ``records`` int64 [C, 2] (the id; last access int32 + access count int32): 16 B;
+* ``dirty`` bool [C]: 1 B, zeroed (so written) when the store is created;
 * ``HashIndex.buckets`` int64 [max(ceil(C / index_load_factor), C + 1)]: 16 B per row of capacity at the
   default load factor 0.5, all written (-1) when the store is created.
 
@@ -197,11 +197,11 @@ def replica_bytes(table: TableSpec, rows: Any, cols: int, dtype: DType) -> Any:
 
 # ---- the parameter-server store ----------------------------------------------------------------------------------
 PS_VALUE_BYTES = OPTIMIZER_STATE_VALUE_BYTES
-"""The store's optimizer state is float32 (``_state``) whatever the plan's dtype; its weights are in the dtype."""
+"""The store's optimizer state is float32 (``RowSlots.state``) whatever the plan's dtype (the weights' dtype)."""
 PS_RECORD_BYTES = 16
-"""Per row held besides the values: ``_records`` int64 [C, 2] (the id, last access + access count)."""
+"""Per row held besides the values: ``RowSlots.records`` int64 [C, 2] (the id, last access + access count)."""
 PS_DIRTY_BYTES = 1
-"""Per row of capacity: the dirty mask ``_dirty``, bool [C], written whole (zeroed) at creation."""
+"""Per row of capacity: the dirty mask ``RowSlots.dirty``, bool [C], written whole (zeroed) at creation."""
 PS_BUCKET_BYTES = 8
 """One bucket of the store's hash index (``HashIndex.buckets``, int64)."""
 PS_INDEX_LOAD_FACTOR = 0.5
