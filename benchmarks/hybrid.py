@@ -108,13 +108,14 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, j
         plan = to_sharding_plan(tables, spec, topology, module_path="sparse_arch.embedding_bag_collection")
         dmp = DistributedModelParallel(model, device=torch.device("cpu"), sharders=[sharder], plan=plan)
         # As a TorchRec user would: fused tables update in backward; data-parallel replicas get the same row-wise
-        # Adagrad (TorchRec's), the dense layers Adagrad.
+        # Adagrad (TorchRec's), the dense layers the run's dense optimizer (torch's, as persia's runs build it).
         unfused = dict(in_backward_optimizer_filter(dmp.named_parameters()))
         replicas = {n: p for n, p in unfused.items() if "embedding_bags" in n}
         dense = {n: p for n, p in unfused.items() if n not in replicas}
         # (A plan may have no data-parallel table: torch refuses an optimizer over no parameters.)
         parts = [(replicas, lambda ps: RowWiseAdagrad(ps, lr=cfg.sparse_lr, eps=1e-8))]
-        parts.append((dense, lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr)))
+        dense_kind = {"adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}
+        parts.append((dense, lambda ps: dense_kind[cfg.dense_optimizer.value](ps, lr=cfg.dense_lr)))
         opt = CombinedOptimizer([KeyedOptimizerWrapper(p, make) for p, make in parts if p])
         data = SyntheticClicks(teacher_for(spec, cfg), batch_size=batch_size, num_batches=steps * world)
         loss_fn = nn.BCEWithLogitsLoss()
