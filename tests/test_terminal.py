@@ -55,3 +55,18 @@ def test_the_summary_lists_each_plan_of_an_adapted_run():
     assert rows[1] == ("  plan 0: steps 1-40, initial", "50.0 / 80.0 / -")
     assert rows[2] == ("  plan 1: steps 41-end, faster plan, moved c1, c10", "30.0 / 35.5 / 33.2")
     assert plan_rows({"plans": None}) == []
+
+
+def test_a_run_that_kept_its_best_evaluation_says_so_in_its_summary():
+    from persia_planner.modules.train.terminal import early_stop_rows, epochs_text
+
+    result = {
+        "epochs": 10,
+        "epoch_steps": [86, 86, 86],
+        "stopped_by": "early stop",
+        "early_stopping": {"patience": 1, "best_step": 172, "best": {"auc": 0.7912, "normalized_entropy": 0.81}},
+    }
+    assert epochs_text(result) == "3 of at most 10, stopped early (86, 86, 86)"
+    assert early_stop_rows(result) == [("best evaluation (stopped early): step; AUC; NE", "172; 0.7912; 0.8100")]
+    assert early_stop_rows({"early_stopping": {"patience": 0, "best": {"auc": 0.7}}}) == []  # tracked, not kept
+    assert epochs_text({"epochs": 2, "epoch_steps": [5, 5]}) == "2 (5, 5)"

@@ -14,7 +14,7 @@ from persia_planner.modules.process_logs import terminal
 from persia_planner.modules.train.config import TrainConfig
 from persia_planner.modules.train.run_inputs import describe_hyper_parameters
 
-__all__ = ["ema", "progress_bar", "refit_rows", "summary_rows"]
+__all__ = ["early_stop_rows", "ema", "epochs_text", "plan_rows", "progress_bar", "refit_rows", "summary_rows"]
 
 
 def ema(xs: list[float], window: int = 20) -> float:
@@ -50,11 +50,15 @@ def _maybe(value: float | None, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _epochs(result: dict[str, Any]) -> str:
+def epochs_text(result: dict[str, Any]) -> str:
+    """The summary's epochs: how many, and the steps of each (of at most how many, where the run stopped early)."""
     if not result.get("epochs"):
         return "-"
     done = result.get("epoch_steps") or []
-    return f"{result['epochs']} ({', '.join(str(n) for n in done) or 'none finished'})"
+    steps = ", ".join(str(n) for n in done) or "none finished"
+    if result.get("stopped_by") == "early stop":  # --epochs was the most it would train
+        return f"{len(done)} of at most {result['epochs']}, stopped early ({steps})"
+    return f"{result['epochs']} ({steps})"
 
 
 def refit_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
@@ -124,7 +128,7 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("data ms per step (not in the step)", f"{result.get('step_breakdown_ms', {}).get('data', 0.0):.1f}"),
         ("global batch x steps", f"{result['batch_size']} x {result['steps']}"),
-        ("epochs (steps of each)", _epochs(result)),
+        ("epochs (steps of each)", epochs_text(result)),
         ("dense arch; optimizers (lr)", describe_hyper_parameters(result.get("hyper_parameters"))),
         ("staleness K (max seen)", f"{result['staleness']} ({result['staleness_max_seen']})"),
         ("trainers / PS servers", f"{result['trainers']} / {result['servers']}"),
