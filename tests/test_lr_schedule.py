@@ -7,7 +7,8 @@ import math
 
 import pytest
 import torch
-from plans import TOPO_1X1, local_placement, ps_placement
+from local_and_ps import near_and_far
+from plans import TOPO_1X1, local_placement
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -140,19 +141,8 @@ def _scheduled_local_and_ps(j: int, client) -> dict[str, object]:
 
     dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=1, timeout=datetime.timedelta(60))
     try:
-        configs = [
-            EmbeddingBagConfig(name="near", feature_names=["a"], num_embeddings=ROWS, embedding_dim=DIM),
-            EmbeddingBagConfig(name="far", feature_names=["b"], num_embeddings=ROWS, embedding_dim=DIM),
-        ]
-        plan = {"near": local_placement(ROWS, DIM), "far": ps_placement(DIM)}
-        sparse = SparseOptimizer(Optimizer.SGD, learning_rate=0.5)
-        hybrid = HybridEmbeddingBagCollection(
-            configs, plan, ps=client, staleness=0, optimizer=sparse, local_device=torch.device("meta")
-        )
-        net = distribute(hybrid, plan, Topology.from_dict(TOPO_1X1))
-        start = hybrid.local_weights()["near"].clone()
-        client.assign_rows("far", torch.arange(ROWS), start)
-        # Once the PS tables are param groups of TorchRec's fused optimizer, the schedule reaches them too.
+        hybrid, net, start = near_and_far(client, SparseOptimizer(Optimizer.SGD, learning_rate=0.5), ROWS, DIM)
+        # The PS table is a param group of TorchRec's fused optimizer: the schedule reaches it too.
         ps_grouped = any("far" in key for key in net.fused_optimizer.params)
         rates = ScheduledRates(net.fused_optimizer, LrSchedule.parse("warmup=4"), total_steps=None)
         for _ in range(3):
@@ -178,8 +168,7 @@ def test_a_schedule_on_the_fused_optimizer_moves_a_local_table_and_a_ps_table_al
     (result,) = local_cluster(1, 1, _scheduled_local_and_ps, timeout_s=30.0)
     # row 4 is read twice a step, SGD at 0.5 x (0.25, 0.5, 0.75): 2 * 0.5 * 1.5 = 1.5 over the three steps
     assert result["near_moved"] == pytest.approx([1.5] * DIM, rel=1e-6), result
-    if result["ps_grouped"]:
-        assert result["far_minus_near"] <= 1e-6, result
+    assert result["ps_grouped"] and result["far_minus_near"] <= 1e-6, result
 
 
 # ---- persia train: the schedule and the decay through a resume ------------------------------------------------

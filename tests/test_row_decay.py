@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from plans import TOPO_1X1, local_placement, ps_placement, replicated
+from local_and_ps import near_and_far
+from plans import TOPO_1X1, local_placement, replicated
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -162,18 +163,8 @@ def _local_and_ps(j: int, client, kind: str) -> dict[str, float]:
 
     dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=1, timeout=datetime.timedelta(60))
     try:
-        configs = [
-            EmbeddingBagConfig(name="near", feature_names=["a"], num_embeddings=ROWS, embedding_dim=DIM),
-            EmbeddingBagConfig(name="far", feature_names=["b"], num_embeddings=ROWS, embedding_dim=DIM),
-        ]
-        plan = {"near": local_placement(ROWS, DIM), "far": ps_placement(DIM)}
         sparse = SparseOptimizer(Optimizer(kind), learning_rate=LR, eps=EPS, weight_decay=WD)
-        hybrid = HybridEmbeddingBagCollection(
-            configs, plan, ps=client, staleness=0, optimizer=sparse, local_device=torch.device("meta")
-        )
-        net = distribute(hybrid, plan, Topology.from_dict(TOPO_1X1))
-        start = hybrid.local_weights()["near"].clone()
-        client.assign_rows("far", torch.arange(ROWS), start)  # the PS table starts where the local one does
+        hybrid, net, start = near_and_far(client, sparse, ROWS, DIM)  # the PS table starts where the local one does
         gen = torch.Generator().manual_seed(2)
         for _ in range(3):
             upstream = torch.randn(len(IDS), DIM, generator=gen)
