@@ -273,15 +273,18 @@ class RowFile:
         """Make the written rows durable (``fsync``: ``O_DIRECT`` skips the page cache, not the device's)."""
         os.fsync(self._fd)
 
-    def close(self) -> None:
-        """Close and remove the file (its rows live on in checkpoints, never in the file)."""
+    def close(self, *, wait: bool = True) -> None:
+        """Close and remove the file (its rows live on in checkpoints, never in the file); ``wait``: join the
+        reader threads first."""
         if self._fd >= 0:
             if self._pool is not None:
-                self._pool.shutdown()
+                self._pool.shutdown(wait=wait)
             os.close(self._fd)
             self._fd = -1
             self.path.unlink(missing_ok=True)
 
     def __del__(self) -> None:  # a server that exits without close() still leaves no file of rows behind
+        # Never joins: the collector may run this inside a starting thread's bootstrap, which holds the lock a join
+        # needs (a test deadlocked there). An unreachable file has no read in flight; its idle readers exit alone.
         with contextlib.suppress(Exception):  # at interpreter shutdown os may be gone
-            self.close()
+            self.close(wait=False)
