@@ -47,6 +47,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,17 @@ def _side(rows: LogRows, index: np.ndarray, folder: Path, name: str) -> Path:
     return write_rows(rows, index, folder / f"{name}{rows.source.suffix()}")
 
 
+def persia_options(args: argparse.Namespace) -> dict[str, str]:
+    """``--persia-options`` as ``train_and_score``'s options (``--flag value`` pairs)."""
+    words = shlex.split(args.persia_options)
+    if len(words) % 2 or any(not w.startswith("--") for w in words[::2]):
+        raise PlannerError(
+            f"--persia-options {args.persia_options!r}: not pairs of --option value",
+            fixes=("e.g. --persia-options '--sparse-eps 1e-8 --sparse-lr 0.05'",),
+        )
+    return dict(zip(words[::2], words[1::2], strict=True))
+
+
 def run_split(
     rows: LogRows, split: Split, seed: int, work: Path, args: argparse.Namespace, teacher: Any
 ) -> dict[str, Any]:
@@ -109,7 +121,7 @@ def run_split(
     check = source.arg(_side(rows, split.train[inner.valid], folder, "inner_valid"))
     started = time.perf_counter()
     model = profile(source.arg(train), folder / "model.yaml")
-    persia = train_and_score(model, fit, check, source.arg(valid), folder / "persia")
+    persia = train_and_score(model, fit, check, source.arg(valid), folder / "persia", persia_options(args))
     console.print(f"  {split.name}: persia {persia.auc:.4f} ({time.perf_counter() - started:.0f} s)")
     columns = FeatureColumns.of_model(model, source.kind)
     design = one_hot(read_features(source.kind, train, columns), read_features(source.kind, valid, columns), columns)
@@ -238,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--valid-share", type=float, default=0.1, help="rows that validate (default 0.1)")
     parser.add_argument("--time-column", help="also split each log by this column: its latest rows validate")
     parser.add_argument("--tune-hparams", action="store_true", help="also search persia's options (inner split)")
+    parser.add_argument(
+        "--persia-options",
+        default="",
+        help="options persia train's untuned run adds to the defaults, e.g. '--sparse-eps 1e-8' (what one measures)",
+    )
     parser.add_argument("--quick", action="store_true", help="the teacher's log: 50k rows instead of 200k")
     parser.add_argument("--work", type=Path, help="keep the split files, models and logs in this new folder")
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -246,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.splits < 1:
             raise PlannerError(f"--splits {args.splits}: must be at least 1", fixes=("--splits 3",))
+        persia_options(args)  # refused now, not after the baselines ran
         if args.time_column and not args.data:
             raise PlannerError("--time-column: the teacher's log has no time", fixes=("name logs (DATA) to split",))
         if args.work is not None and args.work.exists():
@@ -277,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "valid_share": args.valid_share,
         "time_column": args.time_column,
         "tune_hparams": args.tune_hparams,
+        "persia_options": args.persia_options,
         "persia_minus_lr_min": min(d["persia_minus_lr"] for d in data_sets),
         "persia_minus_fm_min": min(d["persia_minus_fm"] for d in data_sets),
         "persia_at_least_lr": all(d["persia_minus_lr"] >= 0 for d in data_sets),

@@ -261,6 +261,7 @@ def test_hyper_parameters_record_what_the_run_trains_with():
         "sparse_optimizer": "rowwise_adagrad",  # the tables' own (model.yaml names none: the default)
         "sparse_lr": 0.2,
         "sparse_weight_decay": 0.0,
+        "sparse_eps": 1e-3,  # row-wise Adagrad's default
         "lr_schedule": "constant",
         "batch_size": 200,  # global: 2 trainers x 100
         "eval_every": 5,

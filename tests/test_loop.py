@@ -115,7 +115,12 @@ def test_the_runs_table_optimizer_carries_every_option_to_local_and_ps_tables():
     from persia_planner.modules.train.loop import sparse_optimizer
     from persia_planner.paths import DEFAULT_MODEL
 
-    cfg = TrainConfig(sparse_lr=0.2, sparse_weight_decay=0.5, sparse_optimizer="adagrad")
-    opt = sparse_optimizer(cfg, load_model(DEFAULT_MODEL))
-    assert (opt.kind, opt.learning_rate, opt.weight_decay) == (Optimizer.ADAGRAD, 0.2, 0.5)
-    assert opt.ps().decoupled_weight_decay == 0.5  # the servers' row optimizer decays alike
+    spec = load_model(DEFAULT_MODEL)
+    cfg = TrainConfig(sparse_lr=0.2, sparse_weight_decay=0.5, sparse_optimizer="adagrad", sparse_eps=0.25)
+    opt = sparse_optimizer(cfg, spec)
+    assert (opt.kind, opt.learning_rate, opt.weight_decay, opt.eps) == (Optimizer.ADAGRAD, 0.2, 0.5, 0.25)
+    assert (opt.ps().decoupled_weight_decay, opt.ps().eps) == (0.5, 0.25)  # the servers' row optimizer alike
+    assert opt.fbgemm(on_cuda=False)["eps"] == 0.25
+    # Without --sparse-eps, the optimizer's own default: Adagrad's starts a row's steps damped, Adam keeps 1e-8.
+    assert sparse_optimizer(TrainConfig(), spec).eps == 1e-3
+    assert sparse_optimizer(TrainConfig(sparse_optimizer="adam"), spec).eps == 1e-8

@@ -71,6 +71,9 @@ def test_a_decay_needs_the_total_and_the_config_reads_the_options():
         TrainConfig(sparse_weight_decay=10.0)
     with pytest.raises(PlannerError, match="--sparse-weight-decay"):
         TrainConfig(sparse_weight_decay=-1.0)
+    for eps in (float("nan"), -1e-3, 2.0):
+        with pytest.raises(PlannerError, match=r"--sparse-eps must be in \[0, 1\], got"):
+            TrainConfig(sparse_eps=eps)
 
 
 ROWS, DIM = 12, 4

@@ -156,6 +156,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         (["--dense-lr", "0"], "--dense-lr must be a finite number > 0, got 0.0"),
         (["--sparse-lr", "nan"], "--sparse-lr must be a finite number > 0, got nan"),
         (["--sparse-weight-decay", "20"], "--sparse-weight-decay must be in [0, 1 / --sparse-lr) = [0, 10), got 20"),
+        (["--sparse-eps", "nan"], "Invalid value for '--sparse-eps': Input should be less than or equal to 1"),
         (["--lr-schedule", "exponential"], "--lr-schedule 'exponential': 'exponential' is not warmup=STEPS"),
         (["--dense-optimizer", "lamb"], "--dense-optimizer must be one of adagrad, sgd, adam, got 'lamb'"),
         (["--sparse-optimizer", "lamb"], "--sparse-optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),

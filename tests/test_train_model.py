@@ -23,7 +23,8 @@ def test_cli_trains_a_dcn_with_the_given_hyper_parameters(tmp_path):
     data["dense"] = {"arch": "dcn", "bottom": [32], "over": [32, 1], "dcn_layers": 2, "dcn_low_rank": 8}
     model = tmp_path / "dcn.yaml"
     model.write_text(yaml.safe_dump(data))
-    hyper = ["--dense-optimizer", "adam", "--dense-lr", "0.005", "--sparse-lr", "0.05", "--eval-every", "10"]
+    hyper = ["--dense-optimizer", "adam", "--dense-lr", "0.005", "--sparse-lr", "0.05", "--sparse-eps", "0.01",
+             "--eval-every", "10"]  # fmt: skip
     done = subprocess.run(
         [*PERSIA, "train", "--model", str(model), "--steps", "20", *hyper, *OPTS],
         capture_output=True,
@@ -47,6 +48,7 @@ def test_cli_trains_a_dcn_with_the_given_hyper_parameters(tmp_path):
                        "dcn_low_rank": 8},
         "lr_schedule": "constant",
         "sparse_weight_decay": 0.0,
+        "sparse_eps": 0.01,
     }  # fmt: skip
 
 

@@ -136,3 +136,17 @@ def test_the_factorization_machine_learns_an_interaction_the_logistic_regression
     assert models.auc(y_valid, lr.scores) < 0.6
     assert 1 <= fm.chosen["epochs"] <= 8 and fm.chosen["l2"] in models.FM_L2_GRID
     assert lr.chosen["C"] in models.C_GRID
+
+
+def test_persia_options_are_pairs_of_an_option_and_its_value():
+    load("persia_cli")
+    bench = load("vs_baselines")
+
+    def parsed(text: str) -> dict[str, str]:
+        return bench.persia_options(bench.argparse.Namespace(persia_options=text))
+
+    assert parsed("") == {}
+    assert parsed("--sparse-eps 1e-8 --sparse-lr '0.05'") == {"--sparse-eps": "1e-8", "--sparse-lr": "0.05"}
+    for bad in ("--sparse-eps", "1e-8 --sparse-eps", "--a 1 b 2"):
+        with pytest.raises(PlannerError, match="not pairs of --option value"):
+            parsed(bad)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DEFAULT_DENSE_LR",
     "DEFAULT_MAX_EPOCHS",
+    "DEFAULT_SPARSE_EPS",
     "MAX_ADAPT_REPLANS",
     "MAX_ADAPT_THRESHOLD",
     "MAX_EVAL_BATCHES",
@@ -45,6 +46,7 @@ __all__ = [
     "TrainConfig",
     "TrainMode",
     "data_identity",
+    "sparse_eps_of",
     "sparse_optimizer_of",
     "trainer_batch_size",
 ]
@@ -105,6 +107,18 @@ DEFAULT_DENSE_LR = {DenseOptimizer.ADAM: 0.001, DenseOptimizer.ADAGRAD: 0.05, De
 matched or beat Adagrad at 0.05 on the synthetic teacher and on MovieLens-100K, and Adagrad at 0.05 threw a Criteo
 sample's loss to 5 at its third step (docs/decisions/0030-measured-defaults.md)."""
 
+DEFAULT_SPARSE_EPS = {
+    Optimizer.ROWWISE_ADAGRAD: 1e-3,
+    Optimizer.ADAGRAD: 1e-3,
+    Optimizer.ADAM: 1e-8,
+    Optimizer.SGD: 1e-8,
+}
+"""The tables' optimizer epsilon by optimizer when ``--sparse-eps`` is not given. Adagrad's first step of a row is
+``lr`` per coordinate whatever its gradient (``g / sqrt(g^2)``): at 1e-8 an id seen once moved as far as the most
+frequent, and the rare ids over-fit within an epoch. 1e-3 keeps a new row's steps in proportion to its gradient
+until its accumulator outgrows it, as Keras's ``initial_accumulator_value`` does
+(docs/decisions/0030-measured-defaults.md). SGD has none; Adam keeps the usual 1e-8."""
+
 
 def _choice(kind: type[enum.StrEnum], value: Any, option: str) -> Any:
     """``kind(value)``, or a one-line error naming the option and its choices."""
@@ -141,7 +155,7 @@ class TrainConfig:
         data: ``"synthetic"``, or ``"criteo:PATH"``, ``"parquet:PATH"`` or ``"csv:PATH"`` (one file or a directory
             of files; :class:`persia_planner.modules.data.source.DataSource`).
         schema: How a Parquet / CSV file's columns feed the model (``--schema``); None: the model's ``data:``. After
-            :func:`check_before_start`, the one the run reads with: with what the first pass measured.
+            :func:`~.run_inputs.check_before_start`, the one the run reads with: with what the first pass measured.
         on_bad_row: What reading does with a bad row of a Parquet / CSV file (``--on-bad-row``); None: the schema's
             ``on_bad_row`` (:class:`~persia_planner.model.data_schema.BadRowPolicy`).
         data_workers: DataLoader worker processes per trainer reading Parquet, CSV or Criteo files (0: the trainer
@@ -163,6 +177,8 @@ class TrainConfig:
             the plan sized their state for).
         sparse_weight_decay: Decoupled weight decay of the embedding rows each step updates, local and PS tables
             alike (:attr:`persia_planner.modules.embedding.hybrid.SparseOptimizer.weight_decay`); 0: none.
+        sparse_eps: The tables' optimizer epsilon (Adagrad's and Adam's denominator), local and PS tables alike;
+            None: :data:`DEFAULT_SPARSE_EPS`'s for the optimizer.
         dense_lr: Learning rate of the dense optimizer; None: :data:`DEFAULT_DENSE_LR`'s for ``dense_optimizer``.
         dense_optimizer: ``adam`` (the default), ``adagrad`` or ``sgd``.
         lr_schedule: Warmup and decay of every learning rate, dense and sparse (``--lr-schedule``, a
@@ -228,6 +244,7 @@ class TrainConfig:
     sparse_lr: float = 0.1
     sparse_optimizer: Optimizer | None = None
     sparse_weight_decay: float = 0.0
+    sparse_eps: float | None = None
     dense_lr: float | None = None
     dense_optimizer: DenseOptimizer = DenseOptimizer.ADAM
     lr_schedule: LrSchedule = CONSTANT
@@ -250,7 +267,8 @@ class TrainConfig:
     adapt_window: int = 20
     adapt_qcomms: bool = False
     data_rows: int | None = None
-    """The data's training rows as :func:`check_before_start` counted them (None: not counted); sizes the progress."""
+    """The data's training rows as :func:`~.run_inputs.check_before_start` counted them (None: not counted); sizes
+    the progress."""
 
     def __post_init__(self) -> None:
         # frozen: the string-to-enum conversions go through object.__setattr__, once, here.
@@ -364,7 +382,8 @@ class TrainConfig:
             )
 
     def _check_regularisation(self) -> None:
-        """``--lr-schedule`` read from its text; ``--sparse-weight-decay`` shrinks a row by less than itself."""
+        """``--lr-schedule`` read from its text; ``--sparse-weight-decay`` shrinks a row by less than itself;
+        ``--sparse-eps`` is a small non-negative number."""
         if isinstance(self.lr_schedule, str):
             object.__setattr__(self, "lr_schedule", LrSchedule.parse(self.lr_schedule))
         ceiling = 1 / self.sparse_lr  # lr * wd >= 1 would zero or flip a row at each update
@@ -373,6 +392,11 @@ class TrainConfig:
                 f"--sparse-weight-decay must be in [0, 1 / --sparse-lr) = [0, {ceiling:g}), got "
                 f"{self.sparse_weight_decay}",
                 fixes=("e.g. --sparse-weight-decay 1e-4", "0 for none"),
+            )
+        if self.sparse_eps is not None and not 0 <= self.sparse_eps <= 1:  # nan fails this too
+            raise PlannerError(
+                f"--sparse-eps must be in [0, 1], got {self.sparse_eps}",
+                fixes=("e.g. --sparse-eps 1e-3", "leave it out for the optimizer's default"),
             )
 
     def _check_early_stop(self) -> None:
@@ -453,6 +477,12 @@ def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
             fixes=("give every table the same optimizer: in model.yaml",),
         )
     return kinds[0]
+
+
+def sparse_eps_of(cfg: TrainConfig, spec: ModelSpec) -> float:
+    """The tables' optimizer epsilon a run applies: ``cfg``'s if given, else :data:`DEFAULT_SPARSE_EPS`'s for the
+    run's optimizer (:func:`sparse_optimizer_of`)."""
+    return DEFAULT_SPARSE_EPS[sparse_optimizer_of(cfg, spec)] if cfg.sparse_eps is None else cfg.sparse_eps
 
 
 MAX_ADAPT_THRESHOLD = 10.0

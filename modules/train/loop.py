@@ -28,7 +28,13 @@ from persia_planner.modules.embedding.model_parallel import (
     sparse_torch_optimizer,
 )
 from persia_planner.modules.step_breakdown import PS_PUSH, PS_WAIT, StepProfiler
-from persia_planner.modules.train.config import DenseOptimizer, TrainConfig, sparse_optimizer_of, trainer_batch_size
+from persia_planner.modules.train.config import (
+    DenseOptimizer,
+    TrainConfig,
+    sparse_eps_of,
+    sparse_optimizer_of,
+    trainer_batch_size,
+)
 from persia_planner.modules.train.lr_schedule import ScheduledRates
 from persia_planner.modules.train.run_inputs import dense_arch, dlrm_embedding_dim
 from persia_planner.placement.memory import ps_server_capacity, ssd_server_cache_capacity
@@ -71,7 +77,7 @@ def build_model(
     capacity: Mapping[str, int] | None = None,
     ssd_dir: str | None = None,
 ) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
-    """TorchRec's ``DLRM`` or ``DLRM_DCN`` (``arch``, default the model's ``dense:``, :attr:`DenseSpec.built_arch`)
+    """TorchRec's ``DLRM`` or ``DLRM_DCN`` (``arch``, default the model's ``dense:``, :attr:`.DenseSpec.built_arch`)
     over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs from plain TorchRec).
     Returns ``(model, hybrid)``; shard it with :func:`persia_planner.modules.embedding.model_parallel.distribute`.
 
@@ -195,9 +201,13 @@ def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def sparse_optimizer(cfg: TrainConfig, spec: ModelSpec) -> SparseOptimizer:
     """The tables' optimizer of a run of ``spec`` under ``cfg``: its kind (:func:`.config.sparse_optimizer_of`),
-    learning rate and decoupled weight decay, the same on the local and the PS tables."""
+    learning rate, decoupled weight decay and epsilon (:func:`.config.sparse_eps_of`), the same
+    on the local and the PS tables."""
     return SparseOptimizer(
-        sparse_optimizer_of(cfg, spec), learning_rate=cfg.sparse_lr, weight_decay=cfg.sparse_weight_decay
+        sparse_optimizer_of(cfg, spec),
+        learning_rate=cfg.sparse_lr,
+        weight_decay=cfg.sparse_weight_decay,
+        eps=sparse_eps_of(cfg, spec),
     )
 
 

@@ -26,7 +26,13 @@ from persia_planner.modules.data.source import (
 )
 from persia_planner.modules.ps.ssd_files import check_ssd_dir
 from persia_planner.modules.rpc_environment import rpc_channels, rpc_transports
-from persia_planner.modules.train.config import MAX_SYNTHETIC_IDS, TrainConfig, sparse_optimizer_of, trainer_batch_size
+from persia_planner.modules.train.config import (
+    MAX_SYNTHETIC_IDS,
+    TrainConfig,
+    sparse_eps_of,
+    sparse_optimizer_of,
+    trainer_batch_size,
+)
 from persia_planner.modules.train.run_directories import check_checkpoint_dir, check_log_dir, check_resume_exists
 
 __all__ = [
@@ -183,6 +189,7 @@ def hyper_parameters(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> dict[s
         "sparse_optimizer": sparse_optimizer_of(cfg, spec).value,
         "sparse_lr": cfg.sparse_lr,
         "sparse_weight_decay": cfg.sparse_weight_decay,
+        "sparse_eps": sparse_eps_of(cfg, spec),
         "lr_schedule": str(cfg.lr_schedule),
         "batch_size": trainer_batch_size(cfg, spec, trainers) * trainers,
         "eval_every": cfg.eval_every,

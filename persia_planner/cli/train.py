@@ -48,6 +48,7 @@ from persia_planner.cli.train_options import (
     SchemaOption,
     SeedOption,
     ShuffleBufferOption,
+    SparseEpsOption,
     SparseLrOption,
     SparseOptimizerOption,
     SparseWeightDecayOption,
@@ -90,6 +91,7 @@ def train_command(
     sparse_lr: SparseLrOption = None,
     sparse_optimizer: SparseOptimizerOption = None,
     sparse_weight_decay: SparseWeightDecayOption = 0.0,
+    sparse_eps: SparseEpsOption = None,
     lr_schedule: LrScheduleOption = "constant",
     eval_every: EvalEveryOption = 0,
     trainers: TrainersOption = 2,
@@ -166,6 +168,7 @@ def train_command(
             early_stop_metric=early_stop_metric,
             pipeline=pipeline,
             sparse_weight_decay=sparse_weight_decay,
+            sparse_eps=sparse_eps,
             lr_schedule=lr_schedule,
             **{
                 name: value

@@ -198,6 +198,17 @@ SparseWeightDecayOption = Annotated[
     ),
 ]
 
+SparseEpsOption = Annotated[
+    float | None,
+    typer.Option(
+        "--sparse-eps",
+        min=0.0,
+        max=1.0,
+        help="epsilon of the embedding tables' optimizer, local and PS tables alike (default 1e-3 for Adagrad and "
+        "row-wise Adagrad: a rare id's steps stay in proportion to its gradient; 1e-8 for Adam; decision 0030)",
+    ),
+]
+
 LrScheduleOption = Annotated[
     str,
     typer.Option(
