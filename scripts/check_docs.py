@@ -9,6 +9,10 @@ without torch. It finds three kinds of names:
   of that name, and ``Class.member`` (``CostModel.step_parts``), a member of a class of the project of that name;
 * paths of the repository's files (``modules/ps/store.py``, ``benchmarks/hybrid.py:120``).
 
+The tutorials' cells are read the same way (:func:`tutorial_problems`). ``main`` also runs the checks beside this
+file: the docstrings' cross-references (docstring_refs.py), the documents' links and anchors (doc_links.py) and the
+layout page against the tree (layout_page.py).
+
 Usage: ``python scripts/check_docs.py [ROOT]``; exit 1 with one line per missing name.
 """
 
@@ -20,8 +24,17 @@ import sys
 from functools import cache
 from pathlib import Path
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # the other checks sit beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import doc_links
+import docstring_refs
+import layout_page
+from notebooks import cells, is_written, written_paths
+
 REPOSITORY = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", "CONTRIBUTING.md", "docs")
+TUTORIALS = "tutorials"
 _DOTTED = re.compile(r"(?<![\w./-])persia_planner(?:\.\w+)+")
 _SHORT = re.compile(r"`([A-Za-z_]\w*)\.(\w+)((?:\.\w+)*)(?:\(\))?`")
 _PATH = re.compile(
@@ -29,6 +42,8 @@ _PATH = re.compile(
 )
 # `search/options.py`: a file named from inside persia_planner/ or modules/.
 _INNER_PATH = re.compile(r"`(\w+/[\w/]*\w\.py)`")
+# `01_plan_your_model.ipynb`: another tutorial, by its name.
+_NOTEBOOK = re.compile(r"(?<![\w./-])(\w+\.ipynb)\b")
 # `plan.json`, `topology.yaml`: files, not a module's names.
 _TOP_FOLDERS = frozenset(
     {"persia_planner", "modules", "tests", "benchmarks", "scripts", "docs", "tutorials", "constraints"}
@@ -205,26 +220,58 @@ def documents(root: Path) -> list[Path]:
     return found
 
 
+def text_problems(
+    root: Path, text: str, *, short_names: bool = True, written: frozenset[str] = frozenset()
+) -> list[str]:
+    """One line per name that ``text`` uses and that does not exist (``short_names``: the backticked ``module.name``
+    too; ``written``: paths that a notebook creates when it runs, not checked)."""
+    found = [dotted_problem(root, d) for d in sorted({m.group(0) for m in _DOTTED.finditer(text)})]
+    if short_names:
+        found += [
+            short_problem(root, m.group(1), m.group(2), m.group(3)[1:].split(".")[0]) for m in _SHORT.finditer(text)
+        ]
+    found += [inner_path_problem(root, m.group(1)) for m in _INNER_PATH.finditer(text)]
+    found += [path_problem(root, m.group(1)) for m in _PATH.finditer(text) if not is_written(m.group(1), written)]
+    return [p for p in dict.fromkeys(found) if p is not None]
+
+
 def problems(root: Path = REPOSITORY) -> list[str]:
     """One line per name that the documents under ``root`` use and that does not exist."""
     lines = []
     for document in documents(root):
-        text = document.read_text(encoding="utf-8")
-        found = {m.group(0) for m in _DOTTED.finditer(text)}
-        found_problems = [dotted_problem(root, d) for d in sorted(found)]
-        if document.name != "formats.md":  # the file formats' `dense.arch` is a key of model.yaml, not code
-            found_problems += [
-                short_problem(root, m.group(1), m.group(2), m.group(3)[1:].split(".")[0]) for m in _SHORT.finditer(text)
-            ]
-        found_problems += [inner_path_problem(root, m.group(1)) for m in _INNER_PATH.finditer(text)]
-        found_problems += [path_problem(root, m.group(1)) for m in _PATH.finditer(text)]
-        where = document.relative_to(root)
-        lines += [f"{where}: {p}" for p in dict.fromkeys(found_problems) if p is not None]
+        # The file formats' `dense.arch` is a key of model.yaml, not code.
+        found = text_problems(root, document.read_text(encoding="utf-8"), short_names=document.name != "formats.md")
+        lines += [f"{document.relative_to(root)}: {p}" for p in found]
+    return lines
+
+
+def tutorial_problems(root: Path = REPOSITORY) -> list[str]:
+    """One line per name that a tutorial's cells use and that does not exist: the repository's paths in every cell
+    (but those the notebook's code creates), the names and the other notebooks its markdown cells name."""
+    lines = []
+    for notebook in sorted((root / TUTORIALS).glob("*.ipynb")):
+        notebook_cells = cells(notebook)
+        written = written_paths(notebook_cells)
+        for cell in notebook_cells:
+            if cell.kind == "markdown":
+                found = text_problems(root, cell.text, written=written)
+                missing = [n for n in _NOTEBOOK.findall(cell.text) if not (notebook.parent / n).is_file()]
+                found += [f"{n}: no such notebook in {TUTORIALS}/" for n in missing]
+            else:  # code runs under nbmake: its imports are checked there
+                paths = [m.group(1) for m in _PATH.finditer(cell.text)]
+                found = [path_problem(root, path) for path in paths if not is_written(path, written)]
+            where = f"{notebook.relative_to(root).as_posix()}:cell {cell.number}"
+            lines += [f"{where}: {p}" for p in dict.fromkeys(found) if p is not None]
     return lines
 
 
 def main() -> int:
-    found = problems(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPOSITORY)
+    root = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPOSITORY
+    found = problems(root)
+    found += docstring_refs.problems(root)  # the docstrings' cross-references (:func:`name`) resolve
+    found += tutorial_problems(root)
+    found += doc_links.problems(root)  # every link leads to a file and a heading of it
+    found += layout_page.problems(root)  # docs/design/layout.md lists every source file
     for line in found:
         print(line)
     return 1 if found else 0

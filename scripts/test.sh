@@ -17,7 +17,8 @@ fi
 .venv/bin/lint-imports --no-cache --no-logo
 # The API reference site (mkdocs.yml); --strict fails on any warning (a docstring griffe cannot parse, a broken anchor).
 "$PY" -m mkdocs build --strict
-# Every module, function and path the documents name exists.
+# Every module, function and path the documents name exists; every link and anchor leads somewhere; the layout page
+# lists every source file; the tutorials name only what exists.
 "$PY" scripts/check_docs.py
 # pytest exits 5 when it collects no test: with `set -e` that fails the run, as it must.
 # Two pytest-xdist workers: on CI's 2 cores the suite takes about 0.65 of its serial time (tests that start processes

@@ -14,9 +14,9 @@ One thing differs from TorchRec's module: ids are mapped into the table with ``i
 ids in range), so raw 64-bit feature ids work and the plan may move a table between tiers without touching the data.
 
 The weights and optimizer state are read and written as *pieces*: ``(table, offsets) -> tensor`` for this trainer's
-shards. Full TorchRec keys (``embedding_bags.<table>.weight``) come out of :meth:`torchrec_state_dict` and go in
-through :meth:`load_torchrec_state_dict`, sharded or not, so a TorchRec ``EmbeddingBagCollection`` checkpoint loads
-into it and back.
+shards. Full TorchRec keys (``embedding_bags.<table>.weight``) come out of
+:meth:`~LocalEmbeddingBags.torchrec_state_dict` and go in through :meth:`~LocalEmbeddingBags.load_torchrec_state_dict`,
+sharded or not, so a TorchRec ``EmbeddingBagCollection`` checkpoint loads into it and back.
 """
 
 from __future__ import annotations
@@ -453,8 +453,8 @@ class LocalEmbeddingBags(nn.Module):
     def tbes(self) -> Iterator[nn.Module]:
         """This trainer's fbgemm table-batched embedding modules (fused kernels and data-parallel replicas alike),
         which hold its shards' weights, optimizer state and caches. TorchRec keeps them outside the module tree (and
-        its fused modules list only their weights as parameters), so :meth:`parameters` does not reach them. None
-        before DMP has sharded the collection."""
+        its fused modules list only their weights as parameters), so :meth:`~torch.nn.Module.parameters` does not
+        reach them. None before DMP has sharded the collection."""
         if not self.sharded:
             return
         for lookup in self.ebc._lookups:

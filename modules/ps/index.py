@@ -29,7 +29,7 @@ _SLOT_BITS = int(SLOT_BITS)
 
 
 def hash_ids(ids: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser of the uint64 bit patterns, top bit cleared (:mod:`..hashing`)."""
+    """splitmix64's finaliser of the uint64 bit patterns, top bit cleared (:mod:`~persia_planner.modules.hashing`)."""
     return mix64_tensor(ids) & MASK63
 
 

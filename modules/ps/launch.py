@@ -235,8 +235,8 @@ def local_cluster(
         stop_grace_s: On SIGINT or SIGTERM (in the main thread), how long the workers have to end after SIGTERM
             before they are killed.
         drain_s: If above 0, the first SIGINT or SIGTERM asks the trainers to stop at a step they agree on
-            (:mod:`..stopping`: ``persia train`` then saves a final checkpoint) and waits this long for them to
-            report; a second signal, or the end of the wait, stops the workers as without it.
+            (:mod:`~persia_planner.modules.stopping`: ``persia train`` then saves a final checkpoint) and waits this
+            long for them to report; a second signal, or the end of the wait, stops the workers as without it.
         on_start: Called once every process has started, with each one's pid by name (``ps0 ..``,
             ``trainer0 ..``): how a caller watches the job's processes (``benchmarks/soak.py`` samples their
             memory). It runs in the launching thread before the trainers are awaited, so it must return at once.

@@ -212,7 +212,7 @@ class TableConfig:
         clip: If set, weights are clamped to ``[-clip, clip]`` after every update.
         seed: Seed of the initial rows (per id, see ``EmbeddingStore(init_seed=...)``) and of each server's
             admission draws (server ``i`` uses ``seed + i``).
-        eviction_chunk: Fraction of the capacity a full table evicts at once (see :class:`EmbeddingStore`).
+        eviction_chunk: Fraction of the capacity a full table evicts at once (see :class:`~.store.EmbeddingStore`).
         weight_dtype: The dtype the servers keep the rows in (the plan's ``embedding_dtype``; see
             ``EmbeddingStore(weight_dtype=...)``).
         ssd_rows: Rows **per server** kept on its local disk (the ``ssd`` tier, :class:`.ssd_store.SsdStore`);

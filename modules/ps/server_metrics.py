@@ -57,7 +57,7 @@ def metrics_of(server: ServerState) -> dict[str, Any]:
         ``name``, ``pid``, ``uptime_s``; totals over tables of ``rows``, ``evictions``, ``lookups`` (ids looked up,
         with repeats), ``updates`` (rows updated), ``bytes`` (weights + optimizer state of the rows held, float32);
         ``lookups_per_s`` / ``updates_per_s`` (averages since the server state was created); ``tables``: each
-        table's :meth:`EmbeddingStore.metrics` plus its ``bytes``.
+        table's :meth:`.EmbeddingStore.metrics` plus its ``bytes``.
     """
     uptime = max(time.monotonic() - server.started, 1e-9)
     tables: dict[str, dict[str, int]] = {}
@@ -81,16 +81,16 @@ def metrics_of(server: ServerState) -> dict[str, Any]:
 def memory_of(current: ServerState) -> dict[str, Any]:
     """This process's resident memory and ``current`` server's stores' own account of theirs.
 
-    Freed heap is first handed back to the system (glibc's ``malloc_trim``; :func:`tune_allocator` keeps up to
-    256 MiB of it otherwise), so the resident set holds what the process still uses: its stores, plus a constant for
-    the interpreter, the libraries and the RPC agent. The difference of ``resident_bytes`` between two calls is then
-    what the stores grew by. Trimming costs the next requests their warm buffers: call it to measure, not while
+    Freed heap is first handed back to the system (glibc's ``malloc_trim``; :func:`~.allocator.tune_allocator` keeps
+    up to 256 MiB of it otherwise), so the resident set holds what the process still uses: its stores, plus a constant
+    for the interpreter, the libraries and the RPC agent. The difference of ``resident_bytes`` between two calls is
+    then what the stores grew by. Trimming costs the next requests their warm buffers: call it to measure, not while
     serving.
 
     Returns:
         ``name``, ``pid``, ``resident_bytes`` (the process's resident set from ``/proc/self/statm``; 0 where that
         file does not exist), ``store_bytes`` (the sum over tables) and ``tables``: each table's ``rows`` and
-        ``bytes`` (:meth:`EmbeddingStore.resident_bytes`).
+        ``bytes`` (:meth:`.EmbeddingStore.resident_bytes`).
     """
     import ctypes
 

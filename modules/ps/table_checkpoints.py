@@ -206,8 +206,8 @@ def save_shard(
             handed back to ``make_store`` on load. Tables without one get ``{}``.
         version: Version number to write. Default: one more than the committed version (1 for the first), which
             every server computes identically as long as they save between the same two commits.
-        delta_sequence: Sequence number of the last :func:`dump_incremental` before this checkpoint (``-1``: none);
-            replicas starting from this checkpoint apply only later deltas.
+        delta_sequence: Sequence number of the last :func:`~.deltas.dump_incremental` before this checkpoint
+            (``-1``: none); replicas starting from this checkpoint apply only later deltas.
 
     Returns:
         The version directory.

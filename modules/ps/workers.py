@@ -38,14 +38,15 @@ _BARRIER: Any = None  # the trainers' multiprocessing barrier, set in each train
 
 
 def barrier(timeout_s: float | None = 60.0) -> None:
-    """Block until every trainer of the :func:`local_cluster` reached this call (call it from ``fn`` only)."""
+    """Block until every trainer of the :func:`~.launch.local_cluster` reached this call (call it from ``fn`` only)."""
     if _BARRIER is None:
         raise RuntimeError("barrier() is only available inside a trainer started by local_cluster")
     _BARRIER.wait(timeout_s)
 
 
 def use_hosted_store(port: int) -> None:
-    """In a child of :func:`hosted_store`: rendezvous (``env://``, rpc, process groups) in the parent's store."""
+    """In a child of :func:`~.launch.hosted_store`: rendezvous (``env://``, rpc, process groups) in the parent's
+    store."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"

@@ -57,7 +57,7 @@ SYNTHETIC_EVAL_BATCHES = 8
 
 def teacher_for(spec: ModelSpec, cfg: TrainConfig) -> Teacher:
     """The synthetic data's hidden teacher for ``spec``: one feature per table, ids drawn from ``--id-space`` times
-    each table's rows (:func:`.config.id_universe`)."""
+    each table's rows (:func:`.run_inputs.id_universe`)."""
     return Teacher(features=tuple(t.name for t in spec.tables), rows=id_universe(spec, cfg), seed=cfg.seed)
 
 

@@ -5,8 +5,8 @@ better) at every evaluation (each epoch's end, every ``--eval-every`` steps). An
 before it is the best: its step is checkpointed (if it is not already) and named in ``BEST.json`` beside the
 ``step-*`` directories, which :func:`.job_checkpoints.prune` never deletes while it is named there. After
 ``PATIENCE`` evaluations in a row without a better one, every trainer stops. ``persia predict`` given the checkpoint
-directory scores with the best checkpoint its run named (:func:`best_or_newest`); ``--resume`` goes on from the
-newest, as before.
+directory scores with the best checkpoint its run named (:func:`.trained_model.best_checkpoint`); ``--resume`` goes
+on from the newest, as before.
 
 ``BEST.json``: ``{"format": "persia-best/1", "step": N, "checkpoint": "step-NNNNNNNNN", "metric": "auc",
 "value": 0.78, "lineage": "...", "results": {...}}``, written atomically by trainer 0, replaced only by a later
