@@ -536,3 +536,24 @@ def test_the_local_search_ends_where_no_candidate_move_helps(n_tables, seed):
     assert local.improve(state, deadline=float("inf")) == 0
     # Moves tried and taken back leave the score where it was, up to the rounding of its running sums.
     assert state.current_score() == pytest.approx(score, rel=1e-12)
+
+
+def test_the_state_the_planner_builds_has_every_member_of_the_stages_interface():
+    import inspect
+
+    from persia_planner.search.base import SearchState
+    from persia_planner.search.construct import GreedyConstruction
+    from persia_planner.search.options import TieredOptions
+
+    model = ModelSpec.from_dict({"name": "m", "batch_size": 256, "tables": [{"name": "t", "rows": 1000, "dim": 16}]})
+    cost = CostModel(model, cluster(1, 2, 1, 16, 64, 64))
+    state = GreedyConstruction(FAST).construct(cost, None, TieredOptions())
+    members = set(SearchState.__annotations__) | {
+        name for name, _ in inspect.getmembers(SearchState) if not name.startswith("_")
+    }
+    assert len(members) > 40 and not [m for m in sorted(members) if not hasattr(state, m)]
+    for name in members - set(SearchState.__annotations__):  # its methods take what the interface's take
+        theirs = getattr(SearchState, name)
+        if callable(theirs):
+            ours = inspect.signature(getattr(type(state), name))
+            assert list(ours.parameters) == list(inspect.signature(theirs).parameters), name

@@ -18,25 +18,24 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from persia_planner.limits import MAX_POOLING_FACTOR
-from persia_planner.model.data_schema import DEFAULT_DELIMITER
+from persia_planner.model.data_schema import DEFAULT_DELIMITER, DataSchema, DenseTransform
 from persia_planner.model.dense import ArchKind, DenseArch
 from persia_planner.model.specs import TABLE_NAME_PATTERN
+from persia_planner.modules.data.columns import ColumnProfile
 from persia_planner.modules.data.criteo_format import criteo_schema
 from persia_planner.modules.data.ids import DEFAULT_COLLISION_RATE, rows_for_collision_rate
 from persia_planner.modules.data.source import DataKind
 from persia_planner.modules.data.split import DEFAULT_EVAL_SPLIT
 
-if TYPE_CHECKING:
-    from persia_planner.modules.data.profile import DataProfile
-
 __all__ = [
     "MAX_SUGGESTED_BATCH",
     "MIN_STEPS_PER_EPOCH",
     "SUGGESTED_ARCH",
+    "ProfiledLog",
     "model_skeleton",
     "suggested_batch_size",
     "suggested_rows",
@@ -54,6 +53,31 @@ MAX_SUGGESTED_BATCH = 4096
 NO_LABEL = "LABEL_COLUMN"
 _NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_.-]")
 _MAX_NAME_CHARS = 200  # TABLE_NAME_PATTERN's
+
+
+class ProfiledLog(Protocol):
+    """What the skeleton reads of a profiled log (:class:`.profile.DataProfile` is one): its format and rows, the
+    columns of each role in the model's order, each sparse column's table, and the dense columns' transforms."""
+
+    @property
+    def kind(self) -> DataKind: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def label(self) -> str | None: ...
+    @property
+    def dense(self) -> tuple[str, ...]: ...
+    @property
+    def sparse(self) -> tuple[str, ...]: ...
+    @property
+    def tables(self) -> tuple[str, ...]: ...
+    @property
+    def transforms(self) -> Mapping[str, DenseTransform]: ...
+    @property
+    def delimiter(self) -> str | None: ...
+    @property
+    def schema(self) -> DataSchema | None: ...
+    def column(self, name: str) -> ColumnProfile: ...
 
 
 def suggested_rows(distinct: float, collision_rate: float = DEFAULT_COLLISION_RATE) -> int:
@@ -106,7 +130,7 @@ def default_dense_section() -> dict[str, Any]:
 
 
 def model_skeleton(
-    found: DataProfile, *, name: str = "my-model", dim: int = 16, collision_rate: float = DEFAULT_COLLISION_RATE
+    found: ProfiledLog, *, name: str = "my-model", dim: int = 16, collision_rate: float = DEFAULT_COLLISION_RATE
 ) -> dict[str, Any]:
     """The model.yaml for ``found`` (see the module's docstring), its tables of ``dim`` and sized for
     ``collision_rate``."""

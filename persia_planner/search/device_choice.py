@@ -27,7 +27,7 @@ from persia_planner.search.steps import Finish, Pick, Step, Tie, finish_in_order
 from persia_planner.tiers import Tier
 
 if TYPE_CHECKING:
-    from persia_planner.search.state import State
+    from persia_planner.search.base import SearchState
 
 __all__ = ["DeviceChoice"]
 
@@ -42,7 +42,7 @@ class DeviceChoice:
         state: The search's state.
     """
 
-    def __init__(self, state: State):
+    def __init__(self, state: SearchState):
         self.state = state
         self.cost = state.cost
         self.shards = state.shards

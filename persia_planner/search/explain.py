@@ -15,7 +15,7 @@ from persia_planner.tiers import Tier
 from persia_planner.units import format_bytes
 
 if TYPE_CHECKING:
-    from persia_planner.search.state import State
+    from persia_planner.search.base import SearchState
 
 __all__ = ["NextBestAlternatives", "capacity_error"]
 
@@ -23,7 +23,7 @@ __all__ = ["NextBestAlternatives", "capacity_error"]
 class NextBestAlternatives:
     """The default :class:`.base.Explainer`: each large table re-placed by every other option, the rest unchanged."""
 
-    def alternatives(self, state: State, top: int) -> dict[str, tuple[Alternative, ...]]:
+    def alternatives(self, state: SearchState, top: int) -> dict[str, tuple[Alternative, ...]]:
         """For the ``top`` largest tables: the best step time under each other (sharding, tier), best first."""
         tables = sorted(state.cost.model.tables, key=lambda t: -t.bytes(state.dtype_of(t)))[:top]
         result = {}
@@ -41,7 +41,7 @@ class NextBestAlternatives:
         return result
 
 
-def capacity_error(state: State, table: TableSpec) -> CapacityError:
+def capacity_error(state: SearchState, table: TableSpec) -> CapacityError:
     """Why ``table`` fits nowhere in ``state``: the resource that is short, by how much, and the fixes (for a table
     with constraints, that it fits nowhere they allow, and loosening them first)."""
     err = _capacity_error(state, table)
@@ -57,7 +57,7 @@ def capacity_error(state: State, table: TableSpec) -> CapacityError:
     )
 
 
-def _capacity_error(state: State, table: TableSpec) -> CapacityError:
+def _capacity_error(state: SearchState, table: TableSpec) -> CapacityError:
     cost, size = state.cost, table.bytes(state.dtype_of(table))
     free_vector = state.cap - state.mem
     free = {

@@ -18,7 +18,7 @@ from persia_planner.model.specs import TableSpec
 from persia_planner.tiers import Memory, Tier
 
 if TYPE_CHECKING:
-    from persia_planner.search.state import State
+    from persia_planner.search.base import SearchState
 
 __all__ = ["BottleneckLocalSearch"]
 
@@ -39,7 +39,7 @@ class BottleneckLocalSearch:
         self.candidates = candidates
         self.split_candidates = split_candidates
 
-    def improve(self, state: State, deadline: float) -> int:
+    def improve(self, state: SearchState, deadline: float) -> int:
         """Accept the first move that lowers the score, round after round, until none does, ``deadline``
         (``time.perf_counter``) passes or ``state.config.improve_rounds`` moves were made. Returns the moves."""
         tables = {t.name: t for t in state.cost.model.tables}
@@ -82,12 +82,12 @@ class BottleneckLocalSearch:
                 failed.clear()
         return moves
 
-    def _reinsert_split(self, state: State, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
+    def _reinsert_split(self, state: SearchState, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
         return self._reinsert(state, tables, name, current, explore=True)
 
     @staticmethod
     def _reinsert(
-        state: State, tables: Mapping[str, TableSpec], name: str, current: float, explore: bool = False
+        state: SearchState, tables: Mapping[str, TableSpec], name: str, current: float, explore: bool = False
     ) -> bool:
         old = state.remove(name)
         choice, _ = state.best_choice(tables[name], explore=explore)
@@ -97,7 +97,7 @@ class BottleneckLocalSearch:
         state.add(name, old)
         return False
 
-    def _swap_in(self, state: State, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
+    def _swap_in(self, state: SearchState, tables: Mapping[str, TableSpec], name: str, current: float) -> bool:
         table = tables[name]
         tier = state.choices[name].option.tier
         promote_to = tier.spec.promote_to
@@ -134,7 +134,7 @@ class BottleneckLocalSearch:
         return False
 
     @staticmethod
-    def _coldest_room(state: State, table: TableSpec, tier: Tier, max_evict: int = 32) -> list[str] | None:
+    def _coldest_room(state: SearchState, table: TableSpec, tier: Tier, max_evict: int = 32) -> list[str] | None:
         """The colder table-wise tables of ``tier`` on one GPU (HBM) or host (DDR) whose bytes, with the free
         room there, fit ``table``: the set with the least traffic per step ([] when there is room already), or None
         when no GPU / host can make room."""
@@ -173,7 +173,7 @@ class BottleneckLocalSearch:
         return best[1] if best else None
 
     def _bottleneck_tables(
-        self, state: State, load: tuple[list[str], np.ndarray, np.ndarray], per_byte: bool = False
+        self, state: SearchState, load: tuple[list[str], np.ndarray, np.ndarray], per_byte: bool = False
     ) -> list[str]:
         """Tables with the most load (or load per stored byte) on the resource that sets the step time (``load``:
         :meth:`_TableLoads.bottleneck` of the state)."""
@@ -190,13 +190,13 @@ class _TableLoads:
     in only the rows of the tables whose choice changed (stacking every vector each round was most of a round on
     10,000 tables)."""
 
-    def __init__(self, state: State):
+    def __init__(self, state: SearchState):
         self.row = {name: i for i, name in enumerate(state.specs)}
         self.matrix = np.zeros((len(self.row), len(state.loads)))
         self.held: list[object] = [None] * len(self.row)
         self.sizes = np.array([state.shards.size(spec) for spec in state.specs.values()], dtype=float)
 
-    def bottleneck(self, state: State) -> tuple[list[str], np.ndarray, np.ndarray]:
+    def bottleneck(self, state: SearchState) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Every placed table's name (in the state's order), its load on the resource that sets the step time and
         its stored bytes."""
         names = list(state.choices)

@@ -23,7 +23,7 @@ from persia_planner.search.base import Option
 from persia_planner.tiers import Lookups, Memory, Tier, local_tiers
 
 if TYPE_CHECKING:
-    from persia_planner.search.state import FreeRoom, State
+    from persia_planner.search.base import FreeRoom, SearchState
 
 __all__ = ["TieredOptions"]
 
@@ -43,7 +43,7 @@ class TieredOptions:
     """
 
     def options(
-        self, state: State, table: TableSpec, explore: bool = False, hint: TierChoice | None = None
+        self, state: SearchState, table: TableSpec, explore: bool = False, hint: TierChoice | None = None
     ) -> list[Option]:
         """Options worth scoring for ``table`` now (prunes those that are dominated or cannot fit).
 
@@ -98,7 +98,7 @@ class TieredOptions:
         return opts
 
     @staticmethod
-    def ssd_fractions(state: State, table: TableSpec) -> tuple[float, ...]:
+    def ssd_fractions(state: SearchState, table: TableSpec) -> tuple[float, ...]:
         """The DDR cache sizes to try for ``table`` on ``ssd``: the one its constraints fix, else the hit-rate
         targets' and the constants' fixed sizes that leave rows on disk (a cache of every row is the ``ps`` tier with
         a disk besides)."""
@@ -115,7 +115,7 @@ class TieredOptions:
         return state.shards.whole(("ssd_fractions", table.name), targets)  # type: ignore[return-value]
 
     @staticmethod
-    def cache_fractions(state: State, table: TableSpec, free: FreeRoom) -> tuple[float, ...]:
+    def cache_fractions(state: SearchState, table: TableSpec, free: FreeRoom) -> tuple[float, ...]:
         """The cache sizes to try for ``table`` on ``hbm_cache`` in ``state``: the one its constraints fix, else
         :func:`persia_planner.model.access_pattern.cache_fraction_candidates` (the hit-rate targets, the largest cache
         the freest GPU holds whole and the largest every GPU holds a row block of, given ``free``) and the constants'
@@ -141,7 +141,7 @@ class TieredOptions:
 
     def _local_options(
         self,
-        state: State,
+        state: SearchState,
         table: TableSpec,
         tier: Tier,
         fraction: float,
@@ -201,14 +201,14 @@ class TieredOptions:
             opts.append(Option(Sharding.TABLE_ROW_WISE, tier, fraction))
         return opts
 
-    def _is_hot(self, state: State, table: TableSpec, tier: Tier) -> bool:
+    def _is_hot(self, state: SearchState, table: TableSpec, tier: Tier) -> bool:
         """Whether one GPU's work for the table is above a share of the mean GPU step."""
         path = (tier.spec.lookups, tier.spec.bandwidth_share)
         work = state.shards.whole(("work", table.name, path), lambda: self._work_ms(state, table, tier))
         return work > _HOT_SHARE * max(state.mean_step, 1e-9)
 
     @staticmethod
-    def _work_ms(state: State, table: TableSpec, tier: Tier) -> float:
+    def _work_ms(state: SearchState, table: TableSpec, tier: Tier) -> float:
         cost = state.cost
         work = cost.moved_bytes(table, cost.batch * table.pooling_factor, table.dim)
         bw = cost.hbm_bw.min() if tier.spec.lookups is Lookups.HBM else cost.uvm_bw.min()

@@ -24,7 +24,7 @@ from persia_planner.search.base import Choice, Improver
 from persia_planner.search.improve import BottleneckLocalSearch
 
 if TYPE_CHECKING:
-    from persia_planner.search.state import State
+    from persia_planner.search.base import SearchState
 
 __all__ = ["RuinAndRecreate"]
 
@@ -63,7 +63,7 @@ class RuinAndRecreate:
         self.budget = budget
         self.max_ruined = max_ruined
 
-    def improve(self, state: State, deadline: float) -> int:
+    def improve(self, state: SearchState, deadline: float) -> int:
         """The local search's moves, then rounds while the budget lasts; returns the moves and rounds kept."""
         moves = self.local.improve(state, deadline)
         if len(state.choices) < 2:
@@ -96,7 +96,7 @@ class RuinAndRecreate:
             moves += self.local.improve(state, deadline)
         return moves
 
-    def _ruin_set(self, state: State) -> list[str]:
+    def _ruin_set(self, state: SearchState) -> list[str]:
         """The tables one round takes out: of two GPUs (one the busiest), around one of the bottleneck's heaviest
         tables, a few at random, or a few of the largest; in the state's order (seeded choices only)."""
         rng = state.rng
@@ -128,7 +128,7 @@ class RuinAndRecreate:
         return picked
 
     @staticmethod
-    def _recreate(state: State, names: list[str]) -> bool:
+    def _recreate(state: SearchState, names: list[str]) -> bool:
         """Place ``names`` again, each at its best option (split options too): the largest first, the hottest bytes
         first, or in a random order. False where one finds no room (the tables placed are left in)."""
         specs = state.specs

@@ -1,4 +1,5 @@
-"""The state every search stage works on: the tables placed so far, their summed loads and memory, and its score.
+"""The state every search stage works on (:class:`.base.SearchState` is its interface): the tables placed so far,
+their summed loads and memory, and its score.
 
 The state is the cost model's load and memory vectors summed over the placed tables' choices; a choice is added
 and removed as vectors, so a move costs one scoring, not a re-evaluation of the plan. What is derived from the sums
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,14 +20,14 @@ from persia_planner.cost.analytic import CostModel
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import ps_holds
 from persia_planner.placement.shards import TablePlacement, disk_bytes, even_split, tier_bytes
-from persia_planner.search.base import Choice, Option, OptionSource, SearchConfig
+from persia_planner.search.base import Choice, FreeRoom, Option, OptionSource, SearchConfig
 from persia_planner.search.device_choice import DeviceChoice
 from persia_planner.search.result import build_placement
 from persia_planner.search.shards import ShardTerms
 from persia_planner.search.steps import Tie
 from persia_planner.tiers import Tier
 
-__all__ = ["FreeRoom", "State"]
+__all__ = ["State"]
 
 # Weight of the balance term in the search's score (the step time has weight 1).
 _BALANCE_WEIGHT = 0.05
@@ -38,21 +38,6 @@ _CANDIDATES = 8
 CANDIDATE_HOSTS = 16
 # Load-vector entries scored at once (rows x resources): bounds the scoring's temporaries on large clusters.
 _SCORE_CHUNK = 1 << 22
-
-
-@dataclass(frozen=True)
-class FreeRoom:
-    """What enumeration asks of the free memory.
-
-    Attributes:
-        hbm_sorted: Free HBM per GPU, largest first.
-        ddr_sum: Free trainer DDR over every host.
-        ddr_max: The most free DDR of one host.
-    """
-
-    hbm_sorted: list[float]
-    ddr_sum: float
-    ddr_max: float
 
 
 class State:
