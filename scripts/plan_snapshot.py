@@ -10,6 +10,7 @@ Usage: ``python scripts/plan_snapshot.py OUT_DIR`` (the planner of the ``persia_
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -39,19 +40,21 @@ def cases() -> dict[str, tuple[object, object]]:
     return found
 
 
-def main() -> int:
-    if len(sys.argv) != 2:
-        print("usage: python scripts/plan_snapshot.py OUT_DIR", file=sys.stderr)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=Path, help="a new folder for the plans (never one that exists)")
+    out = parser.parse_args(argv).out_dir
+    try:
+        out.mkdir(parents=True)  # a new folder: the plans never replace files of another run or of the user
+    except FileExistsError:
+        print(f"error: {out} exists; fix: name a new folder", file=sys.stderr)
         return 2
-    out = Path(sys.argv[1])
-    out.mkdir(parents=True, exist_ok=True)
     inputs = cases()
     for name, (model, topology) in inputs.items():
         for seed in SEEDS:
             (out / f"{name}-{seed}.json").write_text(plan(model, topology, seed=seed).to_json())  # type: ignore[arg-type]
     print(f"{len(inputs) * len(SEEDS)} plans in {out}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
