@@ -11,7 +11,7 @@ from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import ps_rows_error
 from persia_planner.search.base import Alternative
-from persia_planner.tiers import Tier
+from persia_planner.tiers import Memory, Tier
 from persia_planner.units import format_bytes
 
 if TYPE_CHECKING:
@@ -65,7 +65,13 @@ def _capacity_error(state: SearchState, table: TableSpec) -> CapacityError:
         "trainer DDR": float(cost.ddr_of(free_vector).sum()),
         "PS DDR": float(cost.ps_mem_of(free_vector).sum()),
     }
-    n_servers = state.n_servers
+    # Only the memories of the tiers the search may use count (SearchConfig's tiers and shardings): a search
+    # without the servers' tiers must not blame the servers, nor one of HBM alone the trainers' DDR.
+    config = state.config
+    memories = {t.spec.rows_in for t in config.tiers if t.spec.shardings & config.shardings}
+    usable = {"GPU HBM": {Memory.DEVICE}, "trainer DDR": {Memory.HOST}, "PS DDR": {Memory.SERVER, Memory.DISK}}
+    free = {name: value for name, value in free.items() if usable[name] & memories} or {"GPU HBM": free["GPU HBM"]}
+    n_servers = state.n_servers if "PS DDR" in free else 0
     if n_servers and not state.ps_holds(table):
         return ps_rows_error(table, n_servers, max(free["GPU HBM"], free["trainer DDR"]))
     resource = "PS DDR" if n_servers else max(free, key=free.get)
@@ -95,6 +101,8 @@ def _capacity_error(state: SearchState, table: TableSpec) -> CapacityError:
     fixes = (
         "add parameter servers or more DDR per server"
         if n_servers
+        else "let the search use more tiers or sharding types (SearchConfig)"
+        if state.n_servers
         else "add parameter servers (hosts with role: parameter_server)",
         "reduce its rows" if n_servers else "use embedding_dtype: fp16 or fewer rows",
         "lower the reserve fractions under 'constants:' in topology.yaml",
