@@ -76,8 +76,8 @@ def _dmp_worker(rank: int, world: int, port: int, steps: int, batch_size: int, j
 
     from persia_planner.modules.data import SyntheticClicks
     from persia_planner.modules.embedding.model_parallel import quiet_trainer
-    from persia_planner.modules.ps.launch import use_hosted_store
-    from persia_planner.modules.ps.lifecycle import exit_now
+    from persia_planner.modules.launcher.launch import use_hosted_store
+    from persia_planner.modules.launcher.lifecycle import exit_now
     from persia_planner.modules.tools.torchrec_equivalence import in_range
     from persia_planner.modules.train import TrainConfig, teacher_for
     from persia_planner.paths import DEFAULT_MODEL
@@ -147,7 +147,7 @@ def dmp_baseline(steps: int, batch_size: int, tables: dict, topology: Any) -> di
 
     import torch.multiprocessing as mp
 
-    from persia_planner.modules.ps.launch import hosted_store
+    from persia_planner.modules.launcher.launch import hosted_store
 
     with tempfile.TemporaryDirectory() as tmp, hosted_store() as port:
         out = str(Path(tmp) / "dmp.json")

@@ -41,11 +41,11 @@ import torch.distributed.rpc as rpc
 from rich.console import Console
 from rich.table import Table
 
+from persia_planner.modules.launcher.launch import local_cluster
 from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels, protocol, server_state
 from persia_planner.modules.ps import server as ps_server
 from persia_planner.modules.ps.client import PsClient
 from persia_planner.modules.ps.index import table_empty
-from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.modules.ps.protocol import TableConfig
 from persia_planner.modules.ps.server_requests import distinct_ids
 
@@ -302,7 +302,7 @@ def bench_rpc(rows: int, repeats: int, breakdown: bool = False) -> dict[str, flo
 _MEMORY_CHILD = """
 import os, sys, torch
 from persia_planner.modules.ps import EmbeddingStore, RowWiseAdagrad, kernels
-from persia_planner.modules.ps.launch import local_cluster
+from persia_planner.modules.launcher.launch import local_cluster
 from persia_planner.modules.ps.protocol import TableConfig
 def rss():
     with open("/proc/self/statm") as f:

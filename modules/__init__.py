@@ -5,7 +5,8 @@
   (synchronous) and whose PS tables train asynchronously with bounded staleness; ``model_parallel`` shards a model
   as its plan says and reads back what runs.
 * :mod:`.ps`: the embedding parameter servers of the plan's ``ps`` tier, on torch.distributed.rpc (store, sparse
-  optimizers, sharding client, checkpoints, launcher).
+  optimizers, sharding client, checkpoints); :mod:`.launcher`: the job's processes (servers and trainers started,
+  their rendezvous and lifecycle).
 * :mod:`.train`: ``persia train`` (local processes or torchrun); :mod:`.data`: synthetic, Criteo, Parquet and CSV
   input.
 * :mod:`.tools`: calibration, measured tuning, the K = 0 check against TorchRec and the memory audit.
@@ -54,7 +55,7 @@ _HOMES = {
     "TrainConfig": "persia_planner.modules.train.config",
     "build_model": "persia_planner.modules.train.loop",
     "distribute": "persia_planner.modules.embedding.model_parallel",
-    "local_cluster": "persia_planner.modules.ps.launch",
+    "local_cluster": "persia_planner.modules.launcher.launch",
     "run_trainers": "persia_planner.modules.train.engine",
     "train_local": "persia_planner.modules.train.engine",
     "train_torchrun": "persia_planner.modules.train.engine",

@@ -1,28 +1,24 @@
-"""The dtypes the PS rows and gradients travel in: an option of ``persia train`` and a field of the PS protocol.
+"""The torch dtype of each :class:`~persia_planner.model.dtypes.DType`: what PS rows and gradients travel in
+(``persia train --ps-wire``, a field of the PS protocol), as the runtime hands it to torch.
 
-Torch-free, so that the CLI checks the option without importing torch.
+The planner's one dtype vocabulary (``fp16`` and torch's ``float16`` alike, :meth:`.DType.parse`) is checked
+without torch; this module is the runtime's half of it, and imports torch only when asked.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import TYPE_CHECKING
+
+from persia_planner.model.dtypes import DType
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["WireDtype"]
+__all__ = ["torch_dtype"]
 
 
-class WireDtype(enum.StrEnum):
-    """The dtype PS rows and gradients travel in (the servers keep the rows in the table's dtype)."""
+def torch_dtype(dtype: DType) -> torch.dtype:
+    """``dtype`` as torch's (``DType.FP16`` is ``torch.float16``)."""
+    import torch  # here, not at the top: the CLI validates options without torch
 
-    FLOAT32 = "float32"
-    FLOAT16 = "float16"
-    BFLOAT16 = "bfloat16"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        import torch  # here, not at the top: the CLI validates options without torch
-
-        return getattr(torch, self.value)
+    return getattr(torch, dtype.torch_name)

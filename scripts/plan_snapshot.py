@@ -56,5 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(inputs) * len(SEEDS)} plans in {out}")
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

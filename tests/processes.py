@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from persia_planner.modules.ps.progress import process_state
+from persia_planner.modules.launcher.progress import process_state
 
 
 def descendants_of(pid: int) -> list[int]:

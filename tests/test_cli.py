@@ -919,3 +919,19 @@ def test_plan_out_refuses_a_path_that_is_not_a_regular_file(tmp_path):
         assert result.returncode == 2, result.stderr
         _one_error_line(result.stderr, f"--out {out} {problem}")
     assert fifo.is_fifo() and link.is_symlink()  # neither replaced by the rename
+
+
+def test_plan_and_train_define_the_run_options_once_and_read_dtypes_in_either_vocabulary():
+    import typer.main
+
+    from persia_planner.cli import run_options
+
+    commands = {c.name: typer.main.get_command(app).commands[c.name] for c in app.registered_commands if c.name}
+    for flag in ("--staleness", "--ps-wire"):
+        helps = {name: next(p.help for p in commands[name].params if flag in p.opts) for name in ("plan", "train")}
+        assert helps["plan"] == helps["train"], flag
+    assert "--qcomms" in [o for p in commands["plan"].params for o in p.opts]
+    assert sorted(run_options.__all__) == ["PsWireOption", "QCommsOption", "StalenessOption"]
+    plans = [CliRunner().invoke(app, ["plan", "--ps-wire", wire, "--json"]) for wire in ("fp16", "float16")]
+    assert [p.exit_code for p in plans] == [0, 0] and plans[0].stdout == plans[1].stdout
+    assert json.loads(plans[0].stdout)["ps_wire_dtype"] == "fp16"

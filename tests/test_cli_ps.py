@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from persia_planner.cli import app
-from persia_planner.modules.ps.launch import hosted_store, reserved_port
+from persia_planner.modules.launcher.launch import hosted_store, reserved_port
 
 PERSIA = Path(sys.executable).with_name("persia")
 TRAINER = """

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from persia_planner import ModelSpec, Optimizer, load_model
 from persia_planner.cli import app
 from persia_planner.errors import PlannerError, SpecError
+from persia_planner.model.dtypes import DType
 from persia_planner.modules.data.criteo_format import FEATURE_NAMES
 from persia_planner.modules.train.config import (
     DenseOptimizer,
@@ -30,7 +31,7 @@ from persia_planner.modules.train.run_inputs import (
     hyper_parameters,
     id_universe,
 )
-from persia_planner.modules.wire_dtypes import WireDtype
+from persia_planner.modules.wire_dtypes import torch_dtype
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = load_model(ROOT / "persia_planner" / "examples" / "dlrm_small.yaml")
@@ -44,18 +45,19 @@ def model(*kinds: str, names: tuple[str, ...] = ()) -> ModelSpec:
 
 def test_strings_become_enums_and_keep_their_value():
     cfg = TrainConfig(mode="sync", ps_wire="bfloat16", dense_optimizer="sgd", sparse_optimizer="adam", staleness=3)
-    assert cfg.mode is TrainMode.SYNC and cfg.ps_wire is WireDtype.BFLOAT16
+    assert cfg.mode is TrainMode.SYNC and cfg.ps_wire is DType.BF16
     assert cfg.dense_optimizer is DenseOptimizer.SGD and cfg.sparse_optimizer is Optimizer.ADAM
     assert cfg.effective_staleness == 0 and TrainConfig(staleness=3).effective_staleness == 3
     # A StrEnum is its value: results and JSON carry the plain string.
-    assert json.dumps({"mode": cfg.mode, "wire": cfg.ps_wire}) == '{"mode": "sync", "wire": "bfloat16"}'
+    assert json.dumps({"mode": cfg.mode, "wire": cfg.ps_wire}) == '{"mode": "sync", "wire": "bf16"}'
     assert TrainConfig(mode=TrainMode.SYNC) == TrainConfig(mode="sync")
 
 
-def test_wire_dtype_names_the_torch_dtype():
+def test_the_wire_dtype_is_the_planners_dtype_read_in_either_vocabulary():
     import torch
 
-    assert [w.torch_dtype for w in WireDtype] == [torch.float32, torch.float16, torch.bfloat16]
+    assert [torch_dtype(d) for d in DType] == [torch.float32, torch.float16, torch.bfloat16]
+    assert TrainConfig(ps_wire="float16") == TrainConfig(ps_wire="fp16") == TrainConfig(ps_wire=DType.FP16)
     assert TrainConfig(ps_wire="float16").ps_wire_dtype is torch.float16
 
 
@@ -63,7 +65,7 @@ def test_wire_dtype_names_the_torch_dtype():
     ("options", "message"),
     [
         ({"mode": "async"}, "--mode must be hybrid or sync, got 'async'"),
-        ({"ps_wire": "int8"}, "--ps-wire must be one of float32, float16, bfloat16, got 'int8'"),
+        ({"ps_wire": "int8"}, "--ps-wire must be one of fp32 (float32), fp16 (float16), bf16 (bfloat16), got 'int8'"),
         ({"dense_optimizer": "lamb"}, "--dense-optimizer must be one of adagrad, sgd, adam, got 'lamb'"),
         ({"sparse_optimizer": "lamb"}, "--sparse-optimizer must be one of sgd, rowwise_adagrad, adagrad, adam"),
         ({"resume": True}, "--resume needs --checkpoint DIR"),

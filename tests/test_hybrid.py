@@ -13,7 +13,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from persia_planner.errors import PlannerError
 from persia_planner.model.specs import ModelSpec, Optimizer, TableSpec
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer, StalenessError
-from persia_planner.modules.ps.launch import local_cluster
+from persia_planner.modules.launcher.launch import local_cluster
 from persia_planner.topology.graph import Topology
 
 TOPOLOGY = Topology.from_dict(TOPO_1X2)
@@ -143,7 +143,7 @@ def _weighted_two_trainers(j: int, client, steps: int) -> dict[str, float]:
     import torch.distributed as dist
 
     from persia_planner.modules.embedding.model_parallel import distribute
-    from persia_planner.modules.ps.launch import trainers_store
+    from persia_planner.modules.launcher.launch import trainers_store
 
     dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=2, timeout=datetime.timedelta(60))
     try:

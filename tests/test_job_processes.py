@@ -19,10 +19,10 @@ import torch.distributed as dist
 from processes import descendants_of, gone_within, live
 
 from persia_planner.errors import PlannerError
+from persia_planner.modules.launcher.launch import barrier, local_cluster, reserved_port, trainers_store
+from persia_planner.modules.launcher.local_job import POLL_S, TrainerError
+from persia_planner.modules.launcher.progress import process_state, publish_progress
 from persia_planner.modules.ps.group import host_store
-from persia_planner.modules.ps.launch import barrier, local_cluster, reserved_port, trainers_store
-from persia_planner.modules.ps.local_job import POLL_S, TrainerError
-from persia_planner.modules.ps.progress import process_state, publish_progress
 
 PERSIA = Path(sys.executable).with_name("persia")
 

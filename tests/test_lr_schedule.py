@@ -17,7 +17,7 @@ from persia_planner.errors import PlannerError
 from persia_planner.model.specs import Optimizer
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 from persia_planner.modules.embedding.model_parallel import distribute
-from persia_planner.modules.ps.launch import local_cluster
+from persia_planner.modules.launcher.launch import local_cluster
 from persia_planner.modules.train.config import TrainConfig
 from persia_planner.modules.train.lr_schedule import Decay, LrSchedule, ScheduledRates
 from persia_planner.topology.graph import Topology
@@ -140,7 +140,7 @@ def _scheduled_local_and_ps(j: int, client) -> dict[str, object]:
 
     import torch.distributed as dist
 
-    from persia_planner.modules.ps.launch import trainers_store
+    from persia_planner.modules.launcher.launch import trainers_store
 
     dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=1, timeout=datetime.timedelta(60))
     try:

@@ -23,7 +23,7 @@ from persia_planner.errors import PlannerError
 from persia_planner.kinds import Sharding
 from persia_planner.model.qcomms import QComms
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
-from persia_planner.modules.ps.local_job import TrainerError
+from persia_planner.modules.launcher.local_job import TrainerError
 from persia_planner.modules.train import TrainConfig, train_local
 from persia_planner.modules.train.adapt import DECIDER_ENV, plan_file
 from persia_planner.modules.train.job_checkpoints import complete_checkpoints
@@ -279,7 +279,7 @@ def test_a_migration_under_torchrun_trains_as_on_one_machine(tmp_path, forced):
     import sys
     from dataclasses import replace
 
-    from persia_planner.modules.ps.launch import reserved_port
+    from persia_planner.modules.launcher.launch import reserved_port
     from persia_planner.modules.train.adapt import plan_of
 
     topology = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())

@@ -12,7 +12,7 @@ from plans import TOPO_1X2, forced_plan, local_placement, ps_placement
 
 from persia_planner.kinds import Sharding
 from persia_planner.model.specs import ModelSpec, TableSpec
-from persia_planner.modules.ps.launch import local_cluster
+from persia_planner.modules.launcher.launch import local_cluster
 from persia_planner.plan.executability import planned_execution
 from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
@@ -91,7 +91,7 @@ def _read_by_key(j: int, client, job: tuple) -> dict:
     from persia_planner.modules.data import SyntheticClicks, Teacher
     from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
     from persia_planner.modules.embedding.model_parallel import distribute, executed_plan
-    from persia_planner.modules.ps.launch import trainers_store
+    from persia_planner.modules.launcher.launch import trainers_store
     from persia_planner.plan.torchrec_export import to_embedding_bag_configs
 
     spec, placements = job

@@ -21,6 +21,8 @@ import torch
 import torch.distributed.rpc as rpc
 
 from persia_planner.errors import PlannerError
+from persia_planner.modules.launcher.launch import barrier, local_cluster, trainers_store
+from persia_planner.modules.launcher.local_job import TrainerError
 from persia_planner.modules.ps import server as server_module
 from persia_planner.modules.ps import server_state
 from persia_planner.modules.ps.allocator import allocator_env
@@ -29,8 +31,6 @@ from persia_planner.modules.ps.connection import connect
 from persia_planner.modules.ps.delay import DelayScheduler
 from persia_planner.modules.ps.deltas import apply_deltas
 from persia_planner.modules.ps.group import shutdown_error
-from persia_planner.modules.ps.launch import barrier, local_cluster, trainers_store
-from persia_planner.modules.ps.local_job import TrainerError
 from persia_planner.modules.ps.optim import SGD, RowWiseAdagrad
 from persia_planner.modules.ps.policies import Uniform
 from persia_planner.modules.ps.protocol import (

@@ -14,7 +14,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from persia_planner.errors import PlannerError
 from persia_planner.model.specs import Optimizer
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer, StalenessError
-from persia_planner.modules.ps.launch import local_cluster
+from persia_planner.modules.launcher.launch import local_cluster
 
 
 def test_adam_for_ps_tables_is_the_servers_adam():
@@ -52,7 +52,7 @@ def _k0_int32_ids_two_backwards(j: int, client, _unused) -> list[list[float]]:
 
     import torch.distributed as dist
 
-    from persia_planner.modules.ps.launch import trainers_store
+    from persia_planner.modules.launcher.launch import trainers_store
 
     dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=2, timeout=datetime.timedelta(60))
     try:

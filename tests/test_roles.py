@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from persia_planner.errors import PlannerError
-from persia_planner.modules.ps.launch import hosted_store, reserved_port
+from persia_planner.modules.launcher.launch import hosted_store, reserved_port
 from persia_planner.modules.train.roles import claim_role, job_processes
 from persia_planner.paths import EXAMPLES
 from persia_planner.topology.torchrun_nodes import ProcessKind, ProcessRole, TorchrunProcess

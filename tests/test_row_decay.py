@@ -15,8 +15,8 @@ from persia_planner.model.specs import Optimizer
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection, SparseOptimizer
 from persia_planner.modules.embedding.model_parallel import data_parallel_tables, distribute, sparse_torch_optimizer
 from persia_planner.modules.embedding.row_decay import touched_rows
+from persia_planner.modules.launcher.launch import local_cluster
 from persia_planner.modules.ps import optim as ps_optim
-from persia_planner.modules.ps.launch import local_cluster
 from persia_planner.topology.graph import Topology
 
 LR, WD, EPS = 0.1, 0.5, 1e-8
@@ -159,7 +159,7 @@ def _local_and_ps(j: int, client, kind: str) -> dict[str, float]:
 
     import torch.distributed as dist
 
-    from persia_planner.modules.ps.launch import trainers_store
+    from persia_planner.modules.launcher.launch import trainers_store
 
     dist.init_process_group("gloo", store=trainers_store(), rank=j, world_size=1, timeout=datetime.timedelta(60))
     try:

@@ -426,8 +426,8 @@ def _dmp_worker(rank: int, world_size: int, port: int, tables: dict, out_dir: st
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from persia_planner.modules.ps.launch import use_hosted_store
-    from persia_planner.modules.ps.lifecycle import exit_now
+    from persia_planner.modules.launcher.launch import use_hosted_store
+    from persia_planner.modules.launcher.lifecycle import exit_now
     from persia_planner.plan.torchrec_export import to_embedding_bag_configs, to_sharding_plan
 
     use_hosted_store(port)  # rendezvous in the test's store, listening before either rank starts
@@ -522,7 +522,7 @@ def test_dmp_trains_with_exported_plan(tmp_path):
     shardings = {p.sharding for p in plan.tables.values()}
     assert {Sharding.TABLE_WISE, Sharding.COLUMN_WISE, Sharding.ROW_WISE, Sharding.DATA_PARALLEL} <= shardings
     tables = dict(plan.tables)
-    from persia_planner.modules.ps.launch import hosted_store
+    from persia_planner.modules.launcher.launch import hosted_store
 
     with hosted_store() as port:
         mp.spawn(_dmp_worker, args=(2, port, tables, str(tmp_path)), nprocs=2, join=True)

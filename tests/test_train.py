@@ -121,7 +121,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left(tmp_path, monkeypatc
         run(steps=1, checkpoint=str(tmp_path), resume=True, **common)
     # So is a resume with another data layout (step 3 would point at other samples of the stream), and before any
     # process starts.
-    from persia_planner.modules.ps import launch
+    from persia_planner.modules.launcher import launch
 
     def no_cluster(*args, **kwargs):
         raise AssertionError("local_cluster started for a resume that must be refused")
@@ -273,7 +273,7 @@ def test_cli_trains_on_criteo_files_and_prints_json(tmp_path):
 @pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_same_entry_point_runs_under_torchrun(tmp_path):
-    from persia_planner.modules.ps.launch import reserved_port
+    from persia_planner.modules.launcher.launch import reserved_port
 
     with reserved_port() as port:  # ours until the run ends: torchrun may bind it (SO_REUSEADDR), nobody else
         torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "4", "--master-port", str(port)]
@@ -444,7 +444,7 @@ def _torchrun_node(port: int, extra: list[str]) -> subprocess.Popen:
 def test_two_torchrun_nodes_train_and_give_the_single_launcher_result():
     """Two torchrun node groups on this machine run the same K = 0 job as the single launcher, step for step; with
     no host named, the node of ranks 0-1 is the trainer host (first in local_2x1.yaml), the other both servers'."""
-    from persia_planner.modules.ps.launch import reserved_port
+    from persia_planner.modules.launcher.launch import reserved_port
 
     job = ["--mode", "sync", "--steps", "4", "--batch-size", "128", "--eval-batches", "1", "--json"]
     with reserved_port() as port:  # the first agent binds it (SO_REUSEADDR, as the reservation); nobody else may

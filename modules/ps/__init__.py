@@ -6,8 +6,8 @@ vectorised map from uint64 feature id to a row of weights plus optimizer state (
 :class:`~persia_planner.modules.ps.client.PsClient` shards requests over the servers by
 :func:`~persia_planner.modules.ps.sharding.server_of`; the two speak :mod:`.protocol` and never import each other.
 :mod:`persia_planner.modules.ps.table_checkpoints` saves and re-shards the tables, :mod:`.deltas` dumps their changes
-for serving replicas; :mod:`persia_planner.modules.ps.connection` joins a trainer to the group;
-:func:`~persia_planner.modules.ps.launch.local_cluster` runs servers and trainers on one machine."""
+for serving replicas; :mod:`persia_planner.modules.ps.connection` joins a trainer to the group. Starting the
+servers and the trainers is the job's (:mod:`persia_planner.modules.launcher`), which this package never imports."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """glibc allocator tuning for the processes of a PS group, whose requests allocate and free MB-sized buffers.
 
 Two halves, because glibc takes some settings only at process start: :func:`allocator_env` is the environment to start
-a server or trainer with (:func:`.launch.local_cluster` does), :func:`tune_allocator` what a running process can
-still change (``mallopt``; :func:`.server.serve` and :func:`persia_planner.modules.ps.connection.connect` call it).
+a server or trainer with (:func:`.launcher.launch.local_cluster` does), :func:`tune_allocator` what a running process
+can still change (``mallopt``; :func:`.server.serve` and :func:`persia_planner.modules.ps.connection.connect` call it).
 ``PS_TUNE_MALLOC=0`` turns both off. Nothing here depends on torch: other platforms simply skip it.
 """
 
@@ -31,7 +31,7 @@ def allocator_env(environ: dict[str, str] | None = None) -> dict[str, str]:
       pages instead of 4 KiB ones. The RPC of a lookup's answer and lookups in flight got faster with it; one
       blocking lookup not measurably. The heap then holds some 75 MB of huge pages in a client, 150 MB in a server.
 
-    Both take effect only at process start, hence an environment (:func:`.launch.local_cluster` starts its
+    Both take effect only at process start, hence an environment (:func:`.launcher.launch.local_cluster` starts its
     processes with it). Returns ``{"GLIBC_TUNABLES": ...}``: ``environ``'s value with the tunables it does not
     already name appended (the user's own setting of one stands), or ``{}`` if it names both or
     ``PS_TUNE_MALLOC=0``.

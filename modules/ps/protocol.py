@@ -31,9 +31,10 @@ from typing import Any, TypeVar
 import torch
 
 from persia_planner.errors import ErrorKind, PlannerError
+from persia_planner.model.dtypes import DType
 from persia_planner.modules.ps.optim import SGD, RowOptimizer
 from persia_planner.modules.ps.policies import Eviction, Normal, Uniform
-from persia_planner.modules.wire_dtypes import WireDtype
+from persia_planner.modules.wire_dtypes import torch_dtype
 
 __all__ = [
     "WIRE_DTYPES",
@@ -67,8 +68,8 @@ __all__ = [
 ]
 
 # Dtypes rows and gradients may travel in (``PsClient(wire_dtype=...)``, ``persia train --ps-wire``: the names are
-# wire_dtypes.WireDtype's); the stores always hold float32.
-WIRE_DTYPES = tuple(wire.torch_dtype for wire in WireDtype)
+# model.dtypes.DType's); the stores always hold float32.
+WIRE_DTYPES = tuple(torch_dtype(wire) for wire in DType)
 _DEFAULT_OPTIMIZER = SGD()  # frozen dataclasses: safe to share as defaults
 _DEFAULT_INIT = Uniform()
 _SERVER_NAME = re.compile(r"ps(\d+)")

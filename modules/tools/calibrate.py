@@ -275,8 +275,8 @@ def disk(sizes: Sizes, timer: Timer, directory: str | None = None) -> dict[str, 
 def _collectives_worker(rank: int, port: int, sizes: Sizes, out: str) -> None:
     import torch.distributed as dist
 
-    from persia_planner.modules.ps.launch import use_hosted_store
-    from persia_planner.modules.ps.lifecycle import exit_now
+    from persia_planner.modules.launcher.launch import use_hosted_store
+    from persia_planner.modules.launcher.lifecycle import exit_now
 
     torch.set_num_threads(1)
     use_hosted_store(port)
@@ -323,7 +323,7 @@ def collectives(sizes: Sizes, timer: Timer) -> dict[str, Any]:
     """gloo all-to-all and all-reduce between two local processes: seconds per call by message size."""
     import torch.multiprocessing as mp
 
-    from persia_planner.modules.ps.launch import hosted_store
+    from persia_planner.modules.launcher.launch import hosted_store
 
     with tempfile.TemporaryDirectory() as tmp, hosted_store(120.0) as port:
         out = str(Path(tmp) / "collectives.json")
@@ -362,7 +362,7 @@ def measure_rpc(client: Any, sizes: Sizes, timer: Timer) -> list[dict[str, float
 def rpc(sizes: Sizes, timer: Timer) -> dict[str, Any]:
     """torch.distributed.rpc to one parameter-server process, as the runtime calls it: a lookup (ids out, rows
     back) and a gradient push, by request size (one row gives the round trip)."""
-    from persia_planner.modules.ps.launch import local_cluster
+    from persia_planner.modules.launcher.launch import local_cluster
 
     points, noise = local_cluster(1, 1, _rpc_trainer, sizes, timeout_s=60.0)[0]
     timer.records.extend(noise)

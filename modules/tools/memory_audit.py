@@ -197,7 +197,7 @@ def _fill(client: Any, job: Job, rank: int, world: int) -> None:
 
 
 def _measure_trainer(j: int, client: Any, job: Job) -> dict[str, Any] | None:
-    """Trainer ``j`` of :func:`allocated_bytes` (run by :func:`.ps.launch.local_cluster`): builds the modules as
+    """Trainer ``j`` of :func:`allocated_bytes` (run by :func:`.launcher.launch.local_cluster`): builds the modules as
     ``persia train`` does, measures its own bytes and, on trainer 0, the servers' memory growth."""
     from persia_planner.modules.data.synthetic import SyntheticClicks
     from persia_planner.modules.embedding.hybrid import SparseOptimizer
@@ -267,7 +267,7 @@ def allocated_bytes(
         is its total), a server's resident-memory growth (``allocated``), its stores' own account (``accounted``)
         and the rows it holds.
     """
-    from persia_planner.modules.ps.launch import local_cluster
+    from persia_planner.modules.launcher.launch import local_cluster
     from persia_planner.modules.train.config import TrainConfig, sparse_optimizer_of
     from persia_planner.modules.train.job import Job
 

@@ -171,7 +171,7 @@ def compare_with_torchrec(
         difference of any table's rows after training (and its table), and how far the least-moved table moved (0:
         a table did not train).
     """
-    from persia_planner.modules.ps.launch import local_cluster
+    from persia_planner.modules.launcher.launch import local_cluster
 
     if sparse_optimizer not in (Optimizer.SGD, Optimizer.ROWWISE_ADAGRAD):  # StrEnum: "sgd" counts too
         raise PlannerError(f"sparse_optimizer must be sgd or rowwise_adagrad, got {sparse_optimizer!r}")

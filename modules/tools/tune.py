@@ -75,7 +75,7 @@ def tune_config(model: ModelSpec, topology: Topology, *, steps: int, seed: int =
         mode=TrainMode.SYNC if model.staleness == 0 else TrainMode.HYBRID,
         trainers=len(topology.gpus),
         eval_batches=1,
-        ps_wire=model.ps_wire_dtype.torch_name,
+        ps_wire=model.ps_wire_dtype,
         seed=seed,
         progress=False,
     )

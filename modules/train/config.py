@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import PlannerError
 from persia_planner.model.data_schema import BadRowPolicy, DataSchema
+from persia_planner.model.dtypes import DType
 from persia_planner.model.specs import DEFAULT_STALENESS, ModelSpec, Optimizer
 from persia_planner.modules.data.source import (
     DataKind,
@@ -23,7 +24,7 @@ from persia_planner.modules.data.source import (
 from persia_planner.modules.data.split import DEFAULT_EVAL_SPLIT
 from persia_planner.modules.train.best_checkpoint import EarlyStopMetric
 from persia_planner.modules.train.lr_schedule import CONSTANT, LrSchedule
-from persia_planner.modules.wire_dtypes import WireDtype
+from persia_planner.modules.wire_dtypes import torch_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -184,8 +185,9 @@ class TrainConfig:
         lr_schedule: Warmup and decay of every learning rate, dense and sparse (``--lr-schedule``, a
             :class:`~.lr_schedule.LrSchedule` or its text); the default keeps the rates constant.
         ps_delay_ms: Added to every PS call (a stand-in for a slow network).
-        ps_wire: The dtype PS rows and gradients travel in: ``float32`` (exact), ``float16`` or ``bfloat16`` (half
-            the bytes, as Persia sends them; the servers keep each table's rows in its ``embedding_dtype``).
+        ps_wire: The dtype PS rows and gradients travel in: ``fp32`` (exact), ``fp16`` or ``bf16`` (half the bytes,
+            as Persia sends them; the servers keep each table's rows in its ``embedding_dtype``); torch's names
+            (``float16``) are read alike (:meth:`persia_planner.model.dtypes.DType.parse`).
         checkpoint: Directory of the job's checkpoints (:mod:`persia_planner.modules.train.job_checkpoints`): one at the
             end, one every ``checkpoint_every`` steps, and one when a signal stops the job.
         checkpoint_every: Also checkpoint after every this many global steps (0: only at the end).
@@ -249,7 +251,7 @@ class TrainConfig:
     dense_optimizer: DenseOptimizer = DenseOptimizer.ADAM
     lr_schedule: LrSchedule = CONSTANT
     ps_delay_ms: float = 0.0
-    ps_wire: WireDtype = WireDtype.FLOAT32
+    ps_wire: DType = DType.FP32
     checkpoint: str | None = None
     checkpoint_every: int = 0
     keep: int = 2
@@ -275,7 +277,7 @@ class TrainConfig:
         object.__setattr__(self, "mode", _choice(TrainMode, self.mode, "--mode"))
         metric = _choice(EarlyStopMetric, self.early_stop_metric, "--early-stop-metric")
         object.__setattr__(self, "early_stop_metric", metric)
-        object.__setattr__(self, "ps_wire", _choice(WireDtype, self.ps_wire, "--ps-wire"))
+        object.__setattr__(self, "ps_wire", DType.parse(self.ps_wire, "--ps-wire"))
         object.__setattr__(self, "ps_capacity", _choice(PsCapacity, self.ps_capacity, "--ps-capacity"))
         object.__setattr__(self, "dense_optimizer", _choice(DenseOptimizer, self.dense_optimizer, "--dense-optimizer"))
         if self.dense_lr is None:
@@ -461,7 +463,7 @@ class TrainConfig:
 
     @property
     def ps_wire_dtype(self) -> torch.dtype:
-        return self.ps_wire.torch_dtype
+        return torch_dtype(self.ps_wire)
 
 
 def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:

@@ -6,7 +6,7 @@ dense part is wrapped in ``DistributedDataParallel`` (gloo on CPU, nccl on CUDA)
 separate: the sparse one is fused into fbgemm (local tables) or applied by the servers (PS tables); the dense one is a
 ``torch.optim`` optimizer over the dense parameters only.
 
-:func:`train_local` spawns the servers and trainers on this machine (:func:`.ps.launch.local_cluster`), and
+:func:`train_local` spawns the servers and trainers on this machine (:func:`.launcher.launch.local_cluster`), and
 :func:`run_trainers` does the same for a training function of one's own;
 :func:`train_torchrun` is the same job under ``torchrun`` on several machines: each node is one or more topology
 hosts, and runs their servers and trainers (:func:`persia_planner.topology.torchrun_nodes.process_role`). Each trainer
@@ -112,7 +112,7 @@ def _train_local(
     run_timeout_s: float,
     on_start: Callable[[dict[str, int]], None] | None,
 ) -> dict[str, Any]:
-    from persia_planner.modules.ps.launch import local_cluster
+    from persia_planner.modules.launcher.launch import local_cluster
 
     has_ps = any(p.mode is Mode.ASYNC for p in tables.values())
     chosen = None
@@ -300,7 +300,7 @@ def run_trainers(
     Raises:
         TrainerError: A trainer failed (the first failure, named), or the run timed out.
     """
-    from persia_planner.modules.ps.launch import local_cluster
+    from persia_planner.modules.launcher.launch import local_cluster
 
     return local_cluster(
         servers,

@@ -2,7 +2,7 @@
 against TorchRec (:mod:`persia_planner.modules.tools.torchrec_equivalence`) and the memory measurement
 (:mod:`persia_planner.modules.tools.memory_audit`).
 
-A :class:`Job` is pickled to every trainer (:func:`.ps.launch.local_cluster`, or built in place under torchrun);
+A :class:`Job` is pickled to every trainer (:func:`.launcher.launch.local_cluster`, or built in place under torchrun);
 :func:`trainer_group` is a trainer's start-up: torch's and TorchRec's noise silenced, one thread, the trainers'
 process group joined in the job's store (torchrun's agent store or ``local_cluster``'s, under a prefix).
 """
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from persia_planner.model.specs import ModelSpec
 from persia_planner.modules.embedding.model_parallel import quiet_trainer
-from persia_planner.modules.ps.launch import trainers_store
+from persia_planner.modules.launcher.launch import trainers_store
 from persia_planner.modules.train.config import TrainConfig
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.topology.graph import Topology
@@ -82,7 +82,7 @@ def trainer_group(j: int, job: Job, *, nodes_from_topology: bool = True, backend
 @contextlib.contextmanager
 def trainers_group(j: int, trainers: int, *, per_host: int | None = None, backend: str = "gloo") -> Iterator[None]:
     """In the block, this process is rank ``j`` of the ``trainers`` trainers' process group, which rendezvous in the
-    job's store (:func:`persia_planner.modules.ps.launch.trainers_store`: a :func:`.engine.run_trainers` or
+    job's store (:func:`persia_planner.modules.launcher.launch.trainers_store`: a :func:`.engine.run_trainers` or
     ``persia train`` process, or torchrun's).
 
     Args:

@@ -3,7 +3,7 @@ first trainer reports where every process ran.
 
 Which role a process has is decided without torch (:func:`persia_planner.topology.torchrun_nodes.process_role`); here
 each process claims its role in the rendezvous store torchrun's agents share, under the run's namespace
-(:func:`.ps.launch.trainers_store`), so two nodes that name the same host do not both run its processes.
+(:func:`.launcher.launch.trainers_store`), so two nodes that name the same host do not both run its processes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch.distributed as dist
 
 from persia_planner.errors import PlannerError
-from persia_planner.modules.ps.launch import trainers_store
+from persia_planner.modules.launcher.launch import trainers_store
 from persia_planner.topology.torchrun_nodes import NODE_HOST_ENV, ProcessRole, TorchrunProcess
 
 __all__ = ["claim_role", "job_processes", "with_processes"]

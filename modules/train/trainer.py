@@ -21,8 +21,8 @@ import torch.distributed as dist
 from persia_planner.errors import PlannerError
 from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
 from persia_planner.modules.embedding.model_parallel import dense_all_reduce_dtype, distribute, executed_plan
-from persia_planner.modules.ps.launch import trainers_store
-from persia_planner.modules.ps.progress import publish_progress
+from persia_planner.modules.launcher.launch import trainers_store
+from persia_planner.modules.launcher.progress import publish_progress
 from persia_planner.modules.step_breakdown import StepProfiler
 from persia_planner.modules.stopping import GracefulStop
 from persia_planner.modules.train.adapt import Adapter
@@ -455,7 +455,7 @@ class _TrainerRun:
             # torch's dtype of the dense gradients' all-reduce (a DDP compression hook narrows it)
             "dense_all_reduce": dense_all_reduce_dtype(self.dmp),
             "ps_delay_ms": cfg.ps_delay_ms,
-            "ps_wire": cfg.ps_wire.value,
+            "ps_wire": cfg.ps_wire.torch_name,  # the summary's vocabulary: torch's
             "ps_capacity": cfg.ps_capacity.value,
             "id_space": cfg.teacher_rows_scale,
             "ps_servers": ps_servers,

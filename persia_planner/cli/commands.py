@@ -29,9 +29,9 @@ from persia_planner.cli.app import (
 )
 from persia_planner.cli.data import data_app
 from persia_planner.cli.predict import predict_command
+from persia_planner.cli.run_options import PsWireOption, QCommsOption, StalenessOption
 from persia_planner.cli.train import train_command
 from persia_planner.errors import PlannerError
-from persia_planner.limits import MAX_STALENESS
 from persia_planner.outputs import PICTURE_METADATA, Output, OutputKind, check_outputs, write_output
 
 if TYPE_CHECKING:
@@ -61,28 +61,9 @@ def plan_command(
     png: Annotated[
         Path | None, typer.Option("--png", help="draw the placement into this PNG file (each table on its devices)")
     ] = None,
-    staleness: Annotated[
-        int | None,
-        typer.Option(
-            "--staleness",
-            min=0,
-            max=MAX_STALENESS,
-            help="plan for this staleness K of the PS tables, as 'persia train' will run it (default: model's; "
-            "0 for 'persia train --mode sync')",
-        ),
-    ] = None,
-    ps_wire: Annotated[
-        str | None,
-        typer.Option("--ps-wire", help="plan for PS traffic in this dtype: fp32, fp16 or bf16 (default: model's)"),
-    ] = None,
-    qcomms: Annotated[
-        str | None,
-        typer.Option(
-            "--qcomms",
-            help="the trainers' collectives: auto (narrow them where it pays), fp32, fp16, bf16 or FORWARD,BACKWARD "
-            "(fp16,bf16) (default: model's qcomms, else auto)",
-        ),
-    ] = None,
+    staleness: StalenessOption = None,
+    ps_wire: PsWireOption = None,
+    qcomms: QCommsOption = None,
     tune: Annotated[
         bool,
         typer.Option(

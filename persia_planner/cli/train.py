@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.cli.app import edge, note
+from persia_planner.cli.run_options import PsWireOption, StalenessOption
 from persia_planner.cli.train_options import (
     AdaptMaxOption,
     AdaptOption,
@@ -43,7 +44,6 @@ from persia_planner.cli.train_options import (
     PlanPathOption,
     PsCapacityOption,
     PsDelayMsOption,
-    PsWireOption,
     ResumeOption,
     SchemaOption,
     SeedOption,
@@ -53,7 +53,6 @@ from persia_planner.cli.train_options import (
     SparseOptimizerOption,
     SparseWeightDecayOption,
     SsdDirOption,
-    StalenessOption,
     StepsOption,
     TopologyOption,
     TrainersOption,
@@ -181,7 +180,7 @@ def train_command(
                 if value is not None  # TrainConfig's defaults otherwise
             },
             ps_delay_ms=ps_delay_ms,
-            ps_wire=wire.torch_name,
+            ps_wire=wire,
             checkpoint=str(checkpoint) if checkpoint is not None else None,
             checkpoint_every=checkpoint_every,
             keep=keep,
@@ -218,7 +217,7 @@ def train_command(
     if "TORCHELASTIC_RUN_ID" in os.environ:
         # A torchrun worker ends right after the trainers' last gloo collective: finalizing the interpreter then can
         # abort it (SIGABRT, see exit_now), which torchrun reports as a failed job.
-        from persia_planner.modules.ps.lifecycle import exit_now
+        from persia_planner.modules.launcher.lifecycle import exit_now
 
         exit_now(0)
 

@@ -1,5 +1,6 @@
 """The options of ``persia train``, one ``Annotated`` alias each: typer reads each option's flag, bounds and help from
-its alias in :func:`persia_planner.cli.train.train_command`'s signature."""
+its alias in :func:`persia_planner.cli.train.train_command`'s signature (those ``persia plan`` takes too are
+:mod:`.run_options`')."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from persia_planner.limits import MAX_BATCH_SIZE, MAX_STALENESS
+from persia_planner.limits import MAX_BATCH_SIZE
 
 __all__ = [
     "AdaptMaxOption",
@@ -43,7 +44,6 @@ __all__ = [
     "PlanPathOption",
     "PsCapacityOption",
     "PsDelayMsOption",
-    "PsWireOption",
     "ResumeOption",
     "SchemaOption",
     "SeedOption",
@@ -52,7 +52,6 @@ __all__ = [
     "SparseOptimizerOption",
     "SparseWeightDecayOption",
     "SsdDirOption",
-    "StalenessOption",
     "StepsOption",
     "TopologyOption",
     "TrainersOption",
@@ -101,16 +100,6 @@ DataWorkersOption = Annotated[
         "--data-workers",
         min=0,
         help="DataLoader worker processes per trainer reading --data files (0: the trainer reads them itself)",
-    ),
-]
-
-StalenessOption = Annotated[
-    int | None,
-    typer.Option(
-        "--staleness",
-        min=0,
-        max=MAX_STALENESS,
-        help="bounded staleness K of the PS tables (default: --plan's, else model's)",
     ),
 ]
 
@@ -282,15 +271,6 @@ OverwriteOption = Annotated[
 
 PsDelayMsOption = Annotated[
     float, typer.Option("--ps-delay-ms", min=0.0, help="add this many ms to every PS call (a slow network)")
-]
-
-PsWireOption = Annotated[
-    str | None,
-    typer.Option(
-        "--ps-wire",
-        help="dtype of PS rows and gradients on the wire: float32 (exact), float16 (|values| <= 65504) or "
-        "bfloat16 (default: --plan's, else model's)",
-    ),
 ]
 
 IdSpaceOption = Annotated[

@@ -1,4 +1,4 @@
-"""The processes of one local cluster run (:func:`persia_planner.modules.ps.launch.local_cluster`): started, their
+"""The processes of one local cluster run (:func:`persia_planner.modules.launcher.launch.local_cluster`): started, their
 trainers' reports awaited while the launcher watches for lost workers, hangs and signals, shut down, and the
 trainers' values or the failure that caused the others.
 """
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from persia_planner.errors import Interrupted, PlannerError
-from persia_planner.modules.ps.progress import NOT_STARTED, ProgressWatch
+from persia_planner.modules.launcher.progress import NOT_STARTED, ProgressWatch
+from persia_planner.modules.launcher.workers import describe_exit, server_main, trainer_main
 from persia_planner.modules.ps.protocol import server_name
-from persia_planner.modules.ps.workers import describe_exit, server_main, trainer_main
 from persia_planner.modules.stopping import request_stop
 
 __all__ = ["POLL_S", "LocalJob", "TrainerError", "Waits"]
@@ -45,7 +45,7 @@ class TrainerError(PlannerError):
 
 @dataclass(frozen=True)
 class Waits:
-    """How long :func:`persia_planner.modules.ps.launch.local_cluster` waits for what (its arguments of the same
+    """How long :func:`persia_planner.modules.launcher.launch.local_cluster` waits for what (its arguments of the same
     names)."""
 
     run_timeout_s: float
@@ -57,7 +57,7 @@ class Waits:
 
 @dataclass
 class LocalJob:
-    """The processes of one :func:`persia_planner.modules.ps.launch.local_cluster` run and what their trainers
+    """The processes of one :func:`persia_planner.modules.launcher.launch.local_cluster` run and what their trainers
     reported."""
 
     servers: list[Any]

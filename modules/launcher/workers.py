@@ -21,11 +21,11 @@ import torch
 import torch.distributed.rpc as rpc
 
 from persia_planner.errors import PlannerError, first_line
+from persia_planner.modules.launcher.lifecycle import adopt_environment, die_with_the_launcher, exit_now, name_process
+from persia_planner.modules.launcher.progress import use_progress_slot
 from persia_planner.modules.process_logs import log_to_file
 from persia_planner.modules.ps.client import PsClient
 from persia_planner.modules.ps.connection import connect
-from persia_planner.modules.ps.lifecycle import adopt_environment, die_with_the_launcher, exit_now, name_process
-from persia_planner.modules.ps.progress import use_progress_slot
 from persia_planner.modules.ps.protocol import server_name
 from persia_planner.modules.ps.server import serve
 from persia_planner.modules.rpc_environment import listen_where_the_rendezvous_is

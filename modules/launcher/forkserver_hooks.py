@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from persia_planner.modules.ps.lifecycle import set_death_signal
+from persia_planner.modules.launcher.lifecycle import set_death_signal
 
 __all__: list[str] = []
 

@@ -1,7 +1,7 @@
 """Run a small parameter-server cluster on localhost: ``n_servers`` servers and ``n_clients`` trainer processes.
 
-Rank layout (what :func:`.server.serve` and :func:`persia_planner.modules.ps.connection.connect` assume): servers ``0 ..
-n_servers-1`` named ``ps{i}``, trainers ``n_servers + j`` named ``trainer{j}``. Every process is forked from a
+Rank layout (what :func:`.ps.server.serve` and :func:`.ps.connection.connect` assume): servers ``0 .. n_servers-1``
+named ``ps{i}``, trainers ``n_servers + j`` named ``trainer{j}``. Every process is forked from a
 ``forkserver`` that has imported the modules once (:func:`_context`; no fork of a parent that may hold threads or an RPC
 agent), takes the launching process's environment, and rendezvous at ``127.0.0.1`` in a TCPStore that the launching
 process hosts before any of them starts (:func:`hosted_store`, torchrun's agent-store convention). Every socket of the
@@ -41,12 +41,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from persia_planner.errors import Interrupted
+from persia_planner.modules.launcher.lifecycle import Stop, StopOnSignals, quiet_cpp_logs, stop_processes
+from persia_planner.modules.launcher.local_job import LocalJob, Waits
+from persia_planner.modules.launcher.workers import barrier, use_hosted_store
 from persia_planner.modules.ps.allocator import allocator_env
 from persia_planner.modules.ps.group import DEFAULT_PEER_TIMEOUT_S, host_store
-from persia_planner.modules.ps.lifecycle import Stop, StopOnSignals, quiet_cpp_logs, stop_processes
-from persia_planner.modules.ps.local_job import LocalJob, Waits
 from persia_planner.modules.ps.protocol import check_wire_dtype
-from persia_planner.modules.ps.workers import barrier, use_hosted_store
 from persia_planner.modules.rpc_environment import listen_where_the_rendezvous_is, master_address
 
 __all__ = [
@@ -70,7 +70,7 @@ def reserved_port() -> Iterator[int]:
     A port that was merely free a moment ago (bind, read, close) may be taken by another process, or picked by the
     kernel as some connection's source port, before the child binds it. Here a socket holds it, bound with
     ``SO_REUSEADDR`` and never listening: a process that binds with ``SO_REUSEADDR`` as well (torch's store,
-    :func:`.group.host_store`) may still bind and listen on it, nobody else may, and until the child listens a
+    :func:`.ps.group.host_store`) may still bind and listen on it, nobody else may, and until the child listens a
     connection to it is refused. Prefer :func:`hosted_store` where the children can use a store hosted for them.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -152,9 +152,9 @@ def _restart_forkserver_unless(settings: tuple[str | None, ...]) -> None:
     """Stop the fork server if it was started with other start-up settings than ``settings``; the next start forks a
     fresh one with them.
 
-    Why: glibc reads its tunables (:func:`.allocator.allocator_env`) only when a process image starts, and torch reads
-    ``TORCH_CPP_LOG_LEVEL`` (:func:`.lifecycle.quiet_cpp_logs`) when it is imported; every child is a fork of the fork
-    server, so without this a launch with ``PS_TUNE_MALLOC=0`` after a default one (or the other way round) would
+    Why: glibc reads its tunables (:func:`.ps.allocator.allocator_env`) only when a process image starts, and torch
+    reads ``TORCH_CPP_LOG_LEVEL`` (:func:`.lifecycle.quiet_cpp_logs`) when it is imported; every child is a fork of the
+    fork server, so without this a launch with ``PS_TUNE_MALLOC=0`` after a default one (or the other way round) would
     silently run with the first launch's allocator. Uses the standard library's own ``ForkServer._stop`` (what its
     tests use); where that is missing the fork server is left as it is.
     """
@@ -254,7 +254,7 @@ def local_cluster(
 
     Raises:
         TrainerError: A trainer raised (first in trainer order), hung, or the run timed out
-            (:class:`persia_planner.modules.ps.local_job.TrainerError`).
+            (:class:`persia_planner.modules.launcher.local_job.TrainerError`).
         Interrupted: SIGINT or SIGTERM reached this process; the workers were stopped first. After a drain in
             which every trainer reported, its ``results`` are the trainers' return values.
     """

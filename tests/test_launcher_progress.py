@@ -1,10 +1,10 @@
-"""The launcher's watch over the trainers' progress (modules/ps/progress.py), on a fake clock: no processes."""
+"""The launcher's watch over the trainers' progress (modules/launcher/progress.py), on a fake clock: no processes."""
 
 from __future__ import annotations
 
 import os
 
-from persia_planner.modules.ps.progress import NOT_STARTED, ProgressWatch
+from persia_planner.modules.launcher.progress import NOT_STARTED, ProgressWatch
 
 
 class Clock:
