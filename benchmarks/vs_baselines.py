@@ -99,7 +99,10 @@ def _side(rows: LogRows, index: np.ndarray, folder: Path, name: str) -> Path:
 
 def persia_options(args: argparse.Namespace) -> dict[str, str]:
     """``--persia-options`` as ``train_and_score``'s options (``--flag value`` pairs)."""
-    words = shlex.split(args.persia_options)
+    try:
+        words = shlex.split(args.persia_options)
+    except ValueError as err:  # an unclosed quote
+        raise PlannerError(f"--persia-options {args.persia_options!r}: {err}", fixes=("close the quote",)) from None
     if len(words) % 2 or any(not w.startswith("--") for w in words[::2]):
         raise PlannerError(
             f"--persia-options {args.persia_options!r}: not pairs of --option value",

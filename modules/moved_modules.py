@@ -68,19 +68,19 @@ class _Alias(importlib.abc.Loader):
     def __init__(self, new: str) -> None:
         self.new = new
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        """None: the default module, which :meth:`exec_module` replaces in ``sys.modules`` (the moved module itself is
+        never handed to the import machinery, so its own spec stays untouched)."""
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Put the moved module in the old path's place: the import returns what ``sys.modules`` holds."""
         warnings.warn(
-            f"{spec.name} moved to {self.new}; import it from there",
+            f"{module.__name__} moved to {self.new}; import it from there",
             DeprecationWarning,
             stacklevel=2,
         )
-        module = importlib.import_module(self.new)
-        self._spec = module.__spec__  # the import machinery sets the old path's spec on it: restored below
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        """Nothing to run (the new module ran when it was imported): its own spec is put back."""
-        module.__spec__ = self._spec
+        sys.modules[module.__name__] = importlib.import_module(self.new)
 
 
 class MovedModuleFinder(importlib.abc.MetaPathFinder):

@@ -1,5 +1,6 @@
-"""Ceilings on what input files may ask for: the one home of every maximum a count or size in model.yaml,
-topology.yaml and plan.json is checked against (formats.md lists them), and of the floors of the disk rates.
+"""Ceilings on what input files and options may ask for: the one home of every maximum a count or size in model.yaml,
+topology.yaml and plan.json is checked against (formats.md lists them), of those of ``persia train``'s options, and
+of the floors of the disk rates.
 
 A value over its ceiling is refused when the file is read, with the ceiling and the fix in the message: no such value
 is a plausible cluster or model, and letting it through gives a 300-digit step time, an int64 overflow inside the
@@ -15,6 +16,8 @@ from types import MappingProxyType
 from persia_planner.units import Quantity
 
 __all__ = [
+    "MAX_ADAPT_REPLANS",
+    "MAX_ADAPT_THRESHOLD",
     "MAX_BANDWIDTH",
     "MAX_BATCH_SIZE",
     "MAX_DENSE_FEATURES",
@@ -22,18 +25,24 @@ __all__ = [
     "MAX_DENSE_PARAMETERS",
     "MAX_DIM",
     "MAX_DISK_IOPS",
+    "MAX_EVAL_BATCHES",
     "MAX_GPUS_PER_HOST",
     "MAX_HOST_COUNT",
     "MAX_INPUT_BYTES",
+    "MAX_KEEP",
     "MAX_LATENCY_S",
     "MAX_LAYERS",
     "MAX_LAYER_WIDTH",
+    "MAX_LOCAL_TRAINERS",
     "MAX_MEMORY_BYTES",
     "MAX_OF_KIND",
     "MAX_POOLING_FACTOR",
+    "MAX_PS_DELAY_MS",
     "MAX_ROWS",
+    "MAX_SEED",
     "MAX_SHARDS_PER_TABLE",
     "MAX_STALENESS",
+    "MAX_STEPS",
     "MAX_TABLES",
     "MAX_TABLE_COUNT",
     "MAX_TFLOPS",
@@ -155,3 +164,22 @@ MAX_DISK_IOPS = 1e9
 
 MIN_DISK_BYTES_PER_S = 4096.0
 """A disk's sequential rate in a hardware profile, at least (one block a second)."""
+
+# persia train's options (checked before torch is imported).
+MAX_ADAPT_THRESHOLD = 10.0
+"""The largest ``--adapt-threshold``: a step ten times off its prediction is off whatever the threshold says."""
+MAX_ADAPT_REPLANS = 100
+"""The most re-plans of one run (``--adapt-max``): each is a checkpoint and a rebuild."""
+MAX_KEEP = 1000
+"""The most checkpoints a run keeps (each is a full copy of the model)."""
+MAX_STEPS = 10**9
+"""The most steps a run asks for (``--steps``, ``--eval-every``, ``--checkpoint-every``): a billion steps is years."""
+MAX_SEED = 2**32 - 1
+"""The largest ``--seed``: numpy's and the data loaders' seeds are 32-bit."""
+MAX_PS_DELAY_MS = 60_000.0
+"""The largest ``--ps-delay-ms`` (a minute per call): beyond, the delay stands for no network, and the delay thread's
+timestamps overflow."""
+MAX_LOCAL_TRAINERS = 1024
+"""The most trainer processes on one machine (``--trainers``)."""
+MAX_EVAL_BATCHES = 10**6
+"""The most held-out batches per trainer (``--eval-batches``)."""

@@ -49,7 +49,8 @@ _INLINE = re.compile(
     r"(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^)]*\)))?\s*\)"
 )
 _REFERENCE = re.compile(rf"(?<![\w\]\\])!?\[({_TEXT})\]\[([^\[\]]*)\]")
-_DEFINITION = re.compile(r"^ {0,3}\[((?:[^\[\]\\]|\\.)+)\]:[ \t]*(<[^<>\n]*>|\S+)", re.MULTILINE)
+# A reference definition (`[ref]: target`); a footnote's (`[^1]: text`) is none.
+_DEFINITION = re.compile(r"^ {0,3}\[(?!\^)((?:[^\[\]\\]|\\.)+)\]:[ \t]*(<[^<>\n]*>|\S+)", re.MULTILINE)
 _AUTOLINK = re.compile(r"<([^<>\s]+)>")
 _HTML_TARGET = re.compile(r"<(?:a|img)\s[^>]*?\b(?:href|src)\s*=\s*[\"']([^\"']*)[\"']", re.IGNORECASE)
 _HTML_ID = re.compile(r"<\w+\s[^>]*?\b(?:id|name)\s*=\s*[\"']([^\"']+)[\"']", re.IGNORECASE)
@@ -115,10 +116,14 @@ def blank_code(text: str) -> str:
     text = "\n".join(" " * len(line) if n in inside else line for n, line in enumerate(text.split("\n")))
 
     def blank(match: re.Match[str]) -> str:
-        # A span does not cross a blank line: such a backtick is a literal one.
-        return match.group(0) if "\n\n" in match.group(0) else re.sub(r"[^\n]", " ", match.group(0))
+        return re.sub(r"[^\n]", " ", match.group(0))
 
-    return _CODE_SPAN.sub(blank, _COMMENT.sub(blank, text))
+    def blank_span(match: re.Match[str]) -> str:
+        # A code span does not cross a blank line: such a backtick is a literal one.
+        return match.group(0) if "\n\n" in match.group(0) else blank(match)
+
+    # Code spans first (a `<!--` inside one opens no comment), then comments, which may span paragraphs.
+    return _COMMENT.sub(blank, _CODE_SPAN.sub(blank_span, text))
 
 
 def _line(text: str, offset: int) -> int:

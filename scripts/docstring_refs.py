@@ -29,7 +29,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
 
@@ -105,6 +105,7 @@ class Index:
 
     objects: dict[str, str | None]
     class_bases: dict[str, tuple[str, ...]]
+    modules: set[str] = field(default_factory=set)
 
     @cached_property
     def by_last_part(self) -> dict[str, tuple[str, ...]]:
@@ -155,7 +156,7 @@ class Index:
         nothing. The packages' docstrings may not name a benchmark's objects."""
         for candidate in self._candidates(target, scope):
             resolved = self.canonical(candidate)
-            if resolved is not None and self._visible(resolved, scope):
+            if resolved is not None and self._visible(resolved, scope) and not self._shadowed(resolved):
                 return resolved
         if target.startswith("."):
             ends = self.by_last_part.get(target.rsplit(".", 1)[-1], ())
@@ -173,6 +174,15 @@ class Index:
         yield f"{scope.module}.{name}"
         if not target.startswith("."):  # `.statistics` is ours, never the standard library's
             yield name
+
+    @cached_property
+    def _module_names(self) -> frozenset[str]:
+        return frozenset(m.rsplit(".", 1)[-1] for m in self.modules)
+
+    def _shadowed(self, resolved: str) -> bool:
+        """Whether ``resolved``, another library's name (``profile.run``), starts with the name of one of the
+        project's modules (``modules/data/profile.py``): written in the project, it means ours, which lacks it."""
+        return self.objects.get(resolved, "") == "" and resolved.split(".")[0] in self._module_names
 
     @staticmethod
     def _visible(name: str, scope: Scope) -> bool:
@@ -305,6 +315,7 @@ def index(root: Path = REPOSITORY) -> Index:
         for cut in range(1, len(parts)):  # the packages above it
             found.objects.setdefault(".".join(parts[:cut]), None)
         found.objects[module] = None
+        found.modules.add(module)
         tree = _parse(path)
         is_package = path.name == "__init__.py"
         _add_body(found, module, tree.body, module, is_package, in_class=False)

@@ -273,6 +273,7 @@ def test_hyper_parameters_record_what_the_run_trains_with():
     assert json.loads(json.dumps(hyper)) == hyper
     assert describe_hyper_parameters(hyper) == "dlrm; dense adam (0.001), sparse rowwise_adagrad (0.2)"
     assert describe_hyper_parameters(None) == "-"
+    assert hyper_parameters(TrainConfig(sparse_optimizer="sgd"), SPEC, trainers=1)["sparse_eps"] is None  # none
     regularised = hyper_parameters(
         TrainConfig(sparse_weight_decay=1e-3, lr_schedule="warmup=10,cosine", mode="sync"), SPEC, trainers=2
     )

@@ -264,3 +264,12 @@ def test_a_breakage_made_on_purpose_fails_the_docs_check(breakage, documents_cop
     assert code == 1
     assert [line for line in lines if expected in line] != [], lines
     assert len(lines) == 1, lines
+
+
+def test_a_comment_opener_in_a_code_span_hides_nothing_and_comments_and_footnotes_hold_no_links():
+    text = (
+        "Use `<!--` here [bad](missing.md) and `-->` there\n\n"
+        "<!--\n\n[x](gone.md)\n\n-->\n\n"
+        "A claim.[^1]\n\n[^1]: Measured on a quiet machine\n"
+    )
+    assert [link.target for link in doc_links.links(text)] == ["missing.md"]

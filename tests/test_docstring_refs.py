@@ -134,6 +134,17 @@ def test_another_librarys_name_is_accepted_unchecked(tree):
     assert objects.resolve("Tensor", planner) is None
 
 
+def test_a_name_of_one_of_our_modules_is_ours_even_where_the_standard_library_has_one(tree):
+    """modules/ps/store.py and modules/data/profile.py are the project's: ``profile.typo`` is a broken reference to
+    ours, not the standard library's ``profile`` module."""
+    (tree / "modules" / "ps" / "profile.py").write_text("def run():\n    pass\n")
+    objects = docstring_refs.index(tree)
+    store = Scope("persia_planner.modules.ps.store")
+    assert objects.resolve("profile.typo", store) is None
+    assert objects.resolve(".profile.run", store) == "persia_planner.modules.ps.profile.run"
+    assert objects.resolve("os.fork", store) == "os.fork"
+
+
 def test_the_packages_do_not_name_a_benchmark(tree):
     objects = docstring_refs.index(tree)
     assert objects.resolve("target", Scope("fuzz")) == "fuzz.target"

@@ -124,3 +124,7 @@ def test_the_runs_table_optimizer_carries_every_option_to_local_and_ps_tables():
     # Without --sparse-eps, the optimizer's own default: Adagrad's starts a row's steps damped, Adam keeps 1e-8.
     assert sparse_optimizer(TrainConfig(), spec).eps == 1e-3
     assert sparse_optimizer(TrainConfig(sparse_optimizer="adam"), spec).eps == 1e-8
+    # The drop-in's own default stays TorchRec's: a library user's model trains as it would under TorchRec.
+    from persia_planner.modules.embedding.sparse_optimizer import SparseOptimizer
+
+    assert SparseOptimizer().eps == 1e-8 and SparseOptimizer(Optimizer.ADAGRAD, eps=0.5).ps().eps == 0.5

@@ -115,3 +115,27 @@ def test_a_table_that_fits_nowhere_the_search_may_go_names_a_memory_of_the_allow
     assert (err.value.table, err.value.resource) == ("big", "GPU HBM") and err.value.short_bytes > 0
     assert "let the search use more tiers or sharding types (SearchConfig)" in str(err.value)
     assert "ps0" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("servers", "tiers", "resource", "says"),
+    [
+        (0, {Tier.PS}, "PS DDR", "the tiers the search may use (ps) need parameter servers, which the topology lacks"),
+        (2, {Tier.SSD}, "PS DDR", "(ssd) need parameter servers with disks, which the topology lacks"),
+    ],
+)
+def test_allowed_tiers_whose_memory_the_topology_lacks_are_named_as_such(servers, tiers, resource, says):
+    """Not "short by 0 B" of a memory that is not there."""
+    cost = CostModel(model(table("big", 100_000_000, 64, 2.0)), cluster(1, 2, servers, hbm="8GiB"))
+    with pytest.raises(CapacityError) as err:
+        GreedyConstruction(SearchConfig(tiers=frozenset(tiers))).construct(cost, None, TieredOptions())
+    assert (err.value.table, err.value.resource) == ("big", resource) and err.value.short_bytes > 0
+    assert says in str(err.value) and "0 B" not in str(err.value)
+
+
+@pytest.mark.parametrize("tiers", [{Tier.PS}, {Tier.PS, Tier.HBM}])
+def test_too_many_rows_for_one_server_is_explained_when_the_search_leaves_local_memories_out(tiers):
+    cost = CostModel(model(table("huge", 2_000_000_000_000, 8, 1.0)), cluster(1, 2, 1))
+    with pytest.raises(CapacityError) as err:
+        GreedyConstruction(SearchConfig(tiers=frozenset(tiers))).construct(cost, None, TieredOptions())
+    assert err.value.resource == "PS rows" and "over the 1,099,507,433,414 rows" in str(err.value)

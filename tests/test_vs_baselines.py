@@ -150,3 +150,5 @@ def test_persia_options_are_pairs_of_an_option_and_its_value():
     for bad in ("--sparse-eps", "1e-8 --sparse-eps", "--a 1 b 2"):
         with pytest.raises(PlannerError, match="not pairs of --option value"):
             parsed(bad)
+    with pytest.raises(PlannerError, match="No closing quotation"):
+        parsed("--sparse-lr '0.05")

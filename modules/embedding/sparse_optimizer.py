@@ -27,7 +27,8 @@ class SparseOptimizer:
     Attributes:
         kind: ``sgd``, ``adagrad``, ``rowwise_adagrad`` or ``adam`` (adam: PS tables only; fbgemm has no CPU adam).
         learning_rate: Step size.
-        eps: Adagrad / Adam epsilon.
+        eps: Adagrad / Adam epsilon. The default is fbgemm's and TorchRec's (1e-8), as a drop-in's must be;
+            ``persia train`` passes its measured one (:attr:`persia_planner.model.specs.Optimizer.default_eps`).
         beta1: Adam first-moment decay.
         beta2: Adam second-moment decay.
         weight_decay: Decoupled weight decay of the rows a step updates, ``w <- w * (1 - lr * weight_decay)`` before

@@ -14,6 +14,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import PlannerError
+from persia_planner.limits import (
+    MAX_ADAPT_REPLANS,
+    MAX_ADAPT_THRESHOLD,
+    MAX_EVAL_BATCHES,
+    MAX_KEEP,
+    MAX_LOCAL_TRAINERS,
+    MAX_PS_DELAY_MS,
+    MAX_SEED,
+    MAX_STEPS,
+)
 from persia_planner.model.data_schema import BadRowPolicy, DataSchema
 from persia_planner.model.dtypes import DType
 from persia_planner.model.specs import DEFAULT_STALENESS, ModelSpec, Optimizer
@@ -32,15 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DEFAULT_DENSE_LR",
     "DEFAULT_MAX_EPOCHS",
-    "DEFAULT_SPARSE_EPS",
-    "MAX_ADAPT_REPLANS",
-    "MAX_ADAPT_THRESHOLD",
-    "MAX_EVAL_BATCHES",
     "MAX_ID_SPACE",
-    "MAX_LOCAL_TRAINERS",
-    "MAX_PS_DELAY_MS",
-    "MAX_SEED",
-    "MAX_STEPS",
     "MAX_SYNTHETIC_IDS",
     "DenseOptimizer",
     "PsCapacity",
@@ -108,18 +110,6 @@ DEFAULT_DENSE_LR = {DenseOptimizer.ADAM: 0.001, DenseOptimizer.ADAGRAD: 0.05, De
 matched or beat Adagrad at 0.05 on the synthetic teacher and on MovieLens-100K, and Adagrad at 0.05 threw a Criteo
 sample's loss to 5 at its third step (docs/decisions/0030-measured-defaults.md)."""
 
-DEFAULT_SPARSE_EPS = {
-    Optimizer.ROWWISE_ADAGRAD: 1e-3,
-    Optimizer.ADAGRAD: 1e-3,
-    Optimizer.ADAM: 1e-8,
-    Optimizer.SGD: 1e-8,
-}
-"""The tables' optimizer epsilon by optimizer when ``--sparse-eps`` is not given. Adagrad's first step of a row is
-``lr`` per coordinate whatever its gradient (``g / sqrt(g^2)``): at 1e-8 an id seen once moved as far as the most
-frequent, and the rare ids over-fit within an epoch. 1e-3 keeps a new row's steps in proportion to its gradient
-until its accumulator outgrows it, as Keras's ``initial_accumulator_value`` does
-(docs/decisions/0030-measured-defaults.md). SGD has none; Adam keeps the usual 1e-8."""
-
 
 def _choice(kind: type[enum.StrEnum], value: Any, option: str) -> Any:
     """``kind(value)``, or a one-line error naming the option and its choices."""
@@ -179,7 +169,7 @@ class TrainConfig:
         sparse_weight_decay: Decoupled weight decay of the embedding rows each step updates, local and PS tables
             alike (:attr:`persia_planner.modules.embedding.hybrid.SparseOptimizer.weight_decay`); 0: none.
         sparse_eps: The tables' optimizer epsilon (Adagrad's and Adam's denominator), local and PS tables alike;
-            None: :data:`DEFAULT_SPARSE_EPS`'s for the optimizer.
+            None: the optimizer's own (:attr:`persia_planner.model.specs.Optimizer.default_eps`).
         dense_lr: Learning rate of the dense optimizer; None: :data:`DEFAULT_DENSE_LR`'s for ``dense_optimizer``.
         dense_optimizer: ``adam`` (the default), ``adagrad`` or ``sgd``.
         lr_schedule: Warmup and decay of every learning rate, dense and sparse (``--lr-schedule``, a
@@ -481,29 +471,10 @@ def sparse_optimizer_of(cfg: TrainConfig, spec: ModelSpec) -> Optimizer:
     return kinds[0]
 
 
-def sparse_eps_of(cfg: TrainConfig, spec: ModelSpec) -> float:
-    """The tables' optimizer epsilon a run applies: ``cfg``'s if given, else :data:`DEFAULT_SPARSE_EPS`'s for the
-    run's optimizer (:func:`sparse_optimizer_of`)."""
-    return DEFAULT_SPARSE_EPS[sparse_optimizer_of(cfg, spec)] if cfg.sparse_eps is None else cfg.sparse_eps
-
-
-MAX_ADAPT_THRESHOLD = 10.0
-"""The largest ``--adapt-threshold``: a step ten times off its prediction is off whatever the threshold says."""
-MAX_ADAPT_REPLANS = 100
-"""The most re-plans of one run (``--adapt-max``): each is a checkpoint and a rebuild."""
-MAX_KEEP = 1000
-"""The most checkpoints a run keeps (each is a full copy of the model)."""
-MAX_STEPS = 10**9
-"""The most steps a run asks for (``--steps``, ``--eval-every``, ``--checkpoint-every``): a billion steps is years."""
-MAX_SEED = 2**32 - 1
-"""The largest ``--seed``: numpy's and the data loaders' seeds are 32-bit."""
-MAX_PS_DELAY_MS = 60_000.0
-"""The largest ``--ps-delay-ms`` (a minute per call): beyond, the delay stands for no network, and the delay thread's
-timestamps overflow."""
-MAX_LOCAL_TRAINERS = 1024
-"""The most trainer processes on one machine (``--trainers``)."""
-MAX_EVAL_BATCHES = 10**6
-"""The most held-out batches per trainer (``--eval-batches``)."""
+def sparse_eps_of(cfg: TrainConfig, spec: ModelSpec) -> float | None:
+    """The tables' optimizer epsilon a run applies: ``cfg``'s if given, else the run's optimizer's own
+    (:attr:`persia_planner.model.specs.Optimizer.default_eps`; None for SGD, which has none)."""
+    return sparse_optimizer_of(cfg, spec).default_eps if cfg.sparse_eps is None else cfg.sparse_eps
 
 
 def trainer_batch_size(cfg: TrainConfig, spec: ModelSpec, trainers: int) -> int:

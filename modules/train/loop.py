@@ -207,7 +207,7 @@ def sparse_optimizer(cfg: TrainConfig, spec: ModelSpec) -> SparseOptimizer:
         sparse_optimizer_of(cfg, spec),
         learning_rate=cfg.sparse_lr,
         weight_decay=cfg.sparse_weight_decay,
-        eps=sparse_eps_of(cfg, spec),
+        **({} if (eps := sparse_eps_of(cfg, spec)) is None else {"eps": eps}),
     )
 
 

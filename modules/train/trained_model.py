@@ -22,12 +22,12 @@ from typing import Any
 from persia_planner.errors import PlannerError, abbreviate, first_line
 from persia_planner.fields import load_json
 from persia_planner.kinds import Mode
+from persia_planner.limits import MAX_SEED
 from persia_planner.model.dense import DenseArch
 from persia_planner.model.specs import ModelSpec, Optimizer, load_model
 from persia_planner.modules.manifests import file_problem
 from persia_planner.modules.ps.table_checkpoints import read_latest, read_manifest
 from persia_planner.modules.train.best_checkpoint import read_best
-from persia_planner.modules.train.config import MAX_SEED
 from persia_planner.modules.train.job_checkpoints import (
     MANIFEST,
     MODEL_FILE,

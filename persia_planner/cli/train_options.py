@@ -48,6 +48,7 @@ __all__ = [
     "SchemaOption",
     "SeedOption",
     "ShuffleBufferOption",
+    "SparseEpsOption",
     "SparseLrOption",
     "SparseOptimizerOption",
     "SparseWeightDecayOption",

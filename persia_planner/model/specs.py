@@ -71,6 +71,16 @@ class Optimizer(enum.StrEnum):
     ADAM = "adam"
 
     @property
+    def default_eps(self) -> float | None:
+        """The epsilon a run gives the optimizer when none is named (``persia train --sparse-eps``; None: SGD has
+        none). Adagrad's and row-wise Adagrad's is 1e-3, not fbgemm's 1e-8: at 1e-8 a row's first step is ``lr`` per
+        coordinate whatever its gradient, so an id seen once moves as far as the most frequent and the rare ids
+        over-fit within an epoch; 1e-3 keeps a new row's steps in proportion to its gradient until its accumulator
+        outgrows it, as Keras's ``initial_accumulator_value`` does (docs/decisions/0030-measured-defaults.md).
+        Adam keeps the usual 1e-8."""
+        return _DEFAULT_EPS[self]
+
+    @property
     def rowwise(self) -> bool:
         """Whether the state is one value per row (fbgemm then keeps it in HBM even for UVM tables)."""
         return self is Optimizer.ROWWISE_ADAGRAD
@@ -94,6 +104,12 @@ class Optimizer(enum.StrEnum):
         return per_column * dim + per_row
 
 
+_DEFAULT_EPS: Mapping[Optimizer, float | None] = {
+    Optimizer.SGD: None,
+    Optimizer.ROWWISE_ADAGRAD: 1e-3,
+    Optimizer.ADAGRAD: 1e-3,
+    Optimizer.ADAM: 1e-8,
+}
 _STATE_VALUES: Mapping[Optimizer, tuple[tuple[int, int], tuple[int, int]]] = {
     # optimizer: ((per column, per row) in fbgemm's TBE, (per column, per row) in the parameter-server store)
     Optimizer.SGD: ((0, 0), (0, 0)),

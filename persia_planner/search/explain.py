@@ -60,20 +60,35 @@ def capacity_error(state: SearchState, table: TableSpec) -> CapacityError:
 def _capacity_error(state: SearchState, table: TableSpec) -> CapacityError:
     cost, size = state.cost, table.bytes(state.dtype_of(table))
     free_vector = state.cap - state.mem
-    free = {
+    every = {
         "GPU HBM": float(cost.hbm_of(free_vector).sum()),
         "trainer DDR": float(cost.ddr_of(free_vector).sum()),
         "PS DDR": float(cost.ps_mem_of(free_vector).sum()),
     }
-    # Only the memories of the tiers the search may use count (SearchConfig's tiers and shardings): a search
-    # without the servers' tiers must not blame the servers, nor one of HBM alone the trainers' DDR.
+    # Only the memories of the tiers the search may use count (SearchConfig's tiers and shardings), and of those only
+    # what the topology has: a search without the servers' tiers must not blame the servers, nor one of HBM alone
+    # the trainers' DDR.
     config = state.config
-    memories = {t.spec.rows_in for t in config.tiers if t.spec.shardings & config.shardings}
+    allowed = {t.spec.rows_in for t in config.tiers if t.spec.shardings & config.shardings}
+    servers_allowed = bool(allowed & {Memory.SERVER, Memory.DISK})
+    present = set(Memory) - (set() if state.n_servers else {Memory.SERVER, Memory.DISK})
+    present -= set() if state.servers_have_disks else {Memory.DISK}
     usable = {"GPU HBM": {Memory.DEVICE}, "trainer DDR": {Memory.HOST}, "PS DDR": {Memory.SERVER, Memory.DISK}}
-    free = {name: value for name, value in free.items() if usable[name] & memories} or {"GPU HBM": free["GPU HBM"]}
+    free = {name: value for name, value in every.items() if usable[name] & allowed & present}
+    if not free:
+        return CapacityError(
+            "PS DDR" if servers_allowed else "GPU HBM",
+            size,
+            f"table {table.name!r} ({format_bytes(size)}) fits nowhere: the tiers the search may use "
+            f"({', '.join(sorted(t.value for t in config.tiers))}) need parameter servers"
+            f"{' with disks' if allowed & present == set() and Memory.DISK in allowed else ''}, which the topology "
+            "lacks",
+            ("let the search use more tiers or sharding types (SearchConfig)", "add parameter servers"),
+            table=table.name,
+        )
     n_servers = state.n_servers if "PS DDR" in free else 0
     if n_servers and not state.ps_holds(table):
-        return ps_rows_error(table, n_servers, max(free["GPU HBM"], free["trainer DDR"]))
+        return ps_rows_error(table, n_servers, max((free.get(k, 0.0) for k in ("GPU HBM", "trainer DDR")), default=0.0))
     resource = "PS DDR" if n_servers else max(free, key=free.get)
     if resource == "PS DDR":
         # The servers' stores keep a record, an index and float32 optimizer state: more than the table's bytes.
@@ -101,9 +116,9 @@ def _capacity_error(state: SearchState, table: TableSpec) -> CapacityError:
     fixes = (
         "add parameter servers or more DDR per server"
         if n_servers
-        else "let the search use more tiers or sharding types (SearchConfig)"
-        if state.n_servers
-        else "add parameter servers (hosts with role: parameter_server)",
+        else "add parameter servers (hosts with role: parameter_server)"
+        if servers_allowed
+        else "let the search use more tiers or sharding types (SearchConfig)",
         "reduce its rows" if n_servers else "use embedding_dtype: fp16 or fewer rows",
         "lower the reserve fractions under 'constants:' in topology.yaml",
     )
