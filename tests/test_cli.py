@@ -720,7 +720,8 @@ BAD_INPUTS = [
     (("topology", BAD), f"{BAD}: is a directory, not a regular file; fix: give the path of a regular file"),
     (
         ("plan", MODEL),
-        "give both MODEL and TOPOLOGY, or neither to plan the bundled example; "
+        "give both MODEL and TOPOLOGY (or --model and --topology), or neither to plan the bundled "
+        "example; "
         "fix: persia plan model.yaml topology.yaml",
     ),
     (("validate", MODEL, TOPOLOGY), "Missing argument 'PLAN'. (see 'persia validate --help')"),
@@ -927,11 +928,25 @@ def test_plan_and_train_define_the_run_options_once_and_read_dtypes_in_either_vo
     from persia_planner.cli import run_options
 
     commands = {c.name: typer.main.get_command(app).commands[c.name] for c in app.registered_commands if c.name}
-    for flag in ("--staleness", "--ps-wire"):
+    for flag in ("--staleness", "--ps-wire", "--model", "--topology"):
         helps = {name: next(p.help for p in commands[name].params if flag in p.opts) for name in ("plan", "train")}
         assert helps["plan"] == helps["train"], flag
     assert "--qcomms" in [o for p in commands["plan"].params for o in p.opts]
-    assert sorted(run_options.__all__) == ["PsWireOption", "QCommsOption", "StalenessOption"]
+    assert sorted(run_options.__all__) == [
+        "ModelOption", "PsWireOption", "QCommsOption", "StalenessOption", "TopologyOption"
+    ]  # fmt: skip
     plans = [CliRunner().invoke(app, ["plan", "--ps-wire", wire, "--json"]) for wire in ("fp16", "float16")]
     assert [p.exit_code for p in plans] == [0, 0] and plans[0].stdout == plans[1].stdout
     assert json.loads(plans[0].stdout)["ps_wire_dtype"] == "fp16"
+
+
+def test_plan_takes_the_model_and_topology_as_train_does_or_as_arguments_but_each_once():
+    model, topology = str(EXAMPLES / "dlrm_small.yaml"), str(EXAMPLES / "local_2x1.yaml")
+    by_argument = CliRunner().invoke(app, ["plan", model, topology, "--json"])
+    by_option = CliRunner().invoke(app, ["plan", "--model", model, "--topology", topology, "--json"])
+    mixed = CliRunner().invoke(app, ["plan", model, "--topology", topology, "--json"])
+    assert [r.exit_code for r in (by_argument, by_option, mixed)] == [0, 0, 0]
+    assert by_argument.stdout == by_option.stdout == mixed.stdout
+    assert json.loads(by_option.stdout)["model"] == "dlrm-small"
+    twice = CliRunner().invoke(app, ["plan", model, topology, "--model", model])
+    assert (twice.exit_code, twice.stderr) == (2, "error: MODEL and --model both given; fix: give the file once\n")

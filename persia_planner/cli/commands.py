@@ -29,7 +29,7 @@ from persia_planner.cli.app import (
 )
 from persia_planner.cli.data import data_app
 from persia_planner.cli.predict import predict_command
-from persia_planner.cli.run_options import PsWireOption, QCommsOption, StalenessOption
+from persia_planner.cli.run_options import ModelOption, PsWireOption, QCommsOption, StalenessOption, TopologyOption
 from persia_planner.cli.train import train_command
 from persia_planner.errors import PlannerError
 from persia_planner.outputs import PICTURE_METADATA, Output, OutputKind, check_outputs, write_output
@@ -46,6 +46,13 @@ OverwriteOption = Annotated[
 ]
 
 
+def _given_once(argument: str, positional: Path | None, option: str, named: Path | None) -> Path | None:
+    """The file given as ``argument`` or as ``option`` (None: neither); both is a mistake, said in one line."""
+    if positional is not None and named is not None:
+        raise Exit(print_error(f"{argument} and {option} both given; fix: give the file once", EXIT_BAD_INPUT))
+    return positional if positional is not None else named
+
+
 @app.command("plan")
 def plan_command(
     model: Annotated[
@@ -54,6 +61,8 @@ def plan_command(
     topology: Annotated[
         Path | None, typer.Argument(metavar="TOPOLOGY", help="topology.yaml (default: the bundled 2x4 cluster)")
     ] = None,
+    model_file: ModelOption = None,
+    topology_file: TopologyOption = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="write plan.json here (atomically)")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="say why the largest tables went where they did")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print only the plan.json content on stdout")] = False,
@@ -89,11 +98,14 @@ def plan_command(
     from persia_planner.plan.validation import require_valid
 
     with edge():
+        # The arguments, or --model / --topology as persia train takes them: each file once.
+        model = _given_once("MODEL", model, "--model", model_file)
+        topology = _given_once("TOPOLOGY", topology, "--topology", topology_file)
         if (model is None) != (topology is None):
             raise Exit(
                 print_error(
-                    "give both MODEL and TOPOLOGY, or neither to plan the bundled example; "
-                    "fix: persia plan model.yaml topology.yaml",
+                    "give both MODEL and TOPOLOGY (or --model and --topology), or neither to plan the bundled "
+                    "example; fix: persia plan model.yaml topology.yaml",
                     EXIT_BAD_INPUT,
                 )
             )

@@ -1,5 +1,5 @@
 """The options of a run that ``persia plan`` prices and ``persia train`` runs, defined once for both commands: the
-staleness K, the dtype PS rows and gradients travel in, and the collectives' precisions.
+model and the topology, the staleness K, the dtype PS rows and gradients travel in, and the collectives' precisions.
 
 Each names the same value of the model (``staleness``, ``ps_wire_dtype``, ``qcomms`` in model.yaml), which it
 replaces for the run (:func:`persia_planner.model.specs.with_run_options`); ``persia train`` takes the plan's when
@@ -8,13 +8,32 @@ replaces for the run (:func:`persia_planner.model.specs.with_run_options`); ``pe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from persia_planner.limits import MAX_STALENESS
 
-__all__ = ["PsWireOption", "QCommsOption", "StalenessOption"]
+__all__ = ["ModelOption", "PsWireOption", "QCommsOption", "StalenessOption", "TopologyOption"]
+
+ModelOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--model",
+        help="model.yaml (default: the command's bundled example: persia train's dlrm_small.yaml, persia plan's "
+        "dlrm_criteo.yaml)",
+    ),
+]
+
+TopologyOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--topology",
+        help="topology.yaml (default: the command's bundled example: persia train's local_2x1.yaml, this machine; "
+        "persia plan's cluster_2x4_2ps.yaml)",
+    ),
+]
 
 StalenessOption = Annotated[
     int | None,

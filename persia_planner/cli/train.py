@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.cli.app import edge, note
-from persia_planner.cli.run_options import PsWireOption, StalenessOption
+from persia_planner.cli.run_options import ModelOption, PsWireOption, StalenessOption, TopologyOption
 from persia_planner.cli.train_options import (
     AdaptMaxOption,
     AdaptOption,
@@ -35,7 +35,6 @@ from persia_planner.cli.train_options import (
     KeepOption,
     LogDirOption,
     LrScheduleOption,
-    ModelOption,
     ModeOption,
     NodeHostOption,
     OnBadRowOption,
@@ -54,7 +53,6 @@ from persia_planner.cli.train_options import (
     SparseWeightDecayOption,
     SsdDirOption,
     StepsOption,
-    TopologyOption,
     TrainersOption,
 )
 from persia_planner.errors import PlannerError

@@ -36,7 +36,6 @@ __all__ = [
     "LogDirOption",
     "LrScheduleOption",
     "ModeOption",
-    "ModelOption",
     "NodeHostOption",
     "OnBadRowOption",
     "OverwriteOption",
@@ -54,18 +53,9 @@ __all__ = [
     "SparseWeightDecayOption",
     "SsdDirOption",
     "StepsOption",
-    "TopologyOption",
     "TrainersOption",
 ]
 
-
-ModelOption = Annotated[
-    Path | None, typer.Option("--model", help="model.yaml (default: the bundled small DLRM, dlrm_small.yaml)")
-]
-
-TopologyOption = Annotated[
-    Path | None, typer.Option("--topology", help="topology.yaml (default: this machine, local_2x1.yaml)")
-]
 
 PlanPathOption = Annotated[
     Path | None, typer.Option("--plan", help="plan.json to execute (default: plan MODEL on TOPOLOGY now)")
