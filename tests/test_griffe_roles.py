@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import griffe
+import pytest
 from benchmark_modules import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +31,7 @@ def _package(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.processes  # griffe asks git (a subprocess) where the package lives
 def test_each_role_becomes_an_optional_reference_to_its_full_name(tmp_path):
     root = _package(tmp_path)
     loaded = griffe.load(
