@@ -27,6 +27,10 @@ class NextBestAlternatives:
         """For the ``top`` largest tables: the best step time under each other (sharding, tier), best first."""
         tables = sorted(state.cost.model.tables, key=lambda t: -t.bytes(state.dtype_of(t)))[:top]
         result = {}
+        # Explaining reads the state: each table is taken out and put back, which would move it to the end of the
+        # choices (the order ruin draws from), round the sums and draw ties from the RNG; all three are put back.
+        order, loads, mem = list(state.choices), state.loads.copy(), state.mem.copy()
+        rng = state.rng.bit_generator.state
         for table in tables:
             old = state.remove(table.name)
             _, scored = state.best_choice(table)
@@ -38,6 +42,11 @@ class NextBestAlternatives:
                 if key not in seen or step < seen[key].step_ms:
                     seen[key] = Alternative(choice.option, step)
             result[table.name] = tuple(sorted(seen.values(), key=lambda a: a.step_ms))
+        placed = [(name, state.choices.pop(name)) for name in order]
+        state.choices.update(placed)
+        state.loads[:], state.mem[:] = loads, mem
+        state.rng.bit_generator.state = rng
+        state.changed()
         return result
 
 
