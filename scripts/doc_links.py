@@ -13,7 +13,7 @@ of docs/: the site builds those links. GitHub's holds for every other link, foll
 outside it). mkdocs.yml leaves a missing page to this check (``validation: links: not_found: info``): pages link to
 the repository's files outside docs/, which the site leaves as they are.
 
-Usage: ``python scripts/doc_links.py [ROOT]``; exit 1 with one line per broken link.
+Run by ``python scripts/check_docs.py``, which prints each problem and exits 1 if there is any.
 """
 
 from __future__ import annotations
@@ -360,14 +360,3 @@ def problems(root: Path = REPOSITORY) -> list[str]:
                 where = f"{notebook.relative_to(root).as_posix()}:cell {cell.number}"
                 found += text_problems(root, notebook, cell.text, where)
     return found
-
-
-def main() -> int:
-    found = problems(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPOSITORY)
-    for line in found:
-        print(line)
-    return 1 if found else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

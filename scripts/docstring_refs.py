@@ -18,7 +18,7 @@ its lazily exported names) as the objects:
 The benchmarks (``benchmarks/``, modules by their file names, as they import each other) are checked too; the
 packages' docstrings may not name them.
 
-Usage: ``python scripts/docstring_refs.py [ROOT]``; exit 1 with one line per reference that resolves to nothing.
+Run by ``python scripts/check_docs.py``, which prints each problem and exits 1 if there is any.
 """
 
 from __future__ import annotations
@@ -364,14 +364,3 @@ def problems(root: Path = REPOSITORY) -> list[str]:
         for ref in references(root)
         if ref.linked and objects.resolve(ref.target, ref.scope) is None
     ]
-
-
-def main() -> int:
-    found = problems(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPOSITORY)
-    for line in found:
-        print(line)
-    return 1 if found else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

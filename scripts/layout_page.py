@@ -13,14 +13,12 @@ checked, not generated. Its first fenced block is read as it is written:
 
 A package is its folder's line, so its ``__init__.py`` and ``__main__.py`` are not listed.
 
-Usage: ``python scripts/layout_page.py [ROOT]``; exit 1 with one line per file missing from the page or from the
-tree.
+Run by ``python scripts/check_docs.py``, which prints each problem and exits 1 if there is any.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,14 +136,3 @@ def problems(root: Path = REPOSITORY) -> list[str]:
                 found.append(f"{LAYOUT}:{entry.line}: {path} is listed but does not exist")
     found += [f"{LAYOUT}: {path} is not listed" for path in sources(root) if path not in listed]
     return found
-
-
-def main() -> int:
-    found = problems(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPOSITORY)
-    for line in found:
-        print(line)
-    return 1 if found else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
