@@ -26,7 +26,6 @@ from persia_planner.model.specs import ModelSpec
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.planner import Planner
 from persia_planner.search import GreedyLocalSearch, SearchConfig
-from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 
 __all__ = ["MIN_GAIN", "Decision", "Reason", "decide", "pinned", "refitted_topology", "tables_moved"]
@@ -80,7 +79,8 @@ def pinned(model: ModelSpec) -> bool:
         if c.sharding_types is None or c.tiers is None or len(c.sharding_types) != 1 or len(c.tiers) != 1:
             return False
         sharding, tier = next(iter(c.sharding_types)), next(iter(c.tiers))
-        spread = sharding is Sharding.DATA_PARALLEL or tier is Tier.PS
+        # a replica goes to every GPU, a server tier's shares to every server (a cached one picks a cache size)
+        spread = sharding is Sharding.DATA_PARALLEL or (sharding is Sharding.PS_HASH and not tier.spec.cached)
         return spread or c.devices is not None
 
     return bool(model.tables) and all(one(t) for t in model.tables)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from persia_planner.model.specs import DEFAULT_STALENESS, DenseSpec, DType, ModelSpec, Optimizer, TableSpec
-from persia_planner.placement.shards import even_split, tier_bytes
-from persia_planner.tiers import Tier
+from persia_planner.placement.shards import even_split, server_bytes, tier_bytes
+from persia_planner.tiers import Memory, local_tiers, server_tiers
 from persia_planner.topology.graph import Topology
 
 __all__ = ["heterogeneous_topology", "model_dict", "random_model", "random_topology"]
@@ -133,13 +133,20 @@ def nearly_full_topology(model: ModelSpec, fill: float, *, servers: int = 4) -> 
     room = hbm_free + ddr_free
     dtype = model.dtype_of
     in_stores = [
-        float(tier_bytes(t, Tier.PS, even_split(t.rows, servers), t.dim, dtype(t))[1].sum()) for t in model.tables
+        float(
+            server_bytes(t, server_tiers()[0], np.array(even_split(t.rows, servers)), t.dim, dtype(t))[
+                Memory.SERVER
+            ].sum()
+        )
+        for t in model.tables
     ]
+    # the uncached tier of rows in the trainer's DDR (``ddr``)
+    in_host_memory = next(t for t in local_tiers() if t.spec.rows_in is Memory.HOST and not t.spec.cached)
     order = np.argsort([-b / t.bytes(dtype(t)) for t, b in zip(model.tables, in_stores, strict=True)], kind="stable")
     need = 0.0
     for i in order:
         table = model.tables[i]
-        state, rows = (float(b) for b in tier_bytes(table, Tier.DDR, table.rows, table.dim, dtype(table)))
+        state, rows = (float(b) for b in tier_bytes(table, in_host_memory, table.rows, table.dim, dtype(table)))
         if rows <= ddr_free and state <= hbm_free:
             ddr_free, hbm_free = ddr_free - rows, hbm_free - state
         elif table.bytes(dtype(table)) <= hbm_free:

@@ -8,9 +8,9 @@ import pytest
 from persia_planner import ModelSpec, Topology
 from persia_planner.cost.analytic import CostModel, zipf_hit_rate
 from persia_planner.kinds import Sharding
-from persia_planner.placement.shards import Shard, TablePlacement
+from persia_planner.placement.shards import Shard, Storage, TablePlacement
 from persia_planner.search import Option, build_placement
-from persia_planner.tiers import Tier
+from persia_planner.tiers import Memory, Tier
 from persia_planner.topology.cost_constants import REFIT_SHARDINGS, scale_name
 
 ONE = {
@@ -333,9 +333,19 @@ def test_bottleneck_loads_split_the_bottleneck_among_the_tables(cost):
 
 
 def test_memory_vectors_by_kind(cost):
-    mem = cost.memory_vector(hbm=np.array([1.0, 2.0]), ddr=3.0, ps=4.0, disk=6.0)
-    got = (cost.hbm_of(mem).tolist(), cost.ddr_of(mem).tolist(), cost.ps_mem_of(mem).tolist())
-    assert (*got, mem[cost.layout.ps_disk].tolist()) == ([1.0, 2.0], [3.0], [4.0], [6.0])
+    """One slot per registered memory and device holding it, in registration order: GPUs' HBM, hosts' DDR, then
+    each server memory (DDR, the ssd tier's disk)."""
+    assert cost.layout.memories == (Memory.DEVICE, Memory.HOST, Memory.SERVER, Memory.DISK)
+    mem = cost.memory_vector(
+        {Memory.DEVICE: np.array([1.0, 2.0]), Memory.HOST: 3.0, Memory.SERVER: 4.0, Memory.DISK: 6.0}
+    )
+    got = [cost.slots_of(mem, m).tolist() for m in cost.layout.memories]
+    assert got == [[1.0, 2.0], [3.0], [4.0], [6.0]] and mem.tolist() == [1.0, 2.0, 3.0, 4.0, 6.0]
+    assert cost.hbm_of(mem).tolist() == [1.0, 2.0] and cost.ddr_of(mem).tolist() == [3.0]
+    server_disk = Storage(((Memory.SERVER, 7), (Memory.DISK, 9)))
+    cost.charge(mem, server_disk, server=0)
+    cost.charge(mem, Storage(((Memory.DEVICE, 1), (Memory.HOST, 2))), gpu=1)
+    assert mem.tolist() == [1.0, 3.0, 5.0, 11.0, 15.0]
     shard = cost.shard_memory(np.array([1, 0]), np.array([10.0, 20.0]), 5.0)
     assert shard.tolist() == [[0.0, 10.0, 5.0, 0.0, 0.0], [20.0, 0.0, 5.0, 0.0, 0.0]]
 

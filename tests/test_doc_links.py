@@ -229,7 +229,7 @@ _BREAKAGES = {
     ),
     "a stale layout entry": (
         "docs/design/layout.md",
-        lambda text: text.replace("ps, ssd (one descriptor each)", "ps, ssd, cxl (one descriptor each)"),
+        lambda text: text.replace("ps, ssd (one descriptor each;", "ps, ssd, cxl (one descriptor each;"),
         ": persia_planner/tiers/cxl.py is listed but does not exist",
     ),
     "a missing layout entry": (

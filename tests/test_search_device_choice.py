@@ -9,7 +9,7 @@ from persia_planner.cost.analytic import CostModel
 from persia_planner.kinds import Sharding
 from persia_planner.search.base import Option
 from persia_planner.search.result import build_placement
-from persia_planner.tiers import Tier
+from persia_planner.tiers import Memory, Tier
 
 TW, CW, TCW = Sharding.TABLE_WISE, Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE
 RW, TRW, DP, HASH = Sharding.ROW_WISE, Sharding.TABLE_ROW_WISE, Sharding.DATA_PARALLEL, Sharding.PS_HASH
@@ -63,7 +63,7 @@ def test_a_replica_is_on_every_gpu_and_a_hashed_table_on_no_gpu():
     assert (s.cost.hbm_of(replica.mem) > 0).all()
     hashed = best(s, Option(HASH, Tier.PS))
     assert hashed.gpus == ()
-    assert not s.cost.hbm_of(hashed.mem).any() and (s.cost.ps_mem_of(hashed.mem) > 0).all()
+    assert not s.cost.hbm_of(hashed.mem).any() and (s.cost.slots_of(hashed.mem, Memory.SERVER) > 0).all()
 
 
 @pytest.mark.parametrize(

@@ -29,13 +29,14 @@ from persia_planner.modules.ps.ssd_files import (
     this_process,
 )
 from persia_planner.modules.ps.ssd_store import SsdStore
+from persia_planner.tiers import Tier
 
 runner = CliRunner()
 DEAD_RUN, LIVE_RUN = "0123456789ab", "ba9876543210"
 
 
 def _config(directory: Path) -> TableConfig:
-    return TableConfig("c1", 8, 100, ssd_rows=400, ssd_dir=str(directory))
+    return TableConfig("c1", 8, 100, store=Tier.SSD.spec.store, backing_rows=400, store_dir=str(directory))
 
 
 def _dead_pid() -> int:

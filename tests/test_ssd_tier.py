@@ -36,7 +36,7 @@ def test_with_the_servers_ddr_short_the_plan_puts_rows_on_their_disks():
     for name in on_disk:
         shards = short.tables[name].shards
         assert {s.device for s in shards} == {"ps0", "ps1"} and 0 < shards[0].cache_fraction < 1
-    assert all(short.devices[s].disk_bytes > 0 for s in ("ps0", "ps1"))
+    assert all(short.devices[s].bytes_of("disk_bytes") > 0 for s in ("ps0", "ps1"))
     with pytest.raises(Exception, match="DDR"):  # without disks the same servers cannot hold the model
         plan(SPEC, topology("24MiB", ssd=None))
 

@@ -115,3 +115,57 @@ def test_shards_of_a_registered_tier_are_shards():
     with registered(SLOW_DDR) as slow:
         shard = Shard("trainer0/gpu0", slow, (0, 8), 800, rows=(0, 100))
         assert shard.tier.spec.bandwidth_share == 0.5
+
+
+NVM_MODULE = """
+from persia_planner.kinds import Sharding
+from persia_planner.tiers import Holder, Lookups, MemorySpec, Runtime, TierSpec, register, register_memory
+
+NVM = register_memory(MemorySpec("nvm", Holder.SERVER, "PS NVM", "nvm_bytes"))
+register(TierSpec("nvm", "a server's NVM", NVM, Lookups.SERVER, frozenset({Sharding.PS_HASH}), 6,
+                  runtime=Runtime.PARAMETER_SERVER, store="persia_planner.modules.ps.table_store:memory_store"))
+"""
+
+
+def test_a_tier_module_is_loaded_from_the_environment_and_unloaded_whole(monkeypatch, tmp_path):
+    from persia_planner.tiers import Memory, plugged
+    from persia_planner.tiers.plugins import ENVIRONMENT, configured, load_configured
+
+    (tmp_path / "nvm_tier.py").write_text(NVM_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENVIRONMENT, " nvm_tier , ")
+    assert configured()[0] == "nvm_tier"
+    monkeypatch.setenv(ENVIRONMENT, "no_such_tier_module")
+    with pytest.raises(SpecError, match=r"PERSIA_PLANNER_TIERS: no_such_tier_module: the tier module"):
+        load_configured()
+    monkeypatch.delenv(ENVIRONMENT)
+    with plugged("nvm_tier") as loaded:
+        assert [m.value for m in loaded.memories] == ["nvm"] and [t.value for t in loaded.tiers] == ["nvm"]
+        assert list(Memory)[-1].spec.holder.value == "server" and Tier("nvm").spec.rows_in is loaded.memories[0]
+        assert pickle.loads(pickle.dumps(loaded.memories[0])) is loaded.memories[0]
+        import os
+
+        assert os.environ[ENVIRONMENT] == "nvm_tier"  # the processes a job starts load it too
+    assert "nvm" not in [m.value for m in Memory] and "nvm" not in [t.value for t in Tier]
+    with pytest.raises(ValueError, match="'nvm' is not a valid Memory"):
+        Memory("nvm")
+
+
+def test_a_descriptor_refuses_memories_its_runtime_cannot_allocate():
+    from persia_planner.tiers import Runtime
+
+    with pytest.raises(ValueError, match="device or host memory"):
+        dataclasses.replace(SLOW_DDR, rows_in=Memory.SERVER)
+    with pytest.raises(ValueError, match="names its store as 'module:name'"):
+        dataclasses.replace(SLOW_DDR, runtime=Runtime.PARAMETER_SERVER, torchrec_kernel=None)
+
+
+def test_a_host_s_memories_must_be_registered_for_its_role():
+    import yaml
+
+    from persia_planner.paths import DEFAULT_TOPOLOGY
+
+    data = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())
+    next(h for h in data["hosts"] if h.get("role") == "parameter_server")["memories"] = {"pmem": "1GiB"}
+    with pytest.raises(SpecError, match=r"hosts\[1\]\.memories\.pmem: no tier module registers a memory 'pmem'"):
+        Topology.from_dict(data, base_dir=DEFAULT_TOPOLOGY.parent)

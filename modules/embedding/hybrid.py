@@ -76,9 +76,11 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface, FusedOptimiz
         local_device: Where the unsharded local collection is built, when not ``device`` (``meta``: only DMP's
             shards are allocated).
         ps_capacity: Rows per server and PS table (default: the table's ``num_embeddings``, all ids fit); a table on
-            the ``ssd`` tier: its DDR cache's rows.
-        ps_disk: Per table on the ``ssd`` tier, the rows each server keeps on its disk.
-        ssd_dir: Where the servers put the ``ssd`` tables' files (None: their temporary directory).
+            a tier with a cache (``TierSpec.cached``, the ``ssd`` tier): its cache's rows.
+        ps_backing: Per PS table on a tier with a cache, the rows each server keeps in the tier's backing memory
+            (the ``ssd`` tier's disk); default 0: as many as the cache. Each PS table's store is its tier's
+            (``TierSpec.store``).
+        ps_store_dir: Where the servers put their stores' files (None: their temporary directory).
         ps_init: Initialiser of new PS rows (default: uniform in ``+-sqrt(1 / num_embeddings)``, like TorchRec).
         seed: Seed of the local tables' initialisation and of the PS tables' row initialisers.
         is_weighted: Pool ``weight * row`` with the batch's per-id weights (TorchRec's ``is_weighted``; sum pooling
@@ -106,8 +108,8 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface, FusedOptimiz
         device: torch.device | None = None,
         local_device: torch.device | str | None = None,
         ps_capacity: int | Mapping[str, int] | None = None,
-        ps_disk: Mapping[str, int] | None = None,
-        ssd_dir: str | None = None,
+        ps_backing: Mapping[str, int] | None = None,
+        ps_store_dir: str | None = None,
         ps_init: Any = None,
         seed: int = 0,
         is_weighted: bool = False,
@@ -185,8 +187,9 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface, FusedOptimiz
                 process_group=group,
                 device=self.device,
                 capacity=ps_capacity,
-                disk=ps_disk,
-                ssd_dir=ssd_dir,
+                stores={c.name: placements[c.name].tier.spec.store for c in self.ps_tables},
+                backing=ps_backing,
+                store_dir=ps_store_dir,
                 init=ps_init,
                 seed=seed,
                 is_weighted=is_weighted,

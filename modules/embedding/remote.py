@@ -44,7 +44,7 @@ from persia_planner.modules.embedding.local import int64_ids
 from persia_planner.modules.embedding.ps_optimizer import PsTableOptimizer
 from persia_planner.modules.ps import optim as ps_optim
 from persia_planner.modules.ps.policies import Uniform
-from persia_planner.modules.ps.protocol import TableConfig
+from persia_planner.modules.ps.protocol import MEMORY_STORE, TableConfig
 from persia_planner.modules.step_breakdown import PS_PUSH, PS_WAIT, Stopwatch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,11 +83,13 @@ class RemoteEmbeddingBags(nn.Module):
         staleness: Bounded staleness ``K`` (0 = synchronous).
         process_group: Group of the trainers (gloo: it carries ids and gradients on CPU); None: one trainer.
         device: Where pooled outputs are returned.
-        capacity: Rows per server and table (default: the table's ``num_embeddings``, all ids fit); a table on
-            the ``ssd`` tier: its DDR cache's rows.
-        disk: Per table on the ``ssd`` tier, the rows each server keeps on its disk (:class:`TableConfig`'s
-            ``ssd_rows``); other tables keep every row in the servers' DDR.
-        ssd_dir: Where the servers put the ``ssd`` tables' files (None: their temporary directory).
+        capacity: Rows per server and table (default: the table's ``num_embeddings``, all ids fit); a table whose
+            store caches a backing memory: the cache's rows.
+        stores: Per table, the factory of its store on the servers (:class:`TableConfig`'s ``store``: its tier's
+            ``TierSpec.store``); default: the servers' DDR (:data:`~persia_planner.modules.ps.protocol.MEMORY_STORE`).
+        backing: Per table, the rows each server keeps in its store's backing memory (:class:`TableConfig`'s
+            ``backing_rows``: the ``ssd`` tier's disk); default 0, every row in ``capacity``.
+        store_dir: Where the servers put their stores' files (None: their temporary directory).
         init: Initialiser of new rows (default: uniform in ``+-sqrt(1 / num_embeddings)``, like TorchRec).
         seed: Seed of the servers' row initialisers.
         is_weighted: Pool ``weight * row`` with the batch's per-id weights.
@@ -106,8 +108,9 @@ class RemoteEmbeddingBags(nn.Module):
         process_group: Any = None,
         device: torch.device | None = None,
         capacity: int | Mapping[str, int] | None = None,
-        disk: Mapping[str, int] | None = None,
-        ssd_dir: str | None = None,
+        stores: Mapping[str, str] | None = None,
+        backing: Mapping[str, int] | None = None,
+        store_dir: str | None = None,
         init: Any = None,
         seed: int = 0,
         is_weighted: bool = False,
@@ -157,8 +160,9 @@ class RemoteEmbeddingBags(nn.Module):
                     seed=seed,
                     # the servers keep the rows in the table's dtype (fp16 halves their memory)
                     weight_dtype=data_type_to_dtype(c.data_type),
-                    ssd_rows=int((disk or {}).get(c.name, 0)),
-                    ssd_dir=ssd_dir,
+                    store=(stores or {}).get(c.name, MEMORY_STORE),
+                    backing_rows=int((backing or {}).get(c.name, 0)),
+                    store_dir=store_dir,
                 )
             )
         # The tables' KeyedOptimizer: its param groups' rates travel with each batch's push.

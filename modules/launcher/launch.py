@@ -48,6 +48,7 @@ from persia_planner.modules.ps.allocator import allocator_env
 from persia_planner.modules.ps.group import DEFAULT_PEER_TIMEOUT_S, host_store
 from persia_planner.modules.ps.protocol import check_wire_dtype
 from persia_planner.modules.rpc_environment import listen_where_the_rendezvous_is, master_address
+from persia_planner.tiers import Memory, Tier
 
 __all__ = [
     "barrier",
@@ -264,7 +265,10 @@ def local_cluster(
     ctx = _context(fn)
     tuning = allocator_env() | quiet_cpp_logs()
     environ = dict(os.environ) | tuning
-    _restart_forkserver_unless(tuple(environ.get(name) for name in sorted(tuning)))
+    # A fork server's children have its tier registry: one started before a tier module was loaded (or unloaded)
+    # would unpickle a plan naming it as an unknown tier.
+    tiers = tuple(t.value for t in Tier) + tuple(m.value for m in Memory)
+    _restart_forkserver_unless((*tuple(environ.get(name) for name in sorted(tuning)), tiers))
     _tracker_in_own_session()  # before the job's semaphores: a SIGKILL of the job must not leave them behind
     waits = Waits(run_timeout_s, shutdown_timeout_s, failure_grace_s, drain_s, end_on_lost_server)
     stopped: list[int] = []  # how many workers were running when a signal stopped the job

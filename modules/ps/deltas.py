@@ -13,7 +13,7 @@ Only deltas *dumped after* the checkpoint may be applied on top of it (an older 
 the checkpoint already has newer), hence ``delta_sequence`` (the last dump before the checkpoint) in the manifest.
 A delta carries upserts (``ids``, ``weights``) and removals (``removed``: ids evicted since the previous dump that
 the server no longer holds); :func:`apply_deltas` drops removed ids, so a replica holds what the servers hold. A
-store logs evictions from its first dump or its last load on (see :meth:`EmbeddingStore.take_dirty`), at most its
+store logs evictions from its first dump or its last load on (see :meth:`.store.EmbeddingStore.take_dirty`), at most its
 capacity in distinct ids between two dumps; past that the delta is marked ``removals_complete`` false and
 :func:`apply_deltas` warns. Servers record their last dump's sequence in the checkpoints they save. A server loaded
 from a checkpoint goes on from its ``delta_sequence``: its next dump removes that server's deltas numbered after it,
@@ -34,7 +34,7 @@ import torch
 from persia_planner.modules.atomic import atomic_torch_save
 from persia_planner.modules.ps.protocol import unreadable
 from persia_planner.modules.ps.sharding import server_of
-from persia_planner.modules.ps.store import EmbeddingStore
+from persia_planner.modules.ps.table_store import TableStore
 
 __all__ = ["DELTA_FORMAT", "apply_deltas", "dump_incremental", "list_deltas"]
 
@@ -45,7 +45,7 @@ _DELTA_RE = re.compile(r"^delta-(\d{8,})\.server(\d+)\.pt$")
 
 
 def dump_incremental(
-    stores: Mapping[str, EmbeddingStore],
+    stores: Mapping[str, TableStore],
     directory: str | os.PathLike,
     *,
     server: int,

@@ -37,6 +37,7 @@ from persia_planner.modules.ps.policies import Eviction, Normal, Uniform
 from persia_planner.modules.wire_dtypes import torch_dtype
 
 __all__ = [
+    "MEMORY_STORE",
     "WIRE_DTYPES",
     "CheckpointError",
     "PeerLostError",
@@ -72,6 +73,9 @@ __all__ = [
 WIRE_DTYPES = tuple(torch_dtype(wire) for wire in DType)
 _DEFAULT_OPTIMIZER = SGD()  # frozen dataclasses: safe to share as defaults
 _DEFAULT_INIT = Uniform()
+MEMORY_STORE = "persia_planner.modules.ps.table_store:memory_store"
+"""The in-memory store's factory (:func:`.table_store.memory_store`): the ``ps`` tier's ``TierSpec.store``, and the
+store of a :class:`TableConfig` that names none."""
 _SERVER_NAME = re.compile(r"ps(\d+)")
 
 # ------------------------------------------------------------------------------------------------------- errors
@@ -216,10 +220,14 @@ class TableConfig:
         eviction_chunk: Fraction of the capacity a full table evicts at once (see :class:`~.store.EmbeddingStore`).
         weight_dtype: The dtype the servers keep the rows in (the plan's ``embedding_dtype``; see
             ``EmbeddingStore(weight_dtype=...)``).
-        ssd_rows: Rows **per server** kept on its local disk (the ``ssd`` tier, :class:`.ssd_store.SsdStore`);
-            ``capacity`` is then its DDR cache's. 0: the ``ps`` tier, every row in DDR.
-        ssd_dir: The directory of the servers' files of rows (on each server's host; created if missing); None:
-            the system's temporary directory.
+        store: The factory of the table's store on each server, ``"module:name"`` of a callable
+            ``(TableConfig, server_index) -> store`` (:class:`.table_store.TableStore`): the table's tier's
+            ``TierSpec.store`` (default: :data:`MEMORY_STORE`, the ``ps`` tier's rows in DDR).
+        backing_rows: Rows **per server** the store keeps beyond its ``capacity`` in-memory rows, in its tier's
+            backing memory (the ``ssd`` tier's disk); ``capacity`` is then the in-memory cache's. 0: every row in
+            the store's ``capacity``.
+        store_dir: The directory of a store's files on each server's host (created if missing); None: the system's
+            temporary directory.
     """
 
     name: str
@@ -233,14 +241,20 @@ class TableConfig:
     seed: int = 0
     eviction_chunk: float = 1 / 64
     weight_dtype: torch.dtype = torch.float32
-    ssd_rows: int = 0
-    ssd_dir: str | None = None
+    store: str = MEMORY_STORE
+    backing_rows: int = 0
+    store_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("TableConfig.name must not be empty")
-        if self.ssd_rows and self.ssd_rows < self.capacity:
-            raise ValueError(f"TableConfig.ssd_rows ({self.ssd_rows:,}) must hold the cache's {self.capacity:,} rows")
+        module, _, factory = self.store.partition(":")
+        if not (module and factory):
+            raise ValueError(f"TableConfig.store must be 'module:name' (a store factory), got {self.store!r}")
+        if self.backing_rows and self.backing_rows < self.capacity:
+            raise ValueError(
+                f"TableConfig.backing_rows ({self.backing_rows:,}) must hold the cache's {self.capacity:,} rows"
+            )
         # Normalise a plain string so that equal configs compare equal on the server (idempotent create).
         object.__setattr__(self, "eviction", Eviction(self.eviction))
 

@@ -11,7 +11,7 @@ this process's registry of tables (:func:`.server_state.state`). Each returns it
 process. Tables are created on demand from a :class:`~.protocol.TableConfig` that clients send: creating a table twice
 with the same config is a no-op (every trainer may register every table), with a different config an error.
 
-Threading: the RPC agent runs requests on a pool of worker threads, and a :class:`~.store.EmbeddingStore` is not
+Threading: the RPC agent runs requests on a pool of worker threads, and a table's store is not
 thread-safe (lookups insert and evict), so each request holds its table's lock (:class:`.server_state.Table`);
 requests for different tables run in parallel, requests for the same table are serialised. Every update is
 therefore applied atomically and none is lost, whatever the number of concurrent clients.
@@ -45,8 +45,7 @@ from persia_planner.modules.ps.protocol import (
     handles,
     server_name,
 )
-from persia_planner.modules.ps.server_state import Table, close_files, make_store, state
-from persia_planner.modules.ps.ssd_store import SsdStore
+from persia_planner.modules.ps.server_state import Table, close_stores, make_store, state
 from persia_planner.modules.ps.table_checkpoints import load_rows, load_seeds, read_latest, save_shard
 
 __all__ = [
@@ -120,8 +119,8 @@ def drop(table: str) -> bool:
     server = state()
     with server.lock:
         dropped = server.tables.pop(table, None)
-    if dropped is not None and isinstance(dropped.store, SsdStore):
-        with dropped.lock:  # requests already holding it finish first; then its file goes
+    if dropped is not None:
+        with dropped.lock:  # requests already holding it finish first; then its files go
             dropped.store.close()
     return dropped is not None
 
@@ -413,7 +412,7 @@ def serve(
     finally:
         stop.set()
         m = server_metrics()
-        close_files()
+        close_stores()
         log.info(
             "%s: %s after %.1f s: %d rows, %d lookups, %d updates",
             server.name,

@@ -57,15 +57,18 @@ def metrics_of(server: ServerState) -> dict[str, Any]:
         ``name``, ``pid``, ``uptime_s``; totals over tables of ``rows``, ``evictions``, ``lookups`` (ids looked up,
         with repeats), ``updates`` (rows updated), ``bytes`` (weights + optimizer state of the rows held, float32);
         ``lookups_per_s`` / ``updates_per_s`` (averages since the server state was created); ``tables``: each
-        table's :meth:`.EmbeddingStore.metrics` plus its ``bytes``.
+        table's store's metrics (:meth:`.EmbeddingStore.metrics`) plus its ``bytes``; ``stores``: each table's store
+        as ``"module:QualName"`` of its class (which store ran it).
     """
     uptime = max(time.monotonic() - server.started, 1e-9)
     tables: dict[str, dict[str, int]] = {}
+    stores: dict[str, str] = {}
     for name, t in list(server.tables.items()):
         with t.lock:
             m = dict(t.store.metrics())
         m["bytes"] = m["rows"] * (t.store.dim + t.store.state_width) * 4
         tables[name] = m
+        stores[name] = f"{type(t.store).__module__}:{type(t.store).__qualname__}"
     totals = {k: sum(m[k] for m in tables.values()) for k in ("rows", "evictions", "lookups", "updates", "bytes")}
     return {
         "name": server.name,
@@ -75,6 +78,7 @@ def metrics_of(server: ServerState) -> dict[str, Any]:
         "lookups_per_s": totals["lookups"] / uptime,
         "updates_per_s": totals["updates"] / uptime,
         "tables": tables,
+        "stores": stores,
     }
 
 

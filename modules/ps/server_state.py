@@ -1,41 +1,46 @@
 """A parameter server process's state: its registry of tables, each a store with its config and its lock.
 
 A server process holds one :class:`ServerState` (:func:`state`), which the request handlers of :mod:`.server` read
-and grow: :func:`make_store` builds a table's store from the :class:`~.protocol.TableConfig` a client registers (in
-memory, or on the ``ssd`` tier a DDR cache over a file of rows), :func:`close_files` removes those files at shutdown.
+and grow: :func:`make_store` builds a table's store with the factory its :class:`~.protocol.TableConfig` names (its
+tier's ``TierSpec.store``: :func:`.table_store.memory_store` for rows in DDR, :func:`.ssd_store.disk_store` for rows
+on disk), and :func:`close_stores` closes every store at shutdown (a store removes its files). No code here names a
+tier: every store is a :class:`~.table_store.TableStore`.
 
-Locking: an :class:`EmbeddingStore` is not thread-safe (lookups insert and evict), so each :class:`Table` has its own
-lock, which a request holds for its store operation; the registry's lock guards the registry alone and is never held
-during one. :meth:`ServerState.all_tables_locked` takes every table's lock at once, in one order.
+Locking: a store is not thread-safe (lookups insert and evict), so each :class:`Table` has its own lock, which a
+request holds for its store operation; the registry's lock guards the registry alone and is never held during one.
+:meth:`ServerState.all_tables_locked` takes every table's lock at once, in one order.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
+import functools
+import importlib
 import os
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import torch.distributed.rpc as rpc
 
-from persia_planner.modules.ps.protocol import PsServerError, TableConfig, server_index
-from persia_planner.modules.ps.ssd_files import remove_stale, scratch_name, this_process
-from persia_planner.modules.ps.ssd_store import SsdStore
-from persia_planner.modules.ps.store import EmbeddingStore
+from persia_planner.modules.ps.protocol import PsServerError, TableConfig, server_index, server_name
+from persia_planner.modules.ps.table_store import TableStore
 
-__all__ = ["ServerState", "Table", "close_files", "make_store", "reset_state", "state"]
-
-log = logging.getLogger("persia_planner.modules.ps.server")  # the server's own log, as its other lines
+__all__ = [
+    "ServerState",
+    "Table",
+    "close_stores",
+    "make_store",
+    "reset_state",
+    "state",
+    "store_factory",
+]
 
 
 class Table:
     """A store, its config and the lock that serialises requests on it."""
 
-    def __init__(self, config: TableConfig, store: EmbeddingStore | SsdStore) -> None:
+    def __init__(self, config: TableConfig, store: TableStore) -> None:
         self.config = config
         self.store = store
         self.lock = threading.Lock()
@@ -105,41 +110,47 @@ def reset_state() -> None:
         _STATE = None
 
 
-def make_store(config: TableConfig, index: int) -> EmbeddingStore | SsdStore:
-    """The empty store of ``config``'s table on the server of index ``index`` (its admission draws are seeded
-    ``config.seed + index``): on the ``ssd`` tier (``config.ssd_rows``), its DDR cache over a new file of rows
-    in ``config.ssd_dir``, named for the table, the server and this process, with a header saying it is this
-    process's (:mod:`.ssd_files`: only such files of a dead server are removed, never another file)."""
-    store = EmbeddingStore(
-        config.dim,
-        config.capacity,
-        config.optimizer,
-        init=config.init,
-        eviction=config.eviction,
-        admission_probability=config.admission_probability,
-        clip=config.clip,
-        seed=config.seed + index,
-        eviction_chunk=config.eviction_chunk,
-        weight_dtype=config.weight_dtype,
-        # per-id initial rows: the same on whichever server holds the id, in whatever order ids arrive
-        init_seed=config.init_seed,
-    )
-    if not config.ssd_rows:
-        return store
-    directory = Path(config.ssd_dir or tempfile.gettempdir())
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in remove_stale(directory, config.name, index):  # files of ours whose server was killed
-        log.info("removed %s: a file of rows its dead server left", stale)
-    owner = this_process()
-    path = directory / scratch_name(config.name, index, owner.run)
-    return SsdStore(store, path, config.ssd_rows, header=owner.header())
+@functools.cache
+def store_factory(path: str) -> Callable[[TableConfig, int], TableStore]:
+    """The store factory ``path`` names (``"module:name"``), imported once per process.
+
+    Raises:
+        ImportError: The module cannot be imported.
+        AttributeError: It has no such name.
+        TypeError: That name is not callable.
+    """
+    module, _, name = path.partition(":")
+    factory = importlib.import_module(module)
+    for part in name.split("."):
+        factory = getattr(factory, part)
+    if not callable(factory):
+        kind = type(factory).__name__
+        raise TypeError(f"{name} is not callable ({'an' if kind[0] in 'aeiou' else 'a'} {kind})")
+    return factory
 
 
-def close_files() -> None:
-    """Remove the files of this server's ``ssd`` tables (at shutdown: the processes end without finalisers)."""
+def make_store(config: TableConfig, index: int) -> TableStore:
+    """The empty store of ``config``'s table on the server of index ``index``, built by the factory
+    ``config.store`` names (:func:`store_factory`).
+
+    Raises:
+        PsServerError: That factory cannot be imported (naming the table and the path).
+    """
+    try:
+        factory = store_factory(config.store)
+    except (ImportError, AttributeError, TypeError) as err:
+        raise PsServerError(
+            f"parameter server {server_name(index)}: table {config.name!r}: its store {config.store!r} cannot be "
+            f"loaded ({type(err).__name__}: {err}); name a 'module:callable' importable on the servers (the tier's "
+            "TierSpec.store; a plugged tier's module must be installed there too)"
+        ) from None
+    return factory(config, index)
+
+
+def close_stores() -> None:
+    """Close every table's store (at shutdown: the processes end without finalisers, and a store's files must go)."""
     with state().lock:
         tables = list(state().tables.values())
     for table in tables:
-        if isinstance(table.store, SsdStore):
-            with table.lock:
-                table.store.close()
+        with table.lock:
+            table.store.close()

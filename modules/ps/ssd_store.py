@@ -20,26 +20,50 @@ are not offered: a row that leaves the cache is not gone, and the dumps' removal
 
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from persia_planner.modules.ps.index import HashIndex, as_ids, table_empty
 from persia_planner.modules.ps.kernels import SLOT_BITS
+from persia_planner.modules.ps.protocol import TableConfig
 from persia_planner.modules.ps.row_file import RowFile
+from persia_planner.modules.ps.ssd_files import remove_stale, scratch_name, this_process
 from persia_planner.modules.ps.store import EmbeddingStore
+from persia_planner.modules.ps.table_store import memory_store
 from persia_planner.placement.memory import PS_INDEX_LOAD_FACTOR, ssd_file_slots, ssd_record_size
 
 SLOT_MASK = int(SLOT_BITS)
 _COMPACT_CHUNK_BYTES = 16 << 20  # rows moved at a time by a compaction
+_NO_DUMPS = "incremental dumps are not offered for tables on the ssd tier (a row leaving the DDR cache is not removed)"
 
-__all__ = ["SsdStore"]
+__all__ = ["SsdStore", "disk_store"]
+
+log = logging.getLogger("persia_planner.modules.ps.server")  # the server's own log, as its other lines
+
+
+def disk_store(config: TableConfig, index: int) -> SsdStore:
+    """The ``ssd`` tier's store of ``config``'s table on the server of index ``index`` (its ``TierSpec.store``): a DDR
+    cache of ``config.capacity`` rows (:func:`.table_store.memory_store`) over a new file of
+    ``config.backing_rows`` rows (at least the cache's) in ``config.store_dir``. The file is named for the table, the
+    server and this process, with a header saying it is this process's; files of ours that a dead server left are
+    removed first (:mod:`.ssd_files`: only those, never another file)."""
+    directory = Path(config.store_dir or tempfile.gettempdir())
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in remove_stale(directory, config.name, index):  # files of ours whose server was killed
+        log.info("removed %s: a file of rows its dead server left", stale)
+    owner = this_process()
+    path = directory / scratch_name(config.name, index, owner.run)
+    rows = max(config.backing_rows, config.capacity)  # 0: a disk of the cache's rows
+    return SsdStore(memory_store(config, index), path, rows, header=owner.header())
 
 
 class SsdStore:
-    """Rows of one table on disk behind a DDR cache; the interface of :class:`.store.EmbeddingStore` that a server
-    uses (lookup, read, assign, update, checkpoints, metrics).
+    """Rows of one table on disk behind a DDR cache: a :class:`.table_store.TableStore` (built by :func:`disk_store`).
 
     Args:
         cache: The DDR cache (its capacity: the rows the plan caches on this server); its ``on_evict`` is taken.
@@ -300,9 +324,12 @@ class SsdStore:
         return self.cache.seeded()
 
     def take_dirty(self, *, with_state: bool = False) -> dict[str, torch.Tensor]:
-        raise NotImplementedError(
-            "incremental dumps are not offered for tables on the ssd tier (a row leaving the DDR cache is not removed)"
-        )
+        raise NotImplementedError(_NO_DUMPS)
+
+    def mark_dirty(
+        self, ids: torch.Tensor, removed: torch.Tensor | None = None, *, removals_complete: bool = True
+    ) -> int:
+        raise NotImplementedError(_NO_DUMPS)  # nothing was taken (take_dirty refuses)
 
     def close(self) -> None:
         """Remove the file of rows."""

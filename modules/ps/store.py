@@ -186,6 +186,9 @@ class EmbeddingStore:
         inserts, not_admitted, evictions, updates (distinct rows updated)."""
         return {"rows": len(self._rows), "capacity": self.capacity, **self._metrics}
 
+    def close(self) -> None:
+        """Nothing to release: the rows are in memory (:meth:`.table_store.TableStore.close`)."""
+
     # ------------------------------------------------------------------------------------------------- seed
 
     def seed(self, weights: torch.Tensor | None, state: torch.Tensor | None = None) -> None:

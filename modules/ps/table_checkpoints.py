@@ -53,7 +53,7 @@ from persia_planner.modules.manifests import file_problem, file_record, remove_d
 from persia_planner.modules.ps.deltas import apply_deltas
 from persia_planner.modules.ps.protocol import unreadable
 from persia_planner.modules.ps.sharding import server_of
-from persia_planner.modules.ps.store import EmbeddingStore
+from persia_planner.modules.ps.table_store import TableStore
 
 __all__ = [
     "apply_deltas",
@@ -183,7 +183,7 @@ def verify(directory: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def save_shard(
-    stores: Mapping[str, EmbeddingStore],
+    stores: Mapping[str, TableStore],
     directory: str | os.PathLike,
     *,
     server: int,
@@ -239,7 +239,7 @@ def save_shard(
             **file_record(path / name, checksum=False),  # its bytes: what verify() checks before a resume
             "config": dict(configs.get(table, {})),
         }
-        seed = store.seeded() if hasattr(store, "seeded") else None
+        seed = store.seeded()
         if seed is not None and server == 0:  # every server holds the same seed: one copy
             atomic_torch_save(dict(seed), path / _seed_name(table))
             tables[table]["seed"] = {"file": _seed_name(table), **file_record(path / _seed_name(table), checksum=False)}
@@ -289,7 +289,7 @@ def commit(directory: str | os.PathLike, version: int, *, n_servers: int | None 
 
 
 def save_all(
-    stores_by_server: Sequence[Mapping[str, EmbeddingStore]],
+    stores_by_server: Sequence[Mapping[str, TableStore]],
     directory: str | os.PathLike,
     *,
     configs: Mapping[str, dict] | None = None,
@@ -324,7 +324,7 @@ def load_rows(
         tables: Only these tables (None: every table saved).
 
     Returns:
-        ``(rows, configs)``: table -> state dict in :meth:`EmbeddingStore.state_dict` form (rows in saved-server
+        ``(rows, configs)``: table -> state dict in :meth:`.store.EmbeddingStore.state_dict` form (rows in saved-server
         order, then saved order), and table -> saved config. ``step`` is the largest of the merged shards' steps.
     """
     _check_server(server, n_servers)
@@ -402,15 +402,15 @@ def load_shard(
     *,
     server: int,
     n_servers: int,
-    make_store: Callable[[str, dict], EmbeddingStore],
-) -> dict[str, EmbeddingStore]:
+    make_store: Callable[[str, dict], TableStore],
+) -> dict[str, TableStore]:
     """Build server ``server``'s stores from the committed checkpoint, re-sharding to ``n_servers``.
 
     Args:
         directory: The checkpoint directory.
         server: Index of the loading server.
         n_servers: Server count of the loading job.
-        make_store: ``(table, saved_config) -> EmbeddingStore``; decides capacity (and may override the config).
+        make_store: ``(table, saved_config) -> TableStore``; decides capacity (and may override the config).
 
     Returns:
         Table -> store holding exactly the saved rows whose ``server_of`` is ``server`` (weights, optimizer state,
@@ -420,7 +420,7 @@ def load_shard(
         ValueError: If a table's rows for this server exceed its new store's capacity (the message names the table).
     """
     rows, configs = load_rows(directory, server=server, n_servers=n_servers)
-    stores: dict[str, EmbeddingStore] = {}
+    stores: dict[str, TableStore] = {}
     for table, state in rows.items():
         store = make_store(table, configs[table])
         n = state["ids"].numel()

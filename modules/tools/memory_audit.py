@@ -35,7 +35,7 @@ from persia_planner.model.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.placement.memory import ps_server_capacity
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.search import Option, build_placement
-from persia_planner.tiers import Tier
+from persia_planner.tiers import tiers_of
 from persia_planner.topology.graph import Topology
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -343,13 +343,13 @@ def placed(
     name: str, spec: ModelSpec, topology: Topology, shardings: Mapping[str, tuple[Sharding, Sequence[int]]]
 ) -> Case:
     """A :class:`Case` whose tables are placed as given: ``{table: (sharding, trainer device indices)}`` (ignored
-    for ``ps_hash``: one bucket per server), each on the tier its sharding implies (``hbm`` or ``ps``), shaped by the
-    planner's own :func:`persia_planner.search.build_placement`."""
+    for ``ps_hash``: one bucket per server), each on the fastest tier its sharding runs on (``hbm``, ``ps``), shaped
+    by the planner's own :func:`persia_planner.search.build_placement`."""
     cost = CostModel(spec, topology)
     tables = {}
     for table in spec.tables:
         sharding, devices = shardings[table.name]
-        tier = Tier.PS if sharding is Sharding.PS_HASH else Tier.HBM
+        tier = min(tiers_of(sharding), key=lambda t: t.spec.speed_rank)
         tables[table.name] = build_placement(cost, table, Option(sharding, tier), list(devices))
     return Case(name, spec, tables, topology)
 

@@ -311,6 +311,7 @@ def _run(name: str, profile: dict[str, Any], steps: int) -> dict[str, Any]:
     from persia_planner.modules.train.engine import train_local
     from persia_planner.planner import Planner
     from persia_planner.search import GreedyLocalSearch
+    from persia_planner.tiers import local_tiers, server_tiers
 
     job = STEP_JOBS[name]
     # A sharding job's tables are constrained to its type (the bound and the search both honour a constraint).
@@ -327,9 +328,9 @@ def _run(name: str, profile: dict[str, Any], steps: int) -> dict[str, Any]:
             config = SearchConfig(seed=0, improve_time_s=1.0, tiers=tiers)
             return dict(Planner(GreedyLocalSearch(config)).plan(model, topology).tables)
 
-        placements = plan_on(frozenset({Tier.HBM}))
+        placements = plan_on(frozenset(local_tiers()[:1]))  # the fastest: the GPU's own memory
         if job.ps_tables:
-            remote = plan_on(frozenset({Tier.PS}))
+            remote = plan_on(frozenset(server_tiers()[:1]))  # the servers' DDR
             placements |= {t.name: remote[t.name] for t in tables[: job.ps_tables]}
         cost = CostModel(model, topology)
         estimate, _ = cost.evaluate(placements)

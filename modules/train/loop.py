@@ -39,7 +39,6 @@ from persia_planner.modules.train.lr_schedule import ScheduledRates
 from persia_planner.modules.train.run_inputs import dense_arch, dlrm_embedding_dim
 from persia_planner.placement.memory import ps_server_capacity, ssd_server_cache_capacity
 from persia_planner.placement.shards import TablePlacement
-from persia_planner.tiers import Memory
 
 if TYPE_CHECKING:
     from persia_planner.modules.train.job import Job
@@ -83,8 +82,9 @@ def build_model(
 
     Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_server_capacity``:
     the rows of its largest bucket plus the hash's allowance), or ``capacity[table]`` where given (``--ps-capacity
-    unbounded``). A table on the ``ssd`` tier keeps that many rows on each server's disk (in ``ssd_dir``) and the
-    plan's cache of them in DDR (``memory.ssd_server_cache_capacity``).
+    unbounded``). A table on a server tier with a cache (``TierSpec.cached``: the ``ssd`` tier) keeps that many rows in
+    the tier's backing memory (the servers' disks, their files in ``ssd_dir``) and the plan's cache of them
+    (``memory.ssd_server_cache_capacity``); each table's store is its tier's (``TierSpec.store``).
 
     Raises:
         PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
@@ -92,16 +92,16 @@ def build_model(
     from persia_planner.plan.torchrec_export import to_embedding_bag_configs
 
     dim = dlrm_embedding_dim(spec)
-    # Each server's store: the capacity the planner charged it for (room for the hash's imbalance); on the ssd
-    # tier, that of the DDR cache the plan sized, over a disk of the table's share.
+    # Each server's store: the capacity the planner charged it for (room for the hash's imbalance); on a tier with
+    # a cache, that of the cache the plan sized, over a backing memory of the table's share.
     given = capacity or {}
     remote = [t for t in spec.tables if tables is not None and tables[t.name].mode is Mode.ASYNC]
     capacity = {t.name: given.get(t.name, ps_server_capacity(t.rows, ps_servers)) for t in remote}
-    disk = {}
+    backing = {}
     for t in remote:
         placement = tables[t.name]  # type: ignore[index]
-        if placement.tier.spec.rows_in is Memory.DISK:
-            disk[t.name] = max(capacity[t.name], ps_server_capacity(t.rows, ps_servers))
+        if placement.tier.spec.cached:
+            backing[t.name] = max(capacity[t.name], ps_server_capacity(t.rows, ps_servers))
             fraction = placement.shards[0].cache_fraction or 0.0
             capacity[t.name] = ssd_server_cache_capacity(t.rows, ps_servers, fraction)
     torch.manual_seed(seed)
@@ -112,8 +112,8 @@ def build_model(
         optimizer=optimizer,
         staleness=staleness,
         ps_capacity=capacity,
-        ps_disk=disk,
-        ssd_dir=ssd_dir,
+        ps_backing=backing,
+        ps_store_dir=ssd_dir,
         seed=seed,
         device=device,
         local_device=local_device,

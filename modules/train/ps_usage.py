@@ -12,7 +12,7 @@ memory vector, :func:`planned_server_bytes`). Torch-free: dictionaries in, dicti
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from persia_planner.cost.analytic import CostModel
@@ -46,6 +46,7 @@ class ServerUsage:
         planned_bytes: The bytes the plan charged it (0 where the topology names no such server).
         disk_reads: Rows its ``ssd`` tables read from disk into their DDR caches.
         disk_writes: Rows they wrote back to disk (evicted from the caches).
+        stores: Per table, the store that ran it on this server (``"module:QualName"`` of its class).
     """
 
     name: str
@@ -62,6 +63,7 @@ class ServerUsage:
     planned_bytes: int
     disk_reads: int = 0
     disk_writes: int = 0
+    stores: dict[str, str] = field(default_factory=dict)
 
     @property
     def rss_over_planned(self) -> float:
@@ -146,6 +148,7 @@ def server_usage(
                 planned_bytes=int(planned.get(m["name"], 0)),
                 disk_reads=total("disk_reads"),
                 disk_writes=total("disk_writes"),
+                stores={name: store for name, store in m.get("stores", {}).items() if name != WARM_UP_TABLE},
             )
         )
     return out

@@ -46,6 +46,7 @@ import numpy as np
 
 from persia_planner.bound.terms import ASYNC_NAMES, N_ASYNC, TierChoice, option_columns, table_terms
 from persia_planner.cost.analytic import CostModel
+from persia_planner.tiers import Memory
 
 __all__ = ["MAX_WEIGHTINGS", "BoundPart", "LowerBound", "lower_bound", "lower_bound_ms"]
 
@@ -258,7 +259,7 @@ class _Relaxation:
             [
                 caps[lay.hbm].sum(),
                 caps[lay.ddr].sum(),
-                caps[lay.ps_mem].sum(),
+                caps[lay.slots(Memory.SERVER)].sum(),
                 caps[lay.hbm].sum() + caps[lay.ddr].sum(),
             ]
         )

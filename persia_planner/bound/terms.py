@@ -22,8 +22,8 @@ from persia_planner.placement.memory import (
     fbgemm_bytes,
     ps_holds,
 )
-from persia_planner.placement.shards import even_split, tier_bytes
-from persia_planner.tiers import Lookups, Memory, Tier, server_tiers
+from persia_planner.placement.shards import even_split, server_bytes, tier_bytes
+from persia_planner.tiers import Lookups, Memory, Tier, replica_tier, server_tiers
 
 __all__ = ["ASYNC_NAMES", "N_ASYNC", "TierChoice", "option_columns", "table_terms"]
 
@@ -56,7 +56,7 @@ def option_columns(cost: CostModel) -> list[TierChoice]:
     return [
         *(TierChoice(t) for t in local if not t.spec.cached),
         *(TierChoice(t) for t in local if t.spec.cached for _ in range(_cache_columns())),
-        TierChoice(Tier.HBM, replicated=True),
+        TierChoice(replica_tier(), replicated=True),
         TierChoice(servers[0]),
     ]
 
@@ -225,7 +225,7 @@ def _replica_column(cost: CostModel, tabs: _Tables, terms: _Terms, dp: int) -> N
     c, G = cost.constants, cost.layout.n_gpus
     replicas = np.array(
         [
-            float(tier_bytes(t, Tier.HBM, t.rows, t.dim, d, replica=True)[0])
+            float(tier_bytes(t, replica_tier(), t.rows, t.dim, d, replica=True)[0])
             for t, d in zip(tabs.tables, tabs.dtypes, strict=True)
         ]
     )
@@ -271,12 +271,23 @@ def _ps_column(cost: CostModel, tabs: _Tables, terms: _Terms, ps: int) -> np.nda
     asyn[:, :, ps] *= cost.scales["ps"]
     # The store's bytes are linear in the rows plus a fixed slack per server that holds a share, and a plan may
     # hash a table over fewer servers than there are: the least any plan can hold is all rows on one server.
-    # A table on the ssd tier keeps less in DDR (its cache, here none, and its disk index): the least of the tiers.
-    disks = any(s.ssd is not None for s in cost.topology.servers)
-    tiers = [t for t in server_tiers() if disks or t.spec.rows_in is not Memory.DISK]
+    # A table on a cached tier (ssd) keeps less in DDR (its cache, here none, and its index), one in another
+    # memory none: the least of the tiers some server has the memories of.
+    topology = cost.topology
+    tiers = [
+        t
+        for t in server_tiers()
+        if all(
+            any(m.spec.capacity_of(topology, s) > 0 for s in topology.servers)
+            for m in (t.spec.rows_in, t.spec.cache_in)
+            if m
+        )
+    ]
     for i, t in enumerate(tabs.tables):
-        one = even_split(t.rows, 1)
-        terms.mem[2, i, ps] = min(float(tier_bytes(t, tier, one, t.dim, tabs.dtypes[i])[1].sum()) for tier in tiers)
+        one = np.array(even_split(t.rows, 1))
+        terms.mem[2, i, ps] = min(
+            float(server_bytes(t, tier, one, t.dim, tabs.dtypes[i])[Memory.SERVER].sum()) for tier in tiers
+        )
     return traffic
 
 

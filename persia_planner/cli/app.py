@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from persia_planner.errors import ErrorKind, Interrupted, PlannerError, one_line
+from persia_planner.tiers.plugins import load_failure
 
 try:  # typer >= 0.22 vendors click; older typer depends on it.
     from typer._click.exceptions import ClickException
@@ -53,6 +54,12 @@ class _OneLineErrors(TyperGroup):
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None, **extra: Any):
         standalone = extra.pop("standalone_mode", True)
+        failed = load_failure()  # a tier module named by the environment: every command needs the tiers
+        if failed is not None:
+            code = print_error(str(failed), EXIT_BAD_INPUT)
+            if standalone:
+                sys.exit(code)
+            return code
         try:
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             code = result if isinstance(result, int) else 0

@@ -27,7 +27,7 @@ from persia_planner.model.qcomms import FP32_COMMS, QComms
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.memory import SSD_LOG_SLACK, ssd_rows_per_block
 from persia_planner.placement.shards import Shard, Storage, TablePlacement
-from persia_planner.tiers import Lookups, Memory, Tier
+from persia_planner.tiers import Holder, Lookups, Tier, server_tiers
 from persia_planner.topology.graph import Topology
 from persia_planner.topology.hardware import DeviceKind
 
@@ -431,15 +431,15 @@ class CostModel(MemorySlots):
         return self.moved_bytes(table, rows, table.dim, rows)
 
     def ps_table_loads(
-        self, table: TableSpec, shares: np.ndarray, tier: Tier = Tier.PS, cache_fraction: float = 0.0
+        self, table: TableSpec, shares: np.ndarray, tier: Tier | None = None, cache_fraction: float = 0.0
     ) -> np.ndarray:
         """Load vector of a table hashed over the parameter servers, ``shares[p]`` of its ids on server p.
 
-        Every GPU fetches the rows of its local batch and pushes their gradients (ids travel too). On the ``ssd``
-        tier a server also reads the rows its DDR cache misses from disk and logs the rows they evict
+        Every GPU fetches the rows of its local batch and pushes their gradients (ids travel too). On a cached
+        server tier (``ssd``) a server also reads the rows its DDR cache misses from disk and logs the rows they evict
         (:meth:`.Disk.ms_per_miss`), in the request threads of its store's work.
         """
-        lay = self.layout
+        lay, tier = self.layout, tier or server_tiers()[0]
         loads = np.zeros(lay.size)
         total = float(shares.sum())
         per_gpu = self.ps_bytes_per_gpu(table) * total
@@ -447,14 +447,14 @@ class CostModel(MemorySlots):
         loads[lay.pcie] = per_gpu / self.pcie_bw
         loads[lay.nic_async] = per_gpu * self.gpus_per_host / self.nic_bw
         loads[lay.ps_nic] = G * self.ps_bytes_per_gpu(table) * shares / self.ps_nic_bw
-        loads[lay.ps_ddr] = self.ps_moved_bytes(table) * shares / self.ps_ddr_bw
+        loads[lay.ps_ddr] = self.ps_moved_bytes(table) * shares / (self.ps_ddr_bw * tier.spec.bandwidth_share)
         loads[lay.switch] = G * per_gpu / self.switch_bw
         # Every trainer sends each server that holds a share one lookup and one push per step: a fixed cost for the
         # server, and for the trainer's own thread, which prepares and sends them.
         holding = shares > 0
         loads[lay.ps_nic] += np.where(holding, 2 * lay.n_gpus * self.constants.ps_request_ms, 0.0)
         loads[lay.emb] += 2 * float(holding.sum()) * self.constants.ps_client_ms
-        if tier.spec.rows_in is Memory.DISK:  # a server without a disk holds no share (validation refuses it)
+        if tier.spec.cached:  # misses read the server's disk; a server without one holds no share (validation)
             n, alpha, rows = G * self.local_batch, table.zipf_alpha, table.rows
             misses = cache_misses(alpha, rows, n * table.pooling_factor, self.unique_rows(table, n), cache_fraction)
             per_block = ssd_rows_per_block(table.dim, table.optimizer, self.dtype_of(table))
@@ -496,24 +496,22 @@ class CostModel(MemorySlots):
         gpu_index = self.topology.gpu_index
         if placement.sharding is Sharding.DATA_PARALLEL:
             gpus = np.array([gpu_index(s.device) for s in shards])
-            mem[lay.hbm.start + gpus] = [storage(s).hbm_bytes for s in shards]
+            for g, s in zip(gpus, shards, strict=True):
+                self.charge(mem, storage(s), gpu=int(g))
             return self.replica_loads(table, gpus), mem
         if placement.sharding is Sharding.PS_HASH:
             shares = np.zeros(lay.n_servers)
             for s in shards:
                 p = self.topology.server_index(s.device)
                 shares[p] += s.row_fraction(table) * s.n_cols / table.dim
-                mem[lay.ps_mem.start + p] += storage(s).ddr_bytes
-                mem[lay.ps_disk.start + p] += storage(s).disk_bytes
+                self.charge(mem, storage(s), server=p)
             return self.ps_table_loads(table, shares, placement.tier, shards[0].cache_fraction or 0.0), mem
         loads = np.zeros(lay.size)
         groups: dict[tuple[int, Tier, float], list[Shard]] = {}
         for s in shards:
             groups.setdefault((s.n_cols, s.tier, s.cache_fraction or 0.0), []).append(s)
             g = gpu_index(s.device)
-            held = storage(s)
-            mem[lay.hbm.start + g] += held.hbm_bytes
-            mem[lay.ddr.start + self.gpu_host[g]] += held.ddr_bytes
+            self.charge(mem, storage(s), gpu=g)
         for (cols, tier, fraction), group in groups.items():
             gpus = np.array([gpu_index(s.device) for s in group])
             fractions = np.array([s.row_fraction(table) for s in group])
@@ -562,12 +560,9 @@ class CostModel(MemorySlots):
     def capacities(self) -> np.ndarray:
         """Usable bytes per memory slot (capacity minus the planner's reservation)."""
         topo = self.topology
+        devices = {Holder.GPU: topo.gpus, Holder.HOST: topo.trainers, Holder.SERVER: topo.servers}
         return np.array(
-            [topo.hbm_capacity(g) for g in topo.gpus]
-            + [topo.ddr_capacity(h) for h in topo.trainers]
-            + [topo.ddr_capacity(s) for s in topo.servers]
-            + [s.ssd.capacity_bytes if s.ssd is not None else 0 for s in topo.servers],
-            dtype=float,
+            [m.spec.capacity_of(topo, d) for m in self.layout.memories for d in devices[m.spec.holder]], dtype=float
         )
 
     # ---- the vectors by resource: what the search reads and builds, without the layout's index ranges ---------

@@ -1,13 +1,18 @@
-"""Memory vectors: the bytes a placement keeps in every memory slot of the cluster (each GPU's HBM, each trainer
-host's DDR, each parameter server's DDR and disk), laid out by :class:`~persia_planner.cost.terms.Layout`; the
-capacity check and the search sum them as the step's load vectors are summed."""
+"""Memory vectors: the bytes a placement keeps in every memory slot of the cluster (one slot per registered memory
+and device that holds it: each GPU's HBM, each trainer host's DDR, each parameter server's DDR and disk), laid out
+by :class:`~persia_planner.cost.terms.Layout`; the capacity check and the search sum them as the step's load vectors
+are summed."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
 from persia_planner.cost.all_to_all import DENSE_MAX_GPUS
 from persia_planner.cost.terms import Layout
+from persia_planner.placement.shards import Storage
+from persia_planner.tiers import Holder, Memory
 
 __all__ = ["MemorySlots"]
 
@@ -23,23 +28,28 @@ class MemorySlots:
     layout: Layout
     gpu_host: np.ndarray
 
-    def memory_vector(
-        self,
-        hbm: float | np.ndarray = 0.0,
-        ddr: float | np.ndarray = 0.0,
-        ps: float | np.ndarray = 0.0,
-        disk: float | np.ndarray = 0.0,
-    ) -> np.ndarray:
-        """A memory vector (bytes per slot) from its parts: ``hbm`` per GPU, ``ddr`` per trainer host, ``ps`` (DDR)
-        and ``disk`` per server (each a value for every slot of its kind, or one per slot); or its price vector,
-        given prices."""
+    def memory_vector(self, by_memory: Mapping[Memory, float | np.ndarray] | None = None) -> np.ndarray:
+        """A memory vector (bytes per slot) from its parts: per memory, a value for every slot of it or one per slot
+        (every other slot 0); or its price vector, given prices."""
         lay = self.layout
         mem = np.zeros(lay.mem_size)
-        mem[lay.hbm] = hbm
-        mem[lay.ddr] = ddr
-        mem[lay.ps_mem] = ps
-        mem[lay.ps_disk] = disk
+        for memory, value in (by_memory or {}).items():
+            mem[lay.slots(memory)] = value
         return mem
+
+    def charge(self, mem: np.ndarray, storage: Storage, *, gpu: int | None = None, server: int | None = None) -> None:
+        """Add a shard's ``storage`` to ``mem``: each memory's bytes in the slot of the device that holds it for the
+        shard (its GPU ``gpu``, that GPU's host, or the server ``server``)."""
+        lay = self.layout
+        for memory, size in storage.by_memory:
+            holder = memory.spec.holder
+            if holder is Holder.SERVER:
+                assert server is not None, f"a shard on a GPU holds no {memory} memory"
+                index = server
+            else:
+                assert gpu is not None, f"a shard on a server holds no {memory} memory"
+                index = gpu if holder is Holder.GPU else int(self.gpu_host[gpu])
+            mem[lay.slots(memory).start + index] += size
 
     def shard_memory(self, gpus: np.ndarray, hbm: float | np.ndarray, ddr: float | np.ndarray) -> np.ndarray:
         """Memory vectors, one row per GPU in ``gpus``, of a shard on it: ``hbm`` bytes in its HBM and ``ddr`` in its
@@ -70,6 +80,6 @@ class MemorySlots:
         """The trainer DDR slots of a memory vector, per host (a view)."""
         return mem[self.layout.ddr]
 
-    def ps_mem_of(self, mem: np.ndarray) -> np.ndarray:
-        """The parameter servers' DDR slots of a memory vector, per server (a view)."""
-        return mem[self.layout.ps_mem]
+    def slots_of(self, mem: np.ndarray, memory: Memory) -> np.ndarray:
+        """The slots of ``memory`` in a memory vector, one per device that holds it (a view)."""
+        return mem[self.layout.slots(memory)]

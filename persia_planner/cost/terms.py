@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from persia_planner.tiers import Holder, Memory
+
 __all__ = ["Cost", "Estimate", "Layout"]
 
 
@@ -99,28 +101,56 @@ class Layout:
     def size(self) -> int:
         return self.dp_bytes + 1
 
-    # memory vector
+    # memory vector: one slot per (memory, device holding it), the memories in registration order
+    @functools.cached_property
+    def memories(self) -> tuple[Memory, ...]:
+        """The memories a vector has slots of: those registered when the layout was first asked (a tier module
+        loaded later does not change a cost model built before)."""
+        return tuple(Memory)
+
+    def holders(self, holder: Holder) -> int:
+        """How many devices hold a memory of ``holder``'s kind."""
+        return {Holder.GPU: self.n_gpus, Holder.HOST: self.n_hosts, Holder.SERVER: self.n_servers}[holder]
+
+    @functools.cached_property
+    def _slots(self) -> dict[Memory, slice]:
+        found, start = {}, 0
+        for memory in self.memories:
+            size = self.holders(memory.spec.holder)
+            found[memory], start = slice(start, start + size), start + size
+        return found
+
+    def slots(self, memory: Memory) -> slice:
+        """The slots of ``memory``, one per device that holds it (in the topology's order).
+
+        Raises:
+            KeyError: ``memory`` was registered after this layout was made.
+        """
+        return self._slots[memory]
+
     @functools.cached_property
     def hbm(self) -> slice:
-        return slice(0, self.n_gpus)
+        """The GPUs' memory (device memory: where fbgemm's kernels keep rows and caches)."""
+        return self.slots(Memory.DEVICE)
 
     @functools.cached_property
     def ddr(self) -> slice:
-        return slice(self.n_gpus, self.n_gpus + self.n_hosts)
+        """The trainer hosts' memory (host memory: fbgemm's managed rows)."""
+        return self.slots(Memory.HOST)
 
     @functools.cached_property
     def ps_mem(self) -> slice:
-        return slice(self.n_gpus + self.n_hosts, self.n_gpus + self.n_hosts + self.n_servers)
+        """The parameter servers' DDR (their stores' memory)."""
+        return self.slots(Memory.SERVER)
 
     @functools.cached_property
-    def ps_disk(self) -> slice:
-        """The parameter servers' disks (the ``ssd`` tier's files)."""
-        start = self.n_gpus + self.n_hosts + self.n_servers
-        return slice(start, start + self.n_servers)
+    def server_slots(self) -> tuple[tuple[Memory, slice], ...]:
+        """Each server memory and its slots."""
+        return tuple((m, self._slots[m]) for m in self.memories if m.spec.holder is Holder.SERVER)
 
     @functools.cached_property
     def mem_size(self) -> int:
-        return self.n_gpus + self.n_hosts + 2 * self.n_servers
+        return sum(self.holders(m.spec.holder) for m in self.memories)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from persia_planner.model.access_pattern import MIN_CACHE_FRACTION
 from persia_planner.model.constraints import TableConstraints
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.memory import PS_MAX_ROWS, ps_holds
-from persia_planner.placement.shards import TablePlacement, disk_bytes, even_split, tier_bytes
-from persia_planner.tiers import Memory, Tier
+from persia_planner.placement.shards import TablePlacement, even_split, server_bytes, tier_bytes
+from persia_planner.tiers import Memory, Tier, server_tiers
 from persia_planner.topology.graph import Topology
 from persia_planner.units import format_bytes
 
@@ -67,8 +67,8 @@ def placeable(table: TableSpec, topology: Topology) -> list[tuple[Sharding, Tier
     pairs = []
     for sharding, tier in allowed.combinations():
         if sharding is Sharding.PS_HASH:
-            # the ssd tier needs a disk on every server (a table hashes over all of them)
-            ok = every_server and (tier.spec.rows_in is not Memory.DISK or all(s.ssd for s in topology.servers))
+            # a server tier needs its memories on every server (a table hashes over all of them)
+            ok = every_server and not _lacking(tier, topology)
         elif sharding in _EVERY_DEVICE:
             ok = every_gpu
         elif sharding is Sharding.TABLE_ROW_WISE:
@@ -78,6 +78,18 @@ def placeable(table: TableSpec, topology: Topology) -> list[tuple[Sharding, Tier
         if ok:
             pairs.append((sharding, tier))
     return pairs
+
+
+def _lacking(tier: Tier, topology: Topology) -> tuple[Memory, list[str]] | None:
+    """The first memory of server tier ``tier``'s (its rows' or its cache's) that some servers lack, and those
+    servers (None: every server has each)."""
+    for memory in (tier.spec.rows_in, tier.spec.cache_in):
+        if memory is None:
+            continue
+        without = [s.name for s in topology.servers if memory.spec.capacity_of(topology, s) <= 0]
+        if without:
+            return memory, without
+    return None
 
 
 def _unknown_device(table: TableSpec, unknown: Sequence[str], topology: Topology) -> ConstraintError:
@@ -102,21 +114,26 @@ def _no_placement(table: TableSpec, topology: Topology) -> ConstraintError:
     gpus = sum(allowed.allows_device(g.name) for g in topology.gpus)
     servers = sum(allowed.allows_device(s.name) for s in topology.servers)
     reasons = []
-    # ps_hash allowed on disk tiers only (tiers: [ssd]), on every server, some of which have no disk
-    on_disk = all(t.spec.rows_in is Memory.DISK for s, t in allowed.combinations() if s is Sharding.PS_HASH)
-    diskless = [s.name for s in topology.servers if s.ssd is None]
-    no_disk = bool(diskless) and on_disk and servers == len(topology.servers)
+    # ps_hash allowed only on tiers whose memory some servers lack (tiers: [ssd]), on every server
+    server_pairs = [t for s, t in allowed.combinations() if s is Sharding.PS_HASH]
+    lacking = [_lacking(t, topology) for t in server_pairs]
+    no_disk = bool(server_pairs) and all(lacking) and servers == len(topology.servers)
     if Sharding.PS_HASH in shardings:
         if not topology.servers:
             reasons.append(f"ps_hash needs parameter servers, and topology {topology.name!r} has none")
         elif no_disk:
+            tier, (memory, without) = server_pairs[0], lacking[0]
+            spec = memory.spec
             which = (
-                f"no parameter server of topology {topology.name!r} has an ssd: disk"
-                if len(diskless) == len(topology.servers)
-                else f"{diskless[0]}{f' and {len(diskless) - 1} more' if len(diskless) > 1 else ''} of the "
-                f"{len(topology.servers)} parameter servers {'have' if len(diskless) > 1 else 'has'} no ssd: disk"
+                f"no parameter server of topology {topology.name!r} has {spec.entry}"
+                if len(without) == len(topology.servers)
+                else f"{without[0]}{f' and {len(without) - 1} more' if len(without) > 1 else ''} of the "
+                f"{len(topology.servers)} parameter servers {'have' if len(without) > 1 else 'has'} no "
+                f"{spec.entry.split(' ', 1)[1] if spec.entry.startswith(('a ', 'an ')) else spec.entry}"
             )
-            reasons.append(f"the ssd tier keeps a table's rows on every parameter server's disk, and {which}")
+            reasons.append(
+                f"the {tier} tier keeps a table's rows on every parameter server's {spec.short_name}, and {which}"
+            )
         else:
             reasons.append(
                 f"ps_hash hashes a table over every parameter server, and it names {servers} of the "
@@ -142,7 +159,8 @@ def _no_placement(table: TableSpec, topology: Topology) -> ConstraintError:
     if not topology.servers and not local:
         fixes = ("add parameter servers (hosts with role: parameter_server)", "allow a tier of the trainers")
     if no_disk and Sharding.PS_HASH in shardings:
-        fixes = ("add 'ssd: SIZE' (e.g. ssd: 2TiB) to the topology's parameter-server hosts", "allow tier ps")
+        usable = [t.value for t in server_tiers() if not _lacking(t, topology)]
+        fixes = (lacking[0][0].spec.how_to_add, f"allow tier {' or '.join(usable)}" if usable else "allow a local tier")
     return ConstraintError(
         table.name,
         f"table {table.name!r}: no placement keeps its constraints ({allowed.describe()}): {'; '.join(reasons)}",
@@ -205,25 +223,19 @@ def _short_of(table: TableSpec, pair: tuple[Sharding, Tier], topology: Topology,
                 f"{PS_MAX_ROWS:,} of one table a server's store holds",
             )
         fraction = _least_cache(allowed) if tier.spec.cached else 0.0
-        rows = even_split(table.rows, n)
-        shares = tier_bytes(table, tier, rows, table.dim, dtype, fraction)[1]
-        caps = [topology.ddr_capacity(s) for s in topology.servers]
-        worst = max(range(n), key=lambda i: shares[i] - caps[i])
-        server = topology.servers[worst].name
-        if shares[worst] > caps[worst] + 0.5:
-            text = f"needs {{need}} of {server}'s DDR for its share, which has {{have}} usable"
-            return _short(pair, f"{server} DDR", float(shares[worst]), float(caps[worst]), text)
-        disks = disk_bytes(table, tier, np.array(rows), table.dim, dtype, fraction)
-        caps = [s.ssd.capacity_bytes if s.ssd is not None else 0 for s in topology.servers]
-        worst = max(range(n), key=lambda i: disks[i] - caps[i])
-        if disks[worst] <= caps[worst] + 0.5:
-            return None
-        server = topology.servers[worst].name
-        text = f"needs {{need}} of {server}'s disk for its share, which has {{have}}"
-        return _short(pair, f"{server} disk", float(disks[worst]), float(caps[worst]), text)
+        rows = np.array(even_split(table.rows, n))
+        for memory, shares in server_bytes(table, tier, rows, table.dim, dtype, fraction).items():
+            caps = [memory.spec.capacity_of(topology, s) for s in topology.servers]
+            worst = max(range(n), key=lambda i: shares[i] - caps[i])
+            if shares[worst] > caps[worst] + 0.5:
+                server, noun = topology.servers[worst].name, memory.spec.short_name
+                usable = " usable" if memory is Memory.SERVER else ""  # DDR keeps a reservation back; a disk none
+                text = f"needs {{need}} of {server}'s {noun} for its share, which has {{have}}{usable}"
+                return _short(pair, f"{server} {noun}", float(shares[worst]), float(caps[worst]), text)
+        return None
     gpus = [g for g in topology.gpus if allowed.allows_device(g.name)]
     if sharding is Sharding.DATA_PARALLEL:
-        need = float(tier_bytes(table, Tier.HBM, table.rows, table.dim, dtype, replica=True)[0])
+        need = float(tier_bytes(table, tier, table.rows, table.dim, dtype, replica=True)[0])
         have = float(min(topology.hbm_capacity(g) for g in gpus))
         text = "needs {need} of HBM on every device, and the smallest has {have} usable"
         return None if need <= have + 0.5 else _short(pair, "GPU HBM", need, have, text)

@@ -1,7 +1,7 @@
 """Value objects of a placement: shards and a table's placement (the tiers, sharding types and modes they name live in
 :mod:`.kinds`, re-exported here). Shared by the cost model, search and plan.
 
-A shard's :meth:`Shard.storage` is what the runtime allocates for it (:func:`tier_bytes`, from the layouts in
+A shard's :meth:`Shard.storage` is what the runtime allocates for it (:func:`footprint`, from the layouts in
 :mod:`.memory`).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from persia_planner.kinds import Mode, Sharding
 from persia_planner.model.specs import DType, TableSpec
 from persia_planner.placement import memory
-from persia_planner.tiers import Memory, Tier
+from persia_planner.tiers import Holder, Memory, Tier
 
 __all__ = [
     "Mode",
@@ -24,41 +24,37 @@ __all__ = [
     "TablePlacement",
     "Tier",
     "bucket_rows",
-    "disk_bytes",
     "even_split",
+    "footprint",
     "row_blocks",
     "row_splittable",
+    "server_bytes",
     "tier_bytes",
 ]
 
 
 @dataclass(frozen=True)
 class Storage:
-    """Bytes held in GPU memory, in DDR (host or parameter server) and on a parameter server's disk."""
+    """Bytes a shard holds in each memory (:func:`footprint`'s, as whole bytes; a memory it holds nothing of is
+    absent), charged to the device of the shard that holds that memory."""
 
-    hbm_bytes: int = 0
-    ddr_bytes: int = 0
-    disk_bytes: int = 0
+    by_memory: tuple[tuple[Memory, int], ...] = ()
 
-    def __add__(self, other: Storage) -> Storage:
-        return Storage(
-            self.hbm_bytes + other.hbm_bytes, self.ddr_bytes + other.ddr_bytes, self.disk_bytes + other.disk_bytes
-        )
+    def of(self, memory: Memory) -> int:
+        """Bytes in ``memory``."""
+        return dict(self.by_memory).get(memory, 0)
 
-    def __sub__(self, other: Storage) -> Storage:
-        return Storage(
-            self.hbm_bytes - other.hbm_bytes, self.ddr_bytes - other.ddr_bytes, self.disk_bytes - other.disk_bytes
-        )
+    def of_usage(self, usage_key: str) -> int:
+        """Bytes in the memories plan.json reports under ``usage_key`` (``ddr_bytes``: a host's or a server's)."""
+        return sum(b for m, b in self.by_memory if m.spec.usage_key == usage_key)
 
-    def __mul__(self, factor: int) -> Storage:
-        return Storage(self.hbm_bytes * factor, self.ddr_bytes * factor, self.disk_bytes * factor)
+    @property
+    def hbm_bytes(self) -> int:
+        return self.of_usage(Memory.DEVICE.spec.usage_key)
 
-    def fits(self, capacity: Storage) -> bool:
-        return (
-            self.hbm_bytes <= capacity.hbm_bytes
-            and self.ddr_bytes <= capacity.ddr_bytes
-            and self.disk_bytes <= capacity.disk_bytes
-        )
+    @property
+    def ddr_bytes(self) -> int:
+        return self.of_usage(Memory.HOST.spec.usage_key)
 
 
 @dataclass(frozen=True)
@@ -104,7 +100,7 @@ class Shard:
         return self.n_rows(table) / table.rows
 
     def storage(self, table: TableSpec, dtype: DType) -> Storage:
-        """HBM and DDR bytes this shard occupies as the runtime allocates them (see :func:`tier_bytes`)."""
+        """Bytes this shard occupies in each memory as the runtime allocates them (see :func:`footprint`)."""
         fraction = self.cache_fraction or 0.0
         return _storage(table, self.tier, self.n_rows(table), self.n_cols, dtype, fraction, self.replica)
 
@@ -115,9 +111,8 @@ def _storage(
 ) -> Storage:
     # Validation, scoring and the report each ask for every shard's storage, and the shards of a table (a replica on
     # every GPU, equal row blocks) mostly share one: numpy on scalars costs microseconds per call.
-    hbm, ddr = tier_bytes(table, tier, rows, cols, dtype, cache_fraction, replica=replica)
-    disk = disk_bytes(table, tier, rows, cols, dtype, cache_fraction) if not replica else 0
-    return Storage(int(hbm), int(ddr), int(disk))
+    found = footprint(table, tier, rows, cols, dtype, cache_fraction, replica=replica)
+    return Storage(tuple((m, int(b)) for m, b in found.items() if int(b)))
 
 
 def bucket_rows(total: int, bucket: int, buckets: int) -> int:
@@ -148,6 +143,42 @@ def row_splittable(rows: int, parts: int) -> bool:
     return parts > 1 and (parts - 1) * -(-rows // parts) < rows
 
 
+def footprint(
+    table: TableSpec,
+    tier: Tier,
+    rows: Any,
+    cols: int,
+    dtype: DType,
+    cache_fraction: float = 0.0,
+    *,
+    replica: bool = False,
+) -> dict[Memory, Any]:
+    """Bytes per memory of a shard of ``rows`` rows (an int or a numpy array of row counts) and ``cols`` columns on
+    ``tier``, as the runtime that executes the tier allocates them; each memory's bytes are charged to the device
+    of the shard that holds it (its GPU, its GPU's host, or each server of a hashed share).
+
+    The tier's descriptor decides. A tier TorchRec runs is fbgemm's TBE (TorchRec's ``fused``, ``fused_uvm`` and
+    ``fused_uvm_caching`` kernels): rows in device memory, or in host memory as ``MANAGED`` (UVM) or, cached,
+    ``MANAGED_CACHING`` (:func:`.memory.fbgemm_bytes`); a data-parallel ``replica`` also keeps its DDP gradient
+    (:func:`.memory.replica_bytes`). A tier the servers run is a server's store: every row in the memory it names
+    (:func:`.memory.ps_bytes`), or, cached, a cache and the index of its backing rows in ``cache_in`` over the rows
+    in ``rows_in`` (:func:`.memory.ssd_bytes`). The search, the lower bound, validation and the report all charge
+    these.
+    """
+    if replica:
+        return {Memory.DEVICE: memory.replica_bytes(table, rows, cols, dtype)}
+    spec = tier.spec
+    if not spec.local:
+        if spec.cache_in is None:
+            return {spec.rows_in: memory.ps_bytes(rows, cols, table.optimizer, dtype)}
+        cache, backing = memory.ssd_bytes(rows, cols, table.optimizer, dtype, cache_fraction)
+        return {spec.cache_in: cache, spec.rows_in: backing}
+    managed = spec.rows_in is not Memory.DEVICE
+    fraction = cache_fraction if spec.cached else 0.0
+    device, host = memory.fbgemm_bytes(table, rows, cols, dtype, managed=managed, cache_fraction=fraction)
+    return {Memory.DEVICE: device, Memory.HOST: host}
+
+
 def tier_bytes(
     table: TableSpec,
     tier: Tier,
@@ -158,35 +189,18 @@ def tier_bytes(
     *,
     replica: bool = False,
 ) -> tuple[Any, Any]:
-    """``(hbm, ddr)`` bytes of a shard of ``rows`` rows (an int or a numpy array of row counts) and ``cols`` columns
-    on ``tier``, as the runtime that executes the tier allocates them.
-
-    The tier's :attr:`.TierSpec.rows_in` decides: rows in device memory run as fbgemm's TBE with its table in
-    ``DEVICE`` memory, rows in host memory in ``MANAGED`` (UVM) or, for a cached tier, ``MANAGED_CACHING`` memory
-    (TorchRec's ``fused``, ``fused_uvm`` and ``fused_uvm_caching`` kernels), see :func:`.memory.fbgemm_bytes`; a
-    data-parallel ``replica`` (``hbm``) also keeps its DDP gradient, see :func:`.memory.replica_bytes`; rows in
-    server memory live in a parameter server's store, see :func:`.memory.ps_bytes` (DDR of the server); rows on a
-    server's disk keep their cache and disk index in its DDR, see :func:`.memory.ssd_bytes` (and :func:`disk_bytes`
-    for the disk). The search, the lower bound, validation and the report all charge these.
-    """
-    if replica:
-        return memory.replica_bytes(table, rows, cols, dtype), 0
-    spec = tier.spec
-    if spec.rows_in is Memory.SERVER:
-        return 0, memory.ps_bytes(rows, cols, table.optimizer, dtype)
-    if spec.rows_in is Memory.DISK:
-        return 0, memory.ssd_bytes(rows, cols, table.optimizer, dtype, cache_fraction)[0]
-    managed = spec.rows_in is Memory.HOST
-    fraction = cache_fraction if spec.cached else 0.0
-    return memory.fbgemm_bytes(table, rows, cols, dtype, managed=managed, cache_fraction=fraction)
+    """``(device, host)`` bytes of a shard on a local ``tier`` (:func:`footprint`'s, in its GPU's memory and its
+    host's): what the device choice and the enumeration weigh against a GPU and its host."""
+    found = footprint(table, tier, rows, cols, dtype, cache_fraction, replica=replica)
+    return found.get(Memory.DEVICE, 0 * rows), found.get(Memory.HOST, 0 * rows)
 
 
-def disk_bytes(table: TableSpec, tier: Tier, rows: Any, cols: int, dtype: DType, cache_fraction: float = 0.0) -> Any:
-    """Bytes a shard of ``rows`` rows x ``cols`` columns on ``tier`` takes on its parameter server's disk (the file
-    of :func:`.memory.ssd_bytes`; 0 on a tier that keeps no rows on disk)."""
-    if tier.spec.rows_in is not Memory.DISK:
-        return 0 * rows
-    return memory.ssd_bytes(rows, cols, table.optimizer, dtype, cache_fraction)[1]
+def server_bytes(
+    table: TableSpec, tier: Tier, rows: Any, cols: int, dtype: DType, cache_fraction: float = 0.0
+) -> dict[Memory, Any]:
+    """:func:`footprint` of a server tier's shares, every server memory present (0 where the tier keeps nothing)."""
+    found = footprint(table, tier, rows, cols, dtype, cache_fraction)
+    return {m: found.get(m, 0 * rows) for m in Memory if m.spec.holder is Holder.SERVER}
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from persia_planner.model.qcomms import QComms
 from persia_planner.model.specs import DType, ModelSpec
 from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.plan.tuning import Tuning
-from persia_planner.tiers import Memory, Tier
+from persia_planner.tiers import Holder, Memory, Tier
 from persia_planner.units import Quantity
 
 __all__ = [
@@ -38,15 +38,30 @@ __all__ = [
 FORMAT = "persia-plan/1"
 
 
+_USAGE_KEYS = ("hbm_bytes", "ddr_bytes")  # every device reports these; another memory's key only where it holds some
+
+
 @dataclass(frozen=True)
 class DeviceUsage:
-    """What a plan puts on one device (GPU, trainer host or parameter server; ``disk_bytes``: a server's ``ssd``
-    tier files)."""
+    """What a plan puts on one device (GPU, trainer host or parameter server).
+
+    Attributes:
+        hbm_bytes: In its GPU memory.
+        ddr_bytes: In its DDR (a GPU's: the rows its shards keep in its host's).
+        cost_ms: Its busiest resource's time per step.
+        other_bytes: In each other memory, by the memory's ``usage_key`` (a server's ``disk_bytes``), nonzero only.
+    """
 
     hbm_bytes: int
     ddr_bytes: int
     cost_ms: float
-    disk_bytes: int = 0
+    other_bytes: tuple[tuple[str, int], ...] = ()
+
+    def bytes_of(self, usage_key: str) -> int:
+        """Bytes reported under ``usage_key`` (``hbm_bytes``, ``ddr_bytes`` or another memory's)."""
+        if usage_key in _USAGE_KEYS:
+            return self.hbm_bytes if usage_key == "hbm_bytes" else self.ddr_bytes
+        return dict(self.other_bytes).get(usage_key, 0)
 
 
 @dataclass(frozen=True)
@@ -126,7 +141,7 @@ class Plan:
                 name: {
                     "hbm_bytes": u.hbm_bytes,
                     "ddr_bytes": u.ddr_bytes,
-                    **({"disk_bytes": u.disk_bytes} if u.disk_bytes else {}),
+                    **dict(u.other_bytes),
                     "cost_ms": round(u.cost_ms, 4),
                 }
                 for name, u in self.devices.items()
@@ -218,12 +233,12 @@ class Plan:
             for name in device_data.names():
                 usage = device_data.sub(str(name))
                 assert usage is not None
-                devices[str(name)] = DeviceUsage(
-                    usage.take("hbm_bytes", Quantity.SIZE, default=0),
-                    usage.take("ddr_bytes", Quantity.SIZE, default=0),
-                    usage.take("cost_ms", Quantity.NUMBER, default=0.0),
-                    usage.take("disk_bytes", Quantity.SIZE, default=0),
-                )
+                hbm = usage.take("hbm_bytes", Quantity.SIZE, default=0)
+                ddr = usage.take("ddr_bytes", Quantity.SIZE, default=0)
+                cost_ms = usage.take("cost_ms", Quantity.NUMBER, default=0.0)
+                others = dict.fromkeys(m.spec.usage_key for m in Memory if m.spec.usage_key not in _USAGE_KEYS)
+                found = ((key, usage.take(key, Quantity.SIZE, default=0)) for key in others)
+                devices[str(name)] = DeviceUsage(hbm, ddr, cost_ms, tuple((k, b) for k, b in found if b))
                 usage.finish()
             device_data.finish()
         estimate = top.sub("estimate", default=None)
@@ -379,17 +394,28 @@ def usage_of(
     gpu_ddr: dict[str, int] = {}
     for table in cost.model.tables:
         for shard in placements[table.name].shards:
-            if shard.tier.spec.rows_in is Memory.HOST:
+            if shard.tier.spec.rows_in.spec.holder is Holder.HOST:
                 gpu_ddr[shard.device] = gpu_ddr.get(shard.device, 0) + shard.bytes
+
+    def held(holder: Holder, index: int) -> dict[str, int]:
+        found = dict.fromkeys(_USAGE_KEYS, 0)
+        for memory in lay.memories:
+            if memory.spec.holder is holder:
+                key = memory.spec.usage_key
+                found[key] = found.get(key, 0) + int(mem[lay.slots(memory).start + index])
+        return found
+
+    def device_usage(found: dict[str, int], cost_ms: float, ddr: int | None = None) -> DeviceUsage:
+        others = tuple((k, b) for k, b in found.items() if k not in _USAGE_KEYS and b)
+        return DeviceUsage(found["hbm_bytes"], found["ddr_bytes"] if ddr is None else ddr, cost_ms, others)
+
     usage: dict[str, DeviceUsage] = {}
     for g, gpu in enumerate(topo.gpus):
-        usage[gpu.name] = DeviceUsage(
-            int(mem[lay.hbm.start + g]), gpu_ddr.get(gpu.name, 0), float(estimate.per_gpu["step"][g])
+        usage[gpu.name] = device_usage(
+            held(Holder.GPU, g), float(estimate.per_gpu["step"][g]), gpu_ddr.get(gpu.name, 0)
         )
     for h, host in enumerate(topo.trainers):
-        usage[host.name] = DeviceUsage(0, int(mem[lay.ddr.start + h]), float(estimate.host_nic_ms[h]))
+        usage[host.name] = device_usage(held(Holder.HOST, h), float(estimate.host_nic_ms[h]))
     for p, server in enumerate(topo.servers):
-        usage[server.name] = DeviceUsage(
-            0, int(mem[lay.ps_mem.start + p]), float(estimate.server_ms[p]), int(mem[lay.ps_disk.start + p])
-        )
+        usage[server.name] = device_usage(held(Holder.SERVER, p), float(estimate.server_ms[p]))
     return usage

@@ -32,7 +32,7 @@ from persia_planner.model.specs import DType, ModelSpec, Optimizer, TableSpec
 from persia_planner.placement.shards import Shard, TablePlacement, row_blocks
 from persia_planner.plan.plan import Plan
 from persia_planner.plan.validation import require_same_tables, wrong_device
-from persia_planner.tiers import Tier
+from persia_planner.tiers import replica_tier
 from persia_planner.topology.graph import Topology
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -237,7 +237,7 @@ def _table_sharding(table: TableSpec, placement: TablePlacement, topology: Topol
     world = len(topology.gpus)
 
     if s is Sharding.DATA_PARALLEL:
-        if sorted(ranks) != list(range(world)) or tier is not Tier.HBM:
+        if sorted(ranks) != list(range(world)) or tier is not replica_tier():
             raise _unsupported(name, "TorchRec data_parallel keeps one HBM replica on every rank", "re-plan the table")
         boxes = tuple(ShardBox(r, 0, 0, table.rows, table.dim) for r in range(world))
         return TorchRecSharding(name, s.value, DATA_PARALLEL_KERNEL, boxes)

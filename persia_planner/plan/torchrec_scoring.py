@@ -31,7 +31,7 @@ from persia_planner.plan.torchrec_export import (
     torchrec_shardings,
     uniform_hosts,
 )
-from persia_planner.tiers import Tier, tier_of_kernel
+from persia_planner.tiers import Tier, replica_tier, tier_of_kernel
 from persia_planner.topology.graph import DeviceKind, Topology
 
 _TORCHREC_TYPES = frozenset(Sharding) - {Sharding.PS_HASH}
@@ -164,7 +164,7 @@ def _torchrec_fields(table: TableSpec, topology: Topology | None) -> dict[str, A
     if allowed.tiers is not None:
         allowed_kernels = (t.spec.torchrec_kernel for t in Tier if t in allowed.tiers and t.spec.torchrec_kernel)
         kernels = list(dict.fromkeys(allowed_kernels))
-        if allowed.allows(Sharding.DATA_PARALLEL, Tier.HBM):
+        if allowed.allows(Sharding.DATA_PARALLEL, replica_tier()):
             kernels.append(DATA_PARALLEL_KERNEL)
         fields["compute_kernels"] = kernels
     if allowed.cache_fraction is not None:
@@ -462,7 +462,12 @@ def _placement_of(table: TableSpec, entry: TorchRecSharding, model: ModelSpec, t
         ranks = sorted({b.rank for b in entry.shards})
         shards = tuple(
             Shard(
-                topology.gpus[r].name, Tier.HBM, (0, table.dim), table.bytes(dtype), rows=(0, table.rows), replica=True
+                topology.gpus[r].name,
+                replica_tier(),
+                (0, table.dim),
+                table.bytes(dtype),
+                rows=(0, table.rows),
+                replica=True,
             )
             for r in ranks
         )

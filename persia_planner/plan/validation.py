@@ -15,7 +15,7 @@ from persia_planner.placement.feasibility import constraint_problems
 from persia_planner.placement.memory import PS_LIMIT_REASON, PS_MAX_ROWS, ps_servers_needed
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan
-from persia_planner.tiers import Tier
+from persia_planner.tiers import Holder, replica_tier
 from persia_planner.topology.graph import Topology
 from persia_planner.units import format_bytes
 
@@ -112,12 +112,8 @@ def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
         if not table_problems:
             mem += cost.placement_loads(table, placement)[1]
     caps = cost.capacities()
-    slots = (
-        [(g.name, "HBM") for g in topology.gpus]
-        + [(h.name, "DDR") for h in topology.trainers]
-        + [(s.name, "DDR") for s in topology.servers]
-        + [(s.name, "disk") for s in topology.servers]
-    )
+    devices = {Holder.GPU: topology.gpus, Holder.HOST: topology.trainers, Holder.SERVER: topology.servers}
+    slots = [(d.name, m.spec.short_name) for m in cost.layout.memories for d in devices[m.spec.holder]]
     for (name, kind), used, cap in zip(slots, mem, caps, strict=True):
         if used > cap + 0.5:
             problems.append(
@@ -174,8 +170,8 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
         devices = [sh.device for sh in placement.shards]
         if sorted(devices) != sorted(gpu_names) or not all(sh.replica for sh in placement.shards):
             problems.append("data_parallel needs one replica on every GPU")
-        if any(sh.tier is not Tier.HBM for sh in placement.shards):
-            problems.append("data_parallel replicas must be in hbm")
+        if any(sh.tier is not replica_tier() for sh in placement.shards):
+            problems.append(f"data_parallel replicas must be in {replica_tier()}")
         if any(sh.rows != (0, table.rows) or sh.cols != (0, table.dim) for sh in placement.shards):
             problems.append("data_parallel replicas must hold the whole table")
     else:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from persia_planner.model.specs import ModelSpec
 from persia_planner.report.rows import describe
-from persia_planner.tiers import Tier
 from persia_planner.topology.graph import Topology
 from persia_planner.units import format_bytes
 
@@ -85,7 +84,7 @@ def explanations(plan: Plan, model: ModelSpec, topology: Topology) -> list[Expla
         other = next((a for a in alternatives if (a.option.sharding, a.option.tier) != key), None)
         size = sizes.get(name, sum(s.bytes for s in placement.shards))
         note = None
-        if other is None and placement.tier is Tier.PS and size > local:
+        if other is None and not placement.tier.spec.local and not placement.tier.spec.cached and size > local:
             note = (
                 f"only the parameter servers can hold it ({format_bytes(size)} is more than all usable GPU HBM and "
                 f"host DDR together, {format_bytes(local)})"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from persia_planner.kinds import Sharding
 from persia_planner.report.rows import device_rows
-from persia_planner.tiers import Memory
+from persia_planner.tiers import Holder
 from persia_planner.topology.graph import NodeKind, Topology
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ def _tables_by_node(plan: Plan, topology: Topology, limit: int = 3) -> dict[str,
             continue
         for shard in placement.shards:
             spec = shard.tier.spec
-            if spec.rows_in is not Memory.HOST:  # on the GPU or the server itself
+            if spec.rows_in.spec.holder is not Holder.HOST:  # on the GPU or the server itself
                 targets = [(shard.device, name)]
             elif spec.cached:
                 targets = [(shard.device, name + "*"), (gpu_host.get(shard.device, shard.device), name)]

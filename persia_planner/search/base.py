@@ -22,7 +22,7 @@ import numpy as np
 from persia_planner.errors import PlannerError
 from persia_planner.kinds import Sharding
 from persia_planner.placement.shards import TablePlacement
-from persia_planner.tiers import Tier
+from persia_planner.tiers import Memory, Tier
 
 if TYPE_CHECKING:
     from persia_planner.bound import LowerBound, TierChoice
@@ -201,11 +201,6 @@ class SearchState(Protocol):
         """Room left per memory slot."""
         ...
 
-    @property
-    def servers_have_disks(self) -> bool:
-        """Whether every parameter server has a disk (the ``ssd`` tier)."""
-        ...
-
     def free_room(self, gpus: np.ndarray | None = None) -> FreeRoom:
         """Free HBM and trainer DDR, of every GPU and host or of ``gpus`` and their hosts."""
         ...
@@ -290,12 +285,12 @@ class SearchState(Protocol):
         """Rows each server holds of ``table``."""
         ...
 
-    def ps_mem(self, table: TableSpec, tier: Tier = Tier.PS, cache_fraction: float = 0.0) -> np.ndarray:
-        """DDR bytes each server takes for ``table`` on ``tier``."""
+    def server_bytes(self, table: TableSpec, tier: Tier, cache_fraction: float = 0.0) -> dict[Memory, np.ndarray]:
+        """Bytes each server takes for ``table`` on ``tier``, per server memory."""
         ...
 
-    def ps_disk(self, table: TableSpec, tier: Tier, cache_fraction: float) -> np.ndarray:
-        """Disk bytes each server takes for ``table`` on ``tier``."""
+    def servers_hold(self, memory: Memory) -> bool:
+        """Whether every parameter server has some of ``memory``."""
         ...
 
     def ps_holds(self, table: TableSpec) -> bool:

@@ -22,7 +22,7 @@ from persia_planner.search.base import Choice, OptionSource, SearchConfig
 from persia_planner.search.explain import capacity_error
 from persia_planner.search.shards import ShardTerms
 from persia_planner.search.state import State
-from persia_planner.tiers import Memory, Tier, local_tiers
+from persia_planner.tiers import Memory, local_tiers, server_tiers
 
 __all__ = ["GreedyConstruction", "Start", "place_all"]
 
@@ -100,7 +100,7 @@ class GreedyConstruction:
             # calling the model infeasible, pack: the bound's tiers even when its loads were unbalanced, and
             # largest tables first (first-fit decreasing).
             fallbacks = [Start(largest_first=True), Start(None, guided.prices, largest_first=True)]
-            if any(t.spec.local for t in self.config.tiers) and Tier.PS in self.config.tiers:
+            if any(t.spec.local for t in self.config.tiers) and server_tiers()[0] in self.config.tiers:
                 fallbacks.append(Start(keep_local=True))
             if untrusted is not None and untrusted not in starts:
                 fallbacks.insert(0, untrusted)
@@ -174,7 +174,10 @@ def _order(state: State, tables: Sequence[TableSpec], start: Start) -> np.ndarra
     if start.largest_first:
         order = np.argsort(-np.array([t.bytes(dtype(t)) for t in tables], dtype=float), kind="stable")
     elif start.keep_local:
-        in_stores = np.array([state.ps_mem(t).sum() / t.bytes(dtype(t)) for t in tables])
+        tier = server_tiers()[0]  # a keep-local start is tried only where the search may use it
+        in_stores = np.array(
+            [sum(b.sum() for b in state.server_bytes(t, tier).values()) / t.bytes(dtype(t)) for t in tables]
+        )
         order = np.argsort(-in_stores, kind="stable")
     elif start.preferred:
         # The hint already says which tables deserve fast memory; what remains is packing: the big tables that

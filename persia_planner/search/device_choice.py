@@ -20,11 +20,10 @@ import numpy as np
 
 from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
-from persia_planner.placement.shards import row_blocks, tier_bytes
+from persia_planner.placement.shards import footprint, row_blocks, tier_bytes
 from persia_planner.search.base import Choice, Option
 from persia_planner.search.shards import RangeTerms
 from persia_planner.search.steps import Finish, Pick, Step, Tie, finish_in_order, finish_together, given
-from persia_planner.tiers import Tier
 
 if TYPE_CHECKING:
     from persia_planner.search.base import SearchState
@@ -260,13 +259,14 @@ class DeviceChoice:
             mem = cost.shard_memory_sum(gpus, hbm, ddr)
         elif s is Sharding.DATA_PARALLEL:
             loads = cost.replica_loads(table)
-            replica = tier_bytes(table, Tier.HBM, table.rows, table.dim, state.dtype_of(table), replica=True)[0]
-            mem = cost.memory_vector(hbm=float(replica))
+            mem = cost.memory_vector(
+                footprint(table, option.tier, table.rows, table.dim, state.dtype_of(table), replica=True)
+            )
         else:
             # ps_hash: every server holds one bucket; shares follow the bucket row counts.
             tier, fraction = option.tier, option.cache_fraction
             loads = cost.ps_table_loads(table, state.ps_rows(table) / table.rows, tier, fraction)
-            mem = cost.memory_vector(ps=state.ps_mem(table, tier, fraction), disk=state.ps_disk(table, tier, fraction))
+            mem = cost.memory_vector(state.server_bytes(table, tier, fraction))
         loads.setflags(write=False)  # shared by every choice of this placement
         mem.setflags(write=False)
         return loads, mem

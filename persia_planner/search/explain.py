@@ -11,7 +11,7 @@ from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import ps_rows_error
 from persia_planner.search.base import Alternative
-from persia_planner.tiers import Memory, Tier
+from persia_planner.tiers import Holder, Memory, Tier, server_tiers
 from persia_planner.units import format_bytes
 
 if TYPE_CHECKING:
@@ -69,44 +69,53 @@ def capacity_error(state: SearchState, table: TableSpec) -> CapacityError:
 def _capacity_error(state: SearchState, table: TableSpec) -> CapacityError:
     cost, size = state.cost, table.bytes(state.dtype_of(table))
     free_vector = state.cap - state.mem
-    every = {
-        "GPU HBM": float(cost.hbm_of(free_vector).sum()),
-        "trainer DDR": float(cost.ddr_of(free_vector).sum()),
-        "PS DDR": float(cost.ps_mem_of(free_vector).sum()),
-    }
+    # One resource per memory, by its label; a memory behind a server's cache (the ssd tier's disk) counts as the
+    # cache's memory, which fills first.
+    resource_of = {m: m for m in Memory}
+    for tier in Tier:
+        if not tier.spec.local and tier.spec.cache_in is not None:
+            resource_of[tier.spec.rows_in] = tier.spec.cache_in
+    every = {m.spec.label: float(cost.slots_of(free_vector, m).sum()) for m in Memory if resource_of[m] is m}
     # Only the memories of the tiers the search may use count (SearchConfig's tiers and shardings), and of those only
     # what the topology has: a search without the servers' tiers must not blame the servers, nor one of HBM alone
     # the trainers' DDR.
     config = state.config
     allowed = {t.spec.rows_in for t in config.tiers if t.spec.shardings & config.shardings}
-    servers_allowed = bool(allowed & {Memory.SERVER, Memory.DISK})
-    present = set(Memory) - (set() if state.n_servers else {Memory.SERVER, Memory.DISK})
-    present -= set() if state.servers_have_disks else {Memory.DISK}
-    usable = {"GPU HBM": {Memory.DEVICE}, "trainer DDR": {Memory.HOST}, "PS DDR": {Memory.SERVER, Memory.DISK}}
-    free = {name: value for name, value in every.items() if usable[name] & allowed & present}
+    on_servers = {m for m in Memory if m.spec.holder is Holder.SERVER}
+    servers_allowed = bool(allowed & on_servers)
+    present = {m for m in Memory if m not in on_servers or state.servers_hold(m)}
+    server_label = Memory.SERVER.spec.label
+    free = {
+        label: value
+        for label, value in every.items()
+        if any(resource_of[m].spec.label == label for m in allowed & present)
+    }
     if not free:
+        # the memories of their own the allowed server tiers need (a server's DDR goes without saying)
+        missing = sorted(f"{m.spec.short_name}s" for m in allowed & on_servers - present if m is not Memory.SERVER)
         return CapacityError(
-            "PS DDR" if servers_allowed else "GPU HBM",
+            server_label if servers_allowed else Memory.DEVICE.spec.label,
             size,
             f"table {table.name!r} ({format_bytes(size)}) fits nowhere: the tiers the search may use "
             f"({', '.join(sorted(t.value for t in config.tiers))}) need parameter servers"
-            f"{' with disks' if allowed & present == set() and Memory.DISK in allowed else ''}, which the topology "
-            "lacks",
+            f"{' with ' + ' and '.join(missing) if missing else ''}, which the topology lacks",
             ("let the search use more tiers or sharding types (SearchConfig)", "add parameter servers"),
             table=table.name,
         )
-    n_servers = state.n_servers if "PS DDR" in free else 0
+    n_servers = state.n_servers if server_label in free else 0
+    local_labels = (Memory.DEVICE.spec.label, Memory.HOST.spec.label)
     if n_servers and not state.ps_holds(table):
-        return ps_rows_error(table, n_servers, max((free.get(k, 0.0) for k in ("GPU HBM", "trainer DDR")), default=0.0))
-    resource = "PS DDR" if n_servers else max(free, key=free.get)
-    if resource == "PS DDR":
+        return ps_rows_error(table, n_servers, max((free.get(k, 0.0) for k in local_labels), default=0.0))
+    resource = server_label if n_servers else max(free, key=free.get)
+    if resource == server_label:
         # The servers' stores keep a record, an index and float32 optimizer state: more than the table's bytes.
-        size = int(state.ps_mem(table).sum())
+        in_ddr = state.server_bytes(table, server_tiers()[0])[Memory.SERVER]
+        size = int(in_ddr.sum())
     short = int(size - free[resource])
     if n_servers and short <= 0:
         # The servers have room in total, but every server holds an equal share of the rows (one hash bucket
         # each, as the parameter servers route ids): the server with the least room is what is short.
-        gap = state.ps_mem(table) - cost.ps_mem_of(free_vector)
+        gap = in_ddr - cost.slots_of(free_vector, Memory.SERVER)
         worst = int(np.argmax(gap))
         server = cost.topology.servers[worst].name
         return CapacityError(

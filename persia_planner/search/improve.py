@@ -15,7 +15,7 @@ import numpy as np
 
 from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
-from persia_planner.tiers import Memory, Tier
+from persia_planner.tiers import Holder, Tier, local_tiers
 
 if TYPE_CHECKING:
     from persia_planner.search.base import SearchState
@@ -105,11 +105,12 @@ class BottleneckLocalSearch:
         if target is None or target not in state.config.tiers:
             return False
         evict = self._coldest_room(state, table, target)
-        if not tier.spec.local and Tier.HBM in state.config.tiers:
-            # From the parameter servers, HBM is better still when one GPU can make room.
-            in_hbm = self._coldest_room(state, table, Tier.HBM)
-            if in_hbm is not None:
-                evict, target = in_hbm, Tier.HBM
+        fastest = local_tiers()[0]
+        if not tier.spec.local and fastest in state.config.tiers:
+            # From the parameter servers, the fastest local tier (HBM) is better still when one GPU can make room.
+            in_fastest = self._coldest_room(state, table, fastest)
+            if in_fastest is not None:
+                evict, target = in_fastest, fastest
         if evict is None:
             return False
         saved = {n: state.remove(n) for n in [name, *evict]}
@@ -139,7 +140,8 @@ class BottleneckLocalSearch:
         room there, fit ``table``: the set with the least traffic per step ([] when there is room already), or None
         when no GPU / host can make room."""
         cost = state.cost
-        in_hbm = tier.spec.rows_in is Memory.DEVICE  # else the rows are in the host's DDR
+        memory = tier.spec.rows_in
+        per_gpu = memory.spec.holder is Holder.GPU  # else one slot per host
         size = table.bytes(state.dtype_of(table))
         heat = table.pooling_factor / table.rows
         by_slot: dict[int, list[tuple[float, int, str]]] = {}
@@ -152,10 +154,9 @@ class BottleneckLocalSearch:
             if other_heat >= heat:
                 continue
             g = choice.gpus[0]
-            slot = g if in_hbm else int(cost.gpu_host[g])
+            slot = g if per_gpu else int(cost.gpu_host[g])
             by_slot.setdefault(slot, []).append((other_heat * spec.rows, spec.bytes(state.dtype_of(spec)), other))
-        of = cost.hbm_of if in_hbm else cost.ddr_of
-        free = of(state.cap) - of(state.mem)
+        free = cost.slots_of(state.cap, memory) - cost.slots_of(state.mem, memory)
         if free.max() >= size:
             return []
         best: tuple[float, list[str]] | None = None

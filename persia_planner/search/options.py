@@ -20,7 +20,7 @@ from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import largest_cache_fraction
 from persia_planner.placement.shards import row_splittable
 from persia_planner.search.base import Option
-from persia_planner.tiers import Lookups, Memory, Tier, local_tiers
+from persia_planner.tiers import Lookups, Memory, Tier, local_tiers, server_tiers
 
 if TYPE_CHECKING:
     from persia_planner.search.base import FreeRoom, SearchState
@@ -74,14 +74,15 @@ class TieredOptions:
                     fractions = (float(f"{hint.cache_fraction:.3g}"),)
             for fraction in fractions:
                 opts.extend(self._local_options(state, table, tier, fraction, free, explore, shardings, gpus))
+        replica_tiers = [t for t in local_tiers() if t in tiers_allowed and Sharding.DATA_PARALLEL in t.spec.shardings]
         if (
             Sharding.DATA_PARALLEL in shardings
-            and Tier.HBM in tiers_allowed
+            and replica_tiers
             and gpus is None
             and size <= _DP_MAX_HBM_SHARE * state.min_hbm
             and (hint is None or hint.replicated)
         ):
-            opts.append(Option(Sharding.DATA_PARALLEL, Tier.HBM))
+            opts.append(Option(Sharding.DATA_PARALLEL, replica_tiers[0]))
         if (
             Sharding.PS_HASH in shardings
             and state.n_servers
@@ -89,19 +90,21 @@ class TieredOptions:
             and state.shards.whole(("ps_holds", table.name), lambda: state.ps_holds(table))
             and (hint is None or not hint.tier.spec.local)  # the relaxation's one column of the server tiers
         ):
-            if Tier.PS in tiers_allowed:
-                opts.append(Option(Sharding.PS_HASH, Tier.PS))
-            if Tier.SSD in tiers_allowed and state.servers_have_disks:
-                opts.extend(
-                    Option(Sharding.PS_HASH, Tier.SSD, cache_fraction=f) for f in self.ssd_fractions(state, table)
-                )
+            for tier in server_tiers():
+                spec = tier.spec
+                if tier not in tiers_allowed or not all(
+                    state.servers_hold(m) for m in (spec.rows_in, spec.cache_in) if m
+                ):
+                    continue
+                fractions = self.server_cache_fractions(state, table) if spec.cached else (0.0,)
+                opts.extend(Option(Sharding.PS_HASH, tier, cache_fraction=f) for f in fractions)
         return opts
 
     @staticmethod
-    def ssd_fractions(state: SearchState, table: TableSpec) -> tuple[float, ...]:
-        """The DDR cache sizes to try for ``table`` on ``ssd``: the one its constraints fix, else the hit-rate
-        targets' and the constants' fixed sizes that leave rows on disk (a cache of every row is the ``ps`` tier with
-        a disk besides)."""
+    def server_cache_fractions(state: SearchState, table: TableSpec) -> tuple[float, ...]:
+        """The cache sizes to try for ``table`` on a cached server tier (``ssd``): the one its constraints fix, else
+        the hit-rate targets' and the constants' fixed sizes that leave rows uncached (a cache of every row is an
+        uncached tier with a backing store besides)."""
         fixed = table.constraints.cache_fraction
         if fixed is not None:
             return (fixed,)
@@ -112,7 +115,7 @@ class TieredOptions:
             found = cache_fraction_candidates(table.zipf_alpha, table.rows, hit, fixed=constants.cache_fractions)
             return tuple(f for f in found if f < 1.0)
 
-        return state.shards.whole(("ssd_fractions", table.name), targets)  # type: ignore[return-value]
+        return state.shards.whole(("server_cache_fractions", table.name), targets)  # type: ignore[return-value]
 
     @staticmethod
     def cache_fractions(state: SearchState, table: TableSpec, free: FreeRoom) -> tuple[float, ...]:

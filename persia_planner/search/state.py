@@ -19,13 +19,13 @@ from persia_planner.bound import TierChoice
 from persia_planner.cost.analytic import CostModel
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import ps_holds
-from persia_planner.placement.shards import TablePlacement, disk_bytes, even_split, tier_bytes
+from persia_planner.placement.shards import TablePlacement, even_split, server_bytes
 from persia_planner.search.base import Choice, FreeRoom, Option, OptionSource, SearchConfig
 from persia_planner.search.device_choice import DeviceChoice
 from persia_planner.search.result import build_placement
 from persia_planner.search.shards import ShardTerms
 from persia_planner.search.steps import Tie
-from persia_planner.tiers import Tier
+from persia_planner.tiers import Memory, Tier
 
 __all__ = ["State"]
 
@@ -90,7 +90,10 @@ class State:
         # Construction charges memory at the relaxation's prices, so a choice that saves a little time but eats
         # scarce memory (a replica on every GPU, HBM for a cold table) pays for the room it takes from others.
         self.pricing = prices is not None
-        self.mem_price = cost.memory_vector(*prices) if prices is not None else cost.memory_vector()
+        priced = (
+            dict(zip((Memory.DEVICE, Memory.HOST, Memory.SERVER), prices, strict=True)) if prices is not None else None
+        )
+        self.mem_price = cost.memory_vector(priced)
         self.devices = DeviceChoice(self)
 
     # ---- derived from the sums (cached until the state changes) ---------------------------------------------
@@ -327,20 +330,14 @@ class State:
         """Rows each server holds (one hash bucket each)."""
         return np.array(even_split(table.rows, self.n_servers), dtype=float)
 
-    def ps_mem(self, table: TableSpec, tier: Tier = Tier.PS, cache_fraction: float = 0.0) -> np.ndarray:
-        """DDR bytes each server takes for the table on ``tier`` (a server tier)."""
+    def server_bytes(self, table: TableSpec, tier: Tier, cache_fraction: float = 0.0) -> dict[Memory, np.ndarray]:
+        """Bytes each server takes for the table on ``tier`` (a server tier), per server memory."""
         rows, dtype = self.ps_rows(table), self.cost.dtype_of(table)
-        return tier_bytes(table, tier, rows, table.dim, dtype, cache_fraction)[1]
+        return server_bytes(table, tier, rows, table.dim, dtype, cache_fraction)
 
-    def ps_disk(self, table: TableSpec, tier: Tier, cache_fraction: float) -> np.ndarray:
-        """Disk bytes each server takes for the table on ``tier`` (0 off the ``ssd`` tier)."""
-        rows = self.ps_rows(table)
-        return disk_bytes(table, tier, rows, table.dim, self.cost.dtype_of(table), cache_fraction)
-
-    @property
-    def servers_have_disks(self) -> bool:
-        """Whether every parameter server has a disk for the ``ssd`` tier (a table hashes over all of them)."""
-        return bool(self.n_servers) and all(s.ssd is not None for s in self.cost.topology.servers)
+    def servers_hold(self, memory: Memory) -> bool:
+        """Whether every parameter server has some of ``memory`` (a table hashes over all of them)."""
+        return bool(self.n_servers) and bool((self.cost.slots_of(self.cap, memory) > 0).all())
 
     def ps_holds(self, table: TableSpec) -> bool:
         """Whether no server would hold more of the table's rows than its store can (see memory.PS_MAX_ROWS)."""

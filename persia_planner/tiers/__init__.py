@@ -10,31 +10,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from persia_planner.kinds import Sharding
-
-# isort: off
-# Registration, in plan.json's order: Tier iterates in it.
-from persia_planner.tiers import hbm  # noqa: F401
-from persia_planner.tiers import ddr  # noqa: F401
-from persia_planner.tiers import hbm_cache  # noqa: F401
-from persia_planner.tiers import ps  # noqa: F401
-from persia_planner.tiers import ssd  # noqa: F401
-
-# isort: on
-from persia_planner.tiers.tier import Lookups, Memory, Runtime, Tier, TierSpec, register, registered, unregister
+from persia_planner.tiers.memory import Holder, Memory, MemorySpec, register_memory, unregister_memory
+from persia_planner.tiers.names import Registered
+from persia_planner.tiers.plugins import BUILT_IN, Loaded, load, load_configured_at_import, load_missing, plugged
+from persia_planner.tiers.tier import Lookups, Runtime, Tier, TierSpec, register, registered, unregister
 
 __all__ = [
+    "Holder",
+    "Loaded",
     "Lookups",
     "Memory",
+    "MemorySpec",
     "Runtime",
     "Tier",
     "TierSpec",
     "local_tiers",
+    "plugged",
     "register",
+    "register_memory",
     "registered",
+    "replica_tier",
     "server_tiers",
     "tier_of_kernel",
     "tiers_of",
     "unregister",
+    "unregister_memory",
 ]
 
 
@@ -46,6 +46,11 @@ def local_tiers() -> tuple[Tier, ...]:
 def server_tiers() -> tuple[Tier, ...]:
     """The tiers of the parameter servers (trained asynchronously), fastest first."""
     return tuple(sorted((t for t in Tier if not t.spec.local), key=lambda t: t.spec.speed_rank))
+
+
+def replica_tier() -> Tier:
+    """The tier of data-parallel replicas: the fastest local tier that runs them (``hbm``)."""
+    return next(t for t in local_tiers() if Sharding.DATA_PARALLEL in t.spec.shardings)
 
 
 def tiers_of(sharding: Sharding) -> frozenset[Tier]:
@@ -61,3 +66,10 @@ def tier_of_kernel() -> Mapping[str, Tier]:
         if t.spec.torchrec_kernel is not None:
             kernels.setdefault(t.spec.torchrec_kernel, t)
     return {**kernels, "dense": Tier.HBM}
+
+
+# Last: a tier module may import this package's helpers above.
+for _module in BUILT_IN:  # in plan.json's order: Tier iterates in it
+    load(_module)
+load_configured_at_import()
+Registered.on_missing = load_missing

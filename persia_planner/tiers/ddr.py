@@ -2,7 +2,8 @@
 ``fused_uvm`` kernel)."""
 
 from persia_planner.kinds import Sharding
-from persia_planner.tiers.tier import Lookups, Memory, TierSpec, register
+from persia_planner.tiers.memory import Memory
+from persia_planner.tiers.tier import Lookups, TierSpec, register
 
 DDR = register(
     TierSpec(

@@ -1,7 +1,8 @@
 """The ``hbm`` tier: a shard's rows, and its optimizer state, in one GPU's memory (TorchRec's ``fused`` kernel)."""
 
 from persia_planner.kinds import Sharding
-from persia_planner.tiers.tier import Lookups, Memory, TierSpec, register
+from persia_planner.tiers.memory import Memory
+from persia_planner.tiers.tier import Lookups, TierSpec, register
 
 HBM = register(
     TierSpec(

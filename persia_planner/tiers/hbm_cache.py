@@ -2,7 +2,8 @@
 ``fused_uvm_caching`` kernel); each shard carries the cached share of its rows."""
 
 from persia_planner.kinds import Sharding
-from persia_planner.tiers.tier import Lookups, Memory, TierSpec, register
+from persia_planner.tiers.memory import Memory
+from persia_planner.tiers.tier import Lookups, TierSpec, register
 
 HBM_CACHE = register(
     TierSpec(
@@ -13,7 +14,7 @@ HBM_CACHE = register(
         shardings=frozenset(Sharding) - {Sharding.PS_HASH, Sharding.DATA_PARALLEL},
         speed_rank=1,
         torchrec_kernel="fused_uvm_caching",
-        cached=True,
+        cache_in=Memory.DEVICE,
         promote_to="hbm",
     )
 )

@@ -2,7 +2,8 @@
 bounded staleness (the Persia hybrid algorithm); TorchRec's plan leaves such tables out."""
 
 from persia_planner.kinds import Sharding
-from persia_planner.tiers.tier import Lookups, Memory, Runtime, TierSpec, register
+from persia_planner.tiers.memory import Memory
+from persia_planner.tiers.tier import Lookups, Runtime, TierSpec, register
 
 PS = register(
     TierSpec(
@@ -13,6 +14,7 @@ PS = register(
         shardings=frozenset({Sharding.PS_HASH}),
         speed_rank=3,
         runtime=Runtime.PARAMETER_SERVER,
+        store="persia_planner.modules.ps.table_store:memory_store",
         promote_to="ddr",
     )
 )

@@ -1,13 +1,14 @@
 """A tier: where a shard's rows live, named by a :class:`Tier` and described by one :class:`TierSpec`.
 
-Every part of the pipeline that treats tiers differently reads the descriptor, never the tier's name: the memory
-rule (:func:`persia_planner.placement.shards.tier_bytes`), the lookup terms of the cost model and the lower bound,
-the search's offer, validation, the TorchRec kernel a plan exports and what executes the tier at run time. So a new
-tier is one new module under ``persia_planner/tiers/`` that registers its descriptor (CONTRIBUTING.md, "Adding a
-tier").
+Every part of the pipeline that treats tiers differently reads the descriptor, never the tier's name: the memories
+it charges (:func:`persia_planner.placement.shards.tier_bytes`, by the registered :class:`.memory.Memory` its rows and
+its cache are in), the lookup terms of the cost model and the lower bound, the search's offer, validation, the
+TorchRec kernel a plan exports and the store or kernel that executes the tier at run time. So a new tier is one new
+module that declares its descriptor (and any memory of its own) and one line that registers it
+(:mod:`persia_planner.tiers.plugins`; CONTRIBUTING.md, "Adding a tier").
 
-``Tier`` is an open registry of names, not an enum: its members compare, hash, sort and print as their names
-(``Tier.HBM == "hbm"``), iterate in registration order and pickle by name, as the ``StrEnum`` it replaces did.
+``Tier`` is an open registry of names (:class:`.names.Registered`), not an enum: its members compare, hash, sort and
+print as their names (``Tier.HBM == "hbm"``), iterate in registration order and pickle by name.
 """
 
 from __future__ import annotations
@@ -19,17 +20,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from persia_planner.kinds import Sharding
+from persia_planner.tiers.memory import Holder, Memory
+from persia_planner.tiers.names import Registered
 
 __all__ = ["Lookups", "Memory", "Runtime", "Tier", "TierSpec", "register", "registered", "unregister"]
-
-
-class Memory(enum.StrEnum):
-    """The memory that holds a tier's rows (and that its bytes are charged to)."""
-
-    DEVICE = "device"  # the GPU's HBM
-    HOST = "host"  # the trainer host's DDR, reached by the GPU through UVM
-    SERVER = "server"  # a parameter server's DDR
-    DISK = "disk"  # a parameter server's local disk, its hottest rows cached in the server's DDR
 
 
 class Lookups(enum.StrEnum):
@@ -54,17 +48,22 @@ class TierSpec:
     Attributes:
         name: The tier's name in plan.json and model.yaml (lower case).
         summary: One line for a reader: what the tier is.
-        rows_in: The memory that holds the rows: charged by :func:`.placement.shards.tier_bytes`, and the device
-            kind validation requires (a GPU for device and host memory, a parameter server for server memory).
+        rows_in: The memory that holds the rows (charged by :func:`.placement.shards.tier_bytes`); its holder is
+            the device kind validation requires (a GPU for device and host memory, a parameter server for a
+            server's memories).
         lookups: The path that prices a lookup's bytes (the cost model and the lower bound).
         shardings: The sharding types that run on the tier (validation refuses any other pair).
-        speed_rank: The order the search offers local tiers in, fastest first.
+        speed_rank: The order the search offers tiers in, fastest first.
         torchrec_kernel: TorchRec's compute kernel for the tier: what a plan exports and what DMP runs; None for a
             tier TorchRec does not execute.
         runtime: What executes the tier's shards.
+        store: For a tier the parameter servers run, the store that keeps its rows: ``"module:name"`` of a
+            callable ``(TableConfig, server_index) -> store`` the servers import when they create the table
+            (:func:`persia_planner.modules.ps.server_state.make_store`); None for a tier TorchRec runs.
         bandwidth_share: The share of the ``lookups`` path's bandwidth the tier's kernel reaches (1: all of it).
-        cached: Whether the hottest rows are cached in the next faster memory: HBM for rows in host memory (hits
-            priced at HBM's bandwidth), the server's DDR for rows on its disk. A shard then carries a cache fraction.
+        cache_in: The faster memory the hottest rows are cached in (None: no cache): HBM for rows in host memory
+            (hits priced at HBM's bandwidth), the server's DDR for rows on its disk. A shard then carries a cache
+            fraction.
         promote_to: The faster tier the local search tries to move a table on this tier to, by evicting colder
             tables there (None: none).
     """
@@ -77,8 +76,9 @@ class TierSpec:
     speed_rank: int
     torchrec_kernel: str | None = None
     runtime: Runtime = Runtime.TORCHREC
+    store: str | None = None
     bandwidth_share: float = 1.0
-    cached: bool = False
+    cache_in: Memory | None = None
     promote_to: str | None = None
 
     def __post_init__(self) -> None:
@@ -88,37 +88,40 @@ class TierSpec:
             raise ValueError(f"tier {self.name}: bandwidth_share must be in (0, 1], got {self.bandwidth_share}")
         if (self.runtime is Runtime.TORCHREC) != (self.torchrec_kernel is not None):
             raise ValueError(f"tier {self.name}: a tier TorchRec runs names its compute kernel, and only such a tier")
+        if (self.runtime is Runtime.PARAMETER_SERVER) != (self.store is not None and ":" in self.store):
+            raise ValueError(
+                f"tier {self.name}: a tier the servers run names its store as 'module:name', and only such a tier"
+            )
+        holders = {self.rows_in.spec.holder} | ({self.cache_in.spec.holder} if self.cache_in is not None else set())
+        if self.runtime is Runtime.TORCHREC and not {self.rows_in, self.cache_in} <= {Memory.DEVICE, Memory.HOST, None}:
+            # fbgemm's kernels allocate in device or (managed) host memory, no other
+            raise ValueError(f"tier {self.name}: a tier TorchRec runs keeps its rows in device or host memory")
+        if self.runtime is Runtime.PARAMETER_SERVER and holders != {Holder.SERVER}:
+            raise ValueError(
+                f"tier {self.name}: a tier the servers run keeps its rows (and its cache) in a server's memory"
+            )
 
     @property
     def local(self) -> bool:
-        """Whether the rows are in a trainer's own memory (HBM or its host's DDR)."""
-        return self.rows_in in (Memory.DEVICE, Memory.HOST)
+        """Whether the rows are in a trainer's own memory (its GPU's or its host's)."""
+        return self.rows_in.spec.holder is not Holder.SERVER
+
+    @property
+    def cached(self) -> bool:
+        """Whether the hottest rows are cached in a faster memory (a shard carries a cache fraction)."""
+        return self.cache_in is not None
 
     @property
     def unified_memory(self) -> bool:
         """Whether the GPU reads the rows from host memory (CUDA unified memory: no such kernel on CPU trainers)."""
-        return self.rows_in is Memory.HOST and self.runtime is Runtime.TORCHREC
+        return self.rows_in.spec.holder is Holder.HOST and self.runtime is Runtime.TORCHREC
 
 
-_SPECS: dict[str, TierSpec] = {}
-
-
-class _Registry(type):
-    """Iteration, length and membership of :class:`Tier` over the registered tiers."""
-
-    def __iter__(cls) -> Iterator[Tier]:
-        return iter(list(Tier._members.values()))  # a copy: a tier registered meanwhile is not iterated
-
-    def __len__(cls) -> int:
-        return len(_SPECS)
-
-
-class Tier(str, metaclass=_Registry):
+class Tier(Registered):
     """A registered tier's name. ``Tier("ddr")`` returns the registered member (ValueError for an unknown name), so
-    members are compared with ``is`` as enum members are."""
+    members are compared with ``is`` as enum members are; ``.spec`` is its :class:`TierSpec`."""
 
     __slots__ = ()
-    _members: ClassVar[dict[str, Tier]] = {}
 
     HBM: ClassVar[Tier]
     DDR: ClassVar[Tier]
@@ -126,46 +129,10 @@ class Tier(str, metaclass=_Registry):
     PS: ClassVar[Tier]
     SSD: ClassVar[Tier]
 
-    def __new__(cls, value: str) -> Tier:
-        member = cls._members.get(str(value)) if isinstance(value, str) else None
-        if member is None:
-            raise ValueError(f"{value!r} is not a valid Tier")
-        return member
-
-    @classmethod
-    def _member(cls, name: str) -> Tier:
-        return str.__new__(cls, name)
-
-    @property
-    def value(self) -> str:
-        return str.__str__(self)
-
-    @property
-    def name(self) -> str:
-        return self.value.upper()
-
     @property
     def spec(self) -> TierSpec:
         """The tier's descriptor."""
-        return _SPECS[self.value]
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, format_spec: str) -> str:
-        return format(self.value, format_spec)
-
-    def __repr__(self) -> str:
-        return f"<Tier.{self.name}: {self.value!r}>"
-
-    def __reduce__(self) -> tuple[type[Tier], tuple[str]]:
-        return Tier, (self.value,)
-
-    def __copy__(self) -> Tier:
-        return self
-
-    def __deepcopy__(self, memo: object) -> Tier:
-        return self
+        return type(self)._specs[self.value]
 
 
 def register(spec: TierSpec) -> Tier:
@@ -174,19 +141,12 @@ def register(spec: TierSpec) -> Tier:
     Raises:
         ValueError: A tier of that name is registered already.
     """
-    if spec.name in _SPECS:
-        raise ValueError(f"tier {spec.name!r} is registered already")
-    member = Tier._member(spec.name)
-    _SPECS[spec.name] = spec
-    Tier._members[spec.name] = member
-    setattr(Tier, member.name, member)
-    return member
+    return Tier._add(spec.name, spec)
 
 
 def unregister(tier: Tier) -> None:
     """Remove a tier :func:`register` added (a test's own tier)."""
-    del _SPECS[tier.value], Tier._members[tier.value]
-    delattr(Tier, tier.name)
+    Tier._remove(tier)
 
 
 @contextmanager

@@ -88,7 +88,8 @@ class Disk:
 class Host:
     """A trainer host or a parameter server. Its DDR is one pool shared by its devices (``gpus``: GPU or CPU
     trainer devices). ``profile``: the figures ``persia calibrate`` measured on a machine of this kind. ``ssd``: a
-    parameter server's local disk for the ``ssd`` tier (None: none)."""
+    parameter server's local disk for the ``ssd`` tier (None: none). ``memories``: bytes of each memory a tier module
+    registered that no other field describes (topology.yaml's ``memories:``): (name, bytes) pairs."""
 
     name: str
     role: Role
@@ -98,3 +99,4 @@ class Host:
     gpus: tuple[str, ...] = ()
     profile: HardwareProfile | None = None
     ssd: Disk | None = None
+    memories: tuple[tuple[str, int], ...] = ()

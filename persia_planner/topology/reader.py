@@ -25,6 +25,8 @@ from persia_planner.limits import (
     MIN_DISK_BYTES,
     MIN_DISK_IOPS,
 )
+from persia_planner.tiers import Holder, Memory
+from persia_planner.tiers.plugins import ENVIRONMENT
 from persia_planner.topology.cost_constants import LIST_CONSTANTS, CostConstants
 from persia_planner.topology.hardware import (
     DEFAULT_SSD_READ_IOPS,
@@ -122,6 +124,9 @@ def graph_from_hosts(
         ddr_bw = _rate(item, "ddr_bandwidth", measured)
         nic_bw = _rate(item, "nic_bandwidth", measured)
         ssd = _read_ssd(item, profile)
+        # a host without trainer devices is a parameter server unless its role says otherwise
+        serves = server or (not item.has("role") and gpus is None and cpus is None)
+        memories = _read_memories(item, Holder.SERVER if serves else Holder.HOST)
         if gpus is not None and cpus is not None:
             raise item.error("cpus", "a host has either 'gpus:' or 'cpus:' trainer devices, not both")
         gpu_device = gpus.take_str("device", default=None) if gpus is not None else None
@@ -186,7 +191,7 @@ def graph_from_hosts(
                 for i, a in enumerate(names):
                     for b in names[i + 1 :]:
                         graph.add_edge(a, b, bandwidth=devices.peer_link, latency=0.0, link=link)
-            host = Host(host_name, role, ddr, ddr_bw, nic_bw, names, profile, ssd)
+            host = Host(host_name, role, ddr, ddr_bw, nic_bw, names, profile, ssd, memories)
             graph.add_node(host_name, kind=NodeKind.HOST, spec=host)
             # Half the one-way host-to-host latency on each side, so host -> switch -> host adds up to it.
             graph.add_edge(host_name, SWITCH, bandwidth=nic_bw, latency=latency / 2, link="nic")
@@ -236,6 +241,31 @@ def _names_host(name: str, host: str, count: int) -> bool:
     index = name.removeprefix(host)
     digits = index != name and 0 < len(index) <= 18 and index.isascii() and index.isdigit()
     return digits and str(int(index)) == index and int(index) < count
+
+
+def _read_memories(item: Fields, holder: Holder) -> tuple[tuple[str, int], ...]:
+    """A host's ``memories:``: the size of each memory a tier module registered for hosts of its kind (a parameter
+    server's or a trainer host's) that no other field gives (``memories: {pmem: 1TiB}``)."""
+    given = item.sub("memories", default=None)
+    if given is None:
+        return ()
+    found = []
+    for name in given.names():
+        key = str(name)
+        memory = next((m for m in Memory if m.value == key), None)
+        declared = [m.value for m in Memory if m.spec.capacity is None and m.spec.holder is holder]
+        if memory is None or memory.spec.capacity is not None or memory.spec.holder is not holder:
+            fix = (
+                f"name one of {', '.join(declared)}"
+                if declared
+                else f"load the tier module that registers it ({ENVIRONMENT})"
+            )
+            raise given.error(key, f"no tier module registers a memory {key!r} of a {holder.value}", fixes=(fix,))
+        found.append(
+            (key, given.take_in_range(key, Quantity.SIZE, 1, MAX_MEMORY_BYTES, fixes=("give its size, e.g. 1TiB",)))
+        )
+    given.finish()
+    return tuple(found)
 
 
 def _read_ssd(item: Fields, profile: HardwareProfile | None) -> Disk | None:
