@@ -23,7 +23,7 @@ from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
 from persia_planner.plan.torchrec_export import torchrec_shardings
 from persia_planner.tiers import Holder, Loaded, Memory, Tier, plugged
 
-PLUGINS: tuple[str, ...] = ()  # the modules' names, as PERSIA_PLANNER_TIERS takes them
+PLUGINS: tuple[str, ...] = ("tier_plugins.pmem",)  # the modules' names, as PERSIA_PLANNER_TIERS takes them
 
 TABLE = "c20"  # the bundled model's table the tests hold to the plugin's tier
 
