@@ -269,20 +269,15 @@ def _ps_column(cost: CostModel, tabs: _Tables, terms: _Terms, ps: int) -> np.nda
     asyn[3, :, ps] = traffic / G * float(reduce(nic_ms))
     asyn[4, :, ps] = traffic / G * float(reduce(pcie_ms))
     asyn[:, :, ps] *= cost.scales["ps"]
+
     # The store's bytes are linear in the rows plus a fixed slack per server that holds a share, and a plan may
     # hash a table over fewer servers than there are: the least any plan can hold is all rows on one server.
     # A table on a cached tier (ssd) keeps less in DDR (its cache, here none, and its index), one in another
     # memory none: the least of the tiers some server has the memories of.
-    topology = cost.topology
-    tiers = [
-        t
-        for t in server_tiers()
-        if all(
-            any(m.spec.capacity_of(topology, s) > 0 for s in topology.servers)
-            for m in (t.spec.rows_in, t.spec.cache_in)
-            if m
-        )
-    ]
+    def on_some_server(memory: Memory | None) -> bool:
+        return memory is None or any(c > 0 for c in cost.topology.capacity(memory))
+
+    tiers = [t for t in server_tiers() if on_some_server(t.spec.rows_in) and on_some_server(t.spec.cache_in)]
     for i, t in enumerate(tabs.tables):
         one = np.array(even_split(t.rows, 1))
         terms.mem[2, i, ps] = min(

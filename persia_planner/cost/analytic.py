@@ -27,7 +27,7 @@ from persia_planner.model.qcomms import FP32_COMMS, QComms
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.memory import SSD_LOG_SLACK, ssd_rows_per_block
 from persia_planner.placement.shards import Shard, Storage, TablePlacement
-from persia_planner.tiers import Holder, Lookups, Tier, server_tiers
+from persia_planner.tiers import Lookups, Tier, server_tiers
 from persia_planner.topology.graph import Topology
 from persia_planner.topology.hardware import DeviceKind
 
@@ -559,11 +559,7 @@ class CostModel(MemorySlots):
 
     def capacities(self) -> np.ndarray:
         """Usable bytes per memory slot (capacity minus the planner's reservation)."""
-        topo = self.topology
-        devices = {Holder.GPU: topo.gpus, Holder.HOST: topo.trainers, Holder.SERVER: topo.servers}
-        return np.array(
-            [m.spec.capacity_of(topo, d) for m in self.layout.memories for d in devices[m.spec.holder]], dtype=float
-        )
+        return np.array([c for m in self.layout.memories for c in self.topology.capacity(m)], dtype=float)
 
     # ---- the vectors by resource: what the search reads and builds, without the layout's index ranges ---------
     def resource_ms(self, loads: np.ndarray) -> np.ndarray:

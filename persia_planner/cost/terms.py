@@ -144,11 +144,6 @@ class Layout:
         return self.slots(Memory.SERVER)
 
     @functools.cached_property
-    def server_slots(self) -> tuple[tuple[Memory, slice], ...]:
-        """Each server memory and its slots."""
-        return tuple((m, self._slots[m]) for m in self.memories if m.spec.holder is Holder.SERVER)
-
-    @functools.cached_property
     def mem_size(self) -> int:
         return sum(self.holders(m.spec.holder) for m in self.memories)
 

@@ -86,7 +86,7 @@ def _lacking(tier: Tier, topology: Topology) -> tuple[Memory, list[str]] | None:
     for memory in (tier.spec.rows_in, tier.spec.cache_in):
         if memory is None:
             continue
-        without = [s.name for s in topology.servers if memory.spec.capacity_of(topology, s) <= 0]
+        without = topology.without(memory)
         if without:
             return memory, without
     return None
@@ -225,7 +225,7 @@ def _short_of(table: TableSpec, pair: tuple[Sharding, Tier], topology: Topology,
         fraction = _least_cache(allowed) if tier.spec.cached else 0.0
         rows = np.array(even_split(table.rows, n))
         for memory, shares in server_bytes(table, tier, rows, table.dim, dtype, fraction).items():
-            caps = [memory.spec.capacity_of(topology, s) for s in topology.servers]
+            caps = topology.capacity(memory)
             worst = max(range(n), key=lambda i: shares[i] - caps[i])
             if shares[worst] > caps[worst] + 0.5:
                 server, noun = topology.servers[worst].name, memory.spec.short_name

@@ -40,10 +40,6 @@ class Storage:
 
     by_memory: tuple[tuple[Memory, int], ...] = ()
 
-    def of(self, memory: Memory) -> int:
-        """Bytes in ``memory``."""
-        return dict(self.by_memory).get(memory, 0)
-
     def of_usage(self, usage_key: str) -> int:
         """Bytes in the memories plan.json reports under ``usage_key`` (``ddr_bytes``: a host's or a server's)."""
         return sum(b for m, b in self.by_memory if m.spec.usage_key == usage_key)

@@ -15,7 +15,7 @@ from persia_planner.placement.feasibility import constraint_problems
 from persia_planner.placement.memory import PS_LIMIT_REASON, PS_MAX_ROWS, ps_servers_needed
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan
-from persia_planner.tiers import Holder, replica_tier
+from persia_planner.tiers import replica_tier
 from persia_planner.topology.graph import Topology
 from persia_planner.units import format_bytes
 
@@ -112,8 +112,7 @@ def validate(plan: Plan, model: ModelSpec, topology: Topology) -> list[str]:
         if not table_problems:
             mem += cost.placement_loads(table, placement)[1]
     caps = cost.capacities()
-    devices = {Holder.GPU: topology.gpus, Holder.HOST: topology.trainers, Holder.SERVER: topology.servers}
-    slots = [(d.name, m.spec.short_name) for m in cost.layout.memories for d in devices[m.spec.holder]]
+    slots = [(d.name, m.spec.short_name) for m in cost.layout.memories for d in topology.holders(m.spec.holder)]
     for (name, kind), used, cap in zip(slots, mem, caps, strict=True):
         if used > cap + 0.5:
             problems.append(

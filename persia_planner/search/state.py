@@ -68,6 +68,7 @@ class State:
         self.mem = cost.memory_vector()
         self.cap = cost.capacities()
         self._room = self.cap + 0.5  # validate() allows half a byte over
+        self._servers_hold: dict[Memory, bool] = {}  # the capacities never change: asked once per memory
         self.choices: dict[str, Choice] = {}
         self.specs = {t.name: t for t in cost.model.tables}
         lay = cost.layout
@@ -337,7 +338,10 @@ class State:
 
     def servers_hold(self, memory: Memory) -> bool:
         """Whether every parameter server has some of ``memory`` (a table hashes over all of them)."""
-        return bool(self.n_servers) and bool((self.cost.slots_of(self.cap, memory) > 0).all())
+        held = self._servers_hold.get(memory)
+        if held is None:
+            held = self._servers_hold[memory] = bool(self.n_servers) and not self.cost.topology.without(memory)
+        return held
 
     def ps_holds(self, table: TableSpec) -> bool:
         """Whether no server would hold more of the table's rows than its store can (see memory.PS_MAX_ROWS)."""

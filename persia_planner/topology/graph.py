@@ -14,6 +14,7 @@ import networkx as nx
 from persia_planner.errors import PlannerError, SpecError
 from persia_planner.fields import Fields, load_document
 from persia_planner.limits import MAX_BANDWIDTH, MAX_LATENCY_S
+from persia_planner.tiers import Holder, Memory
 from persia_planner.topology.cost_constants import CostConstants
 from persia_planner.topology.hardware import DeviceKind, Gpu, Host, NodeKind, Role
 from persia_planner.topology.reader import SWITCH, graph_from_hosts, graph_from_nodes, read_constants
@@ -138,6 +139,19 @@ class Topology:
         return hosts[0].profile if hosts else None
 
     # ---- capacities -----------------------------------------------------------------------------------------
+    def holders(self, holder: Holder) -> Sequence[Gpu | Host]:
+        """The devices that hold a memory of ``holder``'s kind, one slot each: GPUs, trainer hosts or servers."""
+        return {Holder.GPU: self.gpus, Holder.HOST: self.trainers, Holder.SERVER: self.servers}[holder]
+
+    def capacity(self, memory: Memory) -> list[int]:
+        """Bytes the planner may fill of ``memory`` on each device that holds it (:meth:`holders`' order)."""
+        return [memory.spec.capacity_of(self, d) for d in self.holders(memory.spec.holder)]
+
+    def without(self, memory: Memory) -> list[str]:
+        """The devices of ``memory``'s holder kind that have none of it (a server without an ``ssd:``)."""
+        holders = self.holders(memory.spec.holder)
+        return [d.name for d, c in zip(holders, self.capacity(memory), strict=True) if c <= 0]
+
     def hbm_capacity(self, gpu: Gpu) -> int:
         """HBM bytes the planner may use on ``gpu`` (capacity minus the reservation)."""
         return int(gpu.hbm_bytes * (1 - self.constants.hbm_reserve_fraction))
