@@ -93,7 +93,7 @@ def refitted_topology(topology: Topology, fit: Refit) -> Topology:
 
 def tables_moved(old: Mapping[str, TablePlacement], new: Mapping[str, TablePlacement]) -> tuple[str, ...]:
     """The tables whose placement differs between two plans, in ``new``'s order."""
-    return tuple(name for name, placement in new.items() if old.get(name) != placement)
+    return tuple(name for name, p in new.items() if (was := old.get(name)) is None or not was.same_as(p))
 
 
 def decide(

@@ -8,6 +8,7 @@ from persia_planner.bound import lower_bound
 from persia_planner.errors import PlannerError
 from persia_planner.kinds import Sharding
 from persia_planner.model.specs import DType
+from persia_planner.placement.memory import ps_server_capacity
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan
 from persia_planner.plan.validation import require_plan_agrees
@@ -73,9 +74,24 @@ def test_json_has_the_contract_keys(the_plan):
     assert [s["hash"] for s in big["shards"]] == [[0, 2], [1, 2]]
     assert {s["device"] for s in big["shards"]} == {"ps0", "ps1"}
     assert sum(s["bytes"] for s in big["shards"]) == 3_000_000_000 * (64 * 4 + 4)
+    # what the runtime needs and used to recompute: the rows' dtype, each server's store (its capacity in rows)
+    assert big["dtype"] == "fp32" and {s["store_rows"] for s in big["shards"]} == {ps_server_capacity(3_000_000_000, 2)}
+    keys = {
+        "rows",
+        "hash",
+        "cols",
+        "tier",
+        "device",
+        "bytes",
+        "cache_fraction",
+        "replica",
+        "store_rows",
+        "backing_rows",
+    }
     for name, table in data["tables"].items():
+        assert set(table) == {"sharding", "mode", "dtype", "shards"}, name
         for shard in table["shards"]:
-            assert set(shard) <= {"rows", "hash", "cols", "tier", "device", "bytes", "cache_fraction", "replica"}, name
+            assert set(shard) <= keys, name
     gpu = data["devices"]["trainer0/gpu0"]
     assert set(gpu) == {"hbm_bytes", "ddr_bytes", "cost_ms"}
     assert data["estimate"]["lower_bound_ms"] <= data["estimate"]["step_ms"]
@@ -302,8 +318,28 @@ def test_each_table_is_planned_and_validated_in_its_own_dtype():
     for name, value_bytes in (("half", 2), ("full", 4)):
         for s in placed.tables[name].shards:  # rowwise_adagrad keeps one float32 per row in every column shard
             assert s.bytes == s.n_rows(mixed.table(name)) * (s.n_cols * value_bytes + 4), (name, s)
-    # The same shards read as fp32 are wrong by the weights' half.
+    # The same plan for a model that now keeps "half" in fp32: told why, once; a plan.json written before dtypes were
+    # recorded still shows the shards' wrong bytes.
     as_fp32 = dataclasses.replace(
         mixed, tables=tuple(dataclasses.replace(t, embedding_dtype=None) for t in mixed.tables)
     )
-    assert any("bytes" in problem for problem in validate(placed, as_fp32, TOPO))
+    assert validate(placed, as_fp32, TOPO) == [
+        "table 'half': was planned with fp16 rows, and the model keeps it in fp32 (its dtype or embedding_dtype "
+        "changed since): plan again"
+    ]
+    unrecorded = {n: dataclasses.replace(p, dtype=None) for n, p in placed.tables.items()}
+    assert any(
+        "bytes" in problem for problem in validate(dataclasses.replace(placed, tables=unrecorded), as_fp32, TOPO)
+    )
+
+
+def test_a_placement_written_before_dtype_and_store_rows_were_recorded_is_the_same_placement(the_plan):
+    big = the_plan.tables["big"]
+    old = dataclasses.replace(
+        big, dtype=None, shards=tuple(dataclasses.replace(s, store_rows=None) for s in big.shards)
+    )
+    assert old != big and old.same_as(big) and big.same_as(old)
+    moved = dataclasses.replace(big, shards=tuple(dataclasses.replace(s, device="ps9") for s in old.shards))
+    assert not moved.same_as(big)
+    other_dtype = dataclasses.replace(big, dtype=DType.FP16)
+    assert not other_dtype.same_as(big) and other_dtype.same_as(old)

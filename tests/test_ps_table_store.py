@@ -206,3 +206,27 @@ def test_build_model_gives_each_table_its_tiers_store_and_the_cache_and_backing_
     assert configs["disk"].store_dir == str(tmp_path)
     stores = server_module.server_metrics()["stores"]
     assert stores["own"] == COUNTING_CLASS and stores["disk"] == "persia_planner.modules.ps.ssd_store:SsdStore"
+
+
+def test_build_model_sizes_each_store_as_plan_json_records_it(servers, tmp_path):
+    """The runtime reads the stores' rows from the plan (store_rows, backing_rows), not from the planner's formulas."""
+    import dataclasses
+
+    from persia_planner.modules.train.loop import build_model
+
+    def recorded(placement: TablePlacement, rows: int, backing: int = 0) -> TablePlacement:
+        shards = tuple(dataclasses.replace(s, store_rows=rows, backing_rows=backing) for s in placement.shards)
+        return dataclasses.replace(placement, shards=shards)
+
+    plan = {
+        "mem": recorded(_on(Tier.PS, 2), 4_321),
+        "disk": recorded(_on(Tier.SSD, 2, 0.1), 333, 12_345),
+        "own": _on(Tier.PS, 2),
+    }
+    build_model(
+        SPEC, plan, ps=ServersInProcess(), ps_servers=2, local_device=torch.device("meta"), ssd_dir=str(tmp_path)
+    )
+    configs = {name: t.config for name, t in servers.tables.items()}
+    assert (configs["mem"].capacity, configs["mem"].backing_rows) == (4_321, 0)
+    assert (configs["disk"].capacity, configs["disk"].backing_rows) == (333, 12_345)
+    assert configs["own"].capacity == ps_server_capacity(3_000, 2)  # none recorded: what the plan charged

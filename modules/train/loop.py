@@ -37,8 +37,7 @@ from persia_planner.modules.train.config import (
 )
 from persia_planner.modules.train.lr_schedule import ScheduledRates
 from persia_planner.modules.train.run_inputs import dense_arch, dlrm_embedding_dim
-from persia_planner.placement.memory import ps_server_capacity, ssd_server_cache_capacity
-from persia_planner.placement.shards import TablePlacement
+from persia_planner.placement.shards import TablePlacement, server_store_rows
 
 if TYPE_CHECKING:
     from persia_planner.modules.train.job import Job
@@ -80,11 +79,11 @@ def build_model(
     over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs from plain TorchRec).
     Returns ``(model, hybrid)``; shard it with :func:`persia_planner.modules.embedding.model_parallel.distribute`.
 
-    Each server's store of a PS table gets the capacity the planner charged it for (``memory.ps_server_capacity``:
-    the rows of its largest bucket plus the hash's allowance), or ``capacity[table]`` where given (``--ps-capacity
-    unbounded``). A table on a server tier with a cache (``TierSpec.cached``: the ``ssd`` tier) keeps that many rows in
-    the tier's backing memory (the servers' disks, their files in ``ssd_dir``) and the plan's cache of them
-    (``memory.ssd_server_cache_capacity``); each table's store is its tier's (``TierSpec.store``).
+    Each server's store of a PS table gets the rows the plan sized it for (each shard's ``store_rows``: the rows of
+    its largest bucket plus the hash's allowance), or ``capacity[table]`` where given (``--ps-capacity unbounded``).
+    A table on a server tier with a cache (``TierSpec.cached``: the ``ssd`` tier) keeps its ``backing_rows`` in the
+    tier's backing memory (the servers' disks, their files in ``ssd_dir``) under that cache; each table's store is
+    its tier's (``TierSpec.store``).
 
     Raises:
         PlannerError: The tables do not share one embedding dim (DLRM's interaction needs it).
@@ -92,18 +91,24 @@ def build_model(
     from persia_planner.plan.torchrec_export import to_embedding_bag_configs
 
     dim = dlrm_embedding_dim(spec)
-    # Each server's store: the capacity the planner charged it for (room for the hash's imbalance); on a tier with
-    # a cache, that of the cache the plan sized, over a backing memory of the table's share.
+    # Each server's store: the rows the plan sized it for (plan.json's store_rows, room for the hash's imbalance
+    # included); on a tier with a cache, the cache's, over its backing rows. A plan written before plan.json recorded
+    # them gets what the plan charged.
     given = capacity or {}
     remote = [t for t in spec.tables if tables is not None and tables[t.name].mode is Mode.ASYNC]
-    capacity = {t.name: given.get(t.name, ps_server_capacity(t.rows, ps_servers)) for t in remote}
-    backing = {}
+    capacity, backing = {}, {}
     for t in remote:
         placement = tables[t.name]  # type: ignore[index]
-        if placement.tier.spec.cached:
-            backing[t.name] = max(capacity[t.name], ps_server_capacity(t.rows, ps_servers))
-            fraction = placement.shards[0].cache_fraction or 0.0
-            capacity[t.name] = ssd_server_cache_capacity(t.rows, ps_servers, fraction)
+        shard = placement.shards[0]
+        store, back = (
+            (shard.store_rows, shard.backing_rows)
+            if shard.store_rows is not None
+            else server_store_rows(t.rows, ps_servers, placement.tier, shard.cache_fraction or 0.0)
+        )
+        if back:  # --ps-capacity widens the backing rows; the cache stays the plan's
+            capacity[t.name], backing[t.name] = store, max(given.get(t.name, 0), back)
+        else:
+            capacity[t.name] = given.get(t.name, store)
     torch.manual_seed(seed)
     hybrid = HybridEmbeddingBagCollection(
         to_embedding_bag_configs(spec),

@@ -114,7 +114,7 @@ def table_moves(old: Mapping[str, TablePlacement], new: Mapping[str, TablePlacem
     moves: dict[tuple[bool, bool], list[str]] = {(a, b): [] for a in (False, True) for b in (False, True)}
     for name, placement in new.items():
         moves[(on_ps[name], placement.mode is Mode.ASYNC)].append(name)
-    changed = tuple(name for name, placement in new.items() if old[name] != placement)
+    changed = tuple(name for name, placement in new.items() if not old[name].same_as(placement))
     return TableMoves(
         tuple(moves[(False, False)]),
         tuple(moves[(True, True)]),

@@ -7,6 +7,7 @@ A shard's :meth:`Shard.storage` is what the runtime allocates for it (:func:`foo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "row_blocks",
     "row_splittable",
     "server_bytes",
+    "server_store_rows",
     "tier_bytes",
 ]
 
@@ -65,8 +67,12 @@ class Shard:
             whatever its tier; what the runtime allocates for it is :meth:`storage`.
         rows: Row range ``[start, end)`` for range shards, None for hash shards.
         hash: ``(bucket, buckets)`` for ``ps_hash`` shards.
-        cache_fraction: Share of the shard's rows cached in HBM (``hbm_cache`` only).
+        cache_fraction: Share of the shard's rows cached in HBM (``hbm_cache``) or in its server's DDR (``ssd``).
         replica: True for ``data_parallel`` replicas.
+        store_rows: On a server tier, the rows its server's store is made to hold (its capacity: what the plan
+            charged, :func:`server_store_rows`); None elsewhere, or in a plan.json written before it was recorded.
+        backing_rows: On a cached server tier, the rows its store keeps in the tier's backing memory (the ``ssd``
+            tier's disk) under its cache of ``store_rows``; 0 elsewhere.
     """
 
     device: str
@@ -77,6 +83,8 @@ class Shard:
     hash: tuple[int, int] | None = None
     cache_fraction: float | None = None
     replica: bool = False
+    store_rows: int | None = None
+    backing_rows: int = 0
 
     @property
     def n_cols(self) -> int:
@@ -199,16 +207,46 @@ def server_bytes(
     return {m: found.get(m, 0 * rows) for m in Memory if m.spec.holder is Holder.SERVER}
 
 
+def server_store_rows(table_rows: int, n_servers: int, tier: Tier, cache_fraction: float = 0.0) -> tuple[int, int]:
+    """``(store_rows, backing_rows)`` of every server's store of a table of ``table_rows`` rows hashed over
+    ``n_servers`` on server tier ``tier``, as the plan charges them: a store of the largest bucket's capacity
+    (:func:`.memory.ps_server_capacity`, the hash's allowance included), or on a cached tier a cache of
+    :func:`.memory.ssd_server_cache_capacity` over that many backing rows (at least the cache's)."""
+    whole = memory.ps_server_capacity(table_rows, n_servers)
+    if not tier.spec.cached:
+        return whole, 0
+    cache = memory.ssd_server_cache_capacity(table_rows, n_servers, cache_fraction)
+    return cache, max(cache, whole)
+
+
 @dataclass(frozen=True)
 class TablePlacement:
-    """Where one table went: its sharding type and its shards."""
+    """Where one table went: its sharding type, its shards and the dtype its rows were planned in (None: a plan
+    written before plan.json recorded it; the model's is then assumed)."""
 
     sharding: Sharding
     shards: tuple[Shard, ...]
+    dtype: DType | None = None
 
     @property
     def mode(self) -> Mode:
         return Mode.ASYNC if self.sharding is Sharding.PS_HASH else Mode.SYNC
+
+    def same_as(self, other: TablePlacement) -> bool:
+        """Whether the two place the table alike; what one of them does not record (a plan.json, or a checkpoint's
+        plan, written before ``dtype`` and the stores' rows were) is no difference."""
+        if self.sharding is not other.sharding or len(self.shards) != len(other.shards):
+            return False
+        if self.dtype is not None and other.dtype is not None and self.dtype is not other.dtype:
+            return False
+
+        def unrecorded(shard: Shard) -> Shard:
+            return dataclasses.replace(shard, store_rows=None, backing_rows=0)
+
+        return all(
+            a == b or (None in (a.store_rows, b.store_rows) and unrecorded(a) == unrecorded(b))
+            for a, b in zip(self.shards, other.shards, strict=True)
+        )
 
     @property
     def tier(self) -> Tier:

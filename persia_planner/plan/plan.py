@@ -329,8 +329,13 @@ def placement_to_dict(p: TablePlacement) -> dict[str, Any]:
             item["cache_fraction"] = s.cache_fraction
         if s.replica:
             item["replica"] = True
+        if s.store_rows is not None:
+            item["store_rows"] = s.store_rows
+        if s.backing_rows:
+            item["backing_rows"] = s.backing_rows
         shards.append(item)
-    return {"sharding": p.sharding.value, "mode": p.mode.value, "shards": shards}
+    dtype = {"dtype": p.dtype.value} if p.dtype is not None else {}
+    return {"sharding": p.sharding.value, "mode": p.mode.value, **dtype, "shards": shards}
 
 
 def placement_from_dict(data: Any, source: str, path: str = "") -> TablePlacement:
@@ -341,6 +346,7 @@ def placement_from_dict(data: Any, source: str, path: str = "") -> TablePlacemen
 def _placement_from_fields(table: Fields) -> TablePlacement:
     sharding = table.take_enum("sharding", Sharding)
     mode = table.take_enum("mode", Mode, default=None)
+    dtype = table.take_enum("dtype", DType, default=None)
     shards = []
     for _, item in table.take_list("shards", max_items=MAX_SHARDS_PER_TABLE):
         shards.append(
@@ -353,11 +359,13 @@ def _placement_from_fields(table: Fields) -> TablePlacement:
                 hash=_pair(item, "hash") if item.has("hash") else None,
                 cache_fraction=item.take("cache_fraction", Quantity.NUMBER, default=None),
                 replica=item.take_bool("replica", default=False),
+                store_rows=item.take_positive("store_rows", Quantity.COUNT, default=None),
+                backing_rows=item.take_positive("backing_rows", Quantity.COUNT, default=0),
             )
         )
         item.finish()
     table.finish()
-    placement = TablePlacement(sharding, tuple(shards))
+    placement = TablePlacement(sharding, tuple(shards), dtype)
     if mode is not None and mode is not placement.mode:
         raise table.error(
             "mode",

@@ -10,10 +10,10 @@ import numpy as np
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import ErrorKind, PlannerError, abbreviate, printable
 from persia_planner.kinds import Sharding
-from persia_planner.model.specs import ModelSpec
+from persia_planner.model.specs import DType, ModelSpec
 from persia_planner.placement.feasibility import constraint_problems
 from persia_planner.placement.memory import PS_LIMIT_REASON, PS_MAX_ROWS, ps_servers_needed
-from persia_planner.placement.shards import TablePlacement
+from persia_planner.placement.shards import TablePlacement, server_store_rows
 from persia_planner.plan.plan import Plan
 from persia_planner.tiers import replica_tier
 from persia_planner.topology.graph import Topology
@@ -22,6 +22,7 @@ from persia_planner.units import format_bytes
 __all__ = [
     "MAX_PROBLEMS",
     "MAX_TABLE_PROBLEMS",
+    "dtype_problem",
     "require_plan_agrees",
     "require_same_tables",
     "require_valid",
@@ -162,9 +163,13 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
             return problems  # a plan of thousands of bad shards: the first few say what is wrong
     if problems:
         return problems
+    changed = dtype_problem(placement, cost.dtype_of(table))
+    if changed is not None:  # every shard's bytes and store differ then: say why once
+        return [changed]
     if s is Sharding.PS_HASH:
         problems += _check_hash(table, placement)
         problems += _check_store_rows(table, placement, len(topology.servers))
+        problems += _check_store_sizes(table, placement)
     elif s is Sharding.DATA_PARALLEL:
         devices = [sh.device for sh in placement.shards]
         if sorted(devices) != sorted(gpu_names) or not all(sh.replica for sh in placement.shards):
@@ -180,6 +185,33 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
         expected = shard.n_rows(table) * table.row_bytes(cost.dtype_of(table), shard.n_cols)
         if shard.bytes != expected:
             problems.append(f"shard {i} bytes {shard.bytes} != {expected} (rows x (cols x dtype + state))")
+    return problems
+
+
+def dtype_problem(placement: TablePlacement, dtype: DType) -> str | None:
+    """Why ``placement`` cannot run a table the model keeps in ``dtype`` rows (None: it can): it was planned, its
+    bytes and its stores sized, for rows of another dtype."""
+    if placement.dtype is None or placement.dtype is dtype:
+        return None
+    return (
+        f"was planned with {placement.dtype.value} rows, and the model keeps it in {dtype.value} (its dtype or "
+        "embedding_dtype changed since): plan again"
+    )
+
+
+def _check_store_sizes(table, placement: TablePlacement) -> list[str]:
+    """The stores' sizes plan.json records (``store_rows``, ``backing_rows``) are those the plan charged."""
+    problems = []
+    for i, shard in enumerate(placement.shards):
+        if shard.store_rows is None or shard.hash is None:
+            continue  # a plan written before they were recorded: the runtime sizes the stores as the plan charged
+        fraction = shard.cache_fraction or 0.0
+        expected = server_store_rows(table.rows, shard.hash[1], shard.tier, fraction)
+        if (shard.store_rows, shard.backing_rows) != expected:
+            problems.append(
+                f"shard {i} store_rows {shard.store_rows} / backing_rows {shard.backing_rows} != the {expected[0]} / "
+                f"{expected[1]} the plan charges ({shard.hash[1]} servers): plan again, or remove both"
+            )
     return problems
 
 

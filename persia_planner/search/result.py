@@ -10,7 +10,7 @@ import numpy as np
 from persia_planner.cost.analytic import CostModel
 from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
-from persia_planner.placement.shards import Shard, TablePlacement, even_split, row_blocks
+from persia_planner.placement.shards import Shard, TablePlacement, even_split, row_blocks, server_store_rows
 from persia_planner.search.base import Option
 
 __all__ = ["build_placement"]
@@ -41,6 +41,7 @@ def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Seq
     if s is Sharding.PS_HASH:
         n = len(topo.servers)
         rows = even_split(table.rows, n)
+        store, backing = server_store_rows(table.rows, n, option.tier, fraction or 0.0)
         shards = tuple(
             Shard(
                 server.name,
@@ -49,14 +50,16 @@ def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Seq
                 rows[i] * table.row_bytes(dtype),
                 hash=(i, n),
                 cache_fraction=fraction,
+                store_rows=store,
+                backing_rows=backing,
             )
             for i, server in enumerate(topo.servers)
         )
-        return TablePlacement(s, shards)
+        return TablePlacement(s, shards, dtype)
     if s is Sharding.DATA_PARALLEL:
-        return TablePlacement(s, tuple(shard(d, full_rows, full_cols, replica=True) for d in names))
+        return TablePlacement(s, tuple(shard(d, full_rows, full_cols, replica=True) for d in names), dtype)
     if s in (Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE, Sharding.TABLE_WISE):
         cols = _bounds(even_split(table.dim, len(names)))
-        return TablePlacement(s, tuple(shard(d, full_rows, c) for d, c in zip(names, cols, strict=True)))
+        return TablePlacement(s, tuple(shard(d, full_rows, c) for d, c in zip(names, cols, strict=True)), dtype)
     rows = _bounds(row_blocks(table.rows, len(names)))
-    return TablePlacement(s, tuple(shard(d, r, full_cols) for d, r in zip(names, rows, strict=True)))
+    return TablePlacement(s, tuple(shard(d, r, full_cols) for d, r in zip(names, rows, strict=True)), dtype)
