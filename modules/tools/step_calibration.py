@@ -307,8 +307,8 @@ def _run(name: str, profile: dict[str, Any], steps: int) -> dict[str, Any]:
     from persia_planner.model.specs import DenseSpec, TableSpec
     from persia_planner.modules.data.criteo_format import NUM_INTEGER
     from persia_planner.modules.data.synthetic import ZIPF_ALPHA
-    from persia_planner.modules.train.config import TrainConfig
     from persia_planner.modules.train.engine import train_local
+    from persia_planner.modules.train.run_model import run_config
     from persia_planner.planner import Planner
     from persia_planner.search import GreedyLocalSearch
     from persia_planner.tiers import local_tiers, server_tiers
@@ -334,15 +334,8 @@ def _run(name: str, profile: dict[str, Any], steps: int) -> dict[str, Any]:
             placements |= {t.name: remote[t.name] for t in tables[: job.ps_tables]}
         cost = CostModel(model, topology)
         estimate, _ = cost.evaluate(placements)
-        mode = "sync" if job.staleness == 0 else "hybrid"
-        cfg = TrainConfig(
-            steps=steps,
-            mode=mode,
-            staleness=job.staleness,
-            trainers=_TRAINERS,
-            eval_batches=1,
-            progress=False,
-            teacher_rows_scale=1.0,
+        cfg = run_config(  # the model's K (job.staleness): sync mode at K = 0
+            model, steps=steps, trainers=_TRAINERS, eval_batches=1, progress=False, teacher_rows_scale=1.0
         )
         result = train_local(cfg, model, placements, servers=len(topology.servers), topology=topology)
 

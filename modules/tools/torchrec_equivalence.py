@@ -24,14 +24,15 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from persia_planner.errors import PlannerError
 from persia_planner.kinds import Mode
-from persia_planner.model.specs import ModelSpec, Optimizer
+from persia_planner.model.specs import ModelSpec, Optimizer, with_run_options
 from persia_planner.modules.data.batch import Batch
 from persia_planner.modules.data.synthetic import SyntheticClicks, Teacher
 from persia_planner.modules.embedding.hybrid import SparseOptimizer
 from persia_planner.modules.embedding.model_parallel import distribute, sparse_torch_optimizer
-from persia_planner.modules.train.config import TrainConfig
+from persia_planner.modules.train.config import TrainMode
 from persia_planner.modules.train.job import Job, trainer_group
 from persia_planner.modules.train.loop import build_job_model, dense_state_dict, make_optimizer, torchrec_model
+from persia_planner.modules.train.run_model import run_config
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.topology.graph import Topology
 
@@ -175,10 +176,11 @@ def compare_with_torchrec(
 
     if sparse_optimizer not in (Optimizer.SGD, Optimizer.ROWWISE_ADAGRAD):  # StrEnum: "sgd" counts too
         raise PlannerError(f"sparse_optimizer must be sgd or rowwise_adagrad, got {sparse_optimizer!r}")
-    cfg = TrainConfig(
+    cfg = run_config(
+        with_run_options(spec, staleness=staleness),
+        mode=TrainMode.HYBRID,  # the hybrid's own path even at K = 0: that is what is compared
         steps=steps,
         batch_size=batch_size,
-        staleness=staleness,
         trainers=trainers,
         sparse_lr=learning_rate,
         sparse_optimizer=Optimizer(sparse_optimizer),

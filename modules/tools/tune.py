@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import Interrupted, PlannerError, first_line
 from persia_planner.model.specs import ModelSpec
-from persia_planner.modules.train.config import TrainConfig, TrainMode
+from persia_planner.modules.train.config import TrainConfig
 from persia_planner.modules.train.engine import train_local
+from persia_planner.modules.train.run_model import run_config
 from persia_planner.plan.plan import Plan
 from persia_planner.plan.tuning import MeasuredCandidate, Tuning, fastest
 from persia_planner.plan.validation import validate
@@ -69,16 +70,7 @@ def require_this_machine(topology: Topology) -> None:
 def tune_config(model: ModelSpec, topology: Topology, *, steps: int, seed: int = 0) -> TrainConfig:
     """The training options of a timed run: the model's K (``sync`` at K = 0), one trainer per trainer device of
     ``topology``, the model's batch, synthetic data, one evaluation batch, no progress bar."""
-    return TrainConfig(
-        steps=steps,
-        staleness=model.staleness,
-        mode=TrainMode.SYNC if model.staleness == 0 else TrainMode.HYBRID,
-        trainers=len(topology.gpus),
-        eval_batches=1,
-        ps_wire=model.ps_wire_dtype,
-        seed=seed,
-        progress=False,
-    )
+    return run_config(model, steps=steps, trainers=len(topology.gpus), eval_batches=1, seed=seed, progress=False)
 
 
 def measure_candidates(

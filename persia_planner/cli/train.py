@@ -126,6 +126,7 @@ def train_command(
     from persia_planner.model.data_schema import load_data_schema
     from persia_planner.model.specs import DType, with_run_options
     from persia_planner.modules.train.config import TrainConfig
+    from persia_planner.modules.train.run_model import run_model
     from persia_planner.paths import DEFAULT_MODEL, DEFAULT_TOPOLOGY
     from persia_planner.plan.plan import load_plan
     from persia_planner.plan.validation import require_plan_agrees
@@ -196,7 +197,7 @@ def train_command(
             adapt_window=adapt_window,
         )
         # The run's model: priced and planned (below, without --plan) for the K and wire it trains with.
-        model_spec = with_run_options(model_spec, staleness=cfg.effective_staleness, ps_wire=wire.value)
+        model_spec = run_model(model_spec, cfg)
         if the_plan is None:
             the_plan = make_plan(model_spec, topo, seed=seed)
         else:
