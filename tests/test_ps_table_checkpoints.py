@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -90,6 +91,7 @@ def test_round_trip_one_server_is_bit_exact(tmp_path: Path):
         "file": "user.server0-of-1.pt",
         "rows": 240,
         "bytes": size,
+        "sha256": hashlib.sha256((version_dir / "user.server0-of-1.pt").read_bytes()).hexdigest(),
         "config": CONFIGS["user"],
     }
     assert ckpt.verify(tmp_path)["version"] == 1
@@ -555,3 +557,24 @@ def test_a_tables_seed_is_saved_once_and_loaded_back_with_only_the_tables_asked(
     (version / "item.seed.pt").write_bytes(b"damaged")
     with pytest.raises(Exception, match=r"item\.seed\.pt is unreadable"):
         ckpt.verify(tmp_path)
+
+
+def test_a_servers_manifest_records_each_file_as_a_job_checkpoint_does_and_a_changed_byte_is_found(tmp_path: Path):
+    """One manifest format: size and sha256; a file of the right size with one byte changed passes the cheap check
+    and fails the checksums'."""
+    import json
+
+    from persia_planner.modules.manifests import file_record
+    from persia_planner.modules.ps.protocol import CheckpointError
+
+    ckpt.save_all(_build_servers(2), tmp_path, configs=CONFIGS)
+    version = tmp_path / "v00000001"
+    entry = json.loads((version / "manifest.server1-of-2.json").read_text())["tables"]["user"]
+    shard = version / entry["file"]
+    assert {k: entry[k] for k in ("bytes", "sha256")} == file_record(shard)
+    whole = bytearray(shard.read_bytes())
+    whole[-1] ^= 0xFF
+    shard.write_bytes(bytes(whole))
+    assert ckpt.verify(tmp_path)["version"] == 1  # sizes only: the launcher's quick check
+    with pytest.raises(CheckpointError, match=rf"^checkpoint file {shard} is unreadable \(its bytes do not match"):
+        ckpt.verify(tmp_path, checksums=True)

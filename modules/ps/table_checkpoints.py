@@ -5,7 +5,8 @@ Layout of a checkpoint ``directory``::
     directory/
       LATEST                              JSON {"version": 3, "n_servers": 2}; replaced atomically by commit()
       v00000003/                          one directory per version
-        manifest.server0-of-2.json        format tag, server, n_servers, delta_sequence, per table: config, rows, file
+        manifest.server0-of-2.json        format, server, n_servers, delta_sequence; per table: config, rows,
+                                          file, size and sha256 (as a job checkpoint records its files)
         manifest.server1-of-2.json
         user_emb.server0-of-2.pt          torch.save of EmbeddingStore.state_dict() (occupied rows only)
         user_emb.server1-of-2.pt
@@ -155,11 +156,13 @@ def read_manifest(path: Path, server: int, n_servers: int) -> dict[str, Any]:
     return manifest
 
 
-def verify(directory: str | os.PathLike) -> dict[str, Any] | None:
+def verify(directory: str | os.PathLike, *, checksums: bool = False) -> dict[str, Any] | None:
     """:func:`read_latest`, after checking that every shard file of the committed version is there, whole.
 
-    Cheap (``stat`` only), so a launcher can refuse a damaged checkpoint before any server starts; a shard's bytes
-    are checked against the size its manifest recorded (manifests of older saves recorded none).
+    The manifests record each file as a job checkpoint's does (:func:`persia_planner.modules.manifests.file_record`:
+    its size and sha256). By default only the sizes are checked (``stat`` only), so that a launcher can refuse a
+    damaged checkpoint at once before any server starts; ``checksums`` also reads every file against its sha256
+    (manifests of older saves recorded neither, or only sizes).
 
     Raises:
         .protocol.CheckpointError: A file is missing, truncated or unreadable (named in the message).
@@ -173,7 +176,7 @@ def verify(directory: str | os.PathLike) -> dict[str, Any] | None:
             records = [entry] + ([entry["seed"]] if isinstance(entry.get("seed"), dict) else [])
             for record in records:
                 file = path / str(record.get("file"))
-                problem = file_problem(file, record, checksums=False)
+                problem = file_problem(file, record, checksums=checksums)
                 if problem is not None:
                     raise unreadable(file, problem)
     return latest
@@ -236,13 +239,13 @@ def save_shard(
         tables[table] = {
             "file": name,
             "rows": int(state["ids"].numel()),
-            **file_record(path / name, checksum=False),  # its bytes: what verify() checks before a resume
+            **file_record(path / name),  # its size and sha256: what verify() checks before a resume
             "config": dict(configs.get(table, {})),
         }
         seed = store.seeded()
         if seed is not None and server == 0:  # every server holds the same seed: one copy
             atomic_torch_save(dict(seed), path / _seed_name(table))
-            tables[table]["seed"] = {"file": _seed_name(table), **file_record(path / _seed_name(table), checksum=False)}
+            tables[table]["seed"] = {"file": _seed_name(table), **file_record(path / _seed_name(table))}
     # The manifest goes last: its presence means this server's shard files are complete.
     manifest = {
         "format": SHARD_FORMAT,
