@@ -21,6 +21,7 @@ __all__ = [
     "StopOnSignals",
     "adopt_environment",
     "die_with_the_launcher",
+    "end_torchrun_worker",
     "exit_now",
     "name_process",
     "quiet_cpp_logs",
@@ -44,6 +45,17 @@ def exit_now(code: int = 0) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def end_torchrun_worker() -> None:
+    """End this process with :func:`exit_now` if torchrun started it (a command's last call, everything written);
+    elsewhere return.
+
+    A torchrun worker ends right after its last gloo collective: finalizing the interpreter then can abort it
+    (SIGABRT, see :func:`exit_now`), which torchrun reports as a failed job and every other node as a lost peer.
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        exit_now(0)
 
 
 def adopt_environment(environ: dict[str, str]) -> None:

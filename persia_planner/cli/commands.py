@@ -400,8 +400,11 @@ def calibrate_command(
             from persia_planner.modules.tools.cluster_calibration import cluster_command
 
             longer, sizes_name = QUIET_FACTOR if repeat_until_quiet else 1, sizes_name or ("quick" if quick else "full")
-            return cluster_command(topology, out_dir, sizes_name=sizes_name, longer=longer, overwrite=overwrite,
-                                   node_host=node_host)  # fmt: skip
+            cluster_command(topology, out_dir, sizes_name=sizes_name, longer=longer, overwrite=overwrite,
+                            node_host=node_host)  # fmt: skip
+            from persia_planner.modules.launcher.lifecycle import end_torchrun_worker
+
+            return end_torchrun_worker()
         if host is not None and (not host.strip() or not host.isprintable()):
             raise PlannerError(f"--host {host!r} is no host name", fixes=("name the topology's host, e.g. trainer",))
         profile_out = Output("--out", out, OutputKind.PROFILE)

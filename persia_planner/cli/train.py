@@ -213,12 +213,9 @@ def train_command(
             from persia_planner.cli.run_summary import report_run
 
             report_run(result, model_spec, topo, the_plan, cfg, as_json=as_json)
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        # A torchrun worker ends right after the trainers' last gloo collective: finalizing the interpreter then can
-        # abort it (SIGABRT, see exit_now), which torchrun reports as a failed job.
-        from persia_planner.modules.launcher.lifecycle import exit_now
+    from persia_planner.modules.launcher.lifecycle import end_torchrun_worker
 
-        exit_now(0)
+    end_torchrun_worker()
 
 
 def _checked_start(
