@@ -54,8 +54,8 @@ def test_count_expands_names():
     [
         ({"batch_size": "big"}, "model.yaml: batch_size: 'big' is not a whole number like 40_000_000 or 1e9"),
         (
-            {"tables": [{"name": "a", "rows": 10, "dim": 4, "pooling": 2}]},
-            "model.yaml: tables[0].pooling: unknown key; fix: did you mean 'pooling_factor'?",
+            {"tables": [{"name": "a", "rows": 10, "dim": 4, "pooling_factr": 2}]},
+            "model.yaml: tables[0].pooling_factr: unknown key; fix: did you mean 'pooling_factor'?",
         ),
         ({"tables": [{"name": "a", "rows": "12XB", "dim": 4}]}, "model.yaml: tables[0].rows: unknown unit 'XB'"),
         ({"tables": [{"name": "a", "rows": 10, "dim": 0}]}, "model.yaml: tables[0].dim: must be > 0, got 0"),

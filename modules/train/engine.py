@@ -52,7 +52,7 @@ from persia_planner.modules.train.trainer_state import (
 )
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.executability import check_executable
-from persia_planner.plan.validation import dtype_problem
+from persia_planner.plan.validation import model_changed
 from persia_planner.topology.graph import Topology
 from persia_planner.topology.torchrun_nodes import ProcessKind, node_hosts, node_roles
 
@@ -74,11 +74,11 @@ PS_REQUEST_TIMEOUT_S = 60.0
 
 
 def _check_plan_runs(cfg: TrainConfig, spec: ModelSpec, tables: dict[str, TablePlacement], topology: Topology) -> None:
-    """Before any process starts: the trainers are the plan's ranks, the tables' rows are in the dtype they were
-    planned in, and TorchRec runs every table as planned."""
+    """Before any process starts: the trainers are the plan's ranks, the tables are as they were planned (their
+    rows' dtype, pooled or sequence), and TorchRec runs every table as planned."""
     check_trainers(cfg.trainers, topology)
     for table in spec.tables:
-        changed = dtype_problem(tables[table.name], spec.dtype_of(table)) if table.name in tables else None
+        changed = model_changed(tables[table.name], table, spec.dtype_of(table)) if table.name in tables else None
         if changed is not None:
             raise PlannerError(f"table {table.name!r} {changed}", kind=ErrorKind.INVALID_PLAN, fixes=("persia plan",))
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -231,8 +231,9 @@ class CostModel(MemorySlots):
         ``gpus``, holding ``rows_fraction`` of the table's rows (and so of its lookups) and ``cols`` columns.
 
         A GPU: the bytes moved over its HBM bandwidth. A profiled CPU trainer: the profile's TBE fit, with the
-        whole batch's bags (every range shard receives every bag), its share of the ids and distinct rows. Times the
-        embedding factor (``embedding_scale``).
+        whole batch's bags (every range shard receives every bag; a sequence table's kernel makes each of the
+        shard's ids a bag of its own), its share of the ids and distinct rows. Times the embedding factor
+        (``embedding_scale``).
         """
         return self._embedding_scaled(self._hbm_emb_ms(table, rows_fraction, cols, gpus))
 
@@ -252,8 +253,9 @@ class CostModel(MemorySlots):
             lookups, unique = np.broadcast_to(lookups, gpus.shape), np.broadcast_to(unique, gpus.shape)
             row_bytes = cols * self.dtype_of(table).n_bytes
             for k in np.flatnonzero(self.profiled[gpus]):
+                bags = lookups[k] if table.sequence else self.batch
                 seconds = self.profiles[gpus[k]].embedding_seconds(
-                    table.optimizer.value, self.batch, lookups[k], row_bytes, unique[k]
+                    table.optimizer.value, bags, lookups[k], row_bytes, unique[k]
                 )
                 out[k] = seconds * MS
         return out
@@ -294,15 +296,17 @@ class CostModel(MemorySlots):
         return out_bytes, ids_half, self._embedding_scaled(emb), self._embedding_scaled(ddr)
 
     def output_exchange(self, table: TableSpec, cols: int) -> tuple[float, float]:
-        """The bytes of a shard's pooled output that the all-to-all pattern carries (forward and backward averaged,
-        as :class:`~persia_planner.cost.all_to_all.A2APattern` prices a byte of output both ways) and the values its
+        """The bytes of a shard's output that the all-to-all pattern carries (forward and backward averaged, as
+        :class:`~persia_planner.cost.all_to_all.A2APattern` prices a byte of output both ways) and the values its
         quantized collectives convert (each narrowed direction: an encode and a decode of ``batch x cols`` values).
+        A pooled table's output is a row per sample; a sequence table's a row per id
+        (:attr:`~persia_planner.model.tables.TableSpec.outputs_per_sample`): its exchange grows with the sequence.
 
         The conversions are charged to the shard's owner, though the receivers make half of them: in a plan whose
         shards are spread, each GPU receives about as much as it owns.
         """
         own = self.dtype_of(table).n_bytes
-        values = self.batch * cols
+        values = self.batch * table.outputs_per_sample * cols
         wire = [own if d is DType.FP32 else d.n_bytes for d in (self.qcomms.forward, self.qcomms.backward)]
         narrowed = sum(d is not DType.FP32 for d in (self.qcomms.forward, self.qcomms.backward))
         return values * sum(wire) / 2, 2.0 * narrowed * values

@@ -221,12 +221,14 @@ def server_store_rows(table_rows: int, n_servers: int, tier: Tier, cache_fractio
 
 @dataclass(frozen=True)
 class TablePlacement:
-    """Where one table went: its sharding type, its shards and the dtype its rows were planned in (None: a plan
-    written before plan.json recorded it; the model's is then assumed)."""
+    """Where one table went: its sharding type, its shards, the dtype its rows were planned in (None: a plan
+    written before plan.json recorded it; the model's is then assumed) and whether it was planned as a sequence
+    table (``pooling: none``: one output row per id, TorchRec's ``EmbeddingCollection``)."""
 
     sharding: Sharding
     shards: tuple[Shard, ...]
     dtype: DType | None = None
+    sequence: bool = False
 
     @property
     def mode(self) -> Mode:
@@ -236,6 +238,8 @@ class TablePlacement:
         """Whether the two place the table alike; what one of them does not record (a plan.json, or a checkpoint's
         plan, written before ``dtype`` and the stores' rows were) is no difference."""
         if self.sharding is not other.sharding or len(self.shards) != len(other.shards):
+            return False
+        if self.sequence is not other.sequence:
             return False
         if self.dtype is not None and other.dtype is not None and self.dtype is not other.dtype:
             return False

@@ -18,6 +18,7 @@ from persia_planner.errors import PlannerError, SpecError, abbreviate
 from persia_planner.fields import Fields, load_json
 from persia_planner.kinds import Mode, Sharding
 from persia_planner.limits import MAX_OF_KIND, MAX_SHARDS_PER_TABLE, MAX_STALENESS
+from persia_planner.model.pooling import Pooling
 from persia_planner.model.qcomms import QComms
 from persia_planner.model.specs import DType, ModelSpec
 from persia_planner.placement.shards import Shard, TablePlacement
@@ -335,7 +336,9 @@ def placement_to_dict(p: TablePlacement) -> dict[str, Any]:
             item["backing_rows"] = s.backing_rows
         shards.append(item)
     dtype = {"dtype": p.dtype.value} if p.dtype is not None else {}
-    return {"sharding": p.sharding.value, "mode": p.mode.value, **dtype, "shards": shards}
+    # Written for sequence tables alone: a pooled table's entry stays as plans wrote it before sequences were planned.
+    pooling = {"pooling": Pooling.NONE.value} if p.sequence else {}
+    return {"sharding": p.sharding.value, "mode": p.mode.value, **dtype, **pooling, "shards": shards}
 
 
 def placement_from_dict(data: Any, source: str, path: str = "") -> TablePlacement:
@@ -347,6 +350,7 @@ def _placement_from_fields(table: Fields) -> TablePlacement:
     sharding = table.take_enum("sharding", Sharding)
     mode = table.take_enum("mode", Mode, default=None)
     dtype = table.take_enum("dtype", DType, default=None)
+    pooling = table.take_enum("pooling", Pooling, default=Pooling.SUM)
     shards = []
     for _, item in table.take_list("shards", max_items=MAX_SHARDS_PER_TABLE):
         shards.append(
@@ -365,7 +369,7 @@ def _placement_from_fields(table: Fields) -> TablePlacement:
         )
         item.finish()
     table.finish()
-    placement = TablePlacement(sharding, tuple(shards), dtype)
+    placement = TablePlacement(sharding, tuple(shards), dtype, sequence=not pooling.pooled)
     if mode is not None and mode is not placement.mode:
         raise table.error(
             "mode",

@@ -22,22 +22,27 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.kinds import Sharding
-from persia_planner.model.specs import DType, ModelSpec, Optimizer, TableSpec
+from persia_planner.model.specs import ModelSpec, Optimizer, TableSpec
 from persia_planner.placement.shards import Shard, TablePlacement, row_blocks
 from persia_planner.plan.plan import Plan
+from persia_planner.plan.torchrec_collections import (
+    CollectionPaths,
+    collection_paths,
+    to_embedding_bag_configs,
+    to_embedding_configs,
+)
 from persia_planner.plan.validation import require_same_tables, wrong_device
 from persia_planner.tiers import replica_tier
 from persia_planner.topology.graph import Topology
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.types import ShardingPlan
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 __all__ = [
     "DATA_PARALLEL_KERNEL",
@@ -47,6 +52,7 @@ __all__ = [
     "TorchRecSharding",
     "gpu_tables",
     "to_embedding_bag_configs",
+    "to_embedding_configs",
     "to_sharding_plan",
     "torch_optimizer",
     "torchrec_shardings",
@@ -211,6 +217,10 @@ def _table_sharding(table: TableSpec, placement: TablePlacement, topology: Topol
     name, s = table.name, placement.sharding
     if not placement.shards:
         raise PlannerError(f"table {name!r} has no shards", kind=ErrorKind.INVALID_PLAN)
+    if not table.allows(s):
+        raise _unsupported(
+            name, f"is a sequence table, which TorchRec's EmbeddingCollectionSharder cannot shard {s.value}"
+        )
     tiers = {shard.tier for shard in placement.shards}
     off = sorted(t for t in tiers if t.spec.torchrec_kernel is None)
     if off:
@@ -352,70 +362,6 @@ def _row_boxes(
 
 
 # ---- torch objects ---------------------------------------------------------------------------------------------
-def _data_type(dtype: DType) -> Any:
-    from torchrec.modules.embedding_configs import DataType
-
-    return DataType[dtype.value.upper()]
-
-
-def to_embedding_bag_configs(model: ModelSpec, tables: Iterable[str] | None = None) -> list[EmbeddingBagConfig]:
-    """TorchRec ``EmbeddingBagConfig`` per table (feature name = table name, sum pooling, the table's dtype).
-
-    Args:
-        model: The model.
-        tables: Only these tables (e.g. ``gpu_tables(plan)``), in model order; default every table.
-
-    Raises:
-        KeyError: A name in ``tables`` is not a table of the model.
-    """
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-
-    wanted = None if tables is None else set(tables)
-    if wanted is not None:
-        unknown = wanted - {t.name for t in model.tables}
-        if unknown:
-            raise KeyError(f"model {model.name!r} has no table {sorted(unknown)[0]!r}")
-    return [
-        EmbeddingBagConfig(
-            name=t.name,
-            feature_names=[t.name],
-            num_embeddings=t.rows,
-            embedding_dim=t.dim,
-            pooling=PoolingType.SUM,
-            data_type=_data_type(model.dtype_of(t)),
-        )
-        for t in model.tables
-        if wanted is None or t.name in wanted
-    ]
-
-
-def _collection_of(module: Any, module_path: str | None) -> tuple[str, ModelSpec]:
-    """The path of ``module``'s one embedding collection (the outermost module with ``embedding_bag_configs()``:
-    TorchRec's ``EmbeddingBagCollection`` or persia's ``HybridEmbeddingBagCollection``) and its tables' spec."""
-    found: list[tuple[str, Any]] = []
-    for path, m in module.named_modules():
-        if callable(getattr(m, "embedding_bag_configs", None)) and not any(path.startswith(f"{p}.") for p, _ in found):
-            found.append((path, m))
-    paths = [p or "(the module itself)" for p, _ in found]
-    if module_path is not None:
-        chosen = [(p, m) for p, m in found if p == module_path]
-        if not chosen:
-            raise PlannerError(
-                f"to_sharding_plan: module_path={module_path!r} is no embedding collection of the model; "
-                f"it holds {paths or 'none'}",
-                fixes=("pass the path of the model's EmbeddingBagCollection",),
-            )
-        found = chosen
-    if len(found) != 1:
-        where = f"{len(found)} embedding collections ({', '.join(paths)})" if found else "no embedding collection"
-        raise PlannerError(
-            f"to_sharding_plan: the model holds {where}",
-            fixes=("pass module_path= the one the plan is for",) if found else ("pass the model spec instead",),
-        )
-    path, collection = found[0]
-    return path, ModelSpec.from_torchrec(collection, batch_size=1)
-
-
 def _placement_string(rank: int, device_type: str, topology: Topology) -> str:
     if device_type == "cpu":
         return f"rank:{rank}/cpu"
@@ -436,27 +382,34 @@ def to_sharding_plan(
     topology: Topology,
     *,
     module_path: str | None = None,
+    sequence_module_path: str | None = None,
     device_type: str | None = None,
 ) -> ShardingPlan:
-    """The GPU-resident part of ``plan`` as a TorchRec ``ShardingPlan`` (one ``ParameterSharding`` per table).
+    """The GPU-resident part of ``plan`` as a TorchRec ``ShardingPlan`` (one ``ParameterSharding`` per table, under
+    its collection's path: the pooled tables' ``EmbeddingBagCollection``, the sequence tables' ``EmbeddingCollection``).
 
     Tables on the ``ps`` tier are left out (see :func:`gpu_tables`); build the ``EmbeddingBagCollection`` from
-    ``to_embedding_bag_configs(model, gpu_tables(plan))``, or hold a ``HybridEmbeddingBagCollection`` of every table
-    and shard it with ``HybridEmbeddingBagCollectionSharder``.
+    ``to_embedding_bag_configs(model, gpu_tables(plan))`` (the ``EmbeddingCollection`` from
+    :func:`~persia_planner.plan.torchrec_collections.to_embedding_configs`), or hold a persia collection of every
+    table and shard it with its sharder (``HybridEmbeddingBagCollectionSharder``).
 
     Args:
         plan: A plan (or its ``tables`` mapping) for ``model`` on ``topology``.
         model: The model the plan places: its spec, or the ``nn.Module`` to be given to ``DistributedModelParallel``,
-            whose one embedding collection (a module with ``embedding_bag_configs()``) is found with its path.
+            whose embedding collections (a module with ``embedding_bag_configs()``, one with ``embedding_configs()``)
+            are found with their paths.
         topology: The topology; rank ``r`` is ``topology.gpus[r]``.
-        module_path: Fully qualified name of the collection inside the module given to ``DistributedModelParallel``
-            (``"ebc"`` for ``model.ebc``; ``""`` when the collection is the module); default: the path found in
-            ``model``, or ``""`` for a spec.
+        module_path: Fully qualified name of the pooled tables' collection inside the module given to
+            ``DistributedModelParallel`` (``"ebc"`` for ``model.ebc``; ``""`` when the collection is the module);
+            default: the path found in ``model``, or ``""`` for a spec.
+        sequence_module_path: The same for the sequence tables' collection; default: the path found in ``model``,
+            or for a spec ``module_path`` when it has no pooled table (it is required for a spec with both).
         device_type: ``"cuda"`` or ``"cpu"`` shard placements; default ``"cuda"`` when CUDA is available.
 
     Raises:
         PlannerError: A placement TorchRec cannot express (see :func:`torchrec_shardings`); a module holding no
-            collection, several (naming their paths), or none at ``module_path``.
+            collection, several of a kind (naming their paths), or none at a path given; a spec with pooled and
+            sequence tables and no ``sequence_module_path``.
     """
     import torch
     from torchrec.distributed.types import (
@@ -469,10 +422,13 @@ def to_sharding_plan(
 
     if device_type is None:
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    if not isinstance(model, ModelSpec):
-        module_path, model = _collection_of(model, module_path)
-    module_path = module_path or ""
-    module_plan = EmbeddingModuleShardingPlan()
+    if isinstance(model, ModelSpec):
+        paths = _spec_paths(model, module_path, sequence_module_path)
+    else:
+        paths = collection_paths(model, module_path, sequence_module_path)
+    model = paths.model
+    path_of = {t.name: paths.path_of(t) for t in model.tables}
+    module_plans: dict[str, EmbeddingModuleShardingPlan] = {}
     for entry in torchrec_shardings(plan, model, topology):
         spec = None
         if entry.sharding_type != Sharding.DATA_PARALLEL.value:
@@ -486,6 +442,7 @@ def to_sharding_plan(
                     for b in entry.shards
                 ]
             )
+        module_plan = module_plans.setdefault(path_of[entry.table], EmbeddingModuleShardingPlan())
         module_plan[entry.table] = ParameterSharding(
             sharding_type=entry.sharding_type,
             compute_kernel=entry.compute_kernel,
@@ -493,7 +450,28 @@ def to_sharding_plan(
             sharding_spec=spec,
             cache_params=cache_params(entry.cache_load_factor),
         )
-    return ShardingPlan(plan={module_path: module_plan})
+    if not module_plans:  # every table on the servers: an empty plan of the collection, as before
+        module_plans[paths.bags if paths.bags is not None else paths.sequences or ""] = EmbeddingModuleShardingPlan()
+    return ShardingPlan(plan=module_plans)
+
+
+def _spec_paths(model: ModelSpec, module_path: str | None, sequence_module_path: str | None) -> CollectionPaths:
+    """A spec's collections' paths: ``module_path`` (default ``""``) for its pooled tables, ``sequence_module_path``
+    for its sequence tables (default: ``module_path`` where it has no pooled table).
+
+    Raises:
+        PlannerError: Pooled and sequence tables, and no ``sequence_module_path``: TorchRec holds them in two
+            collections.
+    """
+    pooled, sequences = (any(t.sequence is s for t in model.tables) for s in (False, True))
+    if pooled and sequences and sequence_module_path is None:
+        raise PlannerError(
+            "to_sharding_plan: the model has pooled and sequence tables, which TorchRec holds in an "
+            "EmbeddingBagCollection and an EmbeddingCollection",
+            fixes=("pass sequence_module_path= the EmbeddingCollection's path (module_path= the other's)",),
+        )
+    bags = module_path or ""
+    return CollectionPaths(bags if pooled else None, sequence_module_path or bags if sequences else None, model)
 
 
 def torch_optimizer(optimizer: Optimizer) -> Any:

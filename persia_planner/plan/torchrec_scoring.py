@@ -471,7 +471,7 @@ def _placement_of(table: TableSpec, entry: TorchRecSharding, model: ModelSpec, t
             )
             for r in ranks
         )
-        return TablePlacement(sharding, shards, dtype)
+        return TablePlacement(sharding, shards, dtype, table.sequence)
     fraction = None
     if tier.spec.cached:
         fraction = entry.cache_load_factor if entry.cache_load_factor is not None else DEFAULT_CACHE_LOAD_FACTOR
@@ -489,4 +489,4 @@ def _placement_of(table: TableSpec, entry: TorchRecSharding, model: ModelSpec, t
                 cache_fraction=fraction,
             )
         )
-    return TablePlacement(sharding, tuple(shards), dtype)
+    return TablePlacement(sharding, tuple(shards), dtype, table.sequence)

@@ -10,7 +10,7 @@ import numpy as np
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import ErrorKind, PlannerError, abbreviate, printable
 from persia_planner.kinds import Sharding
-from persia_planner.model.specs import DType, ModelSpec
+from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.feasibility import constraint_problems
 from persia_planner.placement.memory import PS_LIMIT_REASON, PS_MAX_ROWS, ps_servers_needed
 from persia_planner.placement.shards import TablePlacement, server_store_rows
@@ -22,7 +22,7 @@ from persia_planner.units import format_bytes
 __all__ = [
     "MAX_PROBLEMS",
     "MAX_TABLE_PROBLEMS",
-    "dtype_problem",
+    "model_changed",
     "require_plan_agrees",
     "require_same_tables",
     "require_valid",
@@ -128,6 +128,10 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
     s = placement.sharding
     if not placement.shards:
         return ["has no shards"]
+    if placement.sequence is not table.sequence:  # priced with another output: say why once
+        return [model_changed(placement, table, cost.dtype_of(table)) or "its pooling changed: plan again"]
+    if not table.allows(s):
+        return [f"is a sequence table (pooling: none), which TorchRec's EmbeddingCollection cannot shard {s.value}"]
     gpu_names = {g.name for g in topology.gpus}
     server_names = {p.name for p in topology.servers}
     for i, shard in enumerate(placement.shards):
@@ -163,7 +167,7 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
             return problems  # a plan of thousands of bad shards: the first few say what is wrong
     if problems:
         return problems
-    changed = dtype_problem(placement, cost.dtype_of(table))
+    changed = model_changed(placement, table, cost.dtype_of(table))
     if changed is not None:  # every shard's bytes and store differ then: say why once
         return [changed]
     if s is Sharding.PS_HASH:
@@ -188,15 +192,19 @@ def _check_table(table, placement: TablePlacement, topology: Topology, cost: Cos
     return problems
 
 
-def dtype_problem(placement: TablePlacement, dtype: DType) -> str | None:
-    """Why ``placement`` cannot run a table the model keeps in ``dtype`` rows (None: it can): it was planned, its
-    bytes and its stores sized, for rows of another dtype."""
-    if placement.dtype is None or placement.dtype is dtype:
-        return None
-    return (
-        f"was planned with {placement.dtype.value} rows, and the model keeps it in {dtype.value} (its dtype or "
-        "embedding_dtype changed since): plan again"
-    )
+def model_changed(placement: TablePlacement, table: TableSpec, dtype: DType) -> str | None:
+    """Why ``placement`` cannot run ``table`` as the model now has it, keeping its rows in ``dtype`` (None: it can):
+    it was planned, its bytes and its stores sized, for rows of another dtype; or priced as a sequence table and the
+    model pools it, or the other way round (its output and its sharding types differ)."""
+    if placement.dtype is not None and placement.dtype is not dtype:
+        return (
+            f"was planned with {placement.dtype.value} rows, and the model keeps it in {dtype.value} (its dtype or "
+            "embedding_dtype changed since): plan again"
+        )
+    if placement.sequence is not table.sequence:
+        planned, now = ("a sequence", "pools it") if placement.sequence else ("a pooled", "makes it a sequence table")
+        return f"was planned as {planned} table, and the model {now} (its pooling changed since): plan again"
+    return None
 
 
 def _check_store_sizes(table, placement: TablePlacement) -> list[str]:

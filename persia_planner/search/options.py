@@ -51,7 +51,11 @@ class TieredOptions:
         With ``hint``, only the options of the hinted tier, unpruned: the relaxation chose a slower tier for this
         table to leave the faster memory to others."""
         cfg, allowed = state.config, table.constraints
-        shardings = frozenset(s for s in cfg.shardings if allowed.sharding_types is None or s in allowed.sharding_types)
+        shardings = frozenset(
+            s
+            for s in cfg.shardings
+            if (allowed.sharding_types is None or s in allowed.sharding_types) and table.allows(s)
+        )
         tiers_allowed = frozenset(t for t in cfg.tiers if allowed.tiers is None or t in allowed.tiers)
         gpus = state.allowed_gpus(table)
         opts: list[Option] = []

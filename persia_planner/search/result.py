@@ -55,11 +55,17 @@ def build_placement(cost: CostModel, table: TableSpec, option: Option, gpus: Seq
             )
             for i, server in enumerate(topo.servers)
         )
-        return TablePlacement(s, shards, dtype)
+        return TablePlacement(s, shards, dtype, table.sequence)
     if s is Sharding.DATA_PARALLEL:
-        return TablePlacement(s, tuple(shard(d, full_rows, full_cols, replica=True) for d in names), dtype)
+        return TablePlacement(
+            s, tuple(shard(d, full_rows, full_cols, replica=True) for d in names), dtype, table.sequence
+        )
     if s in (Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE, Sharding.TABLE_WISE):
         cols = _bounds(even_split(table.dim, len(names)))
-        return TablePlacement(s, tuple(shard(d, full_rows, c) for d, c in zip(names, cols, strict=True)), dtype)
+        return TablePlacement(
+            s, tuple(shard(d, full_rows, c) for d, c in zip(names, cols, strict=True)), dtype, table.sequence
+        )
     rows = _bounds(row_blocks(table.rows, len(names)))
-    return TablePlacement(s, tuple(shard(d, r, full_cols) for d, r in zip(names, rows, strict=True)), dtype)
+    return TablePlacement(
+        s, tuple(shard(d, r, full_cols) for d, r in zip(names, rows, strict=True)), dtype, table.sequence
+    )
