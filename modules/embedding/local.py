@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from persia_planner.errors import PlannerError
@@ -163,20 +163,36 @@ class LocalEmbeddingBags(nn.Module):
         self.to_range = IdsInRange(self.features, list(rows.values()), self._is_weighted)
         self.seed = int(seed)
         device = device or torch.get_default_device()
-        self.ebc = EmbeddingBagCollection(tables=self.configs, is_weighted=is_weighted, device=device)
+        setattr(self, self.COLLECTION, self.build_collection(device))
         self.group: Any = None  # the trainers' group DMP shards over (None: the default group)
         if device.type != "meta":
             self.reset_parameters()
 
+    COLLECTION: ClassVar[str] = "ebc"  # the attribute of the TorchRec collection (its sharded module once sharded)
+    KEY_PREFIX: ClassVar[str] = "embedding_bags"  # its tables' state-dict prefix: embedding_bags.<table>.weight
+
+    def build_collection(self, device: torch.device) -> nn.Module:
+        """The unsharded TorchRec collection of :attr:`configs` on ``device``: an ``EmbeddingBagCollection``."""
+        return EmbeddingBagCollection(tables=self.configs, is_weighted=self._is_weighted, device=device)
+
+    @property
+    def collection(self) -> nn.Module:
+        """The TorchRec collection, sharded (once DMP sharded it) or not."""
+        return getattr(self, self.COLLECTION)
+
+    def set_collection(self, sharded: nn.Module) -> None:
+        """Hold ``sharded`` (the collection's sharded module, from its TorchRec sharder) in place of the collection."""
+        setattr(self, self.COLLECTION, sharded)
+
     # ---- forward ----------------------------------------------------------------------------------------------
 
     # Properties TorchScript must not compile (they ask torch.distributed): the unsharded module scripts without them.
-    __jit_unused_properties__ = ("sharded", "world_size")
+    __jit_unused_properties__ = ("sharded", "world_size", "collection")
 
     @property
     def sharded(self) -> bool:
-        """Whether DMP replaced ``ebc`` by TorchRec's sharded module."""
-        return not isinstance(self.ebc, EmbeddingBagCollection)
+        """Whether DMP replaced the collection by TorchRec's sharded module."""
+        return not isinstance(self.collection, EmbeddingBagCollection | EmbeddingCollection)
 
     @property
     def world_size(self) -> int:
@@ -232,13 +248,15 @@ class LocalEmbeddingBags(nn.Module):
         """Each table's sharding type, kernel and ranks as the built module runs them (a collective when sharded:
         each trainer knows the kernels of its own shards only)."""
         if not self.sharded:
-            state = self.ebc.state_dict()
+            state = self.collection.state_dict()
             return {
-                c.name: ExecutedTable("unsharded", "dense", (0,), _dtype_name(state[f"embedding_bags.{c.name}.weight"]))
+                c.name: ExecutedTable(
+                    "unsharded", "dense", (0,), _dtype_name(state[f"{self.KEY_PREFIX}.{c.name}.weight"])
+                )
                 for c in self.configs
             }
         kernels = {}
-        for lookup in self.ebc._lookups:  # TorchRec keeps the built kernels here; no public accessor exists
+        for lookup in self.collection._lookups:  # TorchRec keeps the built kernels here; no public accessor exists
             for emb in getattr(lookup, "module", lookup)._emb_modules:
                 for table in emb.config.embedding_tables:
                     kernels[table.name] = emb.config.compute_kernel.value
@@ -248,17 +266,20 @@ class LocalEmbeddingBags(nn.Module):
         for part in everyone:
             for name, kernel in part.items():
                 merged.setdefault(name, set()).add(kernel)
-        plan = self.ebc.module_sharding_plan
-        state = self.ebc.state_dict()
+        plan = self.collection.module_sharding_plan
+        state = self.collection.state_dict()
         comms = {}  # by sharding type: TorchRec keeps each type's codecs on its sharding only, in type order
-        for sharding_type, sharding in zip(self.ebc._sharding_types, self.ebc._embedding_shardings, strict=True):
+        module = self.collection
+        # TorchRec's bag collection lists its shardings in type order; its sequence collection keys them by type.
+        shardings = getattr(module, "_embedding_shardings", None) or list(module._sharding_type_to_sharding.values())
+        for sharding_type, sharding in zip(module._sharding_types, shardings, strict=True):
             codecs = list((sharding.qcomm_codecs_registry or {}).values())
             wire = [_dtype_name_of(c.forward.quantized_dtype) for c in codecs] or ["float32"]
             back = [_dtype_name_of(c.backward.quantized_dtype) for c in codecs] or ["float32"]
             comms[sharding_type] = ("/".join(sorted(set(wire))), "/".join(sorted(set(back))))
         out = {}
         for c in self.configs:
-            value = state[f"embedding_bags.{c.name}.weight"]
+            value = state[f"{self.KEY_PREFIX}.{c.name}.weight"]
             if hasattr(value, "metadata"):
                 ranks = tuple(m.placement.rank() for m in value.metadata().shards_metadata)
             else:
@@ -273,7 +294,7 @@ class LocalEmbeddingBags(nn.Module):
 
     def pieces(self) -> Iterator[tuple[str, tuple[int, ...], torch.Tensor, bool]]:
         """This trainer's weights: ``(table, (row, col) offset, tensor view, replicated)`` per shard or replica."""
-        for key, value in self.ebc.state_dict(keep_vars=True).items():
+        for key, value in self.collection.state_dict(keep_vars=True).items():
             table = key.split(".")[-2]
             if hasattr(value, "local_shards"):
                 for shard in value.local_shards():
@@ -284,7 +305,7 @@ class LocalEmbeddingBags(nn.Module):
     def reset_parameters(self) -> None:
         """TorchRec's default initialisation, seeded: the same full tables on every trainer, whatever the sharding."""
         for name, full in self.initial_weights():  # one full table at a time: the largest bounds the memory
-            self.load_torchrec_state_dict({f"embedding_bags.{name}.weight": full}, strict=False)
+            self.load_torchrec_state_dict({f"{self.KEY_PREFIX}.{name}.weight": full}, strict=False)
 
     def initial_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Each table's full initial weights, in config order, as :meth:`reset_parameters` sets them (uniform in
@@ -305,11 +326,11 @@ class LocalEmbeddingBags(nn.Module):
             PlannerError: A table is missing (strict) or has another shape.
         """
         by_table = {c.name: c for c in self.configs}
-        missing = [n for n in by_table if f"embedding_bags.{n}.weight" not in state]
+        missing = [n for n in by_table if f"{self.KEY_PREFIX}.{n}.weight" not in state]
         if strict and missing:
             raise PlannerError(f"the state dict has no weights for local tables {missing[:3]}")
         for name, c in by_table.items():
-            value = state.get(f"embedding_bags.{name}.weight")
+            value = state.get(f"{self.KEY_PREFIX}.{name}.weight")
             if value is not None and tuple(value.shape) != (c.num_embeddings, c.embedding_dim):
                 raise PlannerError(
                     f"local table {name!r} has shape {(c.num_embeddings, c.embedding_dim)}, the state dict's is "
@@ -317,7 +338,7 @@ class LocalEmbeddingBags(nn.Module):
                 )
         with torch.no_grad():
             for table, (row, col), piece, _ in self.pieces():
-                value = state.get(f"embedding_bags.{table}.weight")
+                value = state.get(f"{self.KEY_PREFIX}.{table}.weight")
                 if value is not None:
                     rows, cols = piece.shape
                     piece.copy_(value[row : row + rows, col : col + cols])
@@ -344,7 +365,7 @@ class LocalEmbeddingBags(nn.Module):
         full = {c.name: replicas.get(c.name, torch.zeros(c.num_embeddings, c.embedding_dim)) for c in self.configs}
         for table, row, col, piece in mine:
             full[table][row : row + piece.shape[0], col : col + piece.shape[1]] = piece
-        return {f"embedding_bags.{name}.weight": weight for name, weight in full.items()}
+        return {f"{self.KEY_PREFIX}.{name}.weight": weight for name, weight in full.items()}
 
     def _collect(self, mine: list[Any], dst: int | None) -> list[Any] | None:
         """Every trainer's ``mine``, concatenated in rank order, on ``dst`` (None: on all); None elsewhere."""
@@ -370,7 +391,7 @@ class LocalEmbeddingBags(nn.Module):
             return {}
         self._flush_caches()
         mine = []
-        for param, states in self.ebc.fused_optimizer.state_dict()["state"].items():
+        for param, states in self.collection.fused_optimizer.state_dict()["state"].items():
             for name, value in states.items():
                 for shard in value.local_shards() if hasattr(value, "local_shards") else ():
                     mine.append(
@@ -392,7 +413,7 @@ class LocalEmbeddingBags(nn.Module):
         if not self.sharded:
             return
         targets = []
-        for param, states in self.ebc.fused_optimizer.state_dict()["state"].items():
+        for param, states in self.collection.fused_optimizer.state_dict()["state"].items():
             for name, value in states.items():
                 for shard in value.local_shards() if hasattr(value, "local_shards") else ():
                     key = (param, name, tuple(shard.metadata.shard_offsets))
@@ -424,7 +445,7 @@ class LocalEmbeddingBags(nn.Module):
             return
         rows = {c.name: c.num_embeddings for c in self.configs}
         targets = []
-        for param, states in self.ebc.fused_optimizer.state_dict()["state"].items():
+        for param, states in self.collection.fused_optimizer.state_dict()["state"].items():
             table = param.split(".")[-2]
             for key, value in states.items():
                 name = key[len(table) + 1 :] if key.startswith(f"{table}.") else key
@@ -457,7 +478,7 @@ class LocalEmbeddingBags(nn.Module):
         reach them. None before DMP has sharded the collection."""
         if not self.sharded:
             return
-        for lookup in self.ebc._lookups:
+        for lookup in self.collection._lookups:
             for emb in getattr(lookup, "module", lookup)._emb_modules:
                 yield emb._emb_module
 

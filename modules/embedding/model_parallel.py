@@ -21,7 +21,7 @@ from torch import nn
 from persia_planner.errors import PlannerError
 from persia_planner.model.qcomms import QComms
 from persia_planner.model.specs import DType, ModelSpec, Optimizer
-from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+from persia_planner.modules.embedding.hybrid_tables import HybridTables, managed_collisions_refused
 from persia_planner.modules.embedding.row_decay import decay_before_step
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.executability import check_executable
@@ -37,21 +37,50 @@ __all__ = [
     "distribute",
     "executed_plan",
     "hybrid_of",
+    "hybrids_of",
     "qcomm_codecs",
     "quiet_trainer",
     "sparse_torch_optimizer",
 ]
 
 
-def hybrid_of(model: nn.Module) -> tuple[str, HybridEmbeddingBagCollection]:
-    """The model's one :class:`HybridEmbeddingBagCollection` and its path (DMP or DDP wrappers looked through).
+def hybrids_of(model: nn.Module) -> list[tuple[str, HybridTables]]:
+    """The model's hybrid collections (:class:`~.hybrid.HybridEmbeddingBagCollection`,
+    :class:`~.sequence_hybrid.HybridEmbeddingCollection`)
+    with their paths (DMP or DDP wrappers looked through), at most one of each kind.
+
+    Raises:
+        PlannerError: None, two of a kind, or one inside TorchRec's managed-collision wrapper (see
+            :func:`~.hybrid_tables.managed_collisions_refused`).
+    """
+    from torchrec.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection
+
+    found = [(p, m) for p, m in model.named_modules() if isinstance(m, HybridTables)]
+    wrapped = [p for p, m in model.named_modules() if isinstance(m, BaseManagedCollisionEmbeddingCollection)]
+    for path, m in found:
+        if any(path.startswith(f"{w}.") for w in wrapped):
+            raise managed_collisions_refused(type(m).__name__)
+    kinds = [type(m).__name__ for _, m in found]
+    twice = next((k for k in kinds if kinds.count(k) > 1), None)
+    if not found or twice is not None:
+        held = f"{kinds.count(twice)} {twice}s" if twice else "none"
+        raise PlannerError(
+            "the model must hold one HybridEmbeddingBagCollection and/or one HybridEmbeddingCollection, it holds "
+            + held,
+            fixes=("hold every table of a kind in one collection",),
+        )
+    return found
+
+
+def hybrid_of(model: nn.Module) -> tuple[str, HybridTables]:
+    """The model's one hybrid collection and its path (DMP or DDP wrappers looked through).
 
     Raises:
         PlannerError: None or several.
     """
-    found = [(p, m) for p, m in model.named_modules() if isinstance(m, HybridEmbeddingBagCollection)]
+    found = hybrids_of(model)
     if len(found) != 1:
-        raise PlannerError(f"the model must hold exactly one HybridEmbeddingBagCollection, it holds {len(found)}")
+        raise PlannerError(f"the model must hold exactly one hybrid collection, it holds {len(found)}")
     return found[0]
 
 
@@ -103,7 +132,8 @@ def distribute(
     initialised as the unsharded collection would be (the same full tables on every trainer, sliced to its shards).
 
     Args:
-        model: The model (any ``nn.Module`` holding one :class:`HybridEmbeddingBagCollection`).
+        model: The model (any ``nn.Module`` holding one :class:`~.hybrid.HybridEmbeddingBagCollection` and/or one
+            :class:`~.sequence_hybrid.HybridEmbeddingCollection`).
         tables: The plan's placements of the collection's tables.
         topology: The topology the plan was made for.
         device: This trainer's device (default CPU).
@@ -123,20 +153,30 @@ def distribute(
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
 
-    from persia_planner.modules.embedding.sharder import HybridEmbeddingBagCollectionSharder
+    from persia_planner.modules.embedding.sharder import (
+        HybridEmbeddingBagCollectionSharder,
+        HybridEmbeddingCollectionSharder,
+    )
 
     device = device or torch.device("cpu")
     group = process_group or dist.GroupMember.WORLD
     check_trainers(dist.get_world_size(group), topology)
-    path, hybrid = hybrid_of(model)
-    # Table shapes and dtype come from the collection itself: the plan must be the one made for it.
-    spec = ModelSpec.from_torchrec(hybrid.embedding_bag_configs(), batch_size=1)
-    check_executable(tables, device.type, dtype=spec.table_dtypes, optimizer=hybrid.optimizer.kind, qcomms=qcomms)
-    sharding_plan = to_sharding_plan(tables, spec, topology, module_path=path, device_type=device.type)
-    # As a TorchRec user shards their own model: the collection's sharder takes its entry of the plan.
-    sharder = HybridEmbeddingBagCollectionSharder(qcomm_codecs_registry=qcomm_codecs(qcomms, device))
+    found = hybrids_of(model)
+    bags = next((p for p, m in found if m.POOLED), None)
+    sequences = next((p for p, m in found if not m.POOLED), None)
+    # Table shapes and dtype come from the collections themselves: the plan must be the one made for them.
+    spec = ModelSpec.from_torchrec([c for _, m in found for c in m.table_configs()], batch_size=1)
+    optimizer = found[0][1].optimizer.kind
+    check_executable(tables, device.type, dtype=spec.table_dtypes, optimizer=optimizer, qcomms=qcomms)
+    sharding_plan = to_sharding_plan(
+        tables, spec, topology, module_path=bags, sequence_module_path=sequences, device_type=device.type
+    )
+    # As a TorchRec user shards their own model: each collection's sharder takes its entry of the plan.
+    codecs = qcomm_codecs(qcomms, device)
+    sharders = [HybridEmbeddingBagCollectionSharder(qcomm_codecs_registry=codecs)]
+    sharders.append(HybridEmbeddingCollectionSharder(qcomm_codecs_registry=codecs))  # type: ignore[arg-type]
     dmp = DistributedModelParallel(
-        model, env=ShardingEnv.from_process_group(group), device=device, plan=sharding_plan, sharders=[sharder]
+        model, env=ShardingEnv.from_process_group(group), device=device, plan=sharding_plan, sharders=sharders
     )
     if qcomms is not None and qcomms.backward is not DType.FP32:
         compress_dense_gradients(dmp, qcomms.backward, group)
@@ -186,16 +226,16 @@ def data_parallel_tables(model: nn.Module) -> dict[str, nn.Parameter]:
     sharding), by parameter name: TorchRec leaves their optimizer to the caller."""
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    _, hybrid = hybrid_of(model)
-    if hybrid.local is None:
-        return {}
-    return dict(in_backward_optimizer_filter(hybrid.local.named_parameters()))
+    replicas: dict[str, nn.Parameter] = {}
+    for _, hybrid in hybrids_of(model):
+        if hybrid.local is not None:
+            replicas |= dict(in_backward_optimizer_filter(hybrid.local.named_parameters()))
+    return replicas
 
 
 def dense_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """Every trainable parameter outside the model's embedding collection (for the dense optimizer)."""
-    _, hybrid = hybrid_of(model)
-    sparse = {id(p) for p in hybrid.parameters()}
+    sparse = {id(p) for _, hybrid in hybrids_of(model) for p in hybrid.parameters()}
     return {n: p for n, p in model.named_parameters() if id(p) not in sparse and p.requires_grad}
 
 
@@ -224,14 +264,16 @@ def executed_plan(model: nn.Module, topology: Topology | None = None) -> dict[st
         ``{table: {"sharding", "kernel", "ranks"}}`` for local tables and ``{table: {"servers": [...]}}`` for the
         parameter-server ones (the servers the client spreads the table over).
     """
-    _, hybrid = hybrid_of(model)
     out: dict[str, dict[str, Any]] = {}
-    if hybrid.local is not None:
-        out.update({name: table.to_dict() for name, table in hybrid.local.executed().items()})
-    if hybrid.ps is not None:
-        servers = list(hybrid.ps.servers)
-        if topology is not None and len(topology.servers) == len(servers):
-            servers = [host.name for host in topology.servers]
-        servers = sorted(servers)
-        out.update({c.name: {"servers": servers} for c in hybrid.ps_tables})
-    return {c.name: out[c.name] for c in hybrid.embedding_bag_configs()}
+    order: list[str] = []
+    for _, hybrid in hybrids_of(model):
+        order += [c.name for c in hybrid.table_configs()]
+        if hybrid.local is not None:
+            out.update({name: table.to_dict() for name, table in hybrid.local.executed().items()})
+        if hybrid.ps is not None:
+            servers = list(hybrid.ps.servers)
+            if topology is not None and len(topology.servers) == len(servers):
+                servers = [host.name for host in topology.servers]
+            servers = sorted(servers)
+            out.update({c.name: {"servers": servers} for c in hybrid.ps_tables})
+    return {name: out[name] for name in order}

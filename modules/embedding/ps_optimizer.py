@@ -1,6 +1,6 @@
 """The parameter-server tables in TorchRec's optimizer world: one ``KeyedOptimizer`` group per PS table.
 
-:class:`PsTableOptimizer` is what :attr:`~.hybrid.HybridEmbeddingBagCollection.fused_optimizer` adds to the local
+:class:`PsTableOptimizer` is what :attr:`~.hybrid_tables.HybridTables.fused_optimizer` adds to the local
 tables' fused (fbgemm) optimizer, so that ``dmp.fused_optimizer`` (DMP collects it: the collection is a TorchRec
 ``FusedOptimizerModule``) holds every table under TorchRec's key, ``<path>.embedding_bags.<table>.weight``:
 
@@ -43,9 +43,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["PsRowState", "PsTableOptimizer", "StateColumns", "parameter_key", "state_columns"]
 
 
-def parameter_key(table: str) -> str:
-    """TorchRec's key of a table's weight in an ``EmbeddingBagCollection``: ``embedding_bags.<table>.weight``."""
-    return f"embedding_bags.{table}.weight"
+def parameter_key(table: str, prefix: str = "embedding_bags") -> str:
+    """TorchRec's key of a table's weight in its collection: ``embedding_bags.<table>.weight`` in an
+    ``EmbeddingBagCollection``, ``embeddings.<table>.weight`` (``prefix``) in an ``EmbeddingCollection``."""
+    return f"{prefix}.{table}.weight"
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ class PsTableOptimizer(KeyedOptimizer):
         tables: The PS tables.
         client: The servers' client (the tables registered with it).
         optimizers: Each table's row optimizer, as registered with the servers.
+        key_prefix: The collection's state-dict prefix of its tables (``embeddings`` for sequence tables).
     """
 
     def __init__(
@@ -155,6 +157,7 @@ class PsTableOptimizer(KeyedOptimizer):
         tables: Sequence[EmbeddingBagConfig],
         client: PsClient,
         optimizers: Mapping[str, ps_optim.RowOptimizer],
+        key_prefix: str = "embedding_bags",
     ) -> None:
         self._registered = {c.name: optimizers[c.name] for c in tables}
         params: dict[str, torch.Tensor] = {}
@@ -164,7 +167,7 @@ class PsTableOptimizer(KeyedOptimizer):
         for c in tables:
             # A meta tensor of the table's shape: a key for TorchRec's state, no rows on the trainer.
             param = torch.empty(c.num_embeddings, c.embedding_dim, device="meta")
-            params[parameter_key(c.name)] = param
+            params[parameter_key(c.name, key_prefix)] = param
             opt = self._registered[c.name]
             state[param] = {
                 f"{c.name}.{col.name}": PsRowState(client, c, col) for col in state_columns(opt, c.embedding_dim)

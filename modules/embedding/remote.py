@@ -1,5 +1,8 @@
 """The plan's parameter-server tables: looked up and trained over RPC with bounded staleness K (Persia).
 
+Bags and sequences alike: a bag table's rows are pooled per sample, a sequence table's (``pooled=False``, the
+``EmbeddingCollection`` of :mod:`.sequence_hybrid`) returned one per id; the servers see the same lookups and pushes.
+
 :class:`RemoteEmbeddingBags` is the asynchronous half of :class:`~.hybrid.HybridEmbeddingBagCollection`. ``forward``
 looks the ids up through the :class:`~.ps.client.PsClient` (or takes rows :meth:`~RemoteEmbeddingBags.prefetch` ed
 earlier), pools them with ``index_add`` and registers a gradient hook on the looked-up rows that pushes their
@@ -37,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType, data_type_to_dtype
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.modules.embedding.local import int64_ids
@@ -96,6 +99,8 @@ class RemoteEmbeddingBags(nn.Module):
         check: Called with a batch before any of its rows is requested (the collection's input checks).
         output_names: Per table, the output key of each of its features (TorchRec's ``feature@table`` where a
             feature feeds several tables); default: the feature names.
+        pooled: Pool each sample's rows (bags: ``EmbeddingBagConfig`` tables); False: return every id's row, as a
+            ``JaggedTensor`` per feature (sequences: ``EmbeddingConfig`` tables, TorchRec's ``EmbeddingCollection``).
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class RemoteEmbeddingBags(nn.Module):
         is_weighted: bool = False,
         check: Callable[[KeyedJaggedTensor], None] | None = None,
         output_names: Mapping[str, Sequence[str]] | None = None,
+        pooled: bool = True,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -126,6 +132,7 @@ class RemoteEmbeddingBags(nn.Module):
         self.rank = dist.get_rank(self.group) if self.group is not None else 0
         self.device = device or torch.device("cpu")
         self._is_weighted = bool(is_weighted)
+        self.pooled = bool(pooled)
         self._check_batch = check or (lambda _features: None)
         # PS state: batches whose rows were requested, and pushes not yet acknowledged, per batch index.
         self._ps_features = {c.name: list(c.feature_names) for c in self.tables}
@@ -166,7 +173,8 @@ class RemoteEmbeddingBags(nn.Module):
                 )
             )
         # The tables' KeyedOptimizer: its param groups' rates travel with each batch's push.
-        self.optimizer = PsTableOptimizer(self.tables, ps, optimizers)
+        prefix = "embedding_bags" if self.pooled else "embeddings"  # TorchRec's keys of each kind of collection
+        self.optimizer = PsTableOptimizer(self.tables, ps, optimizers, key_prefix=prefix)
 
     # ---- the step protocol -------------------------------------------------------------------------------------
 
@@ -253,8 +261,9 @@ class RemoteEmbeddingBags(nn.Module):
             for t, names in self._ps_features.items()
         }
 
-    def forward(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
-        """Pooled ``[B, dim]`` embeddings of the PS features, by output key (``output_names``)."""
+    def forward(self, features: KeyedJaggedTensor) -> dict[str, Any]:
+        """Pooled ``[B, dim]`` embeddings of the PS features (unpooled: a ``JaggedTensor`` of their ids' rows), by
+        output key (``output_names``)."""
         batch = features.stride()
         if not self.training:
             self._wait_for_eval()
@@ -314,11 +323,11 @@ class RemoteEmbeddingBags(nn.Module):
             r.register_hook(hook_for(t))
         return self._pool(features, batch, rows)
 
-    def _pool(
-        self, features: KeyedJaggedTensor, batch: int, rows: Mapping[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
+    def _pool(self, features: KeyedJaggedTensor, batch: int, rows: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         keys = features.keys()
         lengths_all = features.lengths().to(torch.int64).cpu().view(len(keys), batch)
+        if not self.pooled:
+            return self._sequences(features, lengths_all, rows)
         pooled = {}
         for c in self.tables:
             names = c.feature_names
@@ -334,6 +343,23 @@ class RemoteEmbeddingBags(nn.Module):
             for k, name in enumerate(self._output_names[c.name]):
                 pooled[name] = sums[k * batch : (k + 1) * batch].to(self.device)
         return pooled
+
+    def _sequences(
+        self, features: KeyedJaggedTensor, lengths_all: torch.Tensor, rows: Mapping[str, torch.Tensor]
+    ) -> dict[str, JaggedTensor]:
+        """Every id's row, per feature: its slice of its table's rows (looked up for the table's features' ids in
+        ``feature_names`` order) with the feature's lengths, as TorchRec's ``EmbeddingCollection`` returns them."""
+        keys = features.keys()
+        out = {}
+        for c in self.tables:
+            start = 0
+            for name, output in zip(c.feature_names, self._output_names[c.name], strict=True):
+                lengths = lengths_all[keys.index(name)]
+                end = start + int(lengths.sum())
+                values = rows[c.name][start:end].to(self.device)
+                out[output] = JaggedTensor(values=values, lengths=lengths.to(self.device))
+                start = end
+        return out
 
     # ------------------------------------------------------------------------------------------ staleness
 
