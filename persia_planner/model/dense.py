@@ -1,8 +1,9 @@
 """The dense network of a model: its architecture (model.yaml's ``dense:``) and what it costs the planner.
 
 :class:`DenseArch` names one of TorchRec's own models, ``DLRM`` or ``DLRM_DCN`` (DCN-v2 with low-rank cross layers),
-and its layer sizes; ``persia train`` builds exactly that model, and :class:`DenseSpec` derives the parameter count
-and FLOPs the cost model prices from the same numbers, so the plan and the run describe one network.
+or DIN (target attention over sequence features), and its layer sizes; ``persia train`` builds exactly that model,
+and :class:`DenseSpec` derives the parameter count and FLOPs the cost model prices from the same numbers, so the plan
+and the run describe one network.
 """
 
 from __future__ import annotations
@@ -23,7 +24,17 @@ from persia_planner.limits import (
 )
 from persia_planner.units import Quantity
 
-__all__ = ["DLRM_BOTTOM", "DLRM_NUM_DENSE", "DLRM_TOP", "ArchError", "ArchKind", "DenseArch", "DenseSpec", "read_dense"]
+__all__ = [
+    "DIN_ATTENTION",
+    "DLRM_BOTTOM",
+    "DLRM_NUM_DENSE",
+    "DLRM_TOP",
+    "ArchError",
+    "ArchKind",
+    "DenseArch",
+    "DenseSpec",
+    "read_dense",
+]
 
 # The default dense network of ``persia train`` (TorchRec's ``DLRM``): 13 dense inputs (Criteo's integer columns),
 # bottom MLP (the embedding dim is appended as its last layer), then the over arch to one logit.
@@ -34,12 +45,22 @@ DCN_LAYERS = 3
 DCN_LOW_RANK = 16
 
 
+DIN_ATTENTION = (36,)
+
+
 class ArchKind(enum.StrEnum):
-    """Which of TorchRec's models the dense part is: ``dlrm`` (``DLRM``: pairwise dot interaction) or ``dcn``
-    (``DLRM_DCN``: DCN-v2 low-rank cross layers over the concatenated embeddings)."""
+    """Which model the dense part is: ``dlrm`` (TorchRec's ``DLRM``: pairwise dot interaction), ``dcn``
+    (``DLRM_DCN``: DCN-v2 low-rank cross layers over the concatenated embeddings), or ``din`` (DIN's target attention
+    over the sequence tables' rows, the model's only arch that reads sequences)."""
 
     DLRM = "dlrm"
     DCN = "dcn"
+    DIN = "din"
+
+    @property
+    def reads_sequences(self) -> bool:
+        """Whether the arch attends over sequence tables (``pooling: none``); the others pool every feature."""
+        return self is ArchKind.DIN
 
 
 @dataclass(frozen=True)
@@ -58,6 +79,8 @@ class DenseArch:
         dropout: Dropout probability on the output of every hidden layer of the bottom MLP (all but its last, the
             dense embedding the interaction reads) and of the over arch (all but the logit), in training only; 0:
             none. It adds no parameter, so the plan's counts do not change.
+        attention: Hidden sizes of DIN's activation unit (``din`` only), which scores each sequence id's row
+            against the sample's query; its output layer (one score) is appended.
 
     Raises:
         ArchError: A size out of range (a ``ValueError`` naming the field).
@@ -71,6 +94,7 @@ class DenseArch:
     dcn_low_rank: int = DCN_LOW_RANK
     inputs_from_data: bool = False
     dropout: float = 0.0
+    attention: tuple[int, ...] = DIN_ATTENTION
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", ArchKind(self.kind))
@@ -79,9 +103,10 @@ class DenseArch:
         object.__setattr__(self, "dropout", float(self.dropout))
         object.__setattr__(self, "bottom", tuple(self.bottom))
         object.__setattr__(self, "over", tuple(self.over))
+        object.__setattr__(self, "attention", tuple(self.attention))
         _check_counts((("num_dense", self.num_dense, MAX_DENSE_FEATURES), ("dcn_layers", self.dcn_layers, MAX_LAYERS)))
         _check_counts((("dcn_low_rank", self.dcn_low_rank, MAX_LAYER_WIDTH),))
-        for name, sizes in (("bottom", self.bottom), ("over", self.over)):
+        for name, sizes in (("bottom", self.bottom), ("over", self.over), ("attention", self.attention)):
             if len(sizes) > MAX_LAYERS:
                 raise ArchError(name, f"has {len(sizes)} layers, more than {MAX_LAYERS}", f"give at most {MAX_LAYERS}")
             bad = next((s for s in sizes if not 1 <= s <= MAX_LAYER_WIDTH), None)
@@ -94,18 +119,29 @@ class DenseArch:
                 "over", f"must have at least two layers and end in 1 (the logit), got {got}", f"e.g. [{example}]"
             )
 
-    def counts(self, dim: int, features: int) -> tuple[int, int]:
-        """``(parameters, multiply-adds per sample)`` of the network over ``features`` pooled embeddings of ``dim``.
+    def counts(self, dim: int, features: int, sequences: tuple[float, ...] = ()) -> tuple[int, int]:
+        """``(parameters, multiply-adds per sample)`` of the network over ``features`` pooled embeddings of ``dim``
+        (and, for ``din``, the sequence tables of mean lengths ``sequences``).
 
         ``dlrm`` (TorchRec ``DLRM``): bottom MLP ``num_dense -> bottom -> dim``, the pairwise dot interaction of the
         ``F = features + 1`` vectors (one batched ``F x dim`` by ``dim x F`` product) and the over arch over ``dim``
         plus the ``F (F - 1) / 2`` dot products. ``dcn`` (TorchRec ``DLRM_DCN``): the same bottom MLP, then
         ``dcn_layers`` low-rank cross layers on the concatenation of width ``N = F dim`` (``x0 * (W (V x) + b) + x``:
         ``W`` is ``N x r``, ``V`` is ``r x N``, ``b`` is ``N``; ``2 N r + N`` multiply-adds each), and the over arch
-        over ``N``.
+        over ``N``. ``din``: the same bottom MLP, a query ``F dim -> dim`` from the dense and pooled embeddings, per
+        sequence table an activation unit ``4 dim -> attention -> 1`` on ``[q, k, q - k, q * k]`` for each of its
+        ids (``L`` of them: its mean length) and their weighted sum, and the over arch over the ``F + S`` vectors.
         """
         params, macs = _mlp((self.num_dense, *self.bottom, dim))
         f = features + 1
+        if self.kind is ArchKind.DIN:
+            query_params, query_macs = _mlp((f * dim, dim))
+            unit_params, unit_macs = _mlp((4 * dim, *self.attention, 1))
+            params += query_params + len(sequences) * unit_params
+            # per id: its unit's input (two products), the unit, and its share of the weighted sum
+            macs += query_macs + round(sum(sequences) * (unit_macs + 3 * dim))
+            over_params, over_macs = _mlp(((f + len(sequences)) * dim, *self.over))
+            return params + over_params, macs + over_macs
         if self.kind is ArchKind.DLRM:
             macs += f * f * dim
             over_in = dim + f * (f - 1) // 2
@@ -127,6 +163,8 @@ class DenseArch:
         }
         if self.kind is ArchKind.DCN:
             out |= {"dcn_layers": self.dcn_layers, "dcn_low_rank": self.dcn_low_rank}
+        if self.kind is ArchKind.DIN:
+            out["attention"] = list(self.attention)
         if self.dropout:  # written only when set: an arch without it records as it did before the option
             out["dropout"] = self.dropout
         return out
@@ -171,10 +209,10 @@ class DenseSpec:
     arch: DenseArch | None = None
 
     @classmethod
-    def of_arch(cls, arch: DenseArch, dim: int, features: int) -> DenseSpec:
-        """The counts of ``arch`` over ``features`` pooled embeddings of ``dim`` (:meth:`DenseArch.counts`; FLOPs
-        are 2 per multiply-add)."""
-        params, macs = arch.counts(dim, features)
+    def of_arch(cls, arch: DenseArch, dim: int, features: int, sequences: tuple[float, ...] = ()) -> DenseSpec:
+        """The counts of ``arch`` over ``features`` pooled embeddings of ``dim`` and sequences of mean lengths
+        ``sequences`` (:meth:`DenseArch.counts`; FLOPs are 2 per multiply-add)."""
+        params, macs = arch.counts(dim, features, sequences)
         return cls(params, 2.0 * macs, arch)
 
     @classmethod
@@ -197,11 +235,18 @@ class DenseSpec:
         return self.arch or DenseArch()
 
 
-_ARCH_KEYS = ("num_dense", "bottom", "over", "dcn_layers", "dcn_low_rank", "dropout")
+_ARCH_KEYS = ("num_dense", "bottom", "over", "dcn_layers", "dcn_low_rank", "dropout", "attention")
 
 
-def read_dense(fields: Fields | None, dims: set[int], features: int, num_dense: int = DLRM_NUM_DENSE) -> DenseSpec:
-    """model.yaml's ``dense:`` section (``fields``; None when absent) for tables of ``dims`` and ``features``.
+def read_dense(
+    fields: Fields | None,
+    dims: set[int],
+    features: int,
+    num_dense: int = DLRM_NUM_DENSE,
+    sequences: tuple[float, ...] = (),
+) -> DenseSpec:
+    """model.yaml's ``dense:`` section (``fields``; None when absent) for tables of ``dims``: ``features`` pooled
+    ones and sequence ones of mean lengths ``sequences``.
 
     Either the counts (``parameters``, ``flops_per_sample``) or an arch (``arch:`` and its sizes, from which the
     counts are derived); both at once is refused, so that the plan never prices another network than the one
@@ -231,10 +276,20 @@ def read_dense(fields: Fields | None, dims: set[int], features: int, num_dense: 
         raise fields.error(
             given, f"is derived from 'arch: {kind.value}' and cannot be given beside it", (f"remove '{given}'",)
         )
-    if kind is ArchKind.DLRM:
+    if kind is not ArchKind.DCN:
         dcn_key = next((k for k in ("dcn_layers", "dcn_low_rank") if fields.has(k)), None)
         if dcn_key is not None:
             raise fields.error(dcn_key, "is for 'arch: dcn' only", (f"remove '{dcn_key}'", "set 'arch: dcn'"))
+    if kind is not ArchKind.DIN and fields.has("attention"):
+        raise fields.error("attention", "is for 'arch: din' only", ("remove 'attention'", "set 'arch: din'"))
+    if kind.reads_sequences != bool(sequences):
+        problem = (
+            f"'{kind.value}' pools every feature, and the model has sequence tables (pooling: none)"
+            if sequences
+            else f"'{kind.value}' attends over sequence tables, and the model has none (pooling: none)"
+        )
+        fix = "set 'arch: din'" if sequences else "add a sequence table, or use 'arch: dlrm' or dcn"
+        raise fields.error("arch", problem, (fix,))
     values: dict[str, Any] = {"kind": kind, "num_dense": num_dense, "inputs_from_data": not fields.has("num_dense")}
     for key, ceiling in (
         ("num_dense", MAX_DENSE_FEATURES),
@@ -243,7 +298,7 @@ def read_dense(fields: Fields | None, dims: set[int], features: int, num_dense: 
     ):
         if fields.has(key):
             values[key] = fields.take_positive(key, Quantity.COUNT, maximum=ceiling)
-    for key in ("bottom", "over"):
+    for key in ("bottom", "over", "attention"):
         if fields.has(key):
             values[key] = _take_sizes(fields, key)
     if fields.has("dropout"):
@@ -259,7 +314,7 @@ def read_dense(fields: Fields | None, dims: set[int], features: int, num_dense: 
             f"'{kind.value}' needs one embedding dim for all tables (its interaction), got {sorted(dims)}",
             ("give every table the same dim",),
         )
-    spec = DenseSpec.of_arch(arch, next(iter(dims)), features)
+    spec = DenseSpec.of_arch(arch, next(iter(dims)), features, sequences)
     if spec.parameters > MAX_DENSE_PARAMETERS or spec.flops_per_sample > MAX_DENSE_FLOPS_PER_SAMPLE:
         raise fields.error(
             "arch",

@@ -193,7 +193,9 @@ class ModelSpec:
         data = read_data_schema(top.sub("data", default=None))
         # A tabular model's dense inputs are its data's dense columns: the arch (and its price) reads them.
         inputs = data.num_inputs if data is not None else DLRM_NUM_DENSE
-        dense = read_dense(top.sub("dense", default=None), {t.dim for t in tables}, len(tables), inputs)
+        pooled = sum(not t.sequence for t in tables)
+        sequences = tuple(t.pooling_factor for t in tables if t.sequence)
+        dense = read_dense(top.sub("dense", default=None), {t.dim for t in tables}, pooled, inputs, sequences)
         top.finish()
         return cls(
             name, batch_size, tuple(tables), dense, dtype, staleness, data=data, ps_wire_dtype=wire, qcomms=qcomms

@@ -1,0 +1,106 @@
+"""DIN, the Deep Interest Network (Zhou et al., KDD 2018): target attention of a sample over its behaviour sequences,
+the dense arch ``persia train`` builds for ``dense: {arch: din}`` (TorchRec has none).
+
+Beside the pooled features (a bag collection, as DLRM's), each sequence feature's rows come from an
+``EmbeddingCollection`` (one row per id). A query made from the sample's dense and pooled embeddings scores each id
+of a sequence with DIN's activation unit over ``[q, k, q - k, q * k]``; the scores, softmaxed over the sample's ids
+(an empty sequence attends to nothing), weight the rows into one vector per sequence; the over arch reads the dense
+embedding, the pooled ones and the attended ones. Its sizes are those
+:meth:`persia_planner.model.dense.DenseArch.counts` prices, so the plan and the run describe one network.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+
+from persia_planner.model.dense import ArchKind, DenseArch
+
+__all__ = ["DIN", "attend", "mlp"]
+
+
+def mlp(widths: Sequence[int], dropout: float = 0.0, last_relu: bool = True) -> nn.Sequential:
+    """Linear layers through ``widths``, each followed by a ReLU (not the last one unless ``last_relu``) and, on
+    hidden layers, dropout ``p``."""
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
+        layers.append(nn.Linear(fan_in, fan_out))
+        last = i == len(widths) - 2
+        if not last or last_relu:
+            layers.append(nn.ReLU())
+        if not last and dropout:
+            layers.append(nn.Dropout(dropout))
+    return nn.Sequential(*layers)
+
+
+def attend(query: torch.Tensor, rows: JaggedTensor, unit: nn.Module) -> torch.Tensor:
+    """DIN's attention of each sample's ``query [B, dim]`` over its sequence's ``rows`` (a ``JaggedTensor`` of
+    ``[ids, dim]``): the activation ``unit`` scores each id from ``[q, k, q - k, q * k]``, softmaxed over the sample's
+    ids; returns the weighted sums ``[B, dim]`` (zeros for an empty sequence)."""
+    lengths = rows.lengths()
+    longest = int(lengths.max()) if lengths.numel() else 0
+    keys = rows.to_padded_dense(desired_length=longest)  # [B, L, dim]
+    mask = torch.arange(longest, device=keys.device)[None, :] < lengths[:, None]
+    q = query[:, None, :].expand_as(keys)
+    scores = unit(torch.cat([q, keys, q - keys, q * keys], dim=-1)).squeeze(-1)  # [B, L]
+    weights = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), dim=1) * mask
+    return (weights[..., None] * keys).sum(dim=1)
+
+
+class DIN(nn.Module):
+    """DIN over a bag collection of pooled features and a sequence collection (see the module docstring).
+
+    Called as TorchRec's ``DLRM``: ``model(dense_features [B, num_dense], sparse_features KJT)`` returns the logits
+    ``[B, 1]``.
+
+    Args:
+        embedding_bag_collection: The pooled features' collection (a ``KeyedTensor`` out, read by key); None: the
+            model has no pooled feature.
+        embedding_collection: The sequence features' collection (``Dict[str, JaggedTensor]`` out).
+        arch: The dense arch (``din``): bottom MLP, activation unit sizes, over arch, dropout.
+        dim: The tables' one embedding dim.
+        pooled_keys: The pooled features' output keys, in the query's order.
+        sequence_keys: The sequence features' output keys.
+
+    Raises:
+        ValueError: An arch other than ``din``, or no sequence feature.
+    """
+
+    def __init__(
+        self,
+        embedding_bag_collection: nn.Module | None,
+        embedding_collection: nn.Module,
+        arch: DenseArch,
+        dim: int,
+        pooled_keys: Sequence[str],
+        sequence_keys: Sequence[str],
+    ) -> None:
+        super().__init__()
+        if arch.kind is not ArchKind.DIN or not sequence_keys:
+            raise ValueError("DIN needs 'arch: din' and at least one sequence feature")
+        self.embedding_bag_collection = embedding_bag_collection
+        self.embedding_collection = embedding_collection
+        self.pooled_keys, self.sequence_keys = list(pooled_keys), list(sequence_keys)
+        vectors = len(self.pooled_keys) + 1
+        self.dense_arch = mlp((arch.num_dense, *arch.bottom, dim), arch.dropout)
+        self.query = nn.Linear(vectors * dim, dim)
+        self.units = nn.ModuleDict(
+            {key: mlp((4 * dim, *arch.attention, 1), last_relu=False) for key in self.sequence_keys}
+        )
+        width = (vectors + len(self.sequence_keys)) * dim
+        self.over_arch = mlp((width, *arch.over), arch.dropout, last_relu=False)
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        dense = self.dense_arch(dense_features)
+        vectors = [dense]
+        if self.embedding_bag_collection is not None:
+            pooled = self.embedding_bag_collection(sparse_features).to_dict()
+            vectors += [pooled[key] for key in self.pooled_keys]
+        query = self.query(torch.cat(vectors, dim=1))
+        sequences = self.embedding_collection(sparse_features)
+        attended = [attend(query, sequences[key], self.units[key]) for key in self.sequence_keys]
+        return self.over_arch(torch.cat(vectors + attended, dim=1))
