@@ -40,6 +40,7 @@ __all__ = [
     "check_data_matches",
     "check_dense_inputs",
     "check_id_space",
+    "check_pooled",
     "data_schema",
     "dense_arch",
     "describe_hyper_parameters",
@@ -136,6 +137,26 @@ def _check_files(spec: ModelSpec, cfg: TrainConfig, source: DataSource) -> int:
         check_criteo_schema(spec.data, f"{source.kind.value}:{source.path}")
     check_gzip_shards(source, files, cfg.trainers)
     return count_rows(source, files)
+
+
+def check_pooled(spec: ModelSpec) -> None:
+    """Every table of the model is pooled: a run's trainers hold one bag collection (a model's sequence tables train
+    through :class:`~persia_planner.modules.embedding.sequence_hybrid.HybridEmbeddingCollection` and
+    :class:`~persia_planner.modules.train.din.DIN` in a user's own training loop).
+
+    Raises:
+        PlannerError: Sequence tables (``pooling: none``), named.
+    """
+    sequences = [t.name for t in spec.tables if t.sequence]
+    if sequences:
+        raise PlannerError(
+            f"model {spec.name!r}: persia train does not train sequence tables (pooling: none: "
+            f"{', '.join(sequences[:3])}); its trainers hold one EmbeddingBagCollection",
+            fixes=(
+                "plan the model with persia plan and train it in your own loop with HybridEmbeddingCollection and "
+                "DIN (persia_planner.modules.embedding.sequence_hybrid, persia_planner.modules.train.din)",
+            ),
+        )
 
 
 def dlrm_embedding_dim(spec: ModelSpec) -> int:
@@ -248,6 +269,7 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool, read
     Raises:
         PlannerError: The first problem found (``SpecError`` for the data).
     """
+    check_pooled(spec)
     checked = cfg.data_rows is not None or not reads_data
     rows = cfg.data_rows if checked else check_data_matches(spec, cfg)
     check_id_space(spec, cfg)
