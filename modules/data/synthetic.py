@@ -8,9 +8,13 @@ The teacher is a small DLRM-like model whose parameters are never materialised a
 * embeddings: the ``dim``-vector of an id is a pure function of (seed, feature, id): splitmix64 hashes of the id feed
   a Box-Muller transform, vectorised over ids, so a 10**8-row feature costs no memory.
 * dense: 13 log-normal counts (written to Criteo files as integers), seen through ``log1p`` like the reader.
-* head: ``p = sigmoid(scale * (sum_f w_f . mean_bag(e) + v . dense_std) + bias)``. ``scale`` sets the logit spread
-  (``logit_std``) and ``bias`` is bisected so the mean click probability is ``target_ctr``; both are calibrated on a
-  fixed sample with one id per feature.
+* head: ``p = sigmoid(scale * (sum_f w_f . mean_bag(e) + v . dense_std + interests) + bias)``. ``scale`` sets the
+  logit spread (``logit_std``) and ``bias`` is bisected so the mean click probability is ``target_ctr``; both are
+  calibrated on a fixed sample with one id per feature (a sequence: its mean length).
+* interests (:class:`Interest`): a behaviour sequence (a user's history) holds ids of another feature (the items a
+  candidate is one of); its term is the candidate's similarity to the history, pooled by attention
+  (``sum_i softmax(sharpness d_i) d_i`` over the dots ``d_i`` of their embeddings), not a mean: a model that pools the
+  history loses it, and the teacher's AUC without it (``Teacher.prob(..., without=...)``) says by how much.
 
 Labels are ``Bernoulli(p)``, so no model can beat the teacher's own ranking: :func:`teacher_auc` (the AUC of
 ``teacher_prob`` against the labels) is the best achievable AUC of a dataset.
@@ -34,7 +38,7 @@ from persia_planner.modules.data.criteo import FEATURE_NAMES, Batch
 from persia_planner.modules.data.criteo_format import NUM_CATEGORICAL, NUM_INTEGER, write_criteo
 from persia_planner.modules.hashing import GOLDEN_GAMMA, splitmix64
 
-__all__ = ["ZIPF_ALPHA", "SyntheticClicks", "Teacher", "teacher_auc", "to_criteo"]
+__all__ = ["ZIPF_ALPHA", "Interest", "SyntheticClicks", "Teacher", "teacher_auc", "to_criteo"]
 
 ZIPF_ALPHA = 1.05  # the default skew of every feature's ids (a model.yaml table's zipf_alpha describes the same)
 
@@ -50,6 +54,27 @@ def _unit(h: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Interest:
+    """A behaviour sequence of the teacher: feature ``sequence`` holds ids of feature ``of`` (its ids and their
+    embeddings), and a click's logit gains ``weight`` times the sample's candidate (its first ``of`` id) attending
+    over them (see the module docstring).
+
+    Attributes:
+        sequence: The sequence feature (a history).
+        of: The feature whose ids it holds (the candidate's).
+        mean_length: Its mean length, for the calibration's sample.
+        weight: How much the term weighs against one pooled feature's (each about ``N(0, 1)``).
+        sharpness: The attention's inverse temperature (large: the most similar id alone).
+    """
+
+    sequence: str
+    of: str
+    mean_length: float = 20.0
+    weight: float = 1.0
+    sharpness: float = 4.0
+
+
+@dataclass(frozen=True)
 class Teacher:
     """The hidden click model (see the module docstring).
 
@@ -62,6 +87,7 @@ class Teacher:
         target_ctr: Mean click probability the bias is calibrated to.
         logit_std: Standard deviation of the logit around the bias (sets how predictable clicks are).
         seed: Seed of everything hidden (ids, embeddings, head).
+        interests: Its behaviour sequences (a sequence feature's linear term is replaced by its interest term).
     """
 
     features: tuple[str, ...] = FEATURE_NAMES
@@ -72,6 +98,7 @@ class Teacher:
     target_ctr: float = 0.25
     logit_std: float = 2.0
     seed: int = 0
+    interests: tuple[Interest, ...] = ()
     scale: float = field(init=False)
     bias: float = field(init=False)
 
@@ -86,6 +113,17 @@ class Teacher:
         for name in self.features:
             if self.num_rows(name) < 1:
                 raise SpecError("Teacher", f"rows.{name}", f"must be >= 1, got {self.num_rows(name)}")
+        object.__setattr__(self, "interests", tuple(self.interests))
+        sequences = {i.sequence for i in self.interests}
+        for i in self.interests:
+            if i.sequence not in self.features or i.of not in self.features or i.of in sequences or i.sequence == i.of:
+                raise SpecError(
+                    "Teacher", f"interests.{i.sequence}", "must name a feature holding ids of another, pooled feature"
+                )
+            if not (i.mean_length >= 1 and i.weight >= 0 and i.sharpness >= 0):
+                raise SpecError(
+                    "Teacher", f"interests.{i.sequence}", "needs mean_length >= 1, weight and sharpness >= 0"
+                )
         rng = np.random.default_rng([self.seed, 0x7EAC])
         # Head weights: N(0, 1/dim) per feature makes each feature's per-id score ~N(0, 1) before scaling.
         object.__setattr__(self, "_w", rng.normal(0.0, 1.0 / math.sqrt(self.dim), (len(self.features), self.dim)))
@@ -124,9 +162,14 @@ class Teacher:
         return float(cdf[min(top_k, cdf.shape[0]) - 1]) if top_k > 0 else 0.0
 
     def sample_ids(self, feature: str, n: int, rng: np.random.Generator) -> np.ndarray:
-        """``n`` Zipf-distributed int64 ids of ``feature``."""
+        """``n`` Zipf-distributed int64 ids of ``feature`` (a sequence's: of the feature it holds ids of)."""
+        feature = self.ids_of(feature)
         ranks = np.searchsorted(self._cdf(feature), rng.random(n), side="right")
         return self.ids_of_rank(feature, np.minimum(ranks, self.num_rows(feature) - 1))
+
+    def ids_of(self, feature: str) -> str:
+        """The feature whose ids ``feature`` holds: itself, or the one a sequence is of (:class:`Interest`)."""
+        return next((i.of for i in self.interests if i.sequence == feature), feature)
 
     # --- model -----------------------------------------------------------------------------------------------------
     def embeddings(self, feature: str, ids: np.ndarray) -> np.ndarray:
@@ -137,12 +180,25 @@ class Teacher:
         u1, u2 = _unit(h), _unit(splitmix64(h))
         return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)  # Box-Muller: standard normal
 
-    def _raw_score(self, dense: np.ndarray, lengths: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> np.ndarray:
-        """Unscaled logit: dense part plus, per feature, ``w_f`` dotted with the mean embedding of the bag."""
+    def _raw_score(
+        self,
+        dense: np.ndarray,
+        lengths: Sequence[np.ndarray],
+        values: Sequence[np.ndarray],
+        without: frozenset[str] = frozenset(),
+    ) -> np.ndarray:
+        """Unscaled logit: dense part plus, per feature, ``w_f`` dotted with the mean embedding of the bag; per
+        interest (but those of ``without``), its attention term."""
         n = dense.shape[0]
         dense_std = (dense.astype(np.float64) - _DENSE_LOG_MEAN) / _DENSE_LOG_STD
         score = dense_std @ self._v / math.sqrt(max(self.num_dense, 1))
+        for interest in self.interests:
+            if interest.sequence not in without:
+                score += interest.weight * self._interest(interest, n, lengths, values)
+        sequences = {i.sequence for i in self.interests}
         for f, name in enumerate(self.features):
+            if name in sequences:
+                continue
             # Zipf batches repeat their hot ids: score each distinct id once (the same numbers, several x faster).
             uniq, inverse = np.unique(values[f], return_inverse=True)
             per_id = (self.embeddings(name, uniq) @ self._w[f])[inverse]
@@ -151,12 +207,40 @@ class Teacher:
             score += sums / np.maximum(lengths[f], 1)  # mean pooling; an empty bag contributes 0
         return score
 
+    def _interest(
+        self, interest: Interest, n: int, lengths: Sequence[np.ndarray], values: Sequence[np.ndarray]
+    ) -> np.ndarray:
+        """Each sample's candidate (its first ``of`` id) attending over its sequence: ``sum_i softmax(s d_i) d_i``
+        with ``d_i`` the dots of their embeddings over ``sqrt(dim)``; 0 without a candidate or a sequence."""
+        c, h = self.features.index(interest.of), self.features.index(interest.sequence)
+        first = np.concatenate([[0], np.cumsum(lengths[c])[:-1]]).astype(np.int64)
+        has = lengths[c] > 0
+        candidates = np.zeros((n, self.dim))
+        candidates[has] = self.embeddings(interest.of, values[c][first[has]])
+        bag = np.repeat(np.arange(n), lengths[h])
+        if bag.size == 0:
+            return np.zeros(n)
+        uniq, inverse = np.unique(values[h], return_inverse=True)
+        history = self.embeddings(interest.of, uniq)[inverse]
+        dots = (history * candidates[bag]).sum(axis=1) / math.sqrt(self.dim)
+        top = np.full(n, -np.inf)
+        np.maximum.at(top, bag, interest.sharpness * dots)
+        weights = np.exp(interest.sharpness * dots - top[bag])
+        total = np.bincount(bag, weights=weights, minlength=n)
+        pooled = np.bincount(bag, weights=weights * dots, minlength=n)
+        return np.where(has & (total > 0), pooled / np.maximum(total, 1e-300), 0.0)
+
     def _calibrate(self) -> None:
         rng = np.random.default_rng([self.seed, 0xCA11])
         n = _CALIBRATION_SAMPLES
         dense = _sample_dense(rng, n, self.num_dense)
-        ones = np.ones(n, dtype=np.int64)
-        raw = self._raw_score(dense, [ones] * len(self.features), [self.sample_ids(f, n, rng) for f in self.features])
+        means = {i.sequence: i.mean_length for i in self.interests}
+        # one id per feature, a sequence its mean length (drawn only then: a teacher without one calibrates as ever)
+        lengths = [
+            1 + rng.poisson(means[f] - 1.0, n) if f in means else np.ones(n, dtype=np.int64) for f in self.features
+        ]
+        values = [self.sample_ids(f, int(length.sum()), rng) for f, length in zip(self.features, lengths, strict=True)]
+        raw = self._raw_score(dense, lengths, values)
         scale = self.logit_std / max(float(raw.std()), 1e-12)
         lo, hi = -30.0, 30.0
         for _ in range(100):  # mean(sigmoid(x + b)) is increasing in b: bisect
@@ -168,18 +252,26 @@ class Teacher:
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "bias", 0.5 * (lo + hi))
 
-    def prob(self, batch: Batch) -> torch.Tensor:
-        """The teacher's click probability ``[B]`` (float32) for a batch of its own features (e.g. read back)."""
+    def prob(self, batch: Batch, without: Iterable[str] = ()) -> torch.Tensor:
+        """The teacher's click probability ``[B]`` (float32) for a batch of its own features (e.g. read back);
+        ``without`` leaves those sequences' interest terms out: the best a model that cannot read them may do."""
         sparse = batch.sparse
         if list(sparse.keys()) != list(self.features):
             raise SpecError("Teacher.prob", "sparse.keys", f"expected {list(self.features)}, got {sparse.keys()}")
         jt = sparse.to_dict()
         lengths = [jt[f].lengths().numpy().astype(np.int64) for f in self.features]
         values = [jt[f].values().numpy() for f in self.features]
-        return torch.from_numpy(self._prob(batch.dense.numpy(), lengths, values))
+        return torch.from_numpy(self._prob(batch.dense.numpy(), lengths, values, frozenset(without)))
 
-    def _prob(self, dense: np.ndarray, lengths: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> np.ndarray:
-        return _sigmoid(self.scale * self._raw_score(dense, lengths, values) + self.bias).astype(np.float32)
+    def _prob(
+        self,
+        dense: np.ndarray,
+        lengths: Sequence[np.ndarray],
+        values: Sequence[np.ndarray],
+        without: frozenset[str] = frozenset(),
+    ) -> np.ndarray:
+        raw = self._raw_score(dense, lengths, values, without)
+        return _sigmoid(self.scale * raw + self.bias).astype(np.float32)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
