@@ -114,19 +114,3 @@ def test_model_yaml_reads_din_and_refuses_an_arch_that_cannot_read_its_tables():
         ModelSpec.from_dict(pooled_only)
     with pytest.raises(SpecError, match=r"dense.attention: is for 'arch: din' only"):
         ModelSpec.from_dict({**pooled_only, "dense": {"arch": "dcn", "attention": [8]}})
-
-
-def test_persia_train_refuses_sequence_tables_in_one_line_before_any_process(tmp_path):
-    import yaml
-    from typer.testing import CliRunner
-
-    from persia_planner.cli import app
-    from persia_planner.paths import EXAMPLES
-
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump(_din_yaml()))
-    topology = str(EXAMPLES / "local_2x1.yaml")
-    done = CliRunner().invoke(app, ["train", "--model", str(tmp_path / "m.yaml"), "--topology", topology])
-    assert done.exit_code == 2, done.output
-    line = done.output.strip().splitlines()[-1]
-    assert line.startswith("error: model 'model': persia train does not train sequence tables (pooling: none: hist)")
-    assert "Traceback" not in done.output and not list(tmp_path.glob("*/"))  # nothing written

@@ -58,12 +58,13 @@ def test_forward_gives_a_row_per_id_under_torchrecs_keys():
     assert list(ec.state_dict()) == ["embeddings.t1.weight", "embeddings.t2.weight"]
 
 
-def test_indices_are_the_features_ids():
-    out = HybridEmbeddingCollection(_shared(), need_indices=True)(FEATURES)
-    assert torch.equal(out["f1"].weights(), torch.tensor([0, 1, 2]))
-    assert torch.equal(out["f2@t1"].weights(), torch.tensor([3])) and torch.equal(
-        out["f2@t2"].weights(), torch.tensor([3])
-    )
+def test_indices_are_the_features_ids_eager_and_scripted():
+    ec = HybridEmbeddingCollection(_shared(), need_indices=True)
+    for run in (ec, torch.jit.script(ec)):
+        out = run(FEATURES)
+        assert torch.equal(out["f1"].weights(), torch.tensor([0, 1, 2]))
+        assert torch.equal(out["f2@t1"].weights(), torch.tensor([3]))
+        assert torch.equal(out["f2@t2"].weights(), torch.tensor([3]))
 
 
 def test_fx_traces_and_the_trace_scripts():

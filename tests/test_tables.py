@@ -53,8 +53,8 @@ def test_a_sequence_table_allows_the_embedding_collections_shardings_only():
             "model.yaml: tables[0].sequence_length.mean: 9 is over max 4",
         ),
         (
-            {"pooling": "none", "sequence_length": {"mean": 2}},
-            "model.yaml: tables[0].sequence_length.max:",
+            {"pooling": "none", "sequence_length": {"max": 4}},
+            "model.yaml: tables[0].sequence_length.mean:",
         ),
         (
             {"pooling": "max"},
@@ -75,6 +75,13 @@ def test_a_bad_sequence_entry_is_one_line_naming_its_key(table, message):
     with pytest.raises(SpecError) as err:
         _model(**table)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_sequence_tables_max_may_be_unknown_and_is_written_back_so():
+    t = _model(pooling="none", sequence_length={"mean": 3}).tables[0]
+    assert t.pooling_factor == 3.0 and t.max_sequence_length is None and t.sequence_length is None
+    spec = _model(pooling="none", sequence_length={"mean": 3})
+    assert ModelSpec.from_dict(spec.to_dict()) == spec
 
 
 def test_a_sequence_table_is_written_back_as_read():

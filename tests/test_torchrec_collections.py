@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from plans import TOPO_2X2_PS, forced_plan
 
@@ -52,6 +53,12 @@ def test_a_sequence_tables_output_is_a_row_per_id():
     bag_bytes, bag_values = cost.output_exchange(pooled, 16)
     assert seq_bytes == pytest.approx(20.0 * bag_bytes) and bag_bytes == 512 * 16 * 4  # fp32 both ways, averaged
     assert seq_values == bag_values == 0  # float32 collectives convert nothing
+    # row-wise: each shard returns its own ids' rows (TorchRec's sequence all-to-all), a bag shard every sample's
+    halves = np.array([0.5, 0.5])
+    gpus = np.arange(2)
+    seq_out = cost.range_shard_terms(MODEL.table("hist_tw"), halves, 16, Tier.HBM, gpus)[0]
+    bag_out = cost.range_shard_terms(pooled, halves, 16, Tier.HBM, gpus)[0]
+    assert np.allclose(seq_out, 0.5 * seq_bytes) and bag_out == bag_bytes
 
 
 def test_the_planner_gives_sequence_tables_only_the_embedding_collections_types(case):
@@ -159,3 +166,21 @@ def test_configs_of_each_kind_and_one_line_for_the_other_kind():
         to_embedding_bag_configs(MODEL, ["user", "hist_tw"])
     with pytest.raises(PlannerError, match="table 'user' is a pooled table"):
         to_embedding_configs(MODEL, ["user"])
+
+
+def test_an_unplanned_collection_beside_the_planned_one_is_left_out(case):
+    pytest.importorskip("torchrec")
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+
+    from persia_planner.plan.torchrec_export import to_embedding_bag_configs, to_sharding_plan
+
+    topology, plan = case
+    model = torch.nn.Module()
+    model.ebc = EmbeddingBagCollection(to_embedding_bag_configs(MODEL), device="meta")
+    model.side = EmbeddingCollection([EmbeddingConfig(name="h", embedding_dim=8, num_embeddings=10)], device="meta")
+    only_user = {"user": plan.tables["user"]}
+    for path in (None, "ebc"):
+        found = to_sharding_plan(only_user, model, topology, module_path=path, device_type="cpu")
+        assert {p: sorted(v) for p, v in found.plan.items()} == {"ebc": ["user"]}

@@ -89,7 +89,7 @@ class HybridTables(nn.Module):
         self.table_optimizers = {n: (table_optimizers or {}).get(n, self.optimizer) for n in names}
         self.max_staleness = int(staleness)
         self.device = torch.device(device) if device is not None else torch.get_default_device()
-        placements = placements_of(plan, self._configs)
+        placements = placements_of(plan, self._configs, pooled=self.POOLED)
         self.ps_tables = [
             c for c in self._configs if placements.get(c.name) is not None and placements[c.name].mode is Mode.ASYNC
         ]
@@ -202,6 +202,12 @@ class HybridTables(nn.Module):
         """
         return True if self.remote is None else self.remote.prefetch(features, block=block)
 
+    def release(self) -> None:
+        """Give up this collection's hold on its PS tables on the client (:meth:`.remote.RemoteEmbeddingBags.release`):
+        another collection may register them from now on. Call it once it is flushed and trains no more."""
+        if self.remote is not None:
+            self.remote.release()
+
     def ps_time_ms(self) -> dict[str, float]:
         """Milliseconds spent so far waiting on the parameter servers and sending pushes, by label
         (:data:`persia_planner.modules.step_breakdown.PS_WAIT`, :data:`persia_planner.modules.step_breakdown.PS_PUSH`);
@@ -303,17 +309,20 @@ def check_kjt(features: KeyedJaggedTensor, *, weighted: bool = False) -> None:
 
 
 def placements_of(
-    plan: Plan | Mapping[str, TablePlacement] | None, configs: Sequence[Any]
+    plan: Plan | Mapping[str, TablePlacement] | None, configs: Sequence[Any], *, pooled: bool = True
 ) -> dict[str, TablePlacement | None]:
-    """Each config's placement in ``plan`` (None: no plan, every table local).
+    """Each config's placement in ``plan`` (None: no plan, every table local). A model's plan also places the
+    tables of its other kind (its sequence tables, for the bag collection): those are not this collection's.
 
     Raises:
-        PlannerError: The plan misses a table of ``configs`` or names another one.
+        PlannerError: The plan misses a table of ``configs`` or names another one of its kind.
     """
     if plan is None:
         return {c.name: None for c in configs}
     tables = plan.tables if isinstance(plan, Plan) else plan
-    require_same_tables(tables, (c.name for c in configs), holder="the collection")
+    names = {c.name for c in configs}
+    own = {n: p for n, p in tables.items() if n in names or p.sequence is not pooled}
+    require_same_tables(own, (c.name for c in configs), holder="the collection")
     return {c.name: tables[c.name] for c in configs}
 
 

@@ -184,7 +184,8 @@ class HybridEmbeddingCollection(EmbeddingCollectionInterface, HybridTables, Fuse
         if self.remote is not None or self.local is None:
             _refuse_scripting()
         assert self.local is not None  # TorchScript refines the Optional here
-        return self.local(features)
+        indices = features if self._need_indices else None
+        return join_sequences(self.local(features), None, self._keys, self._renames, self._feature_of, indices)
 
 
 @torch.jit.unused
@@ -228,6 +229,11 @@ def join_sequences(
     return out
 
 
+# TorchScript's types of what the scripted forward reads (an empty list's own would be unknown), as types: it does
+# not evaluate the string annotations `from __future__ import annotations` leaves.
+HybridEmbeddingCollection.__annotations__.update(
+    _keys=list[str], _renames=list[tuple[str, str]], _feature_of=dict[str, str]
+)
 # fx writes a traced graph's signature from forward's annotations (see hybrid.py).
 HybridEmbeddingCollection.forward.__annotations__.update(
     features=KeyedJaggedTensor, **{"return": dict[str, JaggedTensor]}

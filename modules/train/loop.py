@@ -24,7 +24,7 @@ from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
 from persia_planner.modules.embedding.model_parallel import (
     data_parallel_tables,
     dense_parameters,
-    hybrid_of,
+    hybrids_of,
     sparse_torch_optimizer,
 )
 from persia_planner.modules.step_breakdown import PS_PUSH, PS_WAIT, StepProfiler
@@ -40,6 +40,7 @@ from persia_planner.modules.train.run_inputs import dense_arch, dlrm_embedding_d
 from persia_planner.placement.shards import TablePlacement, server_store_rows
 
 if TYPE_CHECKING:
+    from persia_planner.modules.embedding.hybrid_set import HybridSet, TrainedTables
     from persia_planner.modules.train.job import Job
 
 __all__ = [
@@ -49,9 +50,11 @@ __all__ = [
     "build_job_model",
     "build_model",
     "dense_state_dict",
+    "load_dense_state_dict",
     "make_optimizer",
     "schedule_steps",
     "scheduled_optimizer",
+    "sequence_model",
     "sparse_optimizer",
     "torchrec_model",
 ]
@@ -74,10 +77,13 @@ def build_model(
     local_device: torch.device | None = None,
     capacity: Mapping[str, int] | None = None,
     ssd_dir: str | None = None,
-) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
+) -> tuple[nn.Module, TrainedTables]:
     """TorchRec's ``DLRM`` or ``DLRM_DCN`` (``arch``, default the model's ``dense:``, :attr:`.DenseSpec.built_arch`)
-    over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs from plain TorchRec).
-    Returns ``(model, hybrid)``; shard it with :func:`persia_planner.modules.embedding.model_parallel.distribute`.
+    over ``spec``'s tables with a :class:`HybridEmbeddingBagCollection` (one line differs from plain TorchRec); a
+    model with sequence tables: :class:`~persia_planner.modules.train.din.DIN` over that collection (of its pooled
+    tables) and a :class:`~persia_planner.modules.embedding.sequence_hybrid.HybridEmbeddingCollection` (of its
+    sequence tables), driven as one :class:`~persia_planner.modules.embedding.hybrid_set.HybridSet`.
+    Returns ``(model, tables)``; shard it with :func:`persia_planner.modules.embedding.model_parallel.distribute`.
 
     Each server's store of a PS table gets the rows the plan sized it for (each shard's ``store_rows``: the rows of
     its largest bucket plus the hash's allowance), or ``capacity[table]`` where given (``--ps-capacity unbounded``).
@@ -110,9 +116,7 @@ def build_model(
         else:
             capacity[t.name] = given.get(t.name, store)
     torch.manual_seed(seed)
-    hybrid = HybridEmbeddingBagCollection(
-        to_embedding_bag_configs(spec),
-        tables,
+    common: dict[str, Any] = dict(
         ps=ps,
         optimizer=optimizer,
         staleness=staleness,
@@ -122,9 +126,42 @@ def build_model(
         seed=seed,
         device=device,
         local_device=local_device,
-        keep_order=False,  # DLRM reads the pooled embeddings by key
     )
-    return torchrec_model(hybrid, arch or spec.dense.built_arch, dim), hybrid
+    arch = arch or spec.dense.built_arch
+    if not any(t.sequence for t in spec.tables):
+        # DLRM reads the pooled embeddings by key
+        hybrid = HybridEmbeddingBagCollection(to_embedding_bag_configs(spec), tables, keep_order=False, **common)
+        return torchrec_model(hybrid, arch, dim), hybrid
+    return sequence_model(spec, tables, arch, dim, common)
+
+
+def sequence_model(
+    spec: ModelSpec,
+    tables: dict[str, TablePlacement] | None,
+    arch: DenseArch,
+    dim: int,
+    collections: Mapping[str, Any],
+) -> tuple[nn.Module, HybridSet]:
+    """:func:`build_model` of a model with sequence tables: DIN over a bag collection of its pooled tables (if any)
+    and a sequence collection of the others, each given its tables' placements and ``collections``' arguments."""
+    from persia_planner.modules.embedding.hybrid_set import HybridSet
+    from persia_planner.modules.embedding.sequence_hybrid import HybridEmbeddingCollection
+    from persia_planner.modules.train.din import DIN
+    from persia_planner.plan.torchrec_export import to_embedding_bag_configs, to_embedding_configs
+
+    def placed(sequence: bool) -> dict[str, TablePlacement] | None:
+        if tables is None:
+            return None
+        return {t.name: tables[t.name] for t in spec.tables if t.sequence is sequence}
+
+    bag_configs = to_embedding_bag_configs(spec)
+    bags = None
+    if bag_configs:
+        bags = HybridEmbeddingBagCollection(bag_configs, placed(False), keep_order=False, **collections)
+    sequences = HybridEmbeddingCollection(to_embedding_configs(spec), placed(True), **collections)
+    pooled = [c.name for c in bag_configs]
+    model = DIN(bags, sequences, arch, dim, pooled, [t.name for t in spec.tables if t.sequence])
+    return model, HybridSet([c for c in (bags, sequences) if c is not None])
 
 
 def build_job_model(
@@ -134,7 +171,7 @@ def build_job_model(
     *,
     device: torch.device | None = None,
     capacity: Mapping[str, int] | None = None,
-) -> tuple[nn.Module, HybridEmbeddingBagCollection]:
+) -> tuple[nn.Module, TrainedTables]:
     """:func:`build_model` as every trainer of ``job`` builds it: the run's staleness (0 in sync mode), seed, server
     count and dense arch, its PS tables through ``client``, and its local tables on the meta device, for
     ``DistributedModelParallel`` to allocate the shards this trainer holds."""
@@ -196,12 +233,31 @@ def add_dropout(model: nn.Module, p: float) -> None:
 
 
 def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s state without its :class:`HybridEmbeddingBagCollection` (detached, not copied)."""
-    path, hybrid = hybrid_of(model)
-    prefix = f"{path}." if path else ""
-    with hybrid.ps_rows_left_out():  # the servers' rows are not read for nothing
+    """``model``'s state without its hybrid collections (detached, not copied)."""
+    found = hybrids_of(model)
+    prefixes = tuple(f"{path}." for path, _ in found if path)
+    with contextlib.ExitStack() as stack:
+        for _, hybrid in found:  # the servers' rows are not read for nothing
+            stack.enter_context(hybrid.ps_rows_left_out())
         state = model.state_dict()
-    return {k: v.detach() for k, v in state.items() if not (prefix and k.startswith(prefix))}
+    return {k: v.detach() for k, v in state.items() if not (prefixes and k.startswith(prefixes))}
+
+
+def load_dense_state_dict(model: nn.Module, dense: Mapping[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """Load ``dense`` (:func:`dense_state_dict`'s) into ``model``, its hybrid collections as they are; returns
+    ``load_state_dict``'s ``(missing, unexpected)`` keys.
+
+    The collections' own state goes in with it, unchanged: TorchRec's sharded sequence collection asks for every
+    table's key when anything is loaded into a model holding it.
+    """
+    found = hybrids_of(model)
+    prefixes = tuple(f"{path}." for path, _ in found if path)
+    with contextlib.ExitStack() as stack:
+        for _, hybrid in found:  # their local tables only: the servers' rows stay on the servers
+            stack.enter_context(hybrid.ps_rows_left_out())
+        current = {k: v for k, v in model.state_dict(keep_vars=True).items() if prefixes and k.startswith(prefixes)}
+        missing, unexpected = model.load_state_dict({**current, **dense}, strict=False)
+    return list(missing), list(unexpected)
 
 
 def sparse_optimizer(cfg: TrainConfig, spec: ModelSpec) -> SparseOptimizer:
@@ -294,7 +350,7 @@ class TrainLoop:
     def __init__(
         self,
         model: nn.Module,
-        hybrid: HybridEmbeddingBagCollection,
+        hybrid: TrainedTables,
         optimizer: torch.optim.Optimizer,
         device: torch.device | None = None,
         profiler: StepProfiler | None = None,

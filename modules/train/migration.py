@@ -38,7 +38,7 @@ import torch
 from persia_planner.errors import PlannerError
 from persia_planner.kinds import Mode, Sharding
 from persia_planner.model.specs import Optimizer
-from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+from persia_planner.modules.embedding.hybrid_set import TrainedTables
 from persia_planner.modules.train.job_checkpoints import PLAN_FILE, PS_DIR
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import placement_from_dict
@@ -245,7 +245,7 @@ def fold_rows(ids: torch.Tensor, values: torch.Tensor, rows: int, default: torch
 def _ps_tables_to_local(
     checkpoint: Path,
     tables: tuple[str, ...],
-    hybrid: HybridEmbeddingBagCollection,
+    hybrid: TrainedTables,
     optimizer: Optimizer,
 ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
     """The local weights and whole optimizer state of the PS tables that become local: the checkpoint's rows folded
@@ -304,7 +304,7 @@ def migrated_state(
     state: Mapping[str, Any],
     old: Mapping[str, TablePlacement],
     new: Mapping[str, TablePlacement],
-    hybrid: HybridEmbeddingBagCollection,
+    hybrid: TrainedTables,
     opt: Any,
     optimizer: Optimizer,
 ) -> tuple[dict[str, Any], TableMoves, dict[str, dict[str, torch.Tensor]]]:
@@ -316,7 +316,7 @@ def migrated_state(
         whole optimizer state (what the tables that move to the servers are seeded with).
     """
     moves = table_moves(old, new)
-    configs = {c.name: c for c in hybrid.embedding_bag_configs()}
+    configs = {c.name: c for c in hybrid.table_configs()}
     rows = {name: c.num_embeddings for name, c in configs.items()}
     dims = {name: c.embedding_dim for name, c in configs.items()}
     was_local = set(moves.local_to_local) | set(moves.local_to_ps)

@@ -25,7 +25,7 @@ from torchrec.datasets.utils import Batch as TorchRecBatch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 from persia_planner.modules.data.batch import as_batches
-from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+from persia_planner.modules.embedding.hybrid_set import TrainedTables
 from persia_planner.modules.step_breakdown import PS_PUSH, PS_WAIT
 from persia_planner.modules.train.loop import StepStats
 
@@ -58,9 +58,7 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         hybrid: The model's collection (its PS tables' prefetch and staleness bound).
     """
 
-    def __init__(
-        self, model: nn.Module, optimizer: Any, device: torch.device, hybrid: HybridEmbeddingBagCollection
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer: Any, device: torch.device, hybrid: TrainedTables) -> None:
         self._hybrid = hybrid
         # Staged batches whose PS rows are not requested yet, oldest first: requests go out in batch order.
         self._unsent: collections.deque[TorchRecBatch] = collections.deque()
@@ -113,7 +111,7 @@ class PipelinedTrainLoop:
     """
 
     def __init__(
-        self, model: nn.Module, hybrid: HybridEmbeddingBagCollection, optimizer: Any, device: torch.device | None = None
+        self, model: nn.Module, hybrid: TrainedTables, optimizer: Any, device: torch.device | None = None
     ) -> None:
         self.model, self.hybrid, self.optimizer = model, hybrid, optimizer
         self.device = device or torch.device("cpu")

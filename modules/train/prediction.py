@@ -212,7 +212,7 @@ def _score(rank: int, client: Any, prepared: PreparedPrediction, out: str) -> tu
 
     from persia_planner.modules.embedding.hybrid import SparseOptimizer
     from persia_planner.modules.train.batch_stream import click_metrics, file_reader
-    from persia_planner.modules.train.loop import build_model, dense_state_dict
+    from persia_planner.modules.train.loop import build_model, dense_state_dict, load_dense_state_dict
     from persia_planner.modules.train.trainer_state import TRAINER_STATE
 
     trained, settings, spec, cfg = prepared.trained, prepared.settings, prepared.spec, prepared.config
@@ -230,7 +230,7 @@ def _score(rank: int, client: Any, prepared: PreparedPrediction, out: str) -> tu
         arch=prepared.arch,
         local_device=torch.device("cpu"),
     )
-    missing, unexpected = model.load_state_dict(state["dense"], strict=False)
+    missing, unexpected = load_dense_state_dict(model, state["dense"])
     missing = [k for k in missing if k in dense_state_dict(model)]
     if missing or unexpected:  # prepare() compared the shapes: the file changed since
         raise PlannerError(f"{ckpt.path / TRAINER_STATE}: the dense network differs ({(missing or unexpected)[:3]})")

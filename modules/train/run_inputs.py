@@ -40,7 +40,7 @@ __all__ = [
     "check_data_matches",
     "check_dense_inputs",
     "check_id_space",
-    "check_pooled",
+    "check_sequence_run",
     "data_schema",
     "dense_arch",
     "describe_hyper_parameters",
@@ -139,23 +139,19 @@ def _check_files(spec: ModelSpec, cfg: TrainConfig, source: DataSource) -> int:
     return count_rows(source, files)
 
 
-def check_pooled(spec: ModelSpec) -> None:
-    """Every table of the model is pooled: a run's trainers hold one bag collection (a model's sequence tables train
-    through :class:`~persia_planner.modules.embedding.sequence_hybrid.HybridEmbeddingCollection` and
-    :class:`~persia_planner.modules.train.din.DIN` in a user's own training loop).
+def check_sequence_run(spec: ModelSpec, cfg: TrainConfig) -> None:
+    """A model with sequence tables trains without TorchRec's train pipeline: its DIN pads each batch's sequences to
+    their longest, a shape the pipeline's fx tracing of the model cannot follow.
 
     Raises:
-        PlannerError: Sequence tables (``pooling: none``), named.
+        PlannerError: ``--pipeline`` with sequence tables (``pooling: none``), named.
     """
     sequences = [t.name for t in spec.tables if t.sequence]
-    if sequences:
+    if sequences and cfg.pipeline:
         raise PlannerError(
-            f"model {spec.name!r}: persia train does not train sequence tables (pooling: none: "
-            f"{', '.join(sequences[:3])}); its trainers hold one EmbeddingBagCollection",
-            fixes=(
-                "plan the model with persia plan and train it in your own loop with HybridEmbeddingCollection and "
-                "DIN (persia_planner.modules.embedding.sequence_hybrid, persia_planner.modules.train.din)",
-            ),
+            f"--pipeline: model {spec.name!r} has sequence tables ({', '.join(sequences[:3])}), whose DIN TorchRec's "
+            "train pipeline cannot trace",
+            fixes=("train it without --pipeline",),
         )
 
 
@@ -269,7 +265,7 @@ def check_before_start(cfg: TrainConfig, spec: ModelSpec, *, with_ps: bool, read
     Raises:
         PlannerError: The first problem found (``SpecError`` for the data).
     """
-    check_pooled(spec)
+    check_sequence_run(spec, cfg)
     checked = cfg.data_rows is not None or not reads_data
     rows = cfg.data_rows if checked else check_data_matches(spec, cfg)
     check_id_space(spec, cfg)

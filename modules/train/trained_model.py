@@ -412,7 +412,8 @@ def check_dense(trained: TrainedModel, settings: TrainerSettings, arch: DenseArc
 
 
 def _dense_shapes(trained: TrainedModel, arch: DenseArch) -> dict[str, tuple[int, ...]]:
-    """The dense network's tensors' shapes as the trainer builds it (TorchRec's DLRM on the meta device)."""
+    """The dense network's tensors' shapes as the trainer builds it (TorchRec's DLRM, or DIN, on the meta
+    device)."""
     import torch
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -421,6 +422,12 @@ def _dense_shapes(trained: TrainedModel, arch: DenseArch) -> dict[str, tuple[int
 
     dim = dlrm_embedding_dim(trained.spec)
     meta = torch.device("meta")
+    if any(t.sequence for t in trained.spec.tables):  # DIN over both collections, as the trainer builds it
+        from persia_planner.modules.train.loop import build_model, dense_state_dict
+
+        with meta:
+            built, _ = build_model(trained.spec, None, arch=arch, device=meta, local_device=meta)
+        return {k: tuple(v.shape) for k, v in dense_state_dict(built).items()}
     try:
         with meta:
             collection = EmbeddingBagCollection(to_embedding_bag_configs(trained.spec), device=meta)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from persia_planner.errors import PlannerError
-from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+from persia_planner.modules.embedding.hybrid_set import TrainedTables
 from persia_planner.modules.embedding.model_parallel import dense_all_reduce_dtype, distribute, executed_plan
 from persia_planner.modules.launcher.launch import trainers_store
 from persia_planner.modules.launcher.progress import publish_progress
@@ -103,7 +103,7 @@ class _TrainerRun:
     batch_size: int
     device: torch.device
     dmp: Any
-    hybrid: HybridEmbeddingBagCollection
+    hybrid: TrainedTables
     executed: dict[str, Any]
     saver: Saver
     stopper: GracefulStop | None
@@ -222,7 +222,7 @@ class _TrainerRun:
         job: Job,
         cfg: TrainConfig,
         dmp: Any,
-        hybrid: HybridEmbeddingBagCollection,
+        hybrid: TrainedTables,
         executed: dict[str, Any],
         saver: Saver,
         opt: Any,
@@ -335,9 +335,9 @@ class _TrainerRun:
         dist.broadcast_object_list(shared, src=0)
         if shared[0] is None:  # no --checkpoint: TrainConfig refuses --adapt without one
             raise PlannerError("--adapt: a migration needs --checkpoint DIR to go through")
-        if self.hybrid.remote is not None:
+        if self.hybrid.ps is not None:
             # Every trainer: the next model registers these tables again on this client, whenever this one is freed.
-            self.hybrid.remote.release()
+            self.hybrid.release()
         if self.j == 0 and self.hybrid.ps is not None:
             # A resume starts on servers without the tables; so does a migration: the next plan registers its own
             # and loads the ones it keeps there from the checkpoint.
@@ -487,7 +487,7 @@ class _TrainerRun:
 
 
 def _loop(
-    cfg: TrainConfig, dmp: Any, hybrid: HybridEmbeddingBagCollection, opt: Any, device: torch.device, profiler: Any
+    cfg: TrainConfig, dmp: Any, hybrid: TrainedTables, opt: Any, device: torch.device, profiler: Any
 ) -> TrainLoop | PipelinedTrainLoop:
     """The step loop of a run (TorchRec's pipeline with ``--pipeline``)."""
     if cfg.pipeline:

@@ -21,7 +21,7 @@ from persia_planner.errors import PlannerError, first_line
 from persia_planner.kinds import Mode
 from persia_planner.model.specs import ModelSpec
 from persia_planner.modules.atomic import atomic_json, atomic_torch_save, atomic_write
-from persia_planner.modules.embedding.hybrid import HybridEmbeddingBagCollection
+from persia_planner.modules.embedding.hybrid_set import TrainedTables
 from persia_planner.modules.train.config import TrainConfig, data_identity, trainer_batch_size
 from persia_planner.modules.train.job_checkpoints import (
     MODEL_FILE,
@@ -35,7 +35,7 @@ from persia_planner.modules.train.job_checkpoints import (
     staging_dir,
     verify,
 )
-from persia_planner.modules.train.loop import dense_state_dict
+from persia_planner.modules.train.loop import dense_state_dict, load_dense_state_dict
 from persia_planner.modules.train.run_inputs import data_schema, hyper_parameters
 from persia_planner.plan.plan import placement_to_dict
 
@@ -61,7 +61,7 @@ __all__ = [
 # ---- checkpoints ---------------------------------------------------------------------------------------------
 
 
-def local_state(hybrid: HybridEmbeddingBagCollection) -> dict[str, Any]:
+def local_state(hybrid: TrainedTables) -> dict[str, Any]:
     """The local tables' full weights and every trainer's fused-optimizer state, on trainer 0 (collectives: every
     trainer calls it; the others get empty maps)."""
     return {
@@ -83,7 +83,7 @@ def save_checkpoint(
     step: int,
     *,
     model: nn.Module,
-    hybrid: HybridEmbeddingBagCollection,
+    hybrid: TrainedTables,
     opt: Any,
     client: Any,
     layout: dict[str, Any],
@@ -252,7 +252,7 @@ def load_trainer_state(
     ckpt: Checkpoint,
     state: dict[str, Any],
     model: nn.Module,
-    hybrid: HybridEmbeddingBagCollection,
+    hybrid: TrainedTables,
     opt: Any,
     layout: dict[str, Any],
 ) -> int:
@@ -269,7 +269,7 @@ def load_trainer_state(
             f"{tuple(own[k].shape)} (saved with another model.yaml?)",
             fixes=("resume with the model the checkpoint was trained with", "train from scratch without --resume"),
         )
-    missing, unexpected = model.load_state_dict(state["dense"], strict=False)
+    missing, unexpected = load_dense_state_dict(model, state["dense"])
     if unexpected:
         raise PlannerError(f"--resume: checkpoint {path} holds parameters {unexpected[:3]} this model lacks")
     dense_keys = dense_state_dict(model).keys()

@@ -269,14 +269,19 @@ class CostModel(MemorySlots):
         gpus: np.ndarray,
         *,
         cache_fraction: float = 0.0,
-    ) -> tuple[float, float | np.ndarray, np.ndarray, np.ndarray | None]:
-        """The terms :meth:`range_shard_loads` assembles: (pooled output bytes, half the ids' bytes, the ``emb`` ms
-        of the shard on each GPU in ``gpus``, the host DDR ms of each (None in HBM)).
+    ) -> tuple[float | np.ndarray, float | np.ndarray, np.ndarray, np.ndarray | None]:
+        """The terms :meth:`range_shard_loads` assembles: (output bytes, half the ids' bytes, the ``emb`` ms of the
+        shard on each GPU in ``gpus``, the host DDR ms of each (None in HBM)); a sequence table's output, as its ids,
+        is the shard's share of the rows.
 
         The search keeps them per table and option, and builds load vectors of any candidate GPUs from them.
         """
         lookups = self.batch * table.pooling_factor * rows_fraction
         out_bytes, conversions = self.output_exchange(table, cols)
+        if table.sequence:  # a row per id: a range shard returns the rows of its own ids alone
+            share = np.asarray(rows_fraction, dtype=float)
+            out_bytes = out_bytes * share if share.ndim else out_bytes * float(share)
+            conversions = conversions * float(share.mean()) if conversions else 0.0
         # Input distribution: the ids of the shard's lookups travel to it, forward only (half an a2a pattern).
         ids_bytes = np.asarray(lookups * self.constants.id_bytes, dtype=float)
         ids_half = ids_bytes / 2 if ids_bytes.ndim else float(ids_bytes / 2)
@@ -350,8 +355,8 @@ class CostModel(MemorySlots):
         if sharding is Sharding.TABLE_ROW_WISE:
             loads = self.a2a.rows(gpus, twrw=True)
             loads *= out_bytes
-        else:
-            loads = pattern * out_bytes
+        else:  # a sequence table's range shards: each its own share of the output
+            loads = pattern * (out_bytes[:, None] if isinstance(out_bytes, np.ndarray) else out_bytes)
         loads += pattern * (ids_half[:, None] if isinstance(ids_half, np.ndarray) else ids_half)
         if self.sharding_scaled[sharding]:
             # What a sharding type adds is in how its ids and pooled output travel (row-wise's bucketize and

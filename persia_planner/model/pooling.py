@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from persia_planner.kinds import Sharding
 
-__all__ = ["SEQUENCE_SHARDINGS", "Pooling", "SequenceLength"]
+__all__ = ["SEQUENCE_SHARDINGS", "Pooling", "SequenceLength", "sequence_shardings"]
 
 
 class Pooling(enum.StrEnum):
@@ -36,6 +36,13 @@ SEQUENCE_SHARDINGS: frozenset[Sharding] = frozenset(
 )
 """The sharding types of a sequence table: TorchRec's ``EmbeddingCollectionSharder.sharding_types`` (the same on CPU
 and CUDA) and the parameter servers' hash sharding, which looks rows up per id for bags and sequences alike."""
+
+
+def sequence_shardings(cpu: bool) -> frozenset[Sharding]:
+    """The sharding types a sequence table runs as planned on trainers of one kind: :data:`SEQUENCE_SHARDINGS`, but
+    data-parallel on CPU trainers, where fbgemm's dense kernel (TorchRec's ``dense`` compute kernel of a replica)
+    pools a batch's rows even when asked for one per id (fbgemm-gpu-cpu 1.8)."""
+    return SEQUENCE_SHARDINGS - {Sharding.DATA_PARALLEL} if cpu else SEQUENCE_SHARDINGS
 
 
 @dataclass(frozen=True)

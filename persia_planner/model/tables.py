@@ -194,7 +194,7 @@ def read_tables(item: Fields) -> Iterable[TableSpec]:
     kind = item.take_enum("pooling", Pooling, default=Pooling.SUM)
     length = _read_sequence_length(item, kind)
     pooling = (
-        length.mean if length else item.take("pooling_factor", Quantity.NUMBER, default=1.0, maximum=MAX_POOLING_FACTOR)
+        length[0] if length else item.take("pooling_factor", Quantity.NUMBER, default=1.0, maximum=MAX_POOLING_FACTOR)
     )
     optimizer = item.take_enum("optimizer", Optimizer, default=Optimizer.ROWWISE_ADAGRAD)
     alpha = item.take("zipf_alpha", Quantity.NUMBER, default=0.0, maximum=MAX_ZIPF_ALPHA)
@@ -212,7 +212,7 @@ def read_tables(item: Fields) -> Iterable[TableSpec]:
     if refused:
         raise item.error("constraints", refused, fixes=(SEQUENCE_SHARDINGS_FIX,))
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
-    longest = length.max if length else None
+    longest = length[1] if length else None
     return [
         TableSpec(
             n,
@@ -248,9 +248,10 @@ def sequence_refusal(pooling: Pooling, constraints: TableConstraints) -> str | N
     return f"a sequence table (pooling: none) cannot be sharded {refused}"
 
 
-def _read_sequence_length(item: Fields, kind: Pooling) -> SequenceLength | None:
-    """model.yaml's ``sequence_length: {mean, max}`` of a ``pooling: none`` table (required there, refused on a
-    pooled one, where ``pooling_factor`` says the same)."""
+def _read_sequence_length(item: Fields, kind: Pooling) -> tuple[float, int | None] | None:
+    """model.yaml's ``sequence_length: {mean, max}`` of a ``pooling: none`` table as ``(mean, max)`` (required
+    there, refused on a pooled one, where ``pooling_factor`` says the same); ``max`` may be left out (not known: a
+    spec read from TorchRec's configs writes none)."""
     if kind.pooled:
         if item.has("sequence_length"):
             raise item.error(
@@ -273,8 +274,8 @@ def _read_sequence_length(item: Fields, kind: Pooling) -> SequenceLength | None:
             fixes=("write sequence_length: {mean: M, max: N} (ids per sample: mean and longest)",),
         )
     mean = length.take_positive("mean", Quantity.NUMBER, maximum=MAX_POOLING_FACTOR)
-    longest = length.take_positive("max", Quantity.COUNT, maximum=MAX_POOLING_FACTOR)
+    longest = length.take_positive("max", Quantity.COUNT, default=None, maximum=MAX_POOLING_FACTOR)
     length.finish()
-    if mean > longest:
+    if longest is not None and mean > longest:
         raise length.error("mean", f"{mean:g} is over max {longest}", fixes=("give a mean of at most max",))
-    return SequenceLength(float(mean), int(longest))
+    return float(mean), None if longest is None else int(longest)

@@ -12,6 +12,7 @@ from typing import Any
 
 from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.kinds import Sharding
+from persia_planner.model.pooling import sequence_shardings
 from persia_planner.model.qcomms import FP32_COMMS, QComms
 from persia_planner.model.specs import DType, ModelSpec, Optimizer
 from persia_planner.plan.torchrec_export import PlanLike, tables_of, torchrec_shardings
@@ -67,6 +68,7 @@ def check_executable(
     - fbgemm's CPU kernels have no bfloat16 tables, and no fused Adam.
     - Data-parallel tables are not fused: TorchRec leaves them to a ``torch.optim`` optimizer, whose state has the
       weights' dtype; an Adagrad-type or Adam state in fp16/bf16 underflows and the run diverges.
+    - fbgemm's CPU dense kernel pools a data-parallel sequence table's rows (``sequence_shardings``).
     - gloo has no bf16 collectives: TorchRec's codecs would fall back to fp16 and torch's bf16 DDP hook refuses.
 
     Args:
@@ -87,6 +89,14 @@ def check_executable(
             fixes=("plan with 'persia plan --qcomms fp16' (or auto, which narrows to fp16 on CPU)", "train on GPUs"),
         )
     for name, p in local.items():
+        if p.sequence and p.sharding not in sequence_shardings(cpu=device_type != "cuda"):
+            raise PlannerError(
+                f"table {name!r} is a sequence table planned {p.sharding.value}, and fbgemm's CPU dense kernel "
+                "pools a data-parallel replica's rows (one per sample, not one per id)",
+                kind=ErrorKind.UNSUPPORTED,
+                fixes=("plan for these CPU trainers: persia plan leaves sequence tables off data_parallel there",
+                       "train on GPUs"),
+            )  # fmt: skip
         table_dtype = dtype.get(name, DType.FP32) if isinstance(dtype, Mapping) else dtype
         tiers = {s.tier for s in p.shards}
         bad = {t for t in tiers if t.spec.unified_memory}

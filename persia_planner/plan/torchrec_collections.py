@@ -122,10 +122,13 @@ class CollectionPaths:
         return path
 
 
-def collection_paths(module: Any, module_path: str | None, sequence_module_path: str | None) -> CollectionPaths:
+def collection_paths(
+    module: Any, module_path: str | None, sequence_module_path: str | None, planned: Iterable[str] = ()
+) -> CollectionPaths:
     """The collections of ``module`` a plan's tables are in: its one collection of bags (``embedding_bag_configs()``,
     TorchRec's or persia's) and its one collection of sequences (``embedding_configs()``), each the outermost one
-    (not a persia collection's own inner TorchRec one), or those at the paths given.
+    (not a persia collection's own inner TorchRec one), or those at the paths given. A collection that holds none of
+    the ``planned`` tables is left out unless its path was given (an unplanned one beside the planned one).
 
     Raises:
         PlannerError: A path that is no collection of the module (of that kind), several collections of a kind and
@@ -141,6 +144,17 @@ def collection_paths(module: Any, module_path: str | None, sequence_module_path:
     sequences = [(p, m) for p, m in found if kind_of(m) != BAGS]
     chosen_bags = _pick(bags, module_path, "module_path", paths, "EmbeddingBagCollection")
     chosen_sequences = _pick(sequences, sequence_module_path, "sequence_module_path", paths, "EmbeddingCollection")
+    wanted = set(planned)
+
+    def unplanned(found: tuple[str, Any] | None, given: str | None) -> bool:
+        if found is None or given is not None or not wanted:
+            return False
+        return not any(c.name in wanted for c in getattr(found[1], kind_of(found[1]) or BAGS)())
+
+    if unplanned(chosen_bags, module_path):
+        chosen_bags = None
+    if unplanned(chosen_sequences, sequence_module_path):
+        chosen_sequences = None
     chosen = [c for c in (chosen_bags, chosen_sequences) if c is not None]
     if not chosen:
         raise PlannerError(

@@ -425,7 +425,7 @@ def to_sharding_plan(
     if isinstance(model, ModelSpec):
         paths = _spec_paths(model, module_path, sequence_module_path)
     else:
-        paths = collection_paths(model, module_path, sequence_module_path)
+        paths = collection_paths(model, module_path, sequence_module_path, tables_of(plan))
     model = paths.model
     path_of = {t.name: paths.path_of(t) for t in model.tables}
     module_plans: dict[str, EmbeddingModuleShardingPlan] = {}

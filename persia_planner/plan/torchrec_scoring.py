@@ -44,6 +44,7 @@ __all__ = [
     "from_sharding_options",
     "meta_collection",
     "plan_with_torchrec",
+    "require_pooled",
     "score_with_torchrec",
     "shardings_from_plan",
     "to_sharding_options",
@@ -95,6 +96,22 @@ def shardings_from_plan(sharding_plan: Any, model: ModelSpec) -> list[TorchRecSh
                 None if factor is None else float(factor),
             )
     return [entries[t.name] for t in model.tables if t.name in entries]
+
+
+def require_pooled(model: ModelSpec, what: str) -> None:
+    """Refuse a model with sequence tables: this module rates and plans an ``EmbeddingBagCollection`` alone.
+
+    Raises:
+        PlannerError: Kind ``unsupported``, naming the tables and ``what`` refused them.
+    """
+    sequences = [t.name for t in model.tables if t.sequence]
+    if sequences:
+        raise PlannerError(
+            f"{what} is compared on pooled tables only, and model {model.name!r} has sequence tables "
+            f"({', '.join(sequences[:3])})",
+            kind=ErrorKind.UNSUPPORTED,
+            fixes=("compare a model of pooled tables",),
+        )
 
 
 def _rank_of(placement: Any) -> int:
@@ -238,8 +255,9 @@ def to_sharding_options(
         module_path: FQN of the collection in the module (``ShardingOption.path``).
 
     Raises:
-        PlannerError: A placement TorchRec cannot express, or a world size mismatch.
+        PlannerError: A placement TorchRec cannot express, a world size mismatch, or sequence tables.
     """
+    require_pooled(model, "TorchRec's perf model")
     if isinstance(plan, Plan | Mapping):
         if topology is None:
             raise PlannerError("to_sharding_options needs the topology to translate a plan", kind=ErrorKind.INPUT)
@@ -344,10 +362,12 @@ def plan_with_torchrec(model: ModelSpec, topology: Topology) -> dict[str, TableP
     process on the meta device (no memory is allocated).
 
     Raises:
-        PlannerError: TorchRec's planner found no plan that fits (kind ``capacity``), or the hosts differ in GPU
-            count (TorchRec has one local world size).
+        PlannerError: TorchRec's planner found no plan that fits (kind ``capacity``), the hosts differ in GPU
+            count (TorchRec has one local world size), or the model has sequence tables (kind ``unsupported``).
     """
     import logging
+
+    require_pooled(model, "TorchRec's planner")
 
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner

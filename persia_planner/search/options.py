@@ -16,11 +16,13 @@ import numpy as np
 from persia_planner.bound import TierChoice
 from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import cache_fraction_candidates
+from persia_planner.model.pooling import sequence_shardings
 from persia_planner.model.specs import TableSpec
 from persia_planner.placement.memory import largest_cache_fraction
 from persia_planner.placement.shards import row_splittable
 from persia_planner.search.base import Option
 from persia_planner.tiers import Lookups, Memory, Tier, local_tiers, server_tiers
+from persia_planner.topology.hardware import DeviceKind
 
 if TYPE_CHECKING:
     from persia_planner.search.base import FreeRoom, SearchState
@@ -32,6 +34,11 @@ _DP_MAX_HBM_SHARE = 0.002
 # Column-wise splits are tried for tables whose single-GPU work exceeds this share of the current mean GPU load.
 _HOT_SHARE = 0.25
 _MIN_COLS = 16
+
+
+def _cpu(state: SearchState) -> bool:
+    """Whether the trainers are CPU devices (what fbgemm's kernels run there narrows a sequence table's types)."""
+    return state.cost.topology.device_kind is DeviceKind.CPU
 
 
 class TieredOptions:
@@ -81,6 +88,7 @@ class TieredOptions:
         replica_tiers = [t for t in local_tiers() if t in tiers_allowed and Sharding.DATA_PARALLEL in t.spec.shardings]
         if (
             Sharding.DATA_PARALLEL in shardings
+            and (not table.sequence or Sharding.DATA_PARALLEL in sequence_shardings(_cpu(state)))
             and replica_tiers
             and gpus is None
             and size <= _DP_MAX_HBM_SHARE * state.min_hbm
