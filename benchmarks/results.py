@@ -15,6 +15,17 @@ from pathlib import Path
 from typing import Any
 
 HEADLINES = {
+    "sequence": (
+        "auc_hybrid",
+        "auc_sync",
+        "auc_teacher",
+        "auc_gap",
+        "auc_no_history",
+        "history_gain",
+        "cost_error",
+        "predicted_step_ms",
+        "step_ms",
+    ),
     "ssd_tier": (
         "ssd_tables",
         "ssd_predicted_step_ms",
