@@ -114,3 +114,13 @@ def test_model_yaml_reads_din_and_refuses_an_arch_that_cannot_read_its_tables():
         ModelSpec.from_dict(pooled_only)
     with pytest.raises(SpecError, match=r"dense.attention: is for 'arch: din' only"):
         ModelSpec.from_dict({**pooled_only, "dense": {"arch": "dcn", "attention": [8]}})
+
+
+def test_a_sequence_longer_than_its_max_is_read_by_its_last_ids():
+    from persia_planner.modules.train.din import last_ids
+
+    rows = JaggedTensor(values=torch.arange(9.0).reshape(9, 1), lengths=torch.tensor([5, 0, 1, 3]))
+    cut = last_ids(rows, 2)
+    assert cut.lengths().tolist() == [2, 0, 1, 2]
+    assert cut.values().flatten().tolist() == [3.0, 4.0, 5.0, 7.0, 8.0]  # each sample's most recent ids
+    assert last_ids(rows, 5) is rows

@@ -4,7 +4,8 @@ the dense arch ``persia train`` builds for ``dense: {arch: din}`` (TorchRec has 
 Beside the pooled features (a bag collection, as DLRM's), each sequence feature's rows come from an
 ``EmbeddingCollection`` (one row per id). A query made from the sample's dense and pooled embeddings scores each id
 of a sequence with DIN's activation unit over ``[q, k, q - k, q * k]``; the scores, softmaxed over the sample's ids
-(an empty sequence attends to nothing), weight the rows into one vector per sequence; the over arch reads the dense
+(an empty sequence attends to nothing; one longer than its table's ``max`` attends over its last ``max`` ids, the
+most recent), weight the rows into one vector per sequence; the over arch reads the dense
 embedding, the pooled ones and the attended ones. Its sizes are those
 :meth:`persia_planner.model.dense.DenseArch.counts` prices, so the plan and the run describe one network.
 """
@@ -12,7 +13,7 @@ embedding, the pooled ones and the attended ones. Its sizes are those
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from persia_planner.model.dense import ArchKind, DenseArch
 
-__all__ = ["DIN", "attend", "mlp"]
+__all__ = ["DIN", "attend", "last_ids", "mlp"]
 
 
 def mlp(widths: Sequence[int], dropout: float = 0.0, last_relu: bool = True) -> nn.Sequential:
@@ -35,6 +36,18 @@ def mlp(widths: Sequence[int], dropout: float = 0.0, last_relu: bool = True) -> 
         if not last and dropout:
             layers.append(nn.Dropout(dropout))
     return nn.Sequential(*layers)
+
+
+def last_ids(rows: JaggedTensor, most: int) -> JaggedTensor:
+    """Each sample's last ``most`` rows of ``rows`` (a sequence's most recent ids): the same rows where none is
+    longer."""
+    lengths = rows.lengths()
+    if not lengths.numel() or int(lengths.max()) <= most:
+        return rows
+    ends = torch.cumsum(lengths, 0)
+    sample = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    from_end = ends[sample] - 1 - torch.arange(int(ends[-1]), device=lengths.device)
+    return JaggedTensor(values=rows.values()[from_end < most], lengths=lengths.clamp(max=most))
 
 
 def attend(query: torch.Tensor, rows: JaggedTensor, unit: nn.Module) -> torch.Tensor:
@@ -65,6 +78,8 @@ class DIN(nn.Module):
         dim: The tables' one embedding dim.
         pooled_keys: The pooled features' output keys, in the query's order.
         sequence_keys: The sequence features' output keys.
+        longest: Per sequence key, the most ids it attends over (its table's ``max`` sequence length: a longer
+            sequence is read by its last ids, the most recent); a key left out reads every id.
 
     Raises:
         ValueError: An arch other than ``din``, or no sequence feature.
@@ -78,6 +93,7 @@ class DIN(nn.Module):
         dim: int,
         pooled_keys: Sequence[str],
         sequence_keys: Sequence[str],
+        longest: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__()
         if arch.kind is not ArchKind.DIN or not sequence_keys:
@@ -85,6 +101,7 @@ class DIN(nn.Module):
         self.embedding_bag_collection = embedding_bag_collection
         self.embedding_collection = embedding_collection
         self.pooled_keys, self.sequence_keys = list(pooled_keys), list(sequence_keys)
+        self.longest = dict(longest or {})
         vectors = len(self.pooled_keys) + 1
         self.dense_arch = mlp((arch.num_dense, *arch.bottom, dim), arch.dropout)
         self.query = nn.Linear(vectors * dim, dim)
@@ -102,5 +119,10 @@ class DIN(nn.Module):
             vectors += [pooled[key] for key in self.pooled_keys]
         query = self.query(torch.cat(vectors, dim=1))
         sequences = self.embedding_collection(sparse_features)
-        attended = [attend(query, sequences[key], self.units[key]) for key in self.sequence_keys]
+        attended = []
+        for key in self.sequence_keys:
+            rows = sequences[key]
+            if key in self.longest:
+                rows = last_ids(rows, self.longest[key])
+            attended.append(attend(query, rows, self.units[key]))
         return self.over_arch(torch.cat(vectors + attended, dim=1))

@@ -160,7 +160,8 @@ def sequence_model(
         bags = HybridEmbeddingBagCollection(bag_configs, placed(False), keep_order=False, **collections)
     sequences = HybridEmbeddingCollection(to_embedding_configs(spec), placed(True), **collections)
     pooled = [c.name for c in bag_configs]
-    model = DIN(bags, sequences, arch, dim, pooled, [t.name for t in spec.tables if t.sequence])
+    longest = {t.name: t.max_sequence_length for t in spec.tables if t.sequence and t.max_sequence_length}
+    model = DIN(bags, sequences, arch, dim, pooled, [t.name for t in spec.tables if t.sequence], longest)
     return model, HybridSet([c for c in (bags, sequences) if c is not None])
 
 

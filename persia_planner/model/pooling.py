@@ -51,8 +51,8 @@ class SequenceLength:
 
     Attributes:
         mean: Mean ids per sample: the table's lookups per sample, as a bag's ``pooling_factor``.
-        max: The most a sample keeps: longer sequences are cut to their last ``max`` ids by the data reader, and a
-            sequence model pads to it.
+        max: The most ids of a sample's sequence DIN attends over: a longer one is read by its last ``max`` ids
+            (the most recent); the lookups of a sequence are of every id, as the data gives them.
     """
 
     mean: float
