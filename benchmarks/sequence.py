@@ -5,7 +5,8 @@ measured one.
 1. Data from a synthetic teacher whose clicks depend on the candidate item attending over the user's history of items
    (``modules/data/synthetic.Interest``): user, item and history columns, a CSV training file and a validation file
    (``--quick``: fewer rows). The teacher's AUC on the validation rows is the best any model can reach.
-2. ``persia train`` of model.yaml's DIN (user and item pooled, the history a sequence table held on the servers) on
+2. ``persia train`` of model.yaml's DIN (user and item pooled, the history a sequence table held on the servers, the
+   item its candidate: looked up in the history's table too, DIN's query) on
    the bundled local cluster (two CPU trainers, two servers): hybrid (``--staleness 4``) and ``--mode sync``; the
    same tables without the history (``dlrm`` over user and item, the history column left unread).
 3. ``persia predict`` of each run's checkpoint scores every validation row: the AUCs are over all of them.
@@ -89,7 +90,7 @@ def model(history: bool, on_servers: bool) -> dict[str, Any]:
     ]
     sparse: dict[str, Any] = {"user": "user", "item": "item"}
     if history:
-        seq: dict[str, Any] = {"name": "history", "rows": ITEMS, "dim": DIM, "pooling": "none",
+        seq: dict[str, Any] = {"name": "history", "rows": ITEMS, "dim": DIM, "pooling": "none", "candidate": "item",
                                "sequence_length": {"mean": HISTORY_MEAN, "max": HISTORY_MAX}}  # fmt: skip
         if on_servers:
             seq["constraints"] = {"tiers": ["ps"]}

@@ -124,3 +124,29 @@ def test_a_sequence_longer_than_its_max_is_read_by_its_last_ids():
     assert cut.lengths().tolist() == [2, 0, 1, 2]
     assert cut.values().flatten().tolist() == [3.0, 4.0, 5.0, 7.0, 8.0]  # each sample's most recent ids
     assert last_ids(rows, 5) is rows
+
+
+def test_a_candidate_is_its_sequences_query_and_the_learned_query_goes():
+    bags = HybridEmbeddingBagCollection(
+        [EmbeddingBagConfig(name="user", embedding_dim=DIM, num_embeddings=50, feature_names=["user"])],
+        keep_order=False,
+    )
+    sequences = HybridEmbeddingCollection(
+        [EmbeddingConfig(name="hist", embedding_dim=DIM, num_embeddings=100, feature_names=["hist", "cand"])]
+    )
+    model = DIN(bags, sequences, ARCH, DIM, ["user"], ["hist"], candidates={"hist": "cand"})
+    assert model.query is None  # every sequence attends from its candidate
+    dense = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("embedding_"))
+    assert dense == DenseSpec.of_arch(ARCH, DIM, 1, (3.0,), candidates=1).parameters
+    gen = torch.Generator().manual_seed(2)
+    lengths = torch.cat(
+        [torch.ones(5, dtype=torch.int64), torch.tensor([0, 3, 1, 6, 2]), torch.ones(5, dtype=torch.int64)]
+    )
+    batch = KeyedJaggedTensor(keys=["user", "hist", "cand"], lengths=lengths,
+                              values=torch.randint(0, 50, (int(lengths.sum()),), generator=gen))  # fmt: skip
+    logits = model(torch.randn(5, 3, generator=gen), batch)
+    logits.sum().backward()
+    assert logits.shape == (5, 1) and torch.isfinite(logits).all()
+    grad = sequences.local.ec.embeddings["hist"].weight.grad
+    cand_ids = batch["cand"].values() % 100
+    assert float(grad[cand_ids].abs().sum()) > 0  # the candidates' rows of the history's table learn

@@ -117,3 +117,21 @@ def test_the_sequence_tables_share_one_dim():
         "model.yaml: tables: the sequence tables (pooling: none) have dims 8, 16: TorchRec's EmbeddingCollection "
         "needs one dim for all of them; fix: give every sequence table the same dim"
     )
+
+
+def test_a_sequence_tables_candidate_is_looked_up_in_it_too():
+    seq = {"pooling": "none", "sequence_length": {"mean": 10, "max": 40}, "candidate": "item"}
+    data = {
+        "batch_size": 64,
+        "tables": [{"name": "item", "rows": 100, "dim": 8}, {"name": "history", "rows": 100, "dim": 8, **seq}],
+    }
+    spec = ModelSpec.from_dict(data)
+    history = spec.table("history")
+    assert history.features == ("history", "item") and history.candidate == "item"
+    assert history.pooling_factor == 11.0 and history.sequence_mean == 10.0  # the candidate's id is a lookup too
+    assert history.sequence_length == SequenceLength(10.0, 40)
+    assert ModelSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(SpecError, match=r"table 'history': candidate 'user' is not a pooled table of the model"):
+        ModelSpec.from_dict({**data, "tables": [data["tables"][0], {**data["tables"][1], "candidate": "user"}]})
+    with pytest.raises(SpecError, match=r"tables\[0\].candidate: only a sequence table \(pooling: none\)"):
+        _model(candidate="item")

@@ -184,3 +184,11 @@ def test_an_unplanned_collection_beside_the_planned_one_is_left_out(case):
     for path in (None, "ebc"):
         found = to_sharding_plan(only_user, model, topology, module_path=path, device_type="cpu")
         assert {p: sorted(v) for p, v in found.plan.items()} == {"ebc": ["user"]}
+
+
+def test_a_sequence_tables_config_reads_its_candidates_feature_too():
+    pytest.importorskip("torchrec")
+    from persia_planner.plan.torchrec_export import to_embedding_configs
+
+    model = ModelSpec("m", 8, (TableSpec("item", 10, 8), TableSpec("history", 10, 8, 3.0, candidate="item", **SEQ)))
+    assert [c.feature_names for c in to_embedding_configs(model)] == [["history", "item"]]

@@ -24,7 +24,7 @@ from persia_planner.modules.data.shards import DataPass
 from persia_planner.modules.data.source import DataKind, DataSource
 from persia_planner.modules.data.split import RowSplit
 from persia_planner.modules.data.statistics import measured
-from persia_planner.modules.data.synthetic import SyntheticClicks, Teacher
+from persia_planner.modules.data.synthetic import Interest, SyntheticClicks, Teacher
 from persia_planner.modules.data.tabular import TabularReader
 from persia_planner.modules.train.config import TrainConfig, trainer_batch_size
 from persia_planner.modules.train.run_inputs import data_schema, id_universe
@@ -57,8 +57,13 @@ SYNTHETIC_EVAL_BATCHES = 8
 
 def teacher_for(spec: ModelSpec, cfg: TrainConfig) -> Teacher:
     """The synthetic data's hidden teacher for ``spec``: one feature per table, ids drawn from ``--id-space`` times
-    each table's rows (:func:`.run_inputs.id_universe`)."""
-    return Teacher(features=tuple(t.name for t in spec.tables), rows=id_universe(spec, cfg), seed=cfg.seed)
+    each table's rows (:func:`.run_inputs.id_universe`); a sequence table with a candidate is a history of its
+    candidate's ids, on which the clicks depend (:class:`~persia_planner.modules.data.synthetic.Interest`)."""
+    interests = tuple(
+        Interest(t.name, of=t.candidate, mean_length=max(t.sequence_mean, 1.0)) for t in spec.tables if t.candidate
+    )
+    features = tuple(t.name for t in spec.tables)
+    return Teacher(features=features, rows=id_universe(spec, cfg), seed=cfg.seed, interests=interests)
 
 
 @dataclass
@@ -254,7 +259,8 @@ def _synthetic(
         batch_size=batch_size,
         num_batches=(first + count) * world,
         seed=seed,
-        pooling={t.name: t.pooling_factor for t in spec.tables},  # the ids per sample the plan was priced for
+        # the ids per sample the plan was priced for (a sequence's own; its candidate's id is its candidate's)
+        pooling={t.name: t.sequence_mean for t in spec.tables},
     )
     for step in range(first, first + count):
         yield data.batch(step * world + rank)

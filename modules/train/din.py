@@ -80,6 +80,9 @@ class DIN(nn.Module):
         sequence_keys: The sequence features' output keys.
         longest: Per sequence key, the most ids it attends over (its table's ``max`` sequence length: a longer
             sequence is read by its last ids, the most recent); a key left out reads every id.
+        candidates: Per sequence key, the output key of its candidate's row in the same table (the sample's item
+            looked up in its history's table): that row is the sequence's query, DIN's target attention. A key left
+            out attends from the query learned from the dense and pooled embeddings.
 
     Raises:
         ValueError: An arch other than ``din``, or no sequence feature.
@@ -94,6 +97,7 @@ class DIN(nn.Module):
         pooled_keys: Sequence[str],
         sequence_keys: Sequence[str],
         longest: Mapping[str, int] | None = None,
+        candidates: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         if arch.kind is not ArchKind.DIN or not sequence_keys:
@@ -102,9 +106,12 @@ class DIN(nn.Module):
         self.embedding_collection = embedding_collection
         self.pooled_keys, self.sequence_keys = list(pooled_keys), list(sequence_keys)
         self.longest = dict(longest or {})
+        self.candidates = dict(candidates or {})
         vectors = len(self.pooled_keys) + 1
         self.dense_arch = mlp((arch.num_dense, *arch.bottom, dim), arch.dropout)
-        self.query = nn.Linear(vectors * dim, dim)
+        # The learned query, where a sequence has no candidate to attend from (no parameter left unused otherwise).
+        learned = any(key not in self.candidates for key in self.sequence_keys)
+        self.query = nn.Linear(vectors * dim, dim) if learned else None
         self.units = nn.ModuleDict(
             {key: mlp((4 * dim, *arch.attention, 1), last_relu=False) for key in self.sequence_keys}
         )
@@ -117,12 +124,17 @@ class DIN(nn.Module):
         if self.embedding_bag_collection is not None:
             pooled = self.embedding_bag_collection(sparse_features).to_dict()
             vectors += [pooled[key] for key in self.pooled_keys]
-        query = self.query(torch.cat(vectors, dim=1))
+        learned = self.query(torch.cat(vectors, dim=1)) if self.query is not None else None
         sequences = self.embedding_collection(sparse_features)
         attended = []
         for key in self.sequence_keys:
             rows = sequences[key]
             if key in self.longest:
                 rows = last_ids(rows, self.longest[key])
+            if key in self.candidates:  # the sample's candidate row (its first id; none: zeros)
+                query = sequences[self.candidates[key]].to_padded_dense(desired_length=1)[:, 0, :]
+            else:
+                assert learned is not None
+                query = learned
             attended.append(attend(query, rows, self.units[key]))
         return self.over_arch(torch.cat(vectors + attended, dim=1))

@@ -161,7 +161,9 @@ def sequence_model(
     sequences = HybridEmbeddingCollection(to_embedding_configs(spec), placed(True), **collections)
     pooled = [c.name for c in bag_configs]
     longest = {t.name: t.max_sequence_length for t in spec.tables if t.sequence and t.max_sequence_length}
-    model = DIN(bags, sequences, arch, dim, pooled, [t.name for t in spec.tables if t.sequence], longest)
+    candidates = {t.name: t.candidate for t in spec.tables if t.candidate}
+    keys = [t.name for t in spec.tables if t.sequence]
+    model = DIN(bags, sequences, arch, dim, pooled, keys, longest, candidates)
     return model, HybridSet([c for c in (bags, sequences) if c is not None])
 
 

@@ -119,23 +119,27 @@ class DenseArch:
                 "over", f"must have at least two layers and end in 1 (the logit), got {got}", f"e.g. [{example}]"
             )
 
-    def counts(self, dim: int, features: int, sequences: tuple[float, ...] = ()) -> tuple[int, int]:
+    def counts(
+        self, dim: int, features: int, sequences: tuple[float, ...] = (), candidates: int = 0
+    ) -> tuple[int, int]:
         """``(parameters, multiply-adds per sample)`` of the network over ``features`` pooled embeddings of ``dim``
-        (and, for ``din``, the sequence tables of mean lengths ``sequences``).
+        (and, for ``din``, the sequence tables of mean lengths ``sequences``, ``candidates`` of them with a
+        candidate).
 
         ``dlrm`` (TorchRec ``DLRM``): bottom MLP ``num_dense -> bottom -> dim``, the pairwise dot interaction of the
         ``F = features + 1`` vectors (one batched ``F x dim`` by ``dim x F`` product) and the over arch over ``dim``
         plus the ``F (F - 1) / 2`` dot products. ``dcn`` (TorchRec ``DLRM_DCN``): the same bottom MLP, then
         ``dcn_layers`` low-rank cross layers on the concatenation of width ``N = F dim`` (``x0 * (W (V x) + b) + x``:
         ``W`` is ``N x r``, ``V`` is ``r x N``, ``b`` is ``N``; ``2 N r + N`` multiply-adds each), and the over arch
-        over ``N``. ``din``: the same bottom MLP, a query ``F dim -> dim`` from the dense and pooled embeddings, per
-        sequence table an activation unit ``4 dim -> attention -> 1`` on ``[q, k, q - k, q * k]`` for each of its
-        ids (``L`` of them: its mean length) and their weighted sum, and the over arch over the ``F + S`` vectors.
+        over ``N``. ``din``: the same bottom MLP, a query ``F dim -> dim`` from the dense and pooled embeddings (where
+        a sequence table has no candidate, whose row is its query otherwise), per sequence table an activation unit
+        ``4 dim -> attention -> 1`` on ``[q, k, q - k, q * k]`` for each of its ids (``L`` of them: its mean length)
+        and their weighted sum, and the over arch over the ``F + S`` vectors.
         """
         params, macs = _mlp((self.num_dense, *self.bottom, dim))
         f = features + 1
         if self.kind is ArchKind.DIN:
-            query_params, query_macs = _mlp((f * dim, dim))
+            query_params, query_macs = _mlp((f * dim, dim)) if candidates < len(sequences) else (0, 0)
             unit_params, unit_macs = _mlp((4 * dim, *self.attention, 1))
             params += query_params + len(sequences) * unit_params
             # per id: its unit's input (two products), the unit, and its share of the weighted sum
@@ -209,10 +213,13 @@ class DenseSpec:
     arch: DenseArch | None = None
 
     @classmethod
-    def of_arch(cls, arch: DenseArch, dim: int, features: int, sequences: tuple[float, ...] = ()) -> DenseSpec:
+    def of_arch(
+        cls, arch: DenseArch, dim: int, features: int, sequences: tuple[float, ...] = (), candidates: int = 0
+    ) -> DenseSpec:
         """The counts of ``arch`` over ``features`` pooled embeddings of ``dim`` and sequences of mean lengths
-        ``sequences`` (:meth:`DenseArch.counts`; FLOPs are 2 per multiply-add)."""
-        params, macs = arch.counts(dim, features, sequences)
+        ``sequences``, ``candidates`` of them with a candidate (:meth:`DenseArch.counts`; FLOPs are 2 per
+        multiply-add)."""
+        params, macs = arch.counts(dim, features, sequences, candidates)
         return cls(params, 2.0 * macs, arch)
 
     @classmethod
@@ -244,9 +251,10 @@ def read_dense(
     features: int,
     num_dense: int = DLRM_NUM_DENSE,
     sequences: tuple[float, ...] = (),
+    candidates: int = 0,
 ) -> DenseSpec:
     """model.yaml's ``dense:`` section (``fields``; None when absent) for tables of ``dims``: ``features`` pooled
-    ones and sequence ones of mean lengths ``sequences``.
+    ones and sequence ones of mean lengths ``sequences`` (``candidates`` of them with a candidate).
 
     Either the counts (``parameters``, ``flops_per_sample``) or an arch (``arch:`` and its sizes, from which the
     counts are derived); both at once is refused, so that the plan never prices another network than the one
@@ -314,7 +322,7 @@ def read_dense(
             f"'{kind.value}' needs one embedding dim for all tables (its interaction), got {sorted(dims)}",
             ("give every table the same dim",),
         )
-    spec = DenseSpec.of_arch(arch, next(iter(dims)), features, sequences)
+    spec = DenseSpec.of_arch(arch, next(iter(dims)), features, sequences, candidates)
     if spec.parameters > MAX_DENSE_PARAMETERS or spec.flops_per_sample > MAX_DENSE_FLOPS_PER_SAMPLE:
         raise fields.error(
             "arch",

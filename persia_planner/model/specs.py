@@ -120,8 +120,10 @@ class ModelSpec:
         for t in self.tables:
             table: dict[str, Any] = {"name": t.name, "rows": t.rows, "dim": t.dim}
             if t.sequence:
-                length = {"mean": t.pooling_factor} | ({"max": t.max_sequence_length} if t.max_sequence_length else {})
+                length = {"mean": t.sequence_mean} | ({"max": t.max_sequence_length} if t.max_sequence_length else {})
                 table |= {"pooling": t.pooling.value, "sequence_length": length}
+                if t.candidate:
+                    table["candidate"] = t.candidate
             else:
                 table |= {"pooling_factor": t.pooling_factor} | (
                     {"pooling": "mean"} if t.pooling is Pooling.MEAN else {}
@@ -182,6 +184,14 @@ class ModelSpec:
                 )
         if not tables:
             raise top.error("tables", "the model has no tables", fixes=("add at least one table",))
+        pooled_names = {t.name for t in tables if not t.sequence}
+        odd = next((t for t in tables if t.candidate and t.candidate not in pooled_names), None)
+        if odd is not None:
+            raise top.error(
+                "tables",
+                f"table {odd.name!r}: candidate {odd.candidate!r} is not a pooled table of the model",
+                fixes=("name the pooled table whose ids the sequence holds (an item table for a history of items)",),
+            )
         dims = sorted({t.dim for t in tables if t.sequence})
         if len(dims) > 1:  # persia train holds them in one EmbeddingCollection, whose tables TorchRec makes share it
             raise top.error(
@@ -194,8 +204,11 @@ class ModelSpec:
         # A tabular model's dense inputs are its data's dense columns: the arch (and its price) reads them.
         inputs = data.num_inputs if data is not None else DLRM_NUM_DENSE
         pooled = sum(not t.sequence for t in tables)
-        sequences = tuple(t.pooling_factor for t in tables if t.sequence)
-        dense = read_dense(top.sub("dense", default=None), {t.dim for t in tables}, pooled, inputs, sequences)
+        sequences = tuple(t.sequence_mean for t in tables if t.sequence)
+        candidates = sum(t.candidate is not None for t in tables)
+        dense = read_dense(
+            top.sub("dense", default=None), {t.dim for t in tables}, pooled, inputs, sequences, candidates
+        )
         top.finish()
         return cls(
             name, batch_size, tuple(tables), dense, dtype, staleness, data=data, ps_wire_dtype=wire, qcomms=qcomms

@@ -103,7 +103,8 @@ class TableSpec:
         name: Table name (unique in the model).
         rows: Number of embeddings (``num_embeddings``).
         dim: Embedding dimension.
-        pooling_factor: Mean ids per sample looked up in this table (a sequence table: its mean length).
+        pooling_factor: Mean ids per sample looked up in this table (a sequence table: its mean length, plus its
+            candidate's one id).
         optimizer: Sparse optimizer.
         zipf_alpha: Access skew of ids; 0 means uniform.
         embedding_dtype: The table's own weight dtype; None: the model's
@@ -113,6 +114,9 @@ class TableSpec:
             table, TorchRec's ``EmbeddingConfig``).
         max_sequence_length: A sequence table's longest kept sequence (None: pooled, or not known, as a TorchRec
             ``EmbeddingConfig`` does not say).
+        candidate: A sequence table's candidate: the pooled table (feature) whose id each sample also looks up in
+            this table, so that DIN compares the candidate with the sequence in one embedding space (the sequence
+            holds ids of the candidate's kind: a history of items). None: DIN's query is learned from every feature.
     """
 
     name: str
@@ -125,12 +129,13 @@ class TableSpec:
     constraints: TableConstraints = NO_CONSTRAINTS
     pooling: Pooling = Pooling.SUM
     max_sequence_length: int | None = None
+    candidate: str | None = None
 
     def __post_init__(self) -> None:
         if self.rows <= 0 or self.dim <= 0:
             raise ValueError(f"table {self.name!r}: rows and dim must be > 0")
-        if self.max_sequence_length is not None and self.pooling.pooled:
-            raise ValueError(f"table {self.name!r}: a pooled table has no max_sequence_length")
+        if (self.max_sequence_length is not None or self.candidate is not None) and self.pooling.pooled:
+            raise ValueError(f"table {self.name!r}: a pooled table has no max_sequence_length or candidate")
 
     @property
     def sequence(self) -> bool:
@@ -148,11 +153,21 @@ class TableSpec:
         return not self.sequence or sharding in SEQUENCE_SHARDINGS
 
     @property
+    def sequence_mean(self) -> float:
+        """The mean ids per sample of the table's own feature: a sequence's mean length (its candidate's id aside)."""
+        return self.pooling_factor - (1.0 if self.candidate else 0.0)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The features looked up in the table: its own (its name), then its candidate's."""
+        return (self.name, self.candidate) if self.candidate else (self.name,)
+
+    @property
     def sequence_length(self) -> SequenceLength | None:
         """A sequence table's length (mean and max), where its max is known."""
         if not self.sequence or self.max_sequence_length is None:
             return None
-        return SequenceLength(self.pooling_factor, self.max_sequence_length)
+        return SequenceLength(self.sequence_mean, self.max_sequence_length)
 
     def row_bytes(self, dtype: DType, cols: int | None = None) -> int:
         """Bytes per row (weights in ``dtype`` + float32 optimizer state) for ``cols`` of the table's columns
@@ -196,6 +211,13 @@ def read_tables(item: Fields) -> Iterable[TableSpec]:
     pooling = (
         length[0] if length else item.take("pooling_factor", Quantity.NUMBER, default=1.0, maximum=MAX_POOLING_FACTOR)
     )
+    candidate = item.take_str("candidate", default=None)
+    if candidate is not None and kind.pooled:
+        raise item.error(
+            "candidate", "only a sequence table (pooling: none) has a candidate", fixes=("add pooling: none",)
+        )
+    if candidate is not None:  # each sample looks its candidate's id up here too
+        pooling += 1.0
     optimizer = item.take_enum("optimizer", Optimizer, default=Optimizer.ROWWISE_ADAGRAD)
     alpha = item.take("zipf_alpha", Quantity.NUMBER, default=0.0, maximum=MAX_ZIPF_ALPHA)
     count = item.take_positive("count", Quantity.COUNT, default=1, maximum=MAX_TABLE_COUNT)
@@ -225,6 +247,7 @@ def read_tables(item: Fields) -> Iterable[TableSpec]:
             constraints=constraints,
             pooling=kind,
             max_sequence_length=longest,
+            candidate=candidate,
         )
         for n in names
     ]

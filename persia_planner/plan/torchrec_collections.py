@@ -76,8 +76,8 @@ def to_embedding_bag_configs(model: ModelSpec, tables: Iterable[str] | None = No
 
 
 def to_embedding_configs(model: ModelSpec, tables: Iterable[str] | None = None) -> list[EmbeddingConfig]:
-    """TorchRec ``EmbeddingConfig`` per sequence table (``pooling: none``; feature name = table name, its dtype), for
-    an ``EmbeddingCollection``.
+    """TorchRec ``EmbeddingConfig`` per sequence table (``pooling: none``; feature name = table name, then its
+    candidate's feature where it has one; its dtype), for an ``EmbeddingCollection``.
 
     Args:
         model: The model.
@@ -92,7 +92,7 @@ def to_embedding_configs(model: ModelSpec, tables: Iterable[str] | None = None) 
     return [
         EmbeddingConfig(
             name=t.name,
-            feature_names=[t.name],
+            feature_names=list(t.features),  # its own feature, then its candidate's
             num_embeddings=t.rows,
             embedding_dim=t.dim,
             data_type=_data_type(model.dtype_of(t)),
