@@ -311,3 +311,11 @@ def test_a_migration_under_torchrun_trains_as_on_one_machine(tmp_path, forced):
     assert [p["reason"] for p in result["plans"]] == ["initial", "faster plan"] and result["ps_tables"] == ["b"]
     steps = [x for x in logged_steps(tmp_path / "logs" / "metrics.jsonl") if "event" not in x]
     assert [x["loss"] for x in steps] == _losses(one_machine)
+
+
+def test_a_replicas_table_is_read_from_its_bag_or_sequence_key():
+    from persia_planner.modules.train.migration import replica_table
+
+    assert replica_table("model.sparse_arch.embedding_bag_collection.local.ebc.embedding_bags.user.weight") == "user"
+    assert replica_table("embedding_collection.local.ec.embeddings.clicks.weight") == "clicks"
+    assert replica_table("over_arch.0.weight") is None

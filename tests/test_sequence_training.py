@@ -62,3 +62,26 @@ def test_a_sequence_model_refuses_the_train_pipeline_in_one_line(tmp_path):
     assert done.exit_code == 2, done.output
     line = done.output.strip().splitlines()[-1]
     assert line.startswith("error: --pipeline: model 'din-test' has sequence tables (history, clicks)"), line
+
+
+def test_a_sequence_model_without_din_is_refused_in_one_line(tmp_path):
+    counts = {**MODEL, "dense": {"parameters": 10_000, "flops_per_sample": 20_000}}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(counts))
+    done = CliRunner().invoke(app, ["train", "--model", str(tmp_path / "m.yaml"), "--topology", TOPOLOGY])
+    assert done.exit_code == 2, done.output
+    line = done.output.strip().splitlines()[-1]
+    assert line.startswith("error: model 'din-test' has sequence tables (history, clicks), which persia train reads")
+    assert "fix: write dense: {arch: din}" in line
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(600)
+def test_both_collections_with_ps_tables_prefetch_together(tmp_path):
+    """A pooled and a sequence table on the servers: the run's HybridSet requests each batch from both or neither,
+    K batches ahead, and both collections' pushes keep the bound."""
+    both = {**MODEL, "tables": [dict(t) for t in MODEL["tables"]]}
+    both["tables"][0]["constraints"] = {"tiers": ["ps"]}  # user, a bag table, on the servers beside the history
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(both))
+    result = _train(tmp_path, "--steps", "30", "--staleness", "2", "--eval-batches", "2")
+    assert sorted(result["ps_tables"]) == ["history", "user"] and result["executed_matches_plan"] is True, result
+    assert result["staleness_max_seen"] <= 2 and result["steps"] == 30, result

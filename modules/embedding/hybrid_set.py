@@ -129,9 +129,12 @@ class HybridSet:
         return [t for c in self.collections for t in c.table_configs()]
 
     def prefetch(self, features: Any, *, block: bool = True) -> bool:
-        """Request a coming batch's PS rows from every collection, or from none: once the first agreed, the others
-        wait for their bound (they run the same steps, so at most briefly), and the batch is never half-requested."""
-        return all(c.prefetch(features, block=block or k > 0) for k, c in enumerate(self._remote))
+        """Request a coming batch's PS rows from every collection, or from none: without ``block``, only when every
+        one can send now (:meth:`~.hybrid_tables.HybridTables.can_prefetch`), so the batch is never half-requested
+        and a look-ahead never waits."""
+        if not block and not all(c.can_prefetch() for c in self._remote):
+            return False
+        return all(c.prefetch(features, block=True) for c in self._remote)
 
     def flush(self) -> None:
         for collection in self.collections:

@@ -208,6 +208,10 @@ class HybridTables(nn.Module):
         if self.remote is not None:
             self.remote.release()
 
+    def can_prefetch(self) -> bool:
+        """Whether :meth:`prefetch` would send a batch's request now without waiting (no PS tables: always)."""
+        return True if self.remote is None else self.remote.can_prefetch()
+
     def ps_time_ms(self) -> dict[str, float]:
         """Milliseconds spent so far waiting on the parameter servers and sending pushes, by label
         (:data:`persia_planner.modules.step_breakdown.PS_WAIT`, :data:`persia_planner.modules.step_breakdown.PS_PUSH`);

@@ -227,6 +227,14 @@ class RemoteEmbeddingBags(nn.Module):
         self._next_index += 1
         return True
 
+    def can_prefetch(self) -> bool:
+        """Whether :meth:`prefetch` of the next batch would send its request now, without waiting (always in eval
+        mode and with K = 0 and several trainers, where it is a collective that blocks)."""
+        if not self.training or self._synchronous:
+            return True
+        needed = self._next_index - 1 - self.max_staleness
+        return needed <= self._backward_through and self._wait_pushes_through(needed, False)
+
     def flush(self) -> None:
         """Wait until every gradient push was acknowledged by the servers.
 

@@ -48,6 +48,7 @@ __all__ = [
     "dense_optimizer_for",
     "fold_rows",
     "migrated_state",
+    "replica_table",
     "saved_plan",
     "seed_moved_tables",
     "table_moves",
@@ -177,7 +178,7 @@ def _replica_states(dense_optimizer: Mapping[str, Any], tables: set[str]) -> dic
     fbgemm's state names."""
     out: dict[str, dict[str, torch.Tensor]] = {}
     for key, states in dense_optimizer.get("state", {}).items():
-        table = _replica_table(key)
+        table = replica_table(key)
         if table not in tables:
             continue
         for fused, names in _TORCH_NAMES.items():
@@ -188,10 +189,11 @@ def _replica_states(dense_optimizer: Mapping[str, Any], tables: set[str]) -> dic
     return out
 
 
-def _replica_table(key: str) -> str | None:
-    """The table of a replica's parameter name (``...embedding_bags.<table>.weight``), None for a dense one."""
+def replica_table(key: str) -> str | None:
+    """The table of a replica's parameter name (``...embedding_bags.<table>.weight``, a sequence table's
+    ``...embeddings.<table>.weight``), None for a dense one."""
     parts = key.split(".")
-    if len(parts) >= 3 and parts[-1] == "weight" and parts[-3] == "embedding_bags":
+    if len(parts) >= 3 and parts[-1] == "weight" and parts[-3] in ("embedding_bags", "embeddings"):
         return parts[-2]
     return None
 
@@ -207,7 +209,7 @@ def dense_optimizer_for(
         if key in saved.get("state", {}):
             state[key] = saved["state"][key]
             continue
-        table = _replica_table(key)
+        table = replica_table(key)
         fresh = dict(entry)
         for fused, names in _TORCH_NAMES.items():
             value = whole.get(table or "", {}).get(fused)

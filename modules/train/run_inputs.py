@@ -140,13 +140,21 @@ def _check_files(spec: ModelSpec, cfg: TrainConfig, source: DataSource) -> int:
 
 
 def check_sequence_run(spec: ModelSpec, cfg: TrainConfig) -> None:
-    """A model with sequence tables trains without TorchRec's train pipeline: its DIN pads each batch's sequences to
-    their longest, a shape the pipeline's fx tracing of the model cannot follow.
+    """A model with sequence tables trains DIN (``dense: {arch: din}``: the arch that reads them), and without
+    TorchRec's train pipeline: DIN pads each batch's sequences to their longest, a shape the pipeline's fx tracing
+    of the model cannot follow.
 
     Raises:
-        PlannerError: ``--pipeline`` with sequence tables (``pooling: none``), named.
+        PlannerError: Sequence tables (``pooling: none``) without ``arch: din``, or with ``--pipeline``; named.
     """
     sequences = [t.name for t in spec.tables if t.sequence]
+    arch = spec.dense.arch
+    if sequences and (arch is None or not arch.kind.reads_sequences):
+        raise PlannerError(
+            f"model {spec.name!r} has sequence tables ({', '.join(sequences[:3])}), which persia train reads with "
+            f"DIN, and its dense: {'gives counts, no arch' if arch is None else f'is {arch.kind.value}'}",
+            fixes=("write dense: {arch: din} (its sizes as formats.md shows)",),
+        )
     if sequences and cfg.pipeline:
         raise PlannerError(
             f"--pipeline: model {spec.name!r} has sequence tables ({', '.join(sequences[:3])}), whose DIN TorchRec's "
