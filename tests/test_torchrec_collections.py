@@ -192,3 +192,15 @@ def test_a_sequence_tables_config_reads_its_candidates_feature_too():
 
     model = ModelSpec("m", 8, (TableSpec("item", 10, 8), TableSpec("history", 10, 8, 3.0, candidate="item", **SEQ)))
     assert [c.feature_names for c in to_embedding_configs(model)] == [["history", "item"]]
+
+
+def test_torchrecs_planner_and_perf_model_refuse_a_sequence_model_in_one_line(case):
+    pytest.importorskip("torchrec")
+    from persia_planner.plan.torchrec_scoring import plan_with_torchrec
+
+    topology, _ = case
+    with pytest.raises(PlannerError) as err:
+        plan_with_torchrec(MODEL, topology)
+    assert str(err.value).startswith(
+        "TorchRec's planner is compared on pooled tables only, and model 'seq' has sequence tables (hist_tw, hist_rw, "
+    )

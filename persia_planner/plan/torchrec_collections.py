@@ -12,14 +12,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from persia_planner.errors import PlannerError
+from persia_planner.errors import ErrorKind, PlannerError
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.model.torchrec_configs import BAGS, collections_of, kind_of
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-__all__ = ["CollectionPaths", "collection_paths", "to_embedding_bag_configs", "to_embedding_configs"]
+__all__ = [
+    "CollectionPaths",
+    "collection_paths",
+    "require_pooled",
+    "to_embedding_bag_configs",
+    "to_embedding_configs",
+]
 
 
 def _data_type(dtype: DType) -> Any:
@@ -186,3 +192,20 @@ def _pick(
             fixes=(f"pass {option}= the one the plan is for",),
         )
     return found[0] if found else None
+
+
+def require_pooled(model: ModelSpec, what: str) -> None:
+    """Refuse a model with sequence tables where only an ``EmbeddingBagCollection`` is built (TorchRec's planner and
+    perf model, :mod:`persia_planner.plan.torchrec_scoring`).
+
+    Raises:
+        PlannerError: Kind ``unsupported``, naming the tables and ``what`` refused them.
+    """
+    sequences = [t.name for t in model.tables if t.sequence]
+    if sequences:
+        raise PlannerError(
+            f"{what} is compared on pooled tables only, and model {model.name!r} has sequence tables "
+            f"({', '.join(sequences[:3])})",
+            kind=ErrorKind.UNSUPPORTED,
+            fixes=("compare a model of pooled tables",),
+        )

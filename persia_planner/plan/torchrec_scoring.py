@@ -18,6 +18,7 @@ from persia_planner.kinds import Sharding
 from persia_planner.model.specs import ModelSpec, TableSpec
 from persia_planner.placement.shards import Shard, TablePlacement
 from persia_planner.plan.plan import Plan
+from persia_planner.plan.torchrec_collections import require_pooled
 from persia_planner.plan.torchrec_export import (
     DATA_PARALLEL_KERNEL,
     DEFAULT_CACHE_LOAD_FACTOR,
@@ -44,7 +45,6 @@ __all__ = [
     "from_sharding_options",
     "meta_collection",
     "plan_with_torchrec",
-    "require_pooled",
     "score_with_torchrec",
     "shardings_from_plan",
     "to_sharding_options",
@@ -96,22 +96,6 @@ def shardings_from_plan(sharding_plan: Any, model: ModelSpec) -> list[TorchRecSh
                 None if factor is None else float(factor),
             )
     return [entries[t.name] for t in model.tables if t.name in entries]
-
-
-def require_pooled(model: ModelSpec, what: str) -> None:
-    """Refuse a model with sequence tables: this module rates and plans an ``EmbeddingBagCollection`` alone.
-
-    Raises:
-        PlannerError: Kind ``unsupported``, naming the tables and ``what`` refused them.
-    """
-    sequences = [t.name for t in model.tables if t.sequence]
-    if sequences:
-        raise PlannerError(
-            f"{what} is compared on pooled tables only, and model {model.name!r} has sequence tables "
-            f"({', '.join(sequences[:3])})",
-            kind=ErrorKind.UNSUPPORTED,
-            fixes=("compare a model of pooled tables",),
-        )
 
 
 def _rank_of(placement: Any) -> int:
