@@ -85,3 +85,40 @@ def test_both_collections_with_ps_tables_prefetch_together(tmp_path):
     result = _train(tmp_path, "--steps", "30", "--staleness", "2", "--eval-batches", "2")
     assert sorted(result["ps_tables"]) == ["history", "user"] and result["executed_matches_plan"] is True, result
     assert result["staleness_max_seen"] <= 2 and result["steps"] == 30, result
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(600)
+def test_a_din_model_trains_on_a_csv_history_column_and_predict_scores_every_row(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    lines = ["user,item,history,click"]
+    for _ in range(3000):
+        item, history = rng.randrange(200), [rng.randrange(200) for _ in range(rng.randrange(0, 12))]
+        click = int(item in history or rng.random() < 0.1)  # the history decides most clicks
+        lines.append(f"u{rng.randrange(300)},i{item},{'|'.join(f'i{h}' for h in history)},{click}")
+    (tmp_path / "clicks.csv").write_text("\n".join(lines) + "\n")
+    spec = {
+        "name": "din-csv",
+        "batch_size": 256,
+        "tables": [
+            {"name": "user", "rows": 1000, "dim": 8},
+            {"name": "item", "rows": 1000, "dim": 8},
+            {"name": "history", "rows": 1000, "dim": 8, "pooling": "none", "candidate": "item",
+             "sequence_length": {"mean": 5.5, "max": 12}, "constraints": {"tiers": ["ps"]}},
+        ],
+        "dense": {"arch": "din", "bottom": [8], "over": [16, 1]},
+        "data": {"label": "click", "sparse": {"user": "user", "item": "item",
+                                              "history": {"column": "history", "separator": "|"}}},
+    }  # fmt: skip
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(spec))
+    trained = _train(tmp_path, "--data", "csv:clicks.csv", "--epochs", "2", "--checkpoint", "ck")
+    assert trained["ps_tables"] == ["history"] and trained["executed_matches_plan"] is True, trained
+    done = subprocess.run(
+        [*PERSIA, "predict", "--checkpoint", "ck", "--data", "csv:clicks.csv", "--out", "scores.parquet", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    scored = json.loads(done.stdout.strip().splitlines()[-1])
+    assert scored["rows"] == 3000 and scored["metrics"]["auc"] > 0.6, scored
