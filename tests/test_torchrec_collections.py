@@ -204,3 +204,20 @@ def test_torchrecs_planner_and_perf_model_refuse_a_sequence_model_in_one_line(ca
     assert str(err.value).startswith(
         "TorchRec's planner is compared on pooled tables only, and model 'seq' has sequence tables (hist_tw, hist_rw, "
     )
+
+
+def test_a_sequence_table_held_to_data_parallel_on_cpu_trainers_is_one_line():
+    from persia_planner.errors import ConstraintError
+    from persia_planner.model.constraints import TableConstraints
+    from persia_planner.paths import EXAMPLES
+    from persia_planner.placement.feasibility import check_constraints
+    from persia_planner.topology.graph import load_topology
+
+    cpu = load_topology(EXAMPLES / "local_2x1.yaml")
+    only_dp = TableConstraints(sharding_types=frozenset({Sharding.DATA_PARALLEL}))
+    model = ModelSpec("m", 64, (TableSpec("hist", 100, 8, 20.0, constraints=only_dp, **SEQ),))
+    with pytest.raises(ConstraintError) as err:
+        check_constraints(model, cpu)
+    assert "data_parallel cannot run a sequence table on the CPU trainers" in str(err.value)
+    assert "fix: allow table_wise, row_wise, column_wise or ps_hash" in str(err.value)
+    check_constraints(model, Topology.from_dict(TOPO_2X2_PS))  # GPUs run it

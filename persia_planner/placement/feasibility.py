@@ -18,11 +18,13 @@ from persia_planner.errors import CapacityError, ConstraintError
 from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import MIN_CACHE_FRACTION
 from persia_planner.model.constraints import TableConstraints
+from persia_planner.model.pooling import sequence_shardings
 from persia_planner.model.specs import DType, ModelSpec, TableSpec
 from persia_planner.placement.memory import PS_MAX_ROWS, ps_holds
 from persia_planner.placement.shards import TablePlacement, even_split, server_bytes, tier_bytes
 from persia_planner.tiers import Memory, Tier, server_tiers
 from persia_planner.topology.graph import Topology
+from persia_planner.topology.hardware import DeviceKind
 from persia_planner.units import format_bytes
 
 __all__ = ["check_constraints", "constraint_problems", "placeable"]
@@ -64,9 +66,12 @@ def placeable(table: TableSpec, topology: Topology) -> list[tuple[Sharding, Tier
     every_gpu = len(gpus) == len(topology.gpus)
     whole_host = any(all(allowed.allows_device(g) for g in host.gpus) for host in topology.trainers)
     every_server = bool(topology.servers) and all(allowed.allows_device(s.name) for s in topology.servers)
+    runs = sequence_shardings(topology.device_kind is DeviceKind.CPU) if table.sequence else frozenset(Sharding)
     pairs = []
     for sharding, tier in allowed.combinations():
-        if sharding is Sharding.PS_HASH:
+        if sharding not in runs:  # what the trainers' kernels cannot run for a sequence table
+            ok = False
+        elif sharding is Sharding.PS_HASH:
             # a server tier needs its memories on every server (a table hashes over all of them)
             ok = every_server and not _lacking(tier, topology)
         elif sharding in _EVERY_DEVICE:
@@ -139,6 +144,14 @@ def _no_placement(table: TableSpec, topology: Topology) -> ConstraintError:
                 f"ps_hash hashes a table over every parameter server, and it names {servers} of the "
                 f"{len(topology.servers)} servers"
             )
+    runs = sequence_shardings(topology.device_kind is DeviceKind.CPU) if table.sequence else frozenset(Sharding)
+    if any(s not in runs for s in shardings):
+        refused = " and ".join(s.value for s in shardings if s not in runs)
+        reasons.append(
+            f"{refused} cannot run a sequence table on the CPU trainers of topology {topology.name!r} (fbgemm's CPU "
+            "dense kernel pools a replica's rows)"
+        )
+        shardings = [s for s in shardings if s in runs]
     spanning = [s.value for s in shardings if s in _EVERY_DEVICE]
     if spanning:
         reasons.append(
@@ -156,6 +169,8 @@ def _no_placement(table: TableSpec, topology: Topology) -> ConstraintError:
         )
     local = shardings != [Sharding.PS_HASH]
     fixes = ("name the devices those need", "allow table_wise" if local else "allow a tier of the trainers")
+    if not shardings:  # only what the trainers' kernels cannot run
+        fixes = ("allow table_wise, row_wise, column_wise or ps_hash", "train on GPUs")
     if not topology.servers and not local:
         fixes = ("add parameter servers (hosts with role: parameter_server)", "allow a tier of the trainers")
     if no_disk and Sharding.PS_HASH in shardings:
