@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollectionInterface, get_embedding_names_by_table
+from torchrec.modules.embedding_modules import EmbeddingBagCollectionInterface
 from torchrec.optim.fused import FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
@@ -34,7 +34,6 @@ from persia_planner.errors import PlannerError
 from persia_planner.modules.embedding.hybrid_tables import HybridTables, managed_collisions_refused
 from persia_planner.modules.embedding.remote import StalenessError
 from persia_planner.modules.embedding.sparse_optimizer import SparseOptimizer
-from persia_planner.modules.embedding.state_keys import own_keys, torchrec_keys
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan
 
@@ -145,19 +144,6 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface, HybridTables
         names_by_table = self.names_by_table
         self._features = [n for c in self._configs for n in names_by_table[c.name]]
         self._dims = [c.embedding_dim for c in self._configs for _ in c.feature_names]
-        # The local collection names its keys among its own tables: a feature it shares with a PS table is "f" there.
-        own = get_embedding_names_by_table(self.local_tables) if self.local_tables else []
-        renames = [
-            (mine, names_by_table[c.name][k])
-            for c, theirs in zip(self.local_tables, own, strict=True)
-            for k, mine in enumerate(theirs)
-        ]
-        # None to rename, usually: the join then skips the renaming (it runs every step).
-        self._renames = renames if any(mine != theirs for mine, theirs in renames) else []
-        # TorchRec's state_dict keys, embedding_bags.<table>.weight, for every table: local ones wherever they are
-        # held, PS ones read from (and loaded into) the servers.
-        self.register_state_dict_post_hook(torchrec_keys)
-        self.register_load_state_dict_pre_hook(own_keys)
 
     # ---- TorchRec's interface ------------------------------------------------------------------------------------
 
@@ -203,7 +189,7 @@ class HybridEmbeddingBagCollection(EmbeddingBagCollectionInterface, HybridTables
         # module without a sharded one inside untraced) and the join one call of a wrapped function.
         local = self.local(features) if self.local is not None else None
         pooled = self.remote(features) if self.remote is not None else None
-        return join_pooled(local, pooled, self._features, self._dims, self._renames, self.keep_order)
+        return join_pooled(local, pooled, self._features, self._dims, self.local_renames, self.keep_order)
 
     def _local_only(self, features: KeyedJaggedTensor) -> KeyedTensor:
         if self.remote is not None or self.local is None:

@@ -25,6 +25,7 @@ from persia_planner.kinds import Mode
 from persia_planner.modules.embedding.local import LocalEmbeddingBags
 from persia_planner.modules.embedding.remote import RemoteEmbeddingBags
 from persia_planner.modules.embedding.sparse_optimizer import SparseOptimizer
+from persia_planner.modules.embedding.state_keys import own_keys, torchrec_keys
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan
 from persia_planner.plan.validation import require_same_tables
@@ -135,7 +136,20 @@ class HybridTables(nn.Module):
                 output_names={c.name: self.names_by_table[c.name] for c in self.ps_tables},
                 pooled=self.POOLED,
             )
+        # The local collection names its outputs among its own tables: a feature it shares with a PS table is "f"
+        # there and "f@table" here. None to rename, usually: the join then skips the renaming (it runs every step).
+        own = get_embedding_names_by_table(self.local_tables) if self.local_tables else []
+        renames = [
+            (mine, self.names_by_table[c.name][k])
+            for c, theirs in zip(self.local_tables, own, strict=True)
+            for k, mine in enumerate(theirs)
+        ]
+        self.local_renames = renames if any(mine != theirs for mine, theirs in renames) else []
+        # TorchRec's state_dict keys (embedding_bags.<table>.weight, a sequence collection's embeddings.<table>.weight)
+        # for every table: local ones wherever they are held, PS ones read from (and loaded into) the servers.
         self.ps_rows_in_state_dict = True
+        self.register_state_dict_post_hook(torchrec_keys)
+        self.register_load_state_dict_pre_hook(own_keys)
 
     # Properties TorchScript must not compile (they read the servers' client or the sharded module).
     __jit_unused_properties__ = (

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torchrec.modules.embedding_configs import EmbeddingConfig
-from torchrec.modules.embedding_modules import EmbeddingCollectionInterface, get_embedding_names_by_table
+from torchrec.modules.embedding_modules import EmbeddingCollectionInterface
 from torchrec.optim.fused import FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
@@ -28,7 +28,6 @@ from persia_planner.modules.embedding.hybrid_tables import HybridTables
 from persia_planner.modules.embedding.local import LocalEmbeddingBags
 from persia_planner.modules.embedding.local_sequences import LocalEmbeddings
 from persia_planner.modules.embedding.sparse_optimizer import SparseOptimizer
-from persia_planner.modules.embedding.state_keys import own_keys, torchrec_keys
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan
 
@@ -127,17 +126,6 @@ class HybridEmbeddingCollection(EmbeddingCollectionInterface, HybridTables, Fuse
         self._feature_of = {
             n: f for c in self._configs for f, n in zip(c.feature_names, self.names_by_table[c.name], strict=True)
         }
-        # The local collection names its outputs among its own tables: a feature it shares with a PS table is "f"
-        # there and "f@table" here.
-        own = get_embedding_names_by_table(self.local_tables) if self.local_tables else []
-        renames = [
-            (mine, self.names_by_table[c.name][k])
-            for c, theirs in zip(self.local_tables, own, strict=True)
-            for k, mine in enumerate(theirs)
-        ]
-        self._renames = renames if any(mine != theirs for mine, theirs in renames) else []
-        self.register_state_dict_post_hook(torchrec_keys)
-        self.register_load_state_dict_pre_hook(own_keys)
 
     # ---- TorchRec's interface ------------------------------------------------------------------------------------
 
@@ -178,14 +166,14 @@ class HybridEmbeddingCollection(EmbeddingCollectionInterface, HybridTables, Fuse
         local = self.local(features) if self.local is not None else None
         remote = self.remote(features) if self.remote is not None else None
         indices = features if self._need_indices else None
-        return join_sequences(local, remote, self._keys, self._renames, self._feature_of, indices)
+        return join_sequences(local, remote, self._keys, self.local_renames, self._feature_of, indices)
 
     def _local_only(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         if self.remote is not None or self.local is None:
             _refuse_scripting()
         assert self.local is not None  # TorchScript refines the Optional here
         indices = features if self._need_indices else None
-        return join_sequences(self.local(features), None, self._keys, self._renames, self._feature_of, indices)
+        return join_sequences(self.local(features), None, self._keys, self.local_renames, self._feature_of, indices)
 
 
 @torch.jit.unused
@@ -232,7 +220,7 @@ def join_sequences(
 # TorchScript's types of what the scripted forward reads (an empty list's own would be unknown), as types: it does
 # not evaluate the string annotations `from __future__ import annotations` leaves.
 HybridEmbeddingCollection.__annotations__.update(
-    _keys=list[str], _renames=list[tuple[str, str]], _feature_of=dict[str, str]
+    _keys=list[str], local_renames=list[tuple[str, str]], _feature_of=dict[str, str]
 )
 # fx writes a traced graph's signature from forward's annotations (see hybrid.py).
 HybridEmbeddingCollection.forward.__annotations__.update(
