@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 HEADLINES = {
+    "sizing": ("optimal_share", "speedup", "median_speedup", "size_1000_s"),
     "sequence": (
         "auc_hybrid",
         "auc_sync",

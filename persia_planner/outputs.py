@@ -48,6 +48,8 @@ __all__ = [
     "check_run_folder",
     "enclosing_run_folder",
     "in_passing",
+    "output_folder",
+    "remove_made_folder",
     "unwritable",
     "write_output",
 ]
@@ -71,12 +73,14 @@ class OutputKind(enum.StrEnum):
     """
 
     PLAN = "a plan (persia plan --out)"
-    PICTURE = "a picture (persia plan/topology --png)"
+    PICTURE = "a picture (persia plan/topology --png, persia size's frontier.png)"
     PROFILE = "a hardware profile (persia calibrate --out)"
     MODEL = "a suggested model (persia data profile --out)"
     SCORES = "scores (persia predict --out)"
     FACTORS = "refitted cost-model factors (persia train --log-dir, refit.yaml)"
     BEST = "the best evaluation's mark (persia train --early-stop, BEST.json)"
+    TOPOLOGY = "a sized cluster (persia size --out, topology.yaml)"
+    SIZING = "a sizing's shapes (persia size --out, sizing.json)"
 
     @property
     def file_name(self) -> str:
@@ -101,7 +105,7 @@ class OutputKind(enum.StrEnum):
                 head = f.read(_HEAD_BYTES)
         except OSError:
             return False
-        if self is OutputKind.PLAN:
+        if self in (OutputKind.PLAN, OutputKind.SIZING):  # JSON whose first key is its format
             return re.match(rb'\s*\{\s*"format"\s*:\s*"' + re.escape(self.mark), head) is not None
         if self is OutputKind.PICTURE:
             return head.startswith(b"\x89PNG\r\n\x1a\n") and self.mark in head
@@ -116,6 +120,8 @@ _MARKS = {
     OutputKind.SCORES: b"persia-scores/1",
     OutputKind.FACTORS: b"# persia train: the cost model's factors",
     OutputKind.BEST: b'{"format": "persia-best/',
+    OutputKind.TOPOLOGY: b"# persia size",
+    OutputKind.SIZING: b"persia-sizing/",
 }
 
 _FILE_NAMES = {
@@ -126,6 +132,8 @@ _FILE_NAMES = {
     OutputKind.SCORES: "scores.parquet",
     OutputKind.FACTORS: "refit.yaml",
     OutputKind.BEST: "BEST.json",
+    OutputKind.TOPOLOGY: "topology.yaml",
+    OutputKind.SIZING: "sizing.json",
 }
 
 PICTURE_METADATA = {"Software": "persia-planner"}
@@ -260,6 +268,39 @@ def _holds_checkpoints(folder: Path) -> bool:
         return any(_STEP_DIR.match(p.name) and (p / MANIFEST).is_file() for p in folder.glob("step-*"))
     except OSError:
         return False
+
+
+def output_folder(option: str, path: Path) -> bool:
+    """Make ``path``, the folder a command writes its outputs into (``persia size --out sized/``), where it does not
+    exist yet: only inside a folder that does (never a chain of them). Returns whether it was made here, so that a
+    refusal of its files can remove it again (:func:`remove_made_folder`); the files themselves go through
+    :func:`check_outputs`.
+
+    Raises:
+        PlannerError: ``path`` is something other than a folder, or its parent folder does not exist.
+    """
+    if path.is_dir():
+        return False
+    if path.exists() or path.is_symlink():
+        raise PlannerError(f"{option} {path} is not a folder", fixes=("give a folder to write the outputs into",))
+    parent = path.parent
+    if not parent.is_dir():
+        raise PlannerError(
+            f"{option} {path}: its parent folder {parent} does not exist", fixes=(f"create {parent} first",)
+        )
+    try:
+        path.mkdir()
+    except OSError as err:
+        raise PlannerError(
+            f"{option}: cannot create {path} ({err.strerror or err})", fixes=("choose a writable folder",)
+        ) from None
+    return True
+
+
+def remove_made_folder(path: Path) -> None:
+    """Remove the folder :func:`output_folder` made, where it is still empty (nothing else is ever removed)."""
+    with contextlib.suppress(OSError):
+        path.rmdir()
 
 
 def write_output(out: Output, write: Callable[[Path], None], *, overwrite: bool) -> None:

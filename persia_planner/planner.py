@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from persia_planner.bound import LowerBound, bound_at, lower_bound
+from persia_planner.bound import LowerBound, bound_at, dense_bound, lower_bound
 from persia_planner.bound.terms import ASYNC_NAMES
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import CapacityError, PlannerError
@@ -17,7 +17,7 @@ from persia_planner.placement.feasibility import check_constraints
 from persia_planner.placement.memory import ps_holds, ps_rows_error
 from persia_planner.placement.shards import TablePlacement
 from persia_planner.plan.plan import Plan, usage_of
-from persia_planner.search import GreedyLocalSearch, SearchConfig, Searcher
+from persia_planner.search import GreedyLocalSearch, SearchConfig, Searcher, WarmStart
 from persia_planner.topology.graph import Topology
 from persia_planner.topology.hardware import DeviceKind
 from persia_planner.units import format_bytes
@@ -83,6 +83,46 @@ class Planner:
             elif in_fp32.step_ms < best.step_ms:
                 best = in_fp32
         return dataclasses.replace(best, qcomms_chosen=True)
+
+    def plan_from(
+        self,
+        model: ModelSpec,
+        topology: Topology,
+        neighbour: Plan,
+        *,
+        improve_time_s: float = 0.05,
+        full_bound: bool = False,
+    ) -> Plan:
+        """Re-plan ``model`` on ``topology`` from ``neighbour``, its plan on a cluster that differs by a host or a few
+        (:class:`persia_planner.search.WarmStart`): the tables that can stay where they were stay, the others are
+        placed greedily, and the local search moves load onto new devices within ``improve_time_s``. The
+        collectives' precisions are the neighbour's (or the model's, where it names them).
+
+        Args:
+            model: The model the neighbour planned.
+            topology: The new cluster.
+            neighbour: The plan to start from.
+            improve_time_s: The local search's budget.
+            full_bound: Report the full lower bound (:func:`persia_planner.bound.lower_bound`, which costs more
+                than the re-plan on large models) instead of the dense step's
+                (:func:`persia_planner.bound.dense_bound`).
+
+        Raises:
+            ConstraintError: As :meth:`plan`.
+            CapacityError: As :meth:`plan`.
+        """
+        check_constraints(model, topology)
+        check_capacity(model, topology)
+        qcomms = model.qcomms if model.qcomms is not None else neighbour.qcomms
+        priced = dataclasses.replace(model, qcomms=qcomms)
+        cost = CostModel(priced, topology)
+        base = getattr(self.searcher, "config", SearchConfig())
+        config = dataclasses.replace(base, improve_time_s=improve_time_s, explain_top=0)
+        searcher = GreedyLocalSearch(config, constructor=WarmStart(config, neighbour.tables))
+        bound = lower_bound(cost) if full_bound else dense_bound(cost)
+        result = searcher.search(cost, bound)
+        planned = self._priced(cost, bound, result.placements, result.alternatives)
+        return dataclasses.replace(planned, qcomms_chosen=model.qcomms is None and neighbour.qcomms_chosen)
 
     def _search(
         self, model: ModelSpec, topology: Topology, cost: CostModel | None = None, bound: LowerBound | None = None

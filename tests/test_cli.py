@@ -287,7 +287,7 @@ def test_topology_png(tmp_path):
     png = tmp_path / "cluster.png"
     result = run("topology", EXAMPLES / "persia_100t_cluster.yaml", "--png", png)
     assert result.exit_code == 0, result.output
-    assert "GPUs: 64" in result.stdout and "parameter servers: 280" in result.stdout
+    assert "GPUs: 64" in result.stdout and "parameter servers: 30" in result.stdout
     assert "switch bandwidth: unlimited" in result.stdout
     assert result.stdout.splitlines()[-1] == f"wrote {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

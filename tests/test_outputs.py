@@ -121,8 +121,8 @@ def test_a_picture_is_replaced_only_when_persia_drew_it(tmp_path):
     photo.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
     refused(
         run("plan", "--png", photo, "--overwrite"),
-        f"--png {photo} exists and is not a picture (persia plan/topology --png): --overwrite replaces only a file "
-        "of the same kind that persia wrote; fix: name another file",
+        f"--png {photo} exists and is not a picture (persia plan/topology --png, persia size's frontier.png): "
+        "--overwrite replaces only a file of the same kind that persia wrote; fix: name another file",
     )
     assert photo.read_bytes() == b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
 

@@ -250,8 +250,8 @@ def test_draw_topology_into_given_axes_and_graph_form():
 def test_draw_topology_of_the_100t_cluster_with_its_plan(tmp_path):
     model = load_model(EXAMPLES / "persia_100t.yaml")
     topology = load_topology(EXAMPLES / "persia_100t_cluster.yaml")
-    # The file declares the 280 servers whose stores hold the paper's id tables (memory.PS_MAX_ROWS rows each).
+    # The paper's 30 servers of 12 TB (a store holds memory.PS_MAX_ROWS rows of a table: the id tables fit).
     fig = draw_topology(topology, plan(model, topology, seed=0))
-    assert _node_collections(fig) == {"GPU": 64, "trainer host": 8, "parameter server": 280, "switch": 1}
+    assert _node_collections(fig) == {"GPU": 64, "trainer host": 8, "parameter server": 30, "switch": 1}
     fig.savefig(tmp_path / "100t.png", dpi=40)
     assert (tmp_path / "100t.png").stat().st_size > 0

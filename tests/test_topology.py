@@ -196,7 +196,7 @@ def test_bundled_examples_load():
     from persia_planner.paths import EXAMPLES as examples
 
     topo = load_topology(examples / "persia_100t_cluster.yaml")
-    assert len(topo.gpus) == 64 and len(topo.servers) == 280
+    assert len(topo.gpus) == 64 and len(topo.servers) == 30
     assert topo.servers[0].ddr_bytes == 12 * 10**12
 
 

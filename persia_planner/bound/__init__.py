@@ -7,9 +7,19 @@ from persia_planner.bound.lower_bound import (
     BoundPart,
     LowerBound,
     bound_at,
+    dense_bound,
     lower_bound,
     lower_bound_ms,
 )
 from persia_planner.bound.terms import TierChoice
 
-__all__ = ["MAX_WEIGHTINGS", "BoundPart", "LowerBound", "TierChoice", "bound_at", "lower_bound", "lower_bound_ms"]
+__all__ = [
+    "MAX_WEIGHTINGS",
+    "BoundPart",
+    "LowerBound",
+    "TierChoice",
+    "bound_at",
+    "dense_bound",
+    "lower_bound",
+    "lower_bound_ms",
+]

@@ -39,6 +39,7 @@ and maximise over each mu by bisection on the subgradient (L is concave in mu) o
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -48,7 +49,7 @@ from persia_planner.bound.terms import ASYNC_NAMES, N_ASYNC, TierChoice, option_
 from persia_planner.cost.analytic import CostModel
 from persia_planner.tiers import Memory
 
-__all__ = ["MAX_WEIGHTINGS", "BoundPart", "LowerBound", "lower_bound", "lower_bound_ms"]
+__all__ = ["MAX_WEIGHTINGS", "BoundPart", "LowerBound", "dense_bound", "lower_bound", "lower_bound_ms"]
 
 _CAPACITY_NAMES = ("HBM", "trainer DDR", "PS DDR", "HBM + trainer DDR")
 _HINT_TRUST = 1.3
@@ -113,6 +114,13 @@ def bound_at(cost: CostModel, at: LowerBound) -> float | None:
     return _bound(cost, MAX_WEIGHTINGS, at)
 
 
+def dense_bound(cost: CostModel) -> LowerBound:
+    """The bound of the dense step alone: every plan's step is at least the GPUs' average time of an empty plan (the
+    dense part, its all-reduce and the fixed costs). Trivial, and free: what a quick re-plan reports beside its plan
+    where the full bound (:func:`lower_bound`) would cost more than the re-plan itself."""
+    return LowerBound(float(np.mean(cost.fixed_sync_ms)), {}, parts=(BoundPart("dense step alone", 1.0),))
+
+
 def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> LowerBound:
     """A lower bound (ms) on the step time of any plan of ``cost.model`` on ``cost.topology``, with the tier
     assignment of the relaxation's best solution (a Lagrangian hint the search starts from).
@@ -129,9 +137,24 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
     return bound
 
 
+_TERMS: weakref.WeakKeyDictionary[CostModel, tuple] = weakref.WeakKeyDictionary()
+"""Each cost model's table terms (the most of a bound's cost): a probe (:func:`bound_at`) and a full bound of one
+cost model, as the planner's choice of the collectives' precisions takes them, compute them once."""
+
+
+def _terms(cost: CostModel) -> tuple:
+    found = _TERMS.get(cost)
+    if found is None:
+        found = table_terms(cost)
+        for array in (*found[:4], *found[4], *found[5:]):
+            array.setflags(write=False)  # shared by every bound of this cost model
+        _TERMS[cost] = found
+    return found
+
+
 def _bound(cost: CostModel, max_weightings: int, at: LowerBound | None) -> LowerBound | float | None:
     lay = cost.layout
-    sync, sync_ddr, asyn, nic, (host, host_fixed), mem, fractions = table_terms(cost)
+    sync, sync_ddr, asyn, nic, (host, host_fixed), mem, fractions = _terms(cost)
     feasible = np.isfinite(sync)
     sync_avg = np.where(feasible, sync / lay.n_gpus, 0.0)
     ddr_avg = np.where(feasible, sync_ddr / lay.n_gpus, 0.0)

@@ -30,6 +30,7 @@ from persia_planner.cli.app import (
 from persia_planner.cli.data import data_app
 from persia_planner.cli.predict import predict_command
 from persia_planner.cli.run_options import ModelOption, PsWireOption, QCommsOption, StalenessOption, TopologyOption
+from persia_planner.cli.size import size_command
 from persia_planner.cli.train import train_command
 from persia_planner.errors import PlannerError
 from persia_planner.outputs import PICTURE_METADATA, Output, OutputKind, check_outputs, write_output
@@ -327,6 +328,7 @@ def ps_command(
 
 
 app.command("train")(train_command)
+app.command("size")(size_command)
 app.command("predict")(predict_command)
 app.add_typer(data_app, name="data")
 

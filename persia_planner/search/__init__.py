@@ -6,7 +6,8 @@ vectors of the cost model, and their score):
 * :mod:`.options`, enumeration: the options of a table worth scoring now;
 * :mod:`persia_planner.search.device_choice`, the best devices of each option, scored as rows of one matrix
 (:mod:`.steps`, :mod:`.shards`);
-* :mod:`.construct`, construction: every table placed once, greedily, from a few starts;
+* :mod:`.construct`, construction: every table placed once, greedily, from a few starts (or :mod:`.warm_start`:
+  from a neighbouring cluster's plan);
 * :mod:`.improve`, improvement: local moves around the bottleneck while the score drops;
 * :mod:`.explain`, explanation: what the largest tables would cost elsewhere, and why a table fits nowhere.
 
@@ -28,6 +29,7 @@ from persia_planner.search.base import (
 )
 from persia_planner.search.greedy import GreedyLocalSearch
 from persia_planner.search.result import build_placement
+from persia_planner.search.warm_start import WarmStart
 
 __all__ = [
     "Alternative",
@@ -40,5 +42,6 @@ __all__ = [
     "SearchConfig",
     "SearchResult",
     "Searcher",
+    "WarmStart",
     "build_placement",
 ]

@@ -121,6 +121,8 @@ class Choice:
         score: The score of the state it was chosen in with it added (saves scoring it again), if known.
         stamp: That state's loads and its step time per GPU with this choice added: the step time after
             :meth:`.state.State.add` while the state is still the same (a scoring computed it already).
+        placement: Its shards, where they were given (a placement kept from another plan): the same object, whose
+            vectors the cost model has already computed.
     """
 
     option: Option
@@ -129,6 +131,7 @@ class Choice:
     mem: np.ndarray
     score: float | None = None
     stamp: tuple[np.ndarray, np.ndarray] | None = None
+    placement: TablePlacement | None = None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from persia_planner.search.shards import ShardTerms
 from persia_planner.search.state import State
 from persia_planner.tiers import Memory, local_tiers, server_tiers
 
-__all__ = ["GreedyConstruction", "Start", "place_all"]
+__all__ = ["GreedyConstruction", "Start", "place_all", "placement_order"]
 
 # Up to this many tables, construction also runs without the lower bound's hint and keeps the better start.
 _BOTH_STARTS_MAX_TABLES = 300
@@ -146,7 +146,7 @@ def place_all(state: State, start: Start, previous: State | None = None) -> None
     """
     tables = list(state.cost.model.tables)
     hint = start.preferred
-    order = _order(state, tables, start)
+    order = placement_order(state, tables, start)
     if previous is not None:
         state.loads = previous.loads.copy()
         state.changed()
@@ -166,7 +166,7 @@ def place_all(state: State, start: Start, previous: State | None = None) -> None
     state.pricing = False
 
 
-def _order(state: State, tables: Sequence[TableSpec], start: Start) -> np.ndarray:
+def placement_order(state: State, tables: Sequence[TableSpec], start: Start) -> np.ndarray:
     """The order in which ``start`` places the tables (indices into ``tables``)."""
     dtype = state.dtype_of
     density = np.array([t.pooling_factor / t.row_bytes(dtype(t)) / t.rows for t in tables])

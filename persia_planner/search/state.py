@@ -350,4 +350,6 @@ class State:
     def placement(self, name: str) -> TablePlacement:
         """The placed table's shards."""
         choice = self.choices[name]
+        if choice.placement is not None:
+            return choice.placement
         return build_placement(self.cost, self.specs[name], choice.option, choice.gpus)

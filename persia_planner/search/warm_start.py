@@ -1,0 +1,98 @@
+"""Construction from a neighbouring plan: re-planning when the cluster changes by a host or two.
+
+Every table whose placement still stands on the new topology keeps it (its devices are all there and it fits); a
+table spread over every server or replicated on every GPU is spread again over the new ones; the rest (tables on a
+host that left, or that no longer fit) are placed greedily, hottest bytes first, as a construction places them. The
+improvement that follows moves load onto the new devices. A re-plan costs a few scorings per table instead of the
+constructions' every option of every table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from persia_planner.bound import LowerBound, TierChoice
+from persia_planner.cost.analytic import CostModel
+from persia_planner.kinds import Sharding
+from persia_planner.model.specs import TableSpec
+from persia_planner.placement.shards import TablePlacement
+from persia_planner.search.base import Choice, Option, OptionSource, SearchConfig
+from persia_planner.search.construct import Start, placement_order
+from persia_planner.search.explain import capacity_error
+from persia_planner.search.result import build_placement
+from persia_planner.search.shards import ShardTerms
+from persia_planner.search.state import State
+
+__all__ = ["WarmStart"]
+
+_COLUMN_SPLITS = frozenset({Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE})  # an option's splits: its shards
+_SPREAD = frozenset({Sharding.PS_HASH, Sharding.DATA_PARALLEL})  # over every server / every GPU, whatever they are
+
+
+class WarmStart:
+    """A :class:`.base.Constructor` that starts from ``previous``, another topology's placements of the same tables.
+
+    Args:
+        config: The search's knobs.
+        previous: Each table's placement in the neighbouring plan (tables missing from it are placed afresh).
+    """
+
+    def __init__(self, config: SearchConfig, previous: Mapping[str, TablePlacement]):
+        self.config = config
+        self.previous = previous
+
+    def construct(self, cost: CostModel, hint: LowerBound | None, options: OptionSource) -> State:
+        """The state of the kept placements, with every other table placed greedily.
+
+        Raises:
+            CapacityError: A table found no room (named by the error's ``table``).
+        """
+        state = State(cost, self.config, options, None, ShardTerms(cost))
+        tables = list(cost.model.tables)
+        homeless = []
+        for i, table in enumerate(tables):
+            choice = self._kept(state, table)
+            if choice is not None and state.fits(choice.mem)[0]:
+                state.add(table.name, choice)
+            else:
+                homeless.append(i)
+        left = set(homeless)
+        order = [int(i) for i in placement_order(state, tables, Start()) if i in left]
+        for i in order:
+            table = tables[i]
+            # The tier it had, while one of its options there fits: fewer options to score than all of them.
+            placed = self.previous.get(table.name)
+            hint = TierChoice(placed.shards[0].tier) if placed is not None else None
+            choice, _ = state.best_choice(table, hint)
+            if choice is None:
+                raise capacity_error(state, table)
+            state.add(table.name, choice)
+        return state
+
+    def _kept(self, state: State, table: TableSpec) -> Choice | None:
+        """``table``'s previous placement on this topology as a choice, where it still stands; else None."""
+        placed = self.previous.get(table.name)
+        if placed is None:
+            return None
+        cost, topology = state.cost, state.cost.topology
+        tier = placed.shards[0].tier
+        if tier not in self.config.tiers or placed.sharding not in self.config.shardings:
+            return None
+        fraction = placed.shards[0].cache_fraction or 0.0
+        if placed.sharding in _SPREAD:
+            option = Option(placed.sharding, tier, fraction)
+            gpus: tuple[int, ...] = ()
+            if placed.sharding is Sharding.DATA_PARALLEL:
+                gpus = tuple(range(len(topology.gpus)))
+            elif not topology.servers:
+                return None
+            placement = build_placement(cost, table, option, gpus)
+        else:
+            if not all(topology.has_device(s.device) for s in placed.shards):
+                return None
+            gpus = tuple(topology.gpu_index(s.device) for s in placed.shards)
+            splits = len(gpus) if placed.sharding in _COLUMN_SPLITS else 1
+            option = Option(placed.sharding, tier, fraction, splits)
+            placement = placed
+        loads, mem = cost.placement_loads(table, placement)
+        return Choice(option, gpus, loads, mem, placement=placement)
