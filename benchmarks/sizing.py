@@ -180,7 +180,9 @@ def bench_size_1000() -> dict[str, Any]:
             raise RuntimeError(f"persia size exited {done.returncode}: {done.stderr.strip()[-400:]}")
         record = json.loads(Path(tmp, "sized", "sizing.json").read_text())
     return {
-        "command": " ".join(["persia", *args[len(command) :]]).replace(tmp, "TMP"),
+        "command": " ".join(["persia", *args[len(command) :]])
+        .replace(tmp, "TMP")
+        .replace(str(EXAMPLES.parent.parent) + "/", ""),
         "seconds": seconds,
         "target_s": SIZE_1000_TARGET_S,
         "chosen": record["chosen"]["shape"],

@@ -153,12 +153,14 @@ class _Narrowed:
         """The candidate's lower bound where it is under ``below_ms`` (None: the candidate cannot step that fast).
         Probed first at float32's weighting of the bound's functionals (``bound_at``: one weighting, itself a
         bound), so that the full bound is computed only where the probe leaves room."""
-        if self._bound is None:
+        if self._bound is None or (not self._bound.complete and self._bound.value_ms <= below_ms):
             if self._probe is None:
                 self._probe = bound_at(self.cost, self._wide_bound) or 0.0
             if self._probe > below_ms:
                 return None
-            self._bound = lower_bound(self.cost)
+            # Stopped as soon as it passes below_ms: all that is asked then. A later, higher below_ms that the
+            # stopped bound does not pass computes it whole (its hint guides the search).
+            self._bound = lower_bound(self.cost, stop_above=below_ms)
         return self._bound if self._bound.value_ms <= below_ms else None
 
 

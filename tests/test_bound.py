@@ -428,3 +428,19 @@ def test_the_bound_says_what_it_is_made_of():
     assert [p.name for p in bound.parts] == ["busiest host NIC"]
     assert set(bound.binding) <= {"HBM", "trainer DDR", "PS DDR", "HBM + trainer DDR"}
     assert bound.describe().startswith(" + ".join(f"{p.weight:.2f} {p.name}" for p in bound.parts))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_bound_asked_only_whether_it_passes_a_value_stops_there(seed):
+    """``stop_above``: the search stops at the first weighting above the value (a valid bound, flagged incomplete);
+    where the full bound does not pass it, the result is the full bound."""
+    model = random_model(40, seed=seed)
+    cost = CostModel(model, Topology.simple(trainers=2, gpus_per_trainer=4, servers=2))
+    full = lower_bound(cost)
+    assert full.complete
+    early = lower_bound(cost, stop_above=0.5 * full.value_ms)
+    assert not early.complete
+    assert 0.5 * full.value_ms < early.value_ms <= full.value_ms
+    assert early.weightings < full.weightings
+    above = lower_bound(cost, stop_above=2 * full.value_ms)
+    assert above.complete and above.value_ms == full.value_ms and above.weightings == full.weightings

@@ -83,6 +83,8 @@ class LowerBound:
         weightings: How many weightings of the functionals the search evaluated (at most ``max_weightings``).
         parts: The functionals of the combination that gave the bound, with their weights: what it is made of.
         binding: The memory capacities priced above zero in it (whose room limits the bound).
+        complete: False where the search stopped once the bound passed a caller's ``stop_above``
+            (:func:`lower_bound`): still a bound, but not the search's best, and its hint is that weighting's.
     """
 
     value_ms: float
@@ -92,6 +94,7 @@ class LowerBound:
     weightings: int = 0
     parts: tuple[BoundPart, ...] = ()
     binding: tuple[str, ...] = ()
+    complete: bool = True
 
     def describe(self) -> str:
         """What the bound is made of, in one line: e.g. "0.85 GPU work (average) + 0.15 busiest host NIC; memory
@@ -121,7 +124,9 @@ def dense_bound(cost: CostModel) -> LowerBound:
     return LowerBound(float(np.mean(cost.fixed_sync_ms)), {}, parts=(BoundPart("dense step alone", 1.0),))
 
 
-def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> LowerBound:
+def lower_bound(
+    cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS, stop_above: float = float("inf")
+) -> LowerBound:
     """A lower bound (ms) on the step time of any plan of ``cost.model`` on ``cost.topology``, with the tier
     assignment of the relaxation's best solution (a Lagrangian hint the search starts from).
 
@@ -129,10 +134,12 @@ def lower_bound(cost: CostModel, *, max_weightings: int = MAX_WEIGHTINGS) -> Low
         cost: The cost model of the model and topology.
         max_weightings: Weightings of the functionals the search over weights evaluates at most (each one a
             maximisation over the memory prices). The bound holds for any value; more can only tighten it.
+        stop_above: Stop the search as soon as a weighting's bound exceeds this (ms): for a caller that only asks
+            whether the bound does (the result then has ``complete`` false: a valid bound, not the search's best).
     """
     if max_weightings < 1:
         raise ValueError(f"max_weightings must be at least 1, got {max_weightings}")
-    bound = _bound(cost, max_weightings, None)
+    bound = _bound(cost, max_weightings, None, stop_above)
     assert isinstance(bound, LowerBound)
     return bound
 
@@ -152,7 +159,9 @@ def _terms(cost: CostModel) -> tuple:
     return found
 
 
-def _bound(cost: CostModel, max_weightings: int, at: LowerBound | None) -> LowerBound | float | None:
+def _bound(
+    cost: CostModel, max_weightings: int, at: LowerBound | None, stop_above: float = float("inf")
+) -> LowerBound | float | None:
     lay = cost.layout
     sync, sync_ddr, asyn, nic, (host, host_fixed), mem, fractions = _terms(cost)
     feasible = np.isfinite(sync)
@@ -170,7 +179,7 @@ def _bound(cost: CostModel, max_weightings: int, at: LowerBound | None) -> Lower
         if f[1] > 0 or float(np.where(relaxation.feasible, f[0], -np.inf).max(axis=1).sum()) > fixed
     ]
     functionals, names = [functionals[k] for k in kept], [names[k] for k in kept]
-    search = _WeightSearch(relaxation, functionals, np.zeros_like(sync_avg), max_weightings)
+    search = _WeightSearch(relaxation, functionals, np.zeros_like(sync_avg), max_weightings, stop_above=stop_above)
     if at is not None:  # one weighting only: another bound's, by its functionals' names
         if not {p.name for p in at.parts} <= set(names):
             return None
@@ -194,7 +203,8 @@ def _bound(cost: CostModel, max_weightings: int, at: LowerBound | None) -> Lower
     binding_names = tuple(_CAPACITY_NAMES[k] for k in range(len(best_mu)) if best_mu[k] > 0)
     if fixed >= best:
         parts, binding_names = (BoundPart("dense step alone", 1.0),), ()
-    return LowerBound(max(best, fixed), preferred, prices, hinted_ms, search.calls, parts, binding_names)
+    complete = not search.stopped
+    return LowerBound(max(best, fixed), preferred, prices, hinted_ms, search.calls, parts, binding_names, complete)
 
 
 def _functionals(
@@ -385,6 +395,8 @@ class _WeightSearch:
     zeros: np.ndarray  # T x O, so that a combination of no term has the terms' shape
     max_weightings: int
     calls: int = 0
+    stop_above: float = float("inf")  # a bound above this is all the caller needs: the search stops there
+    stopped: bool = False  # whether it stopped there (the bound is then not the search's best)
 
     def combination(self, weights: np.ndarray) -> tuple[np.ndarray, float]:
         terms = sum(w * f[0] for w, f in zip(weights, self.functionals, strict=True) if w > 0)
@@ -394,16 +406,23 @@ class _WeightSearch:
     def combined(self, weights: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         self.calls += 1
         value, pick = self.relaxation.maximise(*self.combination(weights))
+        if value > self.stop_above:
+            self.stopped = True
         return value, pick, self.relaxation.warm.copy()
+
+    @property
+    def done(self) -> bool:
+        """No more weightings: the budget is spent, or a bound above ``stop_above`` was found."""
+        return self.stopped or self.calls >= self.max_weightings
 
     def run(self) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
         """The best bound found, its weights, the picks and the prices there."""
-        n, max_weightings = len(self.functionals), self.max_weightings
+        n = len(self.functionals)
         best_w = np.eye(n)[0]
         best, best_pick, best_mu = self.combined(best_w)
         for j in range(1, n):
             for w in (0.3, 0.6, 0.85):
-                if self.calls >= max_weightings:
+                if self.done:
                     break
                 weights = np.zeros(n)
                 weights[0], weights[j] = w, 1 - w
@@ -416,11 +435,11 @@ class _WeightSearch:
         # without limit and every move "improves" it. Where every tier is nearly full, the prices warm-started from
         # the previous weighting gain a little in every call (they climb a ridge of coupled capacities one price at
         # a time), so the same weights kept "improving" for seconds, for a bound under 1% tighter (decision 0004).
-        while step > 0.03 and self.calls < max_weightings:
+        while step > 0.03 and not self.done:
             improved = False
             for i in range(n):
                 for j in range(n):
-                    if i == j or best_w[j] < step / 2 or self.calls >= max_weightings:
+                    if i == j or best_w[j] < step / 2 or self.done:
                         continue
                     weights = best_w.copy()
                     moved = min(step, weights[j])
