@@ -61,3 +61,29 @@ def test_plan_from_a_neighbour_is_valid_and_near_a_fresh_plan(neighbour, hosts):
     assert warm.lower_bound_ms > 0 and set(warm.bound_parts) == {"dense step alone"}
     full = planner.plan_from(spec, topology, before, improve_time_s=0.5, full_bound=True)
     assert full.lower_bound_ms == pytest.approx(fresh.lower_bound_ms)
+
+
+def test_a_cached_table_of_a_host_that_left_keeps_its_cache_fraction_where_it_lands():
+    """A homeless table is first offered its old tier: a cached one at its old cache fraction (a hint without the
+    fraction gave shards with none, which validate() refuses)."""
+    from persia_planner.planner import priced_plan
+    from persia_planner.search.base import Option
+    from persia_planner.search.result import build_placement
+    from persia_planner.tiers import Tier
+
+    spec = model(*TABLES)
+    old = CostModel(spec, cluster(3, 2, 2))
+    cached = spec.tables[3]
+    last_gpu = len(old.topology.gpus) - 1  # on the host that leaves
+    previous = {
+        cached.name: build_placement(old, cached, Option(Sharding.TABLE_WISE, Tier.HBM_CACHE, 0.5), (last_gpu,))
+    }
+    shrunk = cluster(2, 2, 2)
+    cost = CostModel(spec, shrunk)
+    state = WarmStart(SearchConfig(), previous).construct(cost, None, TieredOptions())
+    placements = {name: state.placement(name) for name in state.choices}
+    moved = placements[cached.name]
+    if moved.shards[0].tier is Tier.HBM_CACHE:
+        assert all(s.cache_fraction == pytest.approx(0.5) for s in moved.shards)
+    planned = priced_plan(cost, placements, lower_bound_ms=0.0)
+    assert validate(planned, spec, shrunk) == []

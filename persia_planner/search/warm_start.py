@@ -62,7 +62,11 @@ class WarmStart:
             table = tables[i]
             # The tier it had, while one of its options there fits: fewer options to score than all of them.
             placed = self.previous.get(table.name)
-            hint = TierChoice(placed.shards[0].tier) if placed is not None else None
+            hint = None
+            if placed is not None:
+                first = placed.shards[0]
+                replica = placed.sharding is Sharding.DATA_PARALLEL
+                hint = TierChoice(first.tier, first.cache_fraction or 0.0, replica)
             choice, _ = state.best_choice(table, hint)
             if choice is None:
                 raise capacity_error(state, table)
