@@ -93,8 +93,10 @@ class OutputKind(enum.StrEnum):
         return _MARKS[self]
 
     def header(self, about: str = "") -> str:
-        """The first line of a text output of this kind (:attr:`PROFILE`, :attr:`MODEL`): its mark, then ``about``."""
-        return f"{self.mark.decode()}{': ' + about if about else ''}\n"
+        """The first line of a text output of this kind (:attr:`PROFILE`, :attr:`MODEL`, :attr:`TOPOLOGY`): its mark,
+        then ``about``."""
+        mark = self.mark.decode().rstrip(": ")
+        return f"{mark}{': ' + about if about else ''}\n"
 
     def written_by_persia(self, path: Path) -> bool:
         """Whether the regular file ``path`` is of this kind and carries persia's mark."""
@@ -120,7 +122,7 @@ _MARKS = {
     OutputKind.SCORES: b"persia-scores/1",
     OutputKind.FACTORS: b"# persia train: the cost model's factors",
     OutputKind.BEST: b'{"format": "persia-best/',
-    OutputKind.TOPOLOGY: b"# persia size",
+    OutputKind.TOPOLOGY: b"# persia size: ",
     OutputKind.SIZING: b"persia-sizing/",
 }
 
@@ -284,6 +286,13 @@ def output_folder(option: str, path: Path) -> bool:
     if path.exists() or path.is_symlink():
         raise PlannerError(f"{option} {path} is not a folder", fixes=("give a folder to write the outputs into",))
     parent = path.parent
+    folder = enclosing_run_folder(path)
+    if folder is not None:
+        raise PlannerError(
+            f"{option} {path} is inside {folder.what} ({folder.path}): writing there would change a training run's "
+            "files",
+            fixes=("write it outside the run's folders",),
+        )
     if not parent.is_dir():
         raise PlannerError(
             f"{option} {path}: its parent folder {parent} does not exist", fixes=(f"create {parent} first",)

@@ -112,3 +112,35 @@ def test_a_bad_catalog_names_the_file_and_the_class(tmp_path: Path):
     bad.write_text(CATALOG.read_text().replace("ddr: 8GiB", "ddr: 8 gigs"))
     line = one_error_line(run("size", MODEL, bad, "--target-samples-per-s", 10))
     assert "bad.yaml: trainers.cpu-2core.ddr" in line
+
+
+def test_a_folder_made_for_the_outputs_is_removed_when_the_inputs_are_bad(tmp_path: Path):
+    out = tmp_path / "sized"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\n")
+    one_error_line(run("size", MODEL, bad, "--target-samples-per-s", 10, "--out", out))
+    assert not out.exists()
+
+
+def test_constraints_naming_devices_are_refused_in_one_line(tmp_path: Path):
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(
+        MODEL.read_text().replace(
+            "  - {name: c2,  rows: 2_000,   dim: 16}",
+            "  - {name: c2,  rows: 2_000,   dim: 16, constraints: {devices: [trainer0/cpu0]}}",
+        )
+    )
+    assert "names devices in its constraints" in one_error_line(
+        run("size", pinned, CATALOG, "--target-samples-per-s", 10)
+    )
+
+
+def test_a_catalog_named_topology_yaml_is_never_taken_for_ours(tmp_path: Path):
+    out = tmp_path / "sized"
+    out.mkdir()
+    (out / "topology.yaml").write_text(CATALOG.read_text())  # starts "# persia size's catalog ..."
+    line = one_error_line(
+        run("size", MODEL, CATALOG, "--target-samples-per-s", TARGET, "--max-hosts", 4, "--out", out, "--overwrite")
+    )
+    assert "topology.yaml" in line
+    assert (out / "topology.yaml").read_text() == CATALOG.read_text()

@@ -87,3 +87,22 @@ def test_a_cached_table_of_a_host_that_left_keeps_its_cache_fraction_where_it_la
         assert all(s.cache_fraction == pytest.approx(0.5) for s in moved.shards)
     planned = priced_plan(cost, placements, lower_bound_ms=0.0)
     assert validate(planned, spec, shrunk) == []
+
+
+def test_a_row_wise_table_spreads_over_the_gpus_of_a_grown_cluster():
+    """Row-wise means row blocks over every GPU (TorchRec splits the rows over every rank): a kept one would leave
+    the new GPUs out."""
+    from persia_planner.plan.torchrec_export import torchrec_shardings
+
+    spec = model(*TABLES)
+    config = SearchConfig(shardings=frozenset({Sharding.ROW_WISE, Sharding.PS_HASH}), explain_top=0)
+    planner = Planner(GreedyLocalSearch(config))
+    before = planner.plan(spec, cluster(2, 2, 2))
+    assert any(p.sharding is Sharding.ROW_WISE for p in before.tables.values())
+    grown = cluster(3, 2, 2)
+    after = planner.plan_from(spec, grown, before)
+    assert validate(after, spec, grown) == []
+    for placement in after.tables.values():
+        if placement.sharding is Sharding.ROW_WISE:
+            assert len(placement.shards) == len(grown.gpus)
+    torchrec_shardings(after, spec, grown)  # TorchRec takes it

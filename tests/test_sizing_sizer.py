@@ -88,3 +88,32 @@ def test_bad_targets_and_budgets_are_refused():
         size(model, small_catalog(), 0.0, max_hosts=2)
     with pytest.raises(PlannerError, match="max_hosts"):
         size(model, small_catalog(), 1.0, max_hosts=0)
+
+
+def test_a_server_class_whose_profile_sets_the_constants_is_judged_with_them(tmp_path):
+    """A topology takes its cost constants from the trainers' profile, else from any host's: beside servers whose
+    profile refits the dense step, the trainers' verdicts (dense step, ideal servers) are not those of the trainers
+    alone, and must not rule those shapes out."""
+    import yaml
+
+    from persia_planner.paths import EXAMPLES
+    from persia_planner.sizing import catalog_from_dict
+    from tests.test_sizing_catalog import GPU_HOST, SERVER
+
+    profile = yaml.safe_load((EXAMPLES / "profiles" / "cpu-2core.yaml").read_text())
+    profile["refit"] = {"factors": {"dense": 0.2, "all_reduce": 0.2}}
+    (tmp_path / "fast.yaml").write_text(yaml.safe_dump(profile))
+    data = {
+        "trainers": {"gpu": GPU_HOST | {"gpus": GPU_HOST["gpus"] | {"count": 1, "tflops": 1}}},
+        "servers": {"ps": SERVER | {"profile": "fast.yaml"}},
+    }
+    catalog = catalog_from_dict(data, "c.yaml", tmp_path)
+    model = random_model(4, seed=0, rows_range=(1e3, 1e5), batch_size=4096)
+    speeds = every_shape(model, catalog)
+    with_servers = [s for shape, s in speeds if shape.servers and s is not None]
+    alone = [s for shape, s in speeds if not shape.servers and s is not None]
+    assert with_servers and alone and max(with_servers) > max(alone)  # the servers' profile speeds the step up
+    target = max(with_servers)
+    cheapest = min(shape.price_per_hour for shape, s in speeds if s is not None and s >= target)
+    sized = size(model, catalog, target, max_hosts=MAX_HOSTS)
+    assert sized.chosen is not None and sized.chosen.shape.price_per_hour == pytest.approx(cheapest)

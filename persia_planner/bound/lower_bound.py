@@ -396,7 +396,7 @@ class _WeightSearch:
     max_weightings: int
     calls: int = 0
     stop_above: float = float("inf")  # a bound above this is all the caller needs: the search stops there
-    stopped: bool = False  # whether it stopped there (the bound is then not the search's best)
+    best: float = float("-inf")  # the best bound so far
 
     def combination(self, weights: np.ndarray) -> tuple[np.ndarray, float]:
         terms = sum(w * f[0] for w, f in zip(weights, self.functionals, strict=True) if w > 0)
@@ -406,13 +406,16 @@ class _WeightSearch:
     def combined(self, weights: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         self.calls += 1
         value, pick = self.relaxation.maximise(*self.combination(weights))
-        if value > self.stop_above:
-            self.stopped = True
         return value, pick, self.relaxation.warm.copy()
 
     @property
+    def stopped(self) -> bool:
+        """Whether the best bound so far passed ``stop_above`` (the search stops there)."""
+        return self.best > self.stop_above
+
+    @property
     def done(self) -> bool:
-        """No more weightings: the budget is spent, or a bound above ``stop_above`` was found."""
+        """No more weightings: the budget is spent, or the best bound passed ``stop_above``."""
         return self.stopped or self.calls >= self.max_weightings
 
     def run(self) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
@@ -420,6 +423,7 @@ class _WeightSearch:
         n = len(self.functionals)
         best_w = np.eye(n)[0]
         best, best_pick, best_mu = self.combined(best_w)
+        self.best = best
         for j in range(1, n):
             for w in (0.3, 0.6, 0.85):
                 if self.done:
@@ -429,6 +433,7 @@ class _WeightSearch:
                 value, pick, mu = self.combined(weights)
                 if value > best:
                     best, best_w, best_pick, best_mu = value, weights, pick, mu
+                    self.best = best
         step = 0.1
         # Bounded by a count of weightings, not rounds: any weights give a valid bound, so stopping early only
         # loosens it. Where the relaxation is infeasible (more bytes than the cluster holds) the Lagrangian grows
@@ -448,6 +453,7 @@ class _WeightSearch:
                     value, pick, mu = self.combined(weights)
                     if value > best * (1 + 1e-9):
                         best, best_w, best_pick, best_mu, improved = value, weights, pick, mu, True
+                        self.best = best
             if not improved:
                 step /= 2
         return best, best_w, best_pick, best_mu

@@ -54,47 +54,56 @@ def size_command(
 ) -> None:
     """Find the cheapest cluster of CATALOG's classes whose best plan of MODEL reaches the target speed; print the
     cost / throughput frontier and why cheaper shapes fail."""
+    with edge():
+        if not target > 0:
+            raise Exit(print_error("--target-samples-per-s must be above 0; fix: give the speed to reach", 2))
+        made = out is not None and output_folder("--out", out)
+        try:
+            _size(model, catalog, target, staleness, max_hosts, out, seed, overwrite)
+        finally:
+            if made:
+                remove_made_folder(out)  # type: ignore[arg-type]  # only where nothing was written into it
+
+
+def _size(
+    model: Path,
+    catalog: Path,
+    target: float,
+    staleness: int | None,
+    max_hosts: int,
+    out: Path | None,
+    seed: int,
+    overwrite: bool,
+) -> None:
     from persia_planner import load_model
     from persia_planner.model.specs import with_run_options
     from persia_planner.sizing import load_catalog, size
 
-    with edge():
-        if not target > 0:
-            raise Exit(print_error("--target-samples-per-s must be above 0; fix: give the speed to reach", 2))
-        outputs: list[Output] = []
-        made = False
-        if out is not None:
-            made = output_folder("--out", out)
-            outputs = [
-                Output("--out", out / "topology.yaml", OutputKind.TOPOLOGY),
-                Output("--out", out / "plan.json", OutputKind.PLAN),
-                Output("--out", out / "frontier.png", OutputKind.PICTURE),
-                Output("--out", out / "sizing.json", OutputKind.SIZING),
-            ]
-            try:
-                check_outputs(outputs, {"MODEL": model, "CATALOG": catalog}, overwrite=overwrite)
-            except Exception:
-                if made:
-                    remove_made_folder(out)
-                raise
-        spec = with_run_options(load_model(model), staleness=staleness)
-        hardware = load_catalog(catalog)
-        console = make_console()
-        with console.status("sizing") as status:
+    outputs: list[Output] = []
+    if out is not None:
+        outputs = [
+            Output("--out", out / "topology.yaml", OutputKind.TOPOLOGY),
+            Output("--out", out / "plan.json", OutputKind.PLAN),
+            Output("--out", out / "frontier.png", OutputKind.PICTURE),
+            Output("--out", out / "sizing.json", OutputKind.SIZING),
+        ]
+        check_outputs(outputs, {"MODEL": model, "CATALOG": catalog}, overwrite=overwrite)
+    spec = with_run_options(load_model(model), staleness=staleness)
+    hardware = load_catalog(catalog)
+    console = make_console()
+    with console.status("sizing") as status:
 
-            def progress(verdict) -> None:
-                status.update(f"sizing: {verdict.shape.describe()} ({verdict.shape.price_per_hour:,.2f}/h)")
+        def progress(verdict) -> None:
+            status.update(f"sizing: {verdict.shape.describe()} ({verdict.shape.price_per_hour:,.2f}/h)")
 
-            sizing = size(spec, hardware, target, max_hosts=max_hosts, seed=seed, on_shape=progress)
-        _print(sizing, spec, hardware, console)
-        if sizing.chosen is None:
-            if made:
-                remove_made_folder(out)  # type: ignore[arg-type]
-            raise Exit(print_error(_nothing_meets(sizing, hardware, max_hosts), EXIT_BAD_INPUT))
-        if out is not None:
-            _write(sizing, spec, hardware, out, outputs, overwrite)
-            for written in outputs:
-                note(f"wrote {written.path}", to_stderr=False)
+        sizing = size(spec, hardware, target, max_hosts=max_hosts, seed=seed, on_shape=progress)
+    _print(sizing, spec, hardware, console)
+    if sizing.chosen is None:
+        raise Exit(print_error(_nothing_meets(sizing, hardware, max_hosts), EXIT_BAD_INPUT))
+    if out is not None:
+        _write(sizing, spec, hardware, out, outputs, overwrite)
+        for written in outputs:
+            note(f"wrote {written.path}", to_stderr=False)
 
 
 def _print(sizing: Sizing, model: ModelSpec, catalog: Catalog, console) -> None:
@@ -149,6 +158,8 @@ def _nothing_meets(sizing: Sizing, catalog: Catalog, max_hosts: int) -> str:
     rated = [v for v in sizing.verdicts if v.best_known is not None]
     if not rated:
         failures = sizing.failures()
+        if set(failures) == {Resource.CONSTRAINTS}:
+            return f"no shape of {catalog.source} keeps the tables' constraints: {sizing.verdicts[0].why}"
         if set(failures) <= {Resource.MEMORY}:
             return (
                 f"no shape of {catalog.source} with at most {max_hosts} hosts holds the model (memory binds: it needs "

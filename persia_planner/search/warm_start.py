@@ -1,7 +1,8 @@
 """Construction from a neighbouring plan: re-planning when the cluster changes by a host or two.
 
 Every table whose placement still stands on the new topology keeps it (its devices are all there and it fits); a
-table spread over every server or replicated on every GPU is spread again over the new ones; the rest (tables on a
+table hashed over every server, replicated on every GPU or in row blocks over every GPU is spread again over the new
+ones (unless its constraints name devices: it is then placed afresh); the rest (tables on a
 host that left, or that no longer fit) are placed greedily, hottest bytes first, as a construction places them. The
 improvement that follows moves load onto the new devices. A re-plan costs a few scorings per table instead of the
 constructions' every option of every table.
@@ -26,7 +27,8 @@ from persia_planner.search.state import State
 __all__ = ["WarmStart"]
 
 _COLUMN_SPLITS = frozenset({Sharding.COLUMN_WISE, Sharding.TABLE_COLUMN_WISE})  # an option's splits: its shards
-_SPREAD = frozenset({Sharding.PS_HASH, Sharding.DATA_PARALLEL})  # over every server / every GPU, whatever they are
+# Over every server or every GPU, whatever they are: spread again over the new ones.
+_SPREAD = frozenset({Sharding.PS_HASH, Sharding.DATA_PARALLEL, Sharding.ROW_WISE})
 
 
 class WarmStart:
@@ -60,14 +62,19 @@ class WarmStart:
         order = [int(i) for i in placement_order(state, tables, Start()) if i in left]
         for i in order:
             table = tables[i]
-            # The tier it had, while one of its options there fits: fewer options to score than all of them.
+            # The option it had, on the best devices now; else its tier's options; else all: each fewer options to
+            # score than the next.
             placed = self.previous.get(table.name)
-            hint = None
+            choice = hint = None
             if placed is not None:
                 first = placed.shards[0]
                 replica = placed.sharding is Sharding.DATA_PARALLEL
                 hint = TierChoice(first.tier, first.cache_fraction or 0.0, replica)
-            choice, _ = state.best_choice(table, hint)
+                option = _option_of(placed)
+                if option in state.options(table, hint=hint):
+                    choice = state.best_choice_of(table, [option])[0]
+            if choice is None:
+                choice, _ = state.best_choice(table, hint)
             if choice is None:
                 raise capacity_error(state, table)
             state.add(table.name, choice)
@@ -84,9 +91,11 @@ class WarmStart:
             return None
         fraction = placed.shards[0].cache_fraction or 0.0
         if placed.sharding in _SPREAD:
+            if table.constraints.devices is not None:  # the new devices may not be among those it allows
+                return None
             option = Option(placed.sharding, tier, fraction)
             gpus: tuple[int, ...] = ()
-            if placed.sharding is Sharding.DATA_PARALLEL:
+            if placed.sharding is not Sharding.PS_HASH:
                 gpus = tuple(range(len(topology.gpus)))
             elif not topology.servers:
                 return None
@@ -95,8 +104,14 @@ class WarmStart:
             if not all(topology.has_device(s.device) for s in placed.shards):
                 return None
             gpus = tuple(topology.gpu_index(s.device) for s in placed.shards)
-            splits = len(gpus) if placed.sharding in _COLUMN_SPLITS else 1
-            option = Option(placed.sharding, tier, fraction, splits)
+            option = _option_of(placed)
             placement = placed
         loads, mem = cost.placement_loads(table, placement)
         return Choice(option, gpus, loads, mem, placement=placement)
+
+
+def _option_of(placed: TablePlacement) -> Option:
+    """The option a placement was built from (its sharding, tier, cache fraction, and column splits)."""
+    first = placed.shards[0]
+    splits = len(placed.shards) if placed.sharding in _COLUMN_SPLITS else 1
+    return Option(placed.sharding, first.tier, first.cache_fraction or 0.0, splits)

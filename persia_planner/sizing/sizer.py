@@ -2,16 +2,19 @@
 
 A shape *meets* the target when the plan ``persia plan`` makes on it (the same search, seed and budget) estimates at
 least the target's samples per second. The sizer visits the shapes cheapest first and stops at the first that meets
-it, so the answer is the exhaustive search's. What makes it fast is that it rarely plans: a shape is ruled out as
-soon as something the plan cannot beat says it is too slow, in order of cost:
+it, so the answer is the exhaustive search's (as long as the local search's wall-clock budget does not cut a plan:
+then a plan depends on the machine's load, as ``persia plan``'s does). What makes it fast is that it rarely plans:
+a shape is ruled out as soon as something the plan cannot beat says it is too slow, in order of cost:
 
 1. memory: the aggregate capacities (shapes below the fewest servers that hold the model are never built);
 2. the dense step alone (the trainers' dense part, its all-reduce and fixed costs: the same for every server count,
    so it rules out every shape of a trainer class and count at once), then the trainers' lower bound beside ideal
-   servers (infinite memory and bandwidth: no real servers make a plan faster, so it too holds for every server
-   class and count);
-3. the lower bound of the stream's shape with the most servers: adding servers of a class never slows a plan down
-   (a hashed table's share of each server only shrinks), so a bound there holds for the stream's every server count;
+   servers (unbounded memory and bandwidth: no term of the bound is larger there than beside real servers, so it
+   too holds for every server class and count); both per server class where that class's profile sets the cost
+   constants (the trainers have none);
+3. the lower bound of the stream's shape with the most servers: none of the bound's terms grows with the servers of
+   a class (a hashed table's share of each server only shrinks; the trainers' client work is charged as for one
+   server), so a bound there is at most any plan's step at fewer of them;
 4. the shape's own lower bound, first at the weighting of the last bound (one maximisation), then in full.
 
 Each is taken at the cheapest of the collectives' precisions the planner may choose, so no plan of any of them can
@@ -55,6 +58,7 @@ class Resource(enum.StrEnum):
     """What keeps a shape from the target."""
 
     MEMORY = "memory"
+    CONSTRAINTS = "constraints"
     COMPUTE = "compute"
     NIC = "trainer NICs"
     SERVERS = "parameter servers"
@@ -184,6 +188,13 @@ def size(
         raise PlannerError(f"the target must be above 0 samples/s, got {target_samples_per_s}")
     if max_hosts < 1:
         raise PlannerError(f"max_hosts must be at least 1, got {max_hosts}")
+    named = next((t for t in model.tables if t.constraints.devices is not None), None)
+    if named is not None:
+        raise PlannerError(
+            f"table {named.name!r} names devices in its constraints, but a sized cluster's hosts are named after the "
+            "catalog's classes",
+            fixes=("remove its devices: constraint to size the model, then plan with it on the sized topology",),
+        )
     started = time.perf_counter()
     sizer = _Sizer(model, catalog, target_samples_per_s, seed, improve_time_s)
     found = streams(model, catalog, max_hosts)
@@ -234,7 +245,7 @@ class _Sizer:
     improve_time_s: float
     plans: int = 0
     bounds: int = 0
-    _dense: dict[tuple[str, int, str], Verdict | None] = field(default_factory=dict)
+    _dense: dict[tuple[str, int, str, str | None], Verdict | None] = field(default_factory=dict)
     _streams: dict[tuple[str, int, str, str | None], Verdict | None] = field(default_factory=dict)
     _last: dict[Any, LowerBound] = field(default_factory=dict)  # per precision of the collectives, its last bound
     _variants: dict[bool, list[ModelSpec]] = field(default_factory=dict)  # by whether the trainers have GPUs
@@ -260,10 +271,19 @@ class _Sizer:
 
     def stream_verdict(self, stream: Stream, shape: Shape) -> Verdict | None:
         """A verdict for every shape of ``stream`` (here for ``shape``), where one holds for all; else None."""
+        # The trainers' verdicts hold for every server class that leaves the cost constants the trainers' (a
+        # topology takes them from the trainers' profile, else from any host's): per server class where its
+        # profile would set them.
+        sets_constants = "profile" not in stream.trainer.hardware and stream.server is not None
+        sets_constants = sets_constants and "profile" in stream.server.hardware  # type: ignore[union-attr]
+        constants = stream.server.name if sets_constants else None  # type: ignore[union-attr]
         key = (stream.trainer.name, stream.trainers, stream.link.name)
-        if key not in self._dense:
-            self._dense[key] = self._dense_verdict(stream) or self._ideal_verdict(stream)
-        dense = self._dense[key]
+        if (*key, constants) not in self._dense:
+            found = self._dense_verdict(stream)
+            if found is None and constants is None and self._ideal_applies:
+                found = self._ideal_verdict(stream)
+            self._dense[(*key, constants)] = found
+        dense = self._dense[(*key, constants)]
         if dense is not None:
             return dataclasses.replace(dense, shape=shape)
         if stream.server is None or stream.first == stream.last:
@@ -280,10 +300,17 @@ class _Sizer:
         found = self._streams[skey]
         return dataclasses.replace(found, shape=shape) if found is not None else None
 
+    @functools.cached_property
+    def _ideal_applies(self) -> bool:
+        """Whether the ideal servers stand for every real ones: no table's constraints name tiers (the ideal servers
+        have no disk for ``ssd``)."""
+        return all(t.constraints.tiers is None for t in self.model.tables)
+
     def _ideal_verdict(self, stream: Stream) -> Verdict | None:
-        """The trainers' own ceiling: their bound beside servers that hold anything and move it in no time. A plan on
-        real servers (any class, any count, or none) is a plan there too, with no server term larger, so the bound
-        holds for every stream of these trainers at once."""
+        """The trainers' own ceiling: their bound beside servers that hold anything and move it in no time. Every
+        term of the bound is at most what it is beside real servers (any class, any count, or none: the trainers'
+        NICs carry the same bytes, the round trip is the same, the client work is charged as for one server), so
+        it holds for every stream of these trainers at once."""
         shape = stream.shape(0)
         data = shape.topology_dict(self.catalog)
         data["hosts"].append(dict(_IDEAL_SERVER, count=self._ideal_servers))
@@ -299,7 +326,8 @@ class _Sizer:
         return max([1, *(ps_servers_needed(t.rows) for t in self.model.tables)])
 
     def _dense_verdict(self, stream: Stream) -> Verdict | None:
-        shape = stream.shape(0)
+        # One server of the stream's class where it has one: the constants are then the shapes' own.
+        shape = stream.shape(1 if stream.server is not None else 0)
         topology = self.topology(shape)
         fixed = min(float(np.mean(CostModel(m, topology).fixed_sync_ms)) for m in self.variants(topology))
         if fixed <= self.target_ms:
@@ -344,8 +372,10 @@ class _Sizer:
             topology = self.topology(shape)
             check_constraints(self.model, topology)
             check_capacity(self.model, topology)
-        except (CapacityError, ConstraintError) as err:
+        except CapacityError as err:
             return Verdict(shape, False, Stage.MEMORY, Resource.MEMORY, str(err)), None
+        except ConstraintError as err:
+            return Verdict(shape, False, Stage.MEMORY, Resource.CONSTRAINTS, str(err)), None
         ceiling, bound = self._ceiling(topology)
         if ceiling < self.target:
             return _too_slow(shape, Stage.BOUND, ceiling, bound), None
@@ -353,7 +383,8 @@ class _Sizer:
         try:
             planned = plan_shape(self.model, topology, seed=self.seed, improve_time_s=self.improve_time_s)
         except PlannerError as err:
-            return Verdict(shape, False, Stage.MEMORY, Resource.MEMORY, str(err), ceiling_samples_per_s=ceiling), None
+            resource = Resource.CONSTRAINTS if isinstance(err, ConstraintError) else Resource.MEMORY
+            return Verdict(shape, False, Stage.MEMORY, resource, str(err), ceiling_samples_per_s=ceiling), None
         rate = planned.samples_per_s
         if rate >= self.target:
             why = f"its plan steps {planned.step_ms:.2f} ms: {rate:,.0f} samples/s"
