@@ -109,7 +109,7 @@ def _size(
 def _print(sizing: Sizing, model: ModelSpec, catalog: Catalog, console) -> None:
     from rich.table import Table
 
-    from persia_planner.sizing import frontier_rows
+    from persia_planner.sizing import dearest_short, frontier_rows
 
     table = Table(title=f"cost / throughput frontier ({sizing.target_samples_per_s:,.0f} samples/s wanted)")
     for column in ("shape", "price", "samples/s", "verdict"):
@@ -126,6 +126,10 @@ def _print(sizing: Sizing, model: ModelSpec, catalog: Catalog, console) -> None:
         )
         for verdict in _examples(sizing):
             console.print(f"  {verdict.shape.describe()} ({verdict.shape.price_per_hour:,.2f}/h): {verdict.why}")
+        short = dearest_short(sizing)
+        if short is not None:
+            shape, why = short
+            console.print(f"  {shape.describe()} ({shape.price_per_hour:,.2f}/h): {why}")
     console.print(
         f"looked at {len(sizing.verdicts)} of {sizing.shapes} shapes ({sizing.bounds} bounds, {sizing.plans} plans) "
         f"in {sizing.seconds:.1f} s"

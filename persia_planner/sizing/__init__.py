@@ -8,7 +8,16 @@ with the planner's lower bound; :mod:`.frontier` reports the cost / throughput f
 from persia_planner.sizing.catalog import Catalog, HostClass, LinkClass, catalog_from_dict, load_catalog
 from persia_planner.sizing.frontier import draw_frontier, frontier, frontier_rows
 from persia_planner.sizing.shapes import Shape, Stream, all_shapes, cheapest_first, streams
-from persia_planner.sizing.sizer import Resource, Sizing, Stage, Verdict, as_dict, plan_shape, size
+from persia_planner.sizing.sizer import (
+    Resource,
+    Sizing,
+    Stage,
+    Verdict,
+    as_dict,
+    dearest_short,
+    plan_shape,
+    size,
+)
 
 __all__ = [
     "Catalog",
@@ -24,6 +33,7 @@ __all__ = [
     "as_dict",
     "catalog_from_dict",
     "cheapest_first",
+    "dearest_short",
     "draw_frontier",
     "frontier",
     "frontier_rows",

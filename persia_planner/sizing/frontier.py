@@ -59,26 +59,19 @@ def draw_frontier(sizing: Sizing, currency: str, title: str = "") -> Figure:
 
     fig = Figure(figsize=(8.0, 5.0))
     ax = fig.add_subplot()
-    planned = [v for v in sizing.verdicts if v.samples_per_s is not None]
-    bounded = [v for v in sizing.verdicts if v.samples_per_s is None and v.ceiling_samples_per_s is not None]
-    if bounded:
-        ax.scatter(
-            [v.shape.price_per_hour for v in bounded],
-            [v.ceiling_samples_per_s for v in bounded],
-            marker="v",
-            s=22,
-            color="#999999",
-            label="ceiling by the bound (not planned)",
-        )
-    if planned:
-        ax.scatter(
-            [v.shape.price_per_hour for v in planned],
-            [v.samples_per_s for v in planned],
-            marker="o",
-            s=30,
-            color="#4c72b0",
-            label="planned",
-        )
+    planned = [(v.shape.price_per_hour, v.samples_per_s) for v in sizing.verdicts if v.samples_per_s is not None]
+    bounded = [
+        (v.shape.price_per_hour, v.ceiling_samples_per_s)
+        for v in sizing.verdicts
+        if v.samples_per_s is None and v.ceiling_samples_per_s is not None
+    ]
+    styles = (
+        (bounded, {"marker": "v", "s": 22, "color": "#999999", "label": "ceiling by the bound (not planned)"}),
+        (planned, {"marker": "o", "s": 30, "color": "#4c72b0", "label": "planned"}),
+    )
+    for points, style in styles:
+        if points:
+            ax.scatter([price for price, _ in points], [speed for _, speed in points], **style)
     line = frontier(sizing)
     if line:
         ax.step(

@@ -49,7 +49,7 @@ from persia_planner.topology.graph import Topology
 from persia_planner.topology.hardware import DeviceKind
 from persia_planner.units import format_bytes
 
-__all__ = ["Resource", "Sizing", "Stage", "Verdict", "plan_shape", "size"]
+__all__ = ["Resource", "Sizing", "Stage", "Verdict", "dearest_short", "describe_short", "plan_shape", "size"]
 
 MS = 1000.0
 
@@ -123,6 +123,7 @@ class Sizing:
         plans: How many plans were searched.
         bounds: How many lower bounds were computed (full ones; each one-weighting probe counts as a bound too).
         seconds: Wall-clock time.
+        model: The model sized.
     """
 
     target_samples_per_s: float
@@ -135,6 +136,7 @@ class Sizing:
     plans: int
     bounds: int
     seconds: float
+    model: ModelSpec | None = None
 
     def failures(self) -> dict[Resource, int]:
         """How many shapes cheaper than the chosen one (all, where none was chosen) fail, by what keeps them."""
@@ -231,6 +233,7 @@ def size(
         sizer.plans,
         sizer.bounds,
         time.perf_counter() - started,
+        model,
     )
 
 
@@ -442,15 +445,29 @@ def _plan_resource(planned: Plan) -> Resource:
 
 
 def describe_short(stream: Stream, servers: int, model: ModelSpec) -> str:
-    """Why a shape the memory test set apart cannot hold the model."""
-    shape = stream.shape(servers)
-    hold = stream.trainer.hbm_bytes * stream.trainers + stream.trainer.ddr_bytes * stream.trainers
+    """Why a shape the memory test set apart (``servers`` of ``stream.short``) cannot hold the model."""
+    hold = (stream.trainer.hbm_bytes + stream.trainer.ddr_bytes) * stream.trainers
     if stream.server is not None:
         hold += stream.server.ddr_bytes * servers
-    return (
-        f"{shape.describe()} holds {format_bytes(hold)} of tables; the model needs {format_bytes(model.total_bytes)} "
-        "(or more servers for a table's rows)"
-    )
+    if model.total_bytes > hold:
+        return f"it holds {format_bytes(hold)} of tables; the model needs {format_bytes(model.total_bytes)}"
+    return "a table too large for the trainers needs more servers (its bytes, or its rows per server's store)"
+
+
+def dearest_short(sizing: Sizing) -> tuple[Shape, str] | None:
+    """The dearest shape the memory test set apart below the chosen one (any, where none was chosen), and why."""
+    limit = sizing.chosen.shape.price_per_hour if sizing.chosen is not None else float("inf")
+    found = [
+        (stream.shape(k).price_per_hour, i, k)
+        for i, (stream, _) in enumerate(sizing.memory_short)
+        for k in stream.short
+        if stream.shape(k).price_per_hour < limit
+    ]
+    if not found:
+        return None
+    _, i, k = max(found)
+    stream = sizing.memory_short[i][0]
+    return stream.shape(k), describe_short(stream, k, sizing.model)
 
 
 def as_dict(verdict: Verdict) -> dict[str, Any]:
