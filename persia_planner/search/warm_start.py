@@ -91,15 +91,16 @@ class WarmStart:
             return None
         fraction = placed.shards[0].cache_fraction or 0.0
         if placed.sharding in _SPREAD:
-            if table.constraints.devices is not None:  # the new devices may not be among those it allows
-                return None
+            hashed = placed.sharding is Sharding.PS_HASH
+            every = [d.name for d in (topology.servers if hashed else topology.gpus)]
             option = Option(placed.sharding, tier, fraction)
-            gpus: tuple[int, ...] = ()
-            if placed.sharding is not Sharding.PS_HASH:
-                gpus = tuple(range(len(topology.gpus)))
-            elif not topology.servers:
+            gpus: tuple[int, ...] = () if hashed else tuple(range(len(topology.gpus)))
+            if [s.device for s in placed.shards] == every:  # the same servers (GPUs): the same shards
+                placement = placed
+            elif table.constraints.devices is not None or not every:  # new devices it may not allow, or none
                 return None
-            placement = build_placement(cost, table, option, gpus)
+            else:
+                placement = build_placement(cost, table, option, gpus)
         else:
             if not all(topology.has_device(s.device) for s in placed.shards):
                 return None
