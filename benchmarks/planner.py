@@ -64,7 +64,6 @@ PROCESS_TABLES = 1000  # `persia plan` of this many tables on 8 hosts x 8 GPUs +
 PROCESS_TARGET_S = 1.5
 PROCESS_10K_TARGET_S = 20.0  # ... and of 10,000 tables
 PROCESS_DIMS = (16, 32, 64, 128, 256)
-INCREMENTAL_TARGET_S = 0.2  # Planner.plan_from of the 1,000 tables after a host joins or leaves
 
 
 def timed_plan(model, topology, repeats: int = 1):
@@ -126,48 +125,6 @@ def bench_processes(sizes: list[int], repeats: int) -> dict[str, Any]:
         "plan_process_10k_s": by_size[10_000]["seconds"] if 10_000 in by_size else None,
         "target_10k_s": PROCESS_10K_TARGET_S,
         "scaling_exponent": slope,
-    }
-
-
-def bench_incremental(repeats: int) -> dict[str, Any]:
-    """Re-planning the :func:`bench_process` model (1,000 tables) when its 8 x 8 GPU cluster gains or loses a trainer
-    host: :meth:`Planner.plan_from` the 8-host plan (warm start, 0.05 s of local search), against a plan searched
-    from scratch on the new cluster; the median of ``repeats`` re-plans, each case."""
-    model = random_model(PROCESS_TABLES, seed=PROCESS_TABLES, dims=PROCESS_DIMS)
-
-    def cluster(hosts: int) -> Topology:
-        return Topology.simple(trainers=hosts, gpus_per_trainer=8, servers=8, ps_ddr_bytes=64 * 1024**4)
-
-    planner = Planner(GreedyLocalSearch(SearchConfig(explain_top=0)))
-    before = planner.plan(model, cluster(8))
-    cases = []
-    for hosts, change in ((9, "a host joins"), (7, "a host leaves")):
-        topology = cluster(hosts)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            warm = planner.plan_from(model, topology, before)
-            times.append(time.perf_counter() - started)
-        assert validate(warm, model, topology) == [], f"invalid re-plan on {hosts} hosts"
-        started = time.perf_counter()
-        fresh = planner.plan(model, topology)
-        cases.append(
-            {
-                "change": change,
-                "hosts": hosts,
-                "replan_s": statistics.median(times),
-                "runs_s": times,
-                "fresh_s": time.perf_counter() - started,
-                "replan_step_ms": warm.step_ms,
-                "fresh_step_ms": fresh.step_ms,
-                "step_ratio": warm.step_ms / fresh.step_ms,
-            }
-        )
-    return {
-        "cases": cases,
-        "incremental_replan_s": max(c["replan_s"] for c in cases),
-        "target_s": INCREMENTAL_TARGET_S,
-        "worst_step_ratio": max(c["step_ratio"] for c in cases),
     }
 
 
@@ -402,24 +359,6 @@ def render(results: dict[str, Any]) -> None:
         + (f"10,000 tables: {ten_k:.1f} s (target < {process['target_10k_s']:.0f} s); " if ten_k else "")
         + (f"time ~ tables^{process['scaling_exponent']:.2f}" if process["scaling_exponent"] else "")
     )
-    incremental = results["incremental"]
-    t = Table(title=f"Re-planning {PROCESS_TABLES} tables when a host joins or leaves (warm start against fresh)")
-    for col in ("change", "re-plan s", "fresh s", "re-plan step ms", "fresh step ms", "ratio"):
-        t.add_column(col, justify="right")
-    for c in incremental["cases"]:
-        t.add_row(
-            c["change"],
-            f"{c['replan_s']:.3f}",
-            f"{c['fresh_s']:.2f}",
-            f"{c['replan_step_ms']:.1f}",
-            f"{c['fresh_step_ms']:.1f}",
-            f"{c['step_ratio']:.3f}",
-        )
-    console.print(t)
-    console.print(
-        f"incremental_replan_s {incremental['incremental_replan_s']:.3f} s (the slower case; target < "
-        f"{incremental['target_s']} s)"
-    )
     hetero = results["heterogeneous"]
     t = Table(title="Heterogeneous clusters at K = 0: step / lower bound")
     for col in ("topology", "GPUs", "tables", "step ms", "bound ms", "step / bound", "bound made of"):
@@ -529,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-only", action="store_true", help="only the scaling table (hosts -> time, RSS)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from planner_scale import bench_scale, render_scale  # beside this script: on the path above
+    from planner_replan import bench_incremental, render_incremental  # beside this script: on the path above
+    from planner_scale import bench_scale, render_scale
 
     logging.getLogger("torchrec").setLevel(logging.ERROR)  # its "construct Topology via TopologyFactory" notices
     started = time.perf_counter()
@@ -563,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     results["plan_process"] = bench_processes(process_sizes, 3 if args.quick else 5)
     results.update({k: v for k, v in results["plan_process"].items() if k.startswith("plan_process_")})
     results["scaling_exponent"] = results["plan_process"]["scaling_exponent"]
-    results["incremental"] = bench_incremental(5)
+    results["incremental"] = bench_incremental(5, PROCESS_TABLES, PROCESS_DIMS)
     results["incremental_replan_s"] = results["incremental"]["incremental_replan_s"]
     results["heterogeneous"] = bench_heterogeneous(n_hetero)
     results["heterogeneous_median_step_over_bound"] = results["heterogeneous"]["median_ratio"]
@@ -577,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     results.update({k: v for k, v in results["scale"].items() if k.startswith("scale_")})
     results["total_seconds"] = time.perf_counter() - started
     render(results)
+    render_incremental(results["incremental"], console, Table)
     render_scale(results["scale"], console, Table)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
