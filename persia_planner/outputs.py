@@ -203,13 +203,7 @@ def check_outputs(outputs: Iterable[Output | None], inputs: InputPaths, *, overw
         _check_place(out.option, out.path, out.kind)
         for name, source in sources:
             _refuse_input(out.option, out.path, name, source)
-        folder = enclosing_run_folder(out.path)
-        if folder is not None:
-            raise PlannerError(
-                f"{out.option} {out.path} is inside {folder.what} ({folder.path}): writing there would change a "
-                f"training run's files",
-                fixes=("write it outside the run's folders",),
-            )
+        _refuse_run_folder(out.option, out.path)
         _check_existing(out, overwrite)
     for a, b in itertools.combinations(given, 2):
         if _same_file(a.path, b.path):
@@ -286,13 +280,7 @@ def output_folder(option: str, path: Path) -> bool:
     if path.exists() or path.is_symlink():
         raise PlannerError(f"{option} {path} is not a folder", fixes=("give a folder to write the outputs into",))
     parent = path.parent
-    folder = enclosing_run_folder(path)
-    if folder is not None:
-        raise PlannerError(
-            f"{option} {path} is inside {folder.what} ({folder.path}): writing there would change a training run's "
-            "files",
-            fixes=("write it outside the run's folders",),
-        )
+    _refuse_run_folder(option, path)
     if not parent.is_dir():
         raise PlannerError(
             f"{option} {path}: its parent folder {parent} does not exist", fixes=(f"create {parent} first",)
@@ -368,6 +356,17 @@ def _sources(inputs: InputPaths) -> list[tuple[str, Path]]:
         for path in [value] if isinstance(value, str | os.PathLike) else value:
             found.append((name, Path(path)))
     return found
+
+
+def _refuse_run_folder(option: str, path: Path) -> None:
+    """Refuse an output inside a training run's folders (see :func:`enclosing_run_folder`)."""
+    folder = enclosing_run_folder(path)
+    if folder is not None:
+        raise PlannerError(
+            f"{option} {path} is inside {folder.what} ({folder.path}): writing there would change a training run's "
+            "files",
+            fixes=("write it outside the run's folders",),
+        )
 
 
 def _same_file(a: Path, b: Path) -> bool:

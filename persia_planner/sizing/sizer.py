@@ -396,7 +396,7 @@ class _Sizer:
             f"its best plan steps {planned.step_ms:.2f} ms ({rate:,.0f} samples/s), over the {self.target_ms:.2f} ms "
             f"the target allows (the bound allows {ceiling:,.0f})"
         )
-        return Verdict(shape, False, Stage.PLAN, _plan_resource(planned), why, rate, ceiling), planned
+        return Verdict(shape, False, Stage.PLAN, Resource.SEARCH, why, rate, ceiling), planned
 
 
 _IDEAL_SERVER = {
@@ -437,11 +437,6 @@ def _resource_named(name: str) -> Resource:
     if "PCIe" in name:
         return Resource.PCIE
     return Resource.COMPUTE
-
-
-def _plan_resource(planned: Plan) -> Resource:
-    """A plan that misses while its bound does not: the search's (or the bound's) slack."""
-    return Resource.SEARCH
 
 
 def describe_short(stream: Stream, servers: int, model: ModelSpec) -> str:
