@@ -148,8 +148,27 @@ def hit_rate_envelope(
     below: the polyline is the least of tangents at fractions spaced evenly in log between the two, through their
     crossings. So a cost that is linear in the hit rate and in the fraction between these points is, over all of
     [lo, hi], at least its least value at one of them: what lets the lower bound cover every cache size at once.
+
+    The arrays are read-only: they are kept for later calls with the same arguments (each cost model of a model
+    asks them again for every table: the planner's float32 and narrowed collectives, the sizer's shapes).
     """
-    knots = [min(max(k, lo), hi) for k in knots]  # one outside adds nothing; kept, so every table has n points
+    return _envelope(alpha, rows, lo, hi, tuple(knots))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _envelope(
+    alpha: float, rows: int, lo: float, hi: float, knots_in: tuple[float, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    fractions, values = _computed_envelope(alpha, rows, lo, hi, knots_in)
+    fractions.setflags(write=False)
+    values.setflags(write=False)
+    return fractions, values
+
+
+def _computed_envelope(
+    alpha: float, rows: int, lo: float, hi: float, knots_in: tuple[float, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    knots = [min(max(k, lo), hi) for k in knots_in]  # one outside adds nothing; kept, so every table has n points
     a = min(max(lo, 1.0 / rows), hi)  # the hit rate is flat below one row cached, concave above
     n = _TANGENTS + 2 + len(knots)
     if alpha <= 0 or a >= hi:  # linear above a (or all flat): the line through the ends is the curve
