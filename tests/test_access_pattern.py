@@ -85,3 +85,15 @@ def test_the_hit_rate_envelope_is_never_below_the_hit_rate(alpha, rows):
     true = np.array([zipf_hit_rate(alpha, rows, f) for f in grid])
     assert np.all(np.interp(grid, fractions, hits) >= true - 1e-12)
     assert hits[0] == zipf_hit_rate(alpha, rows, MIN_CACHE_FRACTION) and hits[-1] == 1.0
+
+
+def test_the_envelope_of_the_same_table_is_kept_and_read_only():
+    """A second cost model of the same tables asks every table's envelope again: the same arrays come back, and
+    nobody can change them for the next caller."""
+    first = hit_rate_envelope(1.05, 123_457, 0.01, 0.5, knots=(0.02,))
+    again = hit_rate_envelope(1.05, 123_457, 0.01, 0.5, knots=[0.02])
+    assert first[0] is again[0] and first[1] is again[1]
+    with pytest.raises(ValueError):
+        first[1][0] = 1.0
+    other = hit_rate_envelope(1.05, 123_458, 0.01, 0.5, knots=(0.02,))
+    assert other[1] is not first[1]

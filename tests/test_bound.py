@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from test_profile import raw_profile
 
 from persia_planner import CapacityError, ModelSpec, Planner, PlannerError, SearchConfig, Topology, validate
-from persia_planner.bound import lower_bound
+from persia_planner.bound import lower_bound, table_terms_of
 from persia_planner.cost.analytic import CostModel
 from persia_planner.kinds import Sharding
 from persia_planner.model.access_pattern import MAX_CACHE_FRACTION, MIN_CACHE_FRACTION
@@ -444,3 +444,17 @@ def test_a_bound_asked_only_whether_it_passes_a_value_stops_there(seed):
     assert early.weightings < full.weightings
     above = lower_bound(cost, stop_above=2 * full.value_ms)
     assert above.complete and above.value_ms == full.value_ms and above.weightings == full.weightings
+
+
+def test_a_cost_models_table_terms_are_computed_once_and_read_only():
+    """``table_terms_of``: the bound, its probe and the search's HBM knapsack share one computation per cost model;
+    none of them may change what the others read."""
+    cost = CostModel(random_model(12, seed=3), Topology.simple(trainers=1, gpus_per_trainer=2, servers=1))
+    first, again = table_terms_of(cost), table_terms_of(cost)
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    sync = first[0]
+    with pytest.raises(ValueError):
+        sync[0, 0] = 0.0
+    other = CostModel(random_model(12, seed=3), Topology.simple(trainers=1, gpus_per_trainer=2, servers=1))
+    assert table_terms_of(other)[0] is not sync
+    np.testing.assert_array_equal(table_terms_of(other)[0], sync)

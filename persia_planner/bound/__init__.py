@@ -10,6 +10,7 @@ from persia_planner.bound.lower_bound import (
     dense_bound,
     lower_bound,
     lower_bound_ms,
+    table_terms_of,
 )
 from persia_planner.bound.terms import TierChoice
 
@@ -22,4 +23,5 @@ __all__ = [
     "dense_bound",
     "lower_bound",
     "lower_bound_ms",
+    "table_terms_of",
 ]

@@ -149,7 +149,8 @@ _TERMS: weakref.WeakKeyDictionary[CostModel, tuple] = weakref.WeakKeyDictionary(
 cost model, as the planner's choice of the collectives' precisions takes them, compute them once."""
 
 
-def _terms(cost: CostModel) -> tuple:
+def table_terms_of(cost: CostModel) -> tuple:
+    """:func:`persia_planner.bound.terms.table_terms` of ``cost``, computed once per cost model (read-only arrays)."""
     found = _TERMS.get(cost)
     if found is None:
         found = table_terms(cost)
@@ -163,7 +164,7 @@ def _bound(
     cost: CostModel, max_weightings: int, at: LowerBound | None, stop_above: float = float("inf")
 ) -> LowerBound | float | None:
     lay = cost.layout
-    sync, sync_ddr, asyn, nic, (host, host_fixed), mem, fractions = _terms(cost)
+    sync, sync_ddr, asyn, nic, (host, host_fixed), mem, fractions = table_terms_of(cost)
     feasible = np.isfinite(sync)
     sync_avg = np.where(feasible, sync / lay.n_gpus, 0.0)
     ddr_avg = np.where(feasible, sync_ddr / lay.n_gpus, 0.0)

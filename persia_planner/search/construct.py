@@ -17,12 +17,14 @@ import numpy as np
 from persia_planner.bound import LowerBound, TierChoice
 from persia_planner.cost.analytic import CostModel
 from persia_planner.errors import CapacityError
+from persia_planner.kinds import Sharding
 from persia_planner.model.specs import TableSpec
 from persia_planner.search.base import Choice, OptionSource, SearchConfig
 from persia_planner.search.explain import capacity_error
+from persia_planner.search.packing import hbm_knapsack
 from persia_planner.search.shards import ShardTerms
 from persia_planner.search.state import State
-from persia_planner.tiers import Memory, local_tiers, server_tiers
+from persia_planner.tiers import Memory, Tier, local_tiers, server_tiers
 
 __all__ = ["GreedyConstruction", "Start", "place_all", "placement_order"]
 
@@ -43,6 +45,7 @@ class Start:
         keep_local: Pack for tight servers: the tables the servers' stores would hold least compactly first, each
             kept local where it fits.
         first: Tables placed before all others, in this order (those an earlier start failed on).
+        spread: Tables placed in row blocks over every GPU's HBM where that fits (a packing start's largest).
     """
 
     preferred: Mapping[str, TierChoice] | None = None
@@ -50,6 +53,7 @@ class Start:
     largest_first: bool = False
     keep_local: bool = False
     first: tuple[str, ...] = ()
+    spread: frozenset[str] = frozenset()
 
 
 class GreedyConstruction:
@@ -94,6 +98,9 @@ class GreedyConstruction:
             # The relaxation's tiers can still be the better start where they overload a resource: the greedy
             # rebalances them (decision 0020).
             starts.append(untrusted)
+        if small and {Tier.HBM, Tier.DDR} <= self.config.tiers:
+            # Tight HBM: the set it should hold against host memory, chosen as a knapsack (decision 0032).
+            starts += _knapsack_starts(cost, State(cost, self.config, options, None, shards), guided.prices)
         firsts = [state for start in starts if (state := attempt(start)[0])]
         if not firsts:
             # Tight memory: the greedy order (hottest bytes first) can fill a tier a big table needed. Before
@@ -129,6 +136,23 @@ class GreedyConstruction:
         return min([base, *seconds], key=State.current_score)
 
 
+def _knapsack_starts(cost: CostModel, empty: State, prices: tuple[float, float, float] | None) -> list[Start]:
+    """Where HBM cannot hold every table that gains from it, the set it should hold (:mod:`.packing`) placed first,
+    largest first; and where the set has tables of more than half a GPU's HBM, those in row blocks over every GPU,
+    after the other tables (a host-memory table keeps its optimizer state in its GPUs' HBM: placed after a packed
+    set, it finds room only on the GPUs the set left some, whatever their load)."""
+    chosen = hbm_knapsack(cost, cost.hbm_of(empty.free))
+    if chosen is None:
+        return []
+    starts = [Start(chosen.preferred, prices, first=chosen.first)]
+    if chosen.spread:
+        tables, held = cost.model.tables, set(chosen.first)
+        order = placement_order(empty, tables, Start())
+        others = tuple(tables[i].name for i in order if tables[i].name not in held)
+        starts.append(Start(chosen.preferred, prices, first=(*others, *chosen.first), spread=chosen.spread))
+    return starts
+
+
 def place_all(state: State, start: Start, previous: State | None = None) -> None:
     """Place every table in ``state``, hottest bytes first (prices, if any, apply only here).
 
@@ -158,6 +182,8 @@ def place_all(state: State, start: Start, previous: State | None = None) -> None
         choice = None
         if start.keep_local:
             choice = _packed_locally(state, table)
+        elif table.name in start.spread:
+            choice = _spread(state, table)
         if choice is None:
             choice, _ = state.best_choice(table, hint.get(table.name) if hint else None)
         if choice is None:
@@ -191,6 +217,14 @@ def placement_order(state: State, tables: Sequence[TableSpec], start: Start) -> 
         early = [position[name] for name in start.first]
         order = np.concatenate([early, order[~np.isin(order, early)]]).astype(int)
     return order
+
+
+def _spread(state: State, table: TableSpec) -> Choice | None:
+    """The best choice of ``table`` in row blocks over every GPU's HBM (row-wise; on one host, table-row-wise too);
+    None where none fits."""
+    every_gpu = {Sharding.ROW_WISE} | ({Sharding.TABLE_ROW_WISE} if state.n_hosts == 1 else set())
+    options = [o for o in state.options(table, hint=TierChoice(Tier.HBM)) if o.sharding in every_gpu]
+    return state.best_choice_of(table, options)[0] if options else None
 
 
 def _packed_locally(state: State, table: TableSpec) -> Choice | None:
