@@ -90,6 +90,7 @@ HEADLINES = {
     ),
     "planner": (
         "plan_process_s",
+        "incremental_replan_s",
         "plan_process_10k_s",
         "scaling_exponent",
         "heterogeneous_median_step_over_bound",
