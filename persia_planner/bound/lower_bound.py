@@ -319,10 +319,11 @@ class _Relaxation:
         used = self.mem_rows.take(flat, axis=0).sum(axis=0)
         return value, used - self.capacity, pick
 
-    def maximise(self, terms: np.ndarray, constant: float) -> tuple[float, np.ndarray]:
-        """max over mu >= 0 by bisection on the subgradient (L is concave, piecewise linear in each price), one round
-        over the binding capacities from the previous call's prices (two from none: a first call's second round
-        starts from the first's, as every later call does).
+    def maximise(self, terms: np.ndarray, constant: float, settle: bool = False) -> tuple[float, np.ndarray]:
+        """max over mu >= 0 by bisection on the subgradient (L is concave, piecewise linear in each price), warm-started
+        from the previous call's prices: one round over the binding capacities from there, two from none or where
+        ``settle`` asks (a second round settles each price again against the others' new ones: the weight search
+        asks it of its best weighting only, every other weighting's prices start where a near one's ended).
 
         Returns the best bound seen and the tables' cheapest options at the final prices, each price on the side
         where its capacity holds (so the picks make a near-feasible start for the search)."""
@@ -333,10 +334,7 @@ class _Relaxation:
         # No price above (largest term / smallest memory) changes a pick: the search range ends there.
         log_top = np.log10(max(float(np.abs(terms[feasible]).max(initial=0.0)), 1e-12) / self.mem_scale) + 1
         full_range = (log_top - 17, log_top)
-        # Warm prices come from weights near these (the weight search moves in small steps): a second round there
-        # gave the same bounds, to the microsecond, at twice the evaluations.
-        warm = bool(mu.any())
-        for _ in range(2 if len(binding) > 1 and not warm else 1):
+        for _ in range(2 if len(binding) > 1 and (settle or not mu.any()) else 1):
             for k in binding:
                 if slope[k] <= 0 and mu[k] == 0:
                     continue
@@ -408,9 +406,9 @@ class _WeightSearch:
         constant = sum(w * f[1] for w, f in zip(weights, self.functionals, strict=True))
         return np.asarray(terms) + self.zeros, constant
 
-    def combined(self, weights: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    def combined(self, weights: np.ndarray, settle: bool = False) -> tuple[float, np.ndarray, np.ndarray]:
         self.calls += 1
-        value, pick = self.relaxation.maximise(*self.combination(weights))
+        value, pick = self.relaxation.maximise(*self.combination(weights), settle=settle)
         return value, pick, self.relaxation.warm.copy()
 
     @property
@@ -461,6 +459,13 @@ class _WeightSearch:
                         self.best = best
             if not improved:
                 step /= 2
+        if not self.stopped:
+            # Each weighting's prices had one round from a near weighting's: the best one's are settled (from its own).
+            self.relaxation.warm[:] = best_mu
+            value, pick, mu = self.combined(best_w, settle=True)
+            if value > best:
+                best, best_pick, best_mu = value, pick, mu
+                self.best = best
         return best, best_w, best_pick, best_mu
 
 
