@@ -30,14 +30,14 @@ def _free_hbm(cost: CostModel) -> float:
 
 
 def _saving_and_weight(cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each table's saving in HBM, its HBM bytes beyond its least option's, and that least (as the knapsack reads
-    them from the bound's terms)."""
+    """Each table's saving in HBM, its HBM bytes beyond what it takes in host memory, and that (every table of these
+    models has both options)."""
     columns = option_columns(cost)
     hbm = next(i for i, c in enumerate(columns) if c.tier is Tier.HBM and not c.replicated)
     ddr = next(i for i, c in enumerate(columns) if c.tier is Tier.DDR)
     sync, *_, mem, _ = table_terms_of(cost)
-    least = np.where(np.isfinite(sync), mem[0], np.inf).min(axis=1)
-    return sync[:, ddr] - sync[:, hbm], mem[0][:, hbm] - least, least
+    assert np.isfinite(sync[:, [hbm, ddr]]).all()
+    return sync[:, ddr] - sync[:, hbm], mem[0][:, hbm] - mem[0][:, ddr], mem[0][:, ddr]
 
 
 def test_nothing_to_choose_where_hbm_holds_every_table():
@@ -50,8 +50,8 @@ def test_the_set_saves_the_most_that_fits():
     free = _free_hbm(cost)
     chosen = hbm_knapsack(cost, free)
     assert chosen is not None
-    saving, weight, least = _saving_and_weight(cost)
-    room = free - least.sum()
+    saving, weight, in_ddr = _saving_and_weight(cost)
+    room = free - in_ddr.sum()
     names = [t.name for t in cost.model.tables]
     picked = [names.index(n) for n in chosen.first]
     assert weight[picked].sum() <= room
@@ -110,3 +110,14 @@ def test_a_spread_start_puts_the_largest_in_row_blocks_over_every_gpu():
         choice = placed.choices[name]
         assert choice.option.sharding is Sharding.ROW_WISE and choice.option.tier is Tier.HBM
         assert choice.gpus == tuple(range(4))
+
+
+def test_a_table_that_may_not_go_to_host_memory_leaves_the_others_to_the_knapsack():
+    """A table whose constraints rule out ``ddr`` is not weighed (it takes its best option): it must not crowd the
+    knapsack (an infinite saving did: every later table's saving vanished beside it)."""
+    pinned = table("pinned", 30_000, 64, 50.0, zipf_alpha=1.0, constraints={"tiers": ["hbm", "hbm_cache"]})
+    cost = CostModel(model(pinned, *TIGHT), cluster(1, 2, hbm="96MiB"))
+    chosen = hbm_knapsack(cost, cost.hbm_of(state(cost).free))
+    assert chosen is not None
+    assert "pinned" not in chosen.preferred
+    assert chosen.first and set(chosen.first) <= {t["name"] for t in TIGHT}

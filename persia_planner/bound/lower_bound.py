@@ -459,13 +459,13 @@ class _WeightSearch:
                         self.best = best
             if not improved:
                 step /= 2
-        if not self.stopped:
-            # Each weighting's prices had one round from a near weighting's: the best one's are settled (from its own).
+        if not self.done:
+            # Each weighting's prices had one round from a near weighting's: the best one's are settled (from its own),
+            # where the budget leaves a weighting for it. The search ran whole: so it stays (``stopped`` is not set).
             self.relaxation.warm[:] = best_mu
             value, pick, mu = self.combined(best_w, settle=True)
             if value > best:
                 best, best_pick, best_mu = value, pick, mu
-                self.best = best
         return best, best_w, best_pick, best_mu
 
 

@@ -49,7 +49,8 @@ class HbmSet:
 def hbm_knapsack(cost: CostModel, free_hbm: np.ndarray, steps: int = KNAPSACK_STEPS) -> HbmSet | None:
     """The tables whose lookups in HBM save the most GPU time within ``free_hbm`` (each GPU's free HBM, in bytes): a
     table's saving is its GPU work in host memory (``ddr``) less in HBM, its weight its bytes in HBM. None where every
-    table that gains from HBM fits in it (nothing to choose) or none gains.
+    table that gains from HBM fits in it (nothing to choose), none gains, or the HBM every table takes anyway leaves
+    no room.
 
     Args:
         cost: The cost model of the model and topology.
@@ -61,20 +62,23 @@ def hbm_knapsack(cost: CostModel, free_hbm: np.ndarray, steps: int = KNAPSACK_ST
     hbm = next(i for i, c in enumerate(columns) if c.tier is Tier.HBM and not c.replicated)
     ddr = next(i for i, c in enumerate(columns) if c.tier is Tier.DDR)
     sync, *_, mem, _ = table_terms_of(cost)
-    with np.errstate(invalid="ignore"):  # inf - inf: a table with neither option, no candidate (below)
-        saving = sync[:, ddr] - sync[:, hbm]
-    # Every table takes some HBM wherever it goes (a host-memory table keeps its optimizer state there): the least
-    # of its options is reserved, and a chosen table weighs what HBM takes beyond it.
+    in_ddr = np.isfinite(sync[:, ddr])
+    # Every table takes some HBM wherever it goes: in host memory it keeps its optimizer state there (the tables not
+    # chosen go there), and a table with no host-memory option the least of its others. That is reserved for every
+    # table, and a chosen table weighs what HBM takes beyond it.
     least = np.where(np.isfinite(sync), mem[0], np.inf).min(axis=1)
-    least = np.where(np.isfinite(least), least, 0.0)
-    room = free_hbm_bytes - float(least.sum())
-    weight = mem[0][:, hbm] - least
-    candidates = np.flatnonzero(np.isfinite(sync[:, hbm]) & (np.nan_to_num(saving, nan=0.0) > 0) & (weight > 0))
+    reserved = np.where(in_ddr, mem[0][:, ddr], np.where(np.isfinite(least), least, 0.0))
+    room = free_hbm_bytes - float(reserved.sum())
+    weight = mem[0][:, hbm] - reserved
+    with np.errstate(invalid="ignore"):  # inf - inf: a table with neither option
+        saving = sync[:, ddr] - sync[:, hbm]
+    # Only a table with both options is weighed (one without a host-memory option takes its best one, unguided).
+    candidates = np.flatnonzero(in_ddr & np.isfinite(saving) & (saving > 0) & (weight > 0))
     if not len(candidates) or room <= 0 or float(weight[candidates].sum()) <= room:
         return None
     unit = room / steps
     units = np.ceil(weight[candidates] / unit).astype(int)
-    values = np.where(np.isfinite(saving[candidates]), saving[candidates], np.finfo(float).max / len(candidates))
+    values = saving[candidates]
     best = np.zeros(steps + 1)  # the most saving within each capacity (in steps)
     kept = np.zeros((len(candidates), steps + 1), dtype=bool)
     for k, (w, v) in enumerate(zip(units.tolist(), values.tolist(), strict=True)):
@@ -93,8 +97,8 @@ def hbm_knapsack(cost: CostModel, free_hbm: np.ndarray, steps: int = KNAPSACK_ST
         return None
     tables = cost.model.tables
     by_size = sorted(chosen, key=lambda i: (-float(mem[0][i, hbm]), i))
-    # The others go to host memory, where they may: else they would take the HBM reserved for each one's least.
-    rest = {tables[i].name: TierChoice(Tier.DDR) for i in np.flatnonzero(np.isfinite(sync[:, ddr]))}
+    # The others go to host memory, where they may: else they would take the HBM reserved for them.
+    rest = {tables[i].name: TierChoice(Tier.DDR) for i in np.flatnonzero(in_ddr)}
     half_gpu = float(np.min(free_hbm)) / 2
     return HbmSet(
         rest | {tables[i].name: TierChoice(Tier.HBM) for i in chosen},
