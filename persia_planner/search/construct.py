@@ -3,8 +3,9 @@
 Greedy by *heat density* (lookup bytes per stored byte, hottest first, so the hottest bytes take the fastest
 memory), guided by the lower bound's relaxation (a tier per table when that is balanced, and a price per byte of
 each memory); each table takes its best option on its best devices given the tables before it. A second pass redoes
-it knowing the load the not-yet-placed tables will bring. When memory is tight and the order fails, packing orders
-are tried before the model is called infeasible.
+it knowing the load the not-yet-placed tables will bring. Where HBM cannot hold every table that gains from it, two
+starts place the set it should hold, chosen as a knapsack (:mod:`.packing`), before the others or after them. When
+memory is tight and the order fails, packing orders are tried before the model is called infeasible.
 """
 
 from __future__ import annotations
@@ -222,8 +223,8 @@ def placement_order(state: State, tables: Sequence[TableSpec], start: Start) -> 
 def _spread(state: State, table: TableSpec) -> Choice | None:
     """The best choice of ``table`` in row blocks over every GPU's HBM (row-wise; on one host, table-row-wise too)
     among the options the enumeration offers now; None where none fits or none is offered. A table that fits one
-    GPU and is not hot is offered whole only (``explore`` would offer it split as well; tried here, it left two
-    of the optimality benchmark's instances 3-7% further from the optimum: decision 0032)."""
+    GPU and is not hot is offered whole only (``explore`` would offer it split as well: tried, it took plans further
+    from the optimum, decision 0032)."""
     every_gpu = {Sharding.ROW_WISE} | ({Sharding.TABLE_ROW_WISE} if state.n_hosts == 1 else set())
     options = [o for o in state.options(table, hint=TierChoice(Tier.HBM)) if o.sharding in every_gpu]
     return state.best_choice_of(table, options)[0] if options else None
