@@ -49,6 +49,7 @@ __all__ = [
     "enclosing_run_folder",
     "in_passing",
     "output_folder",
+    "refuse_run_folder",
     "remove_made_folder",
     "unwritable",
     "write_output",
@@ -203,7 +204,7 @@ def check_outputs(outputs: Iterable[Output | None], inputs: InputPaths, *, overw
         _check_place(out.option, out.path, out.kind)
         for name, source in sources:
             _refuse_input(out.option, out.path, name, source)
-        _refuse_run_folder(out.option, out.path)
+        refuse_run_folder(out.option, out.path)
         _check_existing(out, overwrite)
     for a, b in itertools.combinations(given, 2):
         if _same_file(a.path, b.path):
@@ -280,7 +281,7 @@ def output_folder(option: str, path: Path) -> bool:
     if path.exists() or path.is_symlink():
         raise PlannerError(f"{option} {path} is not a folder", fixes=("give a folder to write the outputs into",))
     parent = path.parent
-    _refuse_run_folder(option, path)
+    refuse_run_folder(option, path)
     if not parent.is_dir():
         raise PlannerError(
             f"{option} {path}: its parent folder {parent} does not exist", fixes=(f"create {parent} first",)
@@ -358,8 +359,12 @@ def _sources(inputs: InputPaths) -> list[tuple[str, Path]]:
     return found
 
 
-def _refuse_run_folder(option: str, path: Path) -> None:
-    """Refuse an output inside a training run's folders (see :func:`enclosing_run_folder`)."""
+def refuse_run_folder(option: str, path: Path) -> None:
+    """Refuse an output inside a training run's folders (see :func:`enclosing_run_folder`), naming ``option``.
+
+    Raises:
+        PlannerError: ``path`` is inside a run's folders (one line naming the folder and the fix).
+    """
     folder = enclosing_run_folder(path)
     if folder is not None:
         raise PlannerError(

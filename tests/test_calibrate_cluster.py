@@ -29,7 +29,7 @@ from persia_planner.modules.tools.cluster_profiles import (
     median_of,
     profile_outputs,
 )
-from persia_planner.outputs import OutputKind
+from persia_planner.outputs import RUN_MARKER, OutputKind
 from persia_planner.topology.graph import load_topology
 from persia_planner.topology.profile import load_profile
 from persia_planner.topology.torchrun_nodes import TorchrunProcess
@@ -240,6 +240,12 @@ def test_a_folder_of_other_files_is_refused_unless_overwrite_and_a_missing_one_i
         profile_outputs(tmp_path / "no" / "such", ["trainer"], overwrite=False)
     with pytest.raises(PlannerError, match=r"host class 'a/b' cannot name a file"):
         profile_outputs(tmp_path / "x", ["a/b"], overwrite=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_MARKER).write_text("")
+    with pytest.raises(PlannerError, match=r"--out-dir .* is inside .*writing there would change a training run"):
+        profile_outputs(run / "profiles", ["trainer"], overwrite=True)
+    assert not (run / "profiles").exists()
 
 
 def test_the_hosts_of_a_class_are_merged_by_their_median_leaf_by_leaf():

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from persia_planner.errors import PlannerError
 from persia_planner.fields import load_document
-from persia_planner.outputs import Output, OutputKind, check_outputs, enclosing_run_folder, write_output
+from persia_planner.outputs import Output, OutputKind, check_outputs, refuse_run_folder, write_output
 from persia_planner.topology.graph import Topology
 from persia_planner.topology.torchrun_nodes import NODE_HOST_ENV, TorchrunProcess, job_hosts, parse_host_names
 
@@ -140,13 +140,7 @@ def profile_outputs(out_dir: Path, classes: Sequence[str], *, overwrite: bool) -
     bad = next((c for c in classes if Path(c).name != c or c in (".", "..") or not c.isprintable()), None)
     if bad is not None:
         raise PlannerError(f"host class {bad!r} cannot name a file in --out-dir", fixes=("rename the hosts: entry",))
-    folder = enclosing_run_folder(out_dir)
-    if folder is not None:
-        raise PlannerError(
-            f"--out-dir {out_dir} is inside {folder.what} ({folder.path}): writing there would change a training "
-            "run's files",
-            fixes=("name a folder outside the run's folders",),
-        )
+    refuse_run_folder("--out-dir", out_dir)
     if out_dir.is_dir() and not overwrite:
         foreign = sorted(p.name for p in out_dir.iterdir() if not OutputKind.PROFILE.written_by_persia(p))
         if foreign:
